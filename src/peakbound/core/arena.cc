@@ -1,0 +1,163 @@
+#include "peakbound/core/arena.h"
+
+#include <cstdio>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
+
+namespace peakbound {
+
+Arena::Arena(std::string name, std::uint64_t capacity, void* base, Location loc)
+    : capacity_(capacity / kAlignment * kAlignment),
+      base_(static_cast<char*>(base)),
+      loc_(loc),
+      ledger_(std::move(name), capacity / kAlignment * kAlignment) {
+  if (capacity_ > 0) insert_free(0, capacity_);
+}
+
+Arena::~Arena() = default;
+
+void Arena::insert_free(std::uint64_t offset, std::uint64_t size) {
+  free_by_offset_.emplace(offset, size);
+  free_by_size_.emplace(size, offset);
+}
+
+void Arena::erase_free(std::uint64_t offset, std::uint64_t size) {
+  free_by_offset_.erase(offset);
+  free_by_size_.erase({size, offset});
+}
+
+Buffer Arena::allocate(Component c, std::uint64_t bytes) {
+  if (bytes == 0) return Buffer();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > capacity_)
+    throw OutOfBudget(ledger_.refusal(c, bytes, "the request exceeds the whole budget"));
+  std::uint64_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  auto it = free_by_size_.lower_bound({size, 0});
+  if (it == free_by_size_.end()) {
+    // Either the budget is spent (the ledger says so) or free memory is fragmented.
+    if (ledger_.live() + size > capacity_) ledger_.reserve(c, size);  // throws with the breakdown
+    std::uint64_t largest = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+    throw OutOfBudget(ledger_.refusal(
+        c, size,
+        "free memory is fragmented: " + format_bytes(static_cast<double>(capacity_ - ledger_.live())) +
+            " free but the largest free block is " + format_bytes(static_cast<double>(largest))));
+  }
+  std::uint64_t block_size = it->first;
+  std::uint64_t offset = it->second;
+  ledger_.reserve(c, size);  // cannot throw: the block fits, so the budget does
+  erase_free(offset, block_size);
+  if (block_size > size) insert_free(offset + size, block_size - size);
+  if (offset + size > high_water_) high_water_ = offset + size;
+  ++live_allocations_;
+  Allocation a;
+  a.ptr = base_ ? base_ + offset : nullptr;
+  a.offset = offset;
+  a.bytes = size;
+  a.component = c;
+  return Buffer(this, a);
+}
+
+void Arena::release(const Allocation& a) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  ledger_.release(a.component, a.bytes);
+  --live_allocations_;
+  std::uint64_t offset = a.offset;
+  std::uint64_t size = a.bytes;
+  // Coalesce with the free neighbours on both sides.
+  auto next = free_by_offset_.lower_bound(offset);
+  if (next != free_by_offset_.end() && next->first == offset + size) {
+    std::uint64_t ns = next->second;
+    erase_free(next->first, ns);
+    size += ns;
+  }
+  auto prev = free_by_offset_.lower_bound(offset);
+  if (prev != free_by_offset_.begin()) {
+    --prev;
+    if (prev->first + prev->second == offset) {
+      std::uint64_t po = prev->first, ps = prev->second;
+      erase_free(po, ps);
+      offset = po;
+      size += ps;
+    }
+  }
+  insert_free(offset, size);
+}
+
+std::uint64_t Arena::high_water_offset() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return high_water_;
+}
+
+std::uint64_t Arena::largest_free_block() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+}
+
+std::uint64_t Arena::live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.live();
+}
+
+std::uint64_t Arena::peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.peak();
+}
+
+std::uint64_t Arena::live(Component c) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.live(c);
+}
+
+std::uint64_t Arena::peak(Component c) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.peak(c);
+}
+
+ComponentBytes Arena::peak_breakdown() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_.peak_breakdown();
+}
+
+void Arena::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ledger_.reset_peaks();
+  // The high-water offset restarts at the end of the highest live block: the start
+  // of the last free block when that block runs to the end of the region.
+  high_water_ = capacity_;
+  if (!free_by_offset_.empty()) {
+    auto last = std::prev(free_by_offset_.end());
+    if (last->first + last->second == capacity_) high_water_ = last->first;
+  }
+}
+
+MemoryLedger Arena::ledger() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ledger_;
+}
+
+nlohmann::json Arena::report_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json j = ledger_.to_json();
+  j["capacity_bytes"] = capacity_;
+  j["high_water_offset_bytes"] = high_water_;
+  j["free_blocks"] = free_by_offset_.size();
+  j["largest_free_block_bytes"] = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  j["live_allocations"] = live_allocations_;
+  return j;
+}
+
+std::string Arena::report_table() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out = "arena " + ledger_.name() + ": budget " +
+                    format_bytes(static_cast<double>(capacity_)) + ", peak " +
+                    format_bytes(static_cast<double>(ledger_.peak())) + ", high-water offset " +
+                    format_bytes(static_cast<double>(high_water_)) + ", " +
+                    std::to_string(free_by_offset_.size()) + " free block(s)\n";
+  out += ledger_.table();
+  return out;
+}
+
+}  // namespace peakbound
