@@ -1,0 +1,31 @@
+#include "peakbound/device/device.h"
+
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+
+namespace peakbound {
+
+std::string_view copy_kind_name(CopyKind k) {
+  switch (k) {
+    case CopyKind::host_to_device: return "h2d";
+    case CopyKind::device_to_host: return "d2h";
+    case CopyKind::device_to_device: return "d2d";
+  }
+  PB_CHECK_MSG(false, "unknown copy kind");
+}
+
+std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget) {
+  if (kind == "cpu") return std::make_unique<CpuDevice>(memory_budget);
+  if (kind == "cuda") {
+#ifdef PEAKBOUND_HAVE_CUDA
+    throw Unavailable("the CUDA device is not implemented yet in this build; use --device cpu");
+#else
+    throw Unavailable("this peakbound was built without CUDA (PEAKBOUND_WITH_CUDA=OFF); use --device cpu");
+#endif
+  }
+  throw InvalidArgument("unknown device '" + std::string(kind) + "' (use cpu or cuda)");
+}
+
+}  // namespace peakbound

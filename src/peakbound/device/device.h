@@ -1,0 +1,70 @@
+// Device: where kernels run and the Arena lives. Work is submitted to streams; work
+// on one stream runs in submission order, streams run concurrently, and events
+// order them (record on one stream, wait on another). Every device has a compute
+// stream and a copy stream (its copy engine); more copy streams can be created.
+// Implementations: cpu (device/cpu) and, in CUDA builds, cuda (device/cuda).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "peakbound/core/arena.h"
+#include "peakbound/device/event.h"
+
+namespace peakbound {
+
+enum class CopyKind : std::uint8_t { host_to_device, device_to_host, device_to_device };
+
+std::string_view copy_kind_name(CopyKind k);
+
+// An ordered queue of work owned by a Device.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual const std::string& name() const = 0;
+};
+
+// Bytes moved and time spent by a device's copy engines, per direction.
+struct CopyStats {
+  std::uint64_t bytes[3] = {0, 0, 0};  // indexed by CopyKind
+  double seconds[3] = {0, 0, 0};       // busy time of the copies
+  std::uint64_t copies[3] = {0, 0, 0};
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string name() const = 0;
+  virtual Arena& arena() = 0;
+  // Allocates from the Arena under component c.
+  Buffer allocate(Component c, std::uint64_t bytes) { return arena().allocate(c, bytes); }
+
+  virtual Stream& compute_stream() = 0;
+  virtual Stream& copy_stream() = 0;
+  // Another stream owned by the device (e.g. a second copy engine for D2H).
+  virtual Stream& create_stream(const std::string& name) = 0;
+
+  // Asynchronous copy on stream s; both ranges must stay valid until it completes.
+  virtual void memcpy_async(void* dst, const void* src, std::uint64_t bytes, CopyKind kind,
+                            Stream& s) = 0;
+  // An event that completes when all work submitted to s so far has.
+  virtual Event record(Stream& s) = 0;
+  // Work submitted to s after this call starts only once e has completed.
+  virtual void wait(Stream& s, const Event& e) = 0;
+  // Blocks the caller until s (or every stream) is idle; rethrows a failure of its work.
+  virtual void synchronize(Stream& s) = 0;
+  virtual void synchronize() = 0;
+
+  virtual CopyStats copy_stats() const = 0;
+};
+
+// "cpu" or "cuda"; the budget fixes the Arena's size for the whole run.
+// Throws InvalidArgument for an unknown kind, Unavailable for cuda in a CPU-only build.
+std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget);
+
+}  // namespace peakbound
