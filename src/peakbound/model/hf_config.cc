@@ -1,0 +1,297 @@
+#include "peakbound/model/hf_config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "peakbound/core/error.h"
+#include "peakbound/model/hf_fields.h"
+
+namespace peakbound {
+
+namespace {
+
+using nlohmann::json;
+
+// Fields every decoder-only family names alike.
+void read_common(const HfFields& r, ModelConfig& c) {
+  c.family = r.model_type().empty() ? "unknown" : r.model_type();
+  c.vocab_size = r.integer("vocab_size");
+  c.hidden_size = r.integer("hidden_size");
+  c.num_layers = r.integer("num_hidden_layers");
+  c.num_heads = r.integer("num_attention_heads");
+  c.max_position_embeddings = r.integer_or("max_position_embeddings", 0);
+  c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
+}
+
+void read_gqa(const HfFields& r, ModelConfig& c, bool head_dim_required) {
+  c.attention = AttentionKind::gqa;
+  c.num_kv_heads = r.integer_or("num_key_value_heads", c.num_heads);  // absent = MHA
+  if (r.has("head_dim")) {
+    c.head_dim = r.integer("head_dim");
+  } else if (head_dim_required) {
+    r.missing("head_dim");
+  } else if (c.num_heads > 0 && c.hidden_size % c.num_heads == 0) {
+    c.head_dim = c.hidden_size / c.num_heads;
+  } else {
+    r.fail("missing field 'head_dim': hidden_size " + std::to_string(c.hidden_size) +
+           " is not a multiple of num_attention_heads " + std::to_string(c.num_heads));
+  }
+}
+
+// Window and how many layers use it. Qwen gates the window with
+// use_sliding_window and slides only layers >= max_window_layers; gpt-oss lists
+// layer_types (alternating when absent); Mistral-style configs slide everywhere.
+void read_sliding_window(const HfFields& r, ModelConfig& c) {
+  if (!r.has("sliding_window") || !r.boolean_or("use_sliding_window", true)) return;
+  c.sliding_window = r.integer("sliding_window");
+  if (c.sliding_window == 0) return;
+  if (r.has("layer_types")) {
+    std::vector<std::string> types = r.string_list_or_empty("layer_types");
+    if (static_cast<std::int64_t>(types.size()) != c.num_layers)
+      r.fail("field 'layer_types' has " + std::to_string(types.size()) +
+             " entries but num_hidden_layers is " + std::to_string(c.num_layers));
+    c.num_sliding_layers = std::count(types.begin(), types.end(), "sliding_attention");
+  } else if (r.model_type() == "gpt_oss") {
+    c.num_sliding_layers = (c.num_layers + 1) / 2;  // layers 0, 2, 4, ... slide
+  } else if (r.present("use_sliding_window")) {
+    c.num_sliding_layers =
+        c.num_layers - std::min(c.num_layers, r.integer_or("max_window_layers", 0));
+  } else {
+    c.num_sliding_layers = c.num_layers;
+  }
+}
+
+// intermediate_size is the dense MLP width: required once any layer is dense,
+// kept when present so the imported config round-trips the file.
+void read_dense_width(const HfFields& r, ModelConfig& c) {
+  if (c.num_moe_layers() < c.num_layers)
+    c.dense_intermediate_size = r.integer("intermediate_size");
+  else
+    c.dense_intermediate_size = r.integer_or("intermediate_size", 0);
+}
+
+RouterScoring read_scoring(const HfFields& r, RouterScoring fallback) {
+  const std::string s = r.string_or("scoring_func", std::string(router_scoring_name(fallback)));
+  if (s == "softmax") return RouterScoring::softmax;
+  if (s == "sigmoid") return RouterScoring::sigmoid;
+  r.fail("field 'scoring_func' must be \"softmax\" or \"sigmoid\", got \"" + s + "\"");
+}
+
+// DeepSeek-V2/V3 (and MLA configs of unknown type). V3's defaults: sigmoid
+// scoring, renormalised top-k, noaux_tc routing with a score-correction bias.
+void read_deepseek(const HfFields& r, ModelConfig& c, bool v3_defaults) {
+  c.attention = AttentionKind::mla;
+  c.num_kv_heads = c.num_heads;
+  if (!r.present("q_lora_rank")) r.missing("q_lora_rank");  // null = uncompressed queries
+  c.q_lora_rank = r.integer_or("q_lora_rank", 0);
+  c.kv_lora_rank = r.integer("kv_lora_rank");
+  c.qk_nope_head_dim = r.integer("qk_nope_head_dim");
+  c.qk_rope_head_dim = r.integer("qk_rope_head_dim");
+  c.v_head_dim = r.integer("v_head_dim");
+  const bool bias = r.boolean_or("attention_bias", false);
+  c.attention_qkv_bias = bias;
+  c.attention_out_bias = bias;
+
+  c.num_experts = r.integer("n_routed_experts");
+  if (c.num_experts > 0) {
+    c.top_k = r.integer("num_experts_per_tok");
+    c.moe_intermediate_size = r.integer("moe_intermediate_size");
+    c.num_shared_experts = r.integer("n_shared_experts");
+    c.num_dense_layers = r.integer("first_k_dense_replace");
+    // DeepSeek puts an MoE at i >= first_k_dense_replace when i % moe_layer_freq
+    // == 0; ModelConfig expresses the other layers as forced-dense ones.
+    const std::int64_t freq = r.integer_or("moe_layer_freq", 1);
+    if (freq == 0) r.fail("field 'moe_layer_freq' must be > 0");
+    for (std::int64_t i = c.num_dense_layers; i < c.num_layers; ++i)
+      if (i % freq != 0) c.mlp_only_layers.push_back(i);
+    c.router_scoring =
+        read_scoring(r, v3_defaults ? RouterScoring::sigmoid : RouterScoring::softmax);
+    c.norm_topk_prob = r.boolean_or("norm_topk_prob", v3_defaults);
+    c.router_score_correction =
+        r.string_or("topk_method", v3_defaults ? "noaux_tc" : "greedy") == "noaux_tc";
+  }
+  c.num_mtp_layers = r.integer_or("num_nextn_predict_layers", 0);
+  read_dense_width(r, c);
+}
+
+// Qwen3-MoE and Qwen2-MoE. Qwen2-MoE adds one gated shared expert of its own
+// width and biases q/k/v (not o); Qwen3 adds per-head q/k RMSNorm.
+void read_qwen_moe(const HfFields& r, ModelConfig& c, bool qwen3) {
+  read_gqa(r, c, false);
+  c.num_experts = r.integer("num_experts");
+  if (c.num_experts > 0) {
+    c.top_k = r.integer("num_experts_per_tok");
+    c.moe_intermediate_size = r.integer("moe_intermediate_size");
+  }
+  c.moe_layer_step = r.integer_or("decoder_sparse_step", 1);
+  if (c.moe_layer_step == 0) r.fail("field 'decoder_sparse_step' must be > 0");
+  c.mlp_only_layers = r.int_list_or_empty("mlp_only_layers");
+  c.router_scoring = RouterScoring::softmax;
+  c.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
+  if (qwen3) {
+    c.qk_norm = true;
+    c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", false);
+  } else {
+    c.attention_qkv_bias = true;
+    if (c.num_experts > 0) {
+      c.shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size");
+      if (c.shared_expert_intermediate_size > 0) {
+        c.num_shared_experts = 1;
+        c.shared_expert_gate = true;
+      }
+    }
+  }
+  read_dense_width(r, c);
+}
+
+// Mixtral: every layer MoE, intermediate_size is the expert width.
+void read_mixtral(const HfFields& r, ModelConfig& c) {
+  read_gqa(r, c, false);
+  c.num_experts = r.integer("num_local_experts");
+  c.top_k = r.integer("num_experts_per_tok");
+  c.moe_intermediate_size = r.integer("intermediate_size");
+  c.router_scoring = RouterScoring::softmax;  // softmax of the top-k logits
+  c.norm_topk_prob = true;
+}
+
+// gpt-oss: biased attention with sinks, biased router and experts.
+void read_gpt_oss(const HfFields& r, ModelConfig& c) {
+  read_gqa(r, c, true);
+  c.num_experts = r.integer("num_local_experts");
+  c.top_k = r.integer_any({"experts_per_token", "num_experts_per_tok"});
+  c.moe_intermediate_size = r.integer("intermediate_size");
+  c.router_scoring = RouterScoring::softmax;  // softmax of the top-k logits
+  c.norm_topk_prob = true;
+  c.router_bias = true;
+  c.mlp_bias = true;
+  c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", true);
+  c.attention_sinks = true;
+}
+
+// Dense Llama-like families; each differs only in which biases and norms exist.
+void read_dense(const HfFields& r, ModelConfig& c) {
+  read_gqa(r, c, false);
+  c.num_dense_layers = c.num_layers;
+  c.dense_intermediate_size = r.integer("intermediate_size");
+  const std::string& t = r.model_type();
+  if (t == "qwen2") {
+    c.attention_qkv_bias = true;
+  } else if (t == "mistral") {
+    // no biases
+  } else {
+    c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", false);
+    c.mlp_bias = r.boolean_or("mlp_bias", false);
+    c.qk_norm = t == "qwen3";
+  }
+}
+
+// Unknown model_type: generic names. MLA when kv_lora_rank is present, MoE when
+// an expert count is, dense otherwise.
+void read_generic(const HfFields& r, ModelConfig& c) {
+  if (r.has("kv_lora_rank")) {
+    read_deepseek(r, c, false);
+    return;
+  }
+  read_gqa(r, c, false);
+  c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", false);
+  c.mlp_bias = r.boolean_or("mlp_bias", false);
+  const auto experts_keys = {"num_local_experts", "num_experts", "n_routed_experts"};
+  c.num_experts = r.has_any(experts_keys) ? r.integer_any(experts_keys) : 0;
+  if (c.num_experts == 0) {
+    c.num_dense_layers = c.num_layers;
+    c.dense_intermediate_size = r.integer("intermediate_size");
+    return;
+  }
+  c.top_k = r.integer_any({"num_experts_per_tok", "experts_per_token"});
+  c.moe_intermediate_size = r.integer_any({"moe_intermediate_size", "intermediate_size"});
+  c.num_dense_layers = r.integer_or("first_k_dense_replace", 0);
+  c.moe_layer_step = r.integer_or("decoder_sparse_step", 1);
+  if (c.moe_layer_step == 0) r.fail("field 'decoder_sparse_step' must be > 0");
+  c.mlp_only_layers = r.int_list_or_empty("mlp_only_layers");
+  c.num_shared_experts = r.integer_or("n_shared_experts", r.integer_or("num_shared_experts", 0));
+  c.shared_expert_intermediate_size = r.integer_or("shared_expert_intermediate_size", 0);
+  if (c.num_shared_experts == 0 && c.shared_expert_intermediate_size > 0) c.num_shared_experts = 1;
+  c.router_scoring = read_scoring(r, RouterScoring::softmax);
+  c.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
+  c.router_score_correction = r.string_or("topk_method", "") == "noaux_tc";
+  if (c.num_moe_layers() < c.num_layers) c.dense_intermediate_size = r.integer("intermediate_size");
+}
+
+}  // namespace
+
+ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
+                            const std::string& source) {
+  if (!config.is_object())
+    throw InvalidArgument(source + ": expected a JSON object at the top level, got " +
+                          std::string(config.type_name()));
+  std::string model_type;
+  if (config.contains("model_type") && config.at("model_type").is_string())
+    model_type = config.at("model_type").get<std::string>();
+
+  const bool known = model_type == "deepseek_v3" || model_type == "deepseek_v2" ||
+                     model_type == "qwen3_moe" || model_type == "qwen2_moe" ||
+                     model_type == "mixtral" || model_type == "gpt_oss" ||
+                     model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
+                     model_type == "qwen3";
+  const HfFields r(config, source, model_type, known ? "" : "read with generic field names");
+
+  ModelConfig c;
+  c.name = std::move(name);
+  read_common(r, c);
+  if (model_type == "deepseek_v3" || model_type == "deepseek_v2") {
+    read_deepseek(r, c, model_type == "deepseek_v3");
+  } else if (model_type == "qwen3_moe" || model_type == "qwen2_moe") {
+    read_qwen_moe(r, c, model_type == "qwen3_moe");
+  } else if (model_type == "mixtral") {
+    read_mixtral(r, c);
+  } else if (model_type == "gpt_oss") {
+    read_gpt_oss(r, c);
+  } else if (known) {
+    read_dense(r, c);
+  } else {
+    read_generic(r, c);
+  }
+  read_sliding_window(r, c);
+
+  try {
+    c.validate();
+  } catch (const InvalidArgument& e) {
+    r.fail(e.what());
+  }
+  return c;
+}
+
+ModelConfig parse_hf_config(const nlohmann::json& config, std::string name) {
+  return parse_hf_config(config, std::move(name), "config.json");
+}
+
+ModelConfig load_hf_config(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path file(path);
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) file /= "config.json";
+
+  errno = 0;
+  std::ifstream in(file);
+  if (!in)
+    throw InvalidArgument("cannot read model config '" + file.string() +
+                          "': " + (errno ? std::strerror(errno) : "open failed"));
+  json config;
+  try {
+    config = json::parse(in);
+  } catch (const json::exception& e) {
+    std::string why = e.what();
+    std::replace(why.begin(), why.end(), '\n', ' ');
+    throw InvalidArgument(file.string() + ": invalid JSON: " + why);
+  }
+  // ".../DeepSeek-V3/config.json" names the model "DeepSeek-V3".
+  fs::path abs = fs::absolute(file, ec);
+  std::string name = (ec ? file : abs).parent_path().filename().string();
+  if (name.empty()) name = file.stem().string();
+  return parse_hf_config(config, name, file.string());
+}
+
+}  // namespace peakbound

@@ -1,0 +1,154 @@
+#include "peakbound/model/model_config.h"
+
+#include <algorithm>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+std::string_view attention_kind_name(AttentionKind k) {
+  return k == AttentionKind::mla ? "mla" : "gqa";
+}
+
+std::string_view router_scoring_name(RouterScoring s) {
+  return s == RouterScoring::sigmoid ? "sigmoid" : "softmax";
+}
+
+bool ModelConfig::is_moe_layer(std::int64_t layer) const {
+  if (num_experts <= 0 || layer < num_dense_layers || moe_layer_step <= 0) return false;
+  if ((layer + 1) % moe_layer_step != 0) return false;
+  return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+}
+
+std::int64_t ModelConfig::num_moe_layers() const {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < num_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
+  return n;
+}
+
+std::int64_t ModelConfig::qk_head_dim() const {
+  return attention == AttentionKind::mla ? qk_nope_head_dim + qk_rope_head_dim : head_dim;
+}
+
+std::int64_t ModelConfig::value_head_dim() const {
+  return attention == AttentionKind::mla ? v_head_dim : head_dim;
+}
+
+std::int64_t ModelConfig::shared_expert_width() const {
+  return shared_expert_intermediate_size > 0 ? shared_expert_intermediate_size
+                                             : moe_intermediate_size;
+}
+
+namespace {
+
+// Every size is bounded so that products of a few of them stay far inside int64;
+// 2^30 is orders of magnitude above any real model dimension. Layers get a
+// tighter bound because layout queries walk them one by one.
+constexpr std::int64_t kMaxDim = std::int64_t{1} << 30;
+constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
+
+class Checker {
+ public:
+  explicit Checker(const ModelConfig& c) : prefix_("model '" + c.name + "': ") {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw InvalidArgument(prefix_ + what); }
+
+  void positive(const char* field, std::int64_t v) const {
+    if (v <= 0) fail(std::string(field) + " must be > 0, got " + std::to_string(v));
+    bounded(field, v);
+  }
+  void non_negative(const char* field, std::int64_t v) const {
+    if (v < 0) fail(std::string(field) + " must be >= 0, got " + std::to_string(v));
+    bounded(field, v);
+  }
+
+ private:
+  void bounded(const char* field, std::int64_t v) const {
+    if (v > kMaxDim)
+      fail(std::string(field) + " = " + std::to_string(v) + " is implausibly large (max 2^30)");
+  }
+  std::string prefix_;
+};
+
+}  // namespace
+
+void ModelConfig::validate() const {
+  if (name.empty()) throw InvalidArgument("model config has an empty name");
+  Checker c(*this);
+
+  c.positive("vocab_size", vocab_size);
+  c.positive("hidden_size", hidden_size);
+  c.positive("num_layers", num_layers);
+  if (num_layers > kMaxLayers)
+    c.fail("num_layers = " + std::to_string(num_layers) + " is implausibly large (max 65536)");
+  c.non_negative("max_position_embeddings", max_position_embeddings);
+
+  // Layout.
+  c.non_negative("num_dense_layers", num_dense_layers);
+  if (num_dense_layers > num_layers)
+    c.fail("num_dense_layers (" + std::to_string(num_dense_layers) + ") exceeds num_layers (" +
+           std::to_string(num_layers) + ")");
+  c.positive("moe_layer_step", moe_layer_step);
+  for (std::int64_t layer : mlp_only_layers) {
+    if (layer < 0 || layer >= num_layers)
+      c.fail("mlp_only_layers entry " + std::to_string(layer) + " is outside [0, " +
+             std::to_string(num_layers) + ")");
+  }
+  c.non_negative("dense_intermediate_size", dense_intermediate_size);
+  if (num_moe_layers() < num_layers && dense_intermediate_size == 0)
+    c.fail("dense_intermediate_size must be > 0: " +
+           std::to_string(num_layers - num_moe_layers()) + " layer(s) have a dense MLP");
+
+  // Experts.
+  c.non_negative("num_experts", num_experts);
+  c.non_negative("top_k", top_k);
+  c.non_negative("num_shared_experts", num_shared_experts);
+  c.non_negative("moe_intermediate_size", moe_intermediate_size);
+  c.non_negative("shared_expert_intermediate_size", shared_expert_intermediate_size);
+  if (num_experts == 0) {
+    if (top_k != 0) c.fail("top_k is " + std::to_string(top_k) + " but num_experts is 0 (dense)");
+    if (num_shared_experts != 0) c.fail("num_shared_experts needs num_experts > 0");
+  } else {
+    if (top_k == 0) c.fail("top_k must be > 0 when num_experts > 0");
+    if (top_k > num_experts)
+      c.fail("top_k (" + std::to_string(top_k) + ") exceeds num_experts (" +
+             std::to_string(num_experts) + ")");
+    c.positive("moe_intermediate_size", moe_intermediate_size);
+  }
+  if (shared_expert_gate && num_shared_experts == 0)
+    c.fail("shared_expert_gate needs num_shared_experts > 0");
+
+  // Attention.
+  c.positive("num_heads", num_heads);
+  if (attention == AttentionKind::gqa) {
+    c.positive("num_kv_heads", num_kv_heads);
+    c.positive("head_dim", head_dim);
+    if (num_heads % num_kv_heads != 0)
+      c.fail("num_kv_heads (" + std::to_string(num_kv_heads) + ") does not divide num_heads (" +
+             std::to_string(num_heads) + ")");
+    if (q_lora_rank || kv_lora_rank || qk_nope_head_dim || qk_rope_head_dim || v_head_dim)
+      c.fail("MLA dimensions are set but attention is gqa");
+  } else {
+    if (num_kv_heads != num_heads)
+      c.fail("MLA needs num_kv_heads == num_heads (" + std::to_string(num_heads) + "), got " +
+             std::to_string(num_kv_heads));
+    if (head_dim != 0) c.fail("head_dim must be 0 under MLA; set qk_nope/qk_rope/v_head_dim");
+    if (qk_norm) c.fail("qk_norm is not defined for MLA");
+    c.non_negative("q_lora_rank", q_lora_rank);
+    c.positive("kv_lora_rank", kv_lora_rank);
+    c.non_negative("qk_nope_head_dim", qk_nope_head_dim);
+    c.positive("qk_rope_head_dim", qk_rope_head_dim);
+    c.positive("v_head_dim", v_head_dim);
+  }
+
+  c.non_negative("num_mtp_layers", num_mtp_layers);
+  c.non_negative("sliding_window", sliding_window);
+  c.non_negative("num_sliding_layers", num_sliding_layers);
+  if (num_sliding_layers > num_layers)
+    c.fail("num_sliding_layers (" + std::to_string(num_sliding_layers) +
+           ") exceeds num_layers (" + std::to_string(num_layers) + ")");
+  if (num_sliding_layers > 0 && sliding_window == 0)
+    c.fail("num_sliding_layers > 0 needs sliding_window > 0");
+}
+
+}  // namespace peakbound

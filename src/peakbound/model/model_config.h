@@ -1,0 +1,100 @@
+// The shape of a decoder-only Mixture-of-Experts transformer: every size that
+// decides which tensors exist and how large they are. Presets and the Hugging
+// Face importer produce one; the parameter counter and the memory planner read it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace peakbound {
+
+// GQA covers MHA (kv heads == heads) and MQA (one kv head). MLA is DeepSeek's
+// multi-head latent attention, where K and V come from a compressed latent.
+enum class AttentionKind : std::uint8_t { gqa, mla };
+
+// How router logits become expert weights: softmax over all experts
+// (Mixtral, Qwen, gpt-oss) or an independent sigmoid per expert (DeepSeek-V3).
+enum class RouterScoring : std::uint8_t { softmax, sigmoid };
+
+std::string_view attention_kind_name(AttentionKind k);
+std::string_view router_scoring_name(RouterScoring s);
+
+// One model. Sizes are element counts (not bytes). A field that a family does not
+// use stays 0/false. Layer placement: layer i has a routed-expert MLP when
+// num_experts > 0, i >= num_dense_layers, (i + 1) % moe_layer_step == 0 (Qwen's
+// decoder_sparse_step convention) and i is not in mlp_only_layers; every other
+// layer has a dense MLP of dense_intermediate_size.
+struct ModelConfig {
+  std::string name;    // preset name or the imported checkpoint's folder name
+  std::string family;  // Hugging Face model_type ("deepseek_v3") or "peakbound"
+
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t num_layers = 0;
+  std::int64_t max_position_embeddings = 0;  // informational; 0 = not stated
+
+  // Layer layout and dense MLP.
+  std::int64_t num_dense_layers = 0;  // leading dense layers (DeepSeek first_k_dense_replace)
+  std::int64_t moe_layer_step = 1;    // Qwen decoder_sparse_step
+  std::vector<std::int64_t> mlp_only_layers;  // Qwen mlp_only_layers: forced dense
+  std::int64_t dense_intermediate_size = 0;
+
+  // Mixture of experts. num_experts == 0 means a dense model.
+  std::int64_t num_experts = 0;            // routed experts per MoE layer
+  std::int64_t top_k = 0;                  // routed experts each token visits
+  std::int64_t moe_intermediate_size = 0;  // width of one routed expert
+  std::int64_t num_shared_experts = 0;     // always-on experts per MoE layer
+  // Width of each shared expert; 0 means moe_intermediate_size (DeepSeek's
+  // convention). Qwen2-MoE's one shared expert is wider than a routed one.
+  std::int64_t shared_expert_intermediate_size = 0;
+  bool shared_expert_gate = false;  // Qwen2-MoE: sigmoid gate [1, H] on the shared expert
+  RouterScoring router_scoring = RouterScoring::softmax;
+  bool norm_topk_prob = false;       // renormalise the top-k weights to sum to 1
+  bool router_bias = false;          // gpt-oss: the router Linear has a bias [E]
+  bool router_score_correction = false;  // DeepSeek-V3 e_score_correction_bias [E]
+  bool mlp_bias = false;  // every MLP (dense, routed, shared) has biases (gpt-oss experts)
+
+  // Attention.
+  AttentionKind attention = AttentionKind::gqa;
+  std::int64_t num_heads = 0;
+  std::int64_t num_kv_heads = 0;  // MLA: equals num_heads (K/V are per head after up-projection)
+  std::int64_t head_dim = 0;      // GQA only; MLA uses the dims below
+  bool attention_qkv_bias = false;  // MLA: biases on q_a_proj and kv_a_proj_with_mqa
+  bool attention_out_bias = false;  // o_proj bias (gpt-oss, Llama attention_bias)
+  bool attention_sinks = false;     // gpt-oss: one learned sink logit per head
+  bool qk_norm = false;             // Qwen3: RMSNorm over each q and k head [head_dim]
+
+  // MLA (attention == mla). q_lora_rank 0 means queries are not compressed.
+  std::int64_t q_lora_rank = 0;
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_nope_head_dim = 0;
+  std::int64_t qk_rope_head_dim = 0;
+  std::int64_t v_head_dim = 0;
+
+  bool tie_word_embeddings = false;
+  // DeepSeek multi-token-prediction modules (num_nextn_predict_layers); counted
+  // apart from the headline total, as DeepSeek reports it.
+  std::int64_t num_mtp_layers = 0;
+
+  // Informational: window length and how many layers use it (gpt-oss: 128, half).
+  std::int64_t sliding_window = 0;
+  std::int64_t num_sliding_layers = 0;
+
+  bool is_moe_layer(std::int64_t layer) const;
+  std::int64_t num_moe_layers() const;
+  // Per-head width of queries and keys: head_dim, or nope + rope under MLA.
+  std::int64_t qk_head_dim() const;
+  // Per-head width of values: head_dim, or v_head_dim under MLA.
+  std::int64_t value_head_dim() const;
+  // Width of one shared expert after applying the 0 = moe_intermediate_size rule.
+  std::int64_t shared_expert_width() const;
+
+  // Throws InvalidArgument naming the first impossible value.
+  void validate() const;
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
+}  // namespace peakbound

@@ -1,0 +1,221 @@
+#include "peakbound/model/presets.h"
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+namespace {
+
+// deepseek-ai/DeepSeek-V3 config.json.
+Preset deepseek_v3() {
+  ModelConfig c;
+  c.name = "deepseek-v3";
+  c.family = "deepseek_v3";
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.num_layers = 61;
+  c.max_position_embeddings = 163840;
+  c.num_dense_layers = 3;  // first_k_dense_replace
+  c.dense_intermediate_size = 18432;
+  c.num_experts = 256;
+  c.top_k = 8;
+  c.moe_intermediate_size = 2048;
+  c.num_shared_experts = 1;
+  c.router_scoring = RouterScoring::sigmoid;
+  c.norm_topk_prob = true;
+  c.router_score_correction = true;  // topk_method noaux_tc
+  c.attention = AttentionKind::mla;
+  c.num_heads = 128;
+  c.num_kv_heads = 128;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.num_mtp_layers = 1;
+  Preset p;
+  p.config = c;
+  p.published_total = 671e9;
+  p.published_active = 36.6e9;
+  p.active_convention = ActiveConvention::without_embedding;
+  p.published_total_with_mtp = 685e9;
+  p.source = "DeepSeek-V3 README_WEIGHTS.md: 671B main model, 36.6B activated (incl. output "
+             "head, excl. embedding; the paper rounds to 37B), 685B with the MTP module";
+  return p;
+}
+
+// Qwen3-MoE config.json shared fields; the two sizes differ only in widths.
+ModelConfig qwen3_moe(std::string name, std::int64_t hidden, std::int64_t layers,
+                      std::int64_t heads, std::int64_t intermediate, std::int64_t moe_width) {
+  ModelConfig c;
+  c.name = std::move(name);
+  c.family = "qwen3_moe";
+  c.vocab_size = 151936;
+  c.hidden_size = hidden;
+  c.num_layers = layers;
+  c.max_position_embeddings = 40960;
+  c.dense_intermediate_size = intermediate;  // config's intermediate_size; no layer uses it
+  c.num_experts = 128;
+  c.top_k = 8;
+  c.moe_intermediate_size = moe_width;
+  c.router_scoring = RouterScoring::softmax;
+  c.norm_topk_prob = true;
+  c.num_heads = heads;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.qk_norm = true;
+  return c;
+}
+
+// Qwen/Qwen3-235B-A22B config.json.
+Preset qwen3_235b() {
+  Preset p;
+  p.config = qwen3_moe("qwen3-235b-a22b", 4096, 94, 64, 12288, 1536);
+  p.published_total = 235e9;
+  p.published_active = 22e9;
+  p.active_convention = ActiveConvention::with_embedding;
+  p.source = "Qwen3-235B-A22B model card: 235B total, 22B activated";
+  return p;
+}
+
+// Qwen/Qwen3-30B-A3B config.json.
+Preset qwen3_30b() {
+  Preset p;
+  p.config = qwen3_moe("qwen3-30b-a3b", 2048, 48, 32, 6144, 768);
+  p.published_total = 30.5e9;
+  p.published_active = 3.3e9;
+  p.active_convention = ActiveConvention::with_embedding;
+  p.source = "Qwen3-30B-A3B model card: 30.5B total, 3.3B activated (3.35B truncated)";
+  return p;
+}
+
+// openai/gpt-oss-120b config.json.
+Preset gpt_oss_120b() {
+  ModelConfig c;
+  c.name = "gpt-oss-120b";
+  c.family = "gpt_oss";
+  c.vocab_size = 201088;
+  c.hidden_size = 2880;
+  c.num_layers = 36;
+  c.max_position_embeddings = 131072;
+  c.num_experts = 128;
+  c.top_k = 4;
+  c.moe_intermediate_size = 2880;
+  c.router_scoring = RouterScoring::softmax;  // softmax over the top-k logits
+  c.norm_topk_prob = true;
+  c.router_bias = true;
+  c.mlp_bias = true;
+  c.num_heads = 64;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.attention_qkv_bias = true;
+  c.attention_out_bias = true;
+  c.attention_sinks = true;
+  c.sliding_window = 128;
+  c.num_sliding_layers = 18;  // layer_types alternates sliding, full
+  Preset p;
+  p.config = c;
+  p.published_total = 116.83e9;
+  p.published_active = 5.13e9;
+  p.active_convention = ActiveConvention::without_embedding;
+  p.source = "gpt-oss model card: 116.83B total, 5.13B active (unembedding counted, "
+             "embedding not)";
+  return p;
+}
+
+// mistralai/Mixtral-8x22B-v0.1 config.json.
+Preset mixtral_8x22b() {
+  ModelConfig c;
+  c.name = "mixtral-8x22b";
+  c.family = "mixtral";
+  c.vocab_size = 32000;
+  c.hidden_size = 6144;
+  c.num_layers = 56;
+  c.max_position_embeddings = 65536;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.moe_intermediate_size = 16384;
+  c.router_scoring = RouterScoring::softmax;  // softmax over the top-2 logits
+  c.norm_topk_prob = true;
+  c.num_heads = 48;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  Preset p;
+  p.config = c;
+  p.published_total = 141e9;
+  p.published_active = 39e9;
+  p.active_convention = ActiveConvention::with_embedding;
+  p.source = "Mistral AI, Mixtral 8x22B announcement: 141B total, 39B active";
+  return p;
+}
+
+// The CPU-trainable models: the features of the large presets that the CPU
+// kernels implement (GQA, softmax top-k routing, one leading dense layer).
+ModelConfig small_model(std::string name, std::int64_t vocab, std::int64_t hidden,
+                        std::int64_t layers, std::int64_t experts, std::int64_t heads,
+                        std::int64_t head_dim) {
+  ModelConfig c;
+  c.name = std::move(name);
+  c.family = "peakbound";
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.num_layers = layers;
+  c.num_dense_layers = 1;
+  c.dense_intermediate_size = 4 * hidden;
+  c.num_experts = experts;
+  c.top_k = 2;
+  c.moe_intermediate_size = 2 * hidden;
+  c.router_scoring = RouterScoring::softmax;
+  c.norm_topk_prob = true;
+  c.num_heads = heads;
+  c.num_kv_heads = 2;
+  c.head_dim = head_dim;
+  return c;
+}
+
+Preset tiny_moe() {
+  Preset p;
+  p.config = small_model("tiny-moe", 16384, 256, 4, 8, 8, 32);
+  p.source = "peakbound";
+  return p;
+}
+
+Preset small_moe() {
+  Preset p;
+  p.config = small_model("small-moe", 32768, 512, 8, 16, 8, 64);
+  p.source = "peakbound";
+  return p;
+}
+
+const std::vector<Preset>& all_presets() {
+  static const std::vector<Preset> presets = {deepseek_v3(), qwen3_235b(),   gpt_oss_120b(),
+                                              mixtral_8x22b(), qwen3_30b(), tiny_moe(),
+                                              small_moe()};
+  return presets;
+}
+
+}  // namespace
+
+std::int64_t Preset::comparable_active(const ParamCount& count) const {
+  return active_convention == ActiveConvention::without_embedding ? count.active_non_embedding
+                                                                  : count.active;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : all_presets()) names.push_back(p.config.name);
+  return names;
+}
+
+const Preset& find_preset(std::string_view name) {
+  for (const Preset& p : all_presets())
+    if (p.config.name == name) return p;
+  std::string valid;
+  for (const std::string& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InvalidArgument("unknown model preset '" + std::string(name) + "'; valid presets: " +
+                        valid);
+}
+
+ModelConfig preset_config(std::string_view name) { return find_preset(name).config; }
+
+}  // namespace peakbound
