@@ -1,0 +1,232 @@
+#include "peakbound/plan/plan.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
+#include "peakbound/model/describe.h"
+
+namespace peakbound {
+
+namespace {
+
+bool fits(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s, std::int64_t context) {
+  PlanInputs x = in;
+  x.context = context;
+  return estimate_peak(x, pc, s).peak <= in.device_memory;
+}
+
+std::string bytes(std::uint64_t b) { return format_bytes(static_cast<double>(b)); }
+
+// Ways to make a plan fit that does not, each checked by re-planning.
+std::vector<std::string> find_fixes(const PlanInputs& in, const ParamCount& pc, const PeakEstimate& cur) {
+  std::vector<std::string> out;
+  auto peak_with = [&](const PlanInputs& x, const ScheduleSet& s) { return estimate_peak(x, pc, s).peak; };
+  const ScheduleSet& s = in.schedules;
+  const std::pair<bool ScheduleSet::*, const char*> each[] = {
+      {&ScheduleSet::llep, "llep"}, {&ScheduleSet::dtp, "dtp"}, {&ScheduleSet::sco, "sco"}, {&ScheduleSet::adam, "adam"}};
+  for (auto [flag, name] : each) {
+    if (s.*flag) continue;
+    ScheduleSet t = s;
+    t.*flag = true;
+    std::uint64_t p = peak_with(in, t);
+    if (p <= in.device_memory)
+      out.push_back("add " + std::string(name) + " (--schedules " + t.str() + "): peak " + bytes(p));
+  }
+  if (out.empty() && s.str() != "all") {
+    std::uint64_t p = peak_with(in, ScheduleSet::all());
+    if (p <= in.device_memory) out.push_back("enable all four schedules (--schedules all): peak " + bytes(p));
+  }
+  for (std::int64_t cp = in.cp * 2; cp <= in.devices; cp *= 2) {
+    if (in.devices % cp) continue;
+    PlanInputs x = in;
+    x.cp = cp;
+    std::uint64_t p = peak_with(x, s);
+    if (p <= in.device_memory) {
+      out.push_back("split each sequence over more devices (--cp " + std::to_string(cp) + "): peak " + bytes(p));
+      break;
+    }
+  }
+  if (in.sequences > 1) {
+    PlanInputs x = in;
+    x.sequences = 1;
+    std::uint64_t p = peak_with(x, s);
+    if (p <= in.device_memory) out.push_back("one sequence per step (--sequences 1): peak " + bytes(p));
+  }
+  if (s.llep && in.dispatch_cap > 256) {
+    PlanInputs x = in;
+    x.dispatch_cap = in.dispatch_cap / 4;
+    std::uint64_t p = peak_with(x, s);
+    if (p <= in.device_memory)
+      out.push_back("smaller dispatch rounds (--dispatch-cap " + std::to_string(x.dispatch_cap) + "): peak " + bytes(p));
+  }
+  if (s.dtp && in.vocab_chunk > 64) {
+    PlanInputs x = in;
+    x.vocab_chunk = in.vocab_chunk / 4;
+    std::uint64_t p = peak_with(x, s);
+    if (p <= in.device_memory)
+      out.push_back("smaller vocabulary blocks (--vocab-chunk " + std::to_string(x.vocab_chunk) + "): peak " + bytes(p));
+  }
+  if (out.empty())
+    out.push_back("no single change found: the peak is " + bytes(cur.peak) + " (binding: " +
+                  std::string(component_name(cur.binding_component)) + " in " +
+                  std::string(phase_name(cur.binding_phase)) + ") against " + bytes(in.device_memory) +
+                  " per device; add devices or memory, or shorten the context");
+  return out;
+}
+
+nlohmann::json estimate_json(const PeakEstimate& e) {
+  nlohmann::json phases = nlohmann::json::object();
+  for (const PhaseBytes& ph : e.phases) {
+    nlohmann::json c = nlohmann::json::object();
+    for (Component comp : kAllComponents) c[std::string(component_name(comp))] = ph.bytes[static_cast<std::size_t>(comp)];
+    phases[std::string(phase_name(ph.phase))] = {{"total_bytes", ph.total()}, {"components", c}};
+  }
+  return {{"peak_bytes", e.peak},
+          {"binding_phase", phase_name(e.binding_phase)},
+          {"binding_component", component_name(e.binding_component)},
+          {"host_bytes", e.host_bytes},
+          {"phases", phases}};
+}
+
+}  // namespace
+
+std::int64_t context_reach(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 31;
+  if (!fits(in, pc, s, 1)) return 0;
+  std::int64_t lo = 1, hi = 1024;  // lo fits; hi is the next candidate
+  while (hi <= kMax && fits(in, pc, s, hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > kMax) return lo;
+  while (hi - lo > 1) {  // invariant: lo fits, hi does not
+    std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(in, pc, s, mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+Plan make_plan(const PlanInputs& given, bool with_reach) {
+  PlanInputs in = given;
+  in.resolve_auto();
+  in.validate();
+  Plan p;
+  p.inputs = in;
+  p.params = count_params(in.model);
+  p.shapes = plan_shapes(in, p.params);
+  p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
+  p.scheduled = estimate_peak(in, p.params, in.schedules);
+  p.fits_baseline = p.baseline.peak <= in.device_memory;
+  p.fits_scheduled = p.scheduled.peak <= in.device_memory;
+  if (with_reach) {
+    Reach r;
+    r.baseline = context_reach(in, p.params, ScheduleSet::none());
+    r.scheduled = context_reach(in, p.params, in.schedules);
+    if (r.baseline > 0) r.ratio = static_cast<double>(r.scheduled) / static_cast<double>(r.baseline);
+    p.reach = r;
+  }
+  if (!p.fits_scheduled) p.fixes = find_fixes(in, p.params, p.scheduled);
+  return p;
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  const PlanInputs& in = p.inputs;
+  nlohmann::json j;
+  j["model"] = in.model.name;
+  j["params_total"] = p.params.total;
+  j["params_active"] = p.params.active;
+  j["params"] = to_json(p.params);
+  j["run"] = {{"context", in.context},
+              {"sequences", in.sequences},
+              {"tokens_per_device", p.shapes.tokens_per_device}};
+  j["layout"] = {{"devices", in.devices},         {"ep", in.ep},
+                 {"cp", in.cp},                   {"vocab_group", in.vocab_group},
+                 {"fsdp", in.fsdp_size()},        {"device_memory_bytes", in.device_memory},
+                 {"host_memory_bytes", in.host_memory == 0 ? nlohmann::json(nullptr) : nlohmann::json(in.host_memory)}};
+  j["schedules"] = in.schedules.str();
+  j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha},
+                {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
+                {"prefetch_depth", in.prefetch_depth}, {"adam_bucket_bytes", in.adam_bucket},
+                {"skew", in.skew == 0 ? nlohmann::json("worst") : nlohmann::json(in.skew)}};
+  j["dispatch_copies"] = {{"balanced", p.shapes.routed_copies_balanced},
+                          {"worst", p.shapes.routed_copies_worst},
+                          {"at_skew", p.shapes.routed_copies},
+                          {"per_round", p.shapes.round_copies}};
+  nlohmann::json comps = nlohmann::json::object();
+  for (Component c : kAllComponents) {
+    auto i = static_cast<std::size_t>(c);
+    comps[std::string(component_name(c))] = {{"baseline_bytes", p.baseline.component_peak[i]},
+                                             {"scheduled_bytes", p.scheduled.component_peak[i]}};
+  }
+  j["components"] = comps;
+  j["peak_bytes"] = {{"baseline", p.baseline.peak}, {"scheduled", p.scheduled.peak}};
+  j["binding_component"] = {{"baseline", component_name(p.baseline.binding_component)},
+                            {"scheduled", component_name(p.scheduled.binding_component)}};
+  j["binding_phase"] = {{"baseline", phase_name(p.baseline.binding_phase)},
+                        {"scheduled", phase_name(p.scheduled.binding_phase)}};
+  j["fits"] = {{"baseline", p.fits_baseline}, {"scheduled", p.fits_scheduled}};
+  j["host_bytes"] = {{"baseline", p.baseline.host_bytes}, {"scheduled", p.scheduled.host_bytes}};
+  if (in.host_memory > 0) j["fits_host"] = p.scheduled.host_bytes <= in.host_memory;
+  j["phases"] = {{"baseline", estimate_json(p.baseline)}, {"scheduled", estimate_json(p.scheduled)}};
+  if (p.reach) {
+    j["reach_tokens"] = {{"baseline", p.reach->baseline}, {"scheduled", p.reach->scheduled}};
+    j["reach_ratio"] = p.reach->ratio ? nlohmann::json(*p.reach->ratio) : nlohmann::json(nullptr);
+  }
+  if (!p.fixes.empty()) j["fixes"] = p.fixes;
+  return j;
+}
+
+std::string plan_table(const Plan& p) {
+  const PlanInputs& in = p.inputs;
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "model     %s: %s parameters, %s active\n", in.model.name.c_str(),
+                format_params(p.params.total).c_str(), format_params(p.params.active).c_str());
+  out += line;
+  std::snprintf(line, sizeof line,
+                "run       context %s x %lld sequence(s); %lld device(s): ep %lld, cp %lld, vocab group %lld, fsdp %lld; %s each\n",
+                format_count(static_cast<std::uint64_t>(in.context)).c_str(), static_cast<long long>(in.sequences),
+                static_cast<long long>(in.devices), static_cast<long long>(in.ep), static_cast<long long>(in.cp),
+                static_cast<long long>(in.vocab_group), static_cast<long long>(in.fsdp_size()),
+                bytes(in.device_memory).c_str());
+  out += line;
+  std::snprintf(line, sizeof line, "          %lld tokens per device; schedules: %s\n\n",
+                static_cast<long long>(p.shapes.tokens_per_device), in.schedules.str().c_str());
+  out += line;
+  std::snprintf(line, sizeof line, "%-12s %14s %14s %9s\n", "component", "baseline", "scheduled", "of device");
+  out += line;
+  for (Component c : kAllComponents) {
+    auto i = static_cast<std::size_t>(c);
+    std::uint64_t b = p.baseline.component_peak[i], s = p.scheduled.component_peak[i];
+    if (b == 0 && s == 0) continue;
+    std::snprintf(line, sizeof line, "%-12s %14s %14s %8.1f%%\n", std::string(component_name(c)).c_str(),
+                  bytes(b).c_str(), bytes(s).c_str(), 100.0 * static_cast<double>(s) / static_cast<double>(in.device_memory));
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-12s %14s %14s %8.1f%%\n", "peak", bytes(p.baseline.peak).c_str(),
+                bytes(p.scheduled.peak).c_str(),
+                100.0 * static_cast<double>(p.scheduled.peak) / static_cast<double>(in.device_memory));
+  out += line;
+  auto bind = [](const PeakEstimate& e) {
+    return std::string(component_name(e.binding_component)) + " @ " + std::string(phase_name(e.binding_phase));
+  };
+  out += "binding      baseline: " + bind(p.baseline) + "; scheduled: " + bind(p.scheduled) + "\n";
+  out += std::string("fits         baseline: ") + (p.fits_baseline ? "yes" : "NO") +
+         "; scheduled: " + (p.fits_scheduled ? "yes" : "NO") + "\n";
+  if (p.scheduled.host_bytes > 0) out += "host memory  scheduled: " + bytes(p.scheduled.host_bytes) + " per device\n";
+  if (p.reach) {
+    out += "reach        baseline: " + std::to_string(p.reach->baseline) + " tokens; scheduled: " +
+           std::to_string(p.reach->scheduled) + " tokens";
+    if (p.reach->ratio) {
+      std::snprintf(line, sizeof line, " (%.2fx)", *p.reach->ratio);
+      out += line;
+    }
+    out += "\n";
+  }
+  for (const std::string& f : p.fixes) out += "to fit:      " + f + "\n";
+  return out;
+}
+
+}  // namespace peakbound

@@ -1,0 +1,46 @@
+// A whole plan: the model's parameter count, the shapes the rules derive, the
+// baseline (FSDP2-style) and scheduled estimates, whether each fits, the context
+// reach of both when asked, and for a plan that does not fit, what would fix it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "peakbound/plan/memory_model.h"
+
+namespace peakbound {
+
+struct Reach {
+  std::int64_t baseline = 0;   // largest context that fits; 0 if none does
+  std::int64_t scheduled = 0;
+  std::optional<double> ratio;  // scheduled / baseline; empty when the baseline fits nothing
+};
+
+struct Plan {
+  PlanInputs inputs;
+  ParamCount params;
+  PlanShapes shapes;
+  PeakEstimate baseline;
+  PeakEstimate scheduled;
+  bool fits_baseline = false;
+  bool fits_scheduled = false;
+  std::optional<Reach> reach;
+  std::vector<std::string> fixes;  // for a scheduled plan that does not fit
+};
+
+// Throws InvalidArgument for inconsistent inputs.
+Plan make_plan(const PlanInputs& in, bool with_reach);
+
+// Largest context (tokens per sequence) whose peak fits the device memory under
+// `schedules`: doubling from 1024, then bisection to the exact token. 0 if even 1
+// token does not fit; capped at 2^31.
+std::int64_t context_reach(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& schedules);
+
+nlohmann::json plan_json(const Plan& p);
+std::string plan_table(const Plan& p);
+
+}  // namespace peakbound

@@ -1,0 +1,76 @@
+// PlanInputs: everything `peakbound plan` needs to predict per-device memory: the
+// model, the run (context, batch, dtypes), the layout over devices, which of the
+// four schedules are on, and their knobs. The runtime sizes its Arena from the same
+// struct, so the defaults here are the engine's defaults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "peakbound/model/model_config.h"
+
+namespace peakbound {
+
+// Which of the four peak-bounding schedules replace their baseline rule.
+struct ScheduleSet {
+  bool llep = false;  // PipelinedLLEP for expert dispatch
+  bool dtp = false;   // Ring-DTP for the vocabulary projection
+  bool sco = false;   // Selective Checkpoint Offload for checkpoint boundaries
+  bool adam = false;  // OffloadStreamAdamW for the optimizer state
+
+  static ScheduleSet none() { return {}; }
+  static ScheduleSet all() { return {true, true, true, true}; }
+  bool any() const { return llep || dtp || sco || adam; }
+  // "none", "all", or a comma list of llep, dtp, sco, adam; throws InvalidArgument.
+  static ScheduleSet parse(std::string_view text);
+  std::string str() const;  // "none", "all" or "llep,sco"
+};
+
+struct PlanInputs {
+  ModelConfig model;
+
+  // Run.
+  std::int64_t context = 0;           // tokens per sequence
+  std::int64_t sequences = 1;         // sequences per step per data-parallel group
+  std::int64_t param_bytes = 2;       // bf16 parameters and activations
+  std::int64_t activation_bytes = 2;
+  std::int64_t grad_bytes = 4;        // fp32 gradient shards (accumulation in fp32)
+  std::int64_t optimizer_bytes = 12;  // fp32 master weights + Adam m + v
+
+  // Layout.
+  std::int64_t devices = 1;
+  std::int64_t ep = 1;          // expert-parallel size; 0 = auto (see resolve_auto)
+  std::int64_t cp = 1;          // context-parallel size (sequence split)
+  std::int64_t vocab_group = 1; // ranks sharing one vocabulary-sharded LM head; 0 = auto
+  std::int64_t fsdp = 0;        // FSDP shard group of the non-expert parameters; 0 = all devices
+  std::uint64_t device_memory = 0;
+  std::uint64_t host_memory = 0;  // per device; 0 = unlimited
+
+  // Schedules and their knobs.
+  ScheduleSet schedules;
+  std::int64_t dispatch_cap = 4096;      // PipelinedLLEP: token-copies per source rank per round
+  double llep_alpha = 1.0;               // LLEP capacity factor over the mean load
+  std::int64_t llep_min_spill = 1024;    // LLEP: smallest spilled piece, token-copies
+  std::int64_t vocab_chunk = 1024;       // Ring-DTP: token rows per logits block
+  std::int64_t prefetch_depth = 1;       // SCO: boundaries prefetched ahead in backward
+  std::uint64_t adam_bucket = 256ull << 20;  // OffloadStreamAdamW bucket, bytes
+
+  // Routing skew: received token-copies at the most loaded rank over the balanced
+  // share (1 = balanced; 0 = the worst case the layout allows).
+  double skew = 1.0;
+
+  // Fixed reserves (CUDA context and NCCL buffers; GEMM workspace and allocator slack).
+  std::uint64_t comm_reserve = 1ull << 30;
+  std::uint64_t workspace_reserve = 512ull << 20;
+
+  // Replaces 0 ("auto") by the usual layout: ep = the largest divisor of both the
+  // device and expert counts up to 64 (1 for a dense model); vocab_group = the
+  // largest divisor of the device count up to 8 (one node's tensor-parallel group).
+  void resolve_auto();
+  // Throws InvalidArgument naming the first inconsistency (EP not dividing the experts...).
+  void validate() const;
+  std::int64_t fsdp_size() const { return fsdp > 0 ? fsdp : devices; }
+};
+
+}  // namespace peakbound

@@ -1,0 +1,133 @@
+#include "peakbound/plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "peakbound/core/error.h"
+#include "peakbound/model/presets.h"
+
+namespace peakbound {
+namespace {
+
+PlanInputs preset_inputs(const std::string& name, std::int64_t context) {
+  PlanInputs in;
+  in.model = preset_config(name);
+  in.context = context;
+  in.devices = 256;
+  in.ep = 0;
+  in.vocab_group = 0;
+  in.device_memory = 141ull << 30;
+  in.schedules = ScheduleSet::all();
+  return in;
+}
+
+TEST(Plan, ReachIsTheExactLargestContextThatFits) {
+  PlanInputs in = preset_inputs("qwen3-30b-a3b", 1 << 20);
+  Plan p = make_plan(in, true);
+  ASSERT_TRUE(p.reach.has_value());
+  for (auto [s, reach] : {std::pair{ScheduleSet::none(), p.reach->baseline}, {ScheduleSet::all(), p.reach->scheduled}}) {
+    ASSERT_GT(reach, 0);
+    PlanInputs x = p.inputs;
+    x.context = reach;
+    EXPECT_LE(estimate_peak(x, p.params, s).peak, in.device_memory);
+    x.context = reach + 1;
+    EXPECT_GT(estimate_peak(x, p.params, s).peak, in.device_memory);
+  }
+  EXPECT_GT(*p.reach->ratio, 1.0);
+}
+
+TEST(Plan, ReachIsZeroWhenThePersistentStateAloneDoesNotFit) {
+  PlanInputs in = preset_inputs("deepseek-v3", 4096);
+  in.devices = 8;
+  in.device_memory = 80ull << 30;
+  Plan p = make_plan(in, true);
+  EXPECT_EQ(p.reach->baseline, 0);
+  EXPECT_FALSE(p.reach->ratio.has_value());
+  EXPECT_FALSE(p.fits_scheduled);
+  ASSERT_FALSE(p.fixes.empty());
+  EXPECT_NE(p.fixes.back().find("no single change"), std::string::npos) << p.fixes.back();
+}
+
+TEST(Plan, SuggestsTheScheduleThatMakesItFit) {
+  // Vocabulary-bound: a huge vocabulary on a small model with a long context.
+  PlanInputs in = preset_inputs("qwen3-30b-a3b", 65536);
+  in.devices = 8;
+  in.device_memory = 80ull << 30;
+  in.schedules = ScheduleSet::parse("llep,sco,adam");
+  Plan p = make_plan(in, false);
+  if (p.fits_scheduled) GTEST_SKIP() << "already fits";
+  bool dtp = false;
+  for (const auto& f : p.fixes) dtp |= f.find("add dtp") != std::string::npos;
+  EXPECT_TRUE(dtp) << nlohmann::json(p.fixes).dump();
+}
+
+TEST(Plan, JsonHasTheDocumentedFields) {
+  Plan p = make_plan(preset_inputs("gpt-oss-120b", 1 << 20), true);
+  nlohmann::json j = plan_json(p);
+  for (const char* k : {"params_total", "components", "peak_bytes", "binding_component", "fits", "reach_tokens", "reach_ratio"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_TRUE(j["components"]["vocab"].contains("baseline_bytes"));
+  EXPECT_TRUE(j["components"]["vocab"].contains("scheduled_bytes"));
+  EXPECT_TRUE(j["peak_bytes"].contains("baseline"));
+  EXPECT_TRUE(j["fits"]["scheduled"].is_boolean());
+  EXPECT_EQ(j["params_total"].get<std::int64_t>(), p.params.total);
+  EXPECT_FALSE(plan_table(p).empty());
+}
+
+TEST(Plan, EveryPresetPlansWithReachInUnderASecond) {
+  for (const auto& name : preset_names()) {
+    auto t0 = std::chrono::steady_clock::now();
+    Plan p = make_plan(preset_inputs(name, 1 << 20), true);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 1.0) << name;  // a bound on work (a few hundred estimates), not a benchmark
+    EXPECT_GT(p.baseline.peak, p.scheduled.peak) << name;
+  }
+}
+
+TEST(Plan, AutoLayout) {
+  PlanInputs in = preset_inputs("mixtral-8x22b", 4096);
+  Plan p = make_plan(in, false);
+  EXPECT_EQ(p.inputs.ep, 8);           // 8 experts
+  EXPECT_EQ(p.inputs.vocab_group, 8);
+  in = preset_inputs("deepseek-v3", 4096);
+  EXPECT_EQ(make_plan(in, false).inputs.ep, 64);
+}
+
+void expect_invalid(PlanInputs in, const std::string& needle) {
+  try {
+    make_plan(in, false);
+    FAIL() << "expected InvalidArgument about " << needle;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, BadInputsNameTheProblem) {
+  PlanInputs in = preset_inputs("mixtral-8x22b", 4096);
+  in.ep = 3;
+  in.devices = 6;
+  expect_invalid(in, "does not divide the 8 experts");
+  in = preset_inputs("mixtral-8x22b", 4096);
+  in.ep = 16;
+  in.devices = 8;
+  expect_invalid(in, "--ep 16 must divide --devices 8");
+  in = preset_inputs("mixtral-8x22b", 4096);
+  in.cp = 3;
+  expect_invalid(in, "--cp 3");
+  in = preset_inputs("mixtral-8x22b", 0);
+  expect_invalid(in, "--context");
+  in = preset_inputs("mixtral-8x22b", 4096);
+  in.device_memory = 0;
+  expect_invalid(in, "--device-memory");
+  in = preset_inputs("mixtral-8x22b", 4096);
+  in.skew = 0.5;
+  expect_invalid(in, "--skew");
+  EXPECT_THROW(ScheduleSet::parse("llep,fast"), InvalidArgument);
+  EXPECT_EQ(ScheduleSet::parse("sco,llep").str(), "llep,sco");
+  EXPECT_EQ(ScheduleSet::parse("llep,dtp,sco,adam").str(), "all");
+}
+
+}  // namespace
+}  // namespace peakbound
