@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite (unit and mpi).
+# Usage: scripts/test.sh [preset]   (release by default; `asan` for the sanitizer build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset="${1:-release}"
+bash scripts/setup.sh
+bash scripts/build.sh "$preset"
+ctest --preset "$preset" --output-on-failure

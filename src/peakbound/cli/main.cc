@@ -1,0 +1,79 @@
+// peakbound: the command-line entry point. Parses flags with CLI11, runs the chosen
+// subcommand, and turns every error into one line on stderr and a non-zero exit.
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "peakbound/build_info.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/error.h"
+#ifdef PEAKBOUND_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace {
+
+// Under mpirun one rank's error would leave the others waiting in a collective:
+// abort the whole job after printing.
+void abort_peers_if_mpi(int code) {
+#ifdef PEAKBOUND_HAVE_MPI
+  int init = 0, fin = 0, size = 1;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) {
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  }
+#else
+  (void)code;
+#endif
+}
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "peakbound: error: %s\n", message.c_str());
+  std::fflush(stderr);
+  abort_peers_if_mpi(code);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace peakbound;
+  CLI::App app("peakbound: trains Mixture-of-Experts models at long context with bounded memory peaks",
+               "peakbound");
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", cli::build_description());
+  std::vector<cli::Command> commands;
+  commands.push_back(cli::add_demo_command(app));
+  commands.push_back(cli::add_info_command(app));
+  commands.push_back(cli::add_plan_command(app));
+  for (auto& c : cli::add_pending_commands(app)) commands.push_back(std::move(c));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    return fail(2, msg + " (run 'peakbound --help' for usage)");
+  }
+
+  try {
+    for (auto& c : commands)
+      if (c.app->parsed()) return c.run();
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const Error& e) {
+    return fail(1, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(1, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(3, std::string("unexpected failure: ") + e.what());
+  }
+}

@@ -1,0 +1,146 @@
+// `peakbound plan`: per-component peaks for a model, context and layout, baseline
+// (FSDP2-style) beside the chosen schedules, the phase and component that bind,
+// whether each fits, what would make it fit, and with --reach the context reach.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "peakbound/cli/command.h"
+#include "peakbound/core/dtype.h"
+#include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
+#include "peakbound/model/hf_config.h"
+#include "peakbound/model/presets.h"
+#include "peakbound/plan/plan.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct PlanFlags {
+  std::string model = "deepseek-v3";
+  std::string context = "128K";
+  std::int64_t sequences = 1;
+  std::int64_t devices = 8;
+  std::string ep = "auto", vocab_group = "auto";
+  std::int64_t cp = 1, fsdp = 0;
+  std::string device_memory = "80GiB";
+  std::string host_memory = "0";
+  std::string schedules = "all";
+  std::int64_t dispatch_cap = 4096;
+  double llep_alpha = 1.0;
+  std::int64_t llep_min_spill = 1024;
+  std::int64_t vocab_chunk = 1024;
+  std::int64_t prefetch_depth = 1;
+  std::string adam_bucket = "256MiB";
+  std::string skew = "balanced";
+  std::string param_dtype = "bf16";
+  std::string grad_dtype = "f32";
+  std::string comm_reserve = "1GiB";
+  std::string workspace_reserve = "512MiB";
+  bool reach = false;
+  bool json = false;
+};
+
+ModelConfig load_model(const std::string& spec) {
+  namespace fs = std::filesystem;
+  bool looks_like_path = spec.find('/') != std::string::npos || spec.ends_with(".json");
+  if (looks_like_path || fs::exists(spec)) {
+    fs::path p = spec;
+    if (fs::is_directory(p)) p /= "config.json";
+    return load_hf_config(p.string());
+  }
+  return preset_config(spec);
+}
+
+double parse_skew(const std::string& s) {
+  if (s == "balanced") return 1.0;
+  if (s == "worst") return 0.0;
+  try {
+    std::size_t used = 0;
+    double v = std::stod(s, &used);
+    if (used == s.size() && v >= 1.0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgument("--skew: '" + s + "' is not 'balanced', 'worst' or a factor >= 1");
+}
+
+PlanInputs to_inputs(const PlanFlags& f) {
+  PlanInputs in;
+  in.model = load_model(f.model);
+  in.context = static_cast<std::int64_t>(parse_count(f.context, "--context"));
+  in.sequences = f.sequences;
+  in.devices = f.devices;
+  in.ep = f.ep == "auto" ? 0 : static_cast<std::int64_t>(parse_count(f.ep, "--ep"));
+  in.cp = f.cp;
+  in.vocab_group = f.vocab_group == "auto" ? 0 : static_cast<std::int64_t>(parse_count(f.vocab_group, "--vocab-group"));
+  if (f.ep != "auto" && in.ep == 0) throw InvalidArgument("--ep must be positive or 'auto'");
+  if (f.vocab_group != "auto" && in.vocab_group == 0) throw InvalidArgument("--vocab-group must be positive or 'auto'");
+  in.fsdp = f.fsdp;
+  in.device_memory = parse_bytes(f.device_memory, "--device-memory");
+  in.host_memory = parse_bytes(f.host_memory, "--host-memory");
+  in.schedules = ScheduleSet::parse(f.schedules);
+  in.dispatch_cap = f.dispatch_cap;
+  in.llep_alpha = f.llep_alpha;
+  in.llep_min_spill = f.llep_min_spill;
+  in.vocab_chunk = f.vocab_chunk;
+  in.prefetch_depth = f.prefetch_depth;
+  in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
+  in.skew = parse_skew(f.skew);
+  DType pd = parse_dtype(f.param_dtype), gd = parse_dtype(f.grad_dtype);
+  if ((pd != DType::bf16 && pd != DType::f32) || (gd != DType::bf16 && gd != DType::f32))
+    throw InvalidArgument("--param-dtype and --grad-dtype take bf16 or f32");
+  in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
+  in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
+  in.comm_reserve = parse_bytes(f.comm_reserve, "--comm-reserve");
+  in.workspace_reserve = parse_bytes(f.workspace_reserve, "--workspace-reserve");
+  return in;
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& root) {
+  auto f = std::make_shared<PlanFlags>();
+  Command c;
+  c.app = root.add_subcommand("plan", "Per-component memory peaks, baseline vs schedules, binding component, context reach");
+  auto* a = c.app;
+  std::string presets;
+  for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  a->add_option("--model", f->model, "Preset (" + presets + ") or a Hugging Face config.json (file or folder)")->capture_default_str();
+  a->add_option("--context", f->context, "Tokens per sequence: 131072, 128K, 1M")->capture_default_str();
+  a->add_option("--sequences", f->sequences, "Sequences per step per data-parallel group")->capture_default_str();
+  a->add_option("--devices", f->devices, "Number of devices")->capture_default_str();
+  a->add_option("--ep", f->ep, "Expert-parallel size, or auto: the largest divisor of devices and experts up to 64")->capture_default_str();
+  a->add_option("--cp", f->cp, "Context-parallel size (each sequence split over cp devices)")->capture_default_str();
+  a->add_option("--vocab-group", f->vocab_group, "Devices sharing one vocabulary-sharded LM head, or auto: the largest divisor of devices up to 8")->capture_default_str();
+  a->add_option("--fsdp", f->fsdp, "FSDP shard group of the non-expert parameters (0 = all devices)")->capture_default_str();
+  a->add_option("--device-memory", f->device_memory, "Memory per device: 80GiB, 141GiB")->capture_default_str();
+  a->add_option("--host-memory", f->host_memory, "Host memory per device (0 = unlimited)")->capture_default_str();
+  a->add_option("--schedules", f->schedules, "none, all, or a comma list of llep, dtp, sco, adam")->capture_default_str();
+  a->add_option("--dispatch-cap", f->dispatch_cap, "PipelinedLLEP: token-copies per source rank per round")->capture_default_str();
+  a->add_option("--llep-alpha", f->llep_alpha, "LLEP capacity factor over the mean load")->capture_default_str();
+  a->add_option("--llep-min-spill", f->llep_min_spill, "LLEP: smallest spilled piece in token-copies")->capture_default_str();
+  a->add_option("--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block")->capture_default_str();
+  a->add_option("--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward")->capture_default_str();
+  a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
+  a->add_option("--skew", f->skew, "Routing skew at the busiest EP rank: balanced, worst, or a factor >= 1")->capture_default_str();
+  a->add_option("--param-dtype", f->param_dtype, "Parameter and activation dtype (bf16, f32)")->capture_default_str();
+  a->add_option("--grad-dtype", f->grad_dtype, "Gradient shard dtype (f32, bf16)")->capture_default_str();
+  a->add_option("--comm-reserve", f->comm_reserve, "Fixed reserve for the runtime and communication buffers")->capture_default_str();
+  a->add_option("--workspace-reserve", f->workspace_reserve, "Fixed reserve for GEMM workspace and slack")->capture_default_str();
+  a->add_flag("--reach", f->reach, "Also search the largest context that fits, baseline and scheduled");
+  a->add_flag("--json", f->json, "Print one JSON object");
+  c.run = [f] {
+    Plan p = make_plan(to_inputs(*f), f->reach);
+    if (f->json)
+      std::printf("%s\n", plan_json(p).dump(2).c_str());
+    else
+      std::printf("%s", plan_table(p).c_str());
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace peakbound::cli

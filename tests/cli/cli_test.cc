@@ -1,0 +1,115 @@
+// Runs the built `peakbound` binary as a user would and checks exit codes and
+// that errors are one line on stderr (no stack trace, no abort).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+CliRun run(const std::string& args) {
+  static int n = 0;
+  std::string base = ::testing::TempDir() + "/pb_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
+  std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return r;
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void expect_one_line_error(const CliRun& r, const std::string& needle) {
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "killed by a signal";
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("peakbound: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+TEST(Cli, VersionAndHelp) {
+  CliRun v = run("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.out.find("peakbound 0."), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("blas: OpenBLAS"), std::string::npos) << v.out;
+  CliRun h = run("--help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* sub : {"plan", "train", "bench", "verify", "demo", "info"})
+    EXPECT_NE(h.out.find(sub), std::string::npos) << sub;
+}
+
+TEST(Cli, UnknownFlagIsOneLine) { expect_one_line_error(run("--frobnicate"), "frobnicate"); }
+
+TEST(Cli, UnknownSubcommandIsOneLine) { expect_one_line_error(run("launch-rockets"), "launch-rockets"); }
+
+TEST(Cli, BadFlagValueIsOneLine) {
+  expect_one_line_error(run("demo --layers zero"), "--layers");
+  expect_one_line_error(run("demo --device-memory 12parsecs"), "--device-memory");
+}
+
+TEST(Cli, OutOfBudgetIsOneLineNamingTheComponent) {
+  CliRun r = run("demo --device-memory 1MiB --tokens 1024 --hidden 256");
+  expect_one_line_error(r, "budget");
+  EXPECT_NE(r.err.find("'params'"), std::string::npos) << r.err;  // the first allocation to fail
+}
+
+TEST(Cli, PendingSubcommandsSayNotYetAvailable) {
+  for (const char* sub : {"train", "bench", "verify"}) {
+    CliRun r = run(sub);
+    EXPECT_EQ(r.code, 2) << sub;
+    EXPECT_NE(r.err.find("not yet available"), std::string::npos) << r.err;
+  }
+}
+
+TEST(Cli, DemoRunsAndGradientsMatchBitwise) {
+  CliRun r = run("demo --layers 3 --tokens 64 --hidden 32 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"grads_bitwise_equal\": true"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"checkpoint_peak_reduction\""), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CliPlan, PresetWithReachAsJson) {
+  CliRun r = run("plan --model deepseek-v3 --context 1M --devices 256 --device-memory 141GiB --reach --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* k : {"\"params_total\"", "\"reach_ratio\"", "\"binding_component\"", "\"fits\""})
+    EXPECT_NE(r.out.find(k), std::string::npos) << k;
+}
+
+TEST(CliPlan, BadInputsAreOneLine) {
+  expect_one_line_error(run("plan --model llama-9000"), "llama-9000");
+  expect_one_line_error(run("plan --model mixtral-8x22b --devices 6 --ep 3"), "experts");
+  expect_one_line_error(run("plan --context 12Q"), "--context");
+  expect_one_line_error(run("plan --device-memory lots"), "--device-memory");
+  expect_one_line_error(run("plan --schedules warp"), "warp");
+  expect_one_line_error(run("plan --model /nonexistent/config.json"), "/nonexistent/config.json");
+}
+
+}  // namespace
