@@ -143,6 +143,8 @@ DemoResult run_step(const DemoOptions& o, std::uint64_t budget, bool offload) {
 
 }  // namespace
 
+namespace {
+
 Command add_demo_command(CLI::App& root) {
   auto opts = std::make_shared<DemoOptions>();
   Command c;
@@ -194,5 +196,9 @@ Command add_demo_command(CLI::App& root) {
   };
   return c;
 }
+
+const bool registered = register_command("", "demo", &add_demo_command);
+
+}  // namespace
 
 }  // namespace peakbound::cli

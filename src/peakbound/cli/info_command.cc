@@ -27,6 +27,8 @@ std::string build_description() {
   return s;
 }
 
+namespace {
+
 Command add_info_command(CLI::App& root) {
   Command c;
   c.app = root.add_subcommand("info", "Print the build configuration and the launch this process sees");
@@ -40,5 +42,9 @@ Command add_info_command(CLI::App& root) {
   };
   return c;
 }
+
+const bool registered = register_command("", "info", &add_info_command);
+
+}  // namespace
 
 }  // namespace peakbound::cli

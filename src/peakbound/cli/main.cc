@@ -45,11 +45,7 @@ int main(int argc, char** argv) {
                "peakbound");
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", cli::build_description());
-  std::vector<cli::Command> commands;
-  commands.push_back(cli::add_demo_command(app));
-  commands.push_back(cli::add_info_command(app));
-  commands.push_back(cli::add_plan_command(app));
-  for (auto& c : cli::add_pending_commands(app)) commands.push_back(std::move(c));
+  std::vector<cli::Command> commands = cli::build_commands(app);
 
   try {
     app.parse(argc, argv);
@@ -65,8 +61,9 @@ int main(int argc, char** argv) {
   }
 
   try {
-    for (auto& c : commands)
-      if (c.app->parsed()) return c.run();
+    // A case of a group (bench vocab) is parsed together with its group: run the deepest.
+    for (auto it = commands.rbegin(); it != commands.rend(); ++it)
+      if (it->app->parsed() && it->app->get_subcommands().empty()) return it->run();
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const Error& e) {

@@ -101,6 +101,8 @@ PlanInputs to_inputs(const PlanFlags& f) {
 
 }  // namespace
 
+namespace {
+
 Command add_plan_command(CLI::App& root) {
   auto f = std::make_shared<PlanFlags>();
   Command c;
@@ -142,5 +144,9 @@ Command add_plan_command(CLI::App& root) {
   };
   return c;
 }
+
+const bool registered = register_command("", "plan", &add_plan_command);
+
+}  // namespace
 
 }  // namespace peakbound::cli
