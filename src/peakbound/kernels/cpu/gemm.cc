@@ -49,4 +49,6 @@ std::string blas_core_name() {
 
 int blas_num_threads() { return openblas_get_num_threads(); }
 
+void set_blas_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+
 }  // namespace peakbound::cpu

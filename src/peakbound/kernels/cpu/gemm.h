@@ -20,7 +20,8 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
 
 // The OpenBLAS kernel family in use (openblas_get_corename()), e.g. "Haswell".
 std::string blas_core_name();
-// OpenBLAS's thread count.
+// OpenBLAS's thread count, and setting it (several ranks on few cores want 1 each).
 int blas_num_threads();
+void set_blas_threads(int n);
 
 }  // namespace peakbound::cpu

@@ -1,0 +1,78 @@
+#include "peakbound/kernels/cpu/cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+
+namespace peakbound::cpu {
+
+void lse_update(const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                float* run_max, float* run_sum) {
+  if (cols == 0) return;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* l = logits + r * ld;
+    float m = l[0];
+    for (std::int64_t j = 1; j < cols; ++j) m = l[j] > m ? l[j] : m;
+    float new_max = m > run_max[r] ? m : run_max[r];
+    float s = 0.0f;
+    for (std::int64_t j = 0; j < cols; ++j) s += std::exp(l[j] - new_max);
+    // exp(-inf) = 0 keeps the first block's rescale harmless.
+    run_sum[r] = run_sum[r] * std::exp(run_max[r] - new_max) + s;
+    run_max[r] = new_max;
+  }
+}
+
+void gather_target_logit(const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                         const std::int32_t* targets, std::int64_t vocab_offset, float* target_logit) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t j = static_cast<std::int64_t>(targets[r]) - vocab_offset;
+    if (j >= 0 && j < cols) target_logit[r] += logits[r * ld + j];
+  }
+}
+
+void cross_entropy_grad(float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                        const float* lse, const std::int32_t* targets, std::int64_t vocab_offset,
+                        std::int32_t ignore_index, float z_loss, float scale) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* l = logits + r * ld;
+    if (targets[r] == ignore_index) {
+      for (std::int64_t j = 0; j < cols; ++j) l[j] = 0.0f;
+      continue;
+    }
+    const float a = scale * (1.0f + 2.0f * z_loss * lse[r]);
+    for (std::int64_t j = 0; j < cols; ++j) l[j] = a * std::exp(l[j] - lse[r]);
+    std::int64_t t = static_cast<std::int64_t>(targets[r]) - vocab_offset;
+    if (t >= 0 && t < cols) l[t] -= scale;
+  }
+}
+
+double cross_entropy_finish(const float* run_max, const float* run_sum, const float* target_logit,
+                            const std::int32_t* targets, std::int64_t rows, std::int32_t ignore_index,
+                            float z_loss, float* lse, std::int64_t* count) {
+  double loss = 0;
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    lse[r] = run_max[r] + std::log(run_sum[r]);
+    if (targets[r] == ignore_index) continue;
+    loss += static_cast<double>(lse[r]) - target_logit[r] + static_cast<double>(z_loss) * lse[r] * lse[r];
+    ++n;
+  }
+  *count = n;
+  return loss;
+}
+
+}  // namespace peakbound::cpu
+
+namespace peakbound::cpu {
+
+void lse_merge(float* max_a, float* sum_a, float* target_a, const float* max_b, const float* sum_b,
+               const float* target_b, std::int64_t rows) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float m = max_a[r] > max_b[r] ? max_a[r] : max_b[r];
+    if (m == -std::numeric_limits<float>::infinity()) continue;  // both empty
+    sum_a[r] = sum_a[r] * std::exp(max_a[r] - m) + sum_b[r] * std::exp(max_b[r] - m);
+    max_a[r] = m;
+    target_a[r] += target_b[r];
+  }
+}
+
+}  // namespace peakbound::cpu

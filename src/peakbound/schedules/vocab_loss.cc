@@ -1,0 +1,59 @@
+#include "peakbound/schedules/vocab_loss.h"
+
+#include <string>
+#include <vector>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+VocabShard vocab_shard(std::int64_t vocab, int ranks, int rank) {
+  std::int64_t base = vocab / ranks, rem = vocab % ranks;
+  VocabShard s;
+  s.rows = base + (rank < rem ? 1 : 0);
+  s.offset = rank * base + std::min<std::int64_t>(rank, rem);
+  return s;
+}
+
+std::string_view ring_mode_name(RingMode m) {
+  switch (m) {
+    case RingMode::automatic: return "auto";
+    case RingMode::activations: return "activations";
+    case RingMode::weights: return "weights";
+  }
+  return "?";
+}
+
+RingMode parse_ring_mode(std::string_view s) {
+  if (s == "auto") return RingMode::automatic;
+  if (s == "activations") return RingMode::activations;
+  if (s == "weights") return RingMode::weights;
+  throw InvalidArgument("--mode: '" + std::string(s) + "' is not auto, activations or weights");
+}
+
+std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens) {
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(group.size()));
+  group.all_gather(&tokens, counts.data(), 1, DType::i64);
+  return counts;
+}
+
+void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens,
+                   const VocabLossOptions& o) {
+  std::int64_t bad = -1;
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    std::int32_t t = targets[i];
+    if (t != o.ignore_index && (t < 0 || t >= o.vocab)) {
+      bad = i;
+      break;
+    }
+  }
+  std::int64_t any = bad >= 0 ? 1 : 0;
+  group.all_reduce(&any, 1, DType::i64, ReduceOp::max);
+  if (bad >= 0)
+    throw InvalidArgument("target " + std::to_string(targets[bad]) + " of token " + std::to_string(bad) +
+                          " on rank " + std::to_string(group.rank()) + " is outside the vocabulary [0, " +
+                          std::to_string(o.vocab) + ") and is not ignore_index " + std::to_string(o.ignore_index));
+  if (any) throw InvalidArgument("a target on another rank of the vocabulary group is outside the vocabulary");
+}
+
+}  // namespace peakbound

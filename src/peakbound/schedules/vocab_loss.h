@@ -1,0 +1,73 @@
+// VocabLoss: the LM head's projection and cross-entropy over a vocabulary group of
+// P ranks. Each rank brings its own tokens (hidden [T, H], targets [T]; T may differ
+// between ranks) and holds one vocabulary shard of the head weight W [rows, H]
+// (vocab_shard() says which). forward returns this rank's summed loss and valid-token
+// count; backward gives dHidden for its tokens and adds into dW for its shard.
+// Two implementations behind this interface, measured side by side:
+//   materialized  Megatron-style vocab-parallel cross-entropy (the baseline)
+//   ring_dtp      Ring-DTP: the smaller of activations and weight shards circulates,
+//                 logits exist only as [chunk, V/P] blocks folded into an online LSE
+// All scratch memory comes from the device Arena under Component::vocab.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "peakbound/comm/communicator.h"
+#include "peakbound/device/device.h"
+
+namespace peakbound {
+
+// Rank r's rows of a V-row vocabulary split over P ranks (the first V % P get one more).
+struct VocabShard {
+  std::int64_t offset = 0;
+  std::int64_t rows = 0;
+};
+VocabShard vocab_shard(std::int64_t vocab, int ranks, int rank);
+
+enum class RingMode : std::uint8_t { automatic, activations, weights };
+std::string_view ring_mode_name(RingMode m);
+RingMode parse_ring_mode(std::string_view s);  // auto | activations | weights
+
+struct VocabLossOptions {
+  std::int64_t vocab = 0;   // global vocabulary size V
+  std::int64_t hidden = 0;  // H
+  std::int64_t chunk = 256; // Ring-DTP: token rows per logits block
+  float z_loss = 0.0f;      // coefficient of z * lse^2
+  std::int32_t ignore_index = -100;
+  RingMode mode = RingMode::automatic;
+};
+
+struct LossSum {
+  double loss = 0;         // summed over this rank's valid tokens
+  std::int64_t count = 0;  // this rank's valid tokens
+};
+
+class VocabLoss {
+ public:
+  virtual ~VocabLoss() = default;
+  virtual std::string name() const = 0;
+  // hidden [T, H], targets [T], weight [vocab_shard(...).rows, H]; they must stay
+  // valid until backward. Collective over the group.
+  virtual LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
+                          const float* weight) = 0;
+  // Gradient of scale x (summed loss): writes d_hidden [T, H], adds into d_weight.
+  virtual void backward(float scale, float* d_hidden, float* d_weight) = 0;
+  // The mode Ring-DTP chose for the last forward ("activations"/"weights"); "" otherwise.
+  virtual std::string mode_used() const { return ""; }
+};
+
+std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group,
+                                                        const VocabLossOptions& o);
+std::unique_ptr<VocabLoss> make_ring_dtp_vocab_loss(Device& dev, Communicator& group,
+                                                    const VocabLossOptions& o);
+
+// Shared by both: every rank's token count (collective), and a check that every target
+// is in [0, V) or ignore_index, agreed on by all ranks so none is left waiting.
+std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens);
+void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens,
+                   const VocabLossOptions& o);
+
+}  // namespace peakbound

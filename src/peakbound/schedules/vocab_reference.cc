@@ -1,0 +1,132 @@
+#include "peakbound/schedules/vocab_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/elementwise.h"
+
+namespace peakbound {
+
+std::int64_t VocabProblem::offset(int rank) const {
+  return std::accumulate(spec.tokens.begin(), spec.tokens.begin() + rank, std::int64_t{0});
+}
+
+VocabProblem make_vocab_problem(const VocabProblemSpec& spec, std::int32_t ignore_index) {
+  VocabProblem p;
+  p.spec = spec;
+  const std::int64_t N = std::accumulate(spec.tokens.begin(), spec.tokens.end(), std::int64_t{0});
+  const std::int64_t H = spec.hidden, V = spec.vocab;
+  std::mt19937_64 rng(spec.seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  std::uniform_int_distribution<std::int32_t> td(0, static_cast<std::int32_t>(V - 1));
+  p.hidden.resize(static_cast<std::size_t>(N * H));
+  for (auto& x : p.hidden) x = nd(rng);
+  // Weights scaled so logits have a spread of a few units, as in a trained head.
+  p.weight.resize(static_cast<std::size_t>(V * H));
+  const float ws = 2.0f / std::sqrt(static_cast<float>(H));
+  for (auto& x : p.weight) x = nd(rng) * ws;
+  p.targets.resize(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) {
+    std::int32_t t = td(rng);
+    p.targets[static_cast<std::size_t>(i)] = ud(rng) < spec.ignore_fraction ? ignore_index : t;
+  }
+  if (spec.all_ignored_rank >= 0 && spec.all_ignored_rank < static_cast<int>(spec.tokens.size())) {
+    std::int64_t off = p.offset(spec.all_ignored_rank);
+    for (std::int64_t i = 0; i < spec.tokens[static_cast<std::size_t>(spec.all_ignored_rank)]; ++i)
+      p.targets[static_cast<std::size_t>(off + i)] = ignore_index;
+  }
+  return p;
+}
+
+VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptions& o, float scale) {
+  const std::int64_t N = static_cast<std::int64_t>(p.targets.size()), H = p.spec.hidden, V = p.spec.vocab;
+  VocabReference ref;
+  ref.d_hidden.assign(static_cast<std::size_t>(N * H), 0.0f);
+  std::vector<double> dw(static_cast<std::size_t>(V * H), 0.0), logit(static_cast<std::size_t>(V));
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* h = &p.hidden[static_cast<std::size_t>(i * H)];
+    double mx = -INFINITY;
+    for (std::int64_t v = 0; v < V; ++v) {
+      const float* w = &p.weight[static_cast<std::size_t>(v * H)];
+      double s = 0;
+      for (std::int64_t k = 0; k < H; ++k) s += static_cast<double>(h[k]) * w[k];
+      logit[static_cast<std::size_t>(v)] = s;
+      mx = std::max(mx, s);
+    }
+    double se = 0;
+    for (std::int64_t v = 0; v < V; ++v) se += std::exp(logit[static_cast<std::size_t>(v)] - mx);
+    const double lse = mx + std::log(se);
+    const std::int32_t t = p.targets[static_cast<std::size_t>(i)];
+    if (t == o.ignore_index) continue;
+    ref.loss += lse - logit[static_cast<std::size_t>(t)] + o.z_loss * lse * lse;
+    ++ref.count;
+    const double a = 1.0 + 2.0 * o.z_loss * lse;
+    std::vector<double> dh(static_cast<std::size_t>(H), 0.0);
+    for (std::int64_t v = 0; v < V; ++v) {
+      double g = scale * (a * std::exp(logit[static_cast<std::size_t>(v)] - lse) - (v == t ? 1.0 : 0.0));
+      const float* w = &p.weight[static_cast<std::size_t>(v * H)];
+      double* dwv = &dw[static_cast<std::size_t>(v * H)];
+      for (std::int64_t k = 0; k < H; ++k) {
+        dh[static_cast<std::size_t>(k)] += g * w[k];
+        dwv[k] += g * h[k];
+      }
+    }
+    for (std::int64_t k = 0; k < H; ++k) ref.d_hidden[static_cast<std::size_t>(i * H + k)] = static_cast<float>(dh[static_cast<std::size_t>(k)]);
+  }
+  ref.d_weight.assign(dw.begin(), dw.end());
+  return ref;
+}
+
+VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref,
+                            float scale) {
+  const int r = g.rank();
+  const std::int64_t H = p.spec.hidden, T = p.spec.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
+  VocabShard sh = vocab_shard(p.spec.vocab, g.size(), r);
+  const float* hidden = p.hidden.data() + off * H;
+  const std::int32_t* targets = p.targets.data() + off;
+  const float* weight = p.weight.data() + sh.offset * H;
+  std::vector<float> dh(static_cast<std::size_t>(T * H), -1.0f), dw(static_cast<std::size_t>(sh.rows * H), 0.0f);
+  LossSum ls = impl.forward(hidden, targets, T, weight);
+  impl.backward(scale, dh.data(), dw.data());
+
+  // The group's loss in double precision: gather each rank's (loss, count) as bytes,
+  // since the communicator has no f64 type and an f32 sum would lose digits.
+  std::vector<double> both = {ls.loss, static_cast<double>(ls.count)};
+  std::vector<std::uint8_t> mine(sizeof(double) * 2), all(sizeof(double) * 2 * static_cast<std::size_t>(g.size()));
+  std::memcpy(mine.data(), both.data(), mine.size());
+  g.all_gather(mine.data(), all.data(), mine.size(), DType::u8);
+  double loss = 0, count = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    double v[2];
+    std::memcpy(v, all.data() + sizeof(double) * 2 * static_cast<std::size_t>(i), sizeof v);
+    loss += v[0];
+    count += v[1];
+  }
+  VocabCheck c;
+  c.rel_err_loss = std::fabs(loss - ref.loss) / std::max(std::fabs(ref.loss), 1e-30);
+  if (ref.count == 0) c.rel_err_loss = std::fabs(loss);
+  c.count = static_cast<std::int64_t>(count);
+  c.count_matches = c.count == ref.count;
+  // Errors relative to the whole reference tensor, reduced (max) over ranks.
+  double err[2] = {0, 0};
+  double dh_scale = cpu::max_abs(ref.d_hidden.data(), static_cast<std::int64_t>(ref.d_hidden.size()));
+  double dw_scale = cpu::max_abs(ref.d_weight.data(), static_cast<std::int64_t>(ref.d_weight.size()));
+  double dh_diff = cpu::max_abs_diff(dh.data(), ref.d_hidden.data() + off * H, T * H);
+  double dw_diff = cpu::max_abs_diff(dw.data(), ref.d_weight.data() + sh.offset * H, sh.rows * H);
+  err[0] = dh_scale > 0 ? dh_diff / dh_scale : dh_diff;
+  err[1] = dw_scale > 0 ? dw_diff / dw_scale : dw_diff;
+  float errf[2] = {static_cast<float>(err[0]), static_cast<float>(err[1])};
+  if (std::isnan(err[0])) errf[0] = INFINITY;
+  if (std::isnan(err[1])) errf[1] = INFINITY;
+  g.all_reduce(errf, 2, DType::f32, ReduceOp::max);
+  c.rel_err_dhidden = errf[0];
+  c.rel_err_dweight = errf[1];
+  return c;
+}
+
+}  // namespace peakbound

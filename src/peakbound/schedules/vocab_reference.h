@@ -1,0 +1,52 @@
+// The exactness harness of the vocabulary loss, shared by the tests, `verify vocab`
+// and `bench vocab`: a deterministic problem that every rank can generate whole
+// (so a naive single-process reference needs no communication), the naive double-
+// precision reference, and one run of a VocabLoss compared against it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "peakbound/schedules/vocab_loss.h"
+
+namespace peakbound {
+
+struct VocabProblemSpec {
+  std::vector<std::int64_t> tokens;  // per rank
+  std::int64_t hidden = 0, vocab = 0;
+  double ignore_fraction = 0.0;      // share of targets set to ignore_index
+  int all_ignored_rank = -1;         // this rank gets only ignore_index targets
+  std::uint64_t seed = 1;
+};
+
+// The whole group's data: rank r's tokens start at row offset(r).
+struct VocabProblem {
+  VocabProblemSpec spec;
+  std::vector<float> hidden;         // [sum T, H]
+  std::vector<std::int32_t> targets; // [sum T]
+  std::vector<float> weight;         // [V, H], all shards
+  std::int64_t offset(int rank) const;
+};
+VocabProblem make_vocab_problem(const VocabProblemSpec& spec, std::int32_t ignore_index);
+
+// Naive reference in double precision over the whole problem: summed loss over
+// valid tokens, count, dHidden [sum T, H] and dW [V, H] of scale x summed loss.
+struct VocabReference {
+  double loss = 0;
+  std::int64_t count = 0;
+  std::vector<float> d_hidden, d_weight;
+};
+VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptions& o, float scale);
+
+// One forward + backward of `impl` on this rank's slice, compared with the reference.
+struct VocabCheck {
+  double rel_err_loss = 0;     // of the group's summed loss
+  double rel_err_dhidden = 0;  // max over ranks, max|a-ref|/max|ref| over the tensor
+  double rel_err_dweight = 0;
+  std::int64_t count = 0;      // the group's valid tokens
+  bool count_matches = false;
+};
+VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& group, const VocabProblem& p,
+                            const VocabReference& ref, float scale);
+
+}  // namespace peakbound
