@@ -1,0 +1,196 @@
+// `peakbound bench vocab`: the materialized vocab-parallel cross-entropy and Ring-DTP
+// on the same inputs in one run (under mpirun, P = the group size): each one's vocab
+// peak from its Arena, its step time (forward + backward, best of --reps after a
+// warm-up, max over ranks), and how far Ring-DTP's loss and gradients are from the
+// baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/cli/vocab_flags.h"
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/units.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/kernels/cpu/gemm.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct BenchVocabFlags : VocabFlags {
+  int reps = 3;
+  bool sweep = false;
+  std::string device_memory = "16GiB";
+};
+
+struct RunResult {
+  std::string name, mode;
+  std::uint64_t vocab_peak = 0;  // max over ranks
+  double seconds = 0;            // best rep, max over ranks
+  double loss = 0;               // the group's summed loss
+  std::vector<float> dh, dw;
+};
+
+// This rank's inputs: tokens and targets of its own, its vocabulary shard of W.
+struct RankData {
+  std::vector<float> hidden, weight;
+  std::vector<std::int32_t> targets;
+};
+
+RankData make_rank_data(const VocabFlags& f, Communicator& g, std::int64_t tokens) {
+  RankData d;
+  VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
+  std::mt19937_64 rng(f.seed * 7919 + static_cast<std::uint64_t>(g.rank()));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<std::int32_t> td(0, static_cast<std::int32_t>(f.vocab - 1));
+  std::uniform_real_distribution<double> ud(0.0, 1.0);
+  d.hidden.resize(static_cast<std::size_t>(tokens * f.hidden));
+  for (auto& x : d.hidden) x = nd(rng);
+  d.targets.resize(static_cast<std::size_t>(tokens));
+  for (auto& t : d.targets) t = ud(rng) < f.ignore_fraction ? -100 : td(rng);
+  d.weight.resize(static_cast<std::size_t>(sh.rows * f.hidden));
+  const float ws = 2.0f / std::sqrt(static_cast<float>(f.hidden));
+  for (auto& x : d.weight) x = nd(rng) * ws;
+  return d;
+}
+
+double group_sum(Communicator& g, double v) {
+  // No f64 in the communicator: gather the doubles as bytes and sum them in order.
+  std::vector<double> all(static_cast<std::size_t>(g.size()));
+  g.all_gather(&v, all.data(), sizeof(double), DType::u8);
+  double s = 0;
+  for (double x : all) s += x;
+  return s;
+}
+
+RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring) {
+  CpuDevice dev(parse_bytes(f.device_memory, "--device-memory"));
+  VocabLossOptions o = f.options();
+  auto impl = ring ? make_ring_dtp_vocab_loss(dev, g, o) : make_materialized_vocab_loss(dev, g, o);
+  RunResult r;
+  r.name = impl->name();
+  VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
+  r.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
+  r.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
+  LossSum ls;
+  auto step = [&] {
+    std::fill(r.dw.begin(), r.dw.end(), 0.0f);
+    ls = impl->forward(d.hidden.data(), d.targets.data(), tokens, d.weight.data());
+    impl->backward(1.0f, r.dh.data(), r.dw.data());
+  };
+  step();  // warm-up: first touch of fresh memory is many times slower here
+  double best = 1e300;
+  for (int i = 0; i < std::max(1, f.reps); ++i) {
+    g.barrier();
+    bench::Stopwatch w;
+    step();
+    g.barrier();
+    best = std::min(best, w.seconds());
+  }
+  float bf = static_cast<float>(best);
+  g.all_reduce(&bf, 1, DType::f32, ReduceOp::max);
+  r.seconds = bf;
+  std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
+  g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
+  r.vocab_peak = static_cast<std::uint64_t>(peak);
+  r.mode = impl->mode_used();
+  r.loss = group_sum(g, ls.loss);
+  return r;
+}
+
+// max|a - ref| / max|ref| over the whole (distributed) tensor.
+double group_rel_err(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
+  float v[2] = {static_cast<float>(cpu::max_abs_diff(a.data(), ref.data(), static_cast<std::int64_t>(a.size()))),
+                static_cast<float>(cpu::max_abs(ref.data(), static_cast<std::int64_t>(ref.size())))};
+  g.all_reduce(v, 2, DType::f32, ReduceOp::max);
+  return v[1] > 0 ? v[0] / v[1] : v[0];
+}
+
+nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens) {
+  RankData d = make_rank_data(f, g, tokens);
+  RunResult base = run_one(f, g, d, tokens, false);
+  RunResult ring = run_one(f, g, d, tokens, true);
+  const double total_tokens = static_cast<double>(tokens) * g.size();
+  nlohmann::json runs = nlohmann::json::array();
+  for (const RunResult* r : {&base, &ring})
+    runs.push_back({{"name", r->name}, {"mode", r->mode}, {"vocab_peak_bytes", r->vocab_peak},
+                    {"seconds", r->seconds}, {"tokens_per_second", total_tokens / r->seconds}});
+  nlohmann::json j;
+  j["tokens_per_rank"] = tokens;
+  j["runs"] = runs;
+  j["peak_reduction"] = 1.0 - static_cast<double>(ring.vocab_peak) / static_cast<double>(base.vocab_peak);
+  j["throughput_ratio"] = base.seconds / ring.seconds;
+  j["max_rel_err_loss"] = std::fabs(ring.loss - base.loss) / std::max(std::fabs(base.loss), 1e-30);
+  j["max_rel_err_dhidden"] = group_rel_err(g, ring.dh, base.dh);
+  j["max_rel_err_dweight"] = group_rel_err(g, ring.dw, base.dw);
+  return j;
+}
+
+int local_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+Command add_bench_vocab(CLI::App& parent) {
+  auto f = std::make_shared<BenchVocabFlags>();
+  Command c;
+  c.app = parent.add_subcommand("vocab", "Ring-DTP vs the materialized vocab-parallel cross-entropy (run under mpirun)");
+  f->add_to(*c.app);
+  c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  c.app->add_option("--device-memory", f->device_memory, "Per-rank device budget")->capture_default_str();
+  c.app->add_flag("--sweep", f->sweep, "Also measure at 1/4, 1/2, 2 and 4x the tokens");
+  c.run = [f] {
+    auto world = world_communicator();
+    Communicator& g = *world;
+    // Ranks share the cores: give each an equal share of BLAS threads.
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    cpu::set_blas_threads(std::max(1, hw / local_ranks()));
+    nlohmann::json j = measure(*f, g, f->tokens);
+    if (f->sweep) {
+      nlohmann::json sweep = nlohmann::json::array();
+      for (double m : {0.25, 0.5, 1.0, 2.0, 4.0}) {
+        auto t = static_cast<std::int64_t>(static_cast<double>(f->tokens) * m);
+        nlohmann::json s = m == 1.0 ? j : measure(*f, g, t);
+        sweep.push_back({{"tokens_per_rank", t},
+                         {"materialized_vocab_peak_bytes", s["runs"][0]["vocab_peak_bytes"]},
+                         {"ring_dtp_vocab_peak_bytes", s["runs"][1]["vocab_peak_bytes"]},
+                         {"peak_reduction", s["peak_reduction"]},
+                         {"throughput_ratio", s["throughput_ratio"]}});
+      }
+      j["sweep"] = sweep;
+    }
+    if (g.rank() == 0) {
+      nlohmann::json out = {{"bench", "vocab"},
+                            {"ranks", g.size()},
+                            {"tokens_per_rank", f->tokens},
+                            {"hidden", f->hidden},
+                            {"vocab", f->vocab},
+                            {"chunk", f->chunk},
+                            {"mode_requested", f->mode},
+                            {"z_loss", f->z_loss},
+                            {"backward", "recompute (4 GEMMs per token block; the fused 3-GEMM form is not built)"},
+                            {"machine", bench::machine_info()}};
+      out.update(j);
+      std::printf("%s\n", out.dump(2).c_str());
+    }
+    return 0;
+  };
+  return c;
+}
+
+const bool registered = register_command("bench", "vocab", &add_bench_vocab);
+
+}  // namespace
+
+}  // namespace peakbound::cli
