@@ -1,0 +1,73 @@
+// MoePlan: where every routed token-copy of one MoE layer goes, computed identically
+// on every rank of the expert-parallel group from the all-gathered per-source,
+// per-expert counts (so no rank needs to ask another what it will receive).
+//   standard_ep     every copy goes to its expert's owner, in one round
+//   llep            least-loaded EP: beyond a capacity, an expert's copies are spilled
+//                   (with a copy of its weights) to the least-loaded ranks
+//   pipelined_llep  the llep assignment, each (source, destination) block sliced over
+//                   rounds so that a source sends at most `cap` copies per round
+// An expert's copies are ordered globally by (source rank, local order): the owner keeps
+// the first ones, each spill takes the next range.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace peakbound {
+
+enum class DispatchKind : std::uint8_t { standard_ep, llep, pipelined_llep };
+std::string_view dispatch_kind_name(DispatchKind k);
+
+struct LlepKnobs {
+  double alpha = 1.0;        // capacity = alpha x (total copies / EP)
+  double lambda = 1.3;       // below this imbalance, llep is standard EP
+  std::int64_t min_spill = 64;  // smallest spilled piece (CPU-sized; GPU runs use ~1024)
+  std::int64_t cap = 1024;   // pipelined: copies per source rank per round
+};
+
+struct MoePlan {
+  struct Piece {
+    int dest;
+    std::int64_t begin, end;  // range in the expert's global copy order
+  };
+  struct Spill {
+    std::int64_t expert;
+    int owner, helper;
+    std::int64_t copies;
+  };
+
+  DispatchKind kind = DispatchKind::standard_ep;
+  int ep = 1;
+  std::int64_t experts = 0, local = 0;  // local = experts per rank
+  std::vector<std::int64_t> counts;     // [ep][experts]: copies from source s to expert e
+  std::vector<std::int64_t> load;       // [experts]
+  double imbalance = 1.0;               // max rank load / mean, before spilling
+  bool spilled = false;                 // false: standard EP assignment
+  std::vector<std::vector<Piece>> pieces;  // per expert, covering [0, load)
+  std::vector<Spill> spills;            // one per (expert, helper)
+  std::vector<std::int64_t> block;      // [ep][ep]: copies from source s to destination d
+  int rounds = 1;
+
+  int owner(std::int64_t e) const { return static_cast<int>(e / local); }
+  std::int64_t count(int s, std::int64_t e) const { return counts[static_cast<std::size_t>(s * experts + e)]; }
+  std::int64_t block_size(int s, int d) const { return block[static_cast<std::size_t>(s * ep + d)]; }
+  // Copies of block (s, d) in round i: [slice_begin(s,d,i), slice_begin(s,d,i+1)).
+  std::int64_t slice_begin(int s, int d, int i) const;
+  std::int64_t slice(int s, int d, int i) const { return slice_begin(s, d, i + 1) - slice_begin(s, d, i); }
+  // Destination of the j-th copy (in source s's local order) of expert e.
+  int dest_of(int s, std::int64_t e, std::int64_t j) const;
+  // Rows rank d receives in round i, and the largest such count over all rounds and ranks.
+  std::int64_t received(int d, int i) const;
+  std::int64_t sent(int s, int i) const;
+  std::int64_t max_received() const;
+  std::int64_t max_sent() const;
+  // Experts whose weights rank r holds without owning them (ascending).
+  std::vector<std::int64_t> foreign_experts(int r) const;
+};
+
+// counts: [ep][experts] copies from each source to each expert (all ranks pass the same).
+MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std::vector<std::int64_t>& counts,
+                      const LlepKnobs& knobs);
+
+}  // namespace peakbound

@@ -1,0 +1,52 @@
+// The exactness harness of expert dispatch, shared by the tests, `verify dispatch` and
+// `bench dispatch`: routing skews, a deterministic problem every rank can generate
+// whole, a dense double-precision reference, and one run compared against it.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "peakbound/schedules/moe_dispatch.h"
+
+namespace peakbound {
+
+enum class Skew : std::uint8_t { uniform, zipf, hot, all_to_one_rank, one_expert, source };
+std::string_view skew_name(Skew s);
+Skew parse_skew(std::string_view s);  // uniform|zipf|hot|all-to-one-rank|one-expert|source
+
+struct MoeProblemSpec {
+  MoeShape shape;
+  int ranks = 1;
+  std::int64_t tokens = 0;  // per rank (source skew: rank 0 gets 8x, rank 1 none)
+  Skew skew = Skew::uniform;
+  double zipf_s = 1.2;
+  double hot_share = 0.95;   // hot: share of tokens routed to rank 0's experts
+  std::uint64_t seed = 1;
+};
+
+struct MoeProblem {
+  MoeProblemSpec spec;
+  std::vector<std::int64_t> tokens;   // per rank
+  std::vector<float> x;               // [N, H]
+  std::vector<std::int32_t> ids;      // [N, K], distinct experts per token
+  std::vector<float> weights;         // [N, K]
+  std::vector<float> dy;              // [N, H]
+  std::vector<float> params;          // [E, 3FH]
+  std::int64_t offset(int rank) const;
+};
+MoeProblem make_moe_problem(const MoeProblemSpec& spec);
+
+struct MoeReference {
+  std::vector<float> y, dx, dw, dparams;
+};
+MoeReference dense_moe_reference(const MoeProblem& p);
+
+struct MoeCheck {
+  double rel_err_y = 0, rel_err_dx = 0, rel_err_dw = 0, rel_err_dparams = 0;  // max over ranks
+  double max() const;
+};
+// Forward + backward of `d` on this rank's slice against the reference.
+MoeCheck check_moe_dispatch(MoeDispatch& d, Communicator& group, const MoeProblem& p, const MoeReference& ref);
+
+}  // namespace peakbound
