@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_stream.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/swiglu.h"
 
@@ -146,12 +147,22 @@ void MoeDispatch::run(Pass& p) {
     return slot < plan.local ? p.dparams + slot * EF : fgrads.as<float>() + (slot - plan.local) * EF;
   };
 
-  // 4. Round buffers, sized once for the largest round and reused.
+  // 4. Round buffers, sized once for the largest round and reused. Pipelined rounds
+  //    double-buffer the exchange so round i+1's dispatch and round i-1's combine run on
+  //    the communication thread while round i's experts compute.
   const std::int64_t win = p.backward ? 2 * H + 2 : H + 1;   // x [, dy, w], expert id
   const std::int64_t wout = p.backward ? H + 1 : H;           // dx, dw | out
   const std::int64_t ms = plan.max_sent(), mr = plan.max_received();
+  const bool overlap = kind_ == DispatchKind::pipelined_llep && plan.rounds > 1;
+  const int nbuf = overlap ? 2 : 1;
   auto alloc = [&](std::int64_t floats) { return dev_.allocate(Component::dispatch, static_cast<std::uint64_t>(floats) * 4); };
-  Buffer sendbuf = alloc(ms * win), recvbuf = alloc(mr * win), backbuf = alloc(ms * wout), outbuf = alloc(mr * wout);
+  Buffer sendbuf[2], recvbuf[2], backbuf[2], outbuf[2];
+  for (int b = 0; b < nbuf; ++b) {
+    sendbuf[b] = alloc(ms * win);
+    recvbuf[b] = alloc(mr * win);
+    backbuf[b] = alloc(ms * wout);
+    outbuf[b] = alloc(mr * wout);
+  }
   Buffer xg = alloc(mr * H), dyg = p.backward ? alloc(mr * H) : Buffer(), gate = alloc(mr * F), up = alloc(mr * F),
          act = alloc(mr * F), outg = alloc(mr * H);
   std::vector<std::int64_t> perm(static_cast<std::size_t>(mr)), slot_rows(static_cast<std::size_t>(slots + 1));
@@ -163,11 +174,27 @@ void MoeDispatch::run(Pass& p) {
     std::memset(p.y, 0, static_cast<std::size_t>(T * H) * 4);
   }
 
-  std::vector<std::size_t> sc(static_cast<std::size_t>(P)), rc(static_cast<std::size_t>(P)), sc2(static_cast<std::size_t>(P)),
-      rc2(static_cast<std::size_t>(P));
-  for (int i = 0; i < plan.rounds; ++i) {
-    // a. Pack this round's slice of every (this rank, d) block.
-    float* sb = sendbuf.as<float>();
+  // Per-round counts (elements) of the dispatch and of the combine.
+  auto counts = [&](int i, bool combine) {
+    std::vector<std::size_t> sc(static_cast<std::size_t>(P)), rc(static_cast<std::size_t>(P));
+    for (int d = 0; d < P; ++d) {
+      sc[static_cast<std::size_t>(d)] = static_cast<std::size_t>(combine ? plan.slice(d, r, i) * wout : plan.slice(r, d, i) * win);
+      rc[static_cast<std::size_t>(d)] = static_cast<std::size_t>(combine ? plan.slice(r, d, i) * wout : plan.slice(d, r, i) * win);
+    }
+    return std::pair{sc, rc};
+  };
+  auto dispatch = [&](int i) {
+    auto [sc, rc] = counts(i, false);
+    g_.all_to_all_v(sendbuf[i % nbuf].data(), sc, prefix(sc), recvbuf[i % nbuf].data(), rc, prefix(rc), DType::f32);
+  };
+  auto combine = [&](int i) {
+    auto [sc, rc] = counts(i, true);
+    g_.all_to_all_v(outbuf[i % nbuf].data(), sc, prefix(sc), backbuf[i % nbuf].data(), rc, prefix(rc), DType::f32);
+  };
+
+  // a. Pack this round's slice of every (this rank, d) block.
+  auto pack = [&](int i) {
+    float* sb = sendbuf[i % nbuf].as<float>();
     std::int64_t row = 0;
     for (int d = 0; d < P; ++d) {
       const auto& list = to[static_cast<std::size_t>(d)];
@@ -181,17 +208,14 @@ void MoeDispatch::run(Pass& p) {
         }
         dst[win - 1] = static_cast<float>(p.ids[c]);
       }
-      sc[static_cast<std::size_t>(d)] = static_cast<std::size_t>(plan.slice(r, d, i) * win);
-      rc[static_cast<std::size_t>(d)] = static_cast<std::size_t>(plan.slice(d, r, i) * win);
-      sc2[static_cast<std::size_t>(d)] = static_cast<std::size_t>(plan.slice(d, r, i) * wout);
-      rc2[static_cast<std::size_t>(d)] = static_cast<std::size_t>(plan.slice(r, d, i) * wout);
     }
-    // b. Dispatch.
-    g_.all_to_all_v(sendbuf.data(), sc, prefix(sc), recvbuf.data(), rc, prefix(rc), DType::f32);
+  };
 
-    // c. Group the received rows by expert slot (counting sort, stable).
+  // b. The experts of this rank on one round's received rows.
+  auto compute = [&](int i) {
+    // Group the received rows by expert slot (counting sort, stable).
     const std::int64_t n = plan.received(r, i);
-    const float* rb = recvbuf.as<float>();
+    const float* rb = recvbuf[i % nbuf].as<float>();
     std::fill(slot_rows.begin(), slot_rows.end(), 0);
     std::vector<std::int64_t> slot(static_cast<std::size_t>(n));
     for (std::int64_t q = 0; q < n; ++q) {
@@ -209,7 +233,6 @@ void MoeDispatch::run(Pass& p) {
         wg[static_cast<std::size_t>(at)] = rb[q * win + 2 * H];
       }
     }
-
     // d. Expert FFNs, one contiguous segment per slot.
     for (std::int64_t sl = 0; sl < slots; ++sl) {
       const std::int64_t a = slot_rows[static_cast<std::size_t>(sl)], m = slot_rows[static_cast<std::size_t>(sl + 1)] - a;
@@ -244,18 +267,19 @@ void MoeDispatch::run(Pass& p) {
       cpu::gemm_f32(false, false, m, H, F, 1.0f, U, F, Wu, H, 1.0f, O, H);            //    + dup Wu
     }
 
-    // e. Results back into arrival order, then home to their sources.
-    float* ob = outbuf.as<float>();
+    // Results back into arrival order, ready to go home.
+    float* ob = outbuf[i % nbuf].as<float>();
     for (std::int64_t at = 0; at < n; ++at) {
       const std::int64_t q = perm[static_cast<std::size_t>(at)];
       std::memcpy(ob + q * wout, outg.as<float>() + at * H, static_cast<std::size_t>(H) * 4);
       if (p.backward) ob[q * wout + H] = dwg[static_cast<std::size_t>(at)];
     }
-    g_.all_to_all_v(outbuf.data(), sc2, prefix(sc2), backbuf.data(), rc2, prefix(rc2), DType::f32);
+  };
 
-    // f. Combine at the source.
-    const float* bb = backbuf.as<float>();
-    row = 0;
+  // c. Combine at the source.
+  auto unpack = [&](int i) {
+    const float* bb = backbuf[i % nbuf].as<float>();
+    std::int64_t row = 0;
     for (int d = 0; d < P; ++d) {
       const auto& list = to[static_cast<std::size_t>(d)];
       for (std::int64_t j = plan.slice_begin(r, d, i); j < plan.slice_begin(r, d, i + 1); ++j, ++row) {
@@ -272,6 +296,44 @@ void MoeDispatch::run(Pass& p) {
         }
       }
     }
+  };
+
+  if (!overlap) {
+    for (int i = 0; i < plan.rounds; ++i) {
+      pack(i);
+      dispatch(i);
+      compute(i);
+      combine(i);
+      unpack(i);
+    }
+  } else {
+    // Every rank submits the same collectives in the same order to its communication
+    // thread, which is the only thread calling the communicator until the loop ends.
+    CpuStream comm_thread("moe-comm", CpuStream::Mode::worker_thread);
+    std::vector<Event> dispatched(static_cast<std::size_t>(plan.rounds)), combined(static_cast<std::size_t>(plan.rounds));
+    auto submit = [&](std::vector<Event>& done, int i, bool is_combine) {
+      comm_thread.submit([&, i, is_combine] { is_combine ? combine(i) : dispatch(i); });
+      done[static_cast<std::size_t>(i)] = comm_thread.record();
+    };
+    pack(0);
+    submit(dispatched, 0, false);
+    for (int i = 0; i < plan.rounds; ++i) {
+      if (i + 1 < plan.rounds) {
+        pack(i + 1);  // its buffer's previous dispatch (round i-1) has completed
+        submit(dispatched, i + 1, false);
+      }
+      dispatched[static_cast<std::size_t>(i)].synchronize();
+      comm_thread.rethrow_failure();
+      compute(i);
+      if (i > 0) {
+        combined[static_cast<std::size_t>(i - 1)].synchronize();
+        comm_thread.rethrow_failure();
+        unpack(i - 1);
+      }
+      submit(combined, i, true);
+    }
+    comm_thread.synchronize();
+    unpack(plan.rounds - 1);
   }
 
   // 5. Helpers' weight gradients return to the owners once, summed there.
@@ -290,6 +352,7 @@ void MoeDispatch::run(Pass& p) {
   stats_.imbalance = plan.imbalance;
   stats_.spills = static_cast<std::int64_t>(plan.spills.size());
   stats_.max_received_rows = mr;
+  stats_.foreign_experts = nf;
 }
 
 }  // namespace peakbound

@@ -32,6 +32,7 @@ struct DispatchStats {
   double imbalance = 1.0;
   std::int64_t spills = 0;
   std::int64_t max_received_rows = 0;  // the busiest rank's largest round
+  std::int64_t foreign_experts = 0;    // experts this rank held a lent copy of
 };
 
 class MoeDispatch {

@@ -32,10 +32,11 @@ class CpuStream final : public Stream {
   Event record();
   void wait(const Event& e);
   void synchronize();
+  // Rethrows (once) a failure of work that has already run, without waiting for the rest.
+  void rethrow_failure();
 
  private:
   void run();
-  void rethrow_failure();
 
   std::string name_;
   Mode mode_;

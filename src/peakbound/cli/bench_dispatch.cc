@@ -1,0 +1,188 @@
+// `peakbound bench dispatch`: standard EP, LLEP and PipelinedLLEP on the same inputs in
+// one run, for each requested routing skew (under mpirun: EP = the group size). For
+// each path: the dispatch peak from its Arena (max over ranks), the forward+backward
+// time (best of --reps after a warm-up, max over ranks), and the largest relative
+// error of its outputs and gradients against standard EP. --sweep measures the peaks
+// at 1, 2, 4 and 8x the tokens under each requested skew.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/cli/dispatch_flags.h"
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/kernels/cpu/gemm.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct BenchFlags : DispatchFlags {
+  int reps = 2;
+  bool sweep = false;
+};
+
+struct PathResult {
+  std::string name;
+  std::uint64_t peak = 0;
+  double seconds = 0;
+  int rounds = 0;
+  bool spilled = false;
+  std::int64_t max_round_rows = 0, foreign_experts = 0;  // max over ranks
+  std::vector<float> y, dx, dw, dparams;
+};
+
+PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, DispatchKind kind, bool timed) {
+  const MoeShape& s = p.spec.shape;
+  const int r = g.rank();
+  const std::int64_t H = s.hidden, K = s.top_k, EF = s.expert_floats(), local = s.experts / g.size();
+  const std::int64_t T = p.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
+  CpuDevice dev(64ull << 30);
+  MoeDispatch d(dev, g, s, kind, f.knobs());
+  PathResult out;
+  out.name = d.name();
+  out.y.resize(static_cast<std::size_t>(T * H));
+  out.dx.resize(static_cast<std::size_t>(T * H));
+  out.dw.resize(static_cast<std::size_t>(T * K));
+  out.dparams.resize(static_cast<std::size_t>(local * EF));
+  const float* x = p.x.data() + off * H;
+  const std::int32_t* ids = p.ids.data() + off * K;
+  const float* w = p.weights.data() + off * K;
+  const float* params = p.params.data() + r * local * EF;
+  auto step = [&] {
+    std::fill(out.dparams.begin(), out.dparams.end(), 0.0f);
+    d.forward(x, T, ids, w, params, out.y.data());
+    d.backward(x, T, ids, w, params, p.dy.data() + off * H, out.dx.data(), out.dw.data(), out.dparams.data());
+  };
+  step();  // warm-up (and the run the peak is read from)
+  double best = 0;
+  if (timed) {
+    best = 1e300;
+    for (int i = 0; i < std::max(1, f.reps); ++i) {
+      g.barrier();
+      bench::Stopwatch sw;
+      step();
+      g.barrier();
+      best = std::min(best, sw.seconds());
+    }
+  }
+  float b = static_cast<float>(best);
+  g.all_reduce(&b, 1, DType::f32, ReduceOp::max);
+  out.seconds = b;
+  std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::dispatch));
+  g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
+  out.peak = static_cast<std::uint64_t>(peak);
+  out.rounds = d.stats().rounds;
+  std::int64_t mx[2] = {d.stats().max_received_rows, d.stats().foreign_experts};
+  g.all_reduce(mx, 2, DType::i64, ReduceOp::max);
+  out.max_round_rows = mx[0];
+  out.foreign_experts = mx[1];
+  out.spilled = d.stats().spilled;
+  return out;
+}
+
+double rel_err(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
+  float v[2] = {static_cast<float>(cpu::max_abs_diff(a.data(), ref.data(), static_cast<std::int64_t>(a.size()))),
+                static_cast<float>(cpu::max_abs(ref.data(), static_cast<std::int64_t>(ref.size())))};
+  g.all_reduce(v, 2, DType::f32, ReduceOp::max);
+  return v[1] > 0 ? v[0] / v[1] : v[0];
+}
+
+int local_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+Command add_bench_dispatch(CLI::App& parent) {
+  auto f = std::make_shared<BenchFlags>();
+  Command c;
+  c.app = parent.add_subcommand("dispatch", "Standard EP vs LLEP vs PipelinedLLEP: dispatch peak and throughput (run under mpirun)");
+  f->add_to(*c.app);
+  c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  c.app->add_flag("--sweep", f->sweep, "Also measure the peaks at 1, 2, 4, 8x the tokens under each skew");
+  c.run = [f] {
+    auto world = world_communicator();
+    Communicator& g = *world;
+    if (f->experts % g.size() != 0)
+      throw InvalidArgument("--experts " + std::to_string(f->experts) + " is not divisible by the " +
+                            std::to_string(g.size()) + " ranks");
+    if (f->top_k > f->experts) throw InvalidArgument("--topk exceeds --experts");
+    cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks()));
+    nlohmann::json runs = nlohmann::json::array(), per_skew = nlohmann::json::object();
+    double worst_err = 0;
+    for (Skew s : f->skews()) {
+      MoeProblem p = make_moe_problem(f->spec(g.size(), s, f->tokens));
+      std::int64_t all_tokens = 0;
+      for (auto t : p.tokens) all_tokens += t;
+      std::vector<PathResult> res;
+      for (DispatchKind k : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep})
+        res.push_back(run_path(*f, g, p, k, true));
+      for (std::size_t i = 0; i < res.size(); ++i) {
+        double err = 0;
+        if (i > 0)
+          err = std::max({rel_err(g, res[i].y, res[0].y), rel_err(g, res[i].dx, res[0].dx),
+                          rel_err(g, res[i].dw, res[0].dw), rel_err(g, res[i].dparams, res[0].dparams)});
+        worst_err = std::max(worst_err, err);
+        runs.push_back({{"name", res[i].name}, {"skew", skew_name(s)}, {"dispatch_peak_bytes", res[i].peak},
+                        {"seconds", res[i].seconds}, {"tokens_per_second", static_cast<double>(all_tokens) / res[i].seconds},
+                        {"rounds", res[i].rounds}, {"spilled", res[i].spilled},
+                        {"max_round_rows", res[i].max_round_rows}, {"lent_experts_held", res[i].foreign_experts}, {"max_rel_err_vs_standard", err}});
+      }
+      auto red = [](std::uint64_t a, std::uint64_t b) { return 1.0 - static_cast<double>(a) / static_cast<double>(b); };
+      per_skew[std::string(skew_name(s))] = {{"peak_reduction_vs_standard", red(res[2].peak, res[0].peak)},
+                                             {"peak_reduction_vs_llep", red(res[2].peak, res[1].peak)},
+                                             {"throughput_ratio_vs_llep", res[1].seconds / res[2].seconds},
+                                             {"throughput_ratio_vs_standard", res[0].seconds / res[2].seconds}};
+    }
+    nlohmann::json out = {{"bench", "dispatch"}, {"ranks", g.size()}, {"tokens_per_rank", f->tokens},
+                          {"hidden", f->hidden}, {"ffn", f->ffn}, {"experts", f->experts}, {"topk", f->top_k},
+                          {"cap", f->cap}, {"alpha", f->alpha}, {"lambda", f->lambda}, {"min_spill", f->min_spill},
+                          {"overlap", "pipelined_llep: round i+1 dispatch and round i-1 combine on a communication thread during round i compute"},
+                          {"runs", runs}, {"skews", per_skew}, {"max_rel_err", worst_err},
+                          {"machine", bench::machine_info()}};
+    if (f->sweep) {
+      nlohmann::json sweep = nlohmann::json::array(), spread = nlohmann::json::object();
+      for (Skew s : f->skews()) {
+        double lo = 1e300, hi = 0;
+        for (double m : {1.0, 2.0, 4.0, 8.0}) {
+          auto t = static_cast<std::int64_t>(static_cast<double>(f->tokens) * m);
+          MoeProblem p = make_moe_problem(f->spec(g.size(), s, t));
+          nlohmann::json row = {{"tokens_per_rank", t}, {"skew", skew_name(s)}};
+          for (DispatchKind k : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
+            PathResult pr = run_path(*f, g, p, k, false);
+            row[std::string(dispatch_kind_name(k)) + "_peak_bytes"] = pr.peak;
+            if (k == DispatchKind::pipelined_llep) {
+              row["pipelined_llep_max_round_rows"] = pr.max_round_rows;
+              row["pipelined_llep_lent_experts_held"] = pr.foreign_experts;
+              lo = std::min(lo, static_cast<double>(pr.peak));
+              hi = std::max(hi, static_cast<double>(pr.peak));
+            }
+          }
+          sweep.push_back(row);
+        }
+        spread[std::string(skew_name(s))] = hi / lo - 1.0;  // flat means under 0.10
+      }
+      out["sweep"] = sweep;
+      out["pipelined_peak_spread"] = spread;
+    }
+    if (g.rank() == 0) std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  };
+  return c;
+}
+
+const bool registered = register_command("bench", "dispatch", &add_bench_dispatch);
+
+}  // namespace
+
+}  // namespace peakbound::cli
