@@ -57,6 +57,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
+    // A group (bench, verify) without a known case: name what was given and the choices.
+    for (CLI::App* group : app.get_subcommands()) {
+      auto cases = group->get_subcommands({});
+      if (cases.empty() || !group->get_subcommands().empty()) continue;
+      std::string names, given;
+      for (CLI::App* c : cases) names += (names.empty() ? "" : ", ") + c->get_name();
+      for (const std::string& r : group->remaining()) given += (given.empty() ? "" : " ") + r;
+      msg = "'" + group->get_name() + "' needs one of: " + names + (given.empty() ? "" : " (got '" + given + "')");
+    }
     return fail(2, msg + " (run 'peakbound --help' for usage)");
   }
 
