@@ -1,7 +1,10 @@
 #include "peakbound/bench/harness.h"
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "peakbound/kernels/cpu/elementwise.h"
 
 #include "peakbound/build_info.h"
 #include "peakbound/kernels/cpu/gemm.h"
@@ -14,6 +17,23 @@ nlohmann::json machine_info() {
           {"blas_core", cpu::blas_core_name()},
           {"blas_threads", cpu::blas_num_threads()},
           {"hardware_threads", std::thread::hardware_concurrency()}};
+}
+
+int local_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
+  return 1;
+}
+
+void share_cores_among_local_ranks() {
+  cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks()));
+}
+
+double group_relative_error(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
+  float v[2] = {static_cast<float>(cpu::max_abs_diff(a.data(), ref.data(), static_cast<std::int64_t>(a.size()))),
+                static_cast<float>(cpu::max_abs(ref.data(), static_cast<std::int64_t>(ref.size())))};
+  g.all_reduce(v, 2, DType::f32, ReduceOp::max);
+  return v[1] > 0 ? v[0] / v[1] : v[0];
 }
 
 }  // namespace peakbound::bench

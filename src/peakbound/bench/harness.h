@@ -8,6 +8,9 @@
 #include <limits>
 
 #include <nlohmann/json_fwd.hpp>
+#include <vector>
+
+#include "peakbound/comm/communicator.h"
 
 namespace peakbound::bench {
 
@@ -37,5 +40,31 @@ double best_seconds(F&& f, int warmup, int reps) {
 
 // {"blas_core", "blas_threads", "hardware_threads", "version"}: printed with every result.
 nlohmann::json machine_info();
+
+// Ranks launched on this host (the launcher's local size; 1 without one), and giving
+// each an equal share of the cores as BLAS threads, so 4 ranks on 2 cores do not fight.
+int local_ranks();
+void share_cores_among_local_ranks();
+
+// A collective step timed across the group: one untimed warm-up is the caller's; each
+// of `reps` runs is bracketed by barriers, so a rep lasts as long as its slowest rank.
+// Returns the fastest rep (the same value on every rank).
+template <typename F>
+double best_group_seconds(Communicator& g, F&& step, int reps) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    g.barrier();
+    Stopwatch w;
+    step();
+    g.barrier();
+    best = std::min(best, w.seconds());
+  }
+  float b = static_cast<float>(best);
+  g.all_reduce(&b, 1, DType::f32, ReduceOp::max);
+  return b;
+}
+
+// max|a - ref| / max|ref| over a tensor distributed over the group (each rank its part).
+double group_relative_error(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref);
 
 }  // namespace peakbound::bench

@@ -64,20 +64,7 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
     d.backward(x, T, ids, w, params, p.dy.data() + off * H, out.dx.data(), out.dw.data(), out.dparams.data());
   };
   step();  // warm-up (and the run the peak is read from)
-  double best = 0;
-  if (timed) {
-    best = 1e300;
-    for (int i = 0; i < std::max(1, f.reps); ++i) {
-      g.barrier();
-      bench::Stopwatch sw;
-      step();
-      g.barrier();
-      best = std::min(best, sw.seconds());
-    }
-  }
-  float b = static_cast<float>(best);
-  g.all_reduce(&b, 1, DType::f32, ReduceOp::max);
-  out.seconds = b;
+  if (timed) out.seconds = bench::best_group_seconds(g, step, f.reps);
   std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::dispatch));
   g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
   out.peak = static_cast<std::uint64_t>(peak);
@@ -90,19 +77,6 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
   return out;
 }
 
-double rel_err(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
-  float v[2] = {static_cast<float>(cpu::max_abs_diff(a.data(), ref.data(), static_cast<std::int64_t>(a.size()))),
-                static_cast<float>(cpu::max_abs(ref.data(), static_cast<std::int64_t>(ref.size())))};
-  g.all_reduce(v, 2, DType::f32, ReduceOp::max);
-  return v[1] > 0 ? v[0] / v[1] : v[0];
-}
-
-int local_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
-}
-
 Command add_bench_dispatch(CLI::App& parent) {
   auto f = std::make_shared<BenchFlags>();
   Command c;
@@ -113,11 +87,8 @@ Command add_bench_dispatch(CLI::App& parent) {
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;
-    if (f->experts % g.size() != 0)
-      throw InvalidArgument("--experts " + std::to_string(f->experts) + " is not divisible by the " +
-                            std::to_string(g.size()) + " ranks");
-    if (f->top_k > f->experts) throw InvalidArgument("--topk exceeds --experts");
-    cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks()));
+    f->check(g.size());
+    bench::share_cores_among_local_ranks();
     nlohmann::json runs = nlohmann::json::array(), per_skew = nlohmann::json::object();
     double worst_err = 0;
     for (Skew s : f->skews()) {
@@ -130,8 +101,8 @@ Command add_bench_dispatch(CLI::App& parent) {
       for (std::size_t i = 0; i < res.size(); ++i) {
         double err = 0;
         if (i > 0)
-          err = std::max({rel_err(g, res[i].y, res[0].y), rel_err(g, res[i].dx, res[0].dx),
-                          rel_err(g, res[i].dw, res[0].dw), rel_err(g, res[i].dparams, res[0].dparams)});
+          err = std::max({bench::group_relative_error(g, res[i].y, res[0].y), bench::group_relative_error(g, res[i].dx, res[0].dx),
+                          bench::group_relative_error(g, res[i].dw, res[0].dw), bench::group_relative_error(g, res[i].dparams, res[0].dparams)});
         worst_err = std::max(worst_err, err);
         runs.push_back({{"name", res[i].name}, {"skew", skew_name(s)}, {"dispatch_peak_bytes", res[i].peak},
                         {"seconds", res[i].seconds}, {"tokens_per_second", static_cast<double>(all_tokens) / res[i].seconds},

@@ -89,31 +89,13 @@ RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, 
     impl->backward(1.0f, r.dh.data(), r.dw.data());
   };
   step();  // warm-up: first touch of fresh memory is many times slower here
-  double best = 1e300;
-  for (int i = 0; i < std::max(1, f.reps); ++i) {
-    g.barrier();
-    bench::Stopwatch w;
-    step();
-    g.barrier();
-    best = std::min(best, w.seconds());
-  }
-  float bf = static_cast<float>(best);
-  g.all_reduce(&bf, 1, DType::f32, ReduceOp::max);
-  r.seconds = bf;
+  r.seconds = bench::best_group_seconds(g, step, f.reps);
   std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
   g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
   r.vocab_peak = static_cast<std::uint64_t>(peak);
   r.mode = impl->mode_used();
   r.loss = group_sum(g, ls.loss);
   return r;
-}
-
-// max|a - ref| / max|ref| over the whole (distributed) tensor.
-double group_rel_err(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
-  float v[2] = {static_cast<float>(cpu::max_abs_diff(a.data(), ref.data(), static_cast<std::int64_t>(a.size()))),
-                static_cast<float>(cpu::max_abs(ref.data(), static_cast<std::int64_t>(ref.size())))};
-  g.all_reduce(v, 2, DType::f32, ReduceOp::max);
-  return v[1] > 0 ? v[0] / v[1] : v[0];
 }
 
 nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens) {
@@ -131,15 +113,9 @@ nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t t
   j["peak_reduction"] = 1.0 - static_cast<double>(ring.vocab_peak) / static_cast<double>(base.vocab_peak);
   j["throughput_ratio"] = base.seconds / ring.seconds;
   j["max_rel_err_loss"] = std::fabs(ring.loss - base.loss) / std::max(std::fabs(base.loss), 1e-30);
-  j["max_rel_err_dhidden"] = group_rel_err(g, ring.dh, base.dh);
-  j["max_rel_err_dweight"] = group_rel_err(g, ring.dw, base.dw);
+  j["max_rel_err_dhidden"] = bench::group_relative_error(g, ring.dh, base.dh);
+  j["max_rel_err_dweight"] = bench::group_relative_error(g, ring.dw, base.dw);
   return j;
-}
-
-int local_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
 }
 
 Command add_bench_vocab(CLI::App& parent) {
@@ -153,9 +129,7 @@ Command add_bench_vocab(CLI::App& parent) {
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;
-    // Ranks share the cores: give each an equal share of BLAS threads.
-    int hw = static_cast<int>(std::thread::hardware_concurrency());
-    cpu::set_blas_threads(std::max(1, hw / local_ranks()));
+    bench::share_cores_among_local_ranks();
     nlohmann::json j = measure(*f, g, f->tokens);
     if (f->sweep) {
       nlohmann::json sweep = nlohmann::json::array();

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "peakbound/core/error.h"
 #include "peakbound/schedules/moe_reference.h"
 
 namespace peakbound::cli {
@@ -39,6 +40,14 @@ struct DispatchFlags {
     app.add_option("--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies")->capture_default_str();
     app.add_option("--seed", seed, "Data seed")->capture_default_str();
     app.add_flag("--json", json, "Print one JSON object");
+  }
+
+  // Throws InvalidArgument for shapes the launched group cannot run.
+  void check(int ranks) const {
+    if (experts % ranks != 0)
+      throw InvalidArgument("--experts " + std::to_string(experts) + " is not divisible by the " +
+                            std::to_string(ranks) + " ranks");
+    if (top_k > experts) throw InvalidArgument("--topk " + std::to_string(top_k) + " exceeds --experts " + std::to_string(experts));
   }
 
   LlepKnobs knobs() const {

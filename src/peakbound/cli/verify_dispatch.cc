@@ -32,10 +32,7 @@ Command add_verify_dispatch(CLI::App& parent) {
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;
-    if (f->experts % g.size() != 0)
-      throw InvalidArgument("--experts " + std::to_string(f->experts) + " is not divisible by the " +
-                            std::to_string(g.size()) + " ranks");
-    if (f->top_k > f->experts) throw InvalidArgument("--topk exceeds --experts");
+    f->check(g.size());
     nlohmann::json runs = nlohmann::json::array();
     bool ok = true;
     for (Skew s : f->skews()) {
