@@ -1,0 +1,21 @@
+// The SwiGLU activation, llm.c style: out = silu(gate) * up, silu(g) = g / (1 + e^-g),
+// elementwise over n values. The FFN around it (W_gate, W_up [F, H], W_down [H, F]) is
+// GEMMs; this is the part between them, shared by the dense test block and the MoE
+// experts. n is the element count (tokens x F for one FFN).
+#pragma once
+
+#include <cstdint>
+
+namespace peakbound::cpu {
+
+// gate [n], up [n] -> out [n]. out may alias gate or up.
+void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t n);
+
+// dout [n], gate [n], up [n] -> dgate [n], dup [n], WRITTEN, not added: they are fresh
+// intermediates with one consumer each, and adding would cost a zero-fill of 2n floats
+// per call. dgate may alias gate and dup may alias up (each element is read before it
+// is written), so a backward can reuse the forward's buffers.
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, std::int64_t n);
+
+}  // namespace peakbound::cpu
