@@ -1,0 +1,40 @@
+// Block: one layer of a checkpointed stack, seen by the schedules that place its
+// boundaries. A block maps its input x to its output y of the same shape and dtype
+// (the residual stream, [tokens, hidden]); backward gets x back (the checkpoint
+// boundary) with dy, recomputes whatever internals it needs from x, writes dx and
+// ADDS into its parameter gradients. Internals are allocated from the device's Arena
+// inside each call (component `layer`), so nothing but the boundary outlives a call.
+// The residual MLP block implements it today; the MoE transformer block will too.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "peakbound/core/tensor.h"
+
+namespace peakbound {
+
+// A parameter and its gradient (same shape); both live on the block's device.
+struct Parameter {
+  std::string name;
+  Tensor value;
+  Tensor grad;
+};
+
+class Block {
+ public:
+  virtual ~Block() = default;
+
+  // x, y: [tokens, hidden] on the device; y must not alias x.
+  virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  // x: the same input the forward saw; dy: the gradient of y. Writes dx (same shape;
+  // must alias neither x nor dy), adds into every parameter's grad.
+  virtual void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+
+  // Parameters in a fixed order, with their gradients.
+  virtual std::vector<Parameter> parameters() const = 0;
+  // Sets every parameter gradient to zero.
+  virtual void zero_grad() = 0;
+};
+
+}  // namespace peakbound

@@ -1,0 +1,197 @@
+#include "peakbound/schedules/checkpoint_offload.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+std::string_view checkpoint_schedule_name(CheckpointSchedule s) {
+  switch (s) {
+    case CheckpointSchedule::resident: return "resident";
+    case CheckpointSchedule::sco: return "sco";
+  }
+  PB_CHECK_MSG(false, "unknown checkpoint schedule");
+}
+
+CheckpointSchedule parse_checkpoint_schedule(std::string_view name) {
+  if (name == "resident") return CheckpointSchedule::resident;
+  if (name == "sco") return CheckpointSchedule::sco;
+  throw InvalidArgument("unknown checkpoint schedule '" + std::string(name) + "' (use resident or sco)");
+}
+
+namespace {
+
+CheckpointPlacement choose_placement(std::int64_t layers, std::uint64_t bytes, const CheckpointOptions& o) {
+  if (o.schedule == CheckpointSchedule::resident) return place_all_resident(layers, bytes);
+  if (o.resident_layers >= 0) return place_sco(layers, bytes, o.prefetch_depth, o.resident_layers);
+  if (o.checkpoint_budget > 0) return place_sco_within(layers, bytes, o.prefetch_depth, o.checkpoint_budget);
+  return place_sco(layers, bytes, o.prefetch_depth, 0);
+}
+
+std::vector<Block*> checked_blocks(std::vector<Block*> blocks) {
+  if (blocks.empty()) throw InvalidArgument("a checkpointed stack needs at least one block (--layers >= 1)");
+  for (Block* b : blocks) PB_CHECK_MSG(b != nullptr, "checkpointed stack: null block");
+  return blocks;
+}
+
+}  // namespace
+
+CheckpointedStack::CheckpointedStack(Device& dev, HostMemory& host, std::vector<Block*> blocks, Shape boundary,
+                                     DType dtype, const CheckpointOptions& options)
+    : dev_(dev),
+      blocks_(checked_blocks(std::move(blocks))),
+      shape_(boundary),
+      dtype_(dtype),
+      bytes_(static_cast<std::uint64_t>(boundary.numel()) * dtype_size(dtype)),
+      options_(options),
+      placement_(choose_placement(layers(), bytes_, options)),
+      link_(dev, dev.copy_stream(), options.link_gbps) {
+  const auto R = static_cast<std::size_t>(placement_.ring_slots);
+  const auto O = static_cast<std::size_t>(placement_.offloaded);
+  ring_.reserve(R);
+  for (std::size_t s = 0; s < R; ++s) ring_.push_back(dev_.allocate(Component::checkpoints, bytes_));
+  slot_free_.resize(R);
+  host_.reserve(O);
+  for (std::size_t l = 0; l < O; ++l) host_.push_back(host.allocate(Component::checkpoints, bytes_));
+  fetched_.resize(O);
+  resident_.resize(static_cast<std::size_t>(placement_.resident));
+}
+
+CheckpointedStack::~CheckpointedStack() {
+  try {
+    dev_.synchronize(link_.stream());
+  } catch (...) {
+    // A failed copy was reported by the call that waited on it; destruction must not throw.
+  }
+}
+
+Tensor CheckpointedStack::view(const void* p) const {
+  return Tensor(const_cast<void*>(p), shape_, dtype_, Location::device);
+}
+
+// Where boundary l lives: a ring slot for l < M, else its own resident buffer.
+void* CheckpointedStack::boundary_ptr(std::int64_t l) const {
+  const std::int64_t m = placement_.ringed();
+  if (l < m) return ring_[static_cast<std::size_t>(slot_of(l))].data();
+  return resident_[static_cast<std::size_t>(l - m)].data();
+}
+
+// Storage for boundary l before it is written: a resident buffer is allocated now; a
+// ring slot is reused only after the D2H of its previous boundary has completed.
+void* CheckpointedStack::acquire_boundary(std::int64_t l) {
+  const std::int64_t m = placement_.ringed();
+  if (l >= m) {
+    Buffer& b = resident_[static_cast<std::size_t>(l - m)];
+    b = dev_.allocate(Component::checkpoints, bytes_);
+    return b.data();
+  }
+  const auto s = static_cast<std::size_t>(slot_of(l));
+  wait_for_copy(slot_free_[s]);
+  slot_free_[s] = Event();
+  return ring_[s].data();
+}
+
+// Compute waits for a copy; on the CPU device (inline compute) this blocks the caller,
+// so the time it takes is exactly the copy time overlap failed to hide.
+void CheckpointedStack::wait_for_copy(const Event& e) {
+  const auto t0 = std::chrono::steady_clock::now();
+  dev_.wait(dev_.compute_stream(), e);
+  stall_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CheckpointedStack::check_io(const Tensor& in, const Tensor& out, const char* what) const {
+  PB_CHECK_MSG(in.shape() == shape_ && out.shape() == shape_ && in.dtype() == dtype_ && out.dtype() == dtype_,
+               std::string("checkpointed stack ") + what + ": tensors must be " + shape_.str() + " " +
+                   std::string(dtype_name(dtype_)));
+  PB_CHECK_MSG(in.raw() != out.raw(), std::string("checkpointed stack ") + what + ": input and output must differ");
+}
+
+void CheckpointedStack::forward(const Tensor& x, const Tensor& y) {
+  PB_CHECK_MSG(!forward_done_, "checkpointed stack: forward called twice without a backward");
+  check_io(x, y, "forward");
+  try {
+    forward_impl(x, y);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  forward_done_ = true;
+}
+
+void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
+  Stream& compute = dev_.compute_stream();
+  const std::int64_t L = layers(), O = placement_.offloaded;
+  void* in = acquire_boundary(0);
+  dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
+  for (std::int64_t l = 0; l < L; ++l) {
+    void* out = l + 1 < L ? acquire_boundary(l + 1) : y.raw();
+    blocks_[static_cast<std::size_t>(l)]->forward(view(in), view(out));
+    if (l < O) {
+      // Block l has consumed its input: offload it once the compute that read it is done.
+      dev_.wait(link_.stream(), dev_.record(compute));
+      slot_free_[static_cast<std::size_t>(slot_of(l))] =
+          link_.copy(host_[static_cast<std::size_t>(l)].data(), in, bytes_, CopyKind::device_to_host);
+    }
+    in = out;
+  }
+}
+
+void CheckpointedStack::backward(const Tensor& dy, const Tensor& dx) {
+  PB_CHECK_MSG(forward_done_, "checkpointed stack: backward without a forward");
+  check_io(dy, dx, "backward");
+  try {
+    backward_impl(dy, dx);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  forward_done_ = false;
+}
+
+void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
+  Stream& compute = dev_.compute_stream();
+  const std::int64_t L = layers(), M = placement_.ringed(), O = placement_.offloaded;
+  // The residual-stream gradient ping-pongs between two buffers; the last block writes dx.
+  Buffer grad_a, grad_b;
+  if (L > 1) {
+    grad_a = dev_.allocate(Component::layer, bytes_);
+    grad_b = dev_.allocate(Component::layer, bytes_);
+  }
+  const void* g = dy.raw();
+  std::int64_t next_fetch = O - 1;  // highest offloaded boundary not yet fetched
+  for (std::int64_t l = L - 1; l >= 0; --l) {
+    if (l < O) wait_for_copy(fetched_[static_cast<std::size_t>(l)]);
+    void* out = l == 0 ? dx.raw() : ((L - 1 - l) % 2 == 0 ? grad_a.data() : grad_b.data());
+    blocks_[static_cast<std::size_t>(l)]->backward(view(boundary_ptr(l)), view(g), view(out));
+    if (l >= M) {
+      resident_[static_cast<std::size_t>(l - M)].reset();
+    } else if (next_fetch >= 0) {
+      // Block l's slot is free: refill it with the next boundary backward will need
+      // (slot_of(next_fetch) == slot_of(l): they are R apart).
+      dev_.wait(link_.stream(), dev_.record(compute));
+      const auto f = static_cast<std::size_t>(next_fetch);
+      fetched_[f] = link_.copy(ring_[static_cast<std::size_t>(slot_of(next_fetch))].data(), host_[f].data(), bytes_,
+                               CopyKind::host_to_device);
+      --next_fetch;
+    }
+    g = out;
+  }
+}
+
+// After a failure mid-step: let in-flight copies finish (they touch our buffers),
+// drop the resident boundaries, and start over at the next forward.
+void CheckpointedStack::abandon() noexcept {
+  try {
+    dev_.synchronize(link_.stream());
+  } catch (...) {
+  }
+  for (Buffer& b : resident_) b.reset();
+  for (Event& e : slot_free_) e = Event();
+  for (Event& e : fetched_) e = Event();
+  forward_done_ = false;
+}
+
+}  // namespace peakbound

@@ -1,0 +1,101 @@
+// CheckpointedStack: L blocks trained with full activation checkpointing, each block
+// keeping only its input (its boundary) from forward to backward, where it recomputes
+// its internals from it. Two schedules behind one interface:
+//   resident  the baseline: every boundary stays in the Arena (component checkpoints)
+//             until its block's backward;
+//   sco       Selective Checkpoint Offload: after block l's forward has consumed its
+//             input, the input is copied to host memory (HostMemory, component
+//             checkpoints) on the copy engine, its device slot reused once that copy
+//             has completed; in backward boundaries come back into a fixed ring of
+//             prefetch_depth + 2 device slots (allocated once, at construction) ahead
+//             of the block that needs them. The selective policy keeps the last K
+//             boundaries resident (checkpoint_policy.h); K = L is the baseline.
+// Only data placement differs, so outputs and every gradient are bitwise equal
+// between the schedules. The stack owns its boundaries: x is copied into boundary 0,
+// and the caller may reuse x once forward returns.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "peakbound/core/buffer.h"
+#include "peakbound/core/host_memory.h"
+#include "peakbound/device/device.h"
+#include "peakbound/schedules/block.h"
+#include "peakbound/schedules/checkpoint_link.h"
+#include "peakbound/schedules/checkpoint_policy.h"
+
+namespace peakbound {
+
+enum class CheckpointSchedule : std::uint8_t { resident, sco };
+
+std::string_view checkpoint_schedule_name(CheckpointSchedule s);
+// Throws InvalidArgument naming the valid schedules.
+CheckpointSchedule parse_checkpoint_schedule(std::string_view name);
+
+struct CheckpointOptions {
+  CheckpointSchedule schedule = CheckpointSchedule::sco;
+  std::int64_t prefetch_depth = 1;      // sco: blocks of compute each copy hides behind
+  std::int64_t resident_layers = -1;    // sco: force K resident boundaries; -1 = policy
+  std::uint64_t checkpoint_budget = 0;  // sco policy: device bytes for boundaries; 0 = offload all
+  double link_gbps = 0;                 // > 0: emulate a host link of this many GB/s (cpu only)
+};
+
+class CheckpointedStack {
+ public:
+  // blocks are borrowed and must outlive the stack. boundary: the shape of every
+  // block's input and output (e.g. [T, H]). Allocates the ring (device) and the
+  // offloaded boundaries' host buffers (host) now. Throws InvalidArgument for bad
+  // options, OutOfBudget when the placement does not fit.
+  CheckpointedStack(Device& dev, HostMemory& host, std::vector<Block*> blocks, Shape boundary,
+                    DType dtype, const CheckpointOptions& options);
+  ~CheckpointedStack();
+  CheckpointedStack(const CheckpointedStack&) = delete;
+  CheckpointedStack& operator=(const CheckpointedStack&) = delete;
+
+  // x [boundary] -> y [boundary], both on the device, distinct. Keeps every block's
+  // input per the schedule until backward.
+  void forward(const Tensor& x, const Tensor& y);
+  // dy -> dx (device, distinct), recomputing block by block from the boundaries, last
+  // block first; parameter gradients are added into by the blocks. Must follow forward.
+  void backward(const Tensor& dy, const Tensor& dx);
+
+  const CheckpointOptions& options() const { return options_; }
+  const CheckpointPlacement& placement() const { return placement_; }
+  const CheckpointLink& link() const { return link_; }
+  std::int64_t layers() const { return static_cast<std::int64_t>(blocks_.size()); }
+  // Seconds compute has spent waiting for copies so far (a slot's D2H in forward, a
+  // boundary's H2D in backward): the copy time that overlap did not hide.
+  double stall_seconds() const { return stall_seconds_; }
+
+ private:
+  void* acquire_boundary(std::int64_t l);
+  void* boundary_ptr(std::int64_t l) const;
+  std::int64_t slot_of(std::int64_t l) const { return l % placement_.ring_slots; }
+  Tensor view(const void* p) const;
+  void forward_impl(const Tensor& x, const Tensor& y);
+  void backward_impl(const Tensor& dy, const Tensor& dx);
+  void abandon() noexcept;
+  void check_io(const Tensor& in, const Tensor& out, const char* what) const;
+  void wait_for_copy(const Event& e);
+
+  Device& dev_;
+  std::vector<Block*> blocks_;
+  Shape shape_;
+  DType dtype_;
+  std::uint64_t bytes_;  // one boundary, unrounded
+  CheckpointOptions options_;
+  CheckpointPlacement placement_;
+  CheckpointLink link_;
+
+  std::vector<Buffer> ring_;       // R device slots, allocated once
+  std::vector<Event> slot_free_;   // per slot: the D2H that last read it
+  std::vector<Buffer> host_;       // per offloaded boundary, allocated once
+  std::vector<Event> fetched_;     // per offloaded boundary: its H2D in this backward
+  std::vector<Buffer> resident_;   // per resident boundary, allocated in forward
+  bool forward_done_ = false;
+  double stall_seconds_ = 0;
+};
+
+}  // namespace peakbound

@@ -1,0 +1,81 @@
+// CheckpointRun: one schedule of the checkpointed stack, set up end to end for the
+// benchmark, `verify checkpoint` and the tests: its own CPU device (so Arena peaks and
+// copy-engine statistics are its own), host memory, L residual MLP blocks and the
+// inputs x and dy, all drawn from one seed, so two runs that differ only in schedule
+// see the same numbers. A step is zero_grad, forward, backward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "peakbound/core/host_memory.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/schedules/checkpoint_offload.h"
+#include "peakbound/schedules/residual_mlp_block.h"
+
+namespace peakbound {
+
+struct CheckpointRunConfig {
+  std::int64_t layers = 8;
+  std::int64_t tokens = 2048;
+  std::int64_t hidden = 256;
+  std::int64_t ffn = 0;              // 0: 8/3 hidden rounded up to a multiple of 64
+  std::uint64_t seed = 1234;
+  std::uint64_t device_memory = 0;   // 0: enough for the resident baseline (see auto_device_memory)
+  CheckpointOptions options;
+
+  std::int64_t resolved_ffn() const;
+  // Throws InvalidArgument for non-positive sizes.
+  void validate() const;
+};
+
+// Device bytes the resident baseline needs for this config, plus slack: parameters,
+// gradients, inputs and outputs, L boundaries, the backward's gradient buffers and one
+// block's internals, each rounded as the Arena rounds it, then +25% and 16 MiB.
+std::uint64_t auto_device_memory(const CheckpointRunConfig& c);
+
+// What the copy engine did during one step.
+struct CheckpointCopyStep {
+  std::uint64_t d2h_bytes = 0, h2d_bytes = 0;
+  double memcpy_seconds = 0;  // the engine's busy time copying (D2H + H2D)
+  double link_wait_seconds = 0;  // emulated link: time it slept on top
+  double stall_seconds = 0;      // compute waiting for copies (not hidden by overlap)
+};
+
+class CheckpointRun {
+ public:
+  explicit CheckpointRun(const CheckpointRunConfig& config);
+  ~CheckpointRun();
+  CheckpointRun(const CheckpointRun&) = delete;
+  CheckpointRun& operator=(const CheckpointRun&) = delete;
+
+  // One step; returns the seconds of forward + backward (zero_grad is not timed).
+  double step();
+
+  // Results of the last step, copied off the device.
+  std::vector<float> output() const;      // y
+  std::vector<float> input_grad() const;  // dx
+  std::vector<float> param_grads() const; // every block's gradients, in order
+  const CheckpointCopyStep& last_copy_step() const { return copy_step_; }
+  // The step's inputs on the device: x, and dy (the gradient fed into backward).
+  Tensor input() const;
+  Tensor output_grad() const;
+
+  const CheckpointRunConfig& config() const { return config_; }
+  CpuDevice& device() { return *dev_; }
+  HostMemory& host() { return *host_; }
+  CheckpointedStack& stack() { return *stack_; }
+  std::vector<std::unique_ptr<ResidualMlpBlock>>& blocks() { return blocks_; }
+
+ private:
+  CheckpointRunConfig config_;
+  std::unique_ptr<CpuDevice> dev_;
+  std::unique_ptr<HostMemory> host_;
+  std::vector<std::unique_ptr<ResidualMlpBlock>> blocks_;
+  Buffer x_, y_, dy_, dx_;
+  std::unique_ptr<CheckpointedStack> stack_;
+  CheckpointCopyStep copy_step_;
+};
+
+}  // namespace peakbound

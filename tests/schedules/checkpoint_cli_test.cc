@@ -1,0 +1,87 @@
+// `peakbound bench checkpoint` and `peakbound verify checkpoint` as a user runs them:
+// one JSON object with the fields the issue asks for, and one-line errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+CliRun run(const std::string& args) {
+  static int n = 0;
+  const std::string base = ::testing::TempDir() + "/pb_ckpt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
+  const std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return r;
+}
+
+TEST(CheckpointCli, BenchPrintsBothSchedulesInOneJson) {
+  CliRun r = run("bench checkpoint --layers 6 --tokens 64 --hidden 32 --warmup 0 --reps 1 --sweep --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  EXPECT_EQ(j["runs"][0]["name"], "resident");
+  EXPECT_EQ(j["runs"][1]["name"], "sco");
+  for (const auto& run : j["runs"])
+    for (const char* k : {"checkpoint_peak_bytes", "device_peak_bytes", "host_peak_bytes", "seconds", "tokens_per_second"})
+      EXPECT_TRUE(run.contains(k)) << k;
+  EXPECT_TRUE(j["bitwise_equal"].get<bool>());
+  // 6 boundaries resident vs a ring of 3: exactly half.
+  EXPECT_DOUBLE_EQ(j["checkpoint_peak_reduction"].get<double>(), 0.5);
+  EXPECT_GT(j["runs"][1]["host_peak_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(j.contains("throughput_ratio"));
+  EXPECT_TRUE(j.contains("copy_engine_busy_fraction"));
+  EXPECT_FALSE(j["link_emulation"]["enabled"].get<bool>());
+  EXPECT_TRUE(j.contains("machine"));
+  ASSERT_EQ(j["sweep"].size(), 7u);
+  for (const auto& s : j["sweep"]) EXPECT_TRUE(s["target_met"].get<bool>() && s["bitwise_equal"].get<bool>()) << s.dump();
+}
+
+TEST(CheckpointCli, LinkEmulationIsLabelled) {
+  CliRun r = run("bench checkpoint --layers 4 --tokens 32 --hidden 16 --warmup 0 --reps 1 --link-gbps 0.5 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["link_emulation"]["enabled"].get<bool>());
+  EXPECT_DOUBLE_EQ(j["link_emulation"]["gbytes_per_second"].get<double>(), 0.5);
+  EXPECT_TRUE(j["throughput_target_met"].is_null());  // the 0.95 target is for the real copy engine
+}
+
+TEST(CheckpointCli, VerifyPassesAndBadFlagsAreOneLine) {
+  CliRun v = run("verify checkpoint --tokens 16 --hidden 8");
+  EXPECT_EQ(v.code, 0) << v.err << v.out;
+  EXPECT_NE(v.out.find("0 failed"), std::string::npos) << v.out;
+  for (const char* bad : {"--resident-layers 9 --layers 4", "--checkpoint-budget 1KiB --tokens 64 --hidden 32",
+                          "--link-gbps -1", "--prefetch 0"}) {
+    CliRun r = run(std::string("bench checkpoint --reps 1 --warmup 0 ") + bad);
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_LT(r.code, 128) << bad;
+    EXPECT_EQ(r.err.rfind("peakbound: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+}  // namespace

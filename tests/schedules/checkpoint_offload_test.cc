@@ -1,0 +1,201 @@
+// The checkpointed stack: resident vs SCO bitwise, measured peaks against the
+// placement, bytes actually moved, and the checkpointed stack against the plain
+// chain of block calls it schedules.
+#include "peakbound/schedules/checkpoint_offload.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "peakbound/schedules/checkpoint_run.h"
+
+namespace peakbound {
+namespace {
+
+CheckpointRunConfig small(std::int64_t layers, CheckpointSchedule s, std::int64_t depth = 1, std::int64_t resident = -1) {
+  CheckpointRunConfig c;
+  c.layers = layers;
+  c.tokens = 48;
+  c.hidden = 32;
+  c.ffn = 40;
+  c.seed = 77;
+  c.options.schedule = s;
+  c.options.prefetch_depth = depth;
+  c.options.resident_layers = resident;
+  return c;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void expect_bitwise_equal(CheckpointRun& a, CheckpointRun& b, const std::string& what) {
+  EXPECT_TRUE(same_bits(a.output(), b.output())) << what << ": y";
+  EXPECT_TRUE(same_bits(a.input_grad(), b.input_grad())) << what << ": dx";
+  EXPECT_TRUE(same_bits(a.param_grads(), b.param_grads())) << what << ": parameter gradients";
+}
+
+TEST(CheckpointOffload, ScoIsBitwiseEqualToResidentForAnyLayersDepthAndResidentCount) {
+  for (std::int64_t L : {1, 2, 3, 4, 7}) {
+    CheckpointRun base(small(L, CheckpointSchedule::resident));
+    base.step();
+    for (std::int64_t D : {1, 2, 5})
+      for (std::int64_t K : {std::int64_t{0}, std::int64_t{1}, L / 2, L}) {
+        if (K > L) continue;
+        CheckpointRun sco(small(L, CheckpointSchedule::sco, D, K));
+        sco.step();
+        sco.step();  // a second step reuses the ring and host buffers
+        expect_bitwise_equal(base, sco, "L=" + std::to_string(L) + " D=" + std::to_string(D) + " K=" + std::to_string(K));
+      }
+  }
+}
+
+TEST(CheckpointOffload, OrderingHoldsWhenCopiesAreSlowerThanCompute) {
+  // An emulated 0.05 GB/s link makes each 6 KiB copy take ~120 us, longer than a block
+  // here: any missing wait (a slot rewritten before its D2H, a boundary read before its
+  // H2D) would corrupt results.
+  for (std::int64_t D : {1, 3}) {
+    CheckpointRun base(small(9, CheckpointSchedule::resident));
+    CheckpointRunConfig c = small(9, CheckpointSchedule::sco, D, 0);
+    c.options.link_gbps = 0.05;
+    CheckpointRun sco(c);
+    base.step();
+    const double seconds = sco.step();
+    expect_bitwise_equal(base, sco, "slow link, D=" + std::to_string(D));
+    // The step waits for its last prefetch, queued behind every other copy on the one
+    // engine, so it cannot be shorter than all bytes at the emulated bandwidth.
+    const auto& cs = sco.last_copy_step();
+    EXPECT_GE(seconds, static_cast<double>(cs.d2h_bytes + cs.h2d_bytes) / (0.05e9));
+    EXPECT_GT(cs.link_wait_seconds, 0.0);
+  }
+}
+
+TEST(CheckpointOffload, MeasuredPeaksMatchThePlacement) {
+  const std::int64_t L = 8;
+  CheckpointRun base(small(L, CheckpointSchedule::resident));
+  CheckpointRun sco(small(L, CheckpointSchedule::sco, 1, 0));
+  CheckpointRun sel(small(L, CheckpointSchedule::sco, 2, 2));
+  base.step();
+  sco.step();
+  sel.step();
+  const std::uint64_t b = arena_rounded(48 * 32 * 4);
+  EXPECT_EQ(base.device().arena().peak(Component::checkpoints), L * b);
+  EXPECT_EQ(base.host().peak(), 0u);
+  // D = 1: a ring of 3, the first 5 boundaries make the host round trip.
+  EXPECT_EQ(sco.stack().placement().ring_slots, 3);
+  EXPECT_EQ(sco.device().arena().peak(Component::checkpoints), 3 * b);
+  EXPECT_EQ(sco.host().peak(Component::checkpoints), 5 * b);
+  EXPECT_EQ(sco.device().arena().peak(Component::checkpoints), sco.stack().placement().device_bytes());
+  // D = 2, K = 2: 2 resident + a ring of 4; 2 boundaries offloaded.
+  EXPECT_EQ(sel.device().arena().peak(Component::checkpoints), 6 * b);
+  EXPECT_EQ(sel.host().peak(Component::checkpoints), 2 * b);
+  EXPECT_EQ(sel.device().arena().peak(Component::checkpoints), sel.stack().placement().device_bytes());
+  // The offloaded boundaries really moved, once each way, and nothing else did.
+  const std::uint64_t raw = 48 * 32 * 4;
+  EXPECT_EQ(sco.last_copy_step().d2h_bytes, 5 * raw);
+  EXPECT_EQ(sco.last_copy_step().h2d_bytes, 5 * raw);
+  EXPECT_EQ(base.last_copy_step().d2h_bytes + base.last_copy_step().h2d_bytes, 0u);
+  // Everything but the checkpoints is the same in both runs.
+  for (Component c : {Component::params, Component::grads, Component::layer})
+    EXPECT_EQ(base.device().arena().peak(c), sco.device().arena().peak(c)) << component_name(c);
+}
+
+TEST(CheckpointOffload, EverythingResidentIsTheBaseline) {
+  CheckpointRun base(small(5, CheckpointSchedule::resident));
+  CheckpointRun sco(small(5, CheckpointSchedule::sco, 1, 5));
+  base.step();
+  sco.step();
+  EXPECT_EQ(sco.stack().placement().ring_slots, 0);
+  EXPECT_EQ(sco.device().arena().peak(Component::checkpoints), base.device().arena().peak(Component::checkpoints));
+  EXPECT_EQ(sco.last_copy_step().d2h_bytes + sco.last_copy_step().h2d_bytes, 0u);
+  expect_bitwise_equal(base, sco, "K = L");
+}
+
+TEST(CheckpointOffload, StackEqualsThePlainChainOfBlockCalls) {
+  // The same blocks called directly, every activation kept, no stack: SCO must not
+  // change a bit of what the chain computes.
+  const std::int64_t L = 4, T = 48, H = 32;
+  CheckpointRun sco(small(L, CheckpointSchedule::sco, 1, 0));
+  sco.step();
+  CheckpointRun ref(small(L, CheckpointSchedule::resident));  // for its blocks and inputs
+  Device& dev = ref.device();
+  const std::uint64_t bytes = static_cast<std::uint64_t>(T * H) * 4;
+  auto t = [&](const Buffer& b) { return b.tensor(Shape{T, H}, DType::f32); };
+  std::vector<Buffer> act;
+  act.push_back(dev.allocate(Component::layer, bytes));
+  std::memcpy(act[0].data(), ref.input().raw(), bytes);
+  for (std::size_t l = 0; l < static_cast<std::size_t>(L); ++l) {
+    act.push_back(dev.allocate(Component::layer, bytes));
+    ref.blocks()[l]->forward(t(act[l]), t(act[l + 1]));
+  }
+  Buffer g = dev.allocate(Component::layer, bytes), gnext = dev.allocate(Component::layer, bytes);
+  std::memcpy(g.data(), ref.output_grad().raw(), bytes);
+  for (std::size_t l = static_cast<std::size_t>(L); l-- > 0;) {
+    ref.blocks()[l]->backward(t(act[l]), t(g), t(gnext));
+    std::swap(g, gnext);
+  }
+  const float* y = act.back().as<float>();
+  EXPECT_TRUE(same_bits(std::vector<float>(y, y + T * H), sco.output()));
+  EXPECT_TRUE(same_bits(std::vector<float>(g.as<float>(), g.as<float>() + T * H), sco.input_grad()));
+  EXPECT_TRUE(same_bits(ref.param_grads(), sco.param_grads()));
+}
+
+TEST(CheckpointOffload, BadOptionsAreUserErrors) {
+  EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, 0)), InvalidArgument);
+  EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, 1, 5)), InvalidArgument);
+  CheckpointRunConfig c = small(4, CheckpointSchedule::sco);
+  c.options.link_gbps = -1;
+  EXPECT_THROW(CheckpointRun{c}, InvalidArgument);
+  c = small(0, CheckpointSchedule::sco);
+  EXPECT_THROW(CheckpointRun{c}, InvalidArgument);
+  // A checkpoint budget below the ring is refused before any step, naming the fix.
+  c = small(8, CheckpointSchedule::sco, 1);
+  c.options.checkpoint_budget = 2 * arena_rounded(48 * 32 * 4);
+  try {
+    CheckpointRun r(c);
+    FAIL() << "expected OutOfBudget";
+  } catch (const OutOfBudget& e) {
+    EXPECT_NE(std::string(e.what()).find("ring of 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointOffload, ScoTrainsInADeviceBudgetTheBaselineCannot) {
+  CheckpointRun base(small(8, CheckpointSchedule::resident));
+  CheckpointRun sco(small(8, CheckpointSchedule::sco, 1, 0));
+  base.step();
+  sco.step();
+  const std::uint64_t pb = base.device().arena().peak(), ps = sco.device().arena().peak();
+  ASSERT_LT(ps, pb);
+  // A budget between the two peaks: the baseline runs out naming the checkpoints, SCO fits.
+  CheckpointRunConfig c = small(8, CheckpointSchedule::resident);
+  c.device_memory = (ps + pb) / 2;
+  try {
+    CheckpointRun r(c);
+    r.step();
+    FAIL() << "expected the resident baseline to exceed " << c.device_memory << " bytes";
+  } catch (const OutOfBudget& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoints"), std::string::npos) << e.what();
+  }
+  c.options = sco.config().options;
+  CheckpointRun fits(c);
+  fits.step();
+  expect_bitwise_equal(base, fits, "tight budget");
+}
+
+TEST(CheckpointOffload, TheBudgetPolicyKeepsTheLastLayersResident) {
+  CheckpointRunConfig c = small(8, CheckpointSchedule::sco, 1);
+  const std::uint64_t b = arena_rounded(48 * 32 * 4);
+  c.options.checkpoint_budget = 5 * b + b / 2;  // room for 5 boundaries: the ring of 3 and 2 resident
+  CheckpointRun r(c);
+  r.step();
+  EXPECT_EQ(r.stack().placement().resident, 2);
+  EXPECT_EQ(r.device().arena().peak(Component::checkpoints), 5 * b);
+  CheckpointRun base(small(8, CheckpointSchedule::resident));
+  base.step();
+  expect_bitwise_equal(base, r, "budget policy");
+}
+
+}  // namespace
+}  // namespace peakbound
