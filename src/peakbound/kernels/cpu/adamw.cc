@@ -1,0 +1,232 @@
+#include "peakbound/kernels/cpu/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/adamw_simd.h"
+#include "peakbound/kernels/cpu/thread_pool.h"
+
+namespace peakbound::cpu {
+
+namespace {
+
+void check_dtype(DType t, const char* what) {
+  if (t != DType::f32 && t != DType::bf16)
+    throw InvalidArgument(std::string("adamw: ") + what + " dtype must be f32 or bf16, got " +
+                          std::string(dtype_name(t)));
+}
+
+const char* byte_offset(const void* p, DType t, std::int64_t i) {
+  return static_cast<const char*>(p) + static_cast<std::int64_t>(dtype_size(t)) * i;
+}
+
+}  // namespace
+
+float LrSchedule::lr(std::int64_t step) const {
+  if (step < 1) throw InvalidArgument("lr schedule: steps count from 1, got " + std::to_string(step));
+  if (warmup_steps > 0 && step <= warmup_steps)
+    return static_cast<float>(static_cast<double>(base_lr) * static_cast<double>(step) /
+                              static_cast<double>(warmup_steps));
+  if (total_steps <= warmup_steps) return base_lr;
+  double progress = static_cast<double>(std::min(step, total_steps) - warmup_steps) /
+                    static_cast<double>(total_steps - warmup_steps);
+  double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return static_cast<float>(min_lr + (static_cast<double>(base_lr) - min_lr) * cosine);
+}
+
+AdamWStepScalars adamw_step_scalars(const AdamWConfig& c, std::int64_t step, float lr,
+                                    float grad_scale) {
+  if (step < 1) throw InvalidArgument("adamw: steps count from 1, got " + std::to_string(step));
+  auto in_unit = [](float b) { return b >= 0.0f && b < 1.0f; };
+  if (!in_unit(c.beta1) || !in_unit(c.beta2))
+    throw InvalidArgument("adamw: beta1 and beta2 must lie in [0, 1)");
+  if (!(c.eps > 0.0f)) throw InvalidArgument("adamw: eps must be positive");
+  if (!(lr >= 0.0f) || !(c.weight_decay >= 0.0f))
+    throw InvalidArgument("adamw: lr and weight decay must be non-negative");
+  const double t = static_cast<double>(step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(c.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(c.beta2), t);
+  AdamWStepScalars s{};
+  s.beta1 = c.beta1;
+  s.one_minus_beta1 = static_cast<float>(1.0 - c.beta1);
+  s.beta2 = c.beta2;
+  s.one_minus_beta2 = static_cast<float>(1.0 - c.beta2);
+  s.eps = c.eps;
+  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) * c.weight_decay);
+  s.neg_step_size = static_cast<float>(-static_cast<double>(lr) / bc1);
+  s.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.grad_scale = grad_scale;
+  return s;
+}
+
+AdamWTensors AdamWTensors::slice(std::int64_t offset, std::int64_t count) const {
+  PB_CHECK(offset >= 0 && count >= 0 && offset + count <= n);
+  AdamWTensors t = *this;
+  t.master += offset;
+  t.m += offset;
+  t.v += offset;
+  t.grad = byte_offset(grad, grad_dtype, offset);
+  t.param = const_cast<char*>(byte_offset(param, param_dtype, offset));
+  t.n = count;
+  return t;
+}
+
+std::string_view simd_level_name(SimdLevel l) {
+  switch (l) {
+    case SimdLevel::scalar: return "scalar";
+    case SimdLevel::avx2: return "avx2";
+    case SimdLevel::avx512: return "avx512";
+  }
+  return "?";
+}
+
+SimdLevel parse_simd_level(std::string_view name) {
+  for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512})
+    if (name == simd_level_name(l)) return l;
+  throw InvalidArgument("unknown SIMD level '" + std::string(name) + "' (use scalar, avx2, avx512)");
+}
+
+bool simd_level_supported(SimdLevel l) {
+  switch (l) {
+    case SimdLevel::scalar: return true;
+    case SimdLevel::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdLevel::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }
+  return false;
+}
+
+SimdLevel best_simd_level() {
+  if (simd_level_supported(SimdLevel::avx512)) return SimdLevel::avx512;
+  if (simd_level_supported(SimdLevel::avx2)) return SimdLevel::avx2;
+  return SimdLevel::scalar;
+}
+
+namespace simd {
+
+namespace {
+
+template <typename G, typename P>
+void adamw_scalar_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
+  const G* grad = static_cast<const G*>(t.grad);
+  P* param = static_cast<P*>(t.param);
+  for (std::int64_t i = 0; i < t.n; ++i) {
+    float gi;
+    if constexpr (std::is_same_v<G, bf16>) gi = to_f32(grad[i]); else gi = grad[i];
+    const float g = gi * s.grad_scale;
+    const float m = std::fma(s.one_minus_beta1, g, s.beta1 * t.m[i]);
+    const float v = std::fma(s.one_minus_beta2 * g, g, s.beta2 * t.v[i]);
+    const float d = std::fma(std::sqrt(v), s.inv_sqrt_bc2, s.eps);
+    const float w = std::fma(s.neg_step_size, m / d, t.master[i] * s.decay);
+    t.m[i] = m;
+    t.v[i] = v;
+    t.master[i] = w;
+    if constexpr (std::is_same_v<P, bf16>) param[i] = to_bf16(w); else param[i] = w;
+  }
+}
+
+}  // namespace
+
+void adamw_scalar(const AdamWStepScalars& s, const AdamWTensors& t) {
+  const bool gb = t.grad_dtype == DType::bf16, pb = t.param_dtype == DType::bf16;
+  if (gb && pb) adamw_scalar_typed<bf16, bf16>(s, t);
+  else if (gb) adamw_scalar_typed<bf16, float>(s, t);
+  else if (pb) adamw_scalar_typed<float, bf16>(s, t);
+  else adamw_scalar_typed<float, float>(s, t);
+}
+
+void squares_scalar(const void* x, DType dtype, std::int64_t n, double* lanes) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double xi = dtype == DType::bf16 ? to_f32(static_cast<const bf16*>(x)[j])
+                                           : static_cast<const float*>(x)[j];
+    double& lane = lanes[j % kSquaresLanes];
+    lane = std::fma(xi, xi, lane);
+  }
+}
+
+}  // namespace simd
+
+void adamw_update_reference(const AdamWStepScalars& s, const AdamWTensors& t) {
+  check_dtype(t.grad_dtype, "gradient");
+  check_dtype(t.param_dtype, "parameter");
+  simd::adamw_scalar(s, t);
+}
+
+void adamw_update(SimdLevel level, const AdamWStepScalars& s, const AdamWTensors& t) {
+  check_dtype(t.grad_dtype, "gradient");
+  check_dtype(t.param_dtype, "parameter");
+  if (!simd_level_supported(level))
+    throw Unavailable("adamw: this CPU does not support " + std::string(simd_level_name(level)));
+  switch (level) {
+    case SimdLevel::scalar: simd::adamw_scalar(s, t); break;
+    case SimdLevel::avx2: simd::adamw_avx2(s, t); break;
+    case SimdLevel::avx512: simd::adamw_avx512(s, t); break;
+  }
+}
+
+void adamw_update_parallel(ThreadPool& pool, SimdLevel level, const AdamWStepScalars& s,
+                           const AdamWTensors& t) {
+  if (t.n <= kAdamWChunk) {
+    adamw_update(level, s, t);
+    return;
+  }
+  const std::int64_t tasks = (t.n + kAdamWChunk - 1) / kAdamWChunk;
+  pool.parallel_for(tasks, [&](std::int64_t i) {
+    const std::int64_t begin = i * kAdamWChunk;
+    adamw_update(level, s, t.slice(begin, std::min(kAdamWChunk, t.n - begin)));
+  });
+}
+
+namespace {
+
+double combine_lanes(const double* l) {
+  // Pairwise, in a fixed order.
+  double a[kSquaresLanes];
+  for (int i = 0; i < kSquaresLanes; ++i) a[i] = l[i];
+  for (int width = kSquaresLanes / 2; width >= 1; width /= 2)
+    for (int i = 0; i < width; ++i) a[i] = a[2 * i] + a[2 * i + 1];
+  return a[0];
+}
+
+double block_squares(SimdLevel level, const void* x, DType dtype, std::int64_t n) {
+  double lanes[kSquaresLanes] = {};
+  switch (level) {
+    case SimdLevel::scalar: simd::squares_scalar(x, dtype, n, lanes); break;
+    case SimdLevel::avx2: simd::squares_avx2(x, dtype, n, lanes); break;
+    case SimdLevel::avx512: simd::squares_avx512(x, dtype, n, lanes); break;
+  }
+  return combine_lanes(lanes);
+}
+
+}  // namespace
+
+double sum_squares_reference(const void* x, DType dtype, std::int64_t n) {
+  check_dtype(dtype, "gradient");
+  double total = 0;
+  for (std::int64_t b = 0; b < n; b += kSquaresBlock)
+    total += block_squares(SimdLevel::scalar, byte_offset(x, dtype, b), dtype,
+                           std::min(kSquaresBlock, n - b));
+  return total;
+}
+
+double sum_squares(ThreadPool& pool, SimdLevel level, const void* x, DType dtype, std::int64_t n) {
+  check_dtype(dtype, "gradient");
+  if (!simd_level_supported(level))
+    throw Unavailable("sum_squares: this CPU does not support " + std::string(simd_level_name(level)));
+  const std::int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  std::vector<double> partial(static_cast<std::size_t>(blocks));
+  pool.parallel_for(blocks, [&](std::int64_t b) {
+    const std::int64_t begin = b * kSquaresBlock;
+    partial[static_cast<std::size_t>(b)] =
+        block_squares(level, byte_offset(x, dtype, begin), dtype, std::min(kSquaresBlock, n - begin));
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace peakbound::cpu

@@ -1,0 +1,54 @@
+// ThreadPool: a fixed set of worker threads for data-parallel CPU kernels. The
+// caller's thread takes part, so a pool of size K runs K-1 workers. parallel_for
+// hands out task indices dynamically (an atomic counter), so a thread that the OS
+// deschedules (copy engines share the cores) delays only the tasks it holds, not a
+// fixed share of the work. One parallel_for at a time; calls are serialised, so a
+// task must not call parallel_for on its own pool.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace peakbound::cpu {
+
+class ThreadPool {
+ public:
+  // threads >= 1 counts the caller; throws InvalidArgument otherwise.
+  explicit ThreadPool(int threads);
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  ~ThreadPool();
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(i) for every i in [0, tasks) on the pool and the caller; returns when all
+  // have run. The first exception thrown by any task is rethrown here.
+  void parallel_for(std::int64_t tasks, const std::function<void(std::int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_tasks();
+
+  std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // serialises parallel_for calls
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::uint64_t generation_ = 0;
+  int busy_ = 0;  // workers still inside the current generation
+  bool stop_ = false;
+  const std::function<void(std::int64_t)>* fn_ = nullptr;
+  std::int64_t tasks_ = 0;
+  std::atomic<std::int64_t> next_{0};
+  std::exception_ptr failure_;
+};
+
+// The default thread count: the hardware's (at least 1).
+int default_thread_count();
+
+}  // namespace peakbound::cpu
