@@ -1,0 +1,49 @@
+#include "peakbound/schedules/optimizer_offload.h"
+
+#include <cstring>
+
+namespace peakbound {
+
+OffloadedAdamW::OffloadedAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
+    : OptimizerSchedule(ctx, shard, options) {
+  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
+  state_ = StaggeredBlock(ctx_.host, Component::optimizer, {bytes, bytes, bytes});
+  master_ = state_.as<float>(0);
+  m_ = state_.as<float>(1);
+  v_ = state_.as<float>(2);
+}
+
+StaggeredBlock OffloadedAdamW::stage(std::initializer_list<std::uint64_t> sizes) {
+  StaggeredBlock b(ctx_.host, Component::comm, sizes);
+  staging_bytes_ += b.bytes();
+  return b;
+}
+
+void OffloadedAdamW::load_state(const float* master) {
+  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
+  if (bytes == 0) return;
+  std::memcpy(master_, master, bytes);
+  std::memset(m_, 0, bytes);
+  std::memset(v_, 0, bytes);
+}
+
+void OffloadedAdamW::read_state(float* master, float* m, float* v) {
+  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
+  if (bytes == 0) return;
+  std::memcpy(master, master_, bytes);
+  std::memcpy(m, m_, bytes);
+  std::memcpy(v, v_, bytes);
+}
+
+cpu::AdamWTensors OffloadedAdamW::host_tensors(std::int64_t offset, std::int64_t count, const void* grads,
+                                               void* params) {
+  return {master_ + offset, m_ + offset, v_ + offset,
+          grads, shard_.grad_dtype, params, shard_.param_dtype, count};
+}
+
+double OffloadedAdamW::copy_seconds(const CopyStats& now, const CopyStats& before, CopyKind k) {
+  auto i = static_cast<std::size_t>(k);
+  return now.seconds[i] - before.seconds[i];
+}
+
+}  // namespace peakbound

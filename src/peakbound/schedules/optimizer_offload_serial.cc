@@ -1,0 +1,37 @@
+#include "peakbound/schedules/optimizer_offload_serial.h"
+
+#include "peakbound/bench/harness.h"
+
+namespace peakbound {
+
+OffloadSerialAdamW::OffloadSerialAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
+    : OffloadedAdamW(ctx, shard, options) {
+  const auto n = static_cast<std::uint64_t>(shard_.n);
+  staging_ = stage({n * dtype_size(shard_.grad_dtype), n * dtype_size(shard_.param_dtype)});
+  grads_host_ = staging_.part(0);
+  params_host_ = staging_.part(1);
+}
+
+void OffloadSerialAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
+  Device& dev = ctx_.device;
+  Stream& copy = dev.copy_stream();
+  const auto n = static_cast<std::uint64_t>(shard_.n);
+  const CopyStats before = dev.copy_stats();
+  dev.wait(copy, dev.record(dev.compute_stream()));  // the gradients are complete
+  dev.memcpy_async(grads_host_, shard_.grads, n * dtype_size(shard_.grad_dtype),
+                   CopyKind::device_to_host, copy);
+  dev.synchronize(copy);
+  bench::Stopwatch w;
+  cpu::adamw_update_parallel(ctx_.pool, options_.simd, s,
+                             host_tensors(0, shard_.n, grads_host_, params_host_));
+  times.update_seconds = w.seconds();
+  dev.memcpy_async(shard_.params, params_host_, n * dtype_size(shard_.param_dtype),
+                   CopyKind::host_to_device, copy);
+  dev.synchronize(copy);
+  const CopyStats after = dev.copy_stats();
+  times.d2h_seconds = copy_seconds(after, before, CopyKind::device_to_host);
+  times.h2d_seconds = copy_seconds(after, before, CopyKind::host_to_device);
+  times.buckets = 1;
+}
+
+}  // namespace peakbound

@@ -1,0 +1,85 @@
+#include "peakbound/schedules/optimizer_schedule.h"
+
+#include <cstring>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/schedules/offload_stream_adamw.h"
+#include "peakbound/schedules/optimizer_device.h"
+#include "peakbound/schedules/optimizer_offload_serial.h"
+
+namespace peakbound {
+
+OptimizerSchedule::OptimizerSchedule(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
+    : ctx_(ctx), shard_(shard), options_(options) {
+  if (!dynamic_cast<CpuDevice*>(&ctx_.device))
+    throw Unavailable("optimizer schedules run on the cpu device in this version (device '" +
+                      ctx_.device.name() + "')");
+  for (DType t : {shard_.param_dtype, shard_.grad_dtype})
+    if (t != DType::f32 && t != DType::bf16)
+      throw InvalidArgument("optimizer: parameters and gradients must be f32 or bf16, got " +
+                            std::string(dtype_name(t)));
+  if (shard_.n < 0) throw InvalidArgument("optimizer: negative parameter count");
+  if (shard_.n > 0 && (!shard_.params || !shard_.grads))
+    throw InvalidArgument("optimizer: a non-empty shard needs parameter and gradient buffers");
+  if (!cpu::simd_level_supported(options_.simd))
+    throw Unavailable("optimizer: this CPU does not support " + std::string(cpu::simd_level_name(options_.simd)));
+}
+
+void OptimizerSchedule::copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) {
+  Stream& s = ctx_.device.copy_stream();
+  ctx_.device.memcpy_async(dst, src, bytes, kind, s);
+  ctx_.device.synchronize(s);
+}
+
+void OptimizerSchedule::load(const float* master) {
+  load_state(master);
+  steps_ = 0;
+  const auto n = shard_.n;
+  if (n == 0) return;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(n) * dtype_size(shard_.param_dtype);
+  Buffer staged = ctx_.host.allocate(Component::workspace, bytes);
+  if (shard_.param_dtype == DType::bf16) cpu::to_bf16(staged.as<bf16>(), master, n);
+  else std::memcpy(staged.data(), master, bytes);
+  copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
+}
+
+OptimizerStepTimes OptimizerSchedule::step(float lr) {
+  bench::Stopwatch step_watch;
+  OptimizerStepTimes t;
+  // The norm is a pass over the device's gradients (a device kernel; on the CPU
+  // device, the pool), then one cross-rank sum: it must be known before any bucket
+  // is updated, so it is not part of the pipeline.
+  // Without clipping there is nothing to wait for: no pass, norm reported as 0.
+  if (options_.adam.max_grad_norm > 0.0f) {
+    const double local = shard_.n == 0 ? 0.0
+                                       : cpu::sum_squares(ctx_.pool, options_.simd, shard_.grads,
+                                                          shard_.grad_dtype, shard_.n);
+    t.clip = clip_factor(global_sum_squares(ctx_.comm, local), options_.adam.max_grad_norm);
+  }
+  t.clip_seconds = step_watch.seconds();
+  const cpu::AdamWStepScalars s = cpu::adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);
+  if (shard_.n > 0) apply(s, t);
+  ++steps_;
+  t.step_seconds = step_watch.seconds();
+  return t;
+}
+
+const std::vector<std::string>& optimizer_schedule_names() {
+  static const std::vector<std::string> names = {"device", "offload_serial", "offload_stream"};
+  return names;
+}
+
+std::unique_ptr<OptimizerSchedule> make_optimizer_schedule(std::string_view name, OptimizerContext ctx,
+                                                           ParamShard shard, OptimizerOptions options) {
+  if (name == "device") return std::make_unique<DeviceAdamW>(ctx, shard, options);
+  if (name == "offload_serial") return std::make_unique<OffloadSerialAdamW>(ctx, shard, options);
+  if (name == "offload_stream") return std::make_unique<OffloadStreamAdamW>(ctx, shard, options);
+  std::string valid;
+  for (const auto& n : optimizer_schedule_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InvalidArgument("unknown optimizer schedule '" + std::string(name) + "' (use " + valid + ")");
+}
+
+}  // namespace peakbound

@@ -1,0 +1,118 @@
+// OptimizerSchedule: where the AdamW state lives and how one step moves data, behind
+// one interface so the three schedules run side by side on the same inputs:
+//   device          the state (fp32 master, m, v) in the device Arena; the update runs there
+//   offload_serial  the state in host memory; all gradients D2H, the whole CPU update, all
+//                   parameters H2D (what optimizer offload commonly does)
+//   offload_stream  OffloadStreamAdamW: the same, cut into buckets and pipelined
+// Each serves one shard of parameters and gradients that live on the device (the
+// model owns them). A step first takes the global gradient norm over all ranks (on
+// the device's gradients, before any update), then applies AdamW. All three run the
+// same kernel on the same scalars, so their results are bitwise equal.
+// The kernels here run on the CPU device (its memory is host-addressable); the CUDA
+// device brings its own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/host_memory.h"
+#include "peakbound/device/device.h"
+#include "peakbound/kernels/cpu/adamw.h"
+#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/schedules/optimizer_clip.h"
+
+namespace peakbound {
+
+// What a schedule runs on. All references must outlive the schedule.
+struct OptimizerContext {
+  Device& device;
+  HostMemory& host;
+  cpu::ThreadPool& pool;
+  Communicator& comm;
+};
+
+// The device-resident tensors one rank's optimizer serves: n parameters (written)
+// and their gradients (read), f32 or bf16 each.
+struct ParamShard {
+  void* params = nullptr;
+  DType param_dtype = DType::bf16;
+  const void* grads = nullptr;
+  DType grad_dtype = DType::bf16;
+  std::int64_t n = 0;
+};
+
+struct OptimizerOptions {
+  cpu::AdamWConfig adam;
+  // offload_stream: gradient bytes per bucket (a bucket is bucket_bytes / sizeof(grad)
+  // parameters). 1 MiB measured best on the CPU device, where staging that stays in
+  // cache saves memory traffic; across PCIe larger buckets amortise each copy's start.
+  std::uint64_t bucket_bytes = 1ull << 20;
+  cpu::SimdLevel simd = cpu::best_simd_level();
+};
+
+// What one step cost. Stage times are busy times summed over buckets; the copy
+// stages come from the device's copy-engine statistics.
+struct OptimizerStepTimes {
+  double step_seconds = 0;    // wall time of the whole step, clipping included
+  double clip_seconds = 0;    // global gradient norm (device pass + cross-rank sum)
+  double d2h_seconds = 0;     // gradients device -> host
+  double update_seconds = 0;  // the AdamW update
+  double h2d_seconds = 0;     // parameters host -> device
+  std::int64_t buckets = 0;
+  GradClip clip;  // norm 0 and scale 1 when clipping is off
+};
+
+class OptimizerSchedule {
+ public:
+  OptimizerSchedule(OptimizerContext ctx, ParamShard shard, OptimizerOptions options);
+  virtual ~OptimizerSchedule() = default;
+  OptimizerSchedule(const OptimizerSchedule&) = delete;
+  OptimizerSchedule& operator=(const OptimizerSchedule&) = delete;
+
+  virtual std::string_view name() const = 0;
+
+  // Sets the master weights to master[n] (host), zeroes m and v, restarts the step
+  // count, and writes the device parameters from the master weights.
+  void load(const float* master);
+
+  // One AdamW step at learning rate lr (e.g. from a cpu::LrSchedule).
+  OptimizerStepTimes step(float lr);
+
+  // Copies the state to host arrays of n floats each (tests, checkpoints).
+  virtual void read_state(float* master, float* m, float* v) = 0;
+
+  std::int64_t steps_taken() const { return steps_; }
+  const ParamShard& shard() const { return shard_; }
+  const OptimizerOptions& options() const { return options_; }
+
+ protected:
+  // Writes master, m, v of the schedule's own storage (m and v zero).
+  virtual void load_state(const float* master) = 0;
+  // Applies the update with the step's scalars; fills the stage times.
+  virtual void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
+
+  // Copies between device and host on a copy stream and waits: setup and readback.
+  void copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind);
+
+  OptimizerContext ctx_;
+  ParamShard shard_;
+  OptimizerOptions options_;
+
+ private:
+  std::int64_t steps_ = 0;
+};
+
+// "device", "offload_serial", "offload_stream".
+const std::vector<std::string>& optimizer_schedule_names();
+
+// Throws InvalidArgument for an unknown name (listing the valid ones), a shard with
+// a dtype other than f32/bf16, or a bucket smaller than one gradient; OutOfBudget
+// when the device or host budget cannot hold the schedule's state.
+std::unique_ptr<OptimizerSchedule> make_optimizer_schedule(std::string_view name, OptimizerContext ctx,
+                                                           ParamShard shard, OptimizerOptions options);
+
+}  // namespace peakbound

@@ -1,0 +1,111 @@
+// The optimizer benchmark on a small shard: the JSON carries every field the issue
+// asks for, with values that follow from the run (bytes from the Arenas, stage
+// times, bitwise equality), and the CLI prints it or a one-line error.
+#include "peakbound/schedules/optimizer_bench.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+namespace {
+
+OptimizerBenchOptions small() {
+  OptimizerBenchOptions o;
+  o.params = 100003;
+  o.bucket_bytes = 16 * 1024;
+  o.threads = 2;
+  o.warmup = 1;
+  o.steps = 2;
+  o.bandwidth_bytes = 1 << 20;
+  return o;
+}
+
+TEST(OptimizerBench, JsonHasEveryFieldAndTheSchedulesAgree) {
+  nlohmann::json j = run_optimizer_bench(small());
+  EXPECT_TRUE(j["bitwise_equal"].get<bool>());
+  ASSERT_EQ(j["runs"].size(), 3u);
+  for (const char* k : {"speedup_stream_vs_serial", "pipeline_efficiency", "adam_params_per_second",
+                        "memory_bandwidth_gbps", "roofline_fraction", "step_roofline_fraction"}) {
+    ASSERT_TRUE(j.contains(k)) << k;
+    EXPECT_GT(j[k].get<double>(), 0.0) << k;
+  }
+  EXPECT_LE(j["pipeline_efficiency"].get<double>(), 1.0);
+  EXPECT_TRUE(j.contains("machine"));
+  // The three fp32 arrays and a few KiB of staggering between them.
+  const std::uint64_t state = 3 * 100003ull * 4;
+  for (const auto& r : j["runs"]) {
+    const auto name = r["name"].get<std::string>();
+    EXPECT_GT(r["step_seconds"].get<double>(), 0.0) << name;
+    if (name == "device") {
+      EXPECT_GE(r["optimizer_device_bytes"].get<std::uint64_t>(), state);
+      EXPECT_LT(r["optimizer_device_bytes"].get<std::uint64_t>(), state + 16384);
+    } else {
+      EXPECT_EQ(r["optimizer_device_bytes"].get<std::uint64_t>(), 0u) << name;
+      EXPECT_GE(r["host_optimizer_bytes"].get<std::uint64_t>(), state) << name;
+      EXPECT_LT(r["host_optimizer_bytes"].get<std::uint64_t>(), state + 16384) << name;
+      for (const char* k : {"d2h_seconds", "update_seconds", "h2d_seconds"}) EXPECT_GT(r[k].get<double>(), 0.0) << name << k;
+    }
+    if (name == "offload_stream") {
+      EXPECT_EQ(r["buckets"].get<int>(), 13);  // 100003 / 8192 rounded up
+    }
+  }
+  EXPECT_EQ(j["bytes_per_param"]["update"].get<double>(), 28.0);
+  EXPECT_EQ(j["bytes_per_param"]["step"].get<double>(), 38.0);
+}
+
+TEST(OptimizerBench, BadOptionsAreInvalidArgument) {
+  auto o = small();
+  o.schedules = {"device", "nvme"};
+  EXPECT_THROW(run_optimizer_bench(o), InvalidArgument);
+  o = small();
+  o.params = 0;
+  EXPECT_THROW(run_optimizer_bench(o), InvalidArgument);
+  o = small();
+  o.grad_dtype = DType::f32;
+  o.bucket_bytes = 2;
+  EXPECT_THROW(run_optimizer_bench(o), InvalidArgument);
+}
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+CliRun run_cli(const std::string& args) {
+  std::string base = ::testing::TempDir() + "/pb_bench_opt_" + std::to_string(::getpid());
+  std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int status = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  for (auto [file, dst] : {std::pair{base + ".out", &r.out}, std::pair{base + ".err", &r.err}}) {
+    std::ifstream f(file);
+    std::stringstream s;
+    s << f.rdbuf();
+    *dst = s.str();
+    std::remove(file.c_str());
+  }
+  return r;
+}
+
+TEST(OptimizerBench, CliPrintsOneJsonObjectOrOneLineError) {
+  CliRun ok = run_cli("bench optimizer --params 5000 --bucket-bytes 1KiB --warmup 1 --steps 1 --bandwidth-bytes 1MiB --json");
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  auto j = nlohmann::json::parse(ok.out);
+  EXPECT_EQ(j["config"]["params"].get<int>(), 5000);
+  EXPECT_TRUE(j["bitwise_equal"].get<bool>());
+  CliRun bad = run_cli("bench optimizer --params 5000 --schedules device,zero");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_EQ(bad.err.rfind("peakbound: error: ", 0), 0u) << bad.err;
+  EXPECT_NE(bad.err.find("zero"), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
+}  // namespace
+}  // namespace peakbound
