@@ -1,55 +1,16 @@
 // Runs the built `peakbound` binary as a user would and checks exit codes and
 // that errors are one line on stderr (no stack trace, no abort).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "tests/cli/run_cli.h"
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-CliRun run(const std::string& args) {
-  static int n = 0;
-  std::string base = ::testing::TempDir() + "/pb_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
-void expect_one_line_error(const CliRun& r, const std::string& needle) {
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.code, 128) << "killed by a signal";
-  EXPECT_EQ(lines(r.err), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("peakbound: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
-}
+using peakbound::testing::CliRun;
+using peakbound::testing::expect_one_line_error;
+CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
 
 TEST(Cli, VersionAndHelp) {
   CliRun v = run("--version");

@@ -1,43 +1,17 @@
 // `peakbound bench checkpoint` and `peakbound verify checkpoint` as a user runs them:
 // one JSON object with the fields the issue asks for, and one-line errors.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
+
+#include "tests/cli/run_cli.h"
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-CliRun run(const std::string& args) {
-  static int n = 0;
-  const std::string base = ::testing::TempDir() + "/pb_ckpt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  const std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
-}
+using peakbound::testing::CliRun;
+CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
 
 TEST(CheckpointCli, BenchPrintsBothSchedulesInOneJson) {
   CliRun r = run("bench checkpoint --layers 6 --tokens 64 --hidden 32 --warmup 0 --reps 1 --sweep --json");
