@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "peakbound/schedules/checkpoint_run.h"
+#include "peakbound/bench/checkpoint_run.h"
 
 namespace peakbound {
 namespace {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/schedules/vocab_reference.h"
+#include "peakbound/verify/vocab_reference.h"
 #include "tests/comm/world.h"
 
 namespace peakbound {

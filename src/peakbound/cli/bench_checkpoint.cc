@@ -15,7 +15,7 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
-#include "peakbound/schedules/checkpoint_run.h"
+#include "peakbound/bench/checkpoint_run.h"
 
 namespace peakbound::cli {
 

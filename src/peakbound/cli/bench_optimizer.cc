@@ -11,7 +11,7 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
-#include "peakbound/schedules/optimizer_bench.h"
+#include "peakbound/bench/optimizer_bench.h"
 
 namespace peakbound::cli {
 

@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "peakbound/core/error.h"
-#include "peakbound/schedules/moe_reference.h"
+#include "peakbound/verify/moe_reference.h"
 
 namespace peakbound::cli {
 

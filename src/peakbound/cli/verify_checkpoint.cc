@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "peakbound/cli/command.h"
-#include "peakbound/schedules/checkpoint_run.h"
+#include "peakbound/bench/checkpoint_run.h"
 
 namespace peakbound::cli {
 

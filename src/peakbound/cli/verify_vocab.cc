@@ -9,7 +9,7 @@
 #include "peakbound/cli/vocab_flags.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/schedules/vocab_reference.h"
+#include "peakbound/verify/vocab_reference.h"
 
 namespace peakbound::cli {
 

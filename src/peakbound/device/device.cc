@@ -16,6 +16,14 @@ std::string_view copy_kind_name(CopyKind k) {
   PB_CHECK_MSG(false, "unknown copy kind");
 }
 
+std::string_view backend_name(Backend b) {
+  switch (b) {
+    case Backend::cpu: return "cpu";
+    case Backend::cuda: return "cuda";
+  }
+  PB_CHECK_MSG(false, "unknown backend");
+}
+
 std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget) {
   if (kind == "cpu") return std::make_unique<CpuDevice>(memory_budget);
   if (kind == "cuda") {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,6 +19,10 @@
 namespace peakbound {
 
 enum class CopyKind : std::uint8_t { host_to_device, device_to_host, device_to_device };
+
+// Which kernels a device runs: ops/ dispatches on it (kernels/cpu, kernels/cuda).
+enum class Backend : std::uint8_t { cpu, cuda };
+std::string_view backend_name(Backend b);
 
 std::string_view copy_kind_name(CopyKind k);
 
@@ -40,6 +45,7 @@ class Device {
   virtual ~Device() = default;
 
   virtual std::string name() const = 0;
+  virtual Backend backend() const = 0;
   virtual Arena& arena() = 0;
   // Allocates from the Arena under component c.
   Buffer allocate(Component c, std::uint64_t bytes) { return arena().allocate(c, bytes); }
@@ -52,6 +58,10 @@ class Device {
   // Asynchronous copy on stream s; both ranges must stay valid until it completes.
   virtual void memcpy_async(void* dst, const void* src, std::uint64_t bytes, CopyKind kind,
                             Stream& s) = 0;
+  // Runs fn on the host in s's order (after the work submitted before it, before the
+  // work after it): cudaLaunchHostFunc on CUDA, the stream's thread on the CPU device.
+  // A communication thread is a stream from create_stream fed with host tasks.
+  virtual void host_task(Stream& s, std::function<void()> fn) = 0;
   // An event that completes when all work submitted to s so far has.
   virtual Event record(Stream& s) = 0;
   // Work submitted to s after this call starts only once e has completed.

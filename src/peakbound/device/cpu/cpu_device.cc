@@ -69,6 +69,8 @@ void CpuDevice::memcpy_async(void* dst, const void* src, std::uint64_t bytes, Co
   });
 }
 
+void CpuDevice::host_task(Stream& s, std::function<void()> fn) { own(s).submit(std::move(fn)); }
+
 Event CpuDevice::record(Stream& s) { return own(s).record(); }
 
 void CpuDevice::wait(Stream& s, const Event& e) { own(s).wait(e); }

@@ -25,6 +25,7 @@ class CpuDevice final : public Device {
   CpuDevice& operator=(const CpuDevice&) = delete;
 
   std::string name() const override { return name_; }
+  Backend backend() const override { return Backend::cpu; }
   Arena& arena() override { return *arena_; }
 
   Stream& compute_stream() override { return compute_; }
@@ -33,6 +34,7 @@ class CpuDevice final : public Device {
 
   void memcpy_async(void* dst, const void* src, std::uint64_t bytes, CopyKind kind,
                     Stream& s) override;
+  void host_task(Stream& s, std::function<void()> fn) override;
   Event record(Stream& s) override;
   void wait(Stream& s, const Event& e) override;
   void synchronize(Stream& s) override;

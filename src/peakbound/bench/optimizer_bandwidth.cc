@@ -1,4 +1,4 @@
-#include "peakbound/schedules/optimizer_bandwidth.h"
+#include "peakbound/bench/optimizer_bandwidth.h"
 
 #include <immintrin.h>
 

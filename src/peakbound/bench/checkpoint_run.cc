@@ -1,4 +1,4 @@
-#include "peakbound/schedules/checkpoint_run.h"
+#include "peakbound/bench/checkpoint_run.h"
 
 #include <cmath>
 #include <random>

@@ -1,4 +1,4 @@
-#include "peakbound/schedules/moe_reference.h"
+#include "peakbound/verify/moe_reference.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "peakbound/schedules/vocab_reference.h"
+#include "peakbound/verify/vocab_reference.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // The optimizer benchmark on a small shard: the JSON carries every field the issue
 // asks for, with values that follow from the run (bytes from the Arenas, stage
 // times, bitwise equality), and the CLI prints it or a one-line error.
-#include "peakbound/schedules/optimizer_bench.h"
+#include "peakbound/bench/optimizer_bench.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

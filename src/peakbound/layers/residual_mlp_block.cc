@@ -1,4 +1,4 @@
-#include "peakbound/schedules/residual_mlp_block.h"
+#include "peakbound/layers/residual_mlp_block.h"
 
 #include <cmath>
 #include <cstring>

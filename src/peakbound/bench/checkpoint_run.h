@@ -12,7 +12,7 @@
 #include "peakbound/core/host_memory.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/schedules/checkpoint_offload.h"
-#include "peakbound/schedules/residual_mlp_block.h"
+#include "peakbound/layers/residual_mlp_block.h"
 
 namespace peakbound {
 

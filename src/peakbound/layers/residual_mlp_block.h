@@ -11,7 +11,7 @@
 
 #include "peakbound/core/buffer.h"
 #include "peakbound/device/device.h"
-#include "peakbound/schedules/block.h"
+#include "peakbound/layers/block.h"
 
 namespace peakbound {
 

@@ -8,7 +8,7 @@
 
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/kernels/cpu/elementwise.h"
-#include "peakbound/schedules/residual_mlp_block.h"
+#include "peakbound/layers/residual_mlp_block.h"
 
 namespace peakbound {
 namespace {

@@ -1,4 +1,4 @@
-#include "peakbound/schedules/optimizer_bench.h"
+#include "peakbound/bench/optimizer_bench.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/schedules/optimizer_bandwidth.h"
+#include "peakbound/bench/optimizer_bandwidth.h"
 #include "peakbound/schedules/optimizer_offload.h"
 #include "peakbound/schedules/optimizer_state_block.h"
 

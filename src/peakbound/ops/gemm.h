@@ -1,0 +1,17 @@
+// GEMM through the device's backend (OpenBLAS on the CPU device), row-major f32:
+// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, written (beta = 0) or added into
+// (beta = 1). With trans_a, A is stored [K,M]; with trans_b, B is stored [N,K].
+// Leading dimensions are row strides.
+#pragma once
+
+#include <cstdint>
+
+#include "peakbound/device/device.h"
+
+namespace peakbound::ops {
+
+void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+
+}  // namespace peakbound::ops

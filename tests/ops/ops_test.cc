@@ -1,0 +1,41 @@
+// The op layer runs the CPU kernels on the CPU device's streams: inline on the compute
+// stream, queued in order on a worker stream; a backend without the op says so.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
+
+namespace peakbound {
+namespace {
+
+TEST(Ops, GemmOnEveryStreamEqualsTheKernel) {
+  CpuDevice dev(1 << 20);
+  const std::int64_t M = 3, N = 5, K = 7;
+  std::vector<float> a(M * K), b(K * N), want(M * N), got(M * N, 0.0f), got2(M * N, 0.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.125f * static_cast<float>(i % 5) + 0.1f;
+  cpu::gemm_f32(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, want.data(), N);
+  ops::gemm(dev, dev.compute_stream(), false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, got.data(), N);
+  EXPECT_EQ(got, want);
+  Stream& worker = dev.create_stream("ops-test");
+  ops::fill(dev, worker, got2.data(), M * N, 3.0f);
+  ops::gemm(dev, worker, false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, got2.data(), N);
+  dev.synchronize(worker);
+  EXPECT_EQ(got2, want);
+}
+
+TEST(Ops, HostTaskRunsInStreamOrder) {
+  CpuDevice dev(1 << 20);
+  Stream& s = dev.create_stream("host-tasks");
+  std::vector<int> order;
+  for (int i = 0; i < 5; ++i) dev.host_task(s, [&order, i] { order.push_back(i); });
+  dev.synchronize(s);
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
+}  // namespace
+}  // namespace peakbound
