@@ -3,6 +3,7 @@
 // misplaced block or a wrong reduction shows.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -179,6 +180,30 @@ TEST(Collectives, SplitIntoEvenAndOddGroups) {
     if (r % 2 == color) want += r;
   EXPECT_EQ(s, want);
   w.barrier();
+}
+
+}  // namespace
+}  // namespace peakbound
+
+namespace peakbound {
+namespace {
+
+TEST(Collectives, F64TravelsAsDoubles) {
+  Communicator& w = testing::world();
+  // 1 + 2^-40 is not a float: a double sent as float would lose the low bits.
+  double v = 1.0 + std::ldexp(1.0, -40) * (w.rank() + 1);
+  std::vector<double> all(static_cast<std::size_t>(w.size()));
+  w.all_gather(&v, all.data(), 1, DType::f64);
+  double sum = v, mx = v;
+  w.all_reduce(&sum, 1, DType::f64, ReduceOp::sum);
+  w.all_reduce(&mx, 1, DType::f64, ReduceOp::max);
+  double want = 0;
+  for (int r = 0; r < w.size(); ++r) {
+    EXPECT_EQ(all[static_cast<std::size_t>(r)], 1.0 + std::ldexp(1.0, -40) * (r + 1));
+    want += 1.0 + std::ldexp(1.0, -40) * (r + 1);
+  }
+  EXPECT_EQ(sum, want);
+  EXPECT_EQ(mx, 1.0 + std::ldexp(1.0, -40) * w.size());
 }
 
 }  // namespace

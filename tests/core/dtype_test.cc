@@ -70,6 +70,9 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(dtype_size(DType::f32), 4u);
   EXPECT_EQ(dtype_size(DType::bf16), 2u);
   EXPECT_EQ(dtype_size(DType::i64), 8u);
+  EXPECT_EQ(dtype_size(DType::f64), 8u);
+  EXPECT_EQ(parse_dtype("f64"), DType::f64);
+  EXPECT_EQ(dtype_name(DType::f64), "f64");
   EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
   EXPECT_EQ(parse_dtype("fp32"), DType::f32);
   EXPECT_EQ(dtype_name(DType::i32), "i32");

@@ -4,10 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "peakbound/kernels/cpu/elementwise.h"
-
 #include "peakbound/build_info.h"
+#include "peakbound/core/error.h"
 #include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/verify/relative_error.h"
 
 namespace peakbound::bench {
 
@@ -30,10 +30,8 @@ void share_cores_among_local_ranks() {
 }
 
 double group_relative_error(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
-  float v[2] = {static_cast<float>(cpu::max_abs_diff(a.data(), ref.data(), static_cast<std::int64_t>(a.size()))),
-                static_cast<float>(cpu::max_abs(ref.data(), static_cast<std::int64_t>(ref.size())))};
-  g.all_reduce(v, 2, DType::f32, ReduceOp::max);
-  return v[1] > 0 ? v[0] / v[1] : v[0];
+  PB_CHECK_MSG(a.size() == ref.size(), "group_relative_error: result and reference differ in size");
+  return verify::group_relative_error(g, a.data(), ref.data(), static_cast<std::int64_t>(a.size()));
 }
 
 }  // namespace peakbound::bench

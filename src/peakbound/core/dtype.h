@@ -1,5 +1,6 @@
 // Element types. f32 and bf16 carry model data; the integer types carry routing
-// indices and counts. bf16 conversion rounds to nearest even and keeps NaN a NaN.
+// indices and counts; f64 carries reductions that must not lose precision (gradient
+// norms, exactness metrics). bf16 conversion rounds to nearest even and keeps NaN a NaN.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,7 @@
 
 namespace peakbound {
 
-enum class DType : std::uint8_t { f32, bf16, i32, i64, u8 };
+enum class DType : std::uint8_t { f32, bf16, i32, i64, u8, f64 };
 
 std::size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);
@@ -50,5 +51,6 @@ template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
 template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
 }  // namespace peakbound

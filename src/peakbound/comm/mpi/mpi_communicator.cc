@@ -60,6 +60,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
+    case DType::f64: return MPI_DOUBLE;
   }
   PB_CHECK_MSG(false, "unknown dtype");
 }
