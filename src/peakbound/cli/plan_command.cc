@@ -8,9 +8,11 @@
 #include <string>
 
 #include "peakbound/cli/command.h"
+#include "peakbound/cli/flags.h"
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
+#include "peakbound/core/values.h"
 #include "peakbound/model/hf_config.h"
 #include "peakbound/model/presets.h"
 #include "peakbound/plan/plan.h"
@@ -46,12 +48,9 @@ struct PlanFlags {
 
 ModelConfig load_model(const std::string& spec) {
   namespace fs = std::filesystem;
-  bool looks_like_path = spec.find('/') != std::string::npos || spec.ends_with(".json");
-  if (looks_like_path || fs::exists(spec)) {
-    fs::path p = spec;
-    if (fs::is_directory(p)) p /= "config.json";
-    return load_hf_config(p.string());
-  }
+  const bool looks_like_path = spec.find('/') != std::string::npos || spec.ends_with(".json");
+  std::error_code ec;  // a symlink loop or unreadable path is the importer's to report
+  if (looks_like_path || fs::exists(fs::symlink_status(spec, ec))) return load_hf_config(spec);
   return preset_config(spec);
 }
 
@@ -59,12 +58,17 @@ double parse_skew(const std::string& s) {
   if (s == "balanced") return 1.0;
   if (s == "worst") return 0.0;
   try {
-    std::size_t used = 0;
-    double v = std::stod(s, &used);
-    if (used == s.size() && v >= 1.0) return v;
-  } catch (const std::exception&) {
+    return parse_real(s, "--skew", 1.0, 1e6);
+  } catch (const InvalidArgument&) {
+    throw InvalidArgument("--skew: '" + s + "' is not 'balanced', 'worst' or a finite factor in [1, 1e6]");
   }
-  throw InvalidArgument("--skew: '" + s + "' is not 'balanced', 'worst' or a factor >= 1");
+}
+
+// bf16 or f32: the dtypes a parameter or gradient shard can have.
+DType parse_shard_dtype(const std::string& s, const char* flag) {
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
+  throw InvalidArgument(std::string(flag) + ": '" + s + "' is not a dtype it takes (use bf16 or f32)");
 }
 
 PlanInputs to_inputs(const PlanFlags& f) {
@@ -89,9 +93,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.prefetch_depth = f.prefetch_depth;
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
-  DType pd = parse_dtype(f.param_dtype), gd = parse_dtype(f.grad_dtype);
-  if ((pd != DType::bf16 && pd != DType::f32) || (gd != DType::bf16 && gd != DType::f32))
-    throw InvalidArgument("--param-dtype and --grad-dtype take bf16 or f32");
+  DType pd = parse_shard_dtype(f.param_dtype, "--param-dtype"), gd = parse_shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
   in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
   in.comm_reserve = parse_bytes(f.comm_reserve, "--comm-reserve");
@@ -112,20 +114,20 @@ Command add_plan_command(CLI::App& root) {
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   a->add_option("--model", f->model, "Preset (" + presets + ") or a Hugging Face config.json (file or folder)")->capture_default_str();
   a->add_option("--context", f->context, "Tokens per sequence: 131072, 128K, 1M")->capture_default_str();
-  a->add_option("--sequences", f->sequences, "Sequences per step per data-parallel group")->capture_default_str();
-  a->add_option("--devices", f->devices, "Number of devices")->capture_default_str();
+  int_flag(a, "--sequences", f->sequences, "Sequences per step per data-parallel group", 1, kMaxSequences);
+  int_flag(a, "--devices", f->devices, "Number of devices", 1, kMaxDevices);
   a->add_option("--ep", f->ep, "Expert-parallel size, or auto: the largest divisor of devices and experts up to 64")->capture_default_str();
-  a->add_option("--cp", f->cp, "Context-parallel size (each sequence split over cp devices)")->capture_default_str();
+  int_flag(a, "--cp", f->cp, "Context-parallel size (each sequence split over cp devices)", 1, kMaxDevices);
   a->add_option("--vocab-group", f->vocab_group, "Devices sharing one vocabulary-sharded LM head, or auto: the largest divisor of devices up to 8")->capture_default_str();
-  a->add_option("--fsdp", f->fsdp, "FSDP shard group of the non-expert parameters (0 = all devices)")->capture_default_str();
+  int_flag(a, "--fsdp", f->fsdp, "FSDP shard group of the non-expert parameters (0 = all devices)", 0, kMaxDevices);
   a->add_option("--device-memory", f->device_memory, "Memory per device: 80GiB, 141GiB")->capture_default_str();
   a->add_option("--host-memory", f->host_memory, "Host memory per device (0 = unlimited)")->capture_default_str();
-  a->add_option("--schedules", f->schedules, "none, all, or a comma list of llep, dtp, sco, adam")->capture_default_str();
-  a->add_option("--dispatch-cap", f->dispatch_cap, "PipelinedLLEP: token-copies per source rank per round")->capture_default_str();
-  a->add_option("--llep-alpha", f->llep_alpha, "LLEP capacity factor over the mean load")->capture_default_str();
-  a->add_option("--llep-min-spill", f->llep_min_spill, "LLEP: smallest spilled piece in token-copies")->capture_default_str();
-  a->add_option("--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block")->capture_default_str();
-  a->add_option("--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward")->capture_default_str();
+  text_flag(a, "--schedules", f->schedules, "none, all, or a comma list of llep, dtp, sco, adam");
+  int_flag(a, "--dispatch-cap", f->dispatch_cap, "PipelinedLLEP: token-copies per source rank per round", 1, kMaxRows);
+  real_flag(a, "--llep-alpha", f->llep_alpha, "LLEP capacity factor over the mean load", 1.0, 1e6);
+  int_flag(a, "--llep-min-spill", f->llep_min_spill, "LLEP: smallest spilled piece in token-copies", 1, kMaxRows);
+  int_flag(a, "--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block", 1, kMaxRows);
+  int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward", 1, 1024);
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_option("--skew", f->skew, "Routing skew at the busiest EP rank: balanced, worst, or a factor >= 1")->capture_default_str();
   a->add_option("--param-dtype", f->param_dtype, "Parameter and activation dtype (bf16, f32)")->capture_default_str();

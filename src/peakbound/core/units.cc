@@ -1,6 +1,9 @@
 #include "peakbound/core/units.h"
 
 #include <cctype>
+#include <charconv>
+#include <limits>
+#include <stdexcept>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -33,8 +36,8 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// Splits "1.5 GiB" into number 1.5 and suffix "gib"; throws on no number.
-double split_number(std::string_view text, std::string& suffix, std::string_view what) {
+// "1.5 GiB" -> the number's text "1.5" and the lower-case suffix "gib".
+void split_number(std::string_view text, std::string& number, std::string& suffix, std::string_view what) {
   std::string s(text);
   std::size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
@@ -42,63 +45,80 @@ double split_number(std::string_view text, std::string& suffix, std::string_view
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   if (i == start)
     throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a number");
-  double v = 0;
-  try {
-    std::size_t used = 0;
-    v = std::stod(s.substr(start, i - start), &used);
-    if (used != i - start) throw std::invalid_argument("partial");
-  } catch (const std::exception&) {
-    throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a number");
-  }
+  number = s.substr(start, i - start);
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   std::size_t end = s.size();
   while (end > i && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
   suffix = lower(std::string_view(s).substr(i, end - i));
-  return v;
 }
 
-std::uint64_t checked(double v, std::string_view text, std::string_view what) {
-  if (!(v >= 0) || v > 1.8e19)
-    throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is out of range");
-  return static_cast<std::uint64_t>(std::llround(v));
+[[noreturn]] void out_of_range(std::string_view text, std::string_view what) {
+  throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is out of range (at most 2^63 - 1)");
+}
+
+// number x mult, exactly when the number is whole (no rounding through a double), and
+// never past 2^63 - 1, so every size also fits a signed 64-bit count.
+std::uint64_t scaled(const std::string& number, std::uint64_t mult, std::string_view text, std::string_view what,
+                     bool whole_only) {
+  constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (number.find('.') == std::string::npos) {
+    std::uint64_t v = 0, r = 0;
+    auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), v);
+    if (ec == std::errc::result_out_of_range || __builtin_mul_overflow(v, mult, &r) || r > kMax) out_of_range(text, what);
+    if (ec != std::errc() || end != number.data() + number.size())
+      throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a number");
+    return r;
+  }
+  double v = 0;
+  try {
+    std::size_t used = 0;
+    v = std::stod(number, &used);
+    if (used != number.size()) throw std::invalid_argument("partial");
+  } catch (const std::out_of_range&) {
+    out_of_range(text, what);
+  } catch (const std::exception&) {
+    throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a number");
+  }
+  const double n = v * static_cast<double>(mult);
+  if (!(n >= 0) || n >= 9.2e18) out_of_range(text, what);
+  if (whole_only && n != std::floor(n))
+    throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a whole number");
+  return static_cast<std::uint64_t>(std::llround(n));
 }
 
 }  // namespace
 
 std::uint64_t parse_bytes(std::string_view text, std::string_view what) {
-  std::string suffix;
-  double v = split_number(text, suffix, what);
-  double mult = 0;
+  std::string number, suffix;
+  split_number(text, number, suffix, what);
+  std::uint64_t mult = 0;
   if (suffix.empty() || suffix == "b") mult = 1;
-  else if (suffix == "k" || suffix == "kib") mult = 1024.0;
-  else if (suffix == "m" || suffix == "mib") mult = 1024.0 * 1024;
-  else if (suffix == "g" || suffix == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "t" || suffix == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (suffix == "kb") mult = 1e3;
-  else if (suffix == "mb") mult = 1e6;
-  else if (suffix == "gb") mult = 1e9;
-  else if (suffix == "tb") mult = 1e12;
+  else if (suffix == "k" || suffix == "kib") mult = 1ull << 10;
+  else if (suffix == "m" || suffix == "mib") mult = 1ull << 20;
+  else if (suffix == "g" || suffix == "gib") mult = 1ull << 30;
+  else if (suffix == "t" || suffix == "tib") mult = 1ull << 40;
+  else if (suffix == "kb") mult = 1000ull;
+  else if (suffix == "mb") mult = 1000000ull;
+  else if (suffix == "gb") mult = 1000000000ull;
+  else if (suffix == "tb") mult = 1000000000000ull;
   else
     throw InvalidArgument(std::string(what) + ": unknown unit '" + suffix + "' in '" +
                           std::string(text) + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
-  return checked(v * mult, text, what);
+  return scaled(number, mult, text, what, false);
 }
 
 std::uint64_t parse_count(std::string_view text, std::string_view what) {
-  std::string suffix;
-  double v = split_number(text, suffix, what);
-  double mult = 0;
+  std::string number, suffix;
+  split_number(text, number, suffix, what);
+  std::uint64_t mult = 0;
   if (suffix.empty()) mult = 1;
-  else if (suffix == "k") mult = 1024.0;
-  else if (suffix == "m") mult = 1024.0 * 1024;
-  else if (suffix == "g") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "k") mult = 1ull << 10;
+  else if (suffix == "m") mult = 1ull << 20;
+  else if (suffix == "g") mult = 1ull << 30;
   else
     throw InvalidArgument(std::string(what) + ": unknown suffix '" + suffix + "' in '" +
                           std::string(text) + "' (use K, M or G, powers of 1024)");
-  double n = v * mult;
-  if (n != std::floor(n))
-    throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a whole number");
-  return checked(n, text, what);
+  return scaled(number, mult, text, what, true);
 }
 
 std::string format_count(std::uint64_t n) {

@@ -21,6 +21,11 @@ void read_common(const HfFields& r, ModelConfig& c) {
   c.vocab_size = r.integer("vocab_size");
   c.hidden_size = r.integer("hidden_size");
   c.num_layers = r.integer("num_hidden_layers");
+  // Checked before anything walks the layers (a config with 1e15 layers must be refused
+  // at once, not after a loop over them).
+  if (c.num_layers > ModelConfig::kMaxLayers)
+    r.fail("num_hidden_layers = " + std::to_string(c.num_layers) + " is implausibly large (max " +
+           std::to_string(ModelConfig::kMaxLayers) + ")");
   c.num_heads = r.integer("num_attention_heads");
   c.max_position_embeddings = r.integer_or("max_position_embeddings", 0);
   c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
@@ -271,20 +276,41 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name) {
 ModelConfig load_hf_config(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path file(path);
+  auto cannot = [](const fs::path& f, const std::string& why) {
+    return InvalidArgument("cannot read model config '" + f.string() + "': " + why);
+  };
   std::error_code ec;
-  if (fs::is_directory(file, ec)) file /= "config.json";
+  fs::file_status st = fs::status(file, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) throw cannot(file, ec.message());
+  if (fs::is_directory(st)) {
+    const fs::path dir = file;
+    file /= "config.json";
+    st = fs::status(file, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory) throw cannot(file, ec.message());
+    if (!fs::exists(st)) throw cannot(dir, "it is a directory with no config.json in it");
+  }
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw cannot(file, fs::is_directory(st) ? "it is a directory, not a file"
+                                            : "it is not a regular file (a FIFO, socket or device is not read)");
+  // A config.json is a few KiB; a huge file is not one, and is not read into memory.
+  constexpr std::uintmax_t kMaxConfigBytes = 16u << 20;
+  if (fs::exists(st)) {
+    const std::uintmax_t size = fs::file_size(file, ec);
+    if (!ec && size > kMaxConfigBytes)
+      throw cannot(file, "it is " + std::to_string(size) + " bytes; a config.json is at most 16 MiB");
+  }
 
   errno = 0;
   std::ifstream in(file);
-  if (!in)
-    throw InvalidArgument("cannot read model config '" + file.string() +
-                          "': " + (errno ? std::strerror(errno) : "open failed"));
+  if (!in) throw cannot(file, errno ? std::strerror(errno) : "open failed");
   json config;
   try {
     config = json::parse(in);
   } catch (const json::exception& e) {
-    std::string why = e.what();
-    std::replace(why.begin(), why.end(), '\n', ' ');
+    // The parser quotes the bytes it stopped at: keep the message one printable line.
+    std::string why;
+    for (char ch : std::string(e.what())) why += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+    if (why.size() > 200) why = why.substr(0, 200) + "...";
     throw InvalidArgument(file.string() + ": invalid JSON: " + why);
   }
   // ".../DeepSeek-V3/config.json" names the model "DeepSeek-V3".

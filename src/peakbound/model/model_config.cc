@@ -45,7 +45,6 @@ namespace {
 // 2^30 is orders of magnitude above any real model dimension. Layers get a
 // tighter bound because layout queries walk them one by one.
 constexpr std::int64_t kMaxDim = std::int64_t{1} << 30;
-constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
 
 class Checker {
  public:
@@ -79,7 +78,7 @@ void ModelConfig::validate() const {
   c.positive("vocab_size", vocab_size);
   c.positive("hidden_size", hidden_size);
   c.positive("num_layers", num_layers);
-  if (num_layers > kMaxLayers)
+  if (num_layers > ModelConfig::kMaxLayers)
     c.fail("num_layers = " + std::to_string(num_layers) + " is implausibly large (max 65536)");
   c.non_negative("max_position_embeddings", max_position_embeddings);
 

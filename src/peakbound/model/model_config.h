@@ -27,6 +27,9 @@ std::string_view router_scoring_name(RouterScoring s);
 // decoder_sparse_step convention) and i is not in mlp_only_layers; every other
 // layer has a dense MLP of dense_intermediate_size.
 struct ModelConfig {
+  // Layer counts are bounded (layout queries and importers walk the layers one by one).
+  static constexpr std::int64_t kMaxLayers = std::int64_t{1} << 16;
+
   std::string name;    // preset name or the imported checkpoint's folder name
   std::string family;  // Hugging Face model_type ("deepseek_v3") or "peakbound"
 

@@ -1,8 +1,10 @@
 #include "peakbound/plan/plan_inputs.h"
 
+#include <cmath>
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/values.h"
 
 namespace peakbound {
 
@@ -59,33 +61,34 @@ void PlanInputs::resolve_auto() {
 
 void PlanInputs::validate() const {
   model.validate();
-  require(context > 0, "--context must be positive");
-  require(sequences > 0, "--sequences must be positive");
-  require(devices > 0, "--devices must be positive");
+  check_int(context, "context", 1, kMaxContext);
+  check_int(sequences, "sequences", 1, kMaxSequences);
+  check_int(devices, "devices", 1, kMaxDevices);
   require(ep > 0 && devices % ep == 0,
-          "--ep " + std::to_string(ep) + " must divide --devices " + std::to_string(devices));
+          "ep " + std::to_string(ep) + " must divide devices " + std::to_string(devices));
   if (model.num_experts > 0)
-    require(model.num_experts % ep == 0, "--ep " + std::to_string(ep) + " does not divide the " +
+    require(model.num_experts % ep == 0, "ep " + std::to_string(ep) + " does not divide the " +
                                              std::to_string(model.num_experts) + " experts of " + model.name);
   else
-    require(ep == 1, "--ep " + std::to_string(ep) + " needs experts, but " + model.name + " is dense");
+    require(ep == 1, "ep " + std::to_string(ep) + " needs experts, but " + model.name + " is dense");
   require(cp > 0 && devices % cp == 0,
-          "--cp " + std::to_string(cp) + " must divide --devices " + std::to_string(devices));
+          "cp " + std::to_string(cp) + " must divide devices " + std::to_string(devices));
   require(vocab_group > 0 && devices % vocab_group == 0,
-          "--vocab-group " + std::to_string(vocab_group) + " must divide --devices " + std::to_string(devices));
+          "vocab_group " + std::to_string(vocab_group) + " must divide devices " + std::to_string(devices));
   require(fsdp >= 0 && (fsdp == 0 || devices % fsdp == 0),
-          "--fsdp " + std::to_string(fsdp) + " must divide --devices " + std::to_string(devices));
-  require(device_memory > 0, "--device-memory must be positive");
-  require(dispatch_cap > 0, "--dispatch-cap must be positive");
-  require(llep_alpha >= 1.0, "--llep-alpha must be at least 1");
-  require(llep_min_spill > 0, "--llep-min-spill must be positive");
-  require(vocab_chunk > 0, "--vocab-chunk must be positive");
-  require(prefetch_depth >= 1, "--prefetch-depth must be at least 1");
-  require(adam_bucket > 0, "--adam-bucket must be positive");
-  require(skew == 0 || skew >= 1.0, "--skew must be 'balanced' (1), a factor >= 1, or 'worst'");
+          "fsdp " + std::to_string(fsdp) + " must divide devices " + std::to_string(devices));
+  require(device_memory > 0, "device_memory must be positive");
+  check_int(dispatch_cap, "dispatch_cap", 1, kMaxRows);
+  check_real(llep_alpha, "llep_alpha", 1.0, 1e6);
+  check_int(llep_min_spill, "llep_min_spill", 1, kMaxRows);
+  check_int(vocab_chunk, "vocab_chunk", 1, kMaxRows);
+  check_int(prefetch_depth, "prefetch_depth", 1, 1024);
+  require(adam_bucket > 0, "adam_bucket must be positive");
+  require(skew == 0 || (std::isfinite(skew) && skew >= 1.0 && skew <= 1e6),
+          "skew must be 1 (balanced), a finite factor in [1, 1e6], or 0 (worst)");
   for (auto [v, name] : {std::pair{param_bytes, "param"}, {activation_bytes, "activation"},
                          {grad_bytes, "gradient"}, {optimizer_bytes, "optimizer"}})
-    require(v > 0, std::string(name) + " bytes must be positive");
+    check_int(v, std::string(name) + " bytes", 1, 64);
 }
 
 }  // namespace peakbound

@@ -12,6 +12,13 @@
 
 namespace peakbound {
 
+// Ranges the planner accepts: generous for any real run, small enough that no product
+// of them overflows before the checked byte arithmetic reports it.
+inline constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;    // 16M devices
+inline constexpr std::int64_t kMaxSequences = std::int64_t{1} << 20;
+inline constexpr std::int64_t kMaxContext = std::int64_t{1} << 40;    // 1T tokens
+inline constexpr std::int64_t kMaxRows = std::int64_t{1} << 40;       // knobs counted in tokens or copies
+
 // Which of the four peak-bounding schedules replace their baseline rule.
 struct ScheduleSet {
   bool llep = false;  // PipelinedLLEP for expert dispatch

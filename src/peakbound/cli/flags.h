@@ -1,0 +1,29 @@
+// Numeric flags read through the one validation layer (core/values.h): CLI11's own
+// integer and float parsing clamps 99999999999999999999 to the type's maximum, reads
+// "" as 0 and lets NaN and infinity through range checks. These options take the text
+// and parse it exactly; a bad value is a one-line error naming the flag and its range,
+// exit code 2. Each shows its default in --help.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace peakbound::cli {
+
+// An integer flag in [lo, hi] into `target` (which holds the default).
+CLI::Option* int_flag(CLI::App* app, const std::string& name, std::int64_t& target, const std::string& help,
+                      std::int64_t lo, std::int64_t hi);
+CLI::Option* int_flag(CLI::App* app, const std::string& name, int& target, const std::string& help, int lo, int hi);
+// A finite real flag in [lo, hi].
+CLI::Option* real_flag(CLI::App* app, const std::string& name, double& target, const std::string& help, double lo,
+                       double hi);
+CLI::Option* real_flag(CLI::App* app, const std::string& name, float& target, const std::string& help, double lo,
+                       double hi);
+// A seed: any integer in [0, 2^64 - 1] ("-1" is refused, not wrapped).
+CLI::Option* seed_flag(CLI::App* app, const std::string& name, std::uint64_t& target, const std::string& help);
+// A non-empty string flag ("" is refused: it would silently mean a default).
+CLI::Option* text_flag(CLI::App* app, const std::string& name, std::string& target, const std::string& help);
+
+}  // namespace peakbound::cli
