@@ -7,3 +7,8 @@ preset="${1:-release}"
 bash scripts/setup.sh
 bash scripts/build.sh "$preset"
 ctest --preset "$preset" --output-on-failure
+# The installed package, used the way a consumer would (release only: the asan build
+# would need the consumer built with the sanitizers too).
+if [ "$preset" = release ]; then
+  bash scripts/example.sh "$preset"
+fi
