@@ -26,10 +26,13 @@ inline std::string slurp(const std::string& path) {
   return s.str();
 }
 
-inline CliRun run_cli(const std::string& args) {
+// Runs under coreutils `timeout`, so a hang fails the test (exit 124) instead of
+// stalling the suite.
+inline CliRun run_cli(const std::string& args, int timeout_seconds = 120) {
   static int n = 0;
   const std::string base = ::testing::TempDir() + "/pb_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  const std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  const std::string cmd = "timeout -k 5 " + std::to_string(timeout_seconds) + " " + std::string(PEAKBOUND_CLI_PATH) +
+                          " " + args + " >" + base + ".out 2>" + base + ".err";
   const int status = std::system(cmd.c_str());
   CliRun r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -48,6 +51,7 @@ inline int count_lines(const std::string& s) {
 
 inline void expect_one_line_error(const CliRun& r, const std::string& needle) {
   EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out (a hang)";
   EXPECT_LT(r.code, 128) << "killed by a signal";
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_EQ(r.err.rfind("peakbound: error: ", 0), 0u) << r.err;
