@@ -80,6 +80,7 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
 Command add_bench_dispatch(CLI::App& parent) {
   auto f = std::make_shared<BenchFlags>();
   Command c;
+  c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("dispatch", "Standard EP vs LLEP vs PipelinedLLEP: dispatch peak and throughput (run under mpirun)");
   f->add_to(*c.app);
   c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));

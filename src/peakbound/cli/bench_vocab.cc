@@ -121,6 +121,7 @@ nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t t
 Command add_bench_vocab(CLI::App& parent) {
   auto f = std::make_shared<BenchVocabFlags>();
   Command c;
+  c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("vocab", "Ring-DTP vs the materialized vocab-parallel cross-entropy (run under mpirun)");
   f->add_to(*c.app);
   c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));

@@ -16,7 +16,20 @@ namespace peakbound::cli {
 struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;  // returns the exit code
+  // Collective commands run on every rank of an mpirun job. The others are one-process
+  // commands: under mpirun only the launcher's rank 0 runs them (the rest exit 0), so the
+  // output is one report (one valid JSON object), not one per rank.
+  bool collective = false;
+  // Checks that need no communication, run on every rank before `run`. Every rank reaches
+  // the same verdict (same flags, same files, same launcher size), so a failure here is
+  // printed once, by rank 0, and every rank exits non-zero without aborting the job.
+  std::function<void()> validate;
 };
+
+// The rank and size the launcher (mpirun, srun) gives this process, read from its
+// environment before MPI starts: 0 and 1 when not launched by one.
+int launcher_rank();
+int launcher_size();
 
 using AddCommand = Command (*)(CLI::App& parent);
 

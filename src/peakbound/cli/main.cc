@@ -30,10 +30,22 @@ void abort_peers_if_mpi(int code) {
 #endif
 }
 
-int fail(int code, const std::string& message) {
+void print_error(const std::string& message) {
   std::fprintf(stderr, "peakbound: error: %s\n", message.c_str());
   std::fflush(stderr);
+}
+
+// A failure only this rank may have seen: print it and end the whole job.
+int fail(int code, const std::string& message) {
+  print_error(message);
   abort_peers_if_mpi(code);
+  return code;
+}
+
+// A failure every rank reaches alike (bad flags, a failed check before any
+// communication): printed once, by rank 0; every rank exits with the code, nothing aborts.
+int fail_everywhere(int code, const std::string& message) {
+  if (peakbound::cli::launcher_rank() == 0) print_error(message);
   return code;
 }
 
@@ -66,13 +78,23 @@ int main(int argc, char** argv) {
       for (const std::string& r : group->remaining()) given += (given.empty() ? "" : " ") + r;
       msg = "'" + group->get_name() + "' needs one of: " + names + (given.empty() ? "" : " (got '" + given + "')");
     }
-    return fail(2, msg + " (run 'peakbound --help' for usage)");
+    return fail_everywhere(2, msg + " (run 'peakbound --help' for usage)");
   }
 
   try {
     // A case of a group (bench vocab) is parsed together with its group: run the deepest.
-    for (auto it = commands.rbegin(); it != commands.rend(); ++it)
-      if (it->app->parsed() && it->app->get_subcommands().empty()) return it->run();
+    for (auto it = commands.rbegin(); it != commands.rend(); ++it) {
+      if (!it->app->parsed() || !it->app->get_subcommands().empty()) continue;
+      if (!it->collective && cli::launcher_rank() != 0) return 0;  // one report, from rank 0
+      if (it->validate) {
+        try {
+          it->validate();
+        } catch (const Error& e) {
+          return fail_everywhere(1, e.what());
+        }
+      }
+      return it->run();
+    }
     std::fputs(app.help().c_str(), stdout);
     return 0;
   } catch (const Error& e) {

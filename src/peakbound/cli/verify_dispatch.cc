@@ -27,6 +27,7 @@ Command add_verify_dispatch(CLI::App& parent) {
   f->min_spill = 8;
   f->skew = "uniform,zipf,hot,all-to-one-rank,one-expert,source";
   Command c;
+  c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("dispatch", "Standard EP, LLEP, PipelinedLLEP vs a dense reference (run under mpirun for EP > 1)");
   f->add_to(*c.app);
   c.run = [f] {

@@ -24,6 +24,7 @@ Command add_verify_vocab(CLI::App& parent) {
   f->vocab = 1000;
   f->chunk = 24;
   Command c;
+  c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("vocab", "Ring-DTP and the materialized baseline vs a naive reference (run under mpirun for P > 1)");
   f->add_to(*c.app);
   c.run = [f] {
