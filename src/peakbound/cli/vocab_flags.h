@@ -31,23 +31,22 @@ struct VocabFlags {
   bool json = false;
 
   void add_to(CLI::App& app) {
-    app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-    app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(1, 1 << 24));
-    app.add_option("--chunk", chunk, "Ring-DTP token rows per logits block")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+    // CLI11 reads an empty string as 0 for a number (--seed "" was seed 0); refuse it first.
+    const CLI::Validator number(
+        [](std::string& s) { return s.empty() ? std::string("needs a number, not an empty string") : std::string(); }, "",
+        "non-empty");
+    app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(number)->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+    app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 16));
+    app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 24));
+    app.add_option("--chunk", chunk, "Ring-DTP token rows per logits block")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 24));
     app.add_option("--mode", mode, "Ring-DTP mode: auto, activations, weights")->capture_default_str();
-    app.add_option("--z-loss", z_loss, "z-loss coefficient (finite, in [0, 1])")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    app.add_option("--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    app.add_option("--seed", seed, "Data seed")->capture_default_str();
+    app.add_option("--z-loss", z_loss, "z-loss coefficient (finite, in [0, 1])")->capture_default_str()->check(number)->check(CLI::Range(0.0, 1.0));
+    app.add_option("--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index")->capture_default_str()->check(number)->check(CLI::Range(0.0, 1.0));
+    app.add_option("--seed", seed, "Data seed")->capture_default_str()->check(number);
     app.add_option("--device-memory", device_memory,
                    "Per-rank device budget; auto: room for every buffer one step allocates, from the footprints")
         ->capture_default_str();
     app.add_flag("--json", json, "Print one JSON object");
-    // CLI11 reads an empty string as 0 for a number; refuse it instead.
-    for (const char* name : {"--tokens", "--hidden", "--vocab", "--chunk", "--z-loss", "--ignore-fraction", "--seed"})
-      app.get_option(name)->check(CLI::Validator(
-          [](std::string& s) { return s.empty() ? std::string("needs a number, not an empty string") : std::string(); },
-          "", "non-empty"));
   }
 
   VocabDims dims() const { return VocabDims{vocab, hidden}; }
