@@ -36,8 +36,7 @@ VocabProblemSpec spec_for(const Case& c, int P, std::uint64_t seed) {
 void run_case(const Case& c) {
   Communicator& g = world();
   VocabLossOptions o;
-  o.vocab = c.vocab;
-  o.hidden = c.hidden;
+  const VocabDims d{c.vocab, c.hidden};
   o.chunk = c.chunk;
   o.z_loss = c.z;
   VocabProblem p = make_vocab_problem(spec_for(c, g.size(), 42 + static_cast<std::uint64_t>(c.vocab)), o.ignore_index);
@@ -52,7 +51,7 @@ void run_case(const Case& c) {
   for (Impl impl : {Impl{"materialized", RingMode::automatic, false}, Impl{"ring auto", RingMode::automatic, true},
                     Impl{"ring activations", RingMode::activations, true}, Impl{"ring weights", RingMode::weights, true}}) {
     o.mode = impl.mode;
-    auto loss = impl.ring ? make_ring_dtp_vocab_loss(dev, g, o) : make_materialized_vocab_loss(dev, g, o);
+    auto loss = impl.ring ? make_ring_dtp_vocab_loss(dev, g, d, o) : make_materialized_vocab_loss(dev, g, d, o);
     VocabCheck chk = check_vocab_loss(*loss, g, p, ref, scale);
     SCOPED_TRACE(std::string(impl.name) + " P=" + std::to_string(g.size()) + " V=" + std::to_string(c.vocab) +
                  " chunk=" + std::to_string(c.chunk) + " z=" + std::to_string(c.z));
@@ -77,8 +76,7 @@ TEST(VocabLoss, ChunkLargerThanTokens) { run_case({6, 8, 50, 1000, true, 0.0, 0.
 TEST(VocabLoss, RingPeakHasNoTokensTimesVocabTerm) {
   Communicator& g = world();
   VocabLossOptions o;
-  o.vocab = 4096;
-  o.hidden = 32;
+  const VocabDims d{4096, 32};
   o.chunk = 64;
   o.mode = RingMode::weights;
   std::uint64_t ring_peak[2], base_peak[2];
@@ -86,12 +84,12 @@ TEST(VocabLoss, RingPeakHasNoTokensTimesVocabTerm) {
     Case c{256 << (2 * i), 32, 4096, 64, false, 0.0, 0.0f, -1};  // 256 then 1024 tokens per rank
     VocabProblem p = make_vocab_problem(spec_for(c, g.size(), 7), o.ignore_index);
     const std::int64_t T = c.base_tokens, off = p.offset(g.rank());
-    VocabShard sh = vocab_shard(o.vocab, g.size(), g.rank());
-    std::vector<float> dh(static_cast<std::size_t>(T * o.hidden)), dw(static_cast<std::size_t>(sh.rows * o.hidden));
+    VocabShard sh = vocab_shard(d.vocab, g.size(), g.rank());
+    std::vector<float> dh(static_cast<std::size_t>(T * d.hidden)), dw(static_cast<std::size_t>(sh.rows * d.hidden));
     for (bool ring : {true, false}) {
       CpuDevice dev(512ull << 20);
-      auto loss = ring ? make_ring_dtp_vocab_loss(dev, g, o) : make_materialized_vocab_loss(dev, g, o);
-      loss->forward(p.hidden.data() + off * o.hidden, p.targets.data() + off, T, p.weight.data() + sh.offset * o.hidden);
+      auto loss = ring ? make_ring_dtp_vocab_loss(dev, g, d, o) : make_materialized_vocab_loss(dev, g, d, o);
+      loss->forward(p.hidden.data() + off * d.hidden, p.targets.data() + off, T, p.weight.data() + sh.offset * d.hidden);
       loss->backward(1.0f, dh.data(), dw.data());
       (ring ? ring_peak : base_peak)[i] = dev.arena().peak(Component::vocab);
     }
@@ -108,12 +106,11 @@ TEST(VocabLoss, RingPeakHasNoTokensTimesVocabTerm) {
 TEST(VocabLoss, OutOfRangeTargetIsAnErrorOnEveryRank) {
   Communicator& g = world();
   VocabLossOptions o;
-  o.vocab = 10;
-  o.hidden = 4;
+  const VocabDims d{10, 4};
   CpuDevice dev(64ull << 20);
   std::vector<float> h(8, 1.0f), w(static_cast<std::size_t>(vocab_shard(10, g.size(), g.rank()).rows * 4), 0.5f);
   std::vector<std::int32_t> t = {1, g.rank() == 0 ? 10 : 2};
-  auto loss = make_ring_dtp_vocab_loss(dev, g, o);
+  auto loss = make_ring_dtp_vocab_loss(dev, g, d, o);
   EXPECT_THROW(loss->forward(h.data(), t.data(), 2, w.data()), InvalidArgument);
 }
 

@@ -20,8 +20,6 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/units.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/kernels/cpu/elementwise.h"
-#include "peakbound/kernels/cpu/gemm.h"
 
 namespace peakbound::cli {
 
@@ -30,12 +28,12 @@ namespace {
 struct BenchVocabFlags : VocabFlags {
   int reps = 3;
   bool sweep = false;
-  std::string device_memory = "16GiB";
 };
 
 struct RunResult {
   std::string name, mode;
   std::uint64_t vocab_peak = 0;  // max over ranks
+  std::uint64_t footprint_peak = 0;  // the footprint's, max over ranks
   double seconds = 0;            // best rep, max over ranks
   double loss = 0;               // the group's summed loss
   std::vector<float> dh, dw;
@@ -47,7 +45,7 @@ struct RankData {
   std::vector<std::int32_t> targets;
 };
 
-RankData make_rank_data(const VocabFlags& f, Communicator& g, std::int64_t tokens) {
+RankData make_rank_data(const VocabFlags& f, Communicator& g, std::int64_t tokens, std::int32_t ignore_index) {
   RankData d;
   VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
   std::mt19937_64 rng(f.seed * 7919 + static_cast<std::uint64_t>(g.rank()));
@@ -57,7 +55,7 @@ RankData make_rank_data(const VocabFlags& f, Communicator& g, std::int64_t token
   d.hidden.resize(static_cast<std::size_t>(tokens * f.hidden));
   for (auto& x : d.hidden) x = nd(rng);
   d.targets.resize(static_cast<std::size_t>(tokens));
-  for (auto& t : d.targets) t = ud(rng) < f.ignore_fraction ? -100 : td(rng);
+  for (auto& t : d.targets) t = ud(rng) < f.ignore_fraction ? ignore_index : td(rng);
   d.weight.resize(static_cast<std::size_t>(sh.rows * f.hidden));
   const float ws = 2.0f / std::sqrt(static_cast<float>(f.hidden));
   for (auto& x : d.weight) x = nd(rng) * ws;
@@ -74,9 +72,15 @@ double group_sum(Communicator& g, double v) {
 }
 
 RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring) {
-  CpuDevice dev(parse_bytes(f.device_memory, "--device-memory"));
   VocabLossOptions o = f.options();
-  auto impl = ring ? make_ring_dtp_vocab_loss(dev, g, o) : make_materialized_vocab_loss(dev, g, o);
+  // The device holds only the loss's own buffers (the inputs stay in host vectors).
+  VocabLossShape shape;
+  shape.tokens = gather_token_counts(g, tokens);
+  shape.dims = f.dims();
+  shape.rank = g.rank();
+  const Footprint fp = ring ? ring_dtp_footprint(shape, o, sizeof(float)) : materialized_vocab_footprint(shape, o, sizeof(float));
+  CpuDevice dev(f.device_budget({fp}));
+  auto impl = ring ? make_ring_dtp_vocab_loss(dev, g, f.dims(), o) : make_materialized_vocab_loss(dev, g, f.dims(), o);
   RunResult r;
   r.name = impl->name();
   VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
@@ -93,19 +97,23 @@ RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, 
   std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
   g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
   r.vocab_peak = static_cast<std::uint64_t>(peak);
+  std::int64_t fp_peak = static_cast<std::int64_t>(fp.device_peak(Component::vocab));
+  g.all_reduce(&fp_peak, 1, DType::i64, ReduceOp::max);
+  r.footprint_peak = static_cast<std::uint64_t>(fp_peak);
   r.mode = impl->mode_used();
   r.loss = group_sum(g, ls.loss);
   return r;
 }
 
 nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens) {
-  RankData d = make_rank_data(f, g, tokens);
+  RankData d = make_rank_data(f, g, tokens, VocabLossOptions{}.ignore_index);
   RunResult base = run_one(f, g, d, tokens, false);
   RunResult ring = run_one(f, g, d, tokens, true);
   const double total_tokens = static_cast<double>(tokens) * g.size();
   nlohmann::json runs = nlohmann::json::array();
   for (const RunResult* r : {&base, &ring})
     runs.push_back({{"name", r->name}, {"mode", r->mode}, {"vocab_peak_bytes", r->vocab_peak},
+                    {"footprint_vocab_peak_bytes", r->footprint_peak},
                     {"seconds", r->seconds}, {"tokens_per_second", total_tokens / r->seconds}});
   nlohmann::json j;
   j["tokens_per_rank"] = tokens;
@@ -125,9 +133,9 @@ Command add_bench_vocab(CLI::App& parent) {
   c.app = parent.add_subcommand("vocab", "Ring-DTP vs the materialized vocab-parallel cross-entropy (run under mpirun)");
   f->add_to(*c.app);
   c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
-  c.app->add_option("--device-memory", f->device_memory, "Per-rank device budget")->capture_default_str();
   c.app->add_flag("--sweep", f->sweep, "Also measure at 1/4, 1/2, 2 and 4x the tokens");
   c.run = [f] {
+    f->options();  // refuse bad knobs before any work
     auto world = world_communicator();
     Communicator& g = *world;
     bench::share_cores_among_local_ranks();

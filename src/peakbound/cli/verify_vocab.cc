@@ -3,6 +3,7 @@
 // launched group; exits 1 when any error exceeds the fp32 tolerance 1e-5.
 #include <cstdio>
 #include <memory>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "peakbound/cli/command.h"
@@ -24,13 +25,15 @@ Command add_verify_vocab(CLI::App& parent) {
   f->vocab = 1000;
   f->chunk = 24;
   Command c;
-  c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
-  c.app = parent.add_subcommand("vocab", "Ring-DTP and the materialized baseline vs a naive reference (run under mpirun for P > 1)");
+  c.collective = true;  // every rank of the vocabulary group takes part
+  c.app = parent.add_subcommand("vocab",
+                                "Ring-DTP and the materialized baseline vs a naive reference (run under mpirun for P > 1); "
+                                "small default shapes and chunk of its own, so several chunks and hops are exercised");
   f->add_to(*c.app);
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;
-    VocabLossOptions o = f->options();
+    VocabLossOptions o = f->options();  // refuses bad knobs before the reference is computed
     VocabProblemSpec spec;
     spec.tokens.assign(static_cast<std::size_t>(g.size()), f->tokens);
     spec.hidden = f->hidden;
@@ -40,14 +43,27 @@ Command add_verify_vocab(CLI::App& parent) {
     VocabProblem p = make_vocab_problem(spec, o.ignore_index);
     const float scale = 1.0f;
     VocabReference ref = naive_vocab_reference(p, o, scale);
-    CpuDevice dev(16ull << 30);
+    // The device holds only the losses' own buffers (problem and reference are host
+    // vectors): sized from the footprints of the four runs unless --device-memory says.
+    VocabLossShape shape;
+    shape.tokens = spec.tokens;
+    shape.dims = f->dims();
+    shape.rank = g.rank();
+    std::vector<Footprint> fps = {materialized_vocab_footprint(shape, o, sizeof(float)),
+                                  ring_dtp_footprint(shape, o, sizeof(float))};
+    for (RingMode m : {RingMode::activations, RingMode::weights}) {
+      VocabLossOptions om = o;
+      om.mode = m;
+      fps.push_back(ring_dtp_footprint(shape, om, sizeof(float)));
+    }
+    CpuDevice dev(f->device_budget(fps));
     nlohmann::json runs = nlohmann::json::array();
     bool ok = true;
     for (auto [name, mode] : {std::pair{"materialized", RingMode::automatic}, {"ring_dtp", RingMode::automatic},
                               {"ring_dtp", RingMode::activations}, {"ring_dtp", RingMode::weights}}) {
       VocabLossOptions oo = o;
       if (std::string(name) == "ring_dtp" && f->mode == "auto") oo.mode = mode;
-      auto impl = std::string(name) == "ring_dtp" ? make_ring_dtp_vocab_loss(dev, g, oo) : make_materialized_vocab_loss(dev, g, oo);
+      auto impl = std::string(name) == "ring_dtp" ? make_ring_dtp_vocab_loss(dev, g, f->dims(), oo) : make_materialized_vocab_loss(dev, g, f->dims(), oo);
       VocabCheck chk = check_vocab_loss(*impl, g, p, ref, scale);
       bool pass = chk.count_matches && chk.rel_err_loss < kTolerance && chk.rel_err_dhidden < kTolerance &&
                   chk.rel_err_dweight < kTolerance;

@@ -1,11 +1,19 @@
-// The shape flags shared by `bench vocab` and `verify vocab`.
+// The shape flags shared by `bench vocab` and `verify vocab`. The knobs' defaults are
+// VocabLossOptions{}'s (one home); the shapes are the commands' own explicit sizes.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/core/units.h"
+#include "peakbound/schedules/vocab_footprint.h"
 #include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound::cli {
@@ -14,33 +22,61 @@ struct VocabFlags {
   std::int64_t tokens = 4096;  // per rank
   std::int64_t hidden = 256;
   std::int64_t vocab = 16384;
-  std::int64_t chunk = 256;
-  std::string mode = "auto";
-  float z_loss = 0.0f;
+  std::int64_t chunk = VocabLossOptions{}.chunk;
+  std::string mode = std::string(ring_mode_name(VocabLossOptions{}.mode));
+  float z_loss = VocabLossOptions{}.z_loss;
   double ignore_fraction = 0.0;
   std::uint64_t seed = 1;
+  std::string device_memory = "auto";
   bool json = false;
 
   void add_to(CLI::App& app) {
-    app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-    app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str()->check(CLI::Range(1, 1 << 24));
-    app.add_option("--chunk", chunk, "Ring-DTP token rows per logits block")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+    // CLI11 reads an empty string as 0 for a number (--seed "" was seed 0); refuse it first.
+    const CLI::Validator number(
+        [](std::string& s) { return s.empty() ? std::string("needs a number, not an empty string") : std::string(); }, "",
+        "non-empty");
+    app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(number)->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+    app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 16));
+    app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 24));
+    app.add_option("--chunk", chunk, "Ring-DTP token rows per logits block")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 24));
     app.add_option("--mode", mode, "Ring-DTP mode: auto, activations, weights")->capture_default_str();
-    app.add_option("--z-loss", z_loss, "z-loss coefficient")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    app.add_option("--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    app.add_option("--seed", seed, "Data seed")->capture_default_str();
+    app.add_option("--z-loss", z_loss, "z-loss coefficient (finite, in [0, 1])")->capture_default_str()->check(number)->check(CLI::Range(0.0, 1.0));
+    app.add_option("--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index")->capture_default_str()->check(number)->check(CLI::Range(0.0, 1.0));
+    app.add_option("--seed", seed, "Data seed")->capture_default_str()->check(number);
+    app.add_option("--device-memory", device_memory,
+                   "Per-rank device budget; auto: room for every buffer one step allocates, from the footprints")
+        ->capture_default_str();
     app.add_flag("--json", json, "Print one JSON object");
   }
 
+  VocabDims dims() const { return VocabDims{vocab, hidden}; }
+
   VocabLossOptions options() const {
+    // NaN passes CLI::Range (every comparison with it is false).
+    if (!std::isfinite(z_loss)) throw InvalidArgument("--z-loss must be a finite number in [0, 1] (got " + std::to_string(z_loss) + ")");
     VocabLossOptions o;
-    o.vocab = vocab;
-    o.hidden = hidden;
     o.chunk = chunk;
     o.z_loss = z_loss;
-    o.mode = parse_ring_mode(mode);
+    try {
+      o.mode = parse_ring_mode(mode);
+    } catch (const InvalidArgument&) {
+      throw InvalidArgument("--mode '" + mode + "' is not auto, activations or weights");
+    }
+    validate(o);
     return o;
+  }
+
+  // The device budget for runs with these footprints: --device-memory, or room for every
+  // buffer of one step of the largest (its forward and backward phases' totals, the
+  // saved state counted twice), so best-fit placement never runs short however it
+  // fragments; at least 1 MiB.
+  std::uint64_t device_budget(const std::vector<Footprint>& fps) const {
+    if (device_memory != "auto") return parse_bytes(device_memory, "--device-memory");
+    std::uint64_t need = 0;
+    for (const Footprint& f : fps)
+      need = std::max(need, checked_add(f.phase("forward").device_total(), f.phase("backward").device_total(),
+                                        "the vocab device budget"));
+    return std::max<std::uint64_t>(need, std::uint64_t{1} << 20);
   }
 };
 

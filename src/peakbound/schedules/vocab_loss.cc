@@ -1,5 +1,6 @@
 #include "peakbound/schedules/vocab_loss.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,22 @@ RingMode parse_ring_mode(std::string_view s) {
   if (s == "auto") return RingMode::automatic;
   if (s == "activations") return RingMode::activations;
   if (s == "weights") return RingMode::weights;
-  throw InvalidArgument("--mode: '" + std::string(s) + "' is not auto, activations or weights");
+  throw InvalidArgument("vocab loss mode '" + std::string(s) + "' is not auto, activations or weights");
+}
+
+void validate(const VocabLossOptions& o) {
+  if (o.chunk < 1) throw InvalidArgument("vocab loss chunk must be positive (got " + std::to_string(o.chunk) + ")");
+  if (!std::isfinite(o.z_loss) || o.z_loss < 0.0f)
+    throw InvalidArgument("vocab loss z_loss must be finite and non-negative (got " + std::to_string(o.z_loss) + ")");
+  if (o.mode != RingMode::automatic && o.mode != RingMode::activations && o.mode != RingMode::weights)
+    throw InvalidArgument("vocab loss mode " + std::to_string(static_cast<int>(o.mode)) + " is not auto, activations or weights");
+}
+
+void validate(const VocabDims& d) {
+  if (d.vocab < 1) throw InvalidArgument("vocab loss vocab must be positive (got " + std::to_string(d.vocab) + ")");
+  if (d.hidden < 1) throw InvalidArgument("vocab loss hidden must be positive (got " + std::to_string(d.hidden) + ")");
+  if (d.vocab > std::int64_t{1} << 31)
+    throw InvalidArgument("vocab loss vocab " + std::to_string(d.vocab) + " does not fit the int32 targets");
 }
 
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens) {
@@ -37,12 +53,12 @@ std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t 
   return counts;
 }
 
-void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens,
+void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens, std::int64_t vocab,
                    const VocabLossOptions& o) {
   std::int64_t bad = -1;
   for (std::int64_t i = 0; i < tokens; ++i) {
     std::int32_t t = targets[i];
-    if (t != o.ignore_index && (t < 0 || t >= o.vocab)) {
+    if (t != o.ignore_index && (t < 0 || t >= vocab)) {
       bad = i;
       break;
     }
@@ -52,7 +68,7 @@ void check_targets(Communicator& group, const std::int32_t* targets, std::int64_
   if (bad >= 0)
     throw InvalidArgument("target " + std::to_string(targets[bad]) + " of token " + std::to_string(bad) +
                           " on rank " + std::to_string(group.rank()) + " is outside the vocabulary [0, " +
-                          std::to_string(o.vocab) + ") and is not ignore_index " + std::to_string(o.ignore_index));
+                          std::to_string(vocab) + ") and is not ignore_index " + std::to_string(o.ignore_index));
   if (any) throw InvalidArgument("a target on another rank of the vocabulary group is outside the vocabulary");
 }
 

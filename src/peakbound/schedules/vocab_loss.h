@@ -7,13 +7,15 @@
 //   materialized  Megatron-style vocab-parallel cross-entropy (the baseline)
 //   ring_dtp      Ring-DTP: the smaller of activations and weight shards circulates,
 //                 logits exist only as [chunk, V/P] blocks folded into an online LSE
-// All scratch memory comes from the device Arena under Component::vocab.
+// All scratch memory comes from the device Arena under Component::vocab, allocated
+// from the BufferSpecs of vocab_footprint.h (the same functions the planner calls).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/device/device.h"
@@ -29,16 +31,28 @@ VocabShard vocab_shard(std::int64_t vocab, int ranks, int rank);
 
 enum class RingMode : std::uint8_t { automatic, activations, weights };
 std::string_view ring_mode_name(RingMode m);
-RingMode parse_ring_mode(std::string_view s);  // auto | activations | weights
+// auto | activations | weights; InvalidArgument naming the option otherwise.
+RingMode parse_ring_mode(std::string_view s);
 
-struct VocabLossOptions {
-  std::int64_t vocab = 0;   // global vocabulary size V
-  std::int64_t hidden = 0;  // H
-  std::int64_t chunk = 256; // Ring-DTP: token rows per logits block
-  float z_loss = 0.0f;      // coefficient of z * lse^2
-  std::int32_t ignore_index = -100;
-  RingMode mode = RingMode::automatic;
+// The head's dimensions: global vocabulary V and hidden size H.
+struct VocabDims {
+  std::int64_t vocab = 0;
+  std::int64_t hidden = 0;
 };
+
+// Every knob of the vocabulary loss, with its one default (the CLI flags and the
+// planner read these defaults; a change of default is one line here).
+struct VocabLossOptions {
+  std::int64_t chunk = 256;          // Ring-DTP: token rows per [chunk, V/P] logits block
+  float z_loss = 0.0f;               // coefficient of z * lse^2; finite, >= 0
+  std::int32_t ignore_index = -100;  // targets equal to it contribute nothing
+  RingMode mode = RingMode::automatic;  // Ring-DTP: what circulates
+};
+
+// InvalidArgument naming the option ("vocab loss chunk must be positive") when a knob
+// is out of range; make_*_vocab_loss and the footprint functions call it.
+void validate(const VocabLossOptions& o);
+void validate(const VocabDims& d);
 
 struct LossSum {
   double loss = 0;         // summed over this rank's valid tokens
@@ -59,15 +73,15 @@ class VocabLoss {
   virtual std::string mode_used() const { return ""; }
 };
 
-std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group,
+std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,
                                                         const VocabLossOptions& o);
-std::unique_ptr<VocabLoss> make_ring_dtp_vocab_loss(Device& dev, Communicator& group,
+std::unique_ptr<VocabLoss> make_ring_dtp_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,
                                                     const VocabLossOptions& o);
 
 // Shared by both: every rank's token count (collective), and a check that every target
 // is in [0, V) or ignore_index, agreed on by all ranks so none is left waiting.
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens);
-void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens,
+void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens, std::int64_t vocab,
                    const VocabLossOptions& o);
 
 }  // namespace peakbound

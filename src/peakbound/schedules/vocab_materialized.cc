@@ -1,95 +1,97 @@
 // The baseline: Megatron-style vocab-parallel cross-entropy. Every rank gathers the
 // group's hidden states, materializes fp32 logits [sum T, V/P] against its shard,
 // all-reduces the row max, the sum of exponentials and the target logit, keeps the
-// logits for backward, and there turns them into their gradient in place.
+// logits for backward, and there turns them into their gradient in place. Every
+// buffer comes from materialized_vocab_buffers (vocab_footprint.h).
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <numeric>
 #include <vector>
 
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/cross_entropy.h"
-#include "peakbound/kernels/cpu/elementwise.h"
-#include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/ops/cross_entropy.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/ops/vocab_rows.h"
+#include "peakbound/schedules/vocab_footprint.h"
 #include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound {
 
 namespace {
 
+constexpr std::uint64_t kElemBytes = sizeof(float);  // the runtime's data is f32
+
 class MaterializedVocabLoss final : public VocabLoss {
  public:
-  MaterializedVocabLoss(Device& dev, Communicator& g, const VocabLossOptions& o)
-      : dev_(dev), g_(g), o_(o), shard_(vocab_shard(o.vocab, g.size(), g.rank())) {}
+  MaterializedVocabLoss(Device& dev, Communicator& g, const VocabDims& d, const VocabLossOptions& o)
+      : dev_(dev), s_(dev.compute_stream()), g_(g), d_(d), o_(o), shard_(vocab_shard(d.vocab, g.size(), g.rank())) {}
 
   std::string name() const override { return "materialized"; }
 
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
-    check_targets(g_, targets, tokens, o_);
+    check_targets(g_, targets, tokens, d_.vocab, o_);
     hidden_tokens_ = tokens;
     weight_ = weight;
-    counts_ = gather_token_counts(g_, tokens);
+    VocabLossShape shape;
+    shape.tokens = gather_token_counts(g_, tokens);
+    shape.dims = d_;
+    shape.rank = g_.rank();
+    counts_ = shape.tokens;
+    b_ = materialized_vocab_buffers(shape, o_, kElemBytes);
     const std::size_t P = counts_.size();
     offsets_.assign(P, 0);
     for (std::size_t i = 1; i < P; ++i) offsets_[i] = offsets_[i - 1] + counts_[i - 1];
     N_ = offsets_[P - 1] + counts_[P - 1];
-    const std::int64_t H = o_.hidden, rows = shard_.rows;
+    const std::int64_t H = d_.hidden, rows = shard_.rows;
 
     // Gather hidden states and targets of the whole group (the same block to every rank).
-    hg_ = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_ * H) * 4);
-    tg_ = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_) * 4);
+    hg_ = alloc(b_.hidden_all);
+    tg_ = alloc(b_.targets_all);
     gather(hidden, hg_.as<float>(), H, DType::f32);
     gather(targets, tg_.as<std::int32_t>(), 1, DType::i32);
 
-    logits_ = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_ * rows) * 4);
-    cpu::gemm_f32(false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
+    logits_ = alloc(b_.logits);
+    ops::gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
 
     // Row statistics over the whole vocabulary: max, then sum of exp, then target logit.
-    lse_ = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_) * 4);
-    Buffer sum = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_) * 4);
-    Buffer tgt = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_) * 4);
+    lse_ = alloc(b_.lse);
+    Buffer sum = alloc(b_.row_sum);
+    Buffer tgt = alloc(b_.target_logit);
     float* mx = lse_.as<float>();
     float* sm = sum.as<float>();
     float* tl = tgt.as<float>();
     const float* L = logits_.as<float>();
-    for (std::int64_t i = 0; i < N_; ++i) {
-      float m = -std::numeric_limits<float>::infinity();
-      for (std::int64_t j = 0; j < rows; ++j) m = std::max(m, L[i * rows + j]);
-      mx[i] = m;
-      tl[i] = 0.0f;
-    }
+    ops::vocab_row_max(dev_, s_, L, N_, rows, rows, mx);
+    ops::fill(dev_, s_, tl, N_, 0.0f);
+    dev_.synchronize(s_);  // the collectives read what the compute stream wrote
     g_.all_reduce(mx, static_cast<std::size_t>(N_), DType::f32, ReduceOp::max);
-    for (std::int64_t i = 0; i < N_; ++i) {
-      float s = 0.0f;
-      for (std::int64_t j = 0; j < rows; ++j) s += std::exp(L[i * rows + j] - mx[i]);
-      sm[i] = s;
-    }
-    cpu::gather_target_logit(L, N_, rows, rows, tg_.as<std::int32_t>(), shard_.offset, tl);
+    ops::vocab_row_sum_exp(dev_, s_, L, N_, rows, rows, mx, sm);
+    ops::gather_target_logit(dev_, s_, L, N_, rows, rows, tg_.as<std::int32_t>(), shard_.offset, tl);
+    dev_.synchronize(s_);
     g_.all_reduce(sm, static_cast<std::size_t>(N_), DType::f32, ReduceOp::sum);
     g_.all_reduce(tl, static_cast<std::size_t>(N_), DType::f32, ReduceOp::sum);
-    // lse overwrites the max in place; the loss covers this rank's own rows.
-    std::vector<float> own_lse(static_cast<std::size_t>(tokens));
-    std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
+    // The max becomes the lse in place: this rank's rows as their loss is summed, the
+    // other ranks' rows after (both max + log(sum), the same float arithmetic).
+    const std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
     LossSum out;
-    out.loss = cpu::cross_entropy_finish(mx + off, sm + off, tl + off, tg_.as<std::int32_t>() + off, tokens,
-                                         o_.ignore_index, o_.z_loss, own_lse.data(), &out.count);
-    for (std::int64_t i = 0; i < N_; ++i) mx[i] = mx[i] + std::log(sm[i]);
+    out.loss = ops::cross_entropy_finish(dev_, s_, mx + off, sm + off, tl + off, tg_.as<std::int32_t>() + off, tokens,
+                                         o_.ignore_index, o_.z_loss, mx + off, &out.count);
+    ops::vocab_lse_finalize(dev_, s_, mx, sm, off);
+    ops::vocab_lse_finalize(dev_, s_, mx + off + tokens, sm + off + tokens, N_ - off - tokens);
     return out;
   }
 
   void backward(float scale, float* d_hidden, float* d_weight) override {
     PB_CHECK_MSG(!logits_.empty() || N_ == 0 || shard_.rows == 0, "backward before forward");
-    const std::int64_t H = o_.hidden, rows = shard_.rows;
+    const std::int64_t H = d_.hidden, rows = shard_.rows;
     float* G = logits_.as<float>();
-    cpu::cross_entropy_grad(G, N_, rows, rows, lse_.as<float>(), tg_.as<std::int32_t>(), shard_.offset,
+    ops::cross_entropy_grad(dev_, s_, G, N_, rows, rows, lse_.as<float>(), tg_.as<std::int32_t>(), shard_.offset,
                             o_.ignore_index, o_.z_loss, scale);
     // dW (this shard) += G^T Hg; dHg = G W, partial over the vocabulary shards.
-    cpu::gemm_f32(true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
-    Buffer dhg = dev_.allocate(Component::vocab, static_cast<std::uint64_t>(N_ * H) * 4);
-    cpu::gemm_f32(false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
+    ops::gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
+    Buffer dhg = alloc(b_.d_hidden_all);
+    ops::gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
+    dev_.synchronize(s_);
     logits_.reset();
     bool uniform = std::all_of(counts_.begin(), counts_.end(), [&](std::int64_t c) { return c == counts_[0]; });
     if (uniform) {
@@ -99,8 +101,9 @@ class MaterializedVocabLoss final : public VocabLoss {
       // Uneven token counts: MPI's reduce-scatter-block needs equal blocks.
       g_.all_reduce(dhg.as<float>(), static_cast<std::size_t>(N_ * H), DType::f32, ReduceOp::sum);
       std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
-      if (hidden_tokens_ > 0)
-        std::memcpy(d_hidden, dhg.as<float>() + off * H, static_cast<std::size_t>(hidden_tokens_ * H) * 4);
+      dev_.memcpy_async(d_hidden, dhg.as<float>() + off * H, static_cast<std::uint64_t>(hidden_tokens_ * H) * sizeof(float),
+                        CopyKind::device_to_device, s_);
+      dev_.synchronize(s_);  // dhg is released below
     }
     hg_.reset();
     tg_.reset();
@@ -108,6 +111,8 @@ class MaterializedVocabLoss final : public VocabLoss {
   }
 
  private:
+  Buffer alloc(const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); }
+
   template <typename T>
   void gather(const T* mine, T* all, std::int64_t width, DType t) {
     const std::size_t P = counts_.size();
@@ -121,9 +126,12 @@ class MaterializedVocabLoss final : public VocabLoss {
   }
 
   Device& dev_;
+  Stream& s_;
   Communicator& g_;
+  VocabDims d_;
   VocabLossOptions o_;
   VocabShard shard_;
+  MaterializedVocabBuffers b_;
   const float* weight_ = nullptr;
   std::int64_t hidden_tokens_ = 0, N_ = 0;
   std::vector<std::int64_t> counts_, offsets_;
@@ -132,10 +140,11 @@ class MaterializedVocabLoss final : public VocabLoss {
 
 }  // namespace
 
-std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group,
+std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,
                                                         const VocabLossOptions& o) {
-  if (o.vocab < 1 || o.hidden < 1) throw InvalidArgument("vocab loss: vocabulary and hidden size must be positive");
-  return std::make_unique<MaterializedVocabLoss>(dev, group, o);
+  validate(d);
+  validate(o);
+  return std::make_unique<MaterializedVocabLoss>(dev, group, d, o);
 }
 
 }  // namespace peakbound

@@ -83,7 +83,7 @@ VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptio
 }
 
 VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref,
-                            float scale) {
+                            float scale, const std::function<void()>& between) {
   const int r = g.rank();
   const std::int64_t H = p.spec.hidden, T = p.spec.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
   VocabShard sh = vocab_shard(p.spec.vocab, g.size(), r);
@@ -92,6 +92,7 @@ VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem
   const float* weight = p.weight.data() + sh.offset * H;
   std::vector<float> dh(static_cast<std::size_t>(T * H), -1.0f), dw(static_cast<std::size_t>(sh.rows * H), 0.0f);
   LossSum ls = impl.forward(hidden, targets, T, weight);
+  if (between) between();
   impl.backward(scale, dh.data(), dw.data());
 
   // The group's loss in double precision: gather each rank's (loss, count) as bytes,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "peakbound/schedules/vocab_loss.h"
@@ -38,7 +39,8 @@ struct VocabReference {
 };
 VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptions& o, float scale);
 
-// One forward + backward of `impl` on this rank's slice, compared with the reference.
+// One forward + backward of `impl` on this rank's slice, compared with the reference;
+// `between` (if set) runs after forward and before backward (tests measure there).
 struct VocabCheck {
   double rel_err_loss = 0;     // of the group's summed loss
   double rel_err_dhidden = 0;  // max over ranks, max|a-ref|/max|ref| over the tensor
@@ -47,6 +49,6 @@ struct VocabCheck {
   bool count_matches = false;
 };
 VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& group, const VocabProblem& p,
-                            const VocabReference& ref, float scale);
+                            const VocabReference& ref, float scale, const std::function<void()>& between = {});
 
 }  // namespace peakbound

@@ -1,0 +1,88 @@
+// The memory of the vocabulary loss as pure functions of its shapes and options: what
+// each implementation allocates (BufferSpecs, all Component::vocab) and what is live
+// together in each phase. The runtimes allocate every buffer from these specs, the
+// planner composes the same footprints at model scale, and the tests check that the
+// Arena's measured peaks equal them.
+//
+// Element sizes: `elem_bytes` is the size of the [*, H] tensors (hidden states, weight
+// shards and their gradients: 4 for the f32 runtime, 2 to predict a bf16 run). Logits
+// blocks and per-token statistics (max, sum, target logit, lse) are fp32 whatever
+// elem_bytes is (the online log-sum-exp needs it), targets are int32.
+//
+// Phases (names as in the Footprint):
+//   forward   everything live at the end of forward (the forward peak)
+//   saved     what forward leaves allocated for backward
+//   backward  saved + backward's scratch (the backward peak)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "peakbound/core/footprint.h"
+#include "peakbound/schedules/vocab_loss.h"
+
+namespace peakbound {
+
+// What one rank's vocabulary loss runs on: every rank's token count (P = tokens.size(),
+// uneven counts and zero are fine), the head's dimensions and this rank.
+struct VocabLossShape {
+  std::vector<std::int64_t> tokens;
+  VocabDims dims;
+  int rank = 0;
+
+  // Every rank with the same token count (the planner's case).
+  static VocabLossShape uniform(std::int64_t tokens_per_rank, const VocabDims& dims, int ranks, int rank = 0);
+  int ranks() const { return static_cast<int>(tokens.size()); }
+  std::int64_t own_tokens() const;
+  std::int64_t max_tokens() const;
+  std::int64_t total_tokens() const;
+};
+
+// ---- materialized (Megatron vocab-parallel cross-entropy) --------------------------
+struct MaterializedVocabBuffers {
+  // Allocated in forward and held until backward ends.
+  BufferSpec hidden_all;    // [N, H] the group's hidden states (N = every rank's tokens)
+  BufferSpec targets_all;   // [N] int32
+  BufferSpec logits;        // [N, V/P] fp32; turned into its gradient in place
+  BufferSpec lse;           // [N] fp32: row max, then log-sum-exp
+  // Forward only.
+  BufferSpec row_sum;       // [N] fp32
+  BufferSpec target_logit;  // [N] fp32
+  // Backward only.
+  BufferSpec d_hidden_all;  // [N, H] partial dHidden of the whole group
+};
+MaterializedVocabBuffers materialized_vocab_buffers(const VocabLossShape& s, const VocabLossOptions& o,
+                                                    std::uint64_t elem_bytes);
+Footprint materialized_vocab_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+
+// ---- Ring-DTP -----------------------------------------------------------------------
+// The mode a shape runs: o.mode, or for auto the smaller travelling set (token blocks
+// when the largest rank's tokens are fewer than the largest shard's rows, else weights).
+RingMode ring_dtp_mode(const VocabLossShape& s, const VocabLossOptions& o);
+
+struct RingDtpBuffers {
+  RingMode mode = RingMode::weights;  // resolved, never automatic
+  BufferSpec lse;                     // [T] fp32, forward -> backward
+  // Forward.
+  BufferSpec fwd_block;  // [min(chunk, T), rows_max] (weights) or [min(chunk, Tmax), rows] (activations) fp32
+  BufferSpec fwd_stats;  // running max/sum/target logit: [3T] (weights) or [3 Tmax] (activations) fp32
+  // One hop's travelling set; the runtime holds each twice (double buffering). Empty
+  // at P = 1. weights: {W shard [rows_max, H]}; activations: {hidden [Tmax, H],
+  // targets [Tmax], stats [3 Tmax]}.
+  std::vector<BufferSpec> fwd_lanes;
+  // Backward.
+  BufferSpec bwd_block;    // as fwd_block
+  BufferSpec bwd_partial;  // this rank's dW [rows_max, H] / dX [Tmax, H] before it joins the travelling sum (P > 1)
+  // weights: {W shard, dW accumulator [rows_max, H]}; activations: {hidden, targets,
+  // lse [Tmax], dX accumulator [Tmax, H]}. Each held twice.
+  std::vector<BufferSpec> bwd_lanes;
+
+  // Lane indices.
+  static constexpr int kWeight = 0, kWeightGrad = 1;                         // weights mode
+  static constexpr int kHidden = 0, kTargets = 1, kStats = 2, kLse = 2, kHiddenGrad = 3;  // activations mode
+};
+RingDtpBuffers ring_dtp_buffers(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+// Ring-DTP in the mode ring_dtp_mode() picks for o.mode (force one by setting o.mode).
+Footprint ring_dtp_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+
+}  // namespace peakbound

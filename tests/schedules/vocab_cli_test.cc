@@ -1,0 +1,70 @@
+// `peakbound verify vocab` and `bench vocab` as a user runs them: knobs refused with a
+// one-line error before any work (issue 17: a NaN z-loss used to surface later as a
+// numerical MISMATCH; an empty number used to read as 0), and a device budget sized from
+// the footprints, so tiny shapes run under a small address-space limit (they used to
+// reserve a fixed 16 GiB).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/cli/run_cli.h"
+
+namespace {
+
+using peakbound::testing::CliRun;
+using peakbound::testing::expect_one_line_error;
+CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
+
+// The same run under `ulimit -v` (KiB of address space).
+CliRun run_limited(const std::string& args, long kib) {
+  const std::string base = ::testing::TempDir() + "/pb_vocab_cli_" + std::to_string(::getpid());
+  const std::string cmd = "ulimit -v " + std::to_string(kib) + "; " + std::string(PEAKBOUND_CLI_PATH) + " " + args +
+                          " >" + base + ".out 2>" + base + ".err";
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = peakbound::testing::slurp(base + ".out");
+  r.err = peakbound::testing::slurp(base + ".err");
+  return r;
+}
+
+TEST(VocabCli, NonFiniteZLossIsRefused) {
+  for (const char* cmd : {"verify vocab", "bench vocab --reps 1"}) {
+    expect_one_line_error(run(std::string(cmd) + " --tokens 8 --vocab 50 --z-loss nan"), "--z-loss");
+    expect_one_line_error(run(std::string(cmd) + " --tokens 8 --vocab 50 --z-loss inf"), "--z-loss");
+    expect_one_line_error(run(std::string(cmd) + " --tokens 8 --vocab 50 --z-loss -inf"), "--z-loss");
+  }
+  CliRun r = run("verify vocab --z-loss nan");
+  EXPECT_EQ(r.out, "") << "refused before any run";
+}
+
+TEST(VocabCli, EmptyNumbersAreRefused) {
+  for (const char* flag : {"--chunk", "--tokens", "--hidden", "--vocab", "--z-loss", "--ignore-fraction", "--seed"}) {
+    expect_one_line_error(run(std::string("verify vocab ") + flag + " \"\""), flag);
+    expect_one_line_error(run(std::string("bench vocab --reps 1 ") + flag + " \"\""), flag);
+  }
+}
+
+TEST(VocabCli, BadModeNamesTheFlag) { expect_one_line_error(run("verify vocab --mode sideways"), "--mode 'sideways'"); }
+
+TEST(VocabCli, TinyShapesRunUnderASmallAddressSpace) {
+  CliRun v = run_limited("verify vocab --tokens 20 --vocab 77 --chunk 6 --z-loss 0.001", 2L << 20);
+  EXPECT_EQ(v.code, 0) << v.out << v.err;
+  EXPECT_NE(v.out.find("verify vocab: pass"), std::string::npos) << v.out;
+  CliRun b = run_limited("bench vocab --tokens 64 --vocab 256 --hidden 16 --reps 1 --json", 2L << 20);
+  ASSERT_EQ(b.code, 0) << b.out << b.err;
+  const auto j = nlohmann::json::parse(b.out);
+  ASSERT_EQ(j["runs"].size(), 2u);
+  for (const auto& run : j["runs"])  // the measured peak is the footprint's
+    EXPECT_EQ(run["vocab_peak_bytes"], run["footprint_vocab_peak_bytes"]) << run.dump();
+}
+
+TEST(VocabCli, DeviceMemoryCanBeSetAndBinds) {
+  CliRun ok = run("verify vocab --tokens 20 --vocab 77 --device-memory 64MiB");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  expect_one_line_error(run("verify vocab --tokens 20 --vocab 77 --device-memory 4KiB"), "vocab");
+  expect_one_line_error(run("bench vocab --device-memory 12parsecs"), "--device-memory");
+}
+
+}  // namespace

@@ -1,0 +1,156 @@
+// The vocabulary loss's footprints as pure functions: phases, what each holds, element
+// sizes, the automatic mode, and errors that name the option. (Measured == footprint
+// against the Arena is vocab_footprint_mpi_test.cc.)
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/schedules/vocab_footprint.h"
+
+namespace peakbound {
+namespace {
+
+std::uint64_t R(std::uint64_t bytes) { return arena_reserved(bytes); }
+std::uint64_t vocab_in(const Footprint& f, const char* phase) {
+  return f.phase(phase).device[static_cast<std::size_t>(Component::vocab)];
+}
+
+template <typename F>
+void expect_error(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one with '" << needle << "'";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(VocabFootprint, RingWeightsBackwardHoldsFiveShardBuffers) {
+  // P = 4, V = 1000 (250 rows each), H = 64, T = 512 per rank, chunk 256: weights mode.
+  const auto s = VocabLossShape::uniform(512, {1000, 64}, 4, 1);
+  VocabLossOptions o;
+  EXPECT_EQ(ring_dtp_mode(s, o), RingMode::weights);
+  const Footprint f = ring_dtp_footprint(s, o, 4);
+  const std::uint64_t shard = R(250 * 64 * 4), block = R(256 * 250 * 4), lse = R(512 * 4);
+  EXPECT_EQ(vocab_in(f, "forward"), lse + R(3 * 512 * 4) + block + 2 * shard);  // two travelling shards
+  EXPECT_EQ(vocab_in(f, "saved"), lse);
+  // The shard double-buffered, the dW accumulator double-buffered, and our partial dW.
+  EXPECT_EQ(vocab_in(f, "backward"), lse + block + 5 * shard);
+  EXPECT_EQ(f.device_peak(Component::vocab), vocab_in(f, "backward"));
+}
+
+TEST(VocabFootprint, RingActivationsTravellingSets) {
+  // Few tokens, big shards: activations. Uneven: this rank 10 tokens, the largest 30.
+  VocabLossShape s;
+  s.tokens = {10, 30, 0};
+  s.dims = {30000, 16};
+  s.rank = 0;
+  VocabLossOptions o;
+  o.chunk = 8;
+  EXPECT_EQ(ring_dtp_mode(s, o), RingMode::activations);
+  const RingDtpBuffers b = ring_dtp_buffers(s, o, 4);
+  ASSERT_EQ(b.fwd_lanes.size(), 3u);
+  ASSERT_EQ(b.bwd_lanes.size(), 4u);
+  EXPECT_EQ(b.fwd_block.bytes, 8u * 10000 * 4);  // [min(chunk, Tmax), own rows]
+  EXPECT_EQ(b.fwd_lanes[RingDtpBuffers::kHidden].bytes, 30u * 16 * 4);
+  EXPECT_EQ(b.fwd_lanes[RingDtpBuffers::kTargets].bytes, 30u * 4);
+  EXPECT_EQ(b.fwd_lanes[RingDtpBuffers::kStats].bytes, 3u * 30 * 4);
+  EXPECT_EQ(b.bwd_lanes[RingDtpBuffers::kLse].bytes, 30u * 4);
+  EXPECT_EQ(b.bwd_lanes[RingDtpBuffers::kHiddenGrad].bytes, 30u * 16 * 4);
+  EXPECT_EQ(b.lse.bytes, 10u * 4);  // own tokens only
+  const Footprint f = ring_dtp_footprint(s, o, 4);
+  std::uint64_t bwd = R(b.lse.bytes) + R(b.bwd_block.bytes) + R(b.bwd_partial.bytes);
+  for (const BufferSpec& l : b.bwd_lanes) bwd += 2 * R(l.bytes);
+  EXPECT_EQ(vocab_in(f, "backward"), bwd);
+}
+
+TEST(VocabFootprint, SingleRankHasNoTravellingBuffers) {
+  const auto s = VocabLossShape::uniform(100, {5000, 32}, 1);
+  for (RingMode m : {RingMode::activations, RingMode::weights}) {
+    VocabLossOptions o;
+    o.mode = m;
+    const RingDtpBuffers b = ring_dtp_buffers(s, o, 4);
+    EXPECT_TRUE(b.fwd_lanes.empty());
+    EXPECT_TRUE(b.bwd_lanes.empty());
+    EXPECT_EQ(b.bwd_partial.bytes, 0u);
+  }
+}
+
+TEST(VocabFootprint, MaterializedHoldsTheGroupsLogits) {
+  VocabLossShape s;
+  s.tokens = {100, 50};
+  s.dims = {1001, 8};
+  s.rank = 1;  // rows 500
+  const Footprint f = materialized_vocab_footprint(s, {}, 4);
+  const std::uint64_t saved = R(150 * 8 * 4) + R(150 * 4) + R(150 * 500 * 4) + R(150 * 4);
+  EXPECT_EQ(vocab_in(f, "saved"), saved);
+  EXPECT_EQ(vocab_in(f, "forward"), saved + 2 * R(150 * 4));
+  EXPECT_EQ(vocab_in(f, "backward"), saved + R(150 * 8 * 4));
+}
+
+TEST(VocabFootprint, ElemBytesScaleOnlyTheHiddenWideTensors) {
+  const auto s = VocabLossShape::uniform(4096, {129280, 7168}, 8);
+  VocabLossOptions o;
+  const RingDtpBuffers f32 = ring_dtp_buffers(s, o, 4), bf16 = ring_dtp_buffers(s, o, 2);
+  EXPECT_EQ(bf16.bwd_lanes[0].bytes * 2, f32.bwd_lanes[0].bytes);
+  EXPECT_EQ(bf16.bwd_block.bytes, f32.bwd_block.bytes);  // logits blocks stay fp32
+  EXPECT_EQ(bf16.lse.bytes, f32.lse.bytes);
+  const MaterializedVocabBuffers m32 = materialized_vocab_buffers(s, o, 4), m16 = materialized_vocab_buffers(s, o, 2);
+  EXPECT_EQ(m16.hidden_all.bytes * 2, m32.hidden_all.bytes);
+  EXPECT_EQ(m16.logits.bytes, m32.logits.bytes);
+}
+
+TEST(VocabFootprint, RingPeakHasNoTokensTimesVocabTerm) {
+  VocabLossOptions o;
+  o.mode = RingMode::weights;
+  const VocabDims d{129280, 7168};
+  const Footprint a = ring_dtp_footprint(VocabLossShape::uniform(8192, d, 8), o, 2);
+  const Footprint b = ring_dtp_footprint(VocabLossShape::uniform(8 * 8192, d, 8), o, 2);
+  // Only per-token fp32 state grows: lse and the running max/sum/target (16 bytes/token).
+  EXPECT_LE(b.device_peak(Component::vocab) - a.device_peak(Component::vocab), 16u * 7 * 8192 + 2 * 256);
+  // The baseline holds [8 x 65536, V/8] fp32 logits there: over 30 GB against ~1.2 GB.
+  const Footprint mb = materialized_vocab_footprint(VocabLossShape::uniform(8 * 8192, d, 8), o, 2);
+  EXPECT_GT(mb.device_peak(Component::vocab), 20 * b.device_peak(Component::vocab));
+}
+
+TEST(VocabFootprint, AutoPicksTheSmallerTravellingSet) {
+  VocabLossOptions o;
+  EXPECT_EQ(ring_dtp_mode(VocabLossShape::uniform(99, {400, 8}, 4), o), RingMode::activations);  // 99 < 100 rows
+  EXPECT_EQ(ring_dtp_mode(VocabLossShape::uniform(100, {400, 8}, 4), o), RingMode::weights);
+  o.mode = RingMode::activations;
+  EXPECT_EQ(ring_dtp_mode(VocabLossShape::uniform(100000, {400, 8}, 4), o), RingMode::activations);
+}
+
+TEST(VocabFootprint, ErrorsNameTheOption) {
+  const auto s = VocabLossShape::uniform(10, {100, 8}, 2);
+  VocabLossOptions o;
+  o.chunk = 0;
+  expect_error([&] { ring_dtp_footprint(s, o, 4); }, "vocab loss chunk must be positive");
+  o = {};
+  o.z_loss = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { ring_dtp_footprint(s, o, 4); }, "vocab loss z_loss must be finite");
+  o.z_loss = std::numeric_limits<float>::infinity();
+  expect_error([&] { materialized_vocab_footprint(s, o, 4); }, "vocab loss z_loss must be finite");
+  o.z_loss = -0.1f;
+  expect_error([&] { validate(o); }, "vocab loss z_loss");
+  expect_error([] { parse_ring_mode("x"); }, "vocab loss mode 'x' is not auto, activations or weights");
+  expect_error([&] { ring_dtp_footprint(VocabLossShape::uniform(10, {0, 8}, 2), {}, 4); }, "vocab loss vocab must be positive");
+  expect_error([&] { ring_dtp_footprint(VocabLossShape::uniform(-1, {100, 8}, 2), {}, 4); }, "token count");
+  expect_error([&] { ring_dtp_footprint(VocabLossShape::uniform(10, {100, 8}, 2, 2), {}, 4); }, "rank 2");
+  // A shape whose buffers do not fit 64 bits is an error, not a wrapped size.
+  expect_error([&] { materialized_vocab_footprint(VocabLossShape::uniform(std::int64_t{1} << 50, {1 << 20, 1 << 16}, 2), {}, 4); },
+               "overflows 64 bits");
+}
+
+TEST(VocabFootprint, DefaultsLiveInTheOptions) {
+  const VocabLossOptions o;
+  EXPECT_EQ(o.chunk, 256);
+  EXPECT_EQ(o.z_loss, 0.0f);
+  EXPECT_EQ(o.ignore_index, -100);
+  EXPECT_EQ(o.mode, RingMode::automatic);
+}
+
+}  // namespace
+}  // namespace peakbound
