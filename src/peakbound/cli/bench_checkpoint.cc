@@ -249,7 +249,8 @@ Command add_bench_checkpoint(CLI::App& parent) {
   a->add_option("--checkpoint-budget", f->checkpoint_budget, "SCO policy: device bytes for boundaries (0 = offload all but the ring)")
       ->capture_default_str();
   a->add_option("--link-gbps", f->link_gbps,
-                "Emulate a host link of this many GB/s (1e9 bytes/s, at least 0.001) on the copy engine; 0 = off")
+                "Emulate a host link of this many GB/s (1e9 bytes/s, at least " +
+                    CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) + ") on the copy engine; 0 = off")
       ->capture_default_str();
   a->add_option("--device-memory", f->device_memory,
                 "Device memory budget of each run (> 0); omit for automatic (fits the resident baseline)");

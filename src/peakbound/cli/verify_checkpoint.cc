@@ -104,7 +104,8 @@ Command add_verify_checkpoint(CLI::App& parent) {
   c.app->add_option("--tokens", f->tokens, "Tokens per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   c.app->add_option("--hidden", f->hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 14));
   c.app->add_option("--ffn", f->ffn, "MLP intermediate size; 0 = 8/3 hidden rounded up to 64")->capture_default_str()->check(CLI::Range(0, 1 << 16));
-  c.app->add_option("--link-gbps", f->link_gbps, "Emulate a host link of this many GB/s (at least 0.001) on the copy engine (slow copies stress ordering); 0 = off")
+  c.app->add_option("--link-gbps", f->link_gbps, "Emulate a host link of this many GB/s (at least " + CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) +
+                          ") on the copy engine (slow copies stress ordering); 0 = off")
       ->capture_default_str();
   c.app->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] { return run_verify(*f); };

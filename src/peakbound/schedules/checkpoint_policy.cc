@@ -28,10 +28,11 @@ CheckpointSchedule parse_checkpoint_schedule(std::string_view name) {
 void validate_link_gbps(double gbps) {
   if (gbps == 0) return;
   if (!std::isfinite(gbps) || !(gbps >= CheckpointOptions::kMinLinkGbps)) {
-    char got[32];
+    char min[32], got[32];
+    std::snprintf(min, sizeof min, "%g", CheckpointOptions::kMinLinkGbps);
     std::snprintf(got, sizeof got, "%g", gbps);
     throw InvalidArgument(std::string("checkpoint link_gbps must be 0 (off) or an emulated bandwidth of at least ") +
-                          "0.001 GB/s (got " + got + "); slower links would make each copy take minutes to hours");
+                          min + " GB/s (got " + got + "); slower links would make each copy take minutes to hours");
   }
 }
 
