@@ -2,7 +2,12 @@
 // one JSON object with the fields the issue asks for, and one-line errors.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,6 +17,23 @@ namespace {
 
 using peakbound::testing::CliRun;
 CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
+
+// run_cli under `timeout`: a hang is killed (code 128 + 9) and fails the test instead
+// of stalling the suite.
+CliRun run_bounded(const std::string& args, int seconds) {
+  static int n = 0;
+  const std::string base = ::testing::TempDir() + "/pb_ckpt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
+  const std::string cmd = "timeout -s KILL " + std::to_string(seconds) + " " + std::string(PEAKBOUND_CLI_PATH) + " " +
+                          args + " >" + base + ".out 2>" + base + ".err";
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = peakbound::testing::slurp(base + ".out");
+  r.err = peakbound::testing::slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return r;
+}
 
 TEST(CheckpointCli, BenchPrintsBothSchedulesInOneJson) {
   CliRun r = run("bench checkpoint --layers 6 --tokens 64 --hidden 32 --warmup 0 --reps 1 --sweep --json");
@@ -58,4 +80,47 @@ TEST(CheckpointCli, VerifyPassesAndBadFlagsAreOneLine) {
   }
 }
 
+// Issue 17: an emulated link of one byte a second made `verify checkpoint` sleep for
+// hours. Link speeds below 0.001 GB/s are refused at once, naming the flag.
+TEST(CheckpointCli, AbsurdlySlowLinksAreRefusedNotSlept) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* cmd : {"verify checkpoint --link-gbps 1e-9", "verify checkpoint --link-gbps 0.0005",
+                          "bench checkpoint --layers 4 --tokens 32 --hidden 16 --reps 1 --warmup 0 --link-gbps 1e-9"}) {
+    CliRun r = run_bounded(cmd, 60);
+    peakbound::testing::expect_one_line_error(r, "--link-gbps must be 0 (off) or an emulated bandwidth of at least 0.001");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  // The slowest accepted link still finishes: 4 KiB boundaries at 1 MB/s are ~4 ms a copy.
+  CliRun ok = run_bounded("bench checkpoint --layers 5 --tokens 32 --hidden 32 --reps 1 --warmup 0 --link-gbps 0.001 --json", 60);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_TRUE(nlohmann::json::parse(ok.out)["bitwise_equal"].get<bool>());
+}
+
+// Issue 17: `--device-memory 0` silently meant automatic; automatic is the flag's absence.
+TEST(CheckpointCli, ZeroDeviceMemoryIsRefused) {
+  CliRun r = run_bounded("bench checkpoint --layers 2 --tokens 16 --hidden 8 --reps 1 --warmup 0 --device-memory 0", 60);
+  peakbound::testing::expect_one_line_error(r, "--device-memory must be positive (omit it for automatic)");
+  CliRun ok = run_bounded("bench checkpoint --layers 2 --tokens 16 --hidden 8 --reps 1 --warmup 0 --json", 60);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  EXPECT_GT(nlohmann::json::parse(ok.out)["runs"][0]["device_budget_bytes"].get<std::uint64_t>(), 16u << 20);
+}
+
+// Issue 17: `--resident-layers -5` was taken as automatic while 1000 was refused.
+// Every negative is refused now; automatic is the flag's absence.
+TEST(CheckpointCli, NegativeResidentLayersAreRefused) {
+  for (const char* k : {"-5", "-1"}) {
+    CliRun r = run_bounded(std::string("bench checkpoint --layers 4 --tokens 16 --hidden 8 --reps 1 --warmup 0 "
+                                       "--resident-layers ") + k, 60);
+    peakbound::testing::expect_one_line_error(r, "--resident-layers must be >= 0");
+  }
+  CliRun big = run_bounded("bench checkpoint --layers 4 --tokens 16 --hidden 8 --reps 1 --warmup 0 --resident-layers 1000", 60);
+  peakbound::testing::expect_one_line_error(big, "--resident-layers must be between 0 and the layer count 4");
+  CliRun ok = run_bounded("bench checkpoint --layers 4 --tokens 16 --hidden 8 --reps 1 --warmup 0 --resident-layers 4 --json", 60);
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  const auto j = nlohmann::json::parse(ok.out);
+  EXPECT_EQ(j["config"]["resident_layers_flag"].get<int>(), 4);
+  EXPECT_EQ(j["runs"][1]["placement"]["offloaded_layers"].get<int>(), 0);
+}
+
 }  // namespace
+

@@ -6,15 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "peakbound/bench/checkpoint_run.h"
+#include "peakbound/core/footprint.h"
 
 namespace peakbound {
 namespace {
 
-CheckpointRunConfig small(std::int64_t layers, CheckpointSchedule s, std::int64_t depth = 1, std::int64_t resident = -1) {
+CheckpointRunConfig small(std::int64_t layers, CheckpointSchedule s, std::int64_t depth = 1,
+                          std::optional<std::int64_t> resident = std::nullopt) {
   CheckpointRunConfig c;
   c.layers = layers;
   c.tokens = 48;
@@ -80,7 +83,7 @@ TEST(CheckpointOffload, MeasuredPeaksMatchThePlacement) {
   base.step();
   sco.step();
   sel.step();
-  const std::uint64_t b = arena_rounded(48 * 32 * 4);
+  const std::uint64_t b = arena_reserved(48 * 32 * 4);
   EXPECT_EQ(base.device().arena().peak(Component::checkpoints), L * b);
   EXPECT_EQ(base.host().peak(), 0u);
   // D = 1: a ring of 3, the first 5 boundaries make the host round trip.
@@ -152,7 +155,7 @@ TEST(CheckpointOffload, BadOptionsAreUserErrors) {
   EXPECT_THROW(CheckpointRun{c}, InvalidArgument);
   // A checkpoint budget below the ring is refused before any step, naming the fix.
   c = small(8, CheckpointSchedule::sco, 1);
-  c.options.checkpoint_budget = 2 * arena_rounded(48 * 32 * 4);
+  c.options.checkpoint_budget = 2 * arena_reserved(48 * 32 * 4);
   try {
     CheckpointRun r(c);
     FAIL() << "expected OutOfBudget";
@@ -174,7 +177,7 @@ TEST(CheckpointOffload, ScoTrainsInADeviceBudgetTheBaselineCannot) {
   try {
     CheckpointRun r(c);
     r.step();
-    FAIL() << "expected the resident baseline to exceed " << c.device_memory << " bytes";
+    FAIL() << "expected the resident baseline to exceed " << *c.device_memory << " bytes";
   } catch (const OutOfBudget& e) {
     EXPECT_NE(std::string(e.what()).find("checkpoints"), std::string::npos) << e.what();
   }
@@ -186,7 +189,7 @@ TEST(CheckpointOffload, ScoTrainsInADeviceBudgetTheBaselineCannot) {
 
 TEST(CheckpointOffload, TheBudgetPolicyKeepsTheLastLayersResident) {
   CheckpointRunConfig c = small(8, CheckpointSchedule::sco, 1);
-  const std::uint64_t b = arena_rounded(48 * 32 * 4);
+  const std::uint64_t b = arena_reserved(48 * 32 * 4);
   c.options.checkpoint_budget = 5 * b + b / 2;  // room for 5 boundaries: the ring of 3 and 2 resident
   CheckpointRun r(c);
   r.step();

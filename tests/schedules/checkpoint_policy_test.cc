@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
 
 namespace peakbound {
 namespace {
@@ -56,7 +57,7 @@ TEST(CheckpointPolicy, BadInputsAreUserErrors) {
   EXPECT_THROW(place_sco(4, kB, 0, 0), InvalidArgument);
   EXPECT_THROW(place_sco(4, kB, 1, 5), InvalidArgument);
   EXPECT_THROW(place_sco(4, kB, 1, -1), InvalidArgument);
-  EXPECT_EQ(arena_rounded(1), 256u);
+  EXPECT_EQ(arena_reserved(1), 256u);
   EXPECT_EQ(place_sco(4, 1000, 1, 0).boundary_bytes, 1024u);
 }
 

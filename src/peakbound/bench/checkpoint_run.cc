@@ -6,6 +6,7 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
+#include "peakbound/core/dtype.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 
 namespace peakbound {
@@ -16,26 +17,54 @@ std::int64_t CheckpointRunConfig::resolved_ffn() const {
 }
 
 void CheckpointRunConfig::validate() const {
-  if (layers < 1) throw InvalidArgument("--layers must be at least 1 (got " + std::to_string(layers) + ")");
-  if (tokens < 1) throw InvalidArgument("--tokens must be at least 1 (got " + std::to_string(tokens) + ")");
-  if (hidden < 1) throw InvalidArgument("--hidden must be at least 1 (got " + std::to_string(hidden) + ")");
-  if (ffn < 0) throw InvalidArgument("--ffn must be positive, or 0 for 8/3 of --hidden (got " + std::to_string(ffn) + ")");
+  if (layers < 1) throw InvalidArgument("checkpoint run layers must be >= 1 (got " + std::to_string(layers) + ")");
+  if (tokens < 1) throw InvalidArgument("checkpoint run tokens must be >= 1 (got " + std::to_string(tokens) + ")");
+  if (hidden < 1) throw InvalidArgument("checkpoint run hidden must be >= 1 (got " + std::to_string(hidden) + ")");
+  if (ffn < 0)
+    throw InvalidArgument("checkpoint run ffn must be positive, or 0 for 8/3 of hidden (got " + std::to_string(ffn) + ")");
+  if (device_memory && *device_memory == 0)
+    throw InvalidArgument("checkpoint run device_memory must be > 0 (leave it unset for automatic)");
+  validate_checkpoint_options(options);
+}
+
+CheckpointRunBuffers checkpoint_run_buffers(const CheckpointRunConfig& c, std::uint64_t elem_bytes) {
+  c.validate();
+  const std::int64_t T = c.tokens, H = c.hidden, F = c.resolved_ffn();
+  const auto th = checked_mul(static_cast<std::uint64_t>(T), static_cast<std::uint64_t>(H), "checkpoint run [T, H]");
+  CheckpointRunBuffers b;
+  b.block_params = residual_mlp_param_buffers(H, F, elem_bytes);
+  b.io = buffer_spec(Component::layer, th, elem_bytes);
+  b.stack = checkpoint_buffers(c.layers, th, elem_bytes, c.options);
+  b.block_internals = residual_mlp_internals(T, H, F, elem_bytes);
+  return b;
+}
+
+Footprint checkpoint_run_footprint(const CheckpointRunConfig& c, std::uint64_t elem_bytes) {
+  const CheckpointRunBuffers b = checkpoint_run_buffers(c, elem_bytes);
+  const auto L = static_cast<std::uint64_t>(c.layers);
+  Footprint f("checkpoint run " + std::string(checkpoint_schedule_name(c.options.schedule)));
+  f.merge(checkpoint_footprint(b.stack));
+  for (const char* phase : {"forward", "backward"}) {
+    f.device(phase, b.block_params.params, L).device(phase, b.block_params.grads, L);
+    f.device(phase, b.io, 4);
+    const ResidualMlpInternals& in = b.block_internals;
+    f.device(phase, in.n).device(phase, in.rstd);
+    f.device(phase, in.ffn.gate).device(phase, in.ffn.up).device(phase, in.ffn.act);
+  }
+  return f;
 }
 
 std::uint64_t auto_device_memory(const CheckpointRunConfig& c) {
-  const auto T = static_cast<std::uint64_t>(c.tokens), H = static_cast<std::uint64_t>(c.hidden);
-  const auto F = static_cast<std::uint64_t>(c.resolved_ffn()), L = static_cast<std::uint64_t>(c.layers);
-  const std::uint64_t params = arena_rounded((H + 3 * H * F) * 4);
-  const std::uint64_t act = arena_rounded(T * H * 4);
-  const std::uint64_t internals = 2 * act + arena_rounded(T * 4) + 3 * arena_rounded(T * F * 4);
-  const std::uint64_t need = 2 * L * params + (4 + L + 2) * act + internals;
-  return need + need / 4 + (16ull << 20);
+  CheckpointRunConfig base = c;
+  base.options.schedule = CheckpointSchedule::resident;
+  const std::uint64_t need = checkpoint_run_footprint(base, dtype_size(DType::f32)).device_peak_total();
+  return checked_add(need + need / 4, 16ull << 20, "checkpoint run device memory");
 }
 
 CheckpointRun::CheckpointRun(const CheckpointRunConfig& config) : config_(config) {
-  config_.validate();
+  const CheckpointRunBuffers b = checkpoint_run_buffers(config_, dtype_size(DType::f32));  // validates
   const std::int64_t L = config_.layers, T = config_.tokens, H = config_.hidden, F = config_.resolved_ffn();
-  const std::uint64_t budget = config_.device_memory ? config_.device_memory : auto_device_memory(config_);
+  const std::uint64_t budget = config_.device_memory ? *config_.device_memory : auto_device_memory(config_);
   dev_ = std::make_unique<CpuDevice>(budget, std::string("cpu:") + std::string(checkpoint_schedule_name(config_.options.schedule)));
   host_ = std::make_unique<HostMemory>();
   std::vector<Block*> raw;
@@ -43,11 +72,7 @@ CheckpointRun::CheckpointRun(const CheckpointRunConfig& config) : config_(config
     blocks_.push_back(std::make_unique<ResidualMlpBlock>(*dev_, H, F, config_.seed + 1000 + static_cast<std::uint64_t>(l)));
     raw.push_back(blocks_.back().get());
   }
-  const std::uint64_t act = static_cast<std::uint64_t>(T * H) * sizeof(float);
-  x_ = dev_->allocate(Component::layer, act);
-  y_ = dev_->allocate(Component::layer, act);
-  dy_ = dev_->allocate(Component::layer, act);
-  dx_ = dev_->allocate(Component::layer, act);
+  for (Buffer* io : {&x_, &y_, &dy_, &dx_}) *io = dev_->allocate(b.io.component, b.io.bytes);
   std::mt19937_64 rng(config_.seed);
   std::normal_distribution<float> unit(0.0f, 1.0f);
   for (std::int64_t i = 0; i < T * H; ++i) x_.as<float>()[i] = unit(rng);

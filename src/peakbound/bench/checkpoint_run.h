@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "peakbound/core/footprint.h"
 #include "peakbound/core/host_memory.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/schedules/checkpoint_offload.h"
@@ -22,17 +24,34 @@ struct CheckpointRunConfig {
   std::int64_t hidden = 256;
   std::int64_t ffn = 0;              // 0: 8/3 hidden rounded up to a multiple of 64
   std::uint64_t seed = 1234;
-  std::uint64_t device_memory = 0;   // 0: enough for the resident baseline (see auto_device_memory)
+  // The device's budget in bytes (> 0). Unset: auto_device_memory, enough for the
+  // resident baseline.
+  std::optional<std::uint64_t> device_memory;
   CheckpointOptions options;
 
   std::int64_t resolved_ffn() const;
-  // Throws InvalidArgument for non-positive sizes.
+  // Throws InvalidArgument for non-positive sizes, a device_memory of 0, bad options.
   void validate() const;
 };
 
-// Device bytes the resident baseline needs for this config, plus slack: parameters,
-// gradients, inputs and outputs, L boundaries, the backward's gradient buffers and one
-// block's internals, each rounded as the Arena rounds it, then +25% and 16 MiB.
+// Everything a run allocates on the device, from the footprint functions: the L
+// blocks' parameters and gradients, the four [T, H] step tensors x, y, dy, dx
+// (component layer), the stack's buffers and one block call's internals.
+struct CheckpointRunBuffers {
+  ResidualMlpParamBuffers block_params;  // per block
+  BufferSpec io;                         // each of x, y, dy, dx
+  CheckpointBuffers stack;
+  ResidualMlpInternals block_internals;  // one call at a time
+};
+CheckpointRunBuffers checkpoint_run_buffers(const CheckpointRunConfig& c, std::uint64_t elem_bytes);
+
+// The run's device and host bytes per phase ("forward", "backward"): the stack's
+// checkpoint_footprint, L blocks' params and grads, one block call's internals and the
+// four step tensors. Measured Arena peaks of a step equal it exactly.
+Footprint checkpoint_run_footprint(const CheckpointRunConfig& c, std::uint64_t elem_bytes);
+
+// Device bytes the resident baseline of this config needs (its footprint's peak
+// total at f32), plus slack: +25% and 16 MiB.
 std::uint64_t auto_device_memory(const CheckpointRunConfig& c);
 
 // What the copy engine did during one step.

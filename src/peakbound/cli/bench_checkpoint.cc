@@ -8,10 +8,12 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/cli/checkpoint_flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
@@ -21,14 +23,17 @@ namespace peakbound::cli {
 
 namespace {
 
+// Defaults: the run's sizes from CheckpointRunConfig, the SCO knobs from CheckpointOptions.
 struct BenchFlags {
-  std::int64_t layers = 8, tokens = 2048, hidden = 256, ffn = 0;
-  std::int64_t prefetch = 1, resident_layers = -1;
-  std::string checkpoint_budget = "0";
-  std::string device_memory = "auto";
-  double link_gbps = 0;
+  std::int64_t layers = CheckpointRunConfig{}.layers, tokens = CheckpointRunConfig{}.tokens,
+               hidden = CheckpointRunConfig{}.hidden, ffn = CheckpointRunConfig{}.ffn;
+  std::int64_t prefetch = CheckpointOptions{}.prefetch_depth;
+  std::optional<std::int64_t> resident_layers = CheckpointOptions{}.resident_layers;  // unset: the policy
+  std::string checkpoint_budget = std::to_string(CheckpointOptions{}.checkpoint_budget);
+  std::optional<std::string> device_memory;  // unset: automatic
+  double link_gbps = CheckpointOptions{}.link_gbps;
   int warmup = 1, reps = 5;
-  std::uint64_t seed = 1234;
+  std::uint64_t seed = CheckpointRunConfig{}.seed;
   bool sweep = false, json = false;
 };
 
@@ -44,11 +49,15 @@ CheckpointRunConfig make_config(const BenchFlags& f, CheckpointSchedule s, std::
   c.options.resident_layers = f.resident_layers;
   c.options.checkpoint_budget = parse_bytes(f.checkpoint_budget, "--checkpoint-budget");
   c.options.link_gbps = f.link_gbps;
-  c.validate();
+  // Options and placement are checked here, before any run, so errors name the flags.
+  with_checkpoint_flags([&] { return checkpoint_run_buffers(c, sizeof(float)); });
   // Both runs get the same budget: enough for the baseline unless the user sets one.
-  CheckpointRunConfig base = c;
-  base.options.schedule = CheckpointSchedule::resident;
-  c.device_memory = f.device_memory == "auto" ? auto_device_memory(base) : parse_bytes(f.device_memory, "--device-memory");
+  if (f.device_memory) {
+    c.device_memory = parse_bytes(*f.device_memory, "--device-memory");
+    if (*c.device_memory == 0) throw InvalidArgument("--device-memory must be positive (omit it for automatic)");
+  } else {
+    c.device_memory = auto_device_memory(c);
+  }
   return c;
 }
 
@@ -173,7 +182,7 @@ int run_bench(const BenchFlags& f) {
                  {"hidden", f.hidden},
                  {"ffn", base.config().resolved_ffn()},
                  {"prefetch_depth", f.prefetch},
-                 {"resident_layers_flag", f.resident_layers},
+                 {"resident_layers_flag", f.resident_layers ? nlohmann::json(*f.resident_layers) : nlohmann::json(nullptr)},
                  {"checkpoint_budget_bytes", sco.config().options.checkpoint_budget},
                  {"warmup", f.warmup},
                  {"reps", f.reps},
@@ -235,14 +244,16 @@ Command add_bench_checkpoint(CLI::App& parent) {
   a->add_option("--hidden", f->hidden, "Hidden size (H)")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   a->add_option("--ffn", f->ffn, "MLP intermediate size (F); 0 = 8/3 H rounded up to 64")->capture_default_str()->check(CLI::Range(0, 1 << 18));
   a->add_option("--prefetch", f->prefetch, "SCO prefetch depth D (ring of D + 2 device slots)")->capture_default_str()->check(CLI::Range(1, 1024));
-  a->add_option("--resident-layers", f->resident_layers, "SCO: keep the last K boundaries resident; -1 = from --checkpoint-budget")
-      ->capture_default_str();
+  a->add_option("--resident-layers", f->resident_layers,
+                "SCO: keep the last K boundaries resident, 0 <= K <= --layers; omit to let --checkpoint-budget decide");
   a->add_option("--checkpoint-budget", f->checkpoint_budget, "SCO policy: device bytes for boundaries (0 = offload all but the ring)")
       ->capture_default_str();
-  a->add_option("--link-gbps", f->link_gbps, "Emulate a host link of this many GB/s (1e9 bytes/s) on the copy engine; 0 = off")
+  a->add_option("--link-gbps", f->link_gbps,
+                "Emulate a host link of this many GB/s (1e9 bytes/s, at least " +
+                    CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) + ") on the copy engine; 0 = off")
       ->capture_default_str();
-  a->add_option("--device-memory", f->device_memory, "Device memory budget of each run, or auto (fits the resident baseline)")
-      ->capture_default_str();
+  a->add_option("--device-memory", f->device_memory,
+                "Device memory budget of each run (> 0); omit for automatic (fits the resident baseline)");
   a->add_option("--warmup", f->warmup, "Untimed steps per schedule before timing")->capture_default_str();
   a->add_option("--reps", f->reps, "Timed steps per schedule (interleaved; the fastest is reported)")->capture_default_str();
   a->add_option("--seed", f->seed, "Seed of parameters and inputs")->capture_default_str();

@@ -21,8 +21,7 @@
 #include "peakbound/core/host_memory.h"
 #include "peakbound/core/units.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/kernels/cpu/elementwise.h"
-#include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/ops/gemm.h"
 
 namespace peakbound::cli {
 
@@ -70,7 +69,7 @@ DemoResult run_step(const DemoOptions& o, std::uint64_t budget, bool offload) {
   for (std::int64_t i = 0; i < T * H; ++i) x.as<float>()[i] = init(rng) * std::sqrt(static_cast<float>(H));
   for (std::int64_t l = 0; l < L; ++l) {
     Buffer y = dev.allocate(Component::checkpoints, act_bytes);
-    cpu::gemm_f32(false, false, T, H, H, 1.0f, x.as<float>(), H, W(l), H, 0.0f, y.as<float>(), H);
+    ops::gemm(dev, dev.compute_stream(), false, false, T, H, H, 1.0f, x.as<float>(), H, W(l), H, 0.0f, y.as<float>(), H);
     for (std::int64_t i = 0; i < T * H; ++i) y.as<float>()[i] = std::max(y.as<float>()[i], 0.0f);
     auto li = static_cast<std::size_t>(l);
     if (offload) {
@@ -122,11 +121,11 @@ DemoResult run_step(const DemoOptions& o, std::uint64_t budget, bool offload) {
       if (l > 0) prefetch(l - 1);
     }
     const float* xin = ckpt[li].as<float>();
-    cpu::gemm_f32(false, false, T, H, H, 1.0f, xin, H, W(l), H, 0.0f, z.as<float>(), H);
+    ops::gemm(dev, dev.compute_stream(), false, false, T, H, H, 1.0f, xin, H, W(l), H, 0.0f, z.as<float>(), H);
     for (std::int64_t i = 0; i < T * H; ++i)
       if (z.as<float>()[i] <= 0.0f) dx.as<float>()[i] = 0.0f;
-    cpu::gemm_f32(true, false, H, H, T, 1.0f, xin, H, dx.as<float>(), H, 1.0f, dW(l), H);
-    cpu::gemm_f32(false, true, T, H, H, 1.0f, dx.as<float>(), H, W(l), H, 0.0f, dprev.as<float>(), H);
+    ops::gemm(dev, dev.compute_stream(), true, false, H, H, T, 1.0f, xin, H, dx.as<float>(), H, 1.0f, dW(l), H);
+    ops::gemm(dev, dev.compute_stream(), false, true, T, H, H, 1.0f, dx.as<float>(), H, W(l), H, 0.0f, dprev.as<float>(), H);
     std::swap(dx, dprev);
     ckpt[li].reset();
   }

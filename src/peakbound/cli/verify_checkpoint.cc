@@ -1,8 +1,8 @@
 // `peakbound verify checkpoint`: Selective Checkpoint Offload against the resident
 // baseline over a grid of layer counts, prefetch depths and resident-layer counts
 // (including L = 1 and L below the depth): outputs, the input gradient and every
-// parameter gradient must be bitwise equal, and the measured checkpoint peak must be
-// the placement's. Exit code 1 if any case fails.
+// parameter gradient must be bitwise equal, and the measured checkpoint peaks (device
+// and host) must be the footprint's. Exit code 1 if any case fails.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/cli/checkpoint_flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/bench/checkpoint_run.h"
 
@@ -18,9 +19,10 @@ namespace peakbound::cli {
 
 namespace {
 
+// Small sizes of its own (a grid of 60 cases); the link default is CheckpointOptions'.
 struct VerifyFlags {
   std::int64_t tokens = 64, hidden = 32, ffn = 0;
-  double link_gbps = 0;
+  double link_gbps = CheckpointOptions{}.link_gbps;
   bool json = false;
 };
 
@@ -29,6 +31,13 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 int run_verify(const VerifyFlags& f) {
+  // Refuse bad options before the first case, naming the flags.
+  with_checkpoint_flags([&] {
+    CheckpointOptions o;
+    o.link_gbps = f.link_gbps;
+    validate_checkpoint_options(o);
+    return 0;
+  });
   nlohmann::json cases = nlohmann::json::array();
   int failed = 0;
   for (std::int64_t L : {1, 2, 3, 5, 8}) {
@@ -55,7 +64,10 @@ int run_verify(const VerifyFlags& f) {
         const bool equal = same_bits(base.output(), sco.output()) && same_bits(base.input_grad(), sco.input_grad()) &&
                            same_bits(base.param_grads(), sco.param_grads());
         const std::uint64_t peak = sco.device().arena().peak(Component::checkpoints);
-        const bool as_planned = peak == sco.stack().placement().device_bytes();
+        const std::uint64_t host_peak = sco.host().peak(Component::checkpoints);
+        const Footprint fp = checkpoint_footprint(sco.stack().buffers());
+        const bool as_planned = peak == fp.device_peak(Component::checkpoints) &&
+                                host_peak == fp.host_peak(Component::checkpoints);
         failed += !(equal && as_planned);
         cases.push_back({{"layers", L},
                          {"prefetch_depth", D},
@@ -63,6 +75,7 @@ int run_verify(const VerifyFlags& f) {
                          {"offloaded_layers", sco.stack().placement().offloaded},
                          {"bitwise_equal", equal},
                          {"checkpoint_peak_bytes", peak},
+                         {"checkpoint_host_peak_bytes", host_peak},
                          {"checkpoint_peak_as_planned", as_planned}});
       }
   }
@@ -91,7 +104,8 @@ Command add_verify_checkpoint(CLI::App& parent) {
   c.app->add_option("--tokens", f->tokens, "Tokens per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   c.app->add_option("--hidden", f->hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 14));
   c.app->add_option("--ffn", f->ffn, "MLP intermediate size; 0 = 8/3 hidden rounded up to 64")->capture_default_str()->check(CLI::Range(0, 1 << 16));
-  c.app->add_option("--link-gbps", f->link_gbps, "Emulate a host link of this many GB/s on the copy engine (slow copies stress ordering); 0 = off")
+  c.app->add_option("--link-gbps", f->link_gbps, "Emulate a host link of this many GB/s (at least " + CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) +
+                          ") on the copy engine (slow copies stress ordering); 0 = off")
       ->capture_default_str();
   c.app->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] { return run_verify(*f); };

@@ -1,35 +1,72 @@
 #include "peakbound/layers/residual_mlp_block.h"
 
 #include <cmath>
-#include <cstring>
 #include <random>
 #include <string>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/gemm.h"
-#include "peakbound/kernels/cpu/rmsnorm.h"
-#include "peakbound/kernels/cpu/swiglu.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/rmsnorm.h"
 
 namespace peakbound {
 
 namespace {
 
-std::uint64_t f32_bytes(std::int64_t n) { return static_cast<std::uint64_t>(n) * sizeof(float); }
+// The runtime is f32; the footprint functions take the element size as a parameter.
+const std::uint64_t kF32 = dtype_size(DType::f32);
+
+void check_sizes(std::int64_t hidden, std::int64_t ffn) {
+  if (hidden <= 0 || ffn <= 0)
+    throw InvalidArgument("residual MLP block: hidden and ffn sizes must be positive (got " + std::to_string(hidden) +
+                          " and " + std::to_string(ffn) + ")");
+}
+
+Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
 
 }  // namespace
+
+ResidualMlpParamBuffers residual_mlp_param_buffers(std::int64_t H, std::int64_t F, std::uint64_t elem_bytes) {
+  check_sizes(H, F);
+  const auto h = static_cast<std::uint64_t>(H), f = static_cast<std::uint64_t>(F);
+  const std::uint64_t count = checked_add(h, checked_mul(3 * h, f, "residual MLP parameters"), "residual MLP parameters");
+  return {buffer_spec(Component::params, count, elem_bytes), buffer_spec(Component::grads, count, elem_bytes)};
+}
+
+ResidualMlpInternals residual_mlp_internals(std::int64_t T, std::int64_t H, std::int64_t F, std::uint64_t elem_bytes) {
+  check_sizes(H, F);
+  if (T < 0) throw InvalidArgument("residual MLP block: tokens must be >= 0 (got " + std::to_string(T) + ")");
+  const auto t = static_cast<std::uint64_t>(T), h = static_cast<std::uint64_t>(H);
+  ResidualMlpInternals in;
+  in.n = buffer_spec(Component::layer, checked_mul(t, h, "residual MLP [T, H]"), elem_bytes);
+  in.rstd = buffer_spec(Component::layer, t, elem_bytes);
+  in.ffn = swiglu_ffn_buffers(T, F, elem_bytes, Component::layer);
+  return in;
+}
+
+Footprint residual_mlp_footprint(std::int64_t T, std::int64_t H, std::int64_t F, std::uint64_t elem_bytes) {
+  const ResidualMlpParamBuffers p = residual_mlp_param_buffers(H, F, elem_bytes);
+  const ResidualMlpInternals in = residual_mlp_internals(T, H, F, elem_bytes);
+  Footprint f("residual MLP block");
+  for (const char* phase : {"forward", "backward"}) {
+    f.device(phase, p.params).device(phase, p.grads);
+    // A call with T = 0 returns before allocating (and the specs are 0 bytes then).
+    f.device(phase, in.n).device(phase, in.rstd);
+    f.device(phase, in.ffn.gate).device(phase, in.ffn.up).device(phase, in.ffn.act);
+  }
+  return f;
+}
 
 ResidualMlpBlock::ResidualMlpBlock(Device& dev, std::int64_t hidden, std::int64_t ffn,
                                    std::uint64_t seed, float eps)
     : dev_(dev), hidden_(hidden), ffn_(ffn), eps_(eps) {
-  if (hidden <= 0 || ffn <= 0)
-    throw InvalidArgument("residual MLP block: hidden and ffn sizes must be positive (got " +
-                          std::to_string(hidden) + " and " + std::to_string(ffn) + ")");
+  const ResidualMlpParamBuffers b = residual_mlp_param_buffers(hidden, ffn, kF32);
   const std::int64_t H = hidden_, F = ffn_;
   off_gate_ = H;
   off_up_ = off_gate_ + F * H;
   off_down_ = off_up_ + F * H;
-  params_ = dev_.allocate(Component::params, f32_bytes(num_parameters()));
-  grads_ = dev_.allocate(Component::grads, f32_bytes(num_parameters()));
+  params_ = allocate(dev_, b.params);
+  grads_ = allocate(dev_, b.grads);
 
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> unit(0.0f, 1.0f);
@@ -49,19 +86,15 @@ std::int64_t ResidualMlpBlock::check_shape(const Tensor& t, const char* what) co
 }
 
 ResidualMlpBlock::Internals ResidualMlpBlock::recompute(const float* x, std::int64_t T) {
-  const std::int64_t H = hidden_, F = ffn_;
+  const ResidualMlpInternals spec = residual_mlp_internals(T, hidden_, ffn_, kF32);
   Internals in;
-  in.n = dev_.allocate(Component::layer, f32_bytes(T * H));
-  in.rstd = dev_.allocate(Component::layer, f32_bytes(T));
-  in.gate = dev_.allocate(Component::layer, f32_bytes(T * F));
-  in.up = dev_.allocate(Component::layer, f32_bytes(T * F));
-  in.act = dev_.allocate(Component::layer, f32_bytes(T * F));
-  float* n = in.n.as<float>();
-  cpu::rmsnorm_forward(n, in.rstd.as<float>(), x, param(0), T, H, eps_);
-  // gate = n W_gate^T, up = n W_up^T: [T, F]
-  cpu::gemm_f32(false, true, T, F, H, 1.0f, n, H, param(off_gate_), H, 0.0f, in.gate.as<float>(), F);
-  cpu::gemm_f32(false, true, T, F, H, 1.0f, n, H, param(off_up_), H, 0.0f, in.up.as<float>(), F);
-  cpu::swiglu_forward(in.act.as<float>(), in.gate.as<float>(), in.up.as<float>(), T * F);
+  in.n = allocate(dev_, spec.n);
+  in.rstd = allocate(dev_, spec.rstd);
+  in.gate = allocate(dev_, spec.ffn.gate);
+  in.up = allocate(dev_, spec.ffn.up);
+  in.act = allocate(dev_, spec.ffn.act);
+  Stream& s = dev_.compute_stream();
+  ops::rmsnorm_forward(dev_, s, in.n.as<float>(), in.rstd.as<float>(), x, param(0), T, hidden_, eps_);
   return in;
 }
 
@@ -69,12 +102,14 @@ void ResidualMlpBlock::forward(const Tensor& x, const Tensor& y) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(y, "y") == T && y.raw() != x.raw(), "residual MLP block: y must be a distinct [T, H]");
   if (T == 0) return;
-  const std::int64_t H = hidden_, F = ffn_;
+  Stream& s = dev_.compute_stream();
   Internals in = recompute(x.data<float>(), T);
-  // y = x + act W_down^T
-  std::memcpy(y.raw(), x.raw(), f32_bytes(T * H));
-  cpu::gemm_f32(false, true, T, H, F, 1.0f, in.act.as<float>(), F, param(off_down_), F, 1.0f,
-                y.data<float>(), H);
+  // y = x + FFN(n): the residual copy, then the FFN's output added into it.
+  dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+  swiglu_ffn_forward(dev_, s, T, hidden_, ffn_, in.n.as<float>(), ffn_weights(), in.gate.as<float>(),
+                     in.up.as<float>(), in.act.as<float>(), y.data<float>(), /*accumulate_out=*/true);
+  // The internals are freed on return: whatever reuses their memory next is ordered
+  // after this work on the compute stream.
 }
 
 void ResidualMlpBlock::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -82,32 +117,20 @@ void ResidualMlpBlock::backward(const Tensor& x, const Tensor& dy, const Tensor&
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "residual MLP block: token counts differ");
   PB_CHECK_MSG(dx.raw() != x.raw() && dx.raw() != dy.raw(), "residual MLP block: dx must not alias x or dy");
   if (T == 0) return;
-  const std::int64_t H = hidden_, F = ffn_;
+  Stream& s = dev_.compute_stream();
   const float* xp = x.data<float>();
-  const float* g = dy.data<float>();
   Internals in = recompute(xp, T);
-  float* act = in.act.as<float>();
-  float* gate = in.gate.as<float>();
-  float* up = in.up.as<float>();
+  // gate, up and act again; no output (out = null).
+  swiglu_ffn_forward(dev_, s, T, hidden_, ffn_, in.n.as<float>(), ffn_weights(), in.gate.as<float>(),
+                     in.up.as<float>(), in.act.as<float>(), /*out=*/nullptr, false);
+  // dn = the FFN's input gradient, written into n's buffer (n is read for the last time
+  // before dn is first written).
   float* n = in.n.as<float>();
-
-  // dW_down += dy^T act: [H, F]
-  cpu::gemm_f32(true, false, H, F, T, 1.0f, g, H, act, F, 1.0f, grad(off_down_), F);
-  // dact = dy W_down: [T, F], into act's buffer (act is no longer needed)
-  float* dact = act;
-  cpu::gemm_f32(false, false, T, F, H, 1.0f, g, H, param(off_down_), F, 0.0f, dact, F);
-  // dgate, dup in place of gate, up
-  cpu::swiglu_backward(gate, up, dact, gate, up, T * F);
-  // dW_gate += dgate^T n, dW_up += dup^T n: [F, H]
-  cpu::gemm_f32(true, false, F, H, T, 1.0f, gate, F, n, H, 1.0f, grad(off_gate_), H);
-  cpu::gemm_f32(true, false, F, H, T, 1.0f, up, F, n, H, 1.0f, grad(off_up_), H);
-  // dn = dgate W_gate + dup W_up: [T, H], into n's buffer (n is no longer needed)
-  float* dn = n;
-  cpu::gemm_f32(false, false, T, H, F, 1.0f, gate, F, param(off_gate_), H, 0.0f, dn, H);
-  cpu::gemm_f32(false, false, T, H, F, 1.0f, up, F, param(off_up_), H, 1.0f, dn, H);
+  swiglu_ffn_backward(dev_, s, T, hidden_, ffn_, n, ffn_weights(), dy.data<float>(), in.gate.as<float>(),
+                      in.up.as<float>(), in.act.as<float>(), ffn_grads(), /*dx=*/n, /*accumulate_dx=*/false);
   // dx = dy (the residual path) + rmsnorm's backward, which adds.
-  std::memcpy(dx.raw(), dy.raw(), f32_bytes(T * H));
-  cpu::rmsnorm_backward(dx.data<float>(), grad(0), dn, xp, param(0), in.rstd.as<float>(), T, H);
+  dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
+  ops::rmsnorm_backward(dev_, s, dx.data<float>(), grad(0), n, xp, param(0), in.rstd.as<float>(), T, hidden_);
 }
 
 std::vector<Parameter> ResidualMlpBlock::parameters() const {
@@ -120,6 +143,6 @@ std::vector<Parameter> ResidualMlpBlock::parameters() const {
           make("up.weight", off_up_, Shape{F, H}), make("down.weight", off_down_, Shape{H, F})};
 }
 
-void ResidualMlpBlock::zero_grad() { std::memset(grads_.data(), 0, f32_bytes(num_parameters())); }
+void ResidualMlpBlock::zero_grad() { ops::fill(dev_, dev_.compute_stream(), grads_.as<float>(), num_parameters(), 0.0f); }
 
 }  // namespace peakbound

@@ -1,34 +1,25 @@
 #include "peakbound/schedules/checkpoint_link.h"
 
 #include <chrono>
-#include <cmath>
-#include <cstdio>
 #include <string>
 #include <thread>
 
 #include "peakbound/core/error.h"
-#include "peakbound/device/cpu/cpu_stream.h"
+#include "peakbound/schedules/checkpoint_policy.h"
 
 namespace peakbound {
 
 CheckpointLink::CheckpointLink(Device& dev, Stream& stream, double gbytes_per_second)
     : dev_(dev), stream_(stream), gbps_(gbytes_per_second) {
-  if (!(gbps_ >= 0) || !std::isfinite(gbps_))
-  {
-    char got[32];
-    std::snprintf(got, sizeof got, "%g", gbps_);
-    throw InvalidArgument(std::string("--link-gbps must be 0 (off) or a positive bandwidth in GB/s (got ") + got + ")");
-  }
-  if (gbps_ > 0) {
-    cpu_stream_ = dynamic_cast<CpuStream*>(&stream_);
-    if (!cpu_stream_ || cpu_stream_->mode() != CpuStream::Mode::worker_thread)
-      throw InvalidArgument("--link-gbps emulates a host link on the cpu device's copy engine only; "
-                            "drop it on device '" + dev_.name() + "'");
-  }
+  validate_link_gbps(gbps_);
+  // A real accelerator has a real link; emulation slows the CPU device's memcpy only.
+  if (gbps_ > 0 && dev_.backend() != Backend::cpu)
+    throw InvalidArgument("checkpoint link_gbps emulates a host link on the cpu device's copy engine only; "
+                          "set it to 0 on device '" + dev_.name() + "'");
 }
 
 Event CheckpointLink::copy(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) {
-  if (!cpu_stream_) {
+  if (gbps_ == 0) {
     dev_.memcpy_async(dst, src, bytes, kind, stream_);
     return dev_.record(stream_);
   }
@@ -36,11 +27,11 @@ Event CheckpointLink::copy(void* dst, const void* src, std::uint64_t bytes, Copy
   // the memcpy, then sleep until start + bytes / bandwidth.
   using clock = std::chrono::steady_clock;
   auto start = std::make_shared<clock::time_point>();
-  cpu_stream_->submit([start] { *start = clock::now(); });
+  dev_.host_task(stream_, [start] { *start = clock::now(); });
   dev_.memcpy_async(dst, src, bytes, kind, stream_);
   const auto link_time = std::chrono::duration_cast<clock::duration>(
       std::chrono::duration<double>(static_cast<double>(bytes) / (gbps_ * 1e9)));
-  cpu_stream_->submit([start, link_time, waits = waits_] {
+  dev_.host_task(stream_, [start, link_time, waits = waits_] {
     const auto until = *start + link_time;
     const auto now = clock::now();
     if (now >= until) return;

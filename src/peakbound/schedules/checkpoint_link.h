@@ -6,8 +6,9 @@
 // CPU device a copy is a memcpy at DRAM speed, far faster relative to compute than a
 // GPU's PCIe/NVLink-C2C link. With `gbytes_per_second` > 0 each copy is made to take at
 // least bytes / bandwidth on the copy engine (the memcpy, then a sleep for the rest),
-// so overlap can be studied at GPU-like ratios of compute to copy speed. Emulation
-// needs the CPU device's worker-thread streams; other devices have a real link.
+// so overlap can be studied at GPU-like ratios of compute to copy speed. The timing
+// runs as host tasks on the copy stream (Device::host_task), so it needs the CPU
+// device, whose copy stream is its own thread; other devices have a real link.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +19,11 @@
 
 namespace peakbound {
 
-class CpuStream;
-
 class CheckpointLink {
  public:
-  // gbytes_per_second: 0 = no emulation; > 0 emulates a link of 1e9 * that bytes/s.
-  // Throws InvalidArgument for a negative bandwidth, or emulation on a non-CPU stream.
+  // gbytes_per_second: 0 = no emulation; otherwise emulates a link of 1e9 * that
+  // bytes/s. Throws InvalidArgument for a bandwidth validate_link_gbps refuses (below
+  // CheckpointOptions::kMinLinkGbps, negative, not finite), or emulation on a non-CPU stream.
   CheckpointLink(Device& dev, Stream& stream, double gbytes_per_second);
 
   // Enqueues dst <- src after all work already on the stream; the event completes
@@ -44,7 +44,6 @@ class CheckpointLink {
 
   Device& dev_;
   Stream& stream_;
-  CpuStream* cpu_stream_ = nullptr;  // set when emulating
   double gbps_;
   std::shared_ptr<Waits> waits_ = std::make_shared<Waits>();
 };

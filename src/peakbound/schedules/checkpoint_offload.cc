@@ -8,31 +8,10 @@
 
 namespace peakbound {
 
-std::string_view checkpoint_schedule_name(CheckpointSchedule s) {
-  switch (s) {
-    case CheckpointSchedule::resident: return "resident";
-    case CheckpointSchedule::sco: return "sco";
-  }
-  PB_CHECK_MSG(false, "unknown checkpoint schedule");
-}
-
-CheckpointSchedule parse_checkpoint_schedule(std::string_view name) {
-  if (name == "resident") return CheckpointSchedule::resident;
-  if (name == "sco") return CheckpointSchedule::sco;
-  throw InvalidArgument("unknown checkpoint schedule '" + std::string(name) + "' (use resident or sco)");
-}
-
 namespace {
 
-CheckpointPlacement choose_placement(std::int64_t layers, std::uint64_t bytes, const CheckpointOptions& o) {
-  if (o.schedule == CheckpointSchedule::resident) return place_all_resident(layers, bytes);
-  if (o.resident_layers >= 0) return place_sco(layers, bytes, o.prefetch_depth, o.resident_layers);
-  if (o.checkpoint_budget > 0) return place_sco_within(layers, bytes, o.prefetch_depth, o.checkpoint_budget);
-  return place_sco(layers, bytes, o.prefetch_depth, 0);
-}
-
 std::vector<Block*> checked_blocks(std::vector<Block*> blocks) {
-  if (blocks.empty()) throw InvalidArgument("a checkpointed stack needs at least one block (--layers >= 1)");
+  if (blocks.empty()) throw InvalidArgument("checkpoint layers must be >= 1 (the stack got no blocks)");
   for (Block* b : blocks) PB_CHECK_MSG(b != nullptr, "checkpointed stack: null block");
   return blocks;
 }
@@ -45,19 +24,21 @@ CheckpointedStack::CheckpointedStack(Device& dev, HostMemory& host, std::vector<
       blocks_(checked_blocks(std::move(blocks))),
       shape_(boundary),
       dtype_(dtype),
-      bytes_(static_cast<std::uint64_t>(boundary.numel()) * dtype_size(dtype)),
       options_(options),
-      placement_(choose_placement(layers(), bytes_, options)),
+      buffers_(checkpoint_buffers(layers(), static_cast<std::uint64_t>(boundary.numel()), dtype_size(dtype), options)),
+      bytes_(buffers_.boundary.bytes),
       link_(dev, dev.copy_stream(), options.link_gbps) {
-  const auto R = static_cast<std::size_t>(placement_.ring_slots);
-  const auto O = static_cast<std::size_t>(placement_.offloaded);
+  const CheckpointPlacement& p = placement();
+  const auto R = static_cast<std::size_t>(p.ring_slots);
+  const auto O = static_cast<std::size_t>(p.offloaded);
   ring_.reserve(R);
-  for (std::size_t s = 0; s < R; ++s) ring_.push_back(dev_.allocate(Component::checkpoints, bytes_));
+  for (std::size_t s = 0; s < R; ++s) ring_.push_back(dev_.allocate(buffers_.boundary.component, buffers_.boundary.bytes));
   slot_free_.resize(R);
   host_.reserve(O);
-  for (std::size_t l = 0; l < O; ++l) host_.push_back(host.allocate(Component::checkpoints, bytes_));
+  for (std::size_t l = 0; l < O; ++l)
+    host_.push_back(host.allocate(buffers_.host_boundary.component, buffers_.host_boundary.bytes));
   fetched_.resize(O);
-  resident_.resize(static_cast<std::size_t>(placement_.resident));
+  resident_.resize(static_cast<std::size_t>(p.resident));
 }
 
 CheckpointedStack::~CheckpointedStack() {
@@ -74,7 +55,7 @@ Tensor CheckpointedStack::view(const void* p) const {
 
 // Where boundary l lives: a ring slot for l < M, else its own resident buffer.
 void* CheckpointedStack::boundary_ptr(std::int64_t l) const {
-  const std::int64_t m = placement_.ringed();
+  const std::int64_t m = placement().ringed();
   if (l < m) return ring_[static_cast<std::size_t>(slot_of(l))].data();
   return resident_[static_cast<std::size_t>(l - m)].data();
 }
@@ -82,10 +63,10 @@ void* CheckpointedStack::boundary_ptr(std::int64_t l) const {
 // Storage for boundary l before it is written: a resident buffer is allocated now; a
 // ring slot is reused only after the D2H of its previous boundary has completed.
 void* CheckpointedStack::acquire_boundary(std::int64_t l) {
-  const std::int64_t m = placement_.ringed();
+  const std::int64_t m = placement().ringed();
   if (l >= m) {
     Buffer& b = resident_[static_cast<std::size_t>(l - m)];
-    b = dev_.allocate(Component::checkpoints, bytes_);
+    b = dev_.allocate(buffers_.boundary.component, buffers_.boundary.bytes);
     return b.data();
   }
   const auto s = static_cast<std::size_t>(slot_of(l));
@@ -123,7 +104,7 @@ void CheckpointedStack::forward(const Tensor& x, const Tensor& y) {
 
 void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
   Stream& compute = dev_.compute_stream();
-  const std::int64_t L = layers(), O = placement_.offloaded;
+  const std::int64_t L = layers(), O = placement().offloaded;
   void* in = acquire_boundary(0);
   dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
   for (std::int64_t l = 0; l < L; ++l) {
@@ -153,12 +134,12 @@ void CheckpointedStack::backward(const Tensor& dy, const Tensor& dx) {
 
 void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   Stream& compute = dev_.compute_stream();
-  const std::int64_t L = layers(), M = placement_.ringed(), O = placement_.offloaded;
+  const std::int64_t L = layers(), M = placement().ringed(), O = placement().offloaded;
   // The residual-stream gradient ping-pongs between two buffers; the last block writes dx.
   Buffer grad_a, grad_b;
-  if (L > 1) {
-    grad_a = dev_.allocate(Component::layer, bytes_);
-    grad_b = dev_.allocate(Component::layer, bytes_);
+  if (buffers_.grad_buffers == 2) {
+    grad_a = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
+    grad_b = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
   }
   const void* g = dy.raw();
   std::int64_t next_fetch = O - 1;  // highest offloaded boundary not yet fetched

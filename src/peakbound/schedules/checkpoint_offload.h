@@ -10,13 +10,14 @@
 //             prefetch_depth + 2 device slots (allocated once, at construction) ahead
 //             of the block that needs them. The selective policy keeps the last K
 //             boundaries resident (checkpoint_policy.h); K = L is the baseline.
+// Every buffer the stack holds comes from checkpoint_buffers() (checkpoint_policy.h),
+// the same numbers checkpoint_footprint() reports.
 // Only data placement differs, so outputs and every gradient are bitwise equal
 // between the schedules. The stack owns its boundaries: x is copied into boundary 0,
 // and the caller may reuse x once forward returns.
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 #include "peakbound/core/buffer.h"
@@ -28,26 +29,12 @@
 
 namespace peakbound {
 
-enum class CheckpointSchedule : std::uint8_t { resident, sco };
-
-std::string_view checkpoint_schedule_name(CheckpointSchedule s);
-// Throws InvalidArgument naming the valid schedules.
-CheckpointSchedule parse_checkpoint_schedule(std::string_view name);
-
-struct CheckpointOptions {
-  CheckpointSchedule schedule = CheckpointSchedule::sco;
-  std::int64_t prefetch_depth = 1;      // sco: blocks of compute each copy hides behind
-  std::int64_t resident_layers = -1;    // sco: force K resident boundaries; -1 = policy
-  std::uint64_t checkpoint_budget = 0;  // sco policy: device bytes for boundaries; 0 = offload all
-  double link_gbps = 0;                 // > 0: emulate a host link of this many GB/s (cpu only)
-};
-
 class CheckpointedStack {
  public:
   // blocks are borrowed and must outlive the stack. boundary: the shape of every
   // block's input and output (e.g. [T, H]). Allocates the ring (device) and the
   // offloaded boundaries' host buffers (host) now. Throws InvalidArgument for bad
-  // options, OutOfBudget when the placement does not fit.
+  // options (naming the option), OutOfBudget when the placement does not fit.
   CheckpointedStack(Device& dev, HostMemory& host, std::vector<Block*> blocks, Shape boundary,
                     DType dtype, const CheckpointOptions& options);
   ~CheckpointedStack();
@@ -62,7 +49,8 @@ class CheckpointedStack {
   void backward(const Tensor& dy, const Tensor& dx);
 
   const CheckpointOptions& options() const { return options_; }
-  const CheckpointPlacement& placement() const { return placement_; }
+  const CheckpointPlacement& placement() const { return buffers_.placement; }
+  const CheckpointBuffers& buffers() const { return buffers_; }
   const CheckpointLink& link() const { return link_; }
   std::int64_t layers() const { return static_cast<std::int64_t>(blocks_.size()); }
   // Seconds compute has spent waiting for copies so far (a slot's D2H in forward, a
@@ -72,7 +60,7 @@ class CheckpointedStack {
  private:
   void* acquire_boundary(std::int64_t l);
   void* boundary_ptr(std::int64_t l) const;
-  std::int64_t slot_of(std::int64_t l) const { return l % placement_.ring_slots; }
+  std::int64_t slot_of(std::int64_t l) const { return l % placement().ring_slots; }
   Tensor view(const void* p) const;
   void forward_impl(const Tensor& x, const Tensor& y);
   void backward_impl(const Tensor& dy, const Tensor& dx);
@@ -84,9 +72,9 @@ class CheckpointedStack {
   std::vector<Block*> blocks_;
   Shape shape_;
   DType dtype_;
-  std::uint64_t bytes_;  // one boundary, unrounded
   CheckpointOptions options_;
-  CheckpointPlacement placement_;
+  CheckpointBuffers buffers_;
+  std::uint64_t bytes_;  // one boundary, unrounded: buffers_.boundary.bytes
   CheckpointLink link_;
 
   std::vector<Buffer> ring_;       // R device slots, allocated once

@@ -1,5 +1,6 @@
-// Where a checkpointed stack keeps its L boundaries (block l's input, kept until
-// block l's backward), and the selective policy that decides it.
+// Selective Checkpoint Offload's knobs, where a checkpointed stack keeps its L
+// boundaries (block l's input, kept until block l's backward), the selective policy
+// that decides it, and the footprint: the one place the stack's sizes come from.
 //
 // Boundaries [0, L) split into three ranges, by index:
 //   [0, O)     offloaded: copied to host after block l's forward, prefetched back in
@@ -15,10 +16,47 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "peakbound/core/footprint.h"
+
 namespace peakbound {
+
+enum class CheckpointSchedule : std::uint8_t { resident, sco };
+
+std::string_view checkpoint_schedule_name(CheckpointSchedule s);
+// Throws InvalidArgument naming the valid schedules.
+CheckpointSchedule parse_checkpoint_schedule(std::string_view name);
+
+// Every knob of the checkpointed stack with its one default; the library, the CLI
+// flags and the planner all read this struct.
+struct CheckpointOptions {
+  CheckpointSchedule schedule = CheckpointSchedule::sco;
+  // sco: blocks of compute each copy hides behind; the ring holds prefetch_depth + 2.
+  std::int64_t prefetch_depth = 1;
+  // sco: keep exactly the last K boundaries resident, 0 <= K <= L. Unset: the policy
+  // decides from checkpoint_budget.
+  std::optional<std::int64_t> resident_layers;
+  // sco policy: device bytes for boundaries (ring + resident); 0 = no budget, offload
+  // all but the ring.
+  std::uint64_t checkpoint_budget = 0;
+  // 0 = off; otherwise emulate a host link of this many GB/s (1e9 bytes/s) on the CPU
+  // device's copy engine, at least kMinLinkGbps.
+  double link_gbps = 0;
+
+  // The slowest emulated link accepted: 1 MB/s, a thousand times slower than any real
+  // host link, so a boundary copy takes milliseconds, not the hours a 1e-9 would.
+  static constexpr double kMinLinkGbps = 1e-3;
+};
+
+// Throws InvalidArgument naming the option ("checkpoint prefetch_depth must be >= 1").
+// resident_layers against L is checked by the placement.
+void validate_checkpoint_options(const CheckpointOptions& o);
+// The link_gbps rule alone (0, or finite and >= kMinLinkGbps).
+void validate_link_gbps(double gbps);
 
 struct CheckpointPlacement {
   std::int64_t layers = 0;          // L
@@ -30,6 +68,8 @@ struct CheckpointPlacement {
 
   // Boundaries that go through the ring: M = L - K.
   std::int64_t ringed() const { return layers - resident; }
+  // Device buffers for boundaries: R + K.
+  std::int64_t device_boundaries() const { return ring_slots + resident; }
   // The checkpoint component's device peak this placement implies.
   std::uint64_t device_bytes() const;
   // Host bytes for the offloaded boundaries.
@@ -43,7 +83,7 @@ std::int64_t ring_slots_for(std::int64_t prefetch_depth);
 // Every boundary in its own device buffer: the `resident` baseline.
 CheckpointPlacement place_all_resident(std::int64_t layers, std::uint64_t boundary_bytes);
 
-// SCO keeping the last `resident_layers` boundaries on the device (--resident-layers).
+// SCO keeping the last `resident_layers` boundaries on the device.
 // Throws InvalidArgument if resident_layers is outside [0, layers] or D < 1.
 CheckpointPlacement place_sco(std::int64_t layers, std::uint64_t boundary_bytes,
                               std::int64_t prefetch_depth, std::int64_t resident_layers);
@@ -54,7 +94,36 @@ CheckpointPlacement place_sco(std::int64_t layers, std::uint64_t boundary_bytes,
 CheckpointPlacement place_sco_within(std::int64_t layers, std::uint64_t boundary_bytes,
                                      std::int64_t prefetch_depth, std::uint64_t device_budget);
 
-// The Arena's reservation for `bytes` (rounded up to its alignment).
-std::uint64_t arena_rounded(std::uint64_t bytes);
+// The placement the options choose (schedule, resident_layers, checkpoint_budget).
+// Throws InvalidArgument for bad options, OutOfBudget as place_sco_within.
+CheckpointPlacement place_checkpoints(std::int64_t layers, std::uint64_t boundary_bytes,
+                                      const CheckpointOptions& o);
+
+// The buffers a checkpointed stack allocates, all from here:
+//   boundary       device, checkpoints: each of the R ring slots (at construction) and
+//                  each of the K resident boundaries (in forward, freed in backward);
+//   host_boundary  host, checkpoints: each of the O offloaded boundaries (construction);
+//   grad           device, layer: the backward's residual-gradient ping-pong, two
+//                  buffers when L > 1 (one block writes dx directly when L = 1).
+struct CheckpointBuffers {
+  CheckpointSchedule schedule = CheckpointSchedule::sco;
+  CheckpointPlacement placement;
+  BufferSpec boundary;
+  BufferSpec host_boundary;
+  BufferSpec grad;
+  std::int64_t grad_buffers = 0;
+};
+
+// layers L >= 1; boundary_elems: elements of one boundary (tokens x hidden);
+// elem_bytes: the activation element size (4 for the f32 runtime, 2 to plan bf16).
+CheckpointBuffers checkpoint_buffers(std::int64_t layers, std::uint64_t boundary_elems, std::uint64_t elem_bytes,
+                                     const CheckpointOptions& o);
+
+// Phases, what the stack holds (its blocks' internals and parameters are theirs):
+//   "forward"   device checkpoints (R + K) x boundary; host checkpoints O x boundary
+//   "backward"  the same, plus device layer grad_buffers x grad
+Footprint checkpoint_footprint(const CheckpointBuffers& b);
+Footprint checkpoint_footprint(std::int64_t layers, std::uint64_t boundary_elems, std::uint64_t elem_bytes,
+                               const CheckpointOptions& o);
 
 }  // namespace peakbound
