@@ -1,0 +1,57 @@
+// dispatch_footprint as a pure function: its phases are made of the buffers that
+// dispatch_buffers returns, scale with the element size, double the exchange when
+// rounds overlap, and a pass whose lent-weights exchange outweighs its rounds is sized
+// by the exchange.
+#include <gtest/gtest.h>
+
+#include "peakbound/schedules/moe_footprint.h"
+
+namespace peakbound {
+namespace {
+
+std::uint64_t dispatch_of(const Footprint& f, const char* phase) {
+  return f.phase(phase).device[static_cast<std::size_t>(Component::dispatch)];
+}
+
+TEST(MoeDispatchFootprint, PhasesFromTheBuffers) {
+  const MoeShape s{64, 96, 8, 2};
+  DispatchSizes z;
+  z.max_sent = 300, z.max_received = 500, z.foreign = 1;
+  const Footprint f = dispatch_footprint(s, z, 4);
+  // forward: x | id rows out and in, results back, 3 FFN intermediates and x/out grouped.
+  const std::uint64_t fwd = arena_reserved(300 * 65 * 4) + arena_reserved(500 * 65 * 4) + arena_reserved(300 * 64 * 4) +
+                            arena_reserved(500 * 64 * 4) + 2 * arena_reserved(500 * 64 * 4) +
+                            3 * arena_reserved(500 * 96 * 4) + arena_reserved(3 * 64 * 96 * 4);
+  EXPECT_EQ(dispatch_of(f, "forward"), fwd);
+  EXPECT_GT(dispatch_of(f, "backward"), dispatch_of(f, "forward"));
+  EXPECT_EQ(f.device_peak(Component::dispatch), dispatch_of(f, "backward"));
+  EXPECT_EQ(f.device_peak_total(), dispatch_of(f, "backward"));
+}
+
+TEST(MoeDispatchFootprint, ElementSizeAndDoubleBuffering) {
+  const MoeShape s{256, 512, 16, 4};
+  DispatchSizes z;
+  z.max_sent = 1024, z.max_received = 1280;  // every buffer a multiple of 256 bytes at 2 and 4
+  const Footprint f4 = dispatch_footprint(s, z, 4), f2 = dispatch_footprint(s, z, 2);
+  EXPECT_EQ(dispatch_of(f4, "forward"), 2 * dispatch_of(f2, "forward"));  // all multiples of 256 here
+  DispatchSizes zz = z;
+  zz.double_buffered = true;
+  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, zz, 4), "forward") - dispatch_of(f4, "forward"),
+            b.send.reserved() + b.recv.reserved() + b.back.reserved() + b.out.reserved());
+}
+
+TEST(MoeDispatchFootprint, LendExchangeCanBeThePeak) {
+  const MoeShape s{128, 256, 64, 1};
+  DispatchSizes z;
+  z.max_sent = 2, z.max_received = 2, z.lent = 10;  // lends 10 experts, holds none, few rows
+  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
+  ASSERT_GT(b.lend_bytes(), b.rounds_bytes());
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "forward"), arena_reserved(10ull * 3 * 128 * 256 * 4));
+  // Backward holds the returning gradients with the rounds: never the lend exchange alone.
+  const DispatchBuffers bb = dispatch_buffers(s, z, DispatchPass::backward, 4);
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "backward"), bb.rounds_bytes());
+}
+
+}  // namespace
+}  // namespace peakbound
