@@ -4,7 +4,11 @@
 // by the exchange.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+
 #include "peakbound/schedules/moe_footprint.h"
+#include "peakbound/verify/moe_reference.h"
 
 namespace peakbound {
 namespace {
@@ -51,6 +55,53 @@ TEST(MoeDispatchFootprint, LendExchangeCanBeThePeak) {
   // Backward holds the returning gradients with the rounds: never the lend exchange alone.
   const DispatchBuffers bb = dispatch_buffers(s, z, DispatchPass::backward, 4);
   EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "backward"), bb.rounds_bytes());
+}
+
+}  // namespace
+}  // namespace peakbound
+
+namespace peakbound {
+namespace {
+
+// The planner's estimate bounds what the plan decides on the harness's problems.
+TEST(MoeDispatchFootprint, EstimateBoundsThePlannedSizes) {
+  for (int P : {1, 2, 3, 4})
+    for (Skew skew : {Skew::uniform, Skew::zipf, Skew::hot, Skew::all_to_one_rank, Skew::one_expert, Skew::source})
+      for (std::int64_t K : {1, 2, 4})
+        for (std::int64_t tokens : {29, 300}) {
+          MoeProblemSpec sp;
+          sp.shape = MoeShape{8, 8, 12, K};
+          sp.ranks = P;
+          sp.tokens = tokens;
+          sp.skew = skew;
+          const MoeProblem p = make_moe_problem(sp);
+          std::vector<std::int64_t> counts(static_cast<std::size_t>(P * 12), 0);
+          for (int q = 0; q < P; ++q)
+            for (std::int64_t c = 0; c < p.tokens[static_cast<std::size_t>(q)] * K; ++c)
+              ++counts[static_cast<std::size_t>(q * 12 + p.ids[static_cast<std::size_t>(p.offset(q) * K + c)])];
+          const std::int64_t most_tokens = *std::max_element(p.tokens.begin(), p.tokens.end());
+          for (std::int64_t cap : {7, 64, 1024})
+            for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
+              DispatchOptions o;
+              o.cap = cap;
+              o.min_spill = 8;
+              const MoePlan plan = make_moe_plan(kind, P, 12, counts, o);
+              const DispatchSizes est = dispatch_sizes_estimate(kind, sp.shape, P, most_tokens, plan.imbalance, o);
+              for (int r = 0; r < P; ++r) {
+                SCOPED_TRACE("P " + std::to_string(P) + " " + std::string(skew_name(skew)) + " K " + std::to_string(K) +
+                             " tokens " + std::to_string(tokens) + " cap " + std::to_string(cap) + " " +
+                             std::string(dispatch_kind_name(kind)) + " rank " + std::to_string(r));
+                const DispatchSizes z = dispatch_sizes(plan, r, p.tokens[static_cast<std::size_t>(r)]);
+                EXPECT_LE(z.max_sent, est.max_sent);
+                EXPECT_LE(z.max_received, est.max_received);
+                EXPECT_LE(z.foreign, est.foreign);
+                EXPECT_LE(z.lent, est.lent);
+                EXPECT_LE(static_cast<int>(z.double_buffered), static_cast<int>(est.double_buffered));
+                EXPECT_LE(dispatch_footprint(sp.shape, z, 4).device_peak_total(),
+                          dispatch_footprint(sp.shape, est, 4).device_peak_total());
+              }
+            }
+        }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "peakbound/schedules/moe_footprint.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "peakbound/core/error.h"
 
@@ -14,6 +15,34 @@ DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens)
   s.foreign = static_cast<std::int64_t>(plan.foreign_experts(rank).size());
   for (const MoePlan::Spill& sp : plan.spills) s.lent += sp.owner == rank;
   s.tokens = tokens;
+  return s;
+}
+
+DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
+                                      double imbalance, const DispatchOptions& o) {
+  check_dispatch_options(o);
+  if (ep < 1 || tokens < 0 || !(imbalance >= 1.0) || !std::isfinite(imbalance))
+    throw InvalidArgument("moe dispatch estimate: ep >= 1, tokens >= 0 and a finite imbalance >= 1 are required");
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); };
+  auto ceil_d = [](double v) { return static_cast<std::int64_t>(std::ceil(v)); };
+  const std::int64_t C = static_cast<std::int64_t>(checked_mul(static_cast<std::uint64_t>(tokens),
+                                                               static_cast<std::uint64_t>(shape.top_k), "moe copies"));
+  const std::int64_t local = shape.experts / ep;
+  const bool spilled = kind != DispatchKind::standard_ep && ep > 1 && imbalance >= o.lambda;
+  const std::int64_t R = kind == DispatchKind::pipelined_llep ? std::max<std::int64_t>(1, ceil_div(C, o.cap)) : 1;
+  DispatchSizes s;
+  s.tokens = tokens;
+  s.max_sent = R > 1 ? ceil_div(C, R) : C;
+  s.double_buffered = R > 1;
+  const double busiest = std::min(imbalance, static_cast<double>(ep)) * static_cast<double>(C);
+  const std::int64_t capacity = ceil_d(std::min(o.alpha, static_cast<double>(ep)) * static_cast<double>(C));
+  const std::int64_t load = spilled ? std::min(ceil_d(busiest), capacity + o.min_spill) : ceil_d(busiest);
+  s.max_received = std::min(ep * s.max_sent, ceil_div(load, R) + (R > 1 ? ep : 0));
+  if (spilled && C > 0) {
+    s.foreign = std::min(shape.experts - local, ceil_div(capacity + o.min_spill, o.min_spill));
+    const std::int64_t excess = std::max<std::int64_t>(0, ceil_d(busiest) - capacity);
+    s.lent = std::min(local * (ep - 1), ceil_div(excess, o.min_spill) + local);
+  }
   return s;
 }
 

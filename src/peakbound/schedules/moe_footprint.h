@@ -1,11 +1,11 @@
 // The device memory of one MoE dispatch pass (standard EP, LLEP, PipelinedLLEP), as a
 // pure function of the shapes and of a few sizes that the routing plan determines.
 //
-//   DispatchSizes   what the plan decides for one rank: the most rows it sends and
-//                   receives in one round, whether rounds are double-buffered, how many
+//   DispatchSizes   what the plan decides for one rank: the most rows sent and received
+//                   in one round, whether rounds are double-buffered, how many
 //                   lent experts it holds (foreign) and lends out (lent), its tokens.
 //                   The runtime fills it from its MoePlan (dispatch_sizes); the planner
-//                   fills it from analytic bounds (see the report / docs for the formulas).
+//                   from shapes and knobs (dispatch_sizes_estimate).
 //   dispatch_buffers  every Component::dispatch buffer of a forward or backward pass;
 //                   MoeDispatch allocates exactly these, nothing beside them.
 //   dispatch_footprint  phases "forward" and "backward": what is live together at each
@@ -27,8 +27,10 @@ namespace peakbound {
 enum class DispatchPass : std::uint8_t { forward, backward };
 
 struct DispatchSizes {
-  std::int64_t max_sent = 0;      // rows this rank sends in its largest round
-  std::int64_t max_received = 0;  // rows this rank receives in its largest round
+  // Every rank sizes its exchange for the group's largest round (the plan is the same
+  // on all ranks), so these are maxima over ranks and rounds.
+  std::int64_t max_sent = 0;      // rows a source sends in one round
+  std::int64_t max_received = 0;  // rows a destination receives in one round
   bool double_buffered = false;   // pipelined with > 1 round: exchange buffers x2
   std::int64_t foreign = 0;       // lent experts whose weights this rank holds
   std::int64_t lent = 0;          // (expert, helper) lendings by this rank: weight copies sent
@@ -37,6 +39,16 @@ struct DispatchSizes {
 
 // This rank's sizes under `plan` (kind, rounds and pieces already decided).
 DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens);
+
+// Estimated sizes of the busiest rank at model scale, for the planner: every rank routes
+// `tokens` x top_k copies (pass the largest rank's tokens under source skew);
+// `imbalance` is the busiest rank's load over the mean before spilling (1 = uniform).
+// standard EP receives the busiest load at once; LLEP (imbalance >= lambda, ep > 1)
+// caps every rank at alpha x the mean plus one spilled piece; PipelinedLLEP takes
+// that in R = ceil(copies / cap) rounds, each at most cap copies per source plus up to
+// ep rows of rounding per round. foreign / lent count min_spill-sized pieces.
+DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
+                                      double imbalance, const DispatchOptions& options);
 
 struct DispatchBuffers {
   // Lent weights: held for the whole pass; their gradients in backward.
