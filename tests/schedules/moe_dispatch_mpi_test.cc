@@ -27,8 +27,8 @@ MoeProblemSpec spec(std::int64_t tokens, std::int64_t top_k, Skew skew, std::uin
   return s;
 }
 
-LlepKnobs small_knobs() {
-  LlepKnobs k;
+DispatchOptions small_knobs() {
+  DispatchOptions k;
   k.min_spill = 4;
   k.cap = 7;  // divides nothing here
   return k;
@@ -98,7 +98,7 @@ std::uint64_t dispatch_peak(DispatchKind kind, std::int64_t tokens, Skew skew) {
   std::vector<float> y(static_cast<std::size_t>(T * H)), dx(y.size()), dw(static_cast<std::size_t>(T * K)),
       dp(static_cast<std::size_t>(local * EF));
   CpuDevice dev(256ull << 20);
-  LlepKnobs kn;
+  DispatchOptions kn;
   kn.min_spill = 16;
   kn.cap = 64;
   MoeDispatch d(dev, g, sp.shape, kind, kn);
@@ -134,11 +134,11 @@ TEST(MoeDispatch, BadExpertIdIsAnErrorOnEveryRank) {
   Communicator& g = world();
   MoeShape s{4, 4, 12, 1};
   CpuDevice dev(16ull << 20);
-  MoeDispatch d(dev, g, s, DispatchKind::standard_ep, LlepKnobs{});
+  MoeDispatch d(dev, g, s, DispatchKind::standard_ep, DispatchOptions{});
   std::vector<float> x(8, 1.0f), w(2, 1.0f), y(8), params(static_cast<std::size_t>(12 / g.size() * s.expert_floats()), 0.1f);
   std::vector<std::int32_t> ids = {0, g.rank() == 0 ? 12 : 1};
   EXPECT_THROW(d.forward(x.data(), 2, ids.data(), w.data(), params.data(), y.data()), InvalidArgument);
-  EXPECT_THROW(MoeDispatch(dev, g, MoeShape{4, 4, 12, 13}, DispatchKind::llep, LlepKnobs{}), InvalidArgument);
+  EXPECT_THROW(MoeDispatch(dev, g, MoeShape{4, 4, 12, 13}, DispatchKind::llep, DispatchOptions{}), InvalidArgument);
 }
 
 }  // namespace

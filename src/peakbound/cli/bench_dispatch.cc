@@ -19,8 +19,6 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/kernels/cpu/elementwise.h"
-#include "peakbound/kernels/cpu/gemm.h"
 
 namespace peakbound::cli {
 
@@ -33,7 +31,7 @@ struct BenchFlags : DispatchFlags {
 
 struct PathResult {
   std::string name;
-  std::uint64_t peak = 0;
+  std::uint64_t peak = 0, budget = 0;  // max over ranks
   double seconds = 0;
   int rounds = 0;
   bool spilled = false;
@@ -46,8 +44,9 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
   const int r = g.rank();
   const std::int64_t H = s.hidden, K = s.top_k, EF = s.expert_floats(), local = s.experts / g.size();
   const std::int64_t T = p.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
-  CpuDevice dev(64ull << 30);
-  MoeDispatch d(dev, g, s, kind, f.knobs());
+  const std::uint64_t budget = f.budget(p, r, kind);
+  CpuDevice dev(budget);
+  MoeDispatch d(dev, g, s, kind, f.options());
   PathResult out;
   out.name = d.name();
   out.y.resize(static_cast<std::size_t>(T * H));
@@ -65,9 +64,11 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
   };
   step();  // warm-up (and the run the peak is read from)
   if (timed) out.seconds = bench::best_group_seconds(g, step, f.reps);
-  std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::dispatch));
-  g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
-  out.peak = static_cast<std::uint64_t>(peak);
+  std::int64_t peak[2] = {static_cast<std::int64_t>(dev.arena().peak(Component::dispatch)),
+                         static_cast<std::int64_t>(budget)};
+  g.all_reduce(peak, 2, DType::i64, ReduceOp::max);
+  out.peak = static_cast<std::uint64_t>(peak[0]);
+  out.budget = static_cast<std::uint64_t>(peak[1]);
   out.rounds = d.stats().rounds;
   std::int64_t mx[2] = {d.stats().max_received_rows, d.stats().foreign_experts};
   g.all_reduce(mx, 2, DType::i64, ReduceOp::max);
@@ -82,7 +83,7 @@ Command add_bench_dispatch(CLI::App& parent) {
   Command c;
   c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("dispatch", "Standard EP vs LLEP vs PipelinedLLEP: dispatch peak and throughput (run under mpirun)");
-  f->add_to(*c.app);
+  f->add_to(*c.app, " (the library default)", " (the library default)");
   c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
   c.app->add_flag("--sweep", f->sweep, "Also measure the peaks at 1, 2, 4, 8x the tokens under each skew");
   c.run = [f] {
@@ -106,6 +107,7 @@ Command add_bench_dispatch(CLI::App& parent) {
                           bench::group_relative_error(g, res[i].dw, res[0].dw), bench::group_relative_error(g, res[i].dparams, res[0].dparams)});
         worst_err = std::max(worst_err, err);
         runs.push_back({{"name", res[i].name}, {"skew", skew_name(s)}, {"dispatch_peak_bytes", res[i].peak},
+                        {"device_budget_bytes", res[i].budget},
                         {"seconds", res[i].seconds}, {"tokens_per_second", static_cast<double>(all_tokens) / res[i].seconds},
                         {"rounds", res[i].rounds}, {"spilled", res[i].spilled},
                         {"max_round_rows", res[i].max_round_rows}, {"lent_experts_held", res[i].foreign_experts}, {"max_rel_err_vs_standard", err}});

@@ -1,12 +1,15 @@
-// The shape flags shared by `bench dispatch` and `verify dispatch`.
+// The shape flags shared by `bench dispatch` and `verify dispatch`. Knob defaults come
+// from DispatchOptions{} (the library's), unless a command sets its own problem size.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
 #include "peakbound/verify/moe_reference.h"
 
 namespace peakbound::cli {
@@ -18,45 +21,63 @@ struct DispatchFlags {
   std::int64_t experts = 16;
   std::int64_t top_k = 2;
   std::string skew = "uniform,hot";
-  double zipf_s = 1.2;
-  std::int64_t cap = 512;
-  double alpha = 1.0;
-  double lambda = 1.3;
-  std::int64_t min_spill = 64;
+  double zipf_s = MoeProblemSpec{}.zipf_s;
+  std::int64_t cap = DispatchOptions{}.cap;
+  double alpha = DispatchOptions{}.alpha;
+  double lambda = DispatchOptions{}.lambda;
+  std::int64_t min_spill = DispatchOptions{}.min_spill;
   std::uint64_t seed = 1;
+  std::string device_memory = "auto";  // auto: sized from the dispatch footprints
   bool json = false;
 
-  void add_to(CLI::App& app) {
+  // `cap_help` / `min_spill_help` say where a command's own default comes from.
+  void add_to(CLI::App& app, const std::string& cap_help = "", const std::string& min_spill_help = "") {
     app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 28));
     app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     app.add_option("--ffn", ffn, "Expert FFN width")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     app.add_option("--experts", experts, "Routed experts (divisible by the number of ranks)")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     app.add_option("--topk", top_k, "Experts per token")->capture_default_str()->check(CLI::Range(1, 1 << 10));
     app.add_option("--skew", skew, "Comma list of uniform, zipf, hot, all-to-one-rank, one-expert, source")->capture_default_str();
-    app.add_option("--zipf-s", zipf_s, "Zipf exponent")->capture_default_str();
-    app.add_option("--cap", cap, "PipelinedLLEP: copies per source rank per round")->capture_default_str();
-    app.add_option("--alpha", alpha, "LLEP capacity factor over the mean load")->capture_default_str();
+    app.add_option("--zipf-s", zipf_s, "Zipf exponent, finite, >= 0")->capture_default_str();
+    app.add_option("--cap", cap, "PipelinedLLEP: copies per source rank per round" + cap_help)->capture_default_str();
+    app.add_option("--alpha", alpha, "LLEP capacity factor over the mean load, >= 1")->capture_default_str();
     app.add_option("--lambda", lambda, "LLEP: imbalance below which standard EP runs")->capture_default_str();
-    app.add_option("--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies")->capture_default_str();
+    app.add_option("--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies" + min_spill_help)->capture_default_str();
     app.add_option("--seed", seed, "Data seed")->capture_default_str();
+    app.add_option("--device-memory", device_memory,
+                   "Device budget of each path (e.g. 64MiB), or auto: its dispatch footprint plus 1 MiB")
+        ->capture_default_str();
     app.add_flag("--json", json, "Print one JSON object");
   }
 
-  // Throws InvalidArgument for shapes the launched group cannot run.
+  // Throws InvalidArgument for shapes the launched group cannot run and knobs out of range.
   void check(int ranks) const {
     if (experts % ranks != 0)
       throw InvalidArgument("--experts " + std::to_string(experts) + " is not divisible by the " +
                             std::to_string(ranks) + " ranks");
     if (top_k > experts) throw InvalidArgument("--topk " + std::to_string(top_k) + " exceeds --experts " + std::to_string(experts));
+    // The library names its options; the CLI names its flags.
+    if (cap < 1) throw InvalidArgument("--cap must be positive");
+    if (!std::isfinite(alpha) || alpha < 1.0) throw InvalidArgument("--alpha must be a finite number >= 1");
+    if (!std::isfinite(lambda) || lambda < 0.0) throw InvalidArgument("--lambda must be a finite number >= 0");
+    if (min_spill < 1) throw InvalidArgument("--min-spill must be positive");
+    if (device_memory != "auto") parse_bytes(device_memory, "--device-memory");
+    if (!std::isfinite(zipf_s) || zipf_s < 0.0) throw InvalidArgument("--zipf-s must be a finite number >= 0");
   }
 
-  LlepKnobs knobs() const {
-    LlepKnobs k;
-    k.alpha = alpha;
-    k.lambda = lambda;
-    k.min_spill = min_spill;
-    k.cap = cap;
-    return k;
+  DispatchOptions options() const {
+    DispatchOptions o;
+    o.alpha = alpha;
+    o.lambda = lambda;
+    o.min_spill = min_spill;
+    o.cap = cap;
+    return o;
+  }
+
+  // The Arena budget of one path: --device-memory, or its footprint plus 1 MiB of slack.
+  std::uint64_t budget(const MoeProblem& p, int rank, DispatchKind kind) const {
+    if (device_memory != "auto") return parse_bytes(device_memory, "--device-memory");
+    return moe_problem_footprint(p, rank, kind, options(), sizeof(float)).device_peak_total() + (std::uint64_t{1} << 20);
   }
 
   std::vector<Skew> skews() const {
@@ -64,7 +85,11 @@ struct DispatchFlags {
     std::size_t start = 0;
     while (start <= skew.size()) {
       std::size_t comma = skew.find(',', start);
-      out.push_back(parse_skew(skew.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      try {
+        out.push_back(parse_skew(skew.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(std::string("--skew: ") + e.what());
+      }
       if (comma == std::string::npos) break;
       start = comma + 1;
     }

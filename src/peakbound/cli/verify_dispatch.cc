@@ -19,6 +19,8 @@ constexpr double kTolerance = 1e-5;
 
 Command add_verify_dispatch(CLI::App& parent) {
   auto f = std::make_shared<DispatchFlags>();
+  // The verify problem size: small enough for the dense reference, with a cap and a
+  // smallest spill that split it into many rounds and pieces.
   f->tokens = 64;
   f->hidden = 16;
   f->ffn = 24;
@@ -29,7 +31,8 @@ Command add_verify_dispatch(CLI::App& parent) {
   Command c;
   c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("dispatch", "Standard EP, LLEP, PipelinedLLEP vs a dense reference (run under mpirun for EP > 1)");
-  f->add_to(*c.app);
+  f->add_to(*c.app, " (verify problem size; the library default is " + std::to_string(DispatchOptions{}.cap) + ")",
+            " (verify problem size; the library default is " + std::to_string(DispatchOptions{}.min_spill) + ")");
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;
@@ -40,8 +43,8 @@ Command add_verify_dispatch(CLI::App& parent) {
       MoeProblem p = make_moe_problem(f->spec(g.size(), s, f->tokens));
       MoeReference ref = dense_moe_reference(p);
       for (DispatchKind k : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
-        CpuDevice dev(16ull << 30);
-        MoeDispatch d(dev, g, p.spec.shape, k, f->knobs());
+        CpuDevice dev(f->budget(p, g.rank(), k));
+        MoeDispatch d(dev, g, p.spec.shape, k, f->options());
         MoeCheck chk = check_moe_dispatch(d, g, p, ref);
         bool pass = chk.max() < kTolerance;
         ok = ok && pass;

@@ -1,15 +1,17 @@
 #include "peakbound/schedules/moe_dispatch.h"
 
 #include <algorithm>
-#include <cstring>
+#include <exception>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "peakbound/core/error.h"
-#include "peakbound/device/cpu/cpu_stream.h"
-#include "peakbound/kernels/cpu/gemm.h"
-#include "peakbound/kernels/cpu/swiglu.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/ops/moe_permute.h"
+#include "peakbound/ops/swiglu.h"
 
 namespace peakbound {
 
@@ -27,18 +29,18 @@ struct MoeDispatch::Pass {
   float* dparams = nullptr;
 };
 
-MoeDispatch::MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, LlepKnobs knobs)
-    : dev_(dev), g_(ep_group), s_(shape), kind_(kind), knobs_(knobs) {
+MoeDispatch::MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, DispatchOptions options)
+    : dev_(dev), g_(ep_group), s_(shape), kind_(kind), options_(options) {
   if (s_.hidden < 1 || s_.ffn < 1 || s_.experts < 1 || s_.top_k < 1)
-    throw InvalidArgument("moe: hidden, ffn, experts and top-k must be positive");
-  if (s_.top_k > s_.experts) throw InvalidArgument("moe: top-k " + std::to_string(s_.top_k) + " exceeds the " +
-                                                   std::to_string(s_.experts) + " experts");
-  if (s_.experts % g_.size() != 0)
-    throw InvalidArgument("moe: the expert-parallel size " + std::to_string(g_.size()) + " does not divide the " +
+    throw InvalidArgument("moe dispatch: hidden, ffn, experts and top-k must be positive");
+  if (s_.top_k > s_.experts)
+    throw InvalidArgument("moe dispatch: top-k " + std::to_string(s_.top_k) + " exceeds the " +
                           std::to_string(s_.experts) + " experts");
-  if (knobs_.cap < 1) throw InvalidArgument("moe: --cap must be positive");
-  if (knobs_.alpha < 1.0) throw InvalidArgument("moe: --alpha must be at least 1");
-  if (knobs_.min_spill < 1) throw InvalidArgument("moe: --min-spill must be positive");
+  if (s_.experts % g_.size() != 0)
+    throw InvalidArgument("moe dispatch: the expert-parallel size " + std::to_string(g_.size()) +
+                          " does not divide the " + std::to_string(s_.experts) + " experts");
+  check_dispatch_options(options_);
+  comm_ = &dev_.create_stream("moe-comm");
 }
 
 void MoeDispatch::forward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
@@ -66,12 +68,35 @@ std::vector<std::size_t> prefix(const std::vector<std::size_t>& counts) {
   return d;
 }
 
+// The first failure of the communication thread's host tasks; later tasks are skipped.
+struct CommFailure {
+  std::mutex mu;
+  std::exception_ptr e;
+  bool failed() {
+    std::lock_guard<std::mutex> lock(mu);
+    return e != nullptr;
+  }
+  void set(std::exception_ptr x) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!e) e = std::move(x);
+  }
+  void rethrow() {
+    std::exception_ptr x;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      x = e;
+    }
+    if (x) std::rethrow_exception(x);
+  }
+};
+
 }  // namespace
 
 void MoeDispatch::run(Pass& p) {
   const int P = g_.size(), r = g_.rank();
   const std::int64_t H = s_.hidden, F = s_.ffn, E = s_.experts, K = s_.top_k, T = p.tokens;
   const std::int64_t EF = s_.expert_floats();
+  Stream& cs = dev_.compute_stream();
 
   // 1. Counts per (source, expert), gathered so every rank derives the same plan.
   std::int64_t bad = -1;
@@ -87,50 +112,55 @@ void MoeDispatch::run(Pass& p) {
   std::int64_t any_bad = bad >= 0;
   g_.all_reduce(&any_bad, 1, DType::i64, ReduceOp::max);
   if (bad >= 0)
-    throw InvalidArgument("moe: expert id " + std::to_string(p.ids[bad]) + " of token " + std::to_string(bad / K) +
-                          " is outside [0, " + std::to_string(E) + ")");
-  if (any_bad) throw InvalidArgument("moe: an expert id on another rank is out of range");
+    throw InvalidArgument("moe dispatch: expert id " + std::to_string(p.ids[bad]) + " of token " +
+                          std::to_string(bad / K) + " is outside [0, " + std::to_string(E) + ")");
+  if (any_bad) throw InvalidArgument("moe dispatch: an expert id on another rank is out of range");
   std::vector<std::int64_t> mine(static_cast<std::size_t>(E)), all(static_cast<std::size_t>(P * E));
   for (std::int64_t e = 0; e < E; ++e) mine[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(by_expert[static_cast<std::size_t>(e)].size());
   g_.all_gather(mine.data(), all.data(), static_cast<std::size_t>(E), DType::i64);
-  const MoePlan plan = make_moe_plan(kind_, P, E, all, knobs_);
+  const MoePlan plan = make_moe_plan(kind_, P, E, all, options_);
 
   // 2. This rank's copies per destination, in (expert, local order) order.
   std::vector<std::vector<std::int64_t>> to(static_cast<std::size_t>(P));
   for (std::int64_t e = 0; e < E; ++e) {
-    const auto& cs = by_expert[static_cast<std::size_t>(e)];
+    const auto& cs_e = by_expert[static_cast<std::size_t>(e)];
     std::int64_t g0 = 0;
     for (int q = 0; q < r; ++q) g0 += plan.count(q, e);
     const auto& pcs = plan.pieces[static_cast<std::size_t>(e)];
     std::size_t pi = 0;
-    for (std::size_t j = 0; j < cs.size(); ++j) {
+    for (std::size_t j = 0; j < cs_e.size(); ++j) {
       const std::int64_t g = g0 + static_cast<std::int64_t>(j);
       while (pcs[pi].end <= g) ++pi;
-      to[static_cast<std::size_t>(pcs[pi].dest)].push_back(cs[j]);
+      to[static_cast<std::size_t>(pcs[pi].dest)].push_back(cs_e[j]);
     }
   }
+
+  // Every device buffer of this pass comes from its footprint's specs.
+  const DispatchSizes sizes = dispatch_sizes(plan, r, T);
+  const DispatchBuffers bufs =
+      dispatch_buffers(s_, sizes, p.backward ? DispatchPass::backward : DispatchPass::forward, sizeof(float));
+  auto alloc = [&](const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); };
 
   // 3. Weights of the experts this rank helps with, sent once by their owners.
   const std::vector<std::int64_t> foreign = plan.foreign_experts(r);
   const std::int64_t nf = static_cast<std::int64_t>(foreign.size());
-  Buffer fweights = dev_.allocate(Component::dispatch, static_cast<std::uint64_t>(nf * EF) * 4);
-  Buffer fgrads = p.backward ? dev_.allocate(Component::dispatch, static_cast<std::uint64_t>(nf * EF) * 4) : Buffer();
-  if (p.backward && nf) std::memset(fgrads.data(), 0, static_cast<std::size_t>(nf * EF) * 4);
+  Buffer fweights = alloc(bufs.foreign_weights);
+  Buffer fgrads = alloc(bufs.foreign_grads);
+  if (p.backward && nf) ops::fill(dev_, cs, fgrads.as<float>(), nf * EF, 0.0f);
   std::vector<std::size_t> wsc(static_cast<std::size_t>(P), 0), wrc(static_cast<std::size_t>(P), 0);
-  std::vector<std::int64_t> lent;  // experts this rank lends, grouped by helper ascending
+  std::vector<std::int64_t> lent;  // local slots of the experts this rank lends, grouped by helper ascending
   for (int d = 0; d < P; ++d)
     for (const auto& sp : plan.spills)
       if (sp.owner == r && sp.helper == d) {
-        lent.push_back(sp.expert);
+        lent.push_back(sp.expert - r * plan.local);
         wsc[static_cast<std::size_t>(d)] += static_cast<std::size_t>(EF);
       }
   for (const auto& sp : plan.spills)
     if (sp.helper == r) wrc[static_cast<std::size_t>(sp.owner)] += static_cast<std::size_t>(EF);
   if (!plan.spills.empty()) {
-    Buffer wsend = dev_.allocate(Component::dispatch, static_cast<std::uint64_t>(lent.size()) * static_cast<std::uint64_t>(EF) * 4);
-    for (std::size_t i = 0; i < lent.size(); ++i)
-      std::memcpy(wsend.as<float>() + static_cast<std::int64_t>(i) * EF, p.params + (lent[i] - r * plan.local) * EF,
-                  static_cast<std::size_t>(EF) * 4);
+    Buffer wsend = alloc(bufs.lend_send);
+    ops::moe_gather_rows(dev_, cs, wsend.as<float>(), p.params, lent.data(), static_cast<std::int64_t>(lent.size()), EF);
+    dev_.synchronize(cs);
     g_.all_to_all_v(wsend.data(), wsc, prefix(wsc), fweights.data(), wrc, prefix(wrc), DType::f32);
   }
   auto slot_of = [&](std::int64_t e) -> std::int64_t {
@@ -149,30 +179,28 @@ void MoeDispatch::run(Pass& p) {
 
   // 4. Round buffers, sized once for the largest round and reused. Pipelined rounds
   //    double-buffer the exchange so round i+1's dispatch and round i-1's combine run on
-  //    the communication thread while round i's experts compute.
-  const std::int64_t win = p.backward ? 2 * H + 2 : H + 1;   // x [, dy, w], expert id
-  const std::int64_t wout = p.backward ? H + 1 : H;           // dx, dw | out
-  const std::int64_t ms = plan.max_sent(), mr = plan.max_received();
-  const bool overlap = kind_ == DispatchKind::pipelined_llep && plan.rounds > 1;
-  const int nbuf = overlap ? 2 : 1;
-  auto alloc = [&](std::int64_t floats) { return dev_.allocate(Component::dispatch, static_cast<std::uint64_t>(floats) * 4); };
+  //    the communication stream while round i's experts compute.
+  const std::int64_t win = p.backward ? 2 * H + 2 : H + 1;  // x [, dy, w], expert id
+  const std::int64_t wout = p.backward ? H + 1 : H;          // dx, dw | out
+  const std::int64_t mr = sizes.max_received;
+  const bool overlap = sizes.double_buffered;
+  const int nbuf = bufs.exchange_copies;
   Buffer sendbuf[2], recvbuf[2], backbuf[2], outbuf[2];
   for (int b = 0; b < nbuf; ++b) {
-    sendbuf[b] = alloc(ms * win);
-    recvbuf[b] = alloc(mr * win);
-    backbuf[b] = alloc(ms * wout);
-    outbuf[b] = alloc(mr * wout);
+    sendbuf[b] = alloc(bufs.send);
+    recvbuf[b] = alloc(bufs.recv);
+    backbuf[b] = alloc(bufs.back);
+    outbuf[b] = alloc(bufs.out);
   }
-  Buffer xg = alloc(mr * H), dyg = p.backward ? alloc(mr * H) : Buffer(), gate = alloc(mr * F), up = alloc(mr * F),
-         act = alloc(mr * F), outg = alloc(mr * H);
+  Buffer xg = alloc(bufs.x_grouped), dyg = alloc(bufs.dy_grouped), gate = alloc(bufs.gate), up = alloc(bufs.up),
+         act = alloc(bufs.act), outg = alloc(bufs.out_grouped);
+  // Host scratch: the grouping permutation, slot boundaries, gate weights and their
+  // gradients of one round, and the copies a packed / unpacked round carries.
   std::vector<std::int64_t> perm(static_cast<std::size_t>(mr)), slot_rows(static_cast<std::size_t>(slots + 1));
   std::vector<float> wg(static_cast<std::size_t>(mr)), dwg(static_cast<std::size_t>(mr));
+  std::vector<std::int64_t> pack_copies, unpack_copies;
 
-  if (p.backward) {
-    if (T) std::memset(p.dx, 0, static_cast<std::size_t>(T * H) * 4);
-  } else if (T) {
-    std::memset(p.y, 0, static_cast<std::size_t>(T * H) * 4);
-  }
+  if (T) ops::fill(dev_, cs, p.backward ? p.dx : p.y, T * H, 0.0f);
 
   // Per-round counts (elements) of the dispatch and of the combine.
   auto counts = [&](int i, bool combine) {
@@ -191,24 +219,20 @@ void MoeDispatch::run(Pass& p) {
     auto [sc, rc] = counts(i, true);
     g_.all_to_all_v(outbuf[i % nbuf].data(), sc, prefix(sc), backbuf[i % nbuf].data(), rc, prefix(rc), DType::f32);
   };
+  // The copies of this round's slice of every (this rank, d) block, in send order.
+  auto round_copies = [&](int i, std::vector<std::int64_t>& out) {
+    out.clear();
+    for (int d = 0; d < P; ++d) {
+      const auto& list = to[static_cast<std::size_t>(d)];
+      out.insert(out.end(), list.begin() + plan.slice_begin(r, d, i), list.begin() + plan.slice_begin(r, d, i + 1));
+    }
+  };
 
   // a. Pack this round's slice of every (this rank, d) block.
   auto pack = [&](int i) {
-    float* sb = sendbuf[i % nbuf].as<float>();
-    std::int64_t row = 0;
-    for (int d = 0; d < P; ++d) {
-      const auto& list = to[static_cast<std::size_t>(d)];
-      for (std::int64_t j = plan.slice_begin(r, d, i); j < plan.slice_begin(r, d, i + 1); ++j, ++row) {
-        const std::int64_t c = list[static_cast<std::size_t>(j)], t = c / K;
-        float* dst = sb + row * win;
-        std::memcpy(dst, p.x + t * H, static_cast<std::size_t>(H) * 4);
-        if (p.backward) {
-          std::memcpy(dst + H, p.dy + t * H, static_cast<std::size_t>(H) * 4);
-          dst[2 * H] = p.w[c];
-        }
-        dst[win - 1] = static_cast<float>(p.ids[c]);
-      }
-    }
+    round_copies(i, pack_copies);
+    ops::moe_pack_rows(dev_, cs, sendbuf[i % nbuf].as<float>(), win, pack_copies.data(),
+                       static_cast<std::int64_t>(pack_copies.size()), K, H, p.x, p.backward ? p.dy : nullptr, p.w, p.ids);
   };
 
   // b. The experts of this rank on one round's received rows.
@@ -224,16 +248,10 @@ void MoeDispatch::run(Pass& p) {
     }
     std::partial_sum(slot_rows.begin(), slot_rows.end(), slot_rows.begin());
     std::vector<std::int64_t> fill(slot_rows.begin(), slot_rows.end() - 1);
-    for (std::int64_t q = 0; q < n; ++q) {
-      std::int64_t at = fill[static_cast<std::size_t>(slot[static_cast<std::size_t>(q)])]++;
-      perm[static_cast<std::size_t>(at)] = q;
-      std::memcpy(xg.as<float>() + at * H, rb + q * win, static_cast<std::size_t>(H) * 4);
-      if (p.backward) {
-        std::memcpy(dyg.as<float>() + at * H, rb + q * win + H, static_cast<std::size_t>(H) * 4);
-        wg[static_cast<std::size_t>(at)] = rb[q * win + 2 * H];
-      }
-    }
-    // d. Expert FFNs, one contiguous segment per slot.
+    for (std::int64_t q = 0; q < n; ++q) perm[static_cast<std::size_t>(fill[static_cast<std::size_t>(slot[static_cast<std::size_t>(q)])]++)] = q;
+    ops::moe_group_rows(dev_, cs, xg.as<float>(), p.backward ? dyg.as<float>() : nullptr, wg.data(), rb, win, perm.data(),
+                        n, H);
+    // Expert FFNs, one contiguous segment per slot.
     for (std::int64_t sl = 0; sl < slots; ++sl) {
       const std::int64_t a = slot_rows[static_cast<std::size_t>(sl)], m = slot_rows[static_cast<std::size_t>(sl + 1)] - a;
       if (m == 0) continue;
@@ -242,78 +260,82 @@ void MoeDispatch::run(Pass& p) {
       const float* X = xg.as<float>() + a * H;
       float *G = gate.as<float>() + a * F, *U = up.as<float>() + a * F, *A = act.as<float>() + a * F;
       float* O = outg.as<float>() + a * H;
-      cpu::gemm_f32(false, true, m, F, H, 1.0f, X, H, Wg, H, 0.0f, G, F);
-      cpu::gemm_f32(false, true, m, F, H, 1.0f, X, H, Wu, H, 0.0f, U, F);
-      cpu::swiglu_forward(A, G, U, m * F);
-      cpu::gemm_f32(false, true, m, H, F, 1.0f, A, F, Wd, F, 0.0f, O, H);
+      ops::gemm(dev_, cs, false, true, m, F, H, 1.0f, X, H, Wg, H, 0.0f, G, F);
+      ops::gemm(dev_, cs, false, true, m, F, H, 1.0f, X, H, Wu, H, 0.0f, U, F);
+      ops::swiglu_forward(dev_, cs, A, G, U, m * F);
+      ops::gemm(dev_, cs, false, true, m, H, F, 1.0f, A, F, Wd, F, 0.0f, O, H);
       if (!p.backward) continue;
       // dw = dy . out; dout = w dy (in place over dy); then the FFN's backward.
       float* DY = dyg.as<float>() + a * H;
-      for (std::int64_t q = 0; q < m; ++q) {
-        double dot = 0;
-        for (std::int64_t k = 0; k < H; ++k) dot += static_cast<double>(DY[q * H + k]) * O[q * H + k];
-        dwg[static_cast<std::size_t>(a + q)] = static_cast<float>(dot);
-        const float wq = wg[static_cast<std::size_t>(a + q)];
-        for (std::int64_t k = 0; k < H; ++k) DY[q * H + k] *= wq;
-      }
+      ops::moe_dot_scale_rows(dev_, cs, dwg.data() + a, DY, O, wg.data() + a, m, H);
       float* dW = grads_of(sl);
       float *dWg = dW, *dWu = dW + F * H, *dWd = dW + 2 * F * H;
-      cpu::gemm_f32(true, false, H, F, m, 1.0f, DY, H, A, F, 1.0f, dWd, F);          // dWd += dout^T act
-      cpu::gemm_f32(false, false, m, F, H, 1.0f, DY, H, Wd, F, 0.0f, A, F);          // dact = dout Wd
-      cpu::swiglu_backward(G, U, A, G, U, m * F);                                     // -> dgate, dup
-      cpu::gemm_f32(true, false, F, H, m, 1.0f, G, F, X, H, 1.0f, dWg, H);            // dWg += dgate^T x
-      cpu::gemm_f32(true, false, F, H, m, 1.0f, U, F, X, H, 1.0f, dWu, H);            // dWu += dup^T x
-      cpu::gemm_f32(false, false, m, H, F, 1.0f, G, F, Wg, H, 0.0f, O, H);            // dx = dgate Wg
-      cpu::gemm_f32(false, false, m, H, F, 1.0f, U, F, Wu, H, 1.0f, O, H);            //    + dup Wu
+      ops::gemm(dev_, cs, true, false, H, F, m, 1.0f, DY, H, A, F, 1.0f, dWd, F);   // dWd += dout^T act
+      ops::gemm(dev_, cs, false, false, m, F, H, 1.0f, DY, H, Wd, F, 0.0f, A, F);   // dact = dout Wd
+      ops::swiglu_backward(dev_, cs, G, U, A, G, U, m * F);                          // -> dgate, dup
+      ops::gemm(dev_, cs, true, false, F, H, m, 1.0f, G, F, X, H, 1.0f, dWg, H);     // dWg += dgate^T x
+      ops::gemm(dev_, cs, true, false, F, H, m, 1.0f, U, F, X, H, 1.0f, dWu, H);     // dWu += dup^T x
+      ops::gemm(dev_, cs, false, false, m, H, F, 1.0f, G, F, Wg, H, 0.0f, O, H);     // dx = dgate Wg
+      ops::gemm(dev_, cs, false, false, m, H, F, 1.0f, U, F, Wu, H, 1.0f, O, H);     //    + dup Wu
     }
-
     // Results back into arrival order, ready to go home.
-    float* ob = outbuf[i % nbuf].as<float>();
-    for (std::int64_t at = 0; at < n; ++at) {
-      const std::int64_t q = perm[static_cast<std::size_t>(at)];
-      std::memcpy(ob + q * wout, outg.as<float>() + at * H, static_cast<std::size_t>(H) * 4);
-      if (p.backward) ob[q * wout + H] = dwg[static_cast<std::size_t>(at)];
-    }
+    ops::moe_ungroup_rows(dev_, cs, outbuf[i % nbuf].as<float>(), wout, outg.as<float>(),
+                          p.backward ? dwg.data() : nullptr, perm.data(), n, H);
   };
 
   // c. Combine at the source.
   auto unpack = [&](int i) {
-    const float* bb = backbuf[i % nbuf].as<float>();
-    std::int64_t row = 0;
-    for (int d = 0; d < P; ++d) {
-      const auto& list = to[static_cast<std::size_t>(d)];
-      for (std::int64_t j = plan.slice_begin(r, d, i); j < plan.slice_begin(r, d, i + 1); ++j, ++row) {
-        const std::int64_t c = list[static_cast<std::size_t>(j)], t = c / K;
-        const float* src = bb + row * wout;
-        if (p.backward) {
-          float* dxt = p.dx + t * H;
-          for (std::int64_t k = 0; k < H; ++k) dxt[k] += src[k];
-          p.dw[c] = src[H];
-        } else {
-          float* yt = p.y + t * H;
-          const float wc = p.w[c];
-          for (std::int64_t k = 0; k < H; ++k) yt[k] += wc * src[k];
-        }
-      }
-    }
+    round_copies(i, unpack_copies);
+    ops::moe_unpack_rows(dev_, cs, backbuf[i % nbuf].as<float>(), wout, unpack_copies.data(),
+                         static_cast<std::int64_t>(unpack_copies.size()), K, H, p.backward ? nullptr : p.y, p.w,
+                         p.backward ? p.dx : nullptr, p.dw);
   };
 
   if (!overlap) {
     for (int i = 0; i < plan.rounds; ++i) {
       pack(i);
+      dev_.synchronize(cs);
       dispatch(i);
       compute(i);
+      dev_.synchronize(cs);
       combine(i);
       unpack(i);
     }
   } else {
     // Every rank submits the same collectives in the same order to its communication
-    // thread, which is the only thread calling the communicator until the loop ends.
-    CpuStream comm_thread("moe-comm", CpuStream::Mode::worker_thread);
+    // stream, whose thread is the only one calling the communicator until the loop ends.
+    Stream& comm = *comm_;
+    CommFailure failure;
+    // On any exit, no host task may outlive the buffers and lists it refers to.
+    struct Drain {
+      Device& dev;
+      Stream& comm;
+      CommFailure& failure;
+      ~Drain() {
+        if (std::uncaught_exceptions() == 0) return;  // drained on the normal path
+        failure.set(std::make_exception_ptr(InternalError("moe dispatch: pass abandoned")));
+        try {
+          dev.synchronize(comm);
+        } catch (...) {
+        }
+      }
+    } drain{dev_, comm, failure};
     std::vector<Event> dispatched(static_cast<std::size_t>(plan.rounds)), combined(static_cast<std::size_t>(plan.rounds));
     auto submit = [&](std::vector<Event>& done, int i, bool is_combine) {
-      comm_thread.submit([&, i, is_combine] { is_combine ? combine(i) : dispatch(i); });
-      done[static_cast<std::size_t>(i)] = comm_thread.record();
+      dev_.wait(comm, dev_.record(cs));  // the packed or computed rows are ready
+      dev_.host_task(comm, [&, i, is_combine] {
+        if (failure.failed()) return;
+        try {
+          is_combine ? combine(i) : dispatch(i);
+        } catch (...) {
+          failure.set(std::current_exception());
+        }
+      });
+      done[static_cast<std::size_t>(i)] = dev_.record(comm);
+    };
+    auto await = [&](const Event& e) {
+      e.synchronize();
+      failure.rethrow();
     };
     pack(0);
     submit(dispatched, 0, false);
@@ -322,30 +344,28 @@ void MoeDispatch::run(Pass& p) {
         pack(i + 1);  // its buffer's previous dispatch (round i-1) has completed
         submit(dispatched, i + 1, false);
       }
-      dispatched[static_cast<std::size_t>(i)].synchronize();
-      comm_thread.rethrow_failure();
+      await(dispatched[static_cast<std::size_t>(i)]);
       compute(i);
       if (i > 0) {
-        combined[static_cast<std::size_t>(i - 1)].synchronize();
-        comm_thread.rethrow_failure();
+        await(combined[static_cast<std::size_t>(i - 1)]);
         unpack(i - 1);
       }
       submit(combined, i, true);
     }
-    comm_thread.synchronize();
+    dev_.synchronize(comm);
+    failure.rethrow();
     unpack(plan.rounds - 1);
   }
 
   // 5. Helpers' weight gradients return to the owners once, summed there.
   if (p.backward && !plan.spills.empty()) {
-    Buffer back = dev_.allocate(Component::dispatch, static_cast<std::uint64_t>(lent.size()) * static_cast<std::uint64_t>(EF) * 4);
+    Buffer back = alloc(bufs.grad_return);
+    dev_.synchronize(cs);
     g_.all_to_all_v(fgrads.data(), wrc, prefix(wrc), back.data(), wsc, prefix(wsc), DType::f32);
-    for (std::size_t i = 0; i < lent.size(); ++i) {
-      float* dst = p.dparams + (lent[i] - r * plan.local) * EF;
-      const float* src = back.as<float>() + static_cast<std::int64_t>(i) * EF;
-      for (std::int64_t k = 0; k < EF; ++k) dst[k] += src[k];
-    }
+    for (std::size_t i = 0; i < lent.size(); ++i)
+      ops::axpy(dev_, cs, p.dparams + lent[i] * EF, back.as<float>() + static_cast<std::int64_t>(i) * EF, EF, 1.0f);
   }
+  dev_.synchronize(cs);
 
   stats_.rounds = plan.rounds;
   stats_.spilled = plan.spilled;
@@ -353,6 +373,7 @@ void MoeDispatch::run(Pass& p) {
   stats_.spills = static_cast<std::int64_t>(plan.spills.size());
   stats_.max_received_rows = mr;
   stats_.foreign_experts = nf;
+  stats_.sizes = sizes;
 }
 
 }  // namespace peakbound

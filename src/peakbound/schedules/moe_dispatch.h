@@ -8,7 +8,10 @@
 //             helpers' weight gradients go back to the owners once and are summed there.
 // Backward is run round by round from x (the layer is recomputed under activation
 // checkpointing anyway), so no round's dispatched rows are kept between passes. All
-// dispatch memory comes from the Arena under Component::dispatch.
+// dispatch memory comes from the Arena under Component::dispatch, allocated from
+// dispatch_buffers (moe_footprint.h) and nothing else; compute runs through ops:: on the
+// device's compute stream, the exchanges of pipelined rounds on a communication stream
+// the dispatch creates once.
 #pragma once
 
 #include <cstdint>
@@ -17,14 +20,11 @@
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/device/device.h"
+#include "peakbound/schedules/moe_footprint.h"
 #include "peakbound/schedules/moe_plan.h"
+#include "peakbound/schedules/moe_shape.h"
 
 namespace peakbound {
-
-struct MoeShape {
-  std::int64_t hidden = 0, ffn = 0, experts = 0, top_k = 0;
-  std::int64_t expert_floats() const { return 3 * ffn * hidden; }
-};
 
 struct DispatchStats {
   int rounds = 0;
@@ -33,11 +33,13 @@ struct DispatchStats {
   std::int64_t spills = 0;
   std::int64_t max_received_rows = 0;  // the busiest rank's largest round
   std::int64_t foreign_experts = 0;    // experts this rank held a lent copy of
+  DispatchSizes sizes;                 // this rank's sizes in the last pass
 };
 
 class MoeDispatch {
  public:
-  MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, LlepKnobs knobs);
+  // Throws InvalidArgument for a shape the group cannot run or options out of range.
+  MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, DispatchOptions options);
 
   std::string name() const { return std::string(dispatch_kind_name(kind_)); }
   // x [T, H], expert ids [T, K], weights [T, K], own experts [E/EP, 3FH] -> y [T, H] (written).
@@ -57,7 +59,8 @@ class MoeDispatch {
   Communicator& g_;
   MoeShape s_;
   DispatchKind kind_;
-  LlepKnobs knobs_;
+  DispatchOptions options_;
+  Stream* comm_ = nullptr;  // the communication thread: host tasks run the exchanges
   DispatchStats stats_;
 };
 

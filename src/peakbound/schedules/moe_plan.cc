@@ -17,11 +17,14 @@ std::string_view dispatch_kind_name(DispatchKind k) {
   return "?";
 }
 
-std::int64_t MoePlan::slice_begin(int s, int d, int i) const {
-  // Proportional slicing: each round takes its share of every (s, d) block, so the
-  // first round does not send all of a source's copies to the same destination.
-  const std::int64_t n = block_size(s, d);
-  return n * i / rounds;
+void check_dispatch_options(const DispatchOptions& o) {
+  if (o.cap < 1) throw InvalidArgument("moe dispatch cap must be positive (got " + std::to_string(o.cap) + ")");
+  if (!std::isfinite(o.alpha) || o.alpha < 1.0)
+    throw InvalidArgument("moe dispatch alpha must be a finite number >= 1 (got " + std::to_string(o.alpha) + ")");
+  if (!std::isfinite(o.lambda) || o.lambda < 0.0)
+    throw InvalidArgument("moe dispatch lambda must be a finite number >= 0 (got " + std::to_string(o.lambda) + ")");
+  if (o.min_spill < 1)
+    throw InvalidArgument("moe dispatch min_spill must be positive (got " + std::to_string(o.min_spill) + ")");
 }
 
 int MoePlan::dest_of(int s, std::int64_t e, std::int64_t j) const {
@@ -69,11 +72,15 @@ std::vector<std::int64_t> MoePlan::foreign_experts(int r) const {
 
 namespace {
 
+__extension__ typedef __int128 i128;
+
 // The least-loaded expert parallelism assignment (largest experts first).
-void assign_llep(MoePlan& p, const LlepKnobs& k) {
-  const double total = static_cast<double>(std::accumulate(p.load.begin(), p.load.end(), std::int64_t{0}));
-  const double mean = total / p.ep;
-  const auto capacity = static_cast<std::int64_t>(std::ceil(k.alpha * mean));
+void assign_llep(MoePlan& p, const DispatchOptions& k) {
+  const std::int64_t total = std::accumulate(p.load.begin(), p.load.end(), std::int64_t{0});
+  const double mean = static_cast<double>(total) / p.ep;
+  // No rank ever needs more than every copy: this also keeps a huge alpha representable.
+  const double want = std::ceil(k.alpha * mean);
+  const std::int64_t capacity = want >= static_cast<double>(total) ? total : static_cast<std::int64_t>(want);
   std::vector<std::int64_t> assigned(static_cast<std::size_t>(p.ep), 0);
   std::vector<std::int64_t> unplaced(static_cast<std::size_t>(p.ep), 0);  // owners' loads still to place
   for (std::int64_t e = 0; e < p.experts; ++e) unplaced[static_cast<std::size_t>(p.owner(e))] += p.load[static_cast<std::size_t>(e)];
@@ -117,10 +124,45 @@ void assign_llep(MoePlan& p, const LlepKnobs& k) {
   });
 }
 
+// How many of each block's copies are among the first `b` of a source's copies, when
+// its copies are merged in one order: the j-th copy of block d at key (j + 1/2) / n_d
+// (ties: lower d first). Any prefix of that order is near-proportional (Sainte-Lague),
+// and growing b only adds copies, so consecutive prefixes slice the blocks exactly.
+void prefix_counts(const std::vector<std::int64_t>& n, std::int64_t N, std::int64_t b, std::vector<std::int64_t>& c) {
+  const std::size_t P = n.size();
+  std::int64_t have = 0;
+  for (std::size_t d = 0; d < P; ++d) {
+    // Copies with key <= b / N: j <= (2 b n_d - N) / 2N.
+    i128 v = N ? (2 * static_cast<i128>(b) * n[d] + N) / (2 * static_cast<i128>(N)) : 0;
+    c[d] = static_cast<std::int64_t>(std::min<i128>(v, n[d]));
+    have += c[d];
+  }
+  // key(d, j) < key(e, i) in the merged order, comparing (2j+1)/(2n_d) exactly.
+  auto before = [&](std::size_t d, std::int64_t j, std::size_t e, std::int64_t i) {
+    const i128 l = static_cast<i128>(2 * j + 1) * n[e], r = static_cast<i128>(2 * i + 1) * n[d];
+    return l != r ? l < r : d < e;
+  };
+  while (have < b) {  // add the next copy in the order
+    std::size_t best = P;
+    for (std::size_t d = 0; d < P; ++d)
+      if (c[d] < n[d] && (best == P || before(d, c[d], best, c[best]))) best = d;
+    PB_CHECK(best < P);
+    ++c[best], ++have;
+  }
+  while (have > b) {  // drop the last copy taken
+    std::size_t last = P;
+    for (std::size_t d = 0; d < P; ++d)
+      if (c[d] > 0 && (last == P || before(last, c[last] - 1, d, c[d] - 1))) last = d;
+    PB_CHECK(last < P);
+    --c[last], --have;
+  }
+}
+
 }  // namespace
 
 MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std::vector<std::int64_t>& counts,
-                      const LlepKnobs& knobs) {
+                      const DispatchOptions& options) {
+  check_dispatch_options(options);
   PB_CHECK(ep >= 1 && experts >= 1 && experts % ep == 0);
   PB_CHECK(counts.size() == static_cast<std::size_t>(ep * experts));
   MoePlan p;
@@ -140,9 +182,9 @@ MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std
   const double mean = static_cast<double>(total) / ep;
   p.imbalance = mean > 0 ? static_cast<double>(*std::max_element(rank_load.begin(), rank_load.end())) / mean : 1.0;
 
-  p.spilled = kind != DispatchKind::standard_ep && p.imbalance >= knobs.lambda && ep > 1;
+  p.spilled = kind != DispatchKind::standard_ep && p.imbalance >= options.lambda && ep > 1;
   if (p.spilled) {
-    assign_llep(p, knobs);
+    assign_llep(p, options);
   } else {
     for (std::int64_t e = 0; e < experts; ++e)
       if (p.load[static_cast<std::size_t>(e)] > 0) p.pieces[static_cast<std::size_t>(e)].push_back({p.owner(e), 0, p.load[static_cast<std::size_t>(e)]});
@@ -162,18 +204,34 @@ MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std
     }
   }
 
-  // Rounds: the fewest with every source sending at most `cap` copies per round.
-  p.rounds = 1;
-  if (kind == DispatchKind::pipelined_llep) {
-    PB_CHECK(knobs.cap >= 1);
-    std::int64_t most = 0;
-    for (int s = 0; s < ep; ++s) {
-      std::int64_t n = 0;
-      for (int d = 0; d < ep; ++d) n += p.block_size(s, d);
-      most = std::max(most, n);
+  // Rounds: the fewest with every source sending at most `cap` copies per round. Round i
+  // of a source with N copies carries floor(N (i+1) / R) - floor(N i / R) <= ceil(N / R)
+  // <= cap of them, however they split among destinations.
+  std::int64_t most = 0;
+  for (int s = 0; s < ep; ++s) {
+    std::int64_t n = 0;
+    for (int d = 0; d < ep; ++d) n += p.block_size(s, d);
+    most = std::max(most, n);
+  }
+  std::int64_t rounds = 1;
+  if (kind == DispatchKind::pipelined_llep) rounds = std::max<std::int64_t>(1, most / options.cap + (most % options.cap != 0));
+  if (rounds > (std::int64_t{1} << 30))
+    throw InvalidArgument("moe dispatch cap " + std::to_string(options.cap) + " would need " + std::to_string(rounds) +
+                          " rounds; raise the cap");
+  p.rounds = static_cast<int>(rounds);
+  const std::size_t R1 = static_cast<std::size_t>(rounds) + 1;
+  p.bounds.assign(static_cast<std::size_t>(ep) * static_cast<std::size_t>(ep) * R1, 0);
+  std::vector<std::int64_t> n(static_cast<std::size_t>(ep)), c(static_cast<std::size_t>(ep));
+  for (int s = 0; s < ep; ++s) {
+    std::int64_t N = 0;
+    for (int d = 0; d < ep; ++d) N += n[static_cast<std::size_t>(d)] = p.block_size(s, d);
+    for (std::int64_t i = 0; i <= rounds; ++i) {
+      const auto b = static_cast<std::int64_t>(static_cast<i128>(N) * i / rounds);
+      prefix_counts(n, N, b, c);
+      for (int d = 0; d < ep; ++d)
+        p.bounds[(static_cast<std::size_t>(s) * static_cast<std::size_t>(ep) + static_cast<std::size_t>(d)) * R1 +
+                 static_cast<std::size_t>(i)] = c[static_cast<std::size_t>(d)];
     }
-    p.rounds = static_cast<int>(std::max<std::int64_t>(1, (most + knobs.cap - 1) / knobs.cap));
-    while (p.max_sent() > knobs.cap) ++p.rounds;  // rounding of the slices can overshoot by < ep
   }
   return p;
 }

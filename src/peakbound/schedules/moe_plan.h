@@ -4,8 +4,8 @@
 //   standard_ep     every copy goes to its expert's owner, in one round
 //   llep            least-loaded EP: beyond a capacity, an expert's copies are spilled
 //                   (with a copy of its weights) to the least-loaded ranks
-//   pipelined_llep  the llep assignment, each (source, destination) block sliced over
-//                   rounds so that a source sends at most `cap` copies per round
+//   pipelined_llep  the llep assignment, each source's copies sliced over rounds so
+//                   that a source sends at most `cap` copies per round
 // An expert's copies are ordered globally by (source rank, local order): the owner keeps
 // the first ones, each spill takes the next range.
 #pragma once
@@ -19,12 +19,16 @@ namespace peakbound {
 enum class DispatchKind : std::uint8_t { standard_ep, llep, pipelined_llep };
 std::string_view dispatch_kind_name(DispatchKind k);
 
-struct LlepKnobs {
-  double alpha = 1.0;        // capacity = alpha x (total copies / EP)
-  double lambda = 1.3;       // below this imbalance, llep is standard EP
-  std::int64_t min_spill = 64;  // smallest spilled piece (CPU-sized; GPU runs use ~1024)
-  std::int64_t cap = 1024;   // pipelined: copies per source rank per round
+// Every knob of the dispatch schedules and its one default: the library, the CLI flags
+// and the planner read these.
+struct DispatchOptions {
+  double alpha = 1.0;           // llep capacity = alpha x (total copies / EP), >= 1
+  double lambda = 1.3;          // below this imbalance (max rank load / mean) llep is standard EP
+  std::int64_t min_spill = 64;  // llep: smallest spilled piece, token-copies
+  std::int64_t cap = 1024;      // pipelined: copies a source rank sends per round
 };
+// Throws InvalidArgument naming the option ("moe dispatch cap must be positive").
+void check_dispatch_options(const DispatchOptions& o);
 
 struct MoePlan {
   struct Piece {
@@ -48,12 +52,19 @@ struct MoePlan {
   std::vector<Spill> spills;            // one per (expert, helper)
   std::vector<std::int64_t> block;      // [ep][ep]: copies from source s to destination d
   int rounds = 1;
+  std::vector<std::int64_t> bounds;     // [ep][ep][rounds + 1]: slice starts, see slice_begin
 
   int owner(std::int64_t e) const { return static_cast<int>(e / local); }
   std::int64_t count(int s, std::int64_t e) const { return counts[static_cast<std::size_t>(s * experts + e)]; }
   std::int64_t block_size(int s, int d) const { return block[static_cast<std::size_t>(s * ep + d)]; }
   // Copies of block (s, d) in round i: [slice_begin(s,d,i), slice_begin(s,d,i+1)).
-  std::int64_t slice_begin(int s, int d, int i) const;
+  // Source s sends floor(N (i+1) / R) - floor(N i / R) <= cap copies in round i (N its
+  // copies, R rounds), shared among destinations in proportion to the blocks.
+  std::int64_t slice_begin(int s, int d, int i) const {
+    return bounds[(static_cast<std::size_t>(s) * static_cast<std::size_t>(ep) + static_cast<std::size_t>(d)) *
+                      (static_cast<std::size_t>(rounds) + 1) +
+                  static_cast<std::size_t>(i)];
+  }
   std::int64_t slice(int s, int d, int i) const { return slice_begin(s, d, i + 1) - slice_begin(s, d, i); }
   // Destination of the j-th copy (in source s's local order) of expert e.
   int dest_of(int s, std::int64_t e, std::int64_t j) const;
@@ -68,6 +79,6 @@ struct MoePlan {
 
 // counts: [ep][experts] copies from each source to each expert (all ranks pass the same).
 MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std::vector<std::int64_t>& counts,
-                      const LlepKnobs& knobs);
+                      const DispatchOptions& options);
 
 }  // namespace peakbound

@@ -26,7 +26,7 @@ std::string_view skew_name(Skew s) {
 Skew parse_skew(std::string_view s) {
   for (Skew k : {Skew::uniform, Skew::zipf, Skew::hot, Skew::all_to_one_rank, Skew::one_expert, Skew::source})
     if (skew_name(k) == s) return k;
-  throw InvalidArgument("--skew: '" + std::string(s) +
+  throw InvalidArgument("skew '" + std::string(s) +
                         "' is not uniform, zipf, hot, all-to-one-rank, one-expert or source");
 }
 
@@ -80,9 +80,12 @@ MoeProblem make_moe_problem(const MoeProblemSpec& spec) {
   p.weights.resize(static_cast<std::size_t>(N * K));
   std::vector<std::int64_t> hot(static_cast<std::size_t>(local));
   std::iota(hot.begin(), hot.end(), 0);  // rank 0's experts
-  std::vector<double> zipf_cdf(static_cast<std::size_t>(E));
+  if (!std::isfinite(spec.zipf_s) || spec.zipf_s < 0)
+    throw InvalidArgument("moe problem zipf_s must be a finite number >= 0 (got " + std::to_string(spec.zipf_s) + ")");
+  std::vector<double> zipf_cdf(static_cast<std::size_t>(E)), zipf_w(static_cast<std::size_t>(E));
   double z = 0;
-  for (std::int64_t e = 0; e < E; ++e) zipf_cdf[static_cast<std::size_t>(e)] = (z += 1.0 / std::pow(e + 1.0, spec.zipf_s));
+  for (std::int64_t e = 0; e < E; ++e)
+    zipf_cdf[static_cast<std::size_t>(e)] = (z += (zipf_w[static_cast<std::size_t>(e)] = 1.0 / std::pow(e + 1.0, spec.zipf_s)));
   for (std::int64_t t = 0; t < N; ++t) {
     std::int32_t* ids = &p.ids[static_cast<std::size_t>(t * K)];
     switch (spec.skew) {
@@ -101,12 +104,31 @@ MoeProblem make_moe_problem(const MoeProblemSpec& spec) {
         break;
       }
       case Skew::zipf: {
+        // Rejection keeps the common case cheap; a head heavy enough to reject 64 times
+        // in a row switches to an exact draw without replacement (bounded for any s).
         std::int64_t n = 0;
-        while (n < K) {
+        for (int tries = 0; n < K && tries < 64; ++tries) {
           double u = ud(rng) * z;
           auto e = static_cast<std::int32_t>(std::lower_bound(zipf_cdf.begin(), zipf_cdf.end(), u) - zipf_cdf.begin());
           e = std::min<std::int32_t>(e, static_cast<std::int32_t>(E - 1));
           if (std::find(ids, ids + n, e) == ids + n) ids[n++] = e;
+        }
+        while (n < K) {
+          double mass = 0;
+          for (std::int64_t e = 0; e < E; ++e)
+            if (std::find(ids, ids + n, e) == ids + n) mass += zipf_w[static_cast<std::size_t>(e)];
+          const bool weighted = mass > 0 && std::isfinite(mass);
+          // Weighted: the first expert whose cumulative weight passes u; otherwise uniform
+          // over the experts left (their weights all underflowed to 0).
+          double u = ud(rng) * (weighted ? mass : static_cast<double>(E - n));
+          std::int32_t pick_e = -1;
+          for (std::int64_t e = 0; e < E; ++e) {
+            if (std::find(ids, ids + n, e) != ids + n) continue;
+            pick_e = static_cast<std::int32_t>(e);
+            u -= weighted ? zipf_w[static_cast<std::size_t>(e)] : 1.0;
+            if (u < 0 && (!weighted || zipf_w[static_cast<std::size_t>(e)] > 0)) break;
+          }
+          ids[n++] = pick_e;
         }
         break;
       }
@@ -118,6 +140,20 @@ MoeProblem make_moe_problem(const MoeProblemSpec& spec) {
     for (std::int64_t k = 0; k < K; ++k) w[k] /= sum;
   }
   return p;
+}
+
+Footprint moe_problem_footprint(const MoeProblem& p, int rank, DispatchKind kind, const DispatchOptions& options,
+                                std::uint64_t elem_bytes) {
+  const MoeShape& s = p.spec.shape;
+  const int P = p.spec.ranks;
+  const std::int64_t E = s.experts, K = s.top_k;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(P * E), 0);
+  for (int q = 0; q < P; ++q) {
+    const std::int64_t off = p.offset(q), T = p.tokens[static_cast<std::size_t>(q)];
+    for (std::int64_t c = 0; c < T * K; ++c) ++counts[static_cast<std::size_t>(q * E + p.ids[static_cast<std::size_t>(off * K + c)])];
+  }
+  const MoePlan plan = make_moe_plan(kind, P, E, counts, options);
+  return dispatch_footprint(s, dispatch_sizes(plan, rank, p.tokens[static_cast<std::size_t>(rank)]), elem_bytes);
 }
 
 MoeReference dense_moe_reference(const MoeProblem& p) {

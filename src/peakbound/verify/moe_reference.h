@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "peakbound/core/footprint.h"
 #include "peakbound/schedules/moe_dispatch.h"
 
 namespace peakbound {
@@ -20,7 +21,7 @@ struct MoeProblemSpec {
   int ranks = 1;
   std::int64_t tokens = 0;  // per rank (source skew: rank 0 gets 8x, rank 1 none)
   Skew skew = Skew::uniform;
-  double zipf_s = 1.2;
+  double zipf_s = 1.2;       // zipf: P(expert e) ~ (e + 1)^-s, finite and >= 0
   double hot_share = 0.95;   // hot: share of tokens routed to rank 0's experts
   std::uint64_t seed = 1;
 };
@@ -35,7 +36,13 @@ struct MoeProblem {
   std::vector<float> params;          // [E, 3FH]
   std::int64_t offset(int rank) const;
 };
+// Throws InvalidArgument for a non-finite or negative zipf_s.
 MoeProblem make_moe_problem(const MoeProblemSpec& spec);
+
+// The dispatch footprint of `rank` on this problem under `kind`: the routing plan every
+// rank will derive, computed here from the whole problem (for budgets and tests).
+Footprint moe_problem_footprint(const MoeProblem& p, int rank, DispatchKind kind, const DispatchOptions& options,
+                                std::uint64_t elem_bytes);
 
 struct MoeReference {
   std::vector<float> y, dx, dw, dparams;

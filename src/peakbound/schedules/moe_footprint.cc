@@ -1,0 +1,121 @@
+#include "peakbound/schedules/moe_footprint.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens) {
+  DispatchSizes s;
+  s.max_sent = plan.max_sent();
+  s.max_received = plan.max_received();
+  s.double_buffered = plan.kind == DispatchKind::pipelined_llep && plan.rounds > 1;
+  s.foreign = static_cast<std::int64_t>(plan.foreign_experts(rank).size());
+  for (const MoePlan::Spill& sp : plan.spills) s.lent += sp.owner == rank;
+  s.tokens = tokens;
+  return s;
+}
+
+DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
+                                      double imbalance, const DispatchOptions& o) {
+  check_dispatch_options(o);
+  if (ep < 1 || tokens < 0 || !(imbalance >= 1.0) || !std::isfinite(imbalance))
+    throw InvalidArgument("moe dispatch estimate: ep >= 1, tokens >= 0 and a finite imbalance >= 1 are required");
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); };
+  auto ceil_d = [](double v) { return static_cast<std::int64_t>(std::ceil(v)); };
+  const std::int64_t C = static_cast<std::int64_t>(checked_mul(static_cast<std::uint64_t>(tokens),
+                                                               static_cast<std::uint64_t>(shape.top_k), "moe copies"));
+  const std::int64_t local = shape.experts / ep;
+  const bool spilled = kind != DispatchKind::standard_ep && ep > 1 && imbalance >= o.lambda;
+  const std::int64_t R = kind == DispatchKind::pipelined_llep ? std::max<std::int64_t>(1, ceil_div(C, o.cap)) : 1;
+  DispatchSizes s;
+  s.tokens = tokens;
+  s.max_sent = R > 1 ? ceil_div(C, R) : C;
+  s.double_buffered = R > 1;
+  const double busiest = std::min(imbalance, static_cast<double>(ep)) * static_cast<double>(C);
+  const std::int64_t capacity = ceil_d(std::min(o.alpha, static_cast<double>(ep)) * static_cast<double>(C));
+  const std::int64_t load = spilled ? std::min(ceil_d(busiest), capacity + o.min_spill) : ceil_d(busiest);
+  s.max_received = std::min(ep * s.max_sent, ceil_div(load, R) + (R > 1 ? ep : 0));
+  if (spilled && C > 0) {
+    s.foreign = std::min(shape.experts - local, ceil_div(capacity + o.min_spill, o.min_spill));
+    const std::int64_t excess = std::max<std::int64_t>(0, ceil_d(busiest) - capacity);
+    s.lent = std::min(local * (ep - 1), ceil_div(excess, o.min_spill) + local);
+  }
+  return s;
+}
+
+namespace {
+
+BufferSpec rows(std::int64_t n, std::int64_t width, std::uint64_t elem_bytes) {
+  PB_CHECK(n >= 0 && width >= 0);
+  return buffer_spec(Component::dispatch, checked_mul(static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(width),
+                                                      "moe dispatch buffer elements"),
+                     elem_bytes);
+}
+
+}  // namespace
+
+std::uint64_t DispatchBuffers::lend_bytes() const {
+  std::uint64_t t = 0;
+  for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &lend_send}) t = checked_add(t, b->reserved());
+  return t;
+}
+
+std::uint64_t DispatchBuffers::rounds_bytes() const {
+  std::uint64_t t = 0;
+  for (const BufferSpec* b : {&send, &recv, &back, &out})
+    t = checked_add(t, checked_mul(b->reserved(), static_cast<std::uint64_t>(exchange_copies)));
+  for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &x_grouped, &dy_grouped, &gate, &up, &act,
+                              &out_grouped, &grad_return})
+    t = checked_add(t, b->reserved());
+  return t;
+}
+
+DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sz, DispatchPass pass,
+                                 std::uint64_t elem_bytes) {
+  PB_CHECK(shape.hidden >= 1 && shape.ffn >= 1 && elem_bytes >= 1);
+  const bool bwd = pass == DispatchPass::backward;
+  const std::int64_t H = shape.hidden, F = shape.ffn, EF = shape.expert_floats();
+  const std::int64_t win = bwd ? 2 * H + 2 : H + 1;  // x [, dy, gate weight], expert id
+  const std::int64_t wout = bwd ? H + 1 : H;         // dx, d gate weight | out
+  const std::int64_t ms = sz.max_sent, mr = sz.max_received;
+  DispatchBuffers b;
+  b.foreign_weights = rows(sz.foreign, EF, elem_bytes);
+  b.foreign_grads = rows(bwd ? sz.foreign : 0, EF, elem_bytes);
+  b.lend_send = rows(sz.lent, EF, elem_bytes);
+  b.exchange_copies = sz.double_buffered ? 2 : 1;
+  b.send = rows(ms, win, elem_bytes);
+  b.recv = rows(mr, win, elem_bytes);
+  b.back = rows(ms, wout, elem_bytes);
+  b.out = rows(mr, wout, elem_bytes);
+  b.x_grouped = rows(mr, H, elem_bytes);
+  b.dy_grouped = rows(bwd ? mr : 0, H, elem_bytes);
+  b.gate = rows(mr, F, elem_bytes);
+  b.up = rows(mr, F, elem_bytes);
+  b.act = rows(mr, F, elem_bytes);
+  b.out_grouped = rows(mr, H, elem_bytes);
+  b.grad_return = rows(bwd ? sz.lent : 0, EF, elem_bytes);
+  return b;
+}
+
+Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {
+  Footprint f("moe_dispatch");
+  for (DispatchPass pass : {DispatchPass::forward, DispatchPass::backward}) {
+    const char* phase = pass == DispatchPass::forward ? "forward" : "backward";
+    const DispatchBuffers b = dispatch_buffers(shape, sizes, pass, elem_bytes);
+    f.device(phase, b.foreign_weights).device(phase, b.foreign_grads);
+    if (b.lend_bytes() > b.rounds_bytes()) {
+      f.device(phase, b.lend_send);
+      continue;
+    }
+    for (const BufferSpec* x : {&b.send, &b.recv, &b.back, &b.out})
+      f.device(phase, *x, static_cast<std::uint64_t>(b.exchange_copies));
+    for (const BufferSpec* x : {&b.x_grouped, &b.dy_grouped, &b.gate, &b.up, &b.act, &b.out_grouped, &b.grad_return})
+      f.device(phase, *x);
+  }
+  return f;
+}
+
+}  // namespace peakbound

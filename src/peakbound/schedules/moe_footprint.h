@@ -1,0 +1,80 @@
+// The device memory of one MoE dispatch pass (standard EP, LLEP, PipelinedLLEP), as a
+// pure function of the shapes and of a few sizes that the routing plan determines.
+//
+//   DispatchSizes   what the plan decides for one rank: the most rows sent and received
+//                   in one round, whether rounds are double-buffered, how many
+//                   lent experts it holds (foreign) and lends out (lent), its tokens.
+//                   The runtime fills it from its MoePlan (dispatch_sizes); the planner
+//                   from shapes and knobs (dispatch_sizes_estimate).
+//   dispatch_buffers  every Component::dispatch buffer of a forward or backward pass;
+//                   MoeDispatch allocates exactly these, nothing beside them.
+//   dispatch_footprint  phases "forward" and "backward": what is live together at each
+//                   pass's peak (a pass first exchanges lent weights, then runs its rounds).
+//
+// Host scratch (plain std::vector, not device memory, not in the footprint): the copy
+// lists per expert and per destination (~ tokens x top-k indices), the slot permutation
+// and gate weights of a round (~ max_received), the plan itself (ep^2 x rounds slices).
+#pragma once
+
+#include <cstdint>
+
+#include "peakbound/core/footprint.h"
+#include "peakbound/schedules/moe_plan.h"
+#include "peakbound/schedules/moe_shape.h"
+
+namespace peakbound {
+
+enum class DispatchPass : std::uint8_t { forward, backward };
+
+struct DispatchSizes {
+  // Every rank sizes its exchange for the group's largest round (the plan is the same
+  // on all ranks), so these are maxima over ranks and rounds.
+  std::int64_t max_sent = 0;      // rows a source sends in one round
+  std::int64_t max_received = 0;  // rows a destination receives in one round
+  bool double_buffered = false;   // pipelined with > 1 round: exchange buffers x2
+  std::int64_t foreign = 0;       // lent experts whose weights this rank holds
+  std::int64_t lent = 0;          // (expert, helper) lendings by this rank: weight copies sent
+  std::int64_t tokens = 0;        // this rank's tokens (host scratch only)
+};
+
+// This rank's sizes under `plan` (kind, rounds and pieces already decided).
+DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens);
+
+// Estimated sizes of the busiest rank at model scale, for the planner: every rank routes
+// `tokens` x top_k copies (pass the largest rank's tokens under source skew);
+// `imbalance` is the busiest rank's load over the mean before spilling (1 = uniform).
+// standard EP receives the busiest load at once; LLEP (imbalance >= lambda, ep > 1)
+// caps every rank at alpha x the mean plus one spilled piece; PipelinedLLEP takes
+// that in R = ceil(copies / cap) rounds, each at most cap copies per source plus up to
+// ep rows of rounding per round. foreign / lent count min_spill-sized pieces.
+DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
+                                      double imbalance, const DispatchOptions& options);
+
+struct DispatchBuffers {
+  // Lent weights: held for the whole pass; their gradients in backward.
+  BufferSpec foreign_weights, foreign_grads;
+  // The owner's staging of the weights it lends (freed before the rounds start).
+  BufferSpec lend_send;
+  // Round exchange, `exchange_copies` of each (2 when double-buffered). Rows carry
+  // [x | expert id] forward, [x | dy | gate weight | expert id] backward, and come
+  // back as [out] forward, [dx | d gate weight] backward.
+  BufferSpec send, recv, back, out;
+  int exchange_copies = 1;
+  // Expert compute on one round's rows grouped by expert.
+  BufferSpec x_grouped, dy_grouped, gate, up, act, out_grouped;
+  // Backward: the helpers' weight gradients arriving back at the owner.
+  BufferSpec grad_return;
+
+  // Bytes live while the lent weights are exchanged / while the rounds run.
+  std::uint64_t lend_bytes() const;
+  std::uint64_t rounds_bytes() const;
+};
+
+DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
+                                 std::uint64_t elem_bytes);
+
+// Phases "forward" and "backward", Component::dispatch on the device, each the larger
+// of the pass's two live sets (lend exchange, rounds).
+Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes);
+
+}  // namespace peakbound

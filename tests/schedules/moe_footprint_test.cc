@@ -1,0 +1,108 @@
+// dispatch_footprint as a pure function: its phases are made of the buffers that
+// dispatch_buffers returns, scale with the element size, double the exchange when
+// rounds overlap, and a pass whose lent-weights exchange outweighs its rounds is sized
+// by the exchange.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "peakbound/schedules/moe_footprint.h"
+#include "peakbound/verify/moe_reference.h"
+
+namespace peakbound {
+namespace {
+
+std::uint64_t dispatch_of(const Footprint& f, const char* phase) {
+  return f.phase(phase).device[static_cast<std::size_t>(Component::dispatch)];
+}
+
+TEST(MoeDispatchFootprint, PhasesFromTheBuffers) {
+  const MoeShape s{64, 96, 8, 2};
+  DispatchSizes z;
+  z.max_sent = 300, z.max_received = 500, z.foreign = 1;
+  const Footprint f = dispatch_footprint(s, z, 4);
+  // forward: x | id rows out and in, results back, 3 FFN intermediates and x/out grouped.
+  const std::uint64_t fwd = arena_reserved(300 * 65 * 4) + arena_reserved(500 * 65 * 4) + arena_reserved(300 * 64 * 4) +
+                            arena_reserved(500 * 64 * 4) + 2 * arena_reserved(500 * 64 * 4) +
+                            3 * arena_reserved(500 * 96 * 4) + arena_reserved(3 * 64 * 96 * 4);
+  EXPECT_EQ(dispatch_of(f, "forward"), fwd);
+  EXPECT_GT(dispatch_of(f, "backward"), dispatch_of(f, "forward"));
+  EXPECT_EQ(f.device_peak(Component::dispatch), dispatch_of(f, "backward"));
+  EXPECT_EQ(f.device_peak_total(), dispatch_of(f, "backward"));
+}
+
+TEST(MoeDispatchFootprint, ElementSizeAndDoubleBuffering) {
+  const MoeShape s{256, 512, 16, 4};
+  DispatchSizes z;
+  z.max_sent = 1024, z.max_received = 1280;  // every buffer a multiple of 256 bytes at 2 and 4
+  const Footprint f4 = dispatch_footprint(s, z, 4), f2 = dispatch_footprint(s, z, 2);
+  EXPECT_EQ(dispatch_of(f4, "forward"), 2 * dispatch_of(f2, "forward"));  // all multiples of 256 here
+  DispatchSizes zz = z;
+  zz.double_buffered = true;
+  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, zz, 4), "forward") - dispatch_of(f4, "forward"),
+            b.send.reserved() + b.recv.reserved() + b.back.reserved() + b.out.reserved());
+}
+
+TEST(MoeDispatchFootprint, LendExchangeCanBeThePeak) {
+  const MoeShape s{128, 256, 64, 1};
+  DispatchSizes z;
+  z.max_sent = 2, z.max_received = 2, z.lent = 10;  // lends 10 experts, holds none, few rows
+  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
+  ASSERT_GT(b.lend_bytes(), b.rounds_bytes());
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "forward"), arena_reserved(10ull * 3 * 128 * 256 * 4));
+  // Backward holds the returning gradients with the rounds: never the lend exchange alone.
+  const DispatchBuffers bb = dispatch_buffers(s, z, DispatchPass::backward, 4);
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "backward"), bb.rounds_bytes());
+}
+
+}  // namespace
+}  // namespace peakbound
+
+namespace peakbound {
+namespace {
+
+// The planner's estimate bounds what the plan decides on the harness's problems.
+TEST(MoeDispatchFootprint, EstimateBoundsThePlannedSizes) {
+  for (int P : {1, 2, 3, 4})
+    for (Skew skew : {Skew::uniform, Skew::zipf, Skew::hot, Skew::all_to_one_rank, Skew::one_expert, Skew::source})
+      for (std::int64_t K : {1, 2, 4})
+        for (std::int64_t tokens : {29, 300}) {
+          MoeProblemSpec sp;
+          sp.shape = MoeShape{8, 8, 12, K};
+          sp.ranks = P;
+          sp.tokens = tokens;
+          sp.skew = skew;
+          const MoeProblem p = make_moe_problem(sp);
+          std::vector<std::int64_t> counts(static_cast<std::size_t>(P * 12), 0);
+          for (int q = 0; q < P; ++q)
+            for (std::int64_t c = 0; c < p.tokens[static_cast<std::size_t>(q)] * K; ++c)
+              ++counts[static_cast<std::size_t>(q * 12 + p.ids[static_cast<std::size_t>(p.offset(q) * K + c)])];
+          const std::int64_t most_tokens = *std::max_element(p.tokens.begin(), p.tokens.end());
+          for (std::int64_t cap : {7, 64, 1024})
+            for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
+              DispatchOptions o;
+              o.cap = cap;
+              o.min_spill = 8;
+              const MoePlan plan = make_moe_plan(kind, P, 12, counts, o);
+              const DispatchSizes est = dispatch_sizes_estimate(kind, sp.shape, P, most_tokens, plan.imbalance, o);
+              for (int r = 0; r < P; ++r) {
+                SCOPED_TRACE("P " + std::to_string(P) + " " + std::string(skew_name(skew)) + " K " + std::to_string(K) +
+                             " tokens " + std::to_string(tokens) + " cap " + std::to_string(cap) + " " +
+                             std::string(dispatch_kind_name(kind)) + " rank " + std::to_string(r));
+                const DispatchSizes z = dispatch_sizes(plan, r, p.tokens[static_cast<std::size_t>(r)]);
+                EXPECT_LE(z.max_sent, est.max_sent);
+                EXPECT_LE(z.max_received, est.max_received);
+                EXPECT_LE(z.foreign, est.foreign);
+                EXPECT_LE(z.lent, est.lent);
+                EXPECT_LE(static_cast<int>(z.double_buffered), static_cast<int>(est.double_buffered));
+                EXPECT_LE(dispatch_footprint(sp.shape, z, 4).device_peak_total(),
+                          dispatch_footprint(sp.shape, est, 4).device_peak_total());
+              }
+            }
+        }
+}
+
+}  // namespace
+}  // namespace peakbound
