@@ -15,25 +15,10 @@ using peakbound::testing::expect_one_line_error;
 
 // The binary under `timeout`, optionally under mpirun with `ranks` processes.
 CliRun run_timed(const std::string& args, int seconds = 120, int ranks = 0) {
-  std::string prefix = "timeout " + std::to_string(seconds) + " ";
-  if (ranks > 0)
-    prefix += "env OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1 "
-              "OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --allow-run-as-root --oversubscribe -np " +
-              std::to_string(ranks) + " ";
-  const std::string cli = PEAKBOUND_CLI_PATH;
-  const std::string cmd = prefix + cli + " " + args;
-  CliRun r;
-  const std::string base = ::testing::TempDir() + "/pb_dispatch_cli_" + std::to_string(::getpid());
-  const int status = std::system((cmd + " >" + base + ".out 2>" + base + ".err").c_str());
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = peakbound::testing::slurp(base + ".out");
-  r.err = peakbound::testing::slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
+  return ranks > 0 ? peakbound::testing::run_mpi(args, ranks, seconds) : peakbound::testing::run_cli(args, seconds);
 }
 
-bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+using peakbound::testing::have_mpirun;
 
 TEST(DispatchCli, CapSmallerThanTheRanksFinishes) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";

@@ -28,11 +28,12 @@ inline std::string slurp(const std::string& path) {
 
 // Runs under coreutils `timeout`, so a hang fails the test (exit 124) instead of
 // stalling the suite.
-inline CliRun run_cli(const std::string& args, int timeout_seconds = 120) {
+// `command`, when given, replaces "peakbound <args>" (run_mpi uses it).
+inline CliRun run_cli(const std::string& args, int timeout_seconds = 120, const std::string& command = "") {
   static int n = 0;
   const std::string base = ::testing::TempDir() + "/pb_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  const std::string cmd = "timeout -k 5 " + std::to_string(timeout_seconds) + " " + std::string(PEAKBOUND_CLI_PATH) +
-                          " " + args + " >" + base + ".out 2>" + base + ".err";
+  const std::string what = command.empty() ? std::string(PEAKBOUND_CLI_PATH) + " " + args : command;
+  const std::string cmd = "timeout -k 5 " + std::to_string(timeout_seconds) + " " + what + " >" + base + ".out 2>" + base + ".err";
   const int status = std::system(cmd.c_str());
   CliRun r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -42,6 +43,16 @@ inline CliRun run_cli(const std::string& args, int timeout_seconds = 120) {
   std::remove((base + ".err").c_str());
   return r;
 }
+
+// The binary under mpirun with `ranks` processes (shared memory without CMA, waiting
+// ranks yield their core), all under the same timeout.
+inline CliRun run_mpi(const std::string& args, int ranks, int timeout_seconds = 120) {
+  return run_cli("", timeout_seconds, "env OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1 "
+                                      "OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --allow-run-as-root --oversubscribe -np " +
+                                          std::to_string(ranks) + " " + std::string(PEAKBOUND_CLI_PATH) + " " + args);
+}
+
+inline bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 inline int count_lines(const std::string& s) {
   int n = 0;

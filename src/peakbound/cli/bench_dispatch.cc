@@ -86,6 +86,12 @@ Command add_bench_dispatch(CLI::App& parent) {
   f->add_to(*c.app, " (the library default)", " (the library default)");
   c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
   c.app->add_flag("--sweep", f->sweep, "Also measure the peaks at 1, 2, 4, 8x the tokens under each skew");
+  // The launcher's group size is known before MPI starts: every rank reaches the same
+  // verdict, so a bad shape is one line from rank 0 and a non-zero exit everywhere.
+  c.validate = [f] {
+    f->check(launcher_size());
+    f->skews();
+  };
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;

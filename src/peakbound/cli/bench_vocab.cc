@@ -134,8 +134,18 @@ Command add_bench_vocab(CLI::App& parent) {
   f->add_to(*c.app);
   c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
   c.app->add_flag("--sweep", f->sweep, "Also measure at 1/4, 1/2, 2 and 4x the tokens");
+  // Everything a rank can check alone, with the launcher's group size: every rank agrees,
+  // so a bad input is one line from rank 0 and a non-zero exit everywhere.
+  c.validate = [f] {
+    const VocabLossOptions o = f->options();
+    const int P = launcher_size();
+    for (double m : f->sweep ? std::vector<double>{0.25, 0.5, 1.0, 2.0, 4.0} : std::vector<double>{1.0})
+      for (int r = 0; r < P; ++r) {
+        const auto shape = VocabLossShape::uniform(static_cast<std::int64_t>(static_cast<double>(f->tokens) * m), f->dims(), P, r);
+        f->check_budget({materialized_vocab_footprint(shape, o, sizeof(float)), ring_dtp_footprint(shape, o, sizeof(float))}, r);
+      }
+  };
   c.run = [f] {
-    f->options();  // refuse bad knobs before any work
     auto world = world_communicator();
     Communicator& g = *world;
     bench::share_cores_among_local_ranks();

@@ -21,27 +21,35 @@ namespace peakbound::cli {
 
 namespace {
 
+// Every default comes from PlanInputs, whose knob defaults come from the schedules'
+// own options structs: one place per default.
 struct PlanFlags {
+  PlanFlags() {
+    const PlanInputs d;
+    sequences = d.sequences, devices = 8, cp = d.cp, fsdp = d.fsdp;
+    dispatch_cap = d.dispatch_cap, llep_alpha = d.llep_alpha, llep_lambda = d.llep_lambda;
+    llep_min_spill = d.llep_min_spill;
+    vocab_chunk = d.vocab_chunk, prefetch_depth = d.prefetch_depth;
+    adam_bucket = std::to_string(d.adam_bucket);
+    comm_reserve = std::to_string(d.comm_reserve), workspace_reserve = std::to_string(d.workspace_reserve);
+  }
   std::string model = "deepseek-v3";
   std::string context = "128K";
-  std::int64_t sequences = 1;
-  std::int64_t devices = 8;
+  std::int64_t sequences, devices, cp, fsdp;
   std::string ep = "auto", vocab_group = "auto";
-  std::int64_t cp = 1, fsdp = 0;
   std::string device_memory = "80GiB";
   std::string host_memory = "0";
   std::string schedules = "all";
-  std::int64_t dispatch_cap = 4096;
-  double llep_alpha = 1.0;
-  std::int64_t llep_min_spill = 1024;
-  std::int64_t vocab_chunk = 1024;
-  std::int64_t prefetch_depth = 1;
-  std::string adam_bucket = "256MiB";
+  std::int64_t dispatch_cap;
+  double llep_alpha, llep_lambda;
+  std::int64_t llep_min_spill;
+  std::int64_t vocab_chunk;
+  std::int64_t prefetch_depth;
+  std::string adam_bucket;
   std::string skew = "balanced";
   std::string param_dtype = "bf16";
   std::string grad_dtype = "f32";
-  std::string comm_reserve = "1GiB";
-  std::string workspace_reserve = "512MiB";
+  std::string comm_reserve, workspace_reserve;
   bool reach = false;
   bool json = false;
 };
@@ -88,6 +96,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.schedules = ScheduleSet::parse(f.schedules);
   in.dispatch_cap = f.dispatch_cap;
   in.llep_alpha = f.llep_alpha;
+  in.llep_lambda = f.llep_lambda;
   in.llep_min_spill = f.llep_min_spill;
   in.vocab_chunk = f.vocab_chunk;
   in.prefetch_depth = f.prefetch_depth;
@@ -125,6 +134,7 @@ Command add_plan_command(CLI::App& root) {
   text_flag(a, "--schedules", f->schedules, "none, all, or a comma list of llep, dtp, sco, adam");
   int_flag(a, "--dispatch-cap", f->dispatch_cap, "PipelinedLLEP: token-copies per source rank per round", 1, kMaxRows);
   real_flag(a, "--llep-alpha", f->llep_alpha, "LLEP capacity factor over the mean load", 1.0, 1e6);
+  real_flag(a, "--llep-lambda", f->llep_lambda, "LLEP: routing imbalance (busiest rank over the mean) below which nothing spills", 1.0, 1e6);
   int_flag(a, "--llep-min-spill", f->llep_min_spill, "LLEP: smallest spilled piece in token-copies", 1, kMaxRows);
   int_flag(a, "--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block", 1, kMaxRows);
   int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward", 1, 1024);

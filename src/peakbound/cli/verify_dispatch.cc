@@ -33,6 +33,12 @@ Command add_verify_dispatch(CLI::App& parent) {
   c.app = parent.add_subcommand("dispatch", "Standard EP, LLEP, PipelinedLLEP vs a dense reference (run under mpirun for EP > 1)");
   f->add_to(*c.app, " (verify problem size; the library default is " + std::to_string(DispatchOptions{}.cap) + ")",
             " (verify problem size; the library default is " + std::to_string(DispatchOptions{}.min_spill) + ")");
+  // The launcher's group size is known before MPI starts: every rank reaches the same
+  // verdict, so a bad shape is one line from rank 0 and a non-zero exit everywhere.
+  c.validate = [f] {
+    f->check(launcher_size());
+    f->skews();
+  };
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;

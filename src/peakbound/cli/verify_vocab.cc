@@ -30,6 +30,7 @@ Command add_verify_vocab(CLI::App& parent) {
                                 "Ring-DTP and the materialized baseline vs a naive reference (run under mpirun for P > 1); "
                                 "small default shapes and chunk of its own, so several chunks and hops are exercised");
   f->add_to(*c.app);
+  c.validate = [f] { f->options(); };  // every rank agrees: one line from rank 0, no abort
   c.run = [f] {
     auto world = world_communicator();
     Communicator& g = *world;

@@ -66,6 +66,18 @@ struct VocabFlags {
     return o;
   }
 
+  // An explicit --device-memory that cannot hold a footprint's peak fails on some rank
+  // mid-run; refuse it up front, where every rank agrees (validate, before any collective).
+  void check_budget(const std::vector<Footprint>& fps, int rank) const {
+    if (device_memory == "auto") return;
+    const std::uint64_t budget = parse_bytes(device_memory, "--device-memory");
+    for (const Footprint& f : fps)
+      if (f.device_peak_total() > budget)
+        throw InvalidArgument("--device-memory " + device_memory + " cannot hold " + f.name() + "'s " +
+                              format_bytes(static_cast<double>(f.device_peak_total())) + " of vocab buffers on rank " +
+                              std::to_string(rank) + " (omit the flag to size it from the footprints)");
+  }
+
   // The device budget for runs with these footprints: --device-memory, or room for every
   // buffer of one step of the largest (its forward and backward phases' totals, the
   // saved state counted twice), so best-fit placement never runs short however it

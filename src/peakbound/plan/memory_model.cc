@@ -2,8 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/layers/attention_footprint.h"
+#include "peakbound/layers/mlp_footprint.h"
+#include "peakbound/schedules/checkpoint_policy.h"
+#include "peakbound/schedules/moe_footprint.h"
+#include "peakbound/schedules/vocab_footprint.h"
 
 namespace peakbound {
 
@@ -13,6 +21,14 @@ using u64 = std::uint64_t;
 using i64 = std::int64_t;
 
 u64 U(i64 v) { return static_cast<u64>(std::max<i64>(v, 0)); }
+u64 ceil_div_u(u64 a, u64 b) { return a / b + (a % b != 0); }
+u64 mul(u64 a, u64 b) { return checked_mul(a, b, "a planned size"); }
+u64 add(u64 a, u64 b) { return checked_add(a, b, "a planned size"); }
+i64 I(u64 v) {
+  if (v > static_cast<u64>(std::numeric_limits<i64>::max()))
+    throw InvalidArgument("a planned count overflows 64 bits (" + std::to_string(v) + ")");
+  return static_cast<i64>(v);
+}
 i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 std::size_t C(Component c) { return static_cast<std::size_t>(c); }
 
@@ -40,7 +56,7 @@ std::string_view phase_name(Phase p) {
 
 std::uint64_t PhaseBytes::total() const {
   u64 t = 0;
-  for (u64 b : bytes) t += b;
+  for (u64 b : bytes) t = checked_add(t, b, "a planned phase");
   return t;
 }
 
@@ -48,36 +64,116 @@ PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc) {
   (void)pc;
   const ModelConfig& m = in.model;
   PlanShapes s;
-  s.tokens_per_device = ceil_div(in.sequences * in.context, in.cp);
+  // Counts stay far below 2^63 for validated inputs (plan_inputs.h bounds them); the
+  // products are checked anyway, so an overflow is an error, never a wrapped number.
+  s.tokens_per_device = ceil_div(I(mul(U(in.sequences), U(in.context))), in.cp);
   const i64 T = s.tokens_per_device;
   if (m.num_experts > 0) {
     const i64 k = m.top_k, local = m.num_experts / in.ep;
-    s.routed_copies_balanced = T * k;
+    s.routed_copies_balanced = I(mul(U(T), U(k)));
     // All EP sources route every token to this rank's experts, at most `local` copies each.
-    s.routed_copies_worst = in.ep * T * std::min(k, local);
-    double want = in.skew <= 0 ? static_cast<double>(s.routed_copies_worst)
-                               : in.skew * static_cast<double>(s.routed_copies_balanced);
-    s.routed_copies = std::min<i64>(static_cast<i64>(std::ceil(want)), s.routed_copies_worst);
-    // A round carries at most `cap` copies per source; LLEP caps each rank's share at
-    // alpha x the round's mean (cap), and one spilled piece may overshoot by < m.
-    i64 cap = std::min<i64>(in.dispatch_cap, T * k);
-    s.round_copies = static_cast<i64>(std::ceil(in.llep_alpha * static_cast<double>(cap)));
-    if (in.ep > 1) s.round_copies += std::min<i64>(in.llep_min_spill, cap);
-    s.round_copies = std::min(s.round_copies, s.routed_copies_worst);
-    s.spilled_experts = in.ep > 1 ? std::min<i64>(m.num_experts - local, ceil_div(s.round_copies, in.llep_min_spill)) : 0;
+    s.routed_copies_worst = I(mul(U(in.ep), mul(U(T), U(std::min(k, local)))));
+    // The busiest rank's load over the mean: the requested skew, never more than the
+    // worst the layout allows.
+    const double worst = static_cast<double>(s.routed_copies_worst) / static_cast<double>(std::max<i64>(s.routed_copies_balanced, 1));
+    s.imbalance = in.skew <= 0 ? worst : std::min(in.skew, worst);
+    s.routed_copies = std::min<i64>(static_cast<i64>(std::ceil(s.imbalance * static_cast<double>(s.routed_copies_balanced))),
+                                    s.routed_copies_worst);
+    const MoeShape shape{m.hidden_size, m.moe_intermediate_size, m.num_experts, m.top_k};
+    const DispatchSizes z = dispatch_sizes_estimate(DispatchKind::pipelined_llep, shape, static_cast<int>(in.ep), T,
+                                                    s.imbalance, in.dispatch_options());
+    s.round_copies = z.max_received;
+    s.spilled_experts = z.foreign;
   }
   s.vocab_shard = ceil_div(m.vocab_size, in.vocab_group);
-  s.boundary_bytes = U(T) * U(m.hidden_size) * U(in.activation_bytes);
+  s.boundary_bytes = mul(mul(U(T), U(m.hidden_size)), U(in.activation_bytes));
   return s;
 }
+
+namespace {
+
+// The bytes of one phase of a term, or of its worst phase (the largest total) when
+// a planner phase spans several of the term's phases (the loss spans the vocabulary
+// loss's forward and backward).
+ComponentBytes device_of(const Footprint& f, std::string_view phase) { return f.phase(phase).device; }
+
+ComponentBytes worst_phase(const Footprint& f) {
+  ComponentBytes best{};
+  std::uint64_t best_total = 0;
+  for (const Footprint::Phase& p : f.phases())
+    if (p.device_total() >= best_total) {
+      best_total = p.device_total();
+      best = p.device;
+    }
+  return best;
+}
+
+void add_into(ComponentBytes& to, const ComponentBytes& b) {
+  for (std::size_t i = 0; i < kNumComponents; ++i) to[i] = checked_add(to[i], b[i], "a planned phase");
+}
+
+// ---- the four schedule terms ---------------------------------------------------------
+
+Footprint vocab_term(const PlanInputs& in, const PlanShapes& s, bool dtp) {
+  const VocabLossShape shape = VocabLossShape::uniform(s.tokens_per_device, VocabDims{in.model.vocab_size, in.model.hidden_size},
+                                                       static_cast<int>(in.vocab_group));
+  VocabLossOptions o;
+  o.chunk = in.vocab_chunk;
+  const u64 a = U(in.activation_bytes);
+  return dtp ? ring_dtp_footprint(shape, o, a) : materialized_vocab_footprint(shape, o, a);
+}
+
+// Expert dispatch: the dispatch's own footprint at the sizes the busiest rank sees
+// (dispatch_sizes_estimate: standard EP receives the whole skewed load at once,
+// PipelinedLLEP at most a round of alpha x the mean plus one spilled piece).
+Footprint dispatch_term(const PlanInputs& in, const PlanShapes& s, bool llep) {
+  const ModelConfig& m = in.model;
+  const MoeShape shape{m.hidden_size, m.moe_intermediate_size, m.num_experts, m.top_k};
+  return dispatch_footprint(shape,
+                            dispatch_sizes_estimate(llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep,
+                                                    shape, static_cast<int>(in.ep), s.tokens_per_device,
+                                                    s.imbalance, in.dispatch_options()),
+                            U(in.activation_bytes));
+}
+
+// Checkpoint boundaries: the checkpointed stack's own footprint, resident (every
+// boundary on the device) or SCO (the prefetch ring on the device, the rest on the
+// host). Only its checkpoints component is taken: the residual-stream gradients it also
+// holds in backward are the mlp term's stream and incoming gradient.
+Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, bool sco) {
+  CheckpointOptions o;
+  o.schedule = sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+  o.prefetch_depth = in.prefetch_depth;
+  const Footprint full = checkpoint_footprint(in.model.num_layers, mul(U(s.tokens_per_device), U(in.model.hidden_size)),
+                                              U(in.activation_bytes), o);
+  Footprint f("checkpoints");
+  f.device("step", BufferSpec{Component::checkpoints, full.device_peak(Component::checkpoints)});
+  f.host("step", BufferSpec{Component::checkpoints, full.host_peak(Component::checkpoints)});
+  return f;
+}
+
+// Optimizer state: on the device, or (OffloadStreamAdamW) in host memory with its
+// pinned staging buckets.
+Footprint optimizer_term(const PlanInputs& in, u64 opt_shard, bool adam) {
+  Footprint f("optimizer");
+  if (adam) {
+    f.device("step", BufferSpec{Component::optimizer, 0});
+    f.host("step", BufferSpec{Component::optimizer, add(opt_shard, mul(3, in.adam_bucket))});
+  } else {
+    f.device("step", BufferSpec{Component::optimizer, opt_shard});
+  }
+  return f;
+}
+
+}  // namespace
 
 PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& sched) {
   const ModelConfig& m = in.model;
   const PlanShapes s = plan_shapes(in, pc);
-  const u64 T = U(s.tokens_per_device), H = U(m.hidden_size), L = U(m.num_layers);
-  const u64 a = U(in.activation_bytes), pb = U(in.param_bytes), gb = U(in.grad_bytes),
-            ob = U(in.optimizer_bytes);
+  const u64 T = U(s.tokens_per_device), H = U(m.hidden_size);
+  const u64 a = U(in.activation_bytes), pb = U(in.param_bytes), gb = U(in.grad_bytes), ob = U(in.optimizer_bytes);
   const bool has_moe = pc.num_moe_layers > 0;
+  (void)T;
 
   // ---- persistent state: shards of params, grads and optimizer --------------------
   // Routed experts: EP-sharded, then FSDP over the devices/EP replicas (so / devices);
@@ -85,73 +181,24 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   const u64 routed = U(pc.routed_experts), rest = U(pc.total) - routed;
   const u64 fs = U(in.fsdp_size()), dv = U(in.devices);
   auto shard = [&](u64 bytes_per_param) {
-    return ceil_div(static_cast<i64>(rest * bytes_per_param), static_cast<i64>(fs)) +
-           ceil_div(static_cast<i64>(routed * bytes_per_param), static_cast<i64>(dv));
+    return add(ceil_div_u(mul(rest, bytes_per_param), fs), ceil_div_u(mul(routed, bytes_per_param), dv));
   };
-  const u64 params_shard = U(shard(pb)), grads_shard = U(shard(gb)), opt_shard = U(shard(ob));
+  const u64 params_shard = shard(pb), grads_shard = shard(gb), opt_shard = shard(ob);
   // FSDP gathers a layer's parameters (and prefetches the next); backward holds the
   // layer's unsharded gradient until its reduce-scatter.
   const bool sharded = fs > 1 || dv / U(in.ep) > 1;
   const u64 layer_params = sharded ? U(gathered_layer_params(in, pc)) : 0;
-  const u64 gathered = 2 * layer_params * pb, layer_grads = layer_params * gb;
-  const u64 head_params = sharded ? U(s.vocab_shard) * H : 0;
+  const u64 gathered = mul(2, mul(layer_params, pb)), layer_grads = mul(layer_params, gb);
+  const u64 head_params = sharded ? mul(U(s.vocab_shard), H) : 0;
 
-  // ---- checkpoint boundaries ---------------------------------------------------------
-  const u64 bnd = s.boundary_bytes;
-  const u64 ckpt = sched.sco ? std::min<u64>(L, U(in.prefetch_depth) + 1) * bnd : L * bnd;
-
-  // ---- attention working set (flash-style: no T x T term) ----------------------------
-  const u64 nh = U(m.num_heads), nkv = U(m.num_kv_heads), dqk = U(m.qk_head_dim()),
-            dvh = U(m.value_head_dim());
-  const u64 q = T * nh * dqk, kv = T * nkv * (dqk + dvh), o = T * nh * dvh;
-  const u64 latent = m.attention == AttentionKind::mla
-                         ? T * (U(m.q_lora_rank) + U(m.kv_lora_rank) + U(m.qk_rope_head_dim))
-                         : 0;
-  u64 attn_fwd = a * (T * H + q + kv + o + latent + T * H) + 4 * T * nh;
-  if (in.cp > 1) attn_fwd += 2 * a * kv;  // peers' K/V blocks, double-buffered ring
-  const u64 attn_bwd = 2 * attn_fwd;       // recomputed activations and their gradients
-
-  // ---- residual stream and the non-dispatch MLP activations --------------------------
-  const u64 residual = 2 * T * H * a;
-  u64 mlp_fwd = 0;
-  if (pc.num_dense_layers > 0) mlp_fwd = std::max(mlp_fwd, T * U(m.dense_intermediate_size) * 3 * a);
-  if (has_moe) {
-    u64 moe = T * U(m.num_experts) * 4 + T * U(m.top_k) * 8;  // fp32 router logits, top-k ids+weights
-    moe += T * U(m.shared_expert_width()) * U(m.num_shared_experts) * 3 * a;
-    mlp_fwd = std::max(mlp_fwd, moe);
-  }
-  const u64 mlp_bwd = 2 * mlp_fwd;
-
-  // ---- expert dispatch ---------------------------------------------------------------
-  u64 disp_fwd = 0, disp_bwd = 0;
-  if (has_moe) {
-    const u64 k = U(m.top_k), Fe = U(m.moe_intermediate_size);
-    if (sched.llep) {
-      const u64 cap = std::min<u64>(U(in.dispatch_cap), T * k), R = U(s.round_copies);
-      const u64 spill = U(s.spilled_experts) * 3 * H * Fe;
-      // Double-buffered send, receive and combine buffers; one round's intermediates.
-      disp_fwd = a * (2 * cap * H + 2 * R * H + R * 3 * Fe + R * H + 2 * cap * H) + spill * pb;
-      disp_bwd = disp_fwd + a * R * (2 * H + 2 * Fe) + spill * gb;
-    } else {
-      const u64 R = U(s.routed_copies);
-      disp_fwd = a * (T * k * H + R * H + R * 3 * Fe + R * H + T * k * H);
-      disp_bwd = disp_fwd + a * R * (2 * H + 2 * Fe);
-    }
-  }
-
-  // ---- vocabulary projection and loss ------------------------------------------------
-  const u64 Vp = U(s.vocab_shard), P = U(in.vocab_group);
-  u64 vocab = 0;
-  if (sched.dtp) {
-    const u64 chunk = std::min<u64>(U(in.vocab_chunk), T);
-    // Logits block and its exp/gradient (fp32), the two ring buffers (the smaller of
-    // activations and weight shard travels), per-token running max/sum/target, fp32 dX.
-    vocab = 2 * chunk * Vp * 4 + 2 * std::min(T * H, Vp * H) * a + 12 * T + 4 * T * H;
-  } else {
-    // Megatron vocab-parallel CE: gathered hidden, bf16 logits and their fp32 copy
-    // (softmax and gradient in place), gathered dHidden.
-    vocab = a * P * T * H + P * T * Vp * (a + 4) + a * P * T * H;
-  }
+  // ---- the terms: each a footprint (layers/, schedules/) ------------------------------
+  const Footprint attn = attention_footprint(AttentionShape::of(m, s.tokens_per_device, in.cp), a);
+  const Footprint mlp = mlp_footprint(MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe), a);
+  const Footprint disp = has_moe ? dispatch_term(in, s, sched.llep) : Footprint("dispatch");
+  const Footprint vocab = vocab_term(in, s, sched.dtp);
+  const Footprint ckpt = checkpoint_term(in, s, sched.sco);
+  const Footprint opt = optimizer_term(in, opt_shard, sched.adam);
+  const ComponentBytes ckpt_dev = ckpt.device_peak();
 
   // ---- assemble the phases -------------------------------------------------------------
   PeakEstimate e;
@@ -159,43 +206,37 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
     PhaseBytes ph{p, {}};
     ph.bytes[C(Component::params)] = params_shard;
     ph.bytes[C(Component::grads)] = grads_shard;
-    ph.bytes[C(Component::optimizer)] = sched.adam ? 0 : opt_shard;
     ph.bytes[C(Component::comm)] = in.comm_reserve;
     ph.bytes[C(Component::workspace)] = in.workspace_reserve;
+    add_into(ph.bytes, opt.phase("step").device);  // the optimizer state lives through the step
     return ph;
   };
-  PhaseBytes fa = base(Phase::forward_attention);
-  fa.bytes[C(Component::params)] += gathered;
-  fa.bytes[C(Component::checkpoints)] = ckpt;
-  fa.bytes[C(Component::attention)] = attn_fwd;
-  fa.bytes[C(Component::layer)] = residual;
+  auto with = [&](PhaseBytes ph, std::initializer_list<ComponentBytes> terms) {
+    for (const ComponentBytes& t : terms) add_into(ph.bytes, t);
+    return ph;
+  };
+  const ComponentBytes none{};
+  const ComponentBytes disp_fwd = has_moe ? device_of(disp, "forward") : none;
+  const ComponentBytes disp_bwd = has_moe ? device_of(disp, "backward") : none;
 
-  PhaseBytes fm = base(Phase::forward_mlp);
-  fm.bytes[C(Component::params)] += gathered;
-  fm.bytes[C(Component::checkpoints)] = ckpt;
-  fm.bytes[C(Component::layer)] = residual + mlp_fwd;
-  fm.bytes[C(Component::dispatch)] = disp_fwd;
+  PhaseBytes fa = with(base(Phase::forward_attention), {ckpt_dev, device_of(attn, "forward"), device_of(mlp, "residual")});
+  fa.bytes[C(Component::params)] = add(fa.bytes[C(Component::params)], gathered);
 
-  PhaseBytes lo = base(Phase::loss);
-  lo.bytes[C(Component::params)] += head_params * pb;
-  lo.bytes[C(Component::grads)] += head_params * gb;
-  lo.bytes[C(Component::checkpoints)] = ckpt;
-  lo.bytes[C(Component::layer)] = residual;
-  lo.bytes[C(Component::vocab)] = vocab;
+  PhaseBytes fm = with(base(Phase::forward_mlp), {ckpt_dev, device_of(mlp, "forward"), disp_fwd});
+  fm.bytes[C(Component::params)] = add(fm.bytes[C(Component::params)], gathered);
 
-  PhaseBytes ba = base(Phase::backward_attention);
-  ba.bytes[C(Component::params)] += gathered;
-  ba.bytes[C(Component::grads)] += layer_grads;
-  ba.bytes[C(Component::checkpoints)] = ckpt;
-  ba.bytes[C(Component::attention)] = attn_bwd;
-  ba.bytes[C(Component::layer)] = residual + T * H * a;  // + the incoming gradient
+  PhaseBytes lo = with(base(Phase::loss), {ckpt_dev, device_of(mlp, "residual"), worst_phase(vocab)});
+  lo.bytes[C(Component::params)] = add(lo.bytes[C(Component::params)], mul(head_params, pb));
+  lo.bytes[C(Component::grads)] = add(lo.bytes[C(Component::grads)], mul(head_params, gb));
 
-  PhaseBytes bm = base(Phase::backward_mlp);
-  bm.bytes[C(Component::params)] += gathered;
-  bm.bytes[C(Component::grads)] += layer_grads;
-  bm.bytes[C(Component::checkpoints)] = ckpt;
-  bm.bytes[C(Component::layer)] = residual + T * H * a + mlp_bwd;
-  bm.bytes[C(Component::dispatch)] = disp_bwd;
+  PhaseBytes ba = with(base(Phase::backward_attention),
+                       {ckpt_dev, device_of(attn, "backward"), device_of(mlp, "residual_backward")});
+  ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
+  ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);
+
+  PhaseBytes bm = with(base(Phase::backward_mlp), {ckpt_dev, device_of(mlp, "backward"), disp_bwd});
+  bm.bytes[C(Component::params)] = add(bm.bytes[C(Component::params)], gathered);
+  bm.bytes[C(Component::grads)] = add(bm.bytes[C(Component::grads)], layer_grads);
 
   PhaseBytes op = base(Phase::optimizer);
 
@@ -213,10 +254,9 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
     if (bind.bytes[i] > bind.bytes[best]) best = i;
   e.binding_component = kAllComponents[best];
 
-  // Host memory: offloaded optimizer state with its pinned staging buckets, and the
-  // offloaded checkpoint boundaries.
-  if (sched.adam) e.host_bytes += opt_shard + 3 * in.adam_bucket;
-  if (sched.sco) e.host_bytes += L * bnd;
+  // Host memory: what the terms keep there (offloaded optimizer state with its staging
+  // buckets, offloaded checkpoint boundaries).
+  e.host_bytes = add(opt.host_peak_total(), ckpt.host_peak_total());
   return e;
 }
 

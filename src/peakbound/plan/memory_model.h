@@ -38,8 +38,9 @@ struct PlanShapes {
   std::int64_t routed_copies_balanced = 0;  // token-copies an EP rank receives, balanced
   std::int64_t routed_copies_worst = 0;     // ... when every token goes to one rank's experts
   std::int64_t routed_copies = 0;           // ... at the requested skew (baseline dispatch)
-  std::int64_t round_copies = 0;            // PipelinedLLEP receive rows per round
-  std::int64_t spilled_experts = 0;         // foreign expert weights a helper holds per round
+  double imbalance = 1.0;                   // busiest rank's load over the mean (skew, capped at worst)
+  std::int64_t round_copies = 0;            // PipelinedLLEP receive rows per round (dispatch_sizes_estimate)
+  std::int64_t spilled_experts = 0;         // foreign experts' weights a helper holds
   std::int64_t vocab_shard = 0;             // ceil(V / vocab_group)
   std::uint64_t boundary_bytes = 0;         // one checkpoint boundary [T, H]
 };

@@ -146,7 +146,7 @@ nlohmann::json plan_json(const Plan& p) {
                  {"fsdp", in.fsdp_size()},        {"device_memory_bytes", in.device_memory},
                  {"host_memory_bytes", in.host_memory == 0 ? nlohmann::json(nullptr) : nlohmann::json(in.host_memory)}};
   j["schedules"] = in.schedules.str();
-  j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha},
+  j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha}, {"llep_lambda", in.llep_lambda},
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
                 {"prefetch_depth", in.prefetch_depth}, {"adam_bucket_bytes", in.adam_bucket},
                 {"skew", in.skew == 0 ? nlohmann::json("worst") : nlohmann::json(in.skew)}};

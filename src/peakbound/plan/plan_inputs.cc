@@ -59,6 +59,15 @@ void PlanInputs::resolve_auto() {
   if (vocab_group == 0) vocab_group = largest_divisor(devices, 8, 0);
 }
 
+DispatchOptions PlanInputs::dispatch_options() const {
+  DispatchOptions o;
+  o.alpha = llep_alpha;
+  o.lambda = llep_lambda;
+  o.min_spill = llep_min_spill;
+  o.cap = dispatch_cap;
+  return o;
+}
+
 void PlanInputs::validate() const {
   model.validate();
   check_int(context, "context", 1, kMaxContext);
@@ -80,6 +89,7 @@ void PlanInputs::validate() const {
   require(device_memory > 0, "device_memory must be positive");
   check_int(dispatch_cap, "dispatch_cap", 1, kMaxRows);
   check_real(llep_alpha, "llep_alpha", 1.0, 1e6);
+  check_real(llep_lambda, "llep_lambda", 1.0, 1e6);
   check_int(llep_min_spill, "llep_min_spill", 1, kMaxRows);
   check_int(vocab_chunk, "vocab_chunk", 1, kMaxRows);
   check_int(prefetch_depth, "prefetch_depth", 1, 1024);

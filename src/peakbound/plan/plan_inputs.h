@@ -1,7 +1,8 @@
 // PlanInputs: everything `peakbound plan` needs to predict per-device memory: the
 // model, the run (context, batch, dtypes), the layout over devices, which of the
-// four schedules are on, and their knobs. The runtime sizes its Arena from the same
-// struct, so the defaults here are the engine's defaults.
+// four schedules are on, and their knobs. Each knob's default is read from its
+// schedule's options struct (the one place a default lives), and the planner sizes
+// each schedule with that schedule's own footprint function.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,9 @@
 #include <string_view>
 
 #include "peakbound/model/model_config.h"
+#include "peakbound/schedules/checkpoint_policy.h"
+#include "peakbound/schedules/moe_plan.h"
+#include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound {
 
@@ -56,11 +60,12 @@ struct PlanInputs {
 
   // Schedules and their knobs.
   ScheduleSet schedules;
-  std::int64_t dispatch_cap = 4096;      // PipelinedLLEP: token-copies per source rank per round
-  double llep_alpha = 1.0;               // LLEP capacity factor over the mean load
-  std::int64_t llep_min_spill = 1024;    // LLEP: smallest spilled piece, token-copies
-  std::int64_t vocab_chunk = 1024;       // Ring-DTP: token rows per logits block
-  std::int64_t prefetch_depth = 1;       // SCO: boundaries prefetched ahead in backward
+  std::int64_t dispatch_cap = DispatchOptions{}.cap;        // PipelinedLLEP: copies per source rank per round
+  double llep_alpha = DispatchOptions{}.alpha;             // LLEP capacity factor over the mean load
+  double llep_lambda = DispatchOptions{}.lambda;           // LLEP: imbalance below which nothing spills
+  std::int64_t llep_min_spill = DispatchOptions{}.min_spill;  // LLEP: smallest spilled piece, token-copies
+  std::int64_t vocab_chunk = VocabLossOptions{}.chunk;               // Ring-DTP: token rows per logits block
+  std::int64_t prefetch_depth = CheckpointOptions{}.prefetch_depth;  // SCO: boundaries prefetched ahead
   std::uint64_t adam_bucket = 256ull << 20;  // OffloadStreamAdamW bucket, bytes
 
   // Routing skew: received token-copies at the most loaded rank over the balanced
@@ -78,6 +83,7 @@ struct PlanInputs {
   // Throws InvalidArgument naming the first inconsistency (EP not dividing the experts...).
   void validate() const;
   std::int64_t fsdp_size() const { return fsdp > 0 ? fsdp : devices; }
+  DispatchOptions dispatch_options() const;
 };
 
 }  // namespace peakbound

@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/layers/swiglu_ffn.h"
 #include "peakbound/ops/elementwise.h"
-#include "peakbound/ops/gemm.h"
 #include "peakbound/ops/moe_permute.h"
-#include "peakbound/ops/swiglu.h"
 
 namespace peakbound {
 
@@ -256,27 +255,18 @@ void MoeDispatch::run(Pass& p) {
       const std::int64_t a = slot_rows[static_cast<std::size_t>(sl)], m = slot_rows[static_cast<std::size_t>(sl + 1)] - a;
       if (m == 0) continue;
       const float* W = weights_of(sl);
-      const float *Wg = W, *Wu = W + F * H, *Wd = W + 2 * F * H;
+      const SwigluFfnWeights w{W, W + F * H, W + 2 * F * H};  // [W_gate | W_up | W_down]
       const float* X = xg.as<float>() + a * H;
       float *G = gate.as<float>() + a * F, *U = up.as<float>() + a * F, *A = act.as<float>() + a * F;
       float* O = outg.as<float>() + a * H;
-      ops::gemm(dev_, cs, false, true, m, F, H, 1.0f, X, H, Wg, H, 0.0f, G, F);
-      ops::gemm(dev_, cs, false, true, m, F, H, 1.0f, X, H, Wu, H, 0.0f, U, F);
-      ops::swiglu_forward(dev_, cs, A, G, U, m * F);
-      ops::gemm(dev_, cs, false, true, m, H, F, 1.0f, A, F, Wd, F, 0.0f, O, H);
+      swiglu_ffn_forward(dev_, cs, m, H, F, X, w, G, U, A, O, false);
       if (!p.backward) continue;
-      // dw = dy . out; dout = w dy (in place over dy); then the FFN's backward.
+      // dw = dy . out; dout = w dy (in place over dy); then the FFN's backward, dx into O.
       float* DY = dyg.as<float>() + a * H;
       ops::moe_dot_scale_rows(dev_, cs, dwg.data() + a, DY, O, wg.data() + a, m, H);
       float* dW = grads_of(sl);
-      float *dWg = dW, *dWu = dW + F * H, *dWd = dW + 2 * F * H;
-      ops::gemm(dev_, cs, true, false, H, F, m, 1.0f, DY, H, A, F, 1.0f, dWd, F);   // dWd += dout^T act
-      ops::gemm(dev_, cs, false, false, m, F, H, 1.0f, DY, H, Wd, F, 0.0f, A, F);   // dact = dout Wd
-      ops::swiglu_backward(dev_, cs, G, U, A, G, U, m * F);                          // -> dgate, dup
-      ops::gemm(dev_, cs, true, false, F, H, m, 1.0f, G, F, X, H, 1.0f, dWg, H);     // dWg += dgate^T x
-      ops::gemm(dev_, cs, true, false, F, H, m, 1.0f, U, F, X, H, 1.0f, dWu, H);     // dWu += dup^T x
-      ops::gemm(dev_, cs, false, false, m, H, F, 1.0f, G, F, Wg, H, 0.0f, O, H);     // dx = dgate Wg
-      ops::gemm(dev_, cs, false, false, m, H, F, 1.0f, U, F, Wu, H, 1.0f, O, H);     //    + dup Wu
+      swiglu_ffn_backward(dev_, cs, m, H, F, X, w, DY, G, U, A, SwigluFfnGrads{dW, dW + F * H, dW + 2 * F * H}, O,
+                          false);
     }
     // Results back into arrival order, ready to go home.
     ops::moe_ungroup_rows(dev_, cs, outbuf[i % nbuf].as<float>(), wout, outg.as<float>(),

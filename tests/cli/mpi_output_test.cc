@@ -1,0 +1,51 @@
+// Under mpirun a user error is one line, printed once, and no rank calls MPI_Abort
+// when every rank agrees the input is bad; one-process commands report once (so
+// `plan --json` is one valid JSON document). Issue 17.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/cli/run_cli.h"
+
+namespace peakbound {
+namespace {
+
+using testing::CliRun;
+using testing::run_mpi;
+
+int occurrences(const std::string& s, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + 1)) ++n;
+  return n;
+}
+
+void expect_once_without_abort(const CliRun& r, const std::string& needle) {
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out";
+  EXPECT_EQ(occurrences(r.err, "peakbound: error: "), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("MPI_ABORT"), std::string::npos) << r.err;
+}
+
+TEST(MpiOutput, AgreedUserErrorsArePrintedOnceWithoutAbort) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  expect_once_without_abort(run_mpi("bench dispatch --experts 7 --tokens 16", 2), "not divisible by the 2 ranks");
+  expect_once_without_abort(run_mpi("verify dispatch --topk 61 --experts 60", 2), "--topk 61");
+  expect_once_without_abort(run_mpi("bench vocab --tokens 64 --device-memory 4KiB", 2), "--device-memory");
+  expect_once_without_abort(run_mpi("verify vocab --z-loss nan", 2), "--z-loss");
+  expect_once_without_abort(run_mpi("plan --devices 0", 2), "--devices");
+}
+
+TEST(MpiOutput, OneProcessCommandsReportOnce) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  CliRun r = run_mpi("plan --model tiny-moe --json", 2);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NO_THROW((void)nlohmann::json::parse(r.out)) << r.out;  // two objects would not parse
+  r = run_mpi("bench checkpoint --layers 2 --tokens 32 --hidden 16 --json", 2);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NO_THROW((void)nlohmann::json::parse(r.out)) << r.out;
+}
+
+}  // namespace
+}  // namespace peakbound
