@@ -63,9 +63,9 @@ RankData make_rank_data(const VocabFlags& f, Communicator& g, std::int64_t token
 }
 
 double group_sum(Communicator& g, double v) {
-  // No f64 in the communicator: gather the doubles as bytes and sum them in order.
+  // Gathered and summed in rank order, so every rank gets the same bits.
   std::vector<double> all(static_cast<std::size_t>(g.size()));
-  g.all_gather(&v, all.data(), sizeof(double), DType::u8);
+  g.all_gather(&v, all.data(), 1, DType::f64);
   double s = 0;
   for (double x : all) s += x;
   return s;

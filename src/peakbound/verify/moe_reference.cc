@@ -7,7 +7,7 @@
 #include <string>
 
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/verify/relative_error.h"
 
 namespace peakbound {
 
@@ -223,20 +223,6 @@ MoeReference dense_moe_reference(const MoeProblem& p) {
 
 double MoeCheck::max() const { return std::max({rel_err_y, rel_err_dx, rel_err_dw, rel_err_dparams}); }
 
-namespace {
-
-// max|a - ref| over this rank's part / max|ref| over the whole reference, max over ranks.
-double group_err(Communicator& g, const float* a, const float* ref_part, std::int64_t n, const std::vector<float>& ref_all) {
-  double diff = cpu::max_abs_diff(a, ref_part, n);
-  double scale = cpu::max_abs(ref_all.data(), static_cast<std::int64_t>(ref_all.size()));
-  float e = static_cast<float>(scale > 0 ? diff / scale : diff);
-  if (std::isnan(diff)) e = INFINITY;
-  g.all_reduce(&e, 1, DType::f32, ReduceOp::max);
-  return e;
-}
-
-}  // namespace
-
 MoeCheck check_moe_dispatch(MoeDispatch& d, Communicator& g, const MoeProblem& p, const MoeReference& ref) {
   const MoeShape& s = p.spec.shape;
   const int r = g.rank();
@@ -251,10 +237,10 @@ MoeCheck check_moe_dispatch(MoeDispatch& d, Communicator& g, const MoeProblem& p
   d.forward(x, T, ids, w, params, y.data());
   d.backward(x, T, ids, w, params, p.dy.data() + off * H, dx.data(), dw.data(), dparams.data());
   MoeCheck c;
-  c.rel_err_y = group_err(g, y.data(), ref.y.data() + off * H, T * H, ref.y);
-  c.rel_err_dx = group_err(g, dx.data(), ref.dx.data() + off * H, T * H, ref.dx);
-  c.rel_err_dw = group_err(g, dw.data(), ref.dw.data() + off * K, T * K, ref.dw);
-  c.rel_err_dparams = group_err(g, dparams.data(), ref.dparams.data() + r * local * EF, local * EF, ref.dparams);
+  c.rel_err_y = verify::group_relative_error(g, y.data(), ref.y.data() + off * H, T * H);
+  c.rel_err_dx = verify::group_relative_error(g, dx.data(), ref.dx.data() + off * H, T * H);
+  c.rel_err_dw = verify::group_relative_error(g, dw.data(), ref.dw.data() + off * K, T * K);
+  c.rel_err_dparams = verify::group_relative_error(g, dparams.data(), ref.dparams.data() + r * local * EF, local * EF);
   return c;
 }
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/verify/relative_error.h"
 
 namespace peakbound {
 
@@ -95,38 +95,23 @@ VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem
   if (between) between();
   impl.backward(scale, dh.data(), dw.data());
 
-  // The group's loss in double precision: gather each rank's (loss, count) as bytes,
-  // since the communicator has no f64 type and an f32 sum would lose digits.
-  std::vector<double> both = {ls.loss, static_cast<double>(ls.count)};
-  std::vector<std::uint8_t> mine(sizeof(double) * 2), all(sizeof(double) * 2 * static_cast<std::size_t>(g.size()));
-  std::memcpy(mine.data(), both.data(), mine.size());
-  g.all_gather(mine.data(), all.data(), mine.size(), DType::u8);
+  // The group's loss in double precision, summed in rank order (the same bits everywhere).
+  const double both[2] = {ls.loss, static_cast<double>(ls.count)};
+  std::vector<double> all(2 * static_cast<std::size_t>(g.size()));
+  g.all_gather(both, all.data(), 2, DType::f64);
   double loss = 0, count = 0;
   for (int i = 0; i < g.size(); ++i) {
-    double v[2];
-    std::memcpy(v, all.data() + sizeof(double) * 2 * static_cast<std::size_t>(i), sizeof v);
-    loss += v[0];
-    count += v[1];
+    loss += all[2 * static_cast<std::size_t>(i)];
+    count += all[2 * static_cast<std::size_t>(i) + 1];
   }
   VocabCheck c;
   c.rel_err_loss = std::fabs(loss - ref.loss) / std::max(std::fabs(ref.loss), 1e-30);
   if (ref.count == 0) c.rel_err_loss = std::fabs(loss);
   c.count = static_cast<std::int64_t>(count);
   c.count_matches = c.count == ref.count;
-  // Errors relative to the whole reference tensor, reduced (max) over ranks.
-  double err[2] = {0, 0};
-  double dh_scale = cpu::max_abs(ref.d_hidden.data(), static_cast<std::int64_t>(ref.d_hidden.size()));
-  double dw_scale = cpu::max_abs(ref.d_weight.data(), static_cast<std::int64_t>(ref.d_weight.size()));
-  double dh_diff = cpu::max_abs_diff(dh.data(), ref.d_hidden.data() + off * H, T * H);
-  double dw_diff = cpu::max_abs_diff(dw.data(), ref.d_weight.data() + sh.offset * H, sh.rows * H);
-  err[0] = dh_scale > 0 ? dh_diff / dh_scale : dh_diff;
-  err[1] = dw_scale > 0 ? dw_diff / dw_scale : dw_diff;
-  float errf[2] = {static_cast<float>(err[0]), static_cast<float>(err[1])};
-  if (std::isnan(err[0])) errf[0] = INFINITY;
-  if (std::isnan(err[1])) errf[1] = INFINITY;
-  g.all_reduce(errf, 2, DType::f32, ReduceOp::max);
-  c.rel_err_dhidden = errf[0];
-  c.rel_err_dweight = errf[1];
+  // Errors relative to the whole reference tensor (each rank holds its part).
+  c.rel_err_dhidden = verify::group_relative_error(g, dh.data(), ref.d_hidden.data() + off * H, T * H);
+  c.rel_err_dweight = verify::group_relative_error(g, dw.data(), ref.d_weight.data() + sh.offset * H, sh.rows * H);
   return c;
 }
 
