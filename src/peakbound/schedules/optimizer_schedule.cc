@@ -32,7 +32,8 @@ OptimizerSchedule::OptimizerSchedule(std::string_view schedule, OptimizerContext
   if (shard_.n > 0 && (!shard_.params || !shard_.grads))
     throw InvalidArgument("optimizer: a non-empty shard needs parameter and gradient buffers");
   if (!cpu::simd_level_supported(options_.simd))
-    throw Unavailable("optimizer: this CPU does not support " + std::string(cpu::simd_level_name(options_.simd)));
+    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(options_.simd)) +
+                      " is not supported by this CPU");
   buffers_ = optimizer_buffers(schedule, optimizer_shape(shard_), options_);
 }
 
@@ -49,6 +50,7 @@ void OptimizerSchedule::load(const float* master) {
   if (n == 0) return;
   const std::uint64_t bytes = buffers_.load_staging.bytes;
   Buffer staged = ctx_.host.allocate(buffers_.load_staging.component, bytes);
+  // Host compute on host memory (the staging), so the CPU kernel directly.
   if (shard_.param_dtype == DType::bf16) cpu::to_bf16(staged.as<bf16>(), master, n);
   else std::memcpy(staged.data(), master, bytes);
   copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
