@@ -121,7 +121,8 @@ TEST(OptimizerBench, ThreadsOutOfRangeAndUnstartableThreadsAreOneLineErrors) {
   using peakbound::testing::expect_one_line_error;
   expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 5000"), "--threads");
   expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 0"), "--threads");
-  const CliRun r = run_shell("ulimit -v 4000000; exec timeout 120 " + std::string(PEAKBOUND_CLI_PATH) +
+  // 8 MiB stacks (the usual default) so that 1024 threads cannot fit in 4 GB.
+  const CliRun r = run_shell("ulimit -s 8192; ulimit -v 4000000; exec timeout 120 " + std::string(PEAKBOUND_CLI_PATH) +
                              " bench optimizer --params 5000 --threads 1024 --warmup 0 --steps 1 --bandwidth-bytes 1MiB");
   EXPECT_NE(r.code, 124) << "timed out: the pool's constructor hung";
   expect_one_line_error(r, "thread");
