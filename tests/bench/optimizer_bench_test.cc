@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "peakbound/core/error.h"
+#include "peakbound/schedules/optimizer_footprint.h"
+#include "tests/cli/run_cli.h"
 
 namespace peakbound {
 namespace {
@@ -38,14 +40,21 @@ TEST(OptimizerBench, JsonHasEveryFieldAndTheSchedulesAgree) {
   }
   EXPECT_LE(j["pipeline_efficiency"].get<double>(), 1.0);
   EXPECT_TRUE(j.contains("machine"));
-  // The three fp32 arrays and a few KiB of staggering between them.
+  // Each schedule holds exactly its footprint: the device Arena's optimizer bytes and
+  // the host's state and staging.
   const std::uint64_t state = 3 * 100003ull * 4;
+  const OptimizerShape shape{100003, 2, 2, 4, 4, 4};
+  OptimizerOptions oo;
+  oo.bucket_bytes = small().bucket_bytes;
   for (const auto& r : j["runs"]) {
     const auto name = r["name"].get<std::string>();
+    const Footprint f = optimizer_footprint(name, shape, oo);
     EXPECT_GT(r["step_seconds"].get<double>(), 0.0) << name;
+    EXPECT_EQ(r["optimizer_device_bytes"].get<std::uint64_t>(), f.device_peak(Component::optimizer)) << name;
+    EXPECT_EQ(r["host_optimizer_bytes"].get<std::uint64_t>(), f.host_peak(Component::optimizer)) << name;
+    EXPECT_EQ(r["host_staging_bytes"].get<std::uint64_t>(), f.host_peak(Component::comm)) << name;
     if (name == "device") {
-      EXPECT_GE(r["optimizer_device_bytes"].get<std::uint64_t>(), state);
-      EXPECT_LT(r["optimizer_device_bytes"].get<std::uint64_t>(), state + 16384);
+      EXPECT_EQ(r["optimizer_device_bytes"].get<std::uint64_t>(), 3 * arena_reserved(100003 * 4));
     } else {
       EXPECT_EQ(r["optimizer_device_bytes"].get<std::uint64_t>(), 0u) << name;
       EXPECT_GE(r["host_optimizer_bytes"].get<std::uint64_t>(), state) << name;
@@ -73,24 +82,20 @@ TEST(OptimizerBench, BadOptionsAreInvalidArgument) {
   EXPECT_THROW(run_optimizer_bench(o), InvalidArgument);
 }
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
+using peakbound::testing::CliRun;
+using peakbound::testing::run_cli;
 
-CliRun run_cli(const std::string& args) {
-  std::string base = ::testing::TempDir() + "/pb_bench_opt_" + std::to_string(::getpid());
-  std::string cmd = std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int status = std::system(cmd.c_str());
+// Runs a /bin/sh script (e.g. a ulimit before the binary), capturing like run_cli.
+CliRun run_shell(const std::string& script) {
+  const std::string base = ::testing::TempDir() + "/pb_bench_opt_sh_" + std::to_string(::getpid());
+  const std::string cmd = "(" + script + ") >" + base + ".out 2>" + base + ".err";
+  const int status = std::system(cmd.c_str());
   CliRun r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  for (auto [file, dst] : {std::pair{base + ".out", &r.out}, std::pair{base + ".err", &r.err}}) {
-    std::ifstream f(file);
-    std::stringstream s;
-    s << f.rdbuf();
-    *dst = s.str();
-    std::remove(file.c_str());
-  }
+  r.out = peakbound::testing::slurp(base + ".out");
+  r.err = peakbound::testing::slurp(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
   return r;
 }
 
@@ -105,6 +110,34 @@ TEST(OptimizerBench, CliPrintsOneJsonObjectOrOneLineError) {
   EXPECT_EQ(bad.err.rfind("peakbound: error: ", 0), 0u) << bad.err;
   EXPECT_NE(bad.err.find("zero"), std::string::npos) << bad.err;
   EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+}
+
+
+// Issue 17: --threads 5000 under a virtual-memory limit used to hang the ThreadPool's
+// constructor. The CLI bounds --threads, and a pool the system cannot start (1024
+// threads' 8 MiB stacks do not fit in 4 GB of address space) fails with one line,
+// quickly, instead of hanging.
+TEST(OptimizerBench, ThreadsOutOfRangeAndUnstartableThreadsAreOneLineErrors) {
+  using peakbound::testing::expect_one_line_error;
+  expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 5000"), "--threads");
+  expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 0"), "--threads");
+  // 8 MiB stacks (the usual default) so that 1024 threads cannot fit in 4 GB.
+  const CliRun r = run_shell("ulimit -s 8192; ulimit -v 4000000; exec timeout 120 " + std::string(PEAKBOUND_CLI_PATH) +
+                             " bench optimizer --params 5000 --threads 1024 --warmup 0 --steps 1 --bandwidth-bytes 1MiB");
+  EXPECT_NE(r.code, 124) << "timed out: the pool's constructor hung";
+  expect_one_line_error(r, "thread");
+}
+
+TEST(OptimizerBench, LibraryErrorsNameTheOptionNotTheFlag) {
+  auto o = small();
+  o.threads = 5000;
+  try {
+    run_optimizer_bench(o);
+    FAIL() << "5000 threads were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("threads must be between 1 and 1024"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,76 @@ TEST(HostMemory, AccountsPerComponentUnderItsBudget) {
   c.reset();
   EXPECT_EQ(host.live(), 0u);
   EXPECT_EQ(host.peak(), 1 * MiB);
+}
+
+// Staggering: with a stagger reserve, large placements start at distinct offsets
+// within a 4 KiB page, the ledger counts the requests only, and requests that fill
+// the budget back to back still fit (the shifts come out of the reserve).
+TEST(ArenaStagger, BackToBackLargePlacementsStartAtDistinctPageOffsets) {
+  Arena a("stagger", 16 * MiB, nullptr, Location::device, Arena::kStaggerReserve);
+  std::vector<Buffer> bufs;
+  std::set<std::uint64_t> page_offsets;
+  for (int i = 0; i < 5; ++i) {
+    bufs.push_back(a.allocate(Component::optimizer, 1 * MiB));
+    EXPECT_EQ(bufs.back().offset() % Arena::kAlignment, 0u);
+    page_offsets.insert(bufs.back().offset() % Arena::kStaggerPeriod);
+  }
+  EXPECT_EQ(page_offsets.size(), 5u) << "power-of-two buffers placed back to back alias in cache";
+  EXPECT_EQ(a.live(Component::optimizer), 5 * MiB);  // the shifts are not live bytes
+  EXPECT_EQ(a.peak(Component::optimizer), 5 * MiB);
+  EXPECT_GT(a.high_water_offset(), 5 * MiB);           // they show as fragmentation
+  EXPECT_LT(a.high_water_offset(), 5 * MiB + 5 * Arena::kStaggerPeriod);
+  EXPECT_EQ(a.largest_free_block(), 11 * MiB);         // never more than the unspent budget
+  bufs.clear();
+  EXPECT_EQ(a.largest_free_block(), 16 * MiB) << "the skipped bytes coalesce back";
+}
+
+TEST(ArenaStagger, WithoutAReserveNothingIsShifted) {
+  Arena a("plain", 4 * MiB, nullptr);
+  Buffer b0 = a.allocate(Component::layer, 1 * MiB);
+  Buffer b1 = a.allocate(Component::layer, 1 * MiB);
+  EXPECT_EQ(b1.offset(), 1 * MiB);
+}
+
+TEST(ArenaStagger, AnExactBudgetStillHoldsItsRequests) {
+  // Four 1 MiB buffers in a 4 MiB budget: each shift comes out of the reserve.
+  Arena a("exact", 4 * MiB, nullptr, Location::device, Arena::kStaggerReserve);
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 4; ++i) bufs.push_back(a.allocate(Component::optimizer, 1 * MiB));
+  EXPECT_NE(bufs[1].offset() % Arena::kStaggerPeriod, bufs[2].offset() % Arena::kStaggerPeriod);
+  EXPECT_EQ(a.live(), 4 * MiB);
+  try {
+    a.allocate(Component::workspace, 256);  // the reserve is not budget
+    FAIL() << "expected OutOfBudget";
+  } catch (const OutOfBudget& e) {
+    EXPECT_NE(std::string(e.what()).find("'workspace'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ArenaStagger, ShiftsStopWhenTheReserveIsSpent) {
+  Arena a("tight", 8 * MiB, nullptr, Location::device, 512);
+  Buffer b0 = a.allocate(Component::layer, 1 * MiB);  // slot 0: no shift
+  Buffer b1 = a.allocate(Component::layer, 1 * MiB);  // slot 1: 256
+  Buffer b2 = a.allocate(Component::layer, 1 * MiB);  // slot 2: 256 more, 512 in all
+  Buffer b3 = a.allocate(Component::layer, 1 * MiB);  // slot 3: the reserve is spent
+  EXPECT_EQ(b1.offset(), 1 * MiB + 256);
+  EXPECT_EQ(b2.offset(), 2 * MiB + 512);
+  EXPECT_EQ(b3.offset(), 3 * MiB + 512);
+  EXPECT_EQ(a.live(), 4 * MiB);
+}
+
+TEST(ArenaStagger, SmallRequestsArePackedAndFillTheSkippedBytes) {
+  Arena a("small", 4 * MiB, nullptr, Location::device, Arena::kStaggerReserve);
+  Buffer s0 = a.allocate(Component::workspace, 1000);
+  Buffer s1 = a.allocate(Component::workspace, 1000);
+  EXPECT_EQ(s1.offset(), s0.offset() + 1024);  // below kStaggerMin: no shift
+  Buffer big0 = a.allocate(Component::layer, 1 * MiB);
+  Buffer big1 = a.allocate(Component::layer, 1 * MiB);
+  EXPECT_NE(big0.offset() % Arena::kStaggerPeriod, big1.offset() % Arena::kStaggerPeriod);
+  // A small request takes the best-fitting free block: bytes a shift skipped.
+  Buffer fill = a.allocate(Component::workspace, 256);
+  EXPECT_LT(fill.offset(), big1.offset());
+  EXPECT_GE(fill.offset(), big0.offset() + 1 * MiB);
 }
 
 }  // namespace

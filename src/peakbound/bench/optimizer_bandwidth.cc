@@ -1,5 +1,7 @@
 #include "peakbound/bench/optimizer_bandwidth.h"
 
+#include <vector>
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -68,10 +70,11 @@ void adam_pattern(float* w, float* m, float* v, const std::uint16_t* g, std::uin
 }  // namespace
 
 MemoryBandwidth::MemoryBandwidth(cpu::ThreadPool& pool, std::uint64_t working_set_bytes) : pool_(pool) {
-  if (working_set_bytes < (1u << 20)) throw InvalidArgument("--bandwidth-bytes must be at least 1MiB");
+  if (working_set_bytes < (1u << 20)) throw InvalidArgument("optimizer bench bandwidth_bytes must be at least 1MiB");
   // Whole chunks (see run_once), so every task's length is a multiple of 64 elements.
   n_ = std::max<std::uint64_t>(working_set_bytes / 16 / cpu::kAdamWChunk, 1) * cpu::kAdamWChunk;
-  block_ = StaggeredBlock(host_, Component::workspace, {4 * n_, 4 * n_, 4 * n_, 2 * n_, 2 * n_});
+  const std::vector<std::uint64_t> sizes = {4 * n_, 4 * n_, 4 * n_, 2 * n_, 2 * n_};
+  block_ = StaggeredBlock(host_, BufferSpec{Component::workspace, staggered_layout(sizes).bytes}, sizes);
   float* a = block_.as<float>(0);
   float* b = block_.as<float>(1);
   float* c = block_.as<float>(2);

@@ -10,7 +10,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/bench/optimizer_bandwidth.h"
 #include "peakbound/schedules/optimizer_offload.h"
-#include "peakbound/schedules/optimizer_state_block.h"
+#include "peakbound/schedules/optimizer_footprint.h"
 
 namespace peakbound {
 
@@ -69,17 +69,19 @@ std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOpt
   c->name = name;
   const auto n = static_cast<std::uint64_t>(o.params);
   const std::uint64_t pbytes = n * dtype_size(o.param_dtype), gbytes = n * dtype_size(o.grad_dtype);
-  auto placed = [](std::uint64_t b) { return (b + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment; };
-  const std::uint64_t state = 3 * placed(4 * n) + 2 * StaggeredBlock::kStagger;
-  const std::uint64_t budget = placed(pbytes) + placed(gbytes) + (name == "device" ? state : 0);
-  c->dev = std::make_unique<CpuDevice>(budget, "cpu:" + name);
-  c->params = c->dev->allocate(Component::params, pbytes);
-  c->grads = c->dev->allocate(Component::grads, gbytes);
-  std::memcpy(c->grads.data(), in.grads.data(), gbytes);
+  // The device holds the shard's parameters and gradients plus the schedule's own
+  // footprint (the CpuDevice adds the Arena's stagger reserve on top).
+  const OptimizerShape shape{n, dtype_size(o.param_dtype), dtype_size(o.grad_dtype), 4, 4, 4};
   OptimizerOptions so;
   so.adam.max_grad_norm = o.max_grad_norm;
   so.bucket_bytes = o.bucket_bytes;
   so.simd = o.simd;
+  const Footprint fp = optimizer_footprint(name, shape, so);
+  const std::uint64_t budget = arena_reserved(pbytes) + arena_reserved(gbytes) + fp.device_peak_total();
+  c->dev = std::make_unique<CpuDevice>(budget, "cpu:" + name);
+  c->params = c->dev->allocate(Component::params, pbytes);
+  c->grads = c->dev->allocate(Component::grads, gbytes);
+  std::memcpy(c->grads.data(), in.grads.data(), gbytes);
   c->sched = make_optimizer_schedule(name, {*c->dev, c->host, pool, c->comm},
                                      {c->params.data(), o.param_dtype, c->grads.data(), o.grad_dtype, o.params}, so);
   c->sched->load(in.master0.as<float>());
@@ -132,17 +134,21 @@ json finish(Case& c) {
 }
 
 void check(const OptimizerBenchOptions& o) {
-  if (o.params < 1) throw InvalidArgument("--params must be at least 1");
-  if (o.threads < 1) throw InvalidArgument("--threads must be at least 1");
-  if (o.warmup < 0 || o.steps < 1) throw InvalidArgument("--warmup must be >= 0 and --steps >= 1");
-  if (o.bandwidth_bytes < (1u << 20)) throw InvalidArgument("--bandwidth-bytes must be at least 1MiB");
+  if (o.params < 1) throw InvalidArgument("optimizer bench params must be at least 1");
+  if (o.threads < 1 || o.threads > OptimizerBenchOptions::kMaxThreads)
+    throw InvalidArgument("optimizer bench threads must be between 1 and " +
+                          std::to_string(OptimizerBenchOptions::kMaxThreads) + ", got " + std::to_string(o.threads));
+  if (o.warmup < 0 || o.steps < 1) throw InvalidArgument("optimizer bench warmup must be >= 0 and steps >= 1");
+  if (o.bandwidth_bytes < (1u << 20)) throw InvalidArgument("optimizer bench bandwidth_bytes must be at least 1MiB");
   for (DType t : {o.param_dtype, o.grad_dtype})
-    if (t != DType::f32 && t != DType::bf16) throw InvalidArgument("--param-dtype and --grad-dtype take bf16 or f32");
-  if (o.schedules.empty()) throw InvalidArgument("--schedules names no schedule");
+    if (t != DType::f32 && t != DType::bf16)
+      throw InvalidArgument("optimizer bench param_dtype and grad_dtype must be bf16 or f32");
+  if (o.schedules.empty()) throw InvalidArgument("optimizer bench schedules names no schedule");
   for (const auto& s : o.schedules)
     if (std::find(optimizer_schedule_names().begin(), optimizer_schedule_names().end(), s) ==
         optimizer_schedule_names().end())
-      throw InvalidArgument("--schedules: unknown schedule '" + s + "' (use device, offload_serial, offload_stream)");
+      throw InvalidArgument("optimizer bench schedules: unknown schedule '" + s +
+                            "' (use device, offload_serial, offload_stream)");
 }
 
 }  // namespace
@@ -150,7 +156,7 @@ void check(const OptimizerBenchOptions& o) {
 json run_optimizer_bench(const OptimizerBenchOptions& o) {
   check(o);
   if (!cpu::simd_level_supported(o.simd))
-    throw Unavailable("--simd " + std::string(cpu::simd_level_name(o.simd)) + " is not supported by this CPU");
+    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(o.simd)) + " is not supported by this CPU");
   cpu::ThreadPool pool(o.threads);
   const auto n = static_cast<std::uint64_t>(o.params);
   const double g = static_cast<double>(dtype_size(o.grad_dtype)), p = static_cast<double>(dtype_size(o.param_dtype));

@@ -16,21 +16,28 @@
 
 namespace peakbound {
 
+// The bench's own sizes (params, warm-up and timed steps, bandwidth working set) are
+// bench choices; the optimizer's knobs default to OptimizerOptions{}.
 struct OptimizerBenchOptions {
+  // A bound on threads: the update is memory-bound, so threads beyond the hardware's
+  // only oversubscribe; 1024 is far above any host this runs on, and a finite bound
+  // turns a typo (5000) into an error instead of thousands of 8 MiB thread stacks.
+  static constexpr int kMaxThreads = 1024;
+
   std::int64_t params = 1 << 26;
   DType param_dtype = DType::bf16;
   DType grad_dtype = DType::bf16;
-  std::uint64_t bucket_bytes = 1ull << 20;
+  std::uint64_t bucket_bytes = OptimizerOptions{}.bucket_bytes;
   int threads = cpu::default_thread_count();
-  cpu::SimdLevel simd = cpu::best_simd_level();
-  float max_grad_norm = 1.0f;
+  cpu::SimdLevel simd = OptimizerOptions{}.simd;
+  float max_grad_norm = OptimizerOptions{}.adam.max_grad_norm;
   int warmup = 2;
   int steps = 10;
   std::vector<std::string> schedules = optimizer_schedule_names();
   std::uint64_t bandwidth_bytes = 512ull << 20;  // working set of the bandwidth kernels
 };
 
-// Throws InvalidArgument for options out of range (a message naming the flag).
+// Throws InvalidArgument for options out of range (a message naming the option).
 nlohmann::json run_optimizer_bench(const OptimizerBenchOptions& o);
 
 }  // namespace peakbound

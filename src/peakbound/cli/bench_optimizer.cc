@@ -17,13 +17,16 @@ namespace peakbound::cli {
 
 namespace {
 
+// Defaults: the optimizer's knobs from OptimizerOptions{} (through
+// OptimizerBenchOptions); params, warmup, steps and the bandwidth working set are the
+// bench's own sizes (--help says so).
 struct Flags {
   std::string params = "64M";
-  std::string bucket_bytes = "1MiB";
-  int threads = cpu::default_thread_count();
+  std::string bucket_bytes = std::to_string(OptimizerBenchOptions{}.bucket_bytes);
+  int threads = OptimizerBenchOptions{}.threads;
   std::string param_dtype = "bf16", grad_dtype = "bf16";
   std::string simd = "auto";
-  float max_grad_norm = 1.0f;
+  float max_grad_norm = OptimizerBenchOptions{}.max_grad_norm;
   int warmup = 2, steps = 10;
   std::string schedules = "all";
   std::string bandwidth_bytes = "512MiB";
@@ -74,17 +77,20 @@ Command add_bench_optimizer(CLI::App& parent) {
   Command c;
   c.app = parent.add_subcommand("optimizer", "AdamW step: device vs offload_serial vs offload_stream (OffloadStreamAdamW)");
   auto* a = c.app;
-  a->add_option("--params", f->params, "Parameters in the shard: 67108864, 64M")->capture_default_str();
-  a->add_option("--bucket-bytes", f->bucket_bytes, "offload_stream: gradient bytes per bucket")->capture_default_str();
-  a->add_option("--threads", f->threads, "CPU threads of the update (the caller included)")->capture_default_str();
+  a->add_option("--params", f->params, "Parameters in the shard (a bench size): 67108864, 64M")->capture_default_str();
+  a->add_option("--bucket-bytes", f->bucket_bytes, "offload_stream: gradient bytes per bucket (optimizer bucket_bytes)")->capture_default_str();
+  a->add_option("--threads", f->threads, "CPU threads of the update (the caller included), 1 to " +
+                                             std::to_string(OptimizerBenchOptions::kMaxThreads))
+      ->check(CLI::Range(1, OptimizerBenchOptions::kMaxThreads))
+      ->capture_default_str();
   a->add_option("--param-dtype", f->param_dtype, "Device parameter dtype (bf16, f32)")->capture_default_str();
   a->add_option("--grad-dtype", f->grad_dtype, "Gradient dtype (bf16, f32)")->capture_default_str();
   a->add_option("--simd", f->simd, "auto, scalar, avx2, avx512")->capture_default_str();
   a->add_option("--max-grad-norm", f->max_grad_norm, "Global gradient-norm clip (0 = off)")->capture_default_str();
-  a->add_option("--warmup", f->warmup, "Untimed steps per schedule")->capture_default_str();
-  a->add_option("--steps", f->steps, "Timed steps per schedule (the fastest is reported)")->capture_default_str();
+  a->add_option("--warmup", f->warmup, "Untimed steps per schedule (a bench size)")->capture_default_str();
+  a->add_option("--steps", f->steps, "Timed steps per schedule, the fastest reported (a bench size)")->capture_default_str();
   a->add_option("--schedules", f->schedules, "all, or a comma list of device, offload_serial, offload_stream")->capture_default_str();
-  a->add_option("--bandwidth-bytes", f->bandwidth_bytes, "Working set of the bandwidth kernels (far above the last-level cache)")->capture_default_str();
+  a->add_option("--bandwidth-bytes", f->bandwidth_bytes, "Working set of the bandwidth kernels, far above the last-level cache (a bench size)")->capture_default_str();
   a->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] {
     nlohmann::json j = run_optimizer_bench(to_options(*f));

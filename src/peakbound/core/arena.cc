@@ -1,5 +1,6 @@
 #include "peakbound/core/arena.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -9,12 +10,13 @@
 
 namespace peakbound {
 
-Arena::Arena(std::string name, std::uint64_t capacity, void* base, Location loc)
+Arena::Arena(std::string name, std::uint64_t capacity, void* base, Location loc, std::uint64_t stagger_reserve)
     : capacity_(capacity / kAlignment * kAlignment),
+      reserve_(stagger_reserve / kAlignment * kAlignment),
       base_(static_cast<char*>(base)),
       loc_(loc),
       ledger_(std::move(name), capacity / kAlignment * kAlignment) {
-  if (capacity_ > 0) insert_free(0, capacity_);
+  if (capacity_ > 0) insert_free(0, capacity_ + reserve_);
 }
 
 Arena::~Arena() = default;
@@ -45,11 +47,26 @@ Buffer Arena::allocate(Component c, std::uint64_t bytes) {
         "free memory is fragmented: " + format_bytes(static_cast<double>(capacity_ - ledger_.live())) +
             " free but the largest free block is " + format_bytes(static_cast<double>(largest))));
   }
-  std::uint64_t block_size = it->first;
-  std::uint64_t offset = it->second;
-  ledger_.reserve(c, size);  // cannot throw: the block fits, so the budget does
-  erase_free(offset, block_size);
-  if (block_size > size) insert_free(offset + size, block_size - size);
+  const std::uint64_t block_size = it->first;
+  const std::uint64_t block = it->second;
+  // Throws with the breakdown when the budget is spent (the region has the reserve on top).
+  ledger_.reserve(c, size);
+  // Stagger a large placement when the block has room for the shift and the reserve
+  // covers it, so the shifts never take budget bytes.
+  std::uint64_t shift = 0;
+  if (reserve_ > 0 && size >= kStaggerMin) {
+    const std::uint64_t target = (large_placements_++ % kStaggerSlots) * kAlignment;
+    shift = (target + kStaggerPeriod - block % kStaggerPeriod) % kStaggerPeriod;
+    if (block_size - size < shift || shifted_ + shift > reserve_) shift = 0;
+  }
+  const std::uint64_t offset = block + shift;
+  erase_free(block, block_size);
+  if (shift > 0) {
+    insert_free(block, shift);
+    shifted_ += shift;
+    shift_at_.emplace(offset, shift);
+  }
+  if (block_size > size + shift) insert_free(offset + size, block_size - size - shift);
   if (offset + size > high_water_) high_water_ = offset + size;
   ++live_allocations_;
   Allocation a;
@@ -64,6 +81,10 @@ void Arena::release(const Allocation& a) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   ledger_.release(a.component, a.bytes);
   --live_allocations_;
+  if (auto sh = shift_at_.find(a.offset); sh != shift_at_.end()) {
+    shifted_ -= sh->second;
+    shift_at_.erase(sh);
+  }
   std::uint64_t offset = a.offset;
   std::uint64_t size = a.bytes;
   // Coalesce with the free neighbours on both sides.
@@ -93,7 +114,8 @@ std::uint64_t Arena::high_water_offset() const {
 
 std::uint64_t Arena::largest_free_block() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  const std::uint64_t largest = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  return std::min(largest, capacity_ - ledger_.live());
 }
 
 std::uint64_t Arena::live() const {
@@ -126,10 +148,10 @@ void Arena::reset_peaks() {
   ledger_.reset_peaks();
   // The high-water offset restarts at the end of the highest live block: the start
   // of the last free block when that block runs to the end of the region.
-  high_water_ = capacity_;
+  high_water_ = capacity_ + reserve_;
   if (!free_by_offset_.empty()) {
     auto last = std::prev(free_by_offset_.end());
-    if (last->first + last->second == capacity_) high_water_ = last->first;
+    if (last->first + last->second == capacity_ + reserve_) high_water_ = last->first;
   }
 }
 
@@ -144,7 +166,8 @@ nlohmann::json Arena::report_json() const {
   j["capacity_bytes"] = capacity_;
   j["high_water_offset_bytes"] = high_water_;
   j["free_blocks"] = free_by_offset_.size();
-  j["largest_free_block_bytes"] = free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
+  j["largest_free_block_bytes"] =
+      std::min(free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first, capacity_ - ledger_.live());
   j["live_allocations"] = live_allocations_;
   return j;
 }

@@ -1,6 +1,18 @@
 // Arena: the device's working set, fixed at launch. One region of `capacity` bytes
 // (on CUDA one cudaMalloc, on the CPU device one reserved mapping) from which every
 // device allocation is placed, best fit among free blocks, aligned to 256 bytes.
+// Staggering: with a stagger reserve (the region then spans capacity + reserve
+// bytes), a request of at least kStaggerMin bytes starts at the next of
+// kStaggerSlots offsets within a 4 KiB page (0, 256, 512, ... in turn), so buffers
+// placed back to back with power-of-two sizes do not all start at the same offset in
+// their pages, where streaming them side by side (AdamW's master, m, v, gradient and
+// parameter) collides in the same cache sets and trips the CPU's 4K-aliasing check
+// (3-4x slower). Best fit picks the block for the unshifted size; the bytes skipped
+// before the buffer stay a free block. The ledger counts the request (rounded to 256)
+// only, never the shift, so measured component peaks equal the footprints and the
+// budget is unchanged; the shifts of live buffers never total more than the reserve,
+// so requests that fit the budget placed back to back still fit. The high-water
+// offset shows the shifts (it can pass the capacity by up to the reserve).
 // A MemoryLedger tags each allocation with its Component, so the report shows live
 // and peak bytes per component, the breakdown at the global peak, and the high-water
 // offset (how far into the region placement reached: fragmentation made visible).
@@ -26,9 +38,19 @@ namespace peakbound {
 class Arena final : public Allocator {
  public:
   static constexpr std::uint64_t kAlignment = 256;
+  // Staggering (see above): requests from kStaggerMin bytes start at offset
+  // (k % kStaggerSlots) * kAlignment within a kStaggerPeriod page, k counting the
+  // large placements; each shift is below kStaggerPeriod. kStaggerReserve is what
+  // a device grants: room for a few hundred shifted buffers.
+  static constexpr std::uint64_t kStaggerMin = 64 * 1024;
+  static constexpr std::uint64_t kStaggerPeriod = 4096;
+  static constexpr std::uint64_t kStaggerSlots = kStaggerPeriod / kAlignment;
+  static constexpr std::uint64_t kStaggerReserve = 1ull << 20;
 
-  // `base` may be null (measure-only). The budget is the capacity.
-  Arena(std::string name, std::uint64_t capacity, void* base, Location loc = Location::device);
+  // `base` may be null (measure-only); otherwise it spans capacity + stagger_reserve
+  // bytes. The budget is the capacity; stagger_reserve 0 places unshifted.
+  Arena(std::string name, std::uint64_t capacity, void* base, Location loc = Location::device,
+        std::uint64_t stagger_reserve = 0);
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   ~Arena() override;
@@ -38,7 +60,9 @@ class Arena final : public Allocator {
   Location location() const override { return loc_; }
 
   std::uint64_t capacity() const { return capacity_; }
+  std::uint64_t stagger_reserve() const { return reserve_; }
   std::uint64_t high_water_offset() const;
+  // The largest free block, at most the unspent budget.
   std::uint64_t largest_free_block() const;
   std::uint64_t live() const;
   std::uint64_t peak() const;
@@ -64,6 +88,7 @@ class Arena final : public Allocator {
 
   mutable std::mutex mu_;
   std::uint64_t capacity_;
+  std::uint64_t reserve_;
   char* base_;
   Location loc_;
   MemoryLedger ledger_;
@@ -71,6 +96,9 @@ class Arena final : public Allocator {
   std::set<std::pair<std::uint64_t, std::uint64_t>> free_by_size_;    // (size, offset)
   std::uint64_t high_water_ = 0;
   std::uint64_t live_allocations_ = 0;
+  std::uint64_t large_placements_ = 0;         // picks the next stagger slot
+  std::uint64_t shifted_ = 0;                  // the shifts of live buffers, at most reserve_
+  std::map<std::uint64_t, std::uint64_t> shift_at_;  // offset of a shifted live buffer -> shift
 };
 
 }  // namespace peakbound

@@ -4,32 +4,15 @@
 #include <string>
 
 #include "peakbound/bench/harness.h"
-#include "peakbound/core/error.h"
-#include "peakbound/core/units.h"
 
 namespace peakbound {
 
-namespace {
-
-std::int64_t bucket_elements_for(const ParamShard& shard, std::uint64_t bucket_bytes) {
-  const std::uint64_t g = dtype_size(shard.grad_dtype);
-  if (bucket_bytes < g)
-    throw InvalidArgument("--bucket-bytes must hold at least one gradient (" + std::to_string(g) +
-                          " bytes), got " + std::to_string(bucket_bytes));
-  // A bucket larger than the shard is the shard: staging never exceeds what is there.
-  return std::max<std::int64_t>(1, std::min<std::int64_t>(static_cast<std::int64_t>(bucket_bytes / g), shard.n));
-}
-
-}  // namespace
-
 OffloadStreamAdamW::OffloadStreamAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
-    : OffloadedAdamW(ctx, shard, options),
-      bucket_(bucket_elements_for(shard, options.bucket_bytes)),
+    : OffloadedAdamW("offload_stream", ctx, shard, options),
+      bucket_(std::max<std::int64_t>(1, static_cast<std::int64_t>(buffers_.bucket_elements))),
       d2h_(ctx.device.copy_stream()),
       h2d_(ctx.device.create_stream("h2d")) {
-  const auto b = static_cast<std::uint64_t>(shard_.n == 0 ? 0 : bucket_);
-  const std::uint64_t g = b * dtype_size(shard_.grad_dtype), p = b * dtype_size(shard_.param_dtype);
-  staging_ = stage({g, g, p, p});
+  staging_ = stage();
   for (int slot = 0; slot < 2; ++slot) {
     grads_slot_[slot] = staging_.part(static_cast<std::size_t>(slot));
     params_slot_[slot] = staging_.part(static_cast<std::size_t>(2 + slot));
@@ -63,6 +46,7 @@ void OffloadStreamAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTime
     grads_landed[slot].synchronize();
     params_sent[slot].synchronize();  // bucket i-2's parameters have left this slot
     bench::Stopwatch w;
+    // Host compute on host memory: the CPU kernel, not a device op.
     cpu::adamw_update_parallel(ctx_.pool, options_.simd, s,
                                host_tensors(first(i), count(i), grads_slot_[slot], params_slot_[slot]));
     update += w.seconds();

@@ -1,44 +1,45 @@
 #include "peakbound/schedules/optimizer_device.h"
 
-#include <cstring>
-
 #include "peakbound/bench/harness.h"
+#include "peakbound/ops/adamw.h"
+#include "peakbound/ops/elementwise.h"
 
 namespace peakbound {
 
 DeviceAdamW::DeviceAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
-    : OptimizerSchedule(ctx, shard, options) {
-  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
-  state_ = StaggeredBlock(ctx_.device.arena(), Component::optimizer, {bytes, bytes, bytes});
-  master_ = state_.as<float>(0);
-  m_ = state_.as<float>(1);
-  v_ = state_.as<float>(2);
+    : OptimizerSchedule("device", ctx, shard, options) {
+  Device& dev = ctx_.device;
+  master_ = dev.allocate(buffers_.master.component, buffers_.master.bytes);
+  m_ = dev.allocate(buffers_.m.component, buffers_.m.bytes);
+  v_ = dev.allocate(buffers_.v.component, buffers_.v.bytes);
 }
 
 void DeviceAdamW::load_state(const float* master) {
-  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
-  if (bytes == 0) return;
-  copy_and_wait(master_, master, bytes, CopyKind::host_to_device);
-  // Zeroing is a device kernel; the CPU device's memory is the caller's to write.
-  std::memset(m_, 0, bytes);
-  std::memset(v_, 0, bytes);
+  if (shard_.n == 0) return;
+  copy_and_wait(master_.data(), master, buffers_.master.bytes, CopyKind::host_to_device);
+  Device& dev = ctx_.device;
+  Stream& s = dev.compute_stream();
+  ops::fill(dev, s, m_.as<float>(), shard_.n, 0.0f);
+  ops::fill(dev, s, v_.as<float>(), shard_.n, 0.0f);
+  dev.synchronize(s);
 }
 
 void DeviceAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
   bench::Stopwatch w;
-  cpu::AdamWTensors t{master_, m_, v_, shard_.grads, shard_.grad_dtype,
+  Device& dev = ctx_.device;
+  cpu::AdamWTensors t{master_.as<float>(), m_.as<float>(), v_.as<float>(), shard_.grads, shard_.grad_dtype,
                       shard_.params, shard_.param_dtype, shard_.n};
-  cpu::adamw_update_parallel(ctx_.pool, options_.simd, s, t);
+  ops::adamw_update(dev, dev.compute_stream(), s, t, {&ctx_.pool, options_.simd});
+  dev.synchronize(dev.compute_stream());
   times.update_seconds = w.seconds();
   times.buckets = 1;
 }
 
 void DeviceAdamW::read_state(float* master, float* m, float* v) {
-  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
-  if (bytes == 0) return;
-  copy_and_wait(master, master_, bytes, CopyKind::device_to_host);
-  copy_and_wait(m, m_, bytes, CopyKind::device_to_host);
-  copy_and_wait(v, v_, bytes, CopyKind::device_to_host);
+  if (shard_.n == 0) return;
+  copy_and_wait(master, master_.data(), buffers_.master.bytes, CopyKind::device_to_host);
+  copy_and_wait(m, m_.data(), buffers_.m.bytes, CopyKind::device_to_host);
+  copy_and_wait(v, v_.data(), buffers_.v.bytes, CopyKind::device_to_host);
 }
 
 }  // namespace peakbound

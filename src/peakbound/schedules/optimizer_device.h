@@ -1,11 +1,11 @@
 // DeviceAdamW, the `device` baseline: fp32 master weights, m and v live in the
-// device Arena (component optimizer, 12 bytes per parameter) and the update runs on
-// the device, reading the gradients and writing the parameters in place. No copies;
-// the most device memory.
+// device Arena (component optimizer, 12 bytes per parameter, three allocations that
+// the Arena staggers) and the update runs on the device through ops::adamw_update,
+// reading the gradients and writing the parameters in place. No copies; the most
+// device memory.
 #pragma once
 
 #include "peakbound/schedules/optimizer_schedule.h"
-#include "peakbound/schedules/optimizer_state_block.h"
 
 namespace peakbound {
 
@@ -20,10 +20,7 @@ class DeviceAdamW final : public OptimizerSchedule {
   void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) override;
 
  private:
-  StaggeredBlock state_;  // master, m, v
-  float* master_;
-  float* m_;
-  float* v_;
+  Buffer master_, m_, v_;  // buffers().master, .m, .v
 };
 
 }  // namespace peakbound

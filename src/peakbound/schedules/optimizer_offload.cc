@@ -4,23 +4,23 @@
 
 namespace peakbound {
 
-OffloadedAdamW::OffloadedAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
-    : OptimizerSchedule(ctx, shard, options) {
-  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
-  state_ = StaggeredBlock(ctx_.host, Component::optimizer, {bytes, bytes, bytes});
+OffloadedAdamW::OffloadedAdamW(std::string_view schedule, OptimizerContext ctx, ParamShard shard,
+                               OptimizerOptions options)
+    : OptimizerSchedule(schedule, ctx, shard, options) {
+  state_ = StaggeredBlock(ctx_.host, buffers_.host_state, buffers_.host_state_parts);
   master_ = state_.as<float>(0);
   m_ = state_.as<float>(1);
   v_ = state_.as<float>(2);
 }
 
-StaggeredBlock OffloadedAdamW::stage(std::initializer_list<std::uint64_t> sizes) {
-  StaggeredBlock b(ctx_.host, Component::comm, sizes);
+StaggeredBlock OffloadedAdamW::stage() {
+  StaggeredBlock b(ctx_.host, buffers_.host_staging, buffers_.host_staging_parts);
   staging_bytes_ += b.bytes();
   return b;
 }
 
 void OffloadedAdamW::load_state(const float* master) {
-  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
+  const auto bytes = buffers_.master.bytes;
   if (bytes == 0) return;
   std::memcpy(master_, master, bytes);
   std::memset(m_, 0, bytes);
@@ -28,7 +28,7 @@ void OffloadedAdamW::load_state(const float* master) {
 }
 
 void OffloadedAdamW::read_state(float* master, float* m, float* v) {
-  const auto bytes = static_cast<std::uint64_t>(shard_.n) * 4;
+  const auto bytes = buffers_.master.bytes;
   if (bytes == 0) return;
   std::memcpy(master, master_, bytes);
   std::memcpy(m, m_, bytes);

@@ -1,8 +1,10 @@
 // OffloadedAdamW: what the two offload schedules share. The fp32 master weights, m
-// and v live in host memory (HostMemory, component optimizer) and nothing of the
-// optimizer lives on the device; subclasses decide how gradients come down and
-// parameters go up. Host staging buffers are tagged `comm`, so the host report
-// shows state and staging apart.
+// and v live in host memory (HostMemory, component optimizer: one StaggeredBlock, the
+// spec buffers().host_state) and nothing of the optimizer lives on the device;
+// subclasses decide how gradients come down and parameters go up. Host staging
+// (buffers().host_staging) is tagged `comm`, so the host report shows state and
+// staging apart. The update is host compute on host memory: it calls the CPU kernel
+// (kernels/cpu/adamw.h) directly, not a device op, whatever the device.
 #pragma once
 
 #include "peakbound/schedules/optimizer_schedule.h"
@@ -12,7 +14,7 @@ namespace peakbound {
 
 class OffloadedAdamW : public OptimizerSchedule {
  public:
-  OffloadedAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options);
+  OffloadedAdamW(std::string_view schedule, OptimizerContext ctx, ParamShard shard, OptimizerOptions options);
   void read_state(float* master, float* m, float* v) override;
 
   // Bytes of host staging this schedule holds (both directions).
@@ -23,8 +25,8 @@ class OffloadedAdamW : public OptimizerSchedule {
   // The host tensors for elements [offset, offset + count), reading gradients from
   // `grads` and writing parameters to `params` (host staging, already offset).
   cpu::AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);
-  // Host staging (component comm) for arrays of the given sizes, staggered.
-  StaggeredBlock stage(std::initializer_list<std::uint64_t> sizes);
+  // The host staging of buffers().host_staging, its parts in host_staging_parts' order.
+  StaggeredBlock stage();
 
   // Busy seconds of the device's copy engines in one direction since `before`.
   static double copy_seconds(const CopyStats& now, const CopyStats& before, CopyKind k);

@@ -5,9 +5,8 @@
 namespace peakbound {
 
 OffloadSerialAdamW::OffloadSerialAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
-    : OffloadedAdamW(ctx, shard, options) {
-  const auto n = static_cast<std::uint64_t>(shard_.n);
-  staging_ = stage({n * dtype_size(shard_.grad_dtype), n * dtype_size(shard_.param_dtype)});
+    : OffloadedAdamW("offload_serial", ctx, shard, options) {
+  staging_ = stage();
   grads_host_ = staging_.part(0);
   params_host_ = staging_.part(1);
 }
@@ -22,6 +21,7 @@ void OffloadSerialAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTime
                    CopyKind::device_to_host, copy);
   dev.synchronize(copy);
   bench::Stopwatch w;
+  // Host compute on host memory: the CPU kernel, not a device op.
   cpu::adamw_update_parallel(ctx_.pool, options_.simd, s,
                              host_tensors(0, shard_.n, grads_host_, params_host_));
   times.update_seconds = w.seconds();

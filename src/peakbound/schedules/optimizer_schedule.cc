@@ -4,19 +4,26 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
-#include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/ops/adamw.h"
 #include "peakbound/schedules/offload_stream_adamw.h"
 #include "peakbound/schedules/optimizer_device.h"
 #include "peakbound/schedules/optimizer_offload_serial.h"
 
 namespace peakbound {
 
-OptimizerSchedule::OptimizerSchedule(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
+OptimizerShape optimizer_shape(const ParamShard& shard) {
+  OptimizerShape s;
+  s.n = shard.n < 0 ? 0 : static_cast<std::uint64_t>(shard.n);
+  s.param_bytes = dtype_size(shard.param_dtype);
+  s.grad_bytes = dtype_size(shard.grad_dtype);
+  s.master_bytes = s.m_bytes = s.v_bytes = sizeof(float);  // the kernels' fp32 state
+  return s;
+}
+
+OptimizerSchedule::OptimizerSchedule(std::string_view schedule, OptimizerContext ctx, ParamShard shard,
+                                     OptimizerOptions options)
     : ctx_(ctx), shard_(shard), options_(options) {
-  if (!dynamic_cast<CpuDevice*>(&ctx_.device))
-    throw Unavailable("optimizer schedules run on the cpu device in this version (device '" +
-                      ctx_.device.name() + "')");
   for (DType t : {shard_.param_dtype, shard_.grad_dtype})
     if (t != DType::f32 && t != DType::bf16)
       throw InvalidArgument("optimizer: parameters and gradients must be f32 or bf16, got " +
@@ -25,7 +32,9 @@ OptimizerSchedule::OptimizerSchedule(OptimizerContext ctx, ParamShard shard, Opt
   if (shard_.n > 0 && (!shard_.params || !shard_.grads))
     throw InvalidArgument("optimizer: a non-empty shard needs parameter and gradient buffers");
   if (!cpu::simd_level_supported(options_.simd))
-    throw Unavailable("optimizer: this CPU does not support " + std::string(cpu::simd_level_name(options_.simd)));
+    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(options_.simd)) +
+                      " is not supported by this CPU");
+  buffers_ = optimizer_buffers(schedule, optimizer_shape(shard_), options_);
 }
 
 void OptimizerSchedule::copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) {
@@ -39,8 +48,9 @@ void OptimizerSchedule::load(const float* master) {
   steps_ = 0;
   const auto n = shard_.n;
   if (n == 0) return;
-  const std::uint64_t bytes = static_cast<std::uint64_t>(n) * dtype_size(shard_.param_dtype);
-  Buffer staged = ctx_.host.allocate(Component::workspace, bytes);
+  const std::uint64_t bytes = buffers_.load_staging.bytes;
+  Buffer staged = ctx_.host.allocate(buffers_.load_staging.component, bytes);
+  // Host compute on host memory (the staging), so the CPU kernel directly.
   if (shard_.param_dtype == DType::bf16) cpu::to_bf16(staged.as<bf16>(), master, n);
   else std::memcpy(staged.data(), master, bytes);
   copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
@@ -49,14 +59,14 @@ void OptimizerSchedule::load(const float* master) {
 OptimizerStepTimes OptimizerSchedule::step(float lr) {
   bench::Stopwatch step_watch;
   OptimizerStepTimes t;
-  // The norm is a pass over the device's gradients (a device kernel; on the CPU
-  // device, the pool), then one cross-rank sum: it must be known before any bucket
-  // is updated, so it is not part of the pipeline.
+  // The norm is a pass over the device's gradients (a device kernel, ops::sum_squares,
+  // after the work that wrote them on the compute stream), then one cross-rank sum: it
+  // must be known before any bucket is updated, so it is not part of the pipeline.
   // Without clipping there is nothing to wait for: no pass, norm reported as 0.
   if (options_.adam.max_grad_norm > 0.0f) {
     const double local = shard_.n == 0 ? 0.0
-                                       : cpu::sum_squares(ctx_.pool, options_.simd, shard_.grads,
-                                                          shard_.grad_dtype, shard_.n);
+                                       : ops::sum_squares(ctx_.device, ctx_.device.compute_stream(), shard_.grads,
+                                                          shard_.grad_dtype, shard_.n, {&ctx_.pool, options_.simd});
     t.clip = clip_factor(global_sum_squares(ctx_.comm, local), options_.adam.max_grad_norm);
   }
   t.clip_seconds = step_watch.seconds();

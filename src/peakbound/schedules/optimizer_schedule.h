@@ -8,8 +8,10 @@
 // model owns them). A step first takes the global gradient norm over all ranks (on
 // the device's gradients, before any update), then applies AdamW. All three run the
 // same kernel on the same scalars, so their results are bitwise equal.
-// The kernels here run on the CPU device (its memory is host-addressable); the CUDA
-// device brings its own.
+// Every buffer a schedule allocates is a spec of optimizer_buffers()
+// (optimizer_footprint.h), so its footprint is exactly what it holds. Compute on
+// device memory goes through ops/ (ops/adamw.h); the offload schedules' update is host
+// compute on host memory and calls the CPU kernel directly.
 #pragma once
 
 #include <cstdint>
@@ -24,10 +26,13 @@
 #include "peakbound/kernels/cpu/adamw.h"
 #include "peakbound/kernels/cpu/thread_pool.h"
 #include "peakbound/schedules/optimizer_clip.h"
+#include "peakbound/schedules/optimizer_footprint.h"
+#include "peakbound/schedules/optimizer_options.h"
 
 namespace peakbound {
 
-// What a schedule runs on. All references must outlive the schedule.
+// What a schedule runs on. All references must outlive the schedule. The pool runs
+// the CPU kernels (the CPU device's device kernels and the offload schedules' host update).
 struct OptimizerContext {
   Device& device;
   HostMemory& host;
@@ -45,14 +50,8 @@ struct ParamShard {
   std::int64_t n = 0;
 };
 
-struct OptimizerOptions {
-  cpu::AdamWConfig adam;
-  // offload_stream: gradient bytes per bucket (a bucket is bucket_bytes / sizeof(grad)
-  // parameters). 1 MiB measured best on the CPU device, where staging that stays in
-  // cache saves memory traffic; across PCIe larger buckets amortise each copy's start.
-  std::uint64_t bucket_bytes = 1ull << 20;
-  cpu::SimdLevel simd = cpu::best_simd_level();
-};
+// The footprint's view of a runtime shard: its element sizes, fp32 master, m and v.
+OptimizerShape optimizer_shape(const ParamShard& shard);
 
 // What one step cost. Stage times are busy times summed over buckets; the copy
 // stages come from the device's copy-engine statistics.
@@ -68,7 +67,8 @@ struct OptimizerStepTimes {
 
 class OptimizerSchedule {
  public:
-  OptimizerSchedule(OptimizerContext ctx, ParamShard shard, OptimizerOptions options);
+  // `schedule` names the buffers to allocate (optimizer_buffers).
+  OptimizerSchedule(std::string_view schedule, OptimizerContext ctx, ParamShard shard, OptimizerOptions options);
   virtual ~OptimizerSchedule() = default;
   OptimizerSchedule(const OptimizerSchedule&) = delete;
   OptimizerSchedule& operator=(const OptimizerSchedule&) = delete;
@@ -88,6 +88,8 @@ class OptimizerSchedule {
   std::int64_t steps_taken() const { return steps_; }
   const ParamShard& shard() const { return shard_; }
   const OptimizerOptions& options() const { return options_; }
+  // What this schedule allocates; optimizer_footprint(buffers()) is its footprint.
+  const OptimizerBuffers& buffers() const { return buffers_; }
 
  protected:
   // Writes master, m, v of the schedule's own storage (m and v zero).
@@ -101,6 +103,7 @@ class OptimizerSchedule {
   OptimizerContext ctx_;
   ParamShard shard_;
   OptimizerOptions options_;
+  OptimizerBuffers buffers_;
 
  private:
   std::int64_t steps_ = 0;
@@ -110,7 +113,7 @@ class OptimizerSchedule {
 const std::vector<std::string>& optimizer_schedule_names();
 
 // Throws InvalidArgument for an unknown name (listing the valid ones), a shard with
-// a dtype other than f32/bf16, or a bucket smaller than one gradient; OutOfBudget
+// a dtype other than f32/bf16, or a bucket_bytes smaller than one gradient; OutOfBudget
 // when the device or host budget cannot hold the schedule's state.
 std::unique_ptr<OptimizerSchedule> make_optimizer_schedule(std::string_view name, OptimizerContext ctx,
                                                            ParamShard shard, OptimizerOptions options);

@@ -1,27 +1,28 @@
 #include "peakbound/schedules/optimizer_state_block.h"
 
-#include "peakbound/core/arena.h"
+#include "peakbound/core/error.h"
 
 namespace peakbound {
 
-namespace {
-std::uint64_t round_up(std::uint64_t x) { return (x + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment; }
-}  // namespace
+StaggeredLayout staggered_layout(const std::vector<std::uint64_t>& sizes) {
+  StaggeredLayout l;
+  std::uint64_t end = 0, total = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    total = checked_add(total, sizes[i], "a staggered block");
+    const std::uint64_t at = checked_add(end, i == 0 ? 0 : StaggeredBlock::kStagger, "a staggered block");
+    l.offsets.push_back(at);
+    end = arena_reserved(checked_add(at, sizes[i], "a staggered block"));
+  }
+  l.bytes = total > 0 ? end : 0;
+  return l;
+}
 
-StaggeredBlock::StaggeredBlock(Allocator& a, Component c, std::initializer_list<std::uint64_t> sizes) {
-  std::vector<std::uint64_t> offsets;
-  std::uint64_t end = 0, i = 0, total = 0;
-  for (std::uint64_t s : sizes) {
-    total += s;
-    const std::uint64_t at = end + (i++ == 0 ? 0 : kStagger);
-    offsets.push_back(at);
-    end = round_up(at + s);
-  }
-  if (total > 0) block_ = a.allocate(c, end);
-  for (std::size_t k = 0; k < offsets.size(); ++k) {
-    const std::uint64_t size = *(sizes.begin() + k);
-    parts_.push_back(size == 0 ? nullptr : block_.as<char>() + offsets[k]);
-  }
+StaggeredBlock::StaggeredBlock(Allocator& a, const BufferSpec& spec, const std::vector<std::uint64_t>& sizes) {
+  const StaggeredLayout l = staggered_layout(sizes);
+  PB_CHECK_MSG(l.bytes == spec.bytes, "a staggered block's spec does not match its arrays");
+  block_ = a.allocate(spec.component, spec.bytes);
+  for (std::size_t k = 0; k < sizes.size(); ++k)
+    parts_.push_back(sizes[k] == 0 ? nullptr : block_.as<char>() + l.offsets[k]);
 }
 
 }  // namespace peakbound

@@ -14,7 +14,10 @@ CpuDevice::CpuDevice(std::uint64_t memory_budget, std::string name)
     : name_(std::move(name)),
       compute_(name_ + "/compute", CpuStream::Mode::inline_on_caller),
       copy_(name_ + "/copy", CpuStream::Mode::worker_thread) {
-  region_bytes_ = memory_budget / Arena::kAlignment * Arena::kAlignment;
+  const std::uint64_t budget = memory_budget / Arena::kAlignment * Arena::kAlignment;
+  // The region has the Arena's stagger reserve on top of the budget (see core/arena.h).
+  const std::uint64_t reserve = budget > 0 ? Arena::kStaggerReserve : 0;
+  region_bytes_ = budget + reserve;
   if (region_bytes_ > 0) {
     // NORESERVE: pages are committed when first touched, so a large budget costs only
     // address space until the Arena actually places data there.
@@ -27,7 +30,7 @@ CpuDevice::CpuDevice(std::uint64_t memory_budget, std::string name)
                         " of address space for the device memory budget: " + std::strerror(errno));
     }
   }
-  arena_ = std::make_unique<Arena>(name_, region_bytes_, region_, Location::device);
+  arena_ = std::make_unique<Arena>(name_, budget, region_, Location::device, reserve);
 }
 
 CpuDevice::~CpuDevice() {

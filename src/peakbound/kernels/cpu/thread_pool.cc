@@ -1,6 +1,7 @@
 #include "peakbound/kernels/cpu/thread_pool.h"
 
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "peakbound/core/error.h"
@@ -11,17 +12,32 @@ ThreadPool::ThreadPool(int threads) {
   if (threads < 1)
     throw InvalidArgument("thread count must be at least 1 (got " + std::to_string(threads) + ")");
   workers_.reserve(static_cast<std::size_t>(threads - 1));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 1; i < threads; ++i) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {
+      // The destructor does not run for a constructor that throws: stop and join the
+      // workers started so far here, or they would wait forever on a dead pool.
+      const auto started = workers_.size();
+      stop_workers();
+      throw Unavailable("cannot start thread " + std::to_string(i + 1) + " of " + std::to_string(threads) +
+                        " for the CPU thread pool (" + std::to_string(started + 1) +
+                        " running): " + e.what() + "; use fewer threads");
+    }
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::run_tasks() {
   for (;;) {

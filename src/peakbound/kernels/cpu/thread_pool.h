@@ -19,7 +19,8 @@ namespace peakbound::cpu {
 
 class ThreadPool {
  public:
-  // threads >= 1 counts the caller; throws InvalidArgument otherwise.
+  // threads >= 1 counts the caller; throws InvalidArgument otherwise, and Unavailable
+  // when the system cannot start that many threads (after joining those it started).
   explicit ThreadPool(int threads);
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -33,6 +34,7 @@ class ThreadPool {
 
  private:
   void worker_loop();
+  void stop_workers() noexcept;
   void run_tasks();
 
   std::vector<std::thread> workers_;

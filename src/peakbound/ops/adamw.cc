@@ -1,0 +1,25 @@
+#include "peakbound/ops/adamw.h"
+
+#include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/launch.h"
+#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/ops/backend.h"
+
+namespace peakbound::ops {
+
+void adamw_update(Device& dev, Stream& s, const cpu::AdamWStepScalars& sc, const cpu::AdamWTensors& t,
+                  const AdamWLaunch& l) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "adamw_update");
+  PB_CHECK_MSG(l.pool, "adamw_update on the cpu backend needs a thread pool");
+  cpu::launch(s, [=] { cpu::adamw_update_parallel(*l.pool, l.simd, sc, t); });
+}
+
+double sum_squares(Device& dev, Stream& s, const void* x, DType dtype, std::int64_t n, const AdamWLaunch& l) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "sum_squares");
+  PB_CHECK_MSG(l.pool, "sum_squares on the cpu backend needs a thread pool");
+  double out = 0;
+  cpu::launch_and_wait(s, [&] { out = cpu::sum_squares(*l.pool, l.simd, x, dtype, n); });
+  return out;
+}
+
+}  // namespace peakbound::ops
