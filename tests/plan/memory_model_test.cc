@@ -7,6 +7,7 @@
 #include "peakbound/model/param_count.h"
 #include "peakbound/model/presets.h"
 #include "peakbound/plan/plan.h"
+#include "peakbound/schedules/optimizer_footprint.h"
 
 namespace peakbound {
 namespace {
@@ -70,6 +71,10 @@ TEST(MemoryModel, BaselineEveryComponentByHand) {
   // Shards over 2 devices: params 2 B, grads 4 B per parameter.
   EXPECT_EQ(at(b, Phase::optimizer, Component::params), 277056u);
   EXPECT_EQ(at(b, Phase::optimizer, Component::grads), 554112u);
+  // optimizer_footprint("device"): master, m, v of the 138528-parameter shard, fp32 each,
+  // three Arena allocations of 554112 -> 554240 bytes.
+  EXPECT_EQ(at(b, Phase::optimizer, Component::optimizer), 3 * 554240u);
+  EXPECT_EQ(at(b, Phase::forward_attention, Component::optimizer), 3 * 554240u);
   // + 2 gathered layers of 24960 params (12672 non-expert + 2 local experts x 6144) in bf16.
   EXPECT_EQ(at(b, Phase::forward_attention, Component::params), 277056u + 99840u);
   // resident: 4 boundaries of 512 x 64 bf16.
@@ -118,9 +123,17 @@ TEST(MemoryModel, ScheduledEveryComponentByHand) {
   EXPECT_EQ(at(s, Phase::loss, Component::vocab), 2048u + 128000u + 64000u + 4 * 64000u);
   EXPECT_EQ(s.binding_phase, Phase::backward_attention);
   EXPECT_EQ(s.binding_component, Component::attention);
-  // Host: the offloaded boundary (L - ring = 1) and the optimizer's host state.
-  const std::uint64_t host_checkpoints = 65536u;
-  EXPECT_GT(s.host_bytes, host_checkpoints + 1662336u);
+  // Host: the offloaded boundary (L - ring = 1) and OffloadStreamAdamW's host state and
+  // staging buckets (its footprint's step phase: state 12 B per parameter, staggered).
+  OptimizerShape shard;
+  shard.n = 138528;
+  shard.param_bytes = 2;
+  shard.grad_bytes = 4;
+  OptimizerOptions o;
+  o.bucket_bytes = 1000;
+  const Footprint adam = optimizer_footprint("offload_stream", shard, o);
+  EXPECT_GE(adam.phase("step").host_total(), 12u * 138528u);
+  EXPECT_EQ(s.host_bytes, 65536u + adam.phase("step").host_total());
 }
 
 TEST(MemoryModel, EveryPhaseIsTheSumOfItsTerms) {

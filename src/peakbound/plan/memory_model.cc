@@ -11,6 +11,7 @@
 #include "peakbound/layers/mlp_footprint.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_footprint.h"
+#include "peakbound/schedules/optimizer_footprint.h"
 #include "peakbound/schedules/vocab_footprint.h"
 
 namespace peakbound {
@@ -152,15 +153,23 @@ Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, bool sco) {
   return f;
 }
 
-// Optimizer state: on the device, or (OffloadStreamAdamW) in host memory with its
-// pinned staging buckets.
-Footprint optimizer_term(const PlanInputs& in, u64 opt_shard, bool adam) {
-  Footprint f("optimizer");
-  if (adam) {
-    f.device("step", BufferSpec{Component::optimizer, 0});
-    f.host("step", BufferSpec{Component::optimizer, add(opt_shard, mul(3, in.adam_bucket))});
-  } else {
-    f.device("step", BufferSpec{Component::optimizer, opt_shard});
+// Optimizer state: the optimizer schedule's own footprint for this device's shard:
+// `device` (master, m, v in the Arena) for the baseline, OffloadStreamAdamW (the state
+// and two double-buffered staging buckets in host memory) when scheduled.
+Footprint optimizer_term(const PlanInputs& in, u64 shard_params, bool adam) {
+  OptimizerShape shape;
+  shape.n = shard_params;
+  shape.param_bytes = U(in.param_bytes);
+  shape.grad_bytes = U(in.grad_bytes);
+  shape.master_bytes = shape.m_bytes = shape.v_bytes = U(in.optimizer_state_bytes);
+  OptimizerOptions o;
+  o.bucket_bytes = in.adam_bucket;
+  const Footprint full = optimizer_footprint(adam ? "offload_stream" : "device", shape, o);
+  Footprint f("optimizer");  // the steady state: the step (load's workspace is setup only)
+  for (Component c : kAllComponents) {
+    const auto i = static_cast<std::size_t>(c);
+    f.device("step", BufferSpec{c, full.phase("step").device[i]});
+    f.host("step", BufferSpec{c, full.phase("step").host[i]});
   }
   return f;
 }
@@ -171,7 +180,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   const ModelConfig& m = in.model;
   const PlanShapes s = plan_shapes(in, pc);
   const u64 T = U(s.tokens_per_device), H = U(m.hidden_size);
-  const u64 a = U(in.activation_bytes), pb = U(in.param_bytes), gb = U(in.grad_bytes), ob = U(in.optimizer_bytes);
+  const u64 a = U(in.activation_bytes), pb = U(in.param_bytes), gb = U(in.grad_bytes);
   const bool has_moe = pc.num_moe_layers > 0;
   (void)T;
 
@@ -183,7 +192,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   auto shard = [&](u64 bytes_per_param) {
     return add(ceil_div_u(mul(rest, bytes_per_param), fs), ceil_div_u(mul(routed, bytes_per_param), dv));
   };
-  const u64 params_shard = shard(pb), grads_shard = shard(gb), opt_shard = shard(ob);
+  const u64 params_shard = shard(pb), grads_shard = shard(gb), shard_params = shard(1);
   // FSDP gathers a layer's parameters (and prefetches the next); backward holds the
   // layer's unsharded gradient until its reduce-scatter.
   const bool sharded = fs > 1 || dv / U(in.ep) > 1;
@@ -197,7 +206,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   const Footprint disp = has_moe ? dispatch_term(in, s, sched.llep) : Footprint("dispatch");
   const Footprint vocab = vocab_term(in, s, sched.dtp);
   const Footprint ckpt = checkpoint_term(in, s, sched.sco);
-  const Footprint opt = optimizer_term(in, opt_shard, sched.adam);
+  const Footprint opt = optimizer_term(in, shard_params, sched.adam);
   const ComponentBytes ckpt_dev = ckpt.device_peak();
 
   // ---- assemble the phases -------------------------------------------------------------

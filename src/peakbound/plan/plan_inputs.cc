@@ -97,7 +97,7 @@ void PlanInputs::validate() const {
   require(skew == 0 || (std::isfinite(skew) && skew >= 1.0 && skew <= 1e6),
           "skew must be 1 (balanced), a finite factor in [1, 1e6], or 0 (worst)");
   for (auto [v, name] : {std::pair{param_bytes, "param"}, {activation_bytes, "activation"},
-                         {grad_bytes, "gradient"}, {optimizer_bytes, "optimizer"}})
+                         {grad_bytes, "gradient"}, {optimizer_state_bytes, "optimizer state"}})
     check_int(v, std::string(name) + " bytes", 1, 64);
 }
 

@@ -12,6 +12,7 @@
 #include "peakbound/model/model_config.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_plan.h"
+#include "peakbound/schedules/optimizer_options.h"
 #include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound {
@@ -47,7 +48,7 @@ struct PlanInputs {
   std::int64_t param_bytes = 2;       // bf16 parameters and activations
   std::int64_t activation_bytes = 2;
   std::int64_t grad_bytes = 4;        // fp32 gradient shards (accumulation in fp32)
-  std::int64_t optimizer_bytes = 12;  // fp32 master weights + Adam m + v
+  std::int64_t optimizer_state_bytes = 4;  // each of the master weight, Adam m and v (fp32)
 
   // Layout.
   std::int64_t devices = 1;
@@ -66,7 +67,7 @@ struct PlanInputs {
   std::int64_t llep_min_spill = DispatchOptions{}.min_spill;  // LLEP: smallest spilled piece, token-copies
   std::int64_t vocab_chunk = VocabLossOptions{}.chunk;               // Ring-DTP: token rows per logits block
   std::int64_t prefetch_depth = CheckpointOptions{}.prefetch_depth;  // SCO: boundaries prefetched ahead
-  std::uint64_t adam_bucket = 256ull << 20;  // OffloadStreamAdamW bucket, bytes
+  std::uint64_t adam_bucket = OptimizerOptions{}.bucket_bytes;  // OffloadStreamAdamW bucket, bytes
 
   // Routing skew: received token-copies at the most loaded rank over the balanced
   // share (1 = balanced; 0 = the worst case the layout allows).

@@ -8,7 +8,7 @@ namespace peakbound {
 double global_sum_squares(Communicator& comm, double local_sum_squares) {
   if (comm.size() == 1) return local_sum_squares;
   std::vector<double> all(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(&local_sum_squares, all.data(), sizeof(double), DType::u8);
+  comm.all_gather(&local_sum_squares, all.data(), 1, DType::f64);
   double total = 0;
   for (double x : all) total += x;
   return total;
