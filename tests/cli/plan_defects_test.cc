@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/cli/run_cli.h"
@@ -50,6 +51,23 @@ TEST(PlanDefects, DtypeErrorsNameTheFlagAndOnlyWhatItTakes) {
   EXPECT_NE(r.err.find("bf16 or f32"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("i32"), std::string::npos) << r.err;
   expect_one_line_error(run_cli("plan --grad-dtype i32"), "--grad-dtype");
+}
+
+TEST(PlanDefects, HostMemoryIsCheckedAgainstTheNode) {
+  // Was: 763 GiB of host memory per device reported and never checked ("fits: yes").
+  testing::CliRun r = run_cli("plan --model qwen3-235b-a22b --context 1M --devices 256 --device-memory 141GiB --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["fits_host"]["scheduled"].get<bool>());
+  EXPECT_FALSE(j["fits"]["scheduled"].get<bool>());
+  EXPECT_EQ(j["host_binding_component"]["scheduled"], "checkpoints");
+  EXPECT_EQ(j["layout"]["devices_per_node"], 8);
+  r = run_cli("plan --model qwen3-235b-a22b --context 1M --devices 256 --device-memory 141GiB --host-memory 0 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["fits_host"]["scheduled"].get<bool>());
+  expect_one_line_error(run_cli("plan --devices-per-node 0"), "--devices-per-node");
+  expect_one_line_error(run_cli("plan --resident-layers -5"), "--resident-layers");
+  expect_one_line_error(run_cli("plan --model tiny-moe --resident-layers 1000"), "resident_layers");
 }
 
 class PlanModelFiles : public ::testing::Test {

@@ -101,6 +101,7 @@ TEST(MemoryModel, BaselineEveryComponentByHand) {
   EXPECT_EQ(at(b, Phase::loss, Component::workspace), 3000u);
   EXPECT_EQ(b.binding_phase, Phase::loss);
   EXPECT_EQ(b.binding_component, Component::vocab);
+  EXPECT_EQ(b.peak, 5401440u);  // docs/plan.md's worked example
   EXPECT_EQ(b.host_bytes, 0u);
 }
 
@@ -123,6 +124,7 @@ TEST(MemoryModel, ScheduledEveryComponentByHand) {
   EXPECT_EQ(at(s, Phase::loss, Component::vocab), 2048u + 128000u + 64000u + 4 * 64000u);
   EXPECT_EQ(s.binding_phase, Phase::backward_attention);
   EXPECT_EQ(s.binding_component, Component::attention);
+  EXPECT_EQ(s.peak, 2099808u);  // docs/plan.md's worked example
   // Host: the offloaded boundary (L - ring = 1) and OffloadStreamAdamW's host state and
   // staging buckets (its footprint's step phase: state 12 B per parameter, staggered).
   OptimizerShape shard;

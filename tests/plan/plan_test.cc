@@ -31,11 +31,51 @@ TEST(Plan, ReachIsTheExactLargestContextThatFits) {
     ASSERT_GT(reach, 0);
     PlanInputs x = p.inputs;
     x.context = reach;
-    EXPECT_LE(estimate_peak(x, p.params, s).peak, in.device_memory);
+    EXPECT_TRUE(fits_memory(x, estimate_with_policy(x, p.params, s)));
     x.context = reach + 1;
-    EXPECT_GT(estimate_peak(x, p.params, s).peak, in.device_memory);
+    EXPECT_FALSE(fits_memory(x, estimate_with_policy(x, p.params, s)));
   }
   EXPECT_GT(*p.reach->ratio, 1.0);
+}
+
+TEST(Plan, HostMemoryCountsInFitsAndNamesItsBindingComponent) {
+  // 1M tokens a device: SCO's offloaded boundaries need ~740 GiB of host memory per
+  // device, against a 256 GiB share of a 2 TiB, 8-device node.
+  PlanInputs in = preset_inputs("qwen3-235b-a22b", 1 << 20);
+  Plan p = make_plan(in, false);
+  EXPECT_FALSE(p.fits_host_scheduled);
+  EXPECT_FALSE(p.fits_scheduled);
+  EXPECT_EQ(p.scheduled.host_binding_component, Component::checkpoints);
+  EXPECT_GT(p.scheduled.host_bytes, in.host_budget());
+  EXPECT_EQ(in.host_budget(), (std::uint64_t{2} << 40) / 8);
+  bool cp = false;
+  for (const auto& f : p.fixes) cp |= f.find("--cp") != std::string::npos;
+  EXPECT_TRUE(cp) << nlohmann::json(p.fixes).dump();
+  // Unlimited host memory: the same plan's host side fits.
+  in.host_memory = 0;
+  EXPECT_TRUE(make_plan(in, false).fits_host_scheduled);
+}
+
+TEST(Plan, SelectivePolicyKeepsBoundariesOnTheDeviceWhenTheHostBinds) {
+  PlanInputs in = preset_inputs("qwen3-30b-a3b", 256 * 1024);
+  in.devices = 8;
+  in.host_memory = std::uint64_t{512} << 30;  // 64 GiB a device
+  Plan p = make_plan(in, false);
+  ASSERT_TRUE(p.policy_resident_layers.has_value());
+  const std::int64_t k = *p.policy_resident_layers;
+  EXPECT_GT(k, 0);
+  EXPECT_TRUE(p.fits_scheduled);
+  EXPECT_LE(p.scheduled.host_bytes, in.host_budget());
+  // The fewest: one boundary fewer on the device and the host does not fit.
+  PlanInputs fewer = p.inputs;
+  fewer.resident_layers = k - 1;
+  EXPECT_GT(estimate_peak(fewer, p.params, in.schedules).host_bytes, in.host_budget());
+  // Given explicitly, the policy stays out of the way.
+  PlanInputs fixed = p.inputs;
+  fixed.resident_layers = 0;
+  Plan q = make_plan(fixed, false);
+  EXPECT_FALSE(q.policy_resident_layers.has_value());
+  EXPECT_FALSE(q.fits_host_scheduled);
 }
 
 TEST(Plan, ReachIsZeroWhenThePersistentStateAloneDoesNotFit) {

@@ -21,6 +21,15 @@ namespace peakbound::cli {
 
 namespace {
 
+// "2TiB" for 2^41: a byte count in the largest binary unit that divides it.
+std::string format_bytes_exact(std::uint64_t b) {
+  if (b == 0) return "0";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && b % 1024 == 0) b /= 1024, ++u;
+  return std::to_string(b) + units[u];
+}
+
 // Every default comes from PlanInputs, whose knob defaults come from the schedules'
 // own options structs: one place per default.
 struct PlanFlags {
@@ -32,13 +41,17 @@ struct PlanFlags {
     vocab_chunk = d.vocab_chunk, prefetch_depth = d.prefetch_depth;
     adam_bucket = std::to_string(d.adam_bucket);
     comm_reserve = std::to_string(d.comm_reserve), workspace_reserve = std::to_string(d.workspace_reserve);
+    host_memory = format_bytes_exact(d.host_memory);
+    devices_per_node = d.devices_per_node;
   }
   std::string model = "deepseek-v3";
   std::string context = "128K";
   std::int64_t sequences, devices, cp, fsdp;
   std::string ep = "auto", vocab_group = "auto";
   std::string device_memory = "80GiB";
-  std::string host_memory = "0";
+  std::string host_memory;
+  std::int64_t devices_per_node;
+  std::int64_t resident_layers = -1;  // -1: not given (the selective policy decides)
   std::string schedules = "all";
   std::int64_t dispatch_cap;
   double llep_alpha, llep_lambda;
@@ -93,6 +106,8 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.fsdp = f.fsdp;
   in.device_memory = parse_bytes(f.device_memory, "--device-memory");
   in.host_memory = parse_bytes(f.host_memory, "--host-memory");
+  in.devices_per_node = f.devices_per_node;
+  if (f.resident_layers >= 0) in.resident_layers = f.resident_layers;
   in.schedules = ScheduleSet::parse(f.schedules);
   in.dispatch_cap = f.dispatch_cap;
   in.llep_alpha = f.llep_alpha;
@@ -130,7 +145,20 @@ Command add_plan_command(CLI::App& root) {
   a->add_option("--vocab-group", f->vocab_group, "Devices sharing one vocabulary-sharded LM head, or auto: the largest divisor of devices up to 8")->capture_default_str();
   int_flag(a, "--fsdp", f->fsdp, "FSDP shard group of the non-expert parameters (0 = all devices)", 0, kMaxDevices);
   a->add_option("--device-memory", f->device_memory, "Memory per device: 80GiB, 141GiB")->capture_default_str();
-  a->add_option("--host-memory", f->host_memory, "Host memory per device (0 = unlimited)")->capture_default_str();
+  a->add_option("--host-memory", f->host_memory, "Host memory per node, shared by its devices (0 = unlimited)")->capture_default_str();
+  int_flag(a, "--devices-per-node", f->devices_per_node, "Devices sharing one node's host memory", 1, 1024);
+  a->add_option_function<std::string>(
+      "--resident-layers",
+      [f](const std::string& s) {
+        try {
+          f->resident_layers = parse_int(s, "--resident-layers", 0, ModelConfig::kMaxLayers);
+        } catch (const InvalidArgument& e) {
+          throw CLI::ValidationError(e.what());
+        }
+      },
+      "SCO: keep the last K checkpoint boundaries on the device (default: the selective policy: "
+      "offload all but the ring, or keep as few as make the host memory fit)")
+      ->type_name("INT");
   text_flag(a, "--schedules", f->schedules, "none, all, or a comma list of llep, dtp, sco, adam");
   int_flag(a, "--dispatch-cap", f->dispatch_cap, "PipelinedLLEP: token-copies per source rank per round", 1, kMaxRows);
   real_flag(a, "--llep-alpha", f->llep_alpha, "LLEP capacity factor over the mean load", 1.0, 1e6);

@@ -145,6 +145,7 @@ Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, bool sco) {
   CheckpointOptions o;
   o.schedule = sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
   o.prefetch_depth = in.prefetch_depth;
+  if (sco) o.resident_layers = in.resident_layers;
   const Footprint full = checkpoint_footprint(in.model.num_layers, mul(U(s.tokens_per_device), U(in.model.hidden_size)),
                                               U(in.activation_bytes), o);
   Footprint f("checkpoints");
@@ -265,7 +266,11 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
 
   // Host memory: what the terms keep there (offloaded optimizer state with its staging
   // buckets, offloaded checkpoint boundaries).
-  e.host_bytes = add(opt.host_peak_total(), ckpt.host_peak_total());
+  for (const Footprint* f : {&opt, &ckpt}) add_into(e.host, f->host_peak());
+  for (std::size_t i = 0; i < kNumComponents; ++i) {
+    e.host_bytes = add(e.host_bytes, e.host[i]);
+    if (e.host[i] > e.host[static_cast<std::size_t>(e.host_binding_component)]) e.host_binding_component = kAllComponents[i];
+  }
   return e;
 }
 

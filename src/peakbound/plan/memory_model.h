@@ -52,6 +52,8 @@ struct PeakEstimate {
   Phase binding_phase = Phase::forward_attention;
   Component binding_component = Component::params;  // largest component of the binding phase
   std::uint64_t host_bytes = 0;     // host memory this device's rank needs
+  ComponentBytes host{};            // ... per component
+  Component host_binding_component = Component::optimizer;  // its largest component
 };
 
 PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc);

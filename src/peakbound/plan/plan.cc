@@ -1,5 +1,7 @@
 #include "peakbound/plan/plan.h"
 
+#include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -14,65 +16,84 @@ namespace {
 bool fits(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s, std::int64_t context) {
   PlanInputs x = in;
   x.context = context;
-  return estimate_peak(x, pc, s).peak <= in.device_memory;
+  return fits_memory(x, estimate_with_policy(x, pc, s));
 }
 
 std::string bytes(std::uint64_t b) { return format_bytes(static_cast<double>(b)); }
 
-// Ways to make a plan fit that does not, each checked by re-planning.
+// Ways to make a plan fit that does not, each checked by re-planning (with the
+// selective checkpoint policy, as the plan itself is).
 std::vector<std::string> find_fixes(const PlanInputs& in, const ParamCount& pc, const PeakEstimate& cur) {
   std::vector<std::string> out;
-  auto peak_with = [&](const PlanInputs& x, const ScheduleSet& s) { return estimate_peak(x, pc, s).peak; };
+  auto fits_with = [&](const PlanInputs& x, const ScheduleSet& s, PeakEstimate* e = nullptr) {
+    PeakEstimate est = estimate_with_policy(x, pc, s);
+    if (e) *e = est;
+    return fits_memory(x, est);
+  };
   const ScheduleSet& s = in.schedules;
+  PeakEstimate e;
   const std::pair<bool ScheduleSet::*, const char*> each[] = {
       {&ScheduleSet::llep, "llep"}, {&ScheduleSet::dtp, "dtp"}, {&ScheduleSet::sco, "sco"}, {&ScheduleSet::adam, "adam"}};
   for (auto [flag, name] : each) {
     if (s.*flag) continue;
     ScheduleSet t = s;
     t.*flag = true;
-    std::uint64_t p = peak_with(in, t);
-    if (p <= in.device_memory)
-      out.push_back("add " + std::string(name) + " (--schedules " + t.str() + "): peak " + bytes(p));
+    if (fits_with(in, t, &e))
+      out.push_back("add " + std::string(name) + " (--schedules " + t.str() + "): peak " + bytes(e.peak));
   }
-  if (out.empty() && s.str() != "all") {
-    std::uint64_t p = peak_with(in, ScheduleSet::all());
-    if (p <= in.device_memory) out.push_back("enable all four schedules (--schedules all): peak " + bytes(p));
-  }
-  for (std::int64_t cp = in.cp * 2; cp <= in.devices; cp *= 2) {
+  if (out.empty() && s.str() != "all" && fits_with(in, ScheduleSet::all(), &e))
+    out.push_back("enable all four schedules (--schedules all): peak " + bytes(e.peak));
+  // When the host binds, a schedule that moves state to the host may be the one to drop.
+  if (cur.host_bytes > in.host_budget())
+    for (auto [flag, name] : {std::pair{&ScheduleSet::sco, "sco"}, {&ScheduleSet::adam, "adam"}}) {
+      if (!(s.*flag)) continue;
+      ScheduleSet t = s;
+      t.*flag = false;
+      if (fits_with(in, t, &e))
+        out.push_back("keep the " + std::string(flag == &ScheduleSet::sco ? "checkpoint boundaries" : "optimizer state") +
+                      " on the device (--schedules " + t.str() + "): peak " + bytes(e.peak) + ", host " +
+                      bytes(e.host_bytes) + " per device");
+    }
+  // Context parallelism shrinks every per-token term, on the device and on the host.
+  for (std::int64_t cp = in.cp * 2; cp <= in.devices && cp > 0; cp *= 2) {
     if (in.devices % cp) continue;
     PlanInputs x = in;
     x.cp = cp;
-    std::uint64_t p = peak_with(x, s);
-    if (p <= in.device_memory) {
-      out.push_back("split each sequence over more devices (--cp " + std::to_string(cp) + "): peak " + bytes(p));
+    if (fits_with(x, s, &e)) {
+      out.push_back("split each sequence over more devices (--cp " + std::to_string(cp) + "): peak " + bytes(e.peak) +
+                    ", host " + bytes(e.host_bytes) + " per device");
       break;
     }
   }
   if (in.sequences > 1) {
     PlanInputs x = in;
     x.sequences = 1;
-    std::uint64_t p = peak_with(x, s);
-    if (p <= in.device_memory) out.push_back("one sequence per step (--sequences 1): peak " + bytes(p));
+    if (fits_with(x, s, &e)) out.push_back("one sequence per step (--sequences 1): peak " + bytes(e.peak));
   }
   if (s.llep && in.dispatch_cap > 256) {
     PlanInputs x = in;
     x.dispatch_cap = in.dispatch_cap / 4;
-    std::uint64_t p = peak_with(x, s);
-    if (p <= in.device_memory)
-      out.push_back("smaller dispatch rounds (--dispatch-cap " + std::to_string(x.dispatch_cap) + "): peak " + bytes(p));
+    if (fits_with(x, s, &e))
+      out.push_back("smaller dispatch rounds (--dispatch-cap " + std::to_string(x.dispatch_cap) + "): peak " + bytes(e.peak));
   }
   if (s.dtp && in.vocab_chunk > 64) {
     PlanInputs x = in;
     x.vocab_chunk = in.vocab_chunk / 4;
-    std::uint64_t p = peak_with(x, s);
-    if (p <= in.device_memory)
-      out.push_back("smaller vocabulary blocks (--vocab-chunk " + std::to_string(x.vocab_chunk) + "): peak " + bytes(p));
+    if (fits_with(x, s, &e))
+      out.push_back("smaller vocabulary blocks (--vocab-chunk " + std::to_string(x.vocab_chunk) + "): peak " + bytes(e.peak));
   }
-  if (out.empty())
-    out.push_back("no single change found: the peak is " + bytes(cur.peak) + " (binding: " +
-                  std::string(component_name(cur.binding_component)) + " in " +
-                  std::string(phase_name(cur.binding_phase)) + ") against " + bytes(in.device_memory) +
-                  " per device; add devices or memory, or shorten the context");
+  if (out.empty()) {
+    const bool host = cur.host_bytes > in.host_budget();
+    if (host)
+      out.push_back("no single change found: host memory needs " + bytes(cur.host_bytes) + " per device (binding: " +
+                    std::string(component_name(cur.host_binding_component)) + ") against a share of " +
+                    bytes(in.host_budget()) + "; add host memory (--host-memory per node) or devices");
+    else
+      out.push_back("no single change found: the peak is " + bytes(cur.peak) + " (binding: " +
+                    std::string(component_name(cur.binding_component)) + " in " +
+                    std::string(phase_name(cur.binding_phase)) + ") against " + bytes(in.device_memory) +
+                    " per device; add devices or memory, or shorten the context");
+  }
   return out;
 }
 
@@ -108,6 +129,35 @@ std::int64_t context_reach(const PlanInputs& in, const ParamCount& pc, const Sch
   return lo;
 }
 
+bool fits_memory(const PlanInputs& in, const PeakEstimate& e) {
+  return e.peak <= in.device_memory && e.host_bytes <= in.host_budget();
+}
+
+PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
+                                  std::optional<std::int64_t>* resident_layers) {
+  if (resident_layers) resident_layers->reset();
+  PeakEstimate e = estimate_peak(in, pc, s);
+  if (!s.sco || in.resident_layers || e.host_bytes <= in.host_budget()) return e;
+  // Host memory binds: each resident boundary moves one from the host to the device.
+  // The fewest that make the host fit (host bytes fall as K grows), if the device holds them.
+  const std::int64_t L = in.model.num_layers;
+  auto with_k = [&](std::int64_t k) {
+    PlanInputs x = in;
+    x.resident_layers = k;
+    return estimate_peak(x, pc, s);
+  };
+  if (with_k(L).host_bytes > in.host_budget()) return e;  // the boundaries are not what binds
+  std::int64_t lo = 0, hi = L;  // host does not fit at lo, fits at hi
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (with_k(mid).host_bytes <= in.host_budget() ? hi : lo) = mid;
+  }
+  PeakEstimate k = with_k(hi);
+  if (k.peak > in.device_memory) return e;
+  if (resident_layers) *resident_layers = hi;
+  return k;
+}
+
 Plan make_plan(const PlanInputs& given, bool with_reach) {
   PlanInputs in = given;
   in.resolve_auto();
@@ -117,9 +167,11 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   p.params = count_params(in.model);
   p.shapes = plan_shapes(in, p.params);
   p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
-  p.scheduled = estimate_peak(in, p.params, in.schedules);
-  p.fits_baseline = p.baseline.peak <= in.device_memory;
-  p.fits_scheduled = p.scheduled.peak <= in.device_memory;
+  p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers);
+  p.fits_host_baseline = p.baseline.host_bytes <= in.host_budget();
+  p.fits_host_scheduled = p.scheduled.host_bytes <= in.host_budget();
+  p.fits_baseline = fits_memory(in, p.baseline);
+  p.fits_scheduled = fits_memory(in, p.scheduled);
   if (with_reach) {
     Reach r;
     r.baseline = context_reach(in, p.params, ScheduleSet::none());
@@ -144,7 +196,10 @@ nlohmann::json plan_json(const Plan& p) {
   j["layout"] = {{"devices", in.devices},         {"ep", in.ep},
                  {"cp", in.cp},                   {"vocab_group", in.vocab_group},
                  {"fsdp", in.fsdp_size()},        {"device_memory_bytes", in.device_memory},
-                 {"host_memory_bytes", in.host_memory == 0 ? nlohmann::json(nullptr) : nlohmann::json(in.host_memory)}};
+                 {"host_memory_bytes_per_node", in.host_memory == 0 ? nlohmann::json(nullptr) : nlohmann::json(in.host_memory)},
+                 {"devices_per_node", in.devices_per_node},
+                 {"host_budget_bytes_per_device",
+                  in.host_memory == 0 ? nlohmann::json(nullptr) : nlohmann::json(in.host_budget())}};
   j["schedules"] = in.schedules.str();
   j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha}, {"llep_lambda", in.llep_lambda},
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
@@ -168,7 +223,12 @@ nlohmann::json plan_json(const Plan& p) {
                         {"scheduled", phase_name(p.scheduled.binding_phase)}};
   j["fits"] = {{"baseline", p.fits_baseline}, {"scheduled", p.fits_scheduled}};
   j["host_bytes"] = {{"baseline", p.baseline.host_bytes}, {"scheduled", p.scheduled.host_bytes}};
-  if (in.host_memory > 0) j["fits_host"] = p.scheduled.host_bytes <= in.host_memory;
+  j["fits_host"] = {{"baseline", p.fits_host_baseline}, {"scheduled", p.fits_host_scheduled}};
+  j["host_binding_component"] = {{"baseline", component_name(p.baseline.host_binding_component)},
+                                 {"scheduled", component_name(p.scheduled.host_binding_component)}};
+  j["resident_layers"] = in.resident_layers ? nlohmann::json(*in.resident_layers)
+                         : p.policy_resident_layers ? nlohmann::json(*p.policy_resident_layers)
+                                                    : nlohmann::json(nullptr);
   j["phases"] = {{"baseline", estimate_json(p.baseline)}, {"scheduled", estimate_json(p.scheduled)}};
   if (p.reach) {
     j["reach_tokens"] = {{"baseline", p.reach->baseline}, {"scheduled", p.reach->scheduled}};
@@ -215,7 +275,18 @@ std::string plan_table(const Plan& p) {
   out += "binding      baseline: " + bind(p.baseline) + "; scheduled: " + bind(p.scheduled) + "\n";
   out += std::string("fits         baseline: ") + (p.fits_baseline ? "yes" : "NO") +
          "; scheduled: " + (p.fits_scheduled ? "yes" : "NO") + "\n";
-  if (p.scheduled.host_bytes > 0) out += "host memory  scheduled: " + bytes(p.scheduled.host_bytes) + " per device\n";
+  if (p.scheduled.host_bytes > 0 || p.baseline.host_bytes > 0) {
+    out += "host memory  baseline: " + bytes(p.baseline.host_bytes) + "; scheduled: " + bytes(p.scheduled.host_bytes) +
+           " per device";
+    out += in.host_memory == 0 ? std::string(" (unlimited)")
+                               : " of a " + bytes(in.host_budget()) + " share (" + bytes(in.host_memory) + " per node of " +
+                                     std::to_string(std::min(in.devices_per_node, in.devices)) + " devices)";
+    out += std::string("; fits: ") + (p.fits_host_scheduled ? "yes" : "NO, binding " +
+                                      std::string(component_name(p.scheduled.host_binding_component))) + "\n";
+  }
+  if (p.policy_resident_layers)
+    out += "selective    SCO keeps the last " + std::to_string(*p.policy_resident_layers) +
+           " boundaries on the device so that the host memory fits\n";
   if (p.reach) {
     out += "reach        baseline: " + std::to_string(p.reach->baseline) + " tokens; scheduled: " +
            std::to_string(p.reach->scheduled) + " tokens";

@@ -26,14 +26,27 @@ struct Plan {
   PlanShapes shapes;
   PeakEstimate baseline;
   PeakEstimate scheduled;
-  bool fits_baseline = false;
+  bool fits_baseline = false;   // device and host memory
   bool fits_scheduled = false;
+  bool fits_host_baseline = true;
+  bool fits_host_scheduled = true;
+  // SCO's selective policy: boundaries it kept resident on the device so that the host
+  // memory fits (unset when it offloads all but the ring, or --resident-layers was given).
+  std::optional<std::int64_t> policy_resident_layers;
   std::optional<Reach> reach;
   std::vector<std::string> fixes;  // for a scheduled plan that does not fit
 };
 
 // Throws InvalidArgument for inconsistent inputs.
 Plan make_plan(const PlanInputs& in, bool with_reach);
+
+// The estimate under `schedules`, with SCO's selective policy applied: when the host
+// memory cannot hold the offloaded boundaries, the fewest boundaries that make it fit
+// stay resident on the device (*resident_layers says how many; unset if none moved).
+PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& schedules,
+                                  std::optional<std::int64_t>* resident_layers = nullptr);
+// Device peak within device_memory and host bytes within the device's host share.
+bool fits_memory(const PlanInputs& in, const PeakEstimate& e);
 
 // Largest context (tokens per sequence) whose peak fits the device memory under
 // `schedules`: doubling from 1024, then bisection to the exact token. 0 if even 1

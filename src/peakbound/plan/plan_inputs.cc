@@ -1,9 +1,11 @@
 #include "peakbound/plan/plan_inputs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/ledger.h"
 #include "peakbound/core/values.h"
 
 namespace peakbound {
@@ -68,6 +70,11 @@ DispatchOptions PlanInputs::dispatch_options() const {
   return o;
 }
 
+std::uint64_t PlanInputs::host_budget() const {
+  if (host_memory == 0) return MemoryLedger::kUnlimited;
+  return host_memory / static_cast<std::uint64_t>(std::max<std::int64_t>(1, std::min(devices_per_node, devices)));
+}
+
 void PlanInputs::validate() const {
   model.validate();
   check_int(context, "context", 1, kMaxContext);
@@ -87,6 +94,8 @@ void PlanInputs::validate() const {
   require(fsdp >= 0 && (fsdp == 0 || devices % fsdp == 0),
           "fsdp " + std::to_string(fsdp) + " must divide devices " + std::to_string(devices));
   require(device_memory > 0, "device_memory must be positive");
+  check_int(devices_per_node, "devices_per_node", 1, 1024);
+  if (resident_layers) check_int(*resident_layers, "resident_layers", 0, model.num_layers);
   check_int(dispatch_cap, "dispatch_cap", 1, kMaxRows);
   check_real(llep_alpha, "llep_alpha", 1.0, 1e6);
   check_real(llep_lambda, "llep_lambda", 1.0, 1e6);

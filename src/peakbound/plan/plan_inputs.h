@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -57,7 +58,9 @@ struct PlanInputs {
   std::int64_t vocab_group = 1; // ranks sharing one vocabulary-sharded LM head; 0 = auto
   std::int64_t fsdp = 0;        // FSDP shard group of the non-expert parameters; 0 = all devices
   std::uint64_t device_memory = 0;
-  std::uint64_t host_memory = 0;  // per device; 0 = unlimited
+  // Host memory of one node, shared by its devices (a common 8-GPU node: 2 TiB); 0 = unlimited.
+  std::uint64_t host_memory = std::uint64_t{2} << 40;
+  std::int64_t devices_per_node = 8;
 
   // Schedules and their knobs.
   ScheduleSet schedules;
@@ -67,6 +70,9 @@ struct PlanInputs {
   std::int64_t llep_min_spill = DispatchOptions{}.min_spill;  // LLEP: smallest spilled piece, token-copies
   std::int64_t vocab_chunk = VocabLossOptions{}.chunk;               // Ring-DTP: token rows per logits block
   std::int64_t prefetch_depth = CheckpointOptions{}.prefetch_depth;  // SCO: boundaries prefetched ahead
+  // SCO: keep the last K boundaries resident on the device. Unset: the selective policy
+  // (offload all but the ring, or keep as few as make the host memory fit).
+  std::optional<std::int64_t> resident_layers;
   std::uint64_t adam_bucket = OptimizerOptions{}.bucket_bytes;  // OffloadStreamAdamW bucket, bytes
 
   // Routing skew: received token-copies at the most loaded rank over the balanced
@@ -85,6 +91,8 @@ struct PlanInputs {
   void validate() const;
   std::int64_t fsdp_size() const { return fsdp > 0 ? fsdp : devices; }
   DispatchOptions dispatch_options() const;
+  // This device's share of its node's host memory; MemoryLedger::kUnlimited when unlimited.
+  std::uint64_t host_budget() const;
 };
 
 }  // namespace peakbound
