@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/cli/flags.h"
 #include "peakbound/cli/checkpoint_flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/core/error.h"
@@ -239,24 +240,24 @@ Command add_bench_checkpoint(CLI::App& parent) {
   c.app = parent.add_subcommand("checkpoint",
                                 "Checkpoint boundaries resident vs Selective Checkpoint Offload (SCO), same inputs, one JSON");
   auto* a = c.app;
-  a->add_option("--layers", f->layers, "Blocks in the stack (L)")->capture_default_str()->check(CLI::Range(1, 4096));
-  a->add_option("--tokens", f->tokens, "Tokens per step (T)")->capture_default_str()->check(CLI::Range(1, 1 << 24));
-  a->add_option("--hidden", f->hidden, "Hidden size (H)")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  a->add_option("--ffn", f->ffn, "MLP intermediate size (F); 0 = 8/3 H rounded up to 64")->capture_default_str()->check(CLI::Range(0, 1 << 18));
-  a->add_option("--prefetch", f->prefetch, "SCO prefetch depth D (ring of D + 2 device slots)")->capture_default_str()->check(CLI::Range(1, 1024));
+  int_flag(a, "--layers", f->layers, "Blocks in the stack (L)", 1, 4096);
+  int_flag(a, "--tokens", f->tokens, "Tokens per step (T)", 1, 1 << 24);
+  int_flag(a, "--hidden", f->hidden, "Hidden size (H)", 1, 1 << 16);
+  int_flag(a, "--ffn", f->ffn, "MLP intermediate size (F); 0 = 8/3 H rounded up to 64", 0, 1 << 18);
+  int_flag(a, "--prefetch", f->prefetch, "SCO prefetch depth D (ring of D + 2 device slots)", 1, 1024);
   a->add_option("--resident-layers", f->resident_layers,
                 "SCO: keep the last K boundaries resident, 0 <= K <= --layers; omit to let --checkpoint-budget decide");
   a->add_option("--checkpoint-budget", f->checkpoint_budget, "SCO policy: device bytes for boundaries (0 = offload all but the ring)")
       ->capture_default_str();
-  a->add_option("--link-gbps", f->link_gbps,
-                "Emulate a host link of this many GB/s (1e9 bytes/s, at least " +
-                    CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) + ") on the copy engine; 0 = off")
-      ->capture_default_str();
+  real_flag(a, "--link-gbps", f->link_gbps,
+            "Emulate a host link of this many GB/s (1e9 bytes/s, at least " +
+                CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) + ") on the copy engine; 0 = off",
+            0.0, 1e6);
   a->add_option("--device-memory", f->device_memory,
                 "Device memory budget of each run (> 0); omit for automatic (fits the resident baseline)");
-  a->add_option("--warmup", f->warmup, "Untimed steps per schedule before timing")->capture_default_str();
-  a->add_option("--reps", f->reps, "Timed steps per schedule (interleaved; the fastest is reported)")->capture_default_str();
-  a->add_option("--seed", f->seed, "Seed of parameters and inputs")->capture_default_str();
+  int_flag(a, "--warmup", f->warmup, "Untimed steps per schedule before timing", 0, 1000);
+  int_flag(a, "--reps", f->reps, "Timed steps per schedule (interleaved; the fastest is reported)", 1, 1000);
+  seed_flag(a, "--seed", f->seed, "Seed of parameters and inputs");
   a->add_flag("--sweep", f->sweep, "Also measure the checkpoint peak reduction for L = 1, 2, 3, 4, 8, 16, 32");
   a->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] { return run_bench(*f); };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/cli/flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/dispatch_flags.h"
 #include "peakbound/comm/communicator.h"
@@ -84,7 +85,7 @@ Command add_bench_dispatch(CLI::App& parent) {
   c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("dispatch", "Standard EP vs LLEP vs PipelinedLLEP: dispatch peak and throughput (run under mpirun)");
   f->add_to(*c.app, " (the library default)", " (the library default)");
-  c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  int_flag(c.app, "--reps", f->reps, "Timed repetitions after one warm-up (best is kept)", 1, 100);
   c.app->add_flag("--sweep", f->sweep, "Also measure the peaks at 1, 2, 4, 8x the tokens under each skew");
   // The launcher's group size is known before MPI starts: every rank reaches the same
   // verdict, so a bad shape is one line from rank 0 and a non-zero exit everywhere.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/cli/flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/vocab_flags.h"
 #include "peakbound/comm/communicator.h"
@@ -132,7 +133,7 @@ Command add_bench_vocab(CLI::App& parent) {
   c.collective = true;  // every rank of the vocabulary or expert-parallel group takes part
   c.app = parent.add_subcommand("vocab", "Ring-DTP vs the materialized vocab-parallel cross-entropy (run under mpirun)");
   f->add_to(*c.app);
-  c.app->add_option("--reps", f->reps, "Timed repetitions after one warm-up (best is kept)")->capture_default_str()->check(CLI::Range(1, 100));
+  int_flag(c.app, "--reps", f->reps, "Timed repetitions after one warm-up (best is kept)", 1, 100);
   c.app->add_flag("--sweep", f->sweep, "Also measure at 1/4, 1/2, 2 and 4x the tokens");
   // Everything a rank can check alone, with the launcher's group size: every rank agrees,
   // so a bad input is one line from rank 0 and a non-zero exit everywhere.

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/cli/flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/host_memory.h"
@@ -152,9 +153,9 @@ Command add_demo_command(CLI::App& root) {
               "with the Arena's per-component report");
   c.app->add_option("--device-memory", opts->device_memory, "Device memory budget (e.g. 64MiB)")
       ->capture_default_str();
-  c.app->add_option("--layers", opts->layers, "Number of layers")->capture_default_str()->check(CLI::Range(1, 4096));
-  c.app->add_option("--tokens", opts->tokens, "Tokens in the batch")->capture_default_str()->check(CLI::Range(1, 1 << 24));
-  c.app->add_option("--hidden", opts->hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  int_flag(c.app, "--layers", opts->layers, "Number of layers", 1, 4096);
+  int_flag(c.app, "--tokens", opts->tokens, "Tokens in the batch", 1, 1 << 24);
+  int_flag(c.app, "--hidden", opts->hidden, "Hidden size", 1, 1 << 16);
   c.app->add_flag("--json", opts->json, "Print one JSON object instead of tables");
   c.run = [opts] {
     std::uint64_t budget = parse_bytes(opts->device_memory, "--device-memory");

@@ -8,8 +8,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "peakbound/cli/flags.h"
+
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
+#include "peakbound/core/values.h"
 #include "peakbound/verify/moe_reference.h"
 
 namespace peakbound::cli {
@@ -32,18 +35,18 @@ struct DispatchFlags {
 
   // `cap_help` / `min_spill_help` say where a command's own default comes from.
   void add_to(CLI::App& app, const std::string& cap_help = "", const std::string& min_spill_help = "") {
-    app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 28));
-    app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--ffn", ffn, "Expert FFN width")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--experts", experts, "Routed experts (divisible by the number of ranks)")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--topk", top_k, "Experts per token")->capture_default_str()->check(CLI::Range(1, 1 << 10));
+    int_flag(&app, "--tokens", tokens, "Tokens per rank", 0, std::int64_t{1} << 28);
+    int_flag(&app, "--hidden", hidden, "Hidden size", 1, 1 << 16);
+    int_flag(&app, "--ffn", ffn, "Expert FFN width", 1, 1 << 16);
+    int_flag(&app, "--experts", experts, "Routed experts (divisible by the number of ranks)", 1, 1 << 16);
+    int_flag(&app, "--topk", top_k, "Experts per token", 1, 1 << 10);
     app.add_option("--skew", skew, "Comma list of uniform, zipf, hot, all-to-one-rank, one-expert, source")->capture_default_str();
-    app.add_option("--zipf-s", zipf_s, "Zipf exponent, finite, >= 0")->capture_default_str();
-    app.add_option("--cap", cap, "PipelinedLLEP: copies per source rank per round" + cap_help)->capture_default_str();
-    app.add_option("--alpha", alpha, "LLEP capacity factor over the mean load, >= 1")->capture_default_str();
-    app.add_option("--lambda", lambda, "LLEP: imbalance below which standard EP runs")->capture_default_str();
-    app.add_option("--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies" + min_spill_help)->capture_default_str();
-    app.add_option("--seed", seed, "Data seed")->capture_default_str();
+    real_flag(&app, "--zipf-s", zipf_s, "Zipf exponent", 0.0, 1e300);
+    int_flag(&app, "--cap", cap, "PipelinedLLEP: copies per source rank per round" + cap_help, 1, kInt64Max);
+    real_flag(&app, "--alpha", alpha, "LLEP capacity factor over the mean load", 1.0, 1e6);
+    real_flag(&app, "--lambda", lambda, "LLEP: imbalance below which standard EP runs", 0.0, 1e6);
+    int_flag(&app, "--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies" + min_spill_help, 1, kInt64Max);
+    seed_flag(&app, "--seed", seed, "Data seed");
     app.add_option("--device-memory", device_memory,
                    "Device budget of each path (e.g. 64MiB), or auto: its dispatch footprint plus 1 MiB")
         ->capture_default_str();

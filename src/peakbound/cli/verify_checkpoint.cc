@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/cli/flags.h"
 #include "peakbound/cli/checkpoint_flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/bench/checkpoint_run.h"
@@ -101,12 +102,13 @@ Command add_verify_checkpoint(CLI::App& parent) {
   auto f = std::make_shared<VerifyFlags>();
   Command c;
   c.app = parent.add_subcommand("checkpoint", "SCO vs resident checkpoints over layers x prefetch depth x resident layers, bitwise");
-  c.app->add_option("--tokens", f->tokens, "Tokens per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  c.app->add_option("--hidden", f->hidden, "Hidden size")->capture_default_str()->check(CLI::Range(1, 1 << 14));
-  c.app->add_option("--ffn", f->ffn, "MLP intermediate size; 0 = 8/3 hidden rounded up to 64")->capture_default_str()->check(CLI::Range(0, 1 << 16));
-  c.app->add_option("--link-gbps", f->link_gbps, "Emulate a host link of this many GB/s (at least " + CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) +
-                          ") on the copy engine (slow copies stress ordering); 0 = off")
-      ->capture_default_str();
+  int_flag(c.app, "--tokens", f->tokens, "Tokens per step", 1, 1 << 20);
+  int_flag(c.app, "--hidden", f->hidden, "Hidden size", 1, 1 << 14);
+  int_flag(c.app, "--ffn", f->ffn, "MLP intermediate size; 0 = 8/3 hidden rounded up to 64", 0, 1 << 16);
+  real_flag(c.app, "--link-gbps", f->link_gbps,
+            "Emulate a host link of this many GB/s (at least " + CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) +
+                ") on the copy engine (slow copies stress ordering); 0 = off",
+            0.0, 1e6);
   c.app->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] { return run_verify(*f); };
   return c;

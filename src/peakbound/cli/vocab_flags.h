@@ -10,9 +10,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include "peakbound/cli/flags.h"
+
 #include "peakbound/core/error.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/units.h"
+#include "peakbound/core/values.h"
 #include "peakbound/schedules/vocab_footprint.h"
 #include "peakbound/schedules/vocab_loss.h"
 
@@ -31,18 +34,14 @@ struct VocabFlags {
   bool json = false;
 
   void add_to(CLI::App& app) {
-    // CLI11 reads an empty string as 0 for a number (--seed "" was seed 0); refuse it first.
-    const CLI::Validator number(
-        [](std::string& s) { return s.empty() ? std::string("needs a number, not an empty string") : std::string(); }, "",
-        "non-empty");
-    app.add_option("--tokens", tokens, "Tokens per rank")->capture_default_str()->check(number)->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
-    app.add_option("--hidden", hidden, "Hidden size")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 16));
-    app.add_option("--vocab", vocab, "Vocabulary size")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 24));
-    app.add_option("--chunk", chunk, "Ring-DTP token rows per logits block")->capture_default_str()->check(number)->check(CLI::Range(1, 1 << 24));
+    int_flag(&app, "--tokens", tokens, "Tokens per rank", 0, std::int64_t{1} << 30);
+    int_flag(&app, "--hidden", hidden, "Hidden size", 1, 1 << 16);
+    int_flag(&app, "--vocab", vocab, "Vocabulary size", 1, 1 << 24);
+    int_flag(&app, "--chunk", chunk, "Ring-DTP token rows per logits block", 1, 1 << 24);
     app.add_option("--mode", mode, "Ring-DTP mode: auto, activations, weights")->capture_default_str();
-    app.add_option("--z-loss", z_loss, "z-loss coefficient (finite, in [0, 1])")->capture_default_str()->check(number)->check(CLI::Range(0.0, 1.0));
-    app.add_option("--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index")->capture_default_str()->check(number)->check(CLI::Range(0.0, 1.0));
-    app.add_option("--seed", seed, "Data seed")->capture_default_str()->check(number);
+    real_flag(&app, "--z-loss", z_loss, "z-loss coefficient", 0.0, 1.0);
+    real_flag(&app, "--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index", 0.0, 1.0);
+    seed_flag(&app, "--seed", seed, "Data seed");
     app.add_option("--device-memory", device_memory,
                    "Per-rank device budget; auto: room for every buffer one step allocates, from the footprints")
         ->capture_default_str();
