@@ -18,22 +18,8 @@ namespace {
 using peakbound::testing::CliRun;
 CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
 
-// run_cli under `timeout`: a hang is killed (code 128 + 9) and fails the test instead
-// of stalling the suite.
-CliRun run_bounded(const std::string& args, int seconds) {
-  static int n = 0;
-  const std::string base = ::testing::TempDir() + "/pb_ckpt_cli_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  const std::string cmd = "timeout -s KILL " + std::to_string(seconds) + " " + std::string(PEAKBOUND_CLI_PATH) + " " +
-                          args + " >" + base + ".out 2>" + base + ".err";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = peakbound::testing::slurp(base + ".out");
-  r.err = peakbound::testing::slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
-}
+// run_cli runs under `timeout`: a hang fails the test (exit 124) instead of stalling the suite.
+CliRun run_bounded(const std::string& args, int seconds) { return peakbound::testing::run_cli(args, seconds); }
 
 TEST(CheckpointCli, BenchPrintsBothSchedulesInOneJson) {
   CliRun r = run("bench checkpoint --layers 6 --tokens 64 --hidden 32 --warmup 0 --reps 1 --sweep --json");
