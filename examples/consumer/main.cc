@@ -16,8 +16,8 @@
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
 #include "peakbound/schedules/optimizer_schedule.h"
 #include "peakbound/schedules/vocab_loss.h"
 
@@ -49,7 +49,7 @@ int main() try {
   auto dev = make_device("cpu", std::uint64_t{64} << 20);
   SingleRankCommunicator comm;  // a group of one; under mpirun use the MPI communicator
   HostMemory host;              // where the offloaded optimizer state lives
-  cpu::ThreadPool pool(2);      // runs the CPU AdamW update
+  ThreadPool pool(2);           // host threads: the CPU AdamW update
 
   // Device buffers, each named by its component (the CPU device's memory is host-addressable).
   Buffer weight = dev->allocate(Component::params, V * H * sizeof(float));

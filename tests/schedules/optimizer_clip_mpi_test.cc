@@ -35,7 +35,7 @@ TEST(OptimizerClipAcrossRanks, EveryRankClipsByTheGlobalNorm) {
   const std::int64_t n = last - first;
   CpuDevice dev(16ull << 20);
   HostMemory host;
-  cpu::ThreadPool pool(1);
+  ThreadPool pool(1);
   Buffer params = dev.allocate(Component::params, static_cast<std::uint64_t>(n) * 2);
   Buffer grads = dev.allocate(Component::grads, static_cast<std::uint64_t>(n) * 2);
   std::memcpy(grads.data(), all_grads.data() + first, static_cast<std::size_t>(n) * 2);

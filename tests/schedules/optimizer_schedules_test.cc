@@ -62,7 +62,7 @@ float lr_at(std::int64_t step) { return 1e-2f / static_cast<float>(step); }  // 
 Final run(const std::string& name, const Problem& p, const OptimizerOptions& o, int steps, int threads = 2) {
   CpuDevice dev(64 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(threads);
+  ThreadPool pool(threads);
   SingleRankCommunicator comm;
   const auto un = static_cast<std::uint64_t>(p.n);
   Buffer params = dev.allocate(Component::params, un * dtype_size(p.pd));
@@ -152,7 +152,7 @@ TEST(OptimizerSchedules, StateIsOnTheDeviceOnlyForTheDeviceBaseline) {
   for (const auto& name : optimizer_schedule_names()) {
     CpuDevice dev(64 * MiB);
     HostMemory host;
-    cpu::ThreadPool pool(1);
+    ThreadPool pool(1);
     SingleRankCommunicator comm;
     Buffer params = dev.allocate(Component::params, n * 2);
     Buffer grads = dev.allocate(Component::grads, n * 2);
@@ -189,7 +189,7 @@ TEST(OptimizerSchedules, OffloadFitsWhereTheDeviceBaselineDoesNot) {
   const std::int64_t n = 1 << 20;  // params + grads 4 MiB, state 12 MiB
   CpuDevice dev(8 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(1);
+  ThreadPool pool(1);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, n * 2);
   Buffer grads = dev.allocate(Component::grads, n * 2);
@@ -207,7 +207,7 @@ TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
   Problem p(100000, DType::bf16, DType::bf16, 4);
   CpuDevice dev(64 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(2);
+  ThreadPool pool(2);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, p.n * 2);
   Buffer grads = dev.allocate(Component::grads, p.n * 2);
@@ -230,7 +230,7 @@ TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
 TEST(OptimizerSchedules, UserErrorsAreInvalidArgument) {
   CpuDevice dev(8 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(1);
+  ThreadPool pool(1);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, 1024);
   Buffer grads = dev.allocate(Component::grads, 1024);

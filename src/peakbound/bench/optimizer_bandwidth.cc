@@ -69,7 +69,7 @@ void adam_pattern(float* w, float* m, float* v, const std::uint16_t* g, std::uin
 
 }  // namespace
 
-MemoryBandwidth::MemoryBandwidth(cpu::ThreadPool& pool, std::uint64_t working_set_bytes) : pool_(pool) {
+MemoryBandwidth::MemoryBandwidth(ThreadPool& pool, std::uint64_t working_set_bytes) : pool_(pool) {
   if (working_set_bytes < (1u << 20)) throw InvalidArgument("optimizer bench bandwidth_bytes must be at least 1MiB");
   // Whole chunks (see run_once), so every task's length is a multiple of 64 elements.
   n_ = std::max<std::uint64_t>(working_set_bytes / 16 / cpu::kAdamWChunk, 1) * cpu::kAdamWChunk;

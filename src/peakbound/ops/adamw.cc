@@ -1,8 +1,8 @@
 #include "peakbound/ops/adamw.h"
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/launch.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
 #include "peakbound/ops/backend.h"
 
 namespace peakbound::ops {

@@ -10,7 +10,7 @@
 #include "peakbound/device/device.h"
 #include "peakbound/kernels/cpu/adamw.h"
 
-namespace peakbound::cpu {
+namespace peakbound {
 class ThreadPool;
 }
 
@@ -19,7 +19,7 @@ namespace peakbound::ops {
 // How the CPU backend runs these kernels: over which pool, with which SIMD body. A
 // backend with its own execution model ignores them.
 struct AdamWLaunch {
-  cpu::ThreadPool* pool = nullptr;
+  ThreadPool* pool = nullptr;
   cpu::SimdLevel simd = cpu::SimdLevel::scalar;
 };
 

@@ -24,7 +24,7 @@
 #include "peakbound/core/host_memory.h"
 #include "peakbound/device/device.h"
 #include "peakbound/kernels/cpu/adamw.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/schedules/optimizer_clip.h"
 #include "peakbound/schedules/optimizer_footprint.h"
 #include "peakbound/schedules/optimizer_options.h"
@@ -36,7 +36,7 @@ namespace peakbound {
 struct OptimizerContext {
   Device& device;
   HostMemory& host;
-  cpu::ThreadPool& pool;
+  ThreadPool& pool;
   Communicator& comm;
 };
 

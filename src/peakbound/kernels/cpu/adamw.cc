@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/adamw_simd.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
 
 namespace peakbound::cpu {
 

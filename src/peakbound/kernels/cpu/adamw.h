@@ -22,9 +22,11 @@
 
 #include "peakbound/core/dtype.h"
 
-namespace peakbound::cpu {
-
+namespace peakbound {
 class ThreadPool;
+}
+
+namespace peakbound::cpu {
 
 // Hyper-parameters of AdamW. max_grad_norm <= 0 turns clipping off.
 struct AdamWConfig {
