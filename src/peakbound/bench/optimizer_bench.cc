@@ -89,7 +89,7 @@ std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOpt
 }
 
 OptimizerStepTimes step(Case& c) {
-  const cpu::LrSchedule lr{c.sched->options().adam.lr, 0.0f, 0, 0};
+  const LrSchedule lr{c.sched->options().adam.lr, 0.0f, 0, 0};
   return c.sched->step(lr.lr(c.sched->steps_taken() + 1));
 }
 
@@ -155,8 +155,8 @@ void check(const OptimizerBenchOptions& o) {
 
 json run_optimizer_bench(const OptimizerBenchOptions& o) {
   check(o);
-  if (!cpu::simd_level_supported(o.simd))
-    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(o.simd)) + " is not supported by this CPU");
+  if (!simd_level_supported(o.simd))
+    throw Unavailable("optimizer simd " + std::string(simd_level_name(o.simd)) + " is not supported by this CPU");
   ThreadPool pool(o.threads);
   const auto n = static_cast<std::uint64_t>(o.params);
   const double g = static_cast<double>(dtype_size(o.grad_dtype)), p = static_cast<double>(dtype_size(o.param_dtype));
@@ -168,12 +168,12 @@ json run_optimizer_bench(const OptimizerBenchOptions& o) {
                    {"grad_dtype", dtype_name(o.grad_dtype)},
                    {"bucket_bytes", o.bucket_bytes},
                    {"threads", o.threads},
-                   {"simd", cpu::simd_level_name(o.simd)},
+                   {"simd", simd_level_name(o.simd)},
                    {"max_grad_norm", o.max_grad_norm},
                    {"warmup_steps", o.warmup},
                    {"timed_steps", o.steps}};
   out["machine"] = bench::machine_info();
-  out["machine"]["simd_best"] = cpu::simd_level_name(cpu::best_simd_level());
+  out["machine"]["simd_best"] = simd_level_name(best_simd_level());
 
   Inputs in;
   in.master0 = in.host.allocate(Component::workspace, n * 4);

@@ -29,7 +29,7 @@ struct OptimizerBenchOptions {
   DType grad_dtype = DType::bf16;
   std::uint64_t bucket_bytes = OptimizerOptions{}.bucket_bytes;
   int threads = default_thread_count();
-  cpu::SimdLevel simd = OptimizerOptions{}.simd;
+  SimdLevel simd = OptimizerOptions{}.simd;
   float max_grad_norm = OptimizerOptions{}.adam.max_grad_norm;
   int warmup = 2;
   int steps = 10;

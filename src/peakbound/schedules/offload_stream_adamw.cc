@@ -4,6 +4,7 @@
 #include <string>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/kernels/cpu/adamw.h"
 
 namespace peakbound {
 
@@ -19,7 +20,7 @@ OffloadStreamAdamW::OffloadStreamAdamW(OptimizerContext ctx, ParamShard shard, O
   }
 }
 
-void OffloadStreamAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
+void OffloadStreamAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
   Device& dev = ctx_.device;
   const std::uint64_t gsize = dtype_size(shard_.grad_dtype), psize = dtype_size(shard_.param_dtype);
   const std::int64_t buckets = bucket_count();

@@ -24,7 +24,7 @@ class OffloadedAdamW : public OptimizerSchedule {
   void load_state(const float* master) override;
   // The host tensors for elements [offset, offset + count), reading gradients from
   // `grads` and writing parameters to `params` (host staging, already offset).
-  cpu::AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);
+  AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);
   // The host staging of buffers().host_staging, its parts in host_staging_parts' order.
   StaggeredBlock stage();
 

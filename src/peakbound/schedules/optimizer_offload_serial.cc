@@ -1,6 +1,7 @@
 #include "peakbound/schedules/optimizer_offload_serial.h"
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/kernels/cpu/adamw.h"
 
 namespace peakbound {
 
@@ -11,7 +12,7 @@ OffloadSerialAdamW::OffloadSerialAdamW(OptimizerContext ctx, ParamShard shard, O
   params_host_ = staging_.part(1);
 }
 
-void OffloadSerialAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
+void OffloadSerialAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
   Device& dev = ctx_.device;
   Stream& copy = dev.copy_stream();
   const auto n = static_cast<std::uint64_t>(shard_.n);

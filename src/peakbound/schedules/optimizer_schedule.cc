@@ -31,8 +31,8 @@ OptimizerSchedule::OptimizerSchedule(std::string_view schedule, OptimizerContext
   if (shard_.n < 0) throw InvalidArgument("optimizer: negative parameter count");
   if (shard_.n > 0 && (!shard_.params || !shard_.grads))
     throw InvalidArgument("optimizer: a non-empty shard needs parameter and gradient buffers");
-  if (!cpu::simd_level_supported(options_.simd))
-    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(options_.simd)) +
+  if (!simd_level_supported(options_.simd))
+    throw Unavailable("optimizer simd " + std::string(simd_level_name(options_.simd)) +
                       " is not supported by this CPU");
   buffers_ = optimizer_buffers(schedule, optimizer_shape(shard_), options_);
 }
@@ -70,7 +70,7 @@ OptimizerStepTimes OptimizerSchedule::step(float lr) {
     t.clip = clip_factor(global_sum_squares(ctx_.comm, local), options_.adam.max_grad_norm);
   }
   t.clip_seconds = step_watch.seconds();
-  const cpu::AdamWStepScalars s = cpu::adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);
+  const AdamWStepScalars s = adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);
   if (shard_.n > 0) apply(s, t);
   ++steps_;
   t.step_seconds = step_watch.seconds();

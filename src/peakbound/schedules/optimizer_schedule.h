@@ -22,9 +22,9 @@
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/host_memory.h"
-#include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/adamw.h"
 #include "peakbound/core/thread_pool.h"
+#include "peakbound/device/device.h"
+#include "peakbound/ops/adamw_types.h"
 #include "peakbound/schedules/optimizer_clip.h"
 #include "peakbound/schedules/optimizer_footprint.h"
 #include "peakbound/schedules/optimizer_options.h"
@@ -79,7 +79,7 @@ class OptimizerSchedule {
   // count, and writes the device parameters from the master weights.
   void load(const float* master);
 
-  // One AdamW step at learning rate lr (e.g. from a cpu::LrSchedule).
+  // One AdamW step at learning rate lr (e.g. from a LrSchedule).
   OptimizerStepTimes step(float lr);
 
   // Copies the state to host arrays of n floats each (tests, checkpoints).
@@ -95,7 +95,7 @@ class OptimizerSchedule {
   // Writes master, m, v of the schedule's own storage (m and v zero).
   virtual void load_state(const float* master) = 0;
   // Applies the update with the step's scalars; fills the stage times.
-  virtual void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
+  virtual void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
 
   // Copies between device and host on a copy stream and waits: setup and readback.
   void copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind);
