@@ -10,7 +10,7 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/adamw.h"
+#include "peakbound/ops/adamw_types.h"
 
 namespace peakbound {
 

@@ -1,6 +1,6 @@
 // ThreadPool: a fixed set of host CPU worker threads for data-parallel kernels: the
 // CPU backend's device kernels and host compute on host memory (the offloaded
-// optimizer's update). A host resource, whatever the device. The
+// optimizer's update, ops/host_adamw.h). A host resource, whatever the device. The
 // caller's thread takes part, so a pool of size K runs K-1 workers. parallel_for
 // hands out task indices dynamically (an atomic counter), so a thread that the OS
 // deschedules (copy engines share the cores) delays only the tasks it holds, not a

@@ -1,8 +1,8 @@
 // The AdamW step in backend-neutral terms: hyper-parameters, the learning-rate
 // schedule, the per-step scalars every kernel uses, the description of one update's
 // tensors, and the SIMD level a host CPU body runs at. No backend state: the device
-// ops (ops/adamw.h), every backend's kernels (kernels/cpu/adamw.h) and the optimizer
-// schedules share these.
+// ops (ops/adamw.h), the host ops (ops/host_adamw.h), every backend's kernels
+// (kernels/cpu/adamw.h) and the optimizer schedules share these.
 //
 // Per element, with the step's scalars s (adamw_step_scalars):
 //   g  = grad * s.grad_scale                       (global-norm clipping)

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "peakbound/bench/harness.h"
-#include "peakbound/kernels/cpu/adamw.h"
+#include "peakbound/ops/host_adamw.h"
 
 namespace peakbound {
 
@@ -47,9 +47,9 @@ void OffloadStreamAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& ti
     grads_landed[slot].synchronize();
     params_sent[slot].synchronize();  // bucket i-2's parameters have left this slot
     bench::Stopwatch w;
-    // Host compute on host memory: the CPU kernel, not a device op.
-    cpu::adamw_update_parallel(ctx_.pool, options_.simd, s,
-                               host_tensors(first(i), count(i), grads_slot_[slot], params_slot_[slot]));
+    // Host compute on host memory: a host op, not a device op.
+    ops::host_adamw_update(ctx_.pool, options_.simd, s,
+                           host_tensors(first(i), count(i), grads_slot_[slot], params_slot_[slot]));
     update += w.seconds();
     dev.memcpy_async(static_cast<char*>(shard_.params) + static_cast<std::uint64_t>(first(i)) * psize,
                      params_slot_[slot], static_cast<std::uint64_t>(count(i)) * psize,

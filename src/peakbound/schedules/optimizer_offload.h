@@ -3,8 +3,8 @@
 // spec buffers().host_state) and nothing of the optimizer lives on the device;
 // subclasses decide how gradients come down and parameters go up. Host staging
 // (buffers().host_staging) is tagged `comm`, so the host report shows state and
-// staging apart. The update is host compute on host memory: it calls the CPU kernel
-// (kernels/cpu/adamw.h) directly, not a device op, whatever the device.
+// staging apart. The update is host compute on host memory: a host op
+// (ops/host_adamw.h), not a device op, whatever the device.
 #pragma once
 
 #include "peakbound/schedules/optimizer_schedule.h"

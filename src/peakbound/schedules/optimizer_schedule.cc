@@ -4,8 +4,8 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/elementwise.h"
 #include "peakbound/ops/adamw.h"
+#include "peakbound/ops/host_convert.h"
 #include "peakbound/schedules/offload_stream_adamw.h"
 #include "peakbound/schedules/optimizer_device.h"
 #include "peakbound/schedules/optimizer_offload_serial.h"
@@ -50,8 +50,8 @@ void OptimizerSchedule::load(const float* master) {
   if (n == 0) return;
   const std::uint64_t bytes = buffers_.load_staging.bytes;
   Buffer staged = ctx_.host.allocate(buffers_.load_staging.component, bytes);
-  // Host compute on host memory (the staging), so the CPU kernel directly.
-  if (shard_.param_dtype == DType::bf16) cpu::to_bf16(staged.as<bf16>(), master, n);
+  // Host compute on host memory (the staging): a host op, not a device op.
+  if (shard_.param_dtype == DType::bf16) ops::host_to_bf16(staged.as<bf16>(), master, n);
   else std::memcpy(staged.data(), master, bytes);
   copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
 }

@@ -10,8 +10,9 @@
 // same kernel on the same scalars, so their results are bitwise equal.
 // Every buffer a schedule allocates is a spec of optimizer_buffers()
 // (optimizer_footprint.h), so its footprint is exactly what it holds. Compute on
-// device memory goes through ops/ (ops/adamw.h); the offload schedules' update is host
-// compute on host memory and calls the CPU kernel directly.
+// device memory goes through ops/ (ops/adamw.h); the offload schedules' update and the
+// load's bf16 conversion are host compute on host memory, through the host ops
+// (ops/host_adamw.h, ops/host_convert.h).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,8 @@
 
 namespace peakbound {
 
-// What a schedule runs on. All references must outlive the schedule. The pool runs
-// the CPU kernels (the CPU device's device kernels and the offload schedules' host update).
+// What a schedule runs on. All references must outlive the schedule. The pool is the
+// host's threads: it runs the CPU device's kernels and the offload schedules' host update.
 struct OptimizerContext {
   Device& device;
   HostMemory& host;

@@ -8,7 +8,8 @@
 // outside an explicit fma, so the compiler has nothing to contract and every body
 // is bitwise equal to the reference. The math, the step's scalars and the tensor
 // description are backend-neutral (ops/adamw_types.h); this file is the CPU kernels
-// that implement them (run by ops/adamw.h on the CPU device).
+// that implement them (run by ops/adamw.h on the CPU device, and by ops/host_adamw.h
+// on host memory for the offloaded optimizer).
 #pragma once
 
 #include <cstdint>
