@@ -80,11 +80,12 @@ int main() try {
   optimizer->load(w0.data());
 
   // 1. Ring-DTP: logits exist only as [chunk, V] blocks, never as [T, V].
+  VocabDims dims;
+  dims.vocab = V;
+  dims.hidden = H;
   VocabLossOptions vo;
-  vo.vocab = V;
-  vo.hidden = H;
   vo.chunk = 16;
-  auto loss_fn = make_ring_dtp_vocab_loss(*dev, comm, vo);
+  auto loss_fn = make_ring_dtp_vocab_loss(*dev, comm, dims, vo);
   const LossSum sum = loss_fn->forward(hidden.as<float>(), targets.as<std::int32_t>(), T, weight.as<float>());
   loss_fn->backward(1.0f / float(sum.count), d_hidden.as<float>(), d_weight.as<float>());  // mean loss
   dev->synchronize();
