@@ -16,8 +16,8 @@
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
 #include "peakbound/schedules/optimizer_schedule.h"
 #include "peakbound/schedules/vocab_loss.h"
 
@@ -49,7 +49,7 @@ int main() try {
   auto dev = make_device("cpu", std::uint64_t{64} << 20);
   SingleRankCommunicator comm;  // a group of one; under mpirun use the MPI communicator
   HostMemory host;              // where the offloaded optimizer state lives
-  cpu::ThreadPool pool(2);      // runs the CPU AdamW update
+  ThreadPool pool(2);           // host threads: the CPU AdamW update
 
   // Device buffers, each named by its component (the CPU device's memory is host-addressable).
   Buffer weight = dev->allocate(Component::params, V * H * sizeof(float));
@@ -80,11 +80,12 @@ int main() try {
   optimizer->load(w0.data());
 
   // 1. Ring-DTP: logits exist only as [chunk, V] blocks, never as [T, V].
+  VocabDims dims;
+  dims.vocab = V;
+  dims.hidden = H;
   VocabLossOptions vo;
-  vo.vocab = V;
-  vo.hidden = H;
   vo.chunk = 16;
-  auto loss_fn = make_ring_dtp_vocab_loss(*dev, comm, vo);
+  auto loss_fn = make_ring_dtp_vocab_loss(*dev, comm, dims, vo);
   const LossSum sum = loss_fn->forward(hidden.as<float>(), targets.as<std::int32_t>(), T, weight.as<float>());
   loss_fn->backward(1.0f / float(sum.count), d_hidden.as<float>(), d_weight.as<float>());  // mean loss
   dev->synchronize();

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/elementwise.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
 
 namespace peakbound::cpu {
 namespace {

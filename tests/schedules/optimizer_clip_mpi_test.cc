@@ -11,6 +11,7 @@
 
 #include "peakbound/core/host_memory.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/adamw.h"
 #include "peakbound/schedules/optimizer_schedule.h"
 #include "tests/comm/world.h"
 
@@ -35,7 +36,7 @@ TEST(OptimizerClipAcrossRanks, EveryRankClipsByTheGlobalNorm) {
   const std::int64_t n = last - first;
   CpuDevice dev(16ull << 20);
   HostMemory host;
-  cpu::ThreadPool pool(1);
+  ThreadPool pool(1);
   Buffer params = dev.allocate(Component::params, static_cast<std::uint64_t>(n) * 2);
   Buffer grads = dev.allocate(Component::grads, static_cast<std::uint64_t>(n) * 2);
   std::memcpy(grads.data(), all_grads.data() + first, static_cast<std::size_t>(n) * 2);
@@ -65,7 +66,7 @@ TEST(OptimizerClipAcrossRanks, EveryRankClipsByTheGlobalNorm) {
   // The shard's update is the reference kernel with the global scale.
   std::vector<float> ref(all_master.begin() + first, all_master.begin() + last), rm(ref.size()), rv(ref.size());
   std::vector<bf16> rp(ref.size());
-  cpu::adamw_update_reference(cpu::adamw_step_scalars(o.adam, 1, 1e-2f, scale),
+  cpu::adamw_update_reference(adamw_step_scalars(o.adam, 1, 1e-2f, scale),
                               {ref.data(), rm.data(), rv.data(), all_grads.data() + first, DType::bf16, rp.data(),
                                DType::bf16, n});
   EXPECT_EQ(std::memcmp(ref.data(), masters[0].data(), ref.size() * 4), 0);

@@ -33,7 +33,7 @@ Measured run(const std::string& name, std::int64_t n, DType pd, DType gd, std::u
                                     [&] { OptimizerOptions o; o.bucket_bytes = bucket_bytes; return o; }())
                     .device_peak_total());
   HostMemory host;
-  cpu::ThreadPool pool(2);
+  ThreadPool pool(2);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, un * dtype_size(pd));
   Buffer grads = dev.allocate(Component::grads, un * dtype_size(gd));

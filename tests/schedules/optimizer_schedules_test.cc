@@ -15,6 +15,7 @@
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/adamw.h"
 #include "peakbound/schedules/offload_stream_adamw.h"
 #include "peakbound/schedules/optimizer_offload.h"
 #include "peakbound/schedules/optimizer_state_block.h"
@@ -62,7 +63,7 @@ float lr_at(std::int64_t step) { return 1e-2f / static_cast<float>(step); }  // 
 Final run(const std::string& name, const Problem& p, const OptimizerOptions& o, int steps, int threads = 2) {
   CpuDevice dev(64 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(threads);
+  ThreadPool pool(threads);
   SingleRankCommunicator comm;
   const auto un = static_cast<std::uint64_t>(p.n);
   Buffer params = dev.allocate(Component::params, un * dtype_size(p.pd));
@@ -94,7 +95,7 @@ Final reference(const Problem& p, const OptimizerOptions& o, int steps) {
   f.params.assign(un * dtype_size(p.pd), 0);
   const GradClip clip = clip_factor(cpu::sum_squares_reference(p.grads.data(), p.gd, p.n), o.adam.max_grad_norm);
   for (int t = 1; t <= steps; ++t)
-    cpu::adamw_update_reference(cpu::adamw_step_scalars(o.adam, t, lr_at(t), clip.scale),
+    cpu::adamw_update_reference(adamw_step_scalars(o.adam, t, lr_at(t), clip.scale),
                                 {f.master.data(), f.m.data(), f.v.data(), p.grads.data(), p.gd,
                                  f.params.data(), p.pd, p.n});
   return f;
@@ -132,9 +133,9 @@ TEST(OptimizerSchedules, AllThreeAreBitwiseTheReferenceForAnyBucketSize) {
 
 TEST(OptimizerSchedules, ThreadCountDoesNotChangeTheBits) {
   // Buckets longer than one parallel task, so the pool splits each of them.
-  Problem p(3 * cpu::kAdamWChunk + 7, DType::bf16, DType::bf16, 5);
+  Problem p(3 * kAdamWChunk + 7, DType::bf16, DType::bf16, 5);
   OptimizerOptions o;
-  o.bucket_bytes = 2 * (cpu::kAdamWChunk + 12345);
+  o.bucket_bytes = 2 * (kAdamWChunk + 12345);
   const Final one = run("offload_stream", p, o, 3, 1);
   EXPECT_TRUE(run("offload_stream", p, o, 3, 3) == one);
   EXPECT_TRUE(run("device", p, o, 3, 2) == one);
@@ -152,7 +153,7 @@ TEST(OptimizerSchedules, StateIsOnTheDeviceOnlyForTheDeviceBaseline) {
   for (const auto& name : optimizer_schedule_names()) {
     CpuDevice dev(64 * MiB);
     HostMemory host;
-    cpu::ThreadPool pool(1);
+    ThreadPool pool(1);
     SingleRankCommunicator comm;
     Buffer params = dev.allocate(Component::params, n * 2);
     Buffer grads = dev.allocate(Component::grads, n * 2);
@@ -189,7 +190,7 @@ TEST(OptimizerSchedules, OffloadFitsWhereTheDeviceBaselineDoesNot) {
   const std::int64_t n = 1 << 20;  // params + grads 4 MiB, state 12 MiB
   CpuDevice dev(8 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(1);
+  ThreadPool pool(1);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, n * 2);
   Buffer grads = dev.allocate(Component::grads, n * 2);
@@ -207,7 +208,7 @@ TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
   Problem p(100000, DType::bf16, DType::bf16, 4);
   CpuDevice dev(64 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(2);
+  ThreadPool pool(2);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, p.n * 2);
   Buffer grads = dev.allocate(Component::grads, p.n * 2);
@@ -230,7 +231,7 @@ TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
 TEST(OptimizerSchedules, UserErrorsAreInvalidArgument) {
   CpuDevice dev(8 * MiB);
   HostMemory host;
-  cpu::ThreadPool pool(1);
+  ThreadPool pool(1);
   SingleRankCommunicator comm;
   Buffer params = dev.allocate(Component::params, 1024);
   Buffer grads = dev.allocate(Component::grads, 1024);

@@ -10,7 +10,7 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/adamw.h"
+#include "peakbound/ops/adamw_types.h"
 
 namespace peakbound {
 
@@ -69,10 +69,10 @@ void adam_pattern(float* w, float* m, float* v, const std::uint16_t* g, std::uin
 
 }  // namespace
 
-MemoryBandwidth::MemoryBandwidth(cpu::ThreadPool& pool, std::uint64_t working_set_bytes) : pool_(pool) {
+MemoryBandwidth::MemoryBandwidth(ThreadPool& pool, std::uint64_t working_set_bytes) : pool_(pool) {
   if (working_set_bytes < (1u << 20)) throw InvalidArgument("optimizer bench bandwidth_bytes must be at least 1MiB");
   // Whole chunks (see run_once), so every task's length is a multiple of 64 elements.
-  n_ = std::max<std::uint64_t>(working_set_bytes / 16 / cpu::kAdamWChunk, 1) * cpu::kAdamWChunk;
+  n_ = std::max<std::uint64_t>(working_set_bytes / 16 / kAdamWChunk, 1) * kAdamWChunk;
   const std::vector<std::uint64_t> sizes = {4 * n_, 4 * n_, 4 * n_, 2 * n_, 2 * n_};
   block_ = StaggeredBlock(host_, BufferSpec{Component::workspace, staggered_layout(sizes).bytes}, sizes);
   float* a = block_.as<float>(0);
@@ -104,7 +104,7 @@ void MemoryBandwidth::run_once() {
   // the threads then stream neighbouring addresses, which this memory system serves
   // faster than two far-apart halves; a kernel split any worse would understate
   // the bandwidth.
-  const auto chunk = static_cast<std::uint64_t>(cpu::kAdamWChunk);
+  const auto chunk = static_cast<std::uint64_t>(kAdamWChunk);
   auto timed = [&](auto&& body) {
     bench::Stopwatch w;
     pool_.parallel_for(static_cast<std::int64_t>((n_ + chunk - 1) / chunk), [&](std::int64_t t) {

@@ -16,7 +16,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "peakbound/core/host_memory.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/schedules/optimizer_state_block.h"
 
 namespace peakbound {
@@ -24,7 +24,7 @@ namespace peakbound {
 class MemoryBandwidth {
  public:
   // working_set_bytes >= 1 MiB: the memory all kernels share.
-  MemoryBandwidth(cpu::ThreadPool& pool, std::uint64_t working_set_bytes);
+  MemoryBandwidth(ThreadPool& pool, std::uint64_t working_set_bytes);
 
   // One timed pass of every kernel.
   void run_once();
@@ -35,7 +35,7 @@ class MemoryBandwidth {
   nlohmann::json to_json() const;
 
  private:
-  cpu::ThreadPool& pool_;
+  ThreadPool& pool_;
   HostMemory host_;
   std::uint64_t n_;  // elements per array
   StaggeredBlock block_;  // fp32 a, b, c; bf16 d, e: 16 bytes per element in all

@@ -29,7 +29,7 @@ float noise(std::uint64_t seed, std::uint64_t i) {
 }
 
 template <typename F>
-void parallel_range(cpu::ThreadPool& pool, std::int64_t n, F&& f) {
+void parallel_range(ThreadPool& pool, std::int64_t n, F&& f) {
   const std::int64_t chunk = 1 << 20, tasks = (n + chunk - 1) / chunk;
   pool.parallel_for(tasks, [&](std::int64_t t) {
     for (std::int64_t i = t * chunk, end = std::min(n, (t + 1) * chunk); i < end; ++i) f(i);
@@ -64,7 +64,7 @@ struct Case {
 };
 
 std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOptions& o, const Inputs& in,
-                                cpu::ThreadPool& pool) {
+                                ThreadPool& pool) {
   auto c = std::make_unique<Case>();
   c->name = name;
   const auto n = static_cast<std::uint64_t>(o.params);
@@ -89,7 +89,7 @@ std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOpt
 }
 
 OptimizerStepTimes step(Case& c) {
-  const cpu::LrSchedule lr{c.sched->options().adam.lr, 0.0f, 0, 0};
+  const LrSchedule lr{c.sched->options().adam.lr, 0.0f, 0, 0};
   return c.sched->step(lr.lr(c.sched->steps_taken() + 1));
 }
 
@@ -155,9 +155,9 @@ void check(const OptimizerBenchOptions& o) {
 
 json run_optimizer_bench(const OptimizerBenchOptions& o) {
   check(o);
-  if (!cpu::simd_level_supported(o.simd))
-    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(o.simd)) + " is not supported by this CPU");
-  cpu::ThreadPool pool(o.threads);
+  if (!simd_level_supported(o.simd))
+    throw Unavailable("optimizer simd " + std::string(simd_level_name(o.simd)) + " is not supported by this CPU");
+  ThreadPool pool(o.threads);
   const auto n = static_cast<std::uint64_t>(o.params);
   const double g = static_cast<double>(dtype_size(o.grad_dtype)), p = static_cast<double>(dtype_size(o.param_dtype));
 
@@ -168,12 +168,12 @@ json run_optimizer_bench(const OptimizerBenchOptions& o) {
                    {"grad_dtype", dtype_name(o.grad_dtype)},
                    {"bucket_bytes", o.bucket_bytes},
                    {"threads", o.threads},
-                   {"simd", cpu::simd_level_name(o.simd)},
+                   {"simd", simd_level_name(o.simd)},
                    {"max_grad_norm", o.max_grad_norm},
                    {"warmup_steps", o.warmup},
                    {"timed_steps", o.steps}};
   out["machine"] = bench::machine_info();
-  out["machine"]["simd_best"] = cpu::simd_level_name(cpu::best_simd_level());
+  out["machine"]["simd_best"] = simd_level_name(best_simd_level());
 
   Inputs in;
   in.master0 = in.host.allocate(Component::workspace, n * 4);
@@ -190,7 +190,7 @@ json run_optimizer_bench(const OptimizerBenchOptions& o) {
   // step each per round: on a shared machine a disturbance then hits all of them
   // alike, and the fastest round of each is kept. The bandwidth is the machine's:
   // measured with every hardware thread, whatever --threads says.
-  cpu::ThreadPool bw_pool(cpu::default_thread_count());
+  ThreadPool bw_pool(default_thread_count());
   MemoryBandwidth bw(bw_pool, o.bandwidth_bytes);
   std::vector<std::unique_ptr<Case>> cases;
   for (const auto& name : o.schedules) cases.push_back(make_case(name, o, in, pool));

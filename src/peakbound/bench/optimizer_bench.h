@@ -28,8 +28,8 @@ struct OptimizerBenchOptions {
   DType param_dtype = DType::bf16;
   DType grad_dtype = DType::bf16;
   std::uint64_t bucket_bytes = OptimizerOptions{}.bucket_bytes;
-  int threads = cpu::default_thread_count();
-  cpu::SimdLevel simd = OptimizerOptions{}.simd;
+  int threads = default_thread_count();
+  SimdLevel simd = OptimizerOptions{}.simd;
   float max_grad_norm = OptimizerOptions{}.adam.max_grad_norm;
   int warmup = 2;
   int steps = 10;

@@ -40,7 +40,7 @@ OptimizerBenchOptions to_options(const Flags& f) {
   o.threads = f.threads;
   o.param_dtype = parse_dtype(f.param_dtype);
   o.grad_dtype = parse_dtype(f.grad_dtype);
-  o.simd = f.simd == "auto" ? cpu::best_simd_level() : cpu::parse_simd_level(f.simd);
+  o.simd = f.simd == "auto" ? best_simd_level() : parse_simd_level(f.simd);
   o.max_grad_norm = f.max_grad_norm;
   o.warmup = f.warmup;
   o.steps = f.steps;

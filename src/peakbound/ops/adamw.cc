@@ -1,13 +1,14 @@
 #include "peakbound/ops/adamw.h"
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/kernels/cpu/adamw.h"
 #include "peakbound/kernels/cpu/launch.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
 #include "peakbound/ops/backend.h"
 
 namespace peakbound::ops {
 
-void adamw_update(Device& dev, Stream& s, const cpu::AdamWStepScalars& sc, const cpu::AdamWTensors& t,
+void adamw_update(Device& dev, Stream& s, const AdamWStepScalars& sc, const AdamWTensors& t,
                   const AdamWLaunch& l) {
   if (dev.backend() != Backend::cpu) no_kernel(dev, "adamw_update");
   PB_CHECK_MSG(l.pool, "adamw_update on the cpu backend needs a thread pool");

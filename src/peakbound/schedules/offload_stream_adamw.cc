@@ -4,6 +4,7 @@
 #include <string>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/ops/host_adamw.h"
 
 namespace peakbound {
 
@@ -19,7 +20,7 @@ OffloadStreamAdamW::OffloadStreamAdamW(OptimizerContext ctx, ParamShard shard, O
   }
 }
 
-void OffloadStreamAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
+void OffloadStreamAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
   Device& dev = ctx_.device;
   const std::uint64_t gsize = dtype_size(shard_.grad_dtype), psize = dtype_size(shard_.param_dtype);
   const std::int64_t buckets = bucket_count();
@@ -46,9 +47,9 @@ void OffloadStreamAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTime
     grads_landed[slot].synchronize();
     params_sent[slot].synchronize();  // bucket i-2's parameters have left this slot
     bench::Stopwatch w;
-    // Host compute on host memory: the CPU kernel, not a device op.
-    cpu::adamw_update_parallel(ctx_.pool, options_.simd, s,
-                               host_tensors(first(i), count(i), grads_slot_[slot], params_slot_[slot]));
+    // Host compute on host memory: a host op, not a device op.
+    ops::host_adamw_update(ctx_.pool, options_.simd, s,
+                           host_tensors(first(i), count(i), grads_slot_[slot], params_slot_[slot]));
     update += w.seconds();
     dev.memcpy_async(static_cast<char*>(shard_.params) + static_cast<std::uint64_t>(first(i)) * psize,
                      params_slot_[slot], static_cast<std::uint64_t>(count(i)) * psize,

@@ -22,7 +22,7 @@ class OffloadStreamAdamW final : public OffloadedAdamW {
   std::int64_t bucket_count() const { return shard_.n == 0 ? 0 : (shard_.n + bucket_ - 1) / bucket_; }
 
  protected:
-  void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) override;
+  void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) override;
 
  private:
   std::int64_t bucket_;  // parameters per bucket

@@ -24,10 +24,10 @@ void DeviceAdamW::load_state(const float* master) {
   dev.synchronize(s);
 }
 
-void DeviceAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
+void DeviceAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
   bench::Stopwatch w;
   Device& dev = ctx_.device;
-  cpu::AdamWTensors t{master_.as<float>(), m_.as<float>(), v_.as<float>(), shard_.grads, shard_.grad_dtype,
+  AdamWTensors t{master_.as<float>(), m_.as<float>(), v_.as<float>(), shard_.grads, shard_.grad_dtype,
                       shard_.params, shard_.param_dtype, shard_.n};
   ops::adamw_update(dev, dev.compute_stream(), s, t, {&ctx_.pool, options_.simd});
   dev.synchronize(dev.compute_stream());

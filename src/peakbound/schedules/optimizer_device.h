@@ -17,7 +17,7 @@ class DeviceAdamW final : public OptimizerSchedule {
 
  protected:
   void load_state(const float* master) override;
-  void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) override;
+  void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) override;
 
  private:
   Buffer master_, m_, v_;  // buffers().master, .m, .v

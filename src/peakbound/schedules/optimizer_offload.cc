@@ -35,7 +35,7 @@ void OffloadedAdamW::read_state(float* master, float* m, float* v) {
   std::memcpy(v, v_, bytes);
 }
 
-cpu::AdamWTensors OffloadedAdamW::host_tensors(std::int64_t offset, std::int64_t count, const void* grads,
+AdamWTensors OffloadedAdamW::host_tensors(std::int64_t offset, std::int64_t count, const void* grads,
                                                void* params) {
   return {master_ + offset, m_ + offset, v_ + offset,
           grads, shard_.grad_dtype, params, shard_.param_dtype, count};

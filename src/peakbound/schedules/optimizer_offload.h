@@ -3,8 +3,8 @@
 // spec buffers().host_state) and nothing of the optimizer lives on the device;
 // subclasses decide how gradients come down and parameters go up. Host staging
 // (buffers().host_staging) is tagged `comm`, so the host report shows state and
-// staging apart. The update is host compute on host memory: it calls the CPU kernel
-// (kernels/cpu/adamw.h) directly, not a device op, whatever the device.
+// staging apart. The update is host compute on host memory: a host op
+// (ops/host_adamw.h), not a device op, whatever the device.
 #pragma once
 
 #include "peakbound/schedules/optimizer_schedule.h"
@@ -24,7 +24,7 @@ class OffloadedAdamW : public OptimizerSchedule {
   void load_state(const float* master) override;
   // The host tensors for elements [offset, offset + count), reading gradients from
   // `grads` and writing parameters to `params` (host staging, already offset).
-  cpu::AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);
+  AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);
   // The host staging of buffers().host_staging, its parts in host_staging_parts' order.
   StaggeredBlock stage();
 

@@ -1,6 +1,7 @@
 #include "peakbound/schedules/optimizer_offload_serial.h"
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/ops/host_adamw.h"
 
 namespace peakbound {
 
@@ -11,7 +12,7 @@ OffloadSerialAdamW::OffloadSerialAdamW(OptimizerContext ctx, ParamShard shard, O
   params_host_ = staging_.part(1);
 }
 
-void OffloadSerialAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) {
+void OffloadSerialAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
   Device& dev = ctx_.device;
   Stream& copy = dev.copy_stream();
   const auto n = static_cast<std::uint64_t>(shard_.n);
@@ -21,9 +22,8 @@ void OffloadSerialAdamW::apply(const cpu::AdamWStepScalars& s, OptimizerStepTime
                    CopyKind::device_to_host, copy);
   dev.synchronize(copy);
   bench::Stopwatch w;
-  // Host compute on host memory: the CPU kernel, not a device op.
-  cpu::adamw_update_parallel(ctx_.pool, options_.simd, s,
-                             host_tensors(0, shard_.n, grads_host_, params_host_));
+  // Host compute on host memory: a host op, not a device op.
+  ops::host_adamw_update(ctx_.pool, options_.simd, s, host_tensors(0, shard_.n, grads_host_, params_host_));
   times.update_seconds = w.seconds();
   dev.memcpy_async(shard_.params, params_host_, n * dtype_size(shard_.param_dtype),
                    CopyKind::host_to_device, copy);

@@ -14,7 +14,7 @@ class OffloadSerialAdamW final : public OffloadedAdamW {
   std::string_view name() const override { return "offload_serial"; }
 
  protected:
-  void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) override;
+  void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) override;
 
  private:
   StaggeredBlock staging_;  // every gradient, every parameter

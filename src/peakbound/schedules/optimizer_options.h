@@ -5,21 +5,21 @@
 
 #include <cstdint>
 
-#include "peakbound/kernels/cpu/adamw.h"
+#include "peakbound/ops/adamw_types.h"
 
 namespace peakbound {
 
 struct OptimizerOptions {
   // AdamW hyper-parameters (lr, betas, eps, weight decay, max_grad_norm; <= 0 turns
   // global-norm clipping off).
-  cpu::AdamWConfig adam;
+  AdamWConfig adam;
   // offload_stream: gradient bytes per bucket (a bucket is bucket_bytes / sizeof(grad)
   // parameters, at most the shard). 1 MiB measured best on the CPU device, where
   // staging that stays in cache saves memory traffic; across PCIe larger buckets
   // amortise each copy's start, so a CUDA build may measure a larger one.
   std::uint64_t bucket_bytes = 1ull << 20;
   // The CPU update's SIMD body (the CPU backend's knob; the widest this CPU runs).
-  cpu::SimdLevel simd = cpu::best_simd_level();
+  SimdLevel simd = best_simd_level();
 };
 
 }  // namespace peakbound

@@ -4,8 +4,8 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/elementwise.h"
 #include "peakbound/ops/adamw.h"
+#include "peakbound/ops/host_convert.h"
 #include "peakbound/schedules/offload_stream_adamw.h"
 #include "peakbound/schedules/optimizer_device.h"
 #include "peakbound/schedules/optimizer_offload_serial.h"
@@ -31,8 +31,8 @@ OptimizerSchedule::OptimizerSchedule(std::string_view schedule, OptimizerContext
   if (shard_.n < 0) throw InvalidArgument("optimizer: negative parameter count");
   if (shard_.n > 0 && (!shard_.params || !shard_.grads))
     throw InvalidArgument("optimizer: a non-empty shard needs parameter and gradient buffers");
-  if (!cpu::simd_level_supported(options_.simd))
-    throw Unavailable("optimizer simd " + std::string(cpu::simd_level_name(options_.simd)) +
+  if (!simd_level_supported(options_.simd))
+    throw Unavailable("optimizer simd " + std::string(simd_level_name(options_.simd)) +
                       " is not supported by this CPU");
   buffers_ = optimizer_buffers(schedule, optimizer_shape(shard_), options_);
 }
@@ -50,8 +50,8 @@ void OptimizerSchedule::load(const float* master) {
   if (n == 0) return;
   const std::uint64_t bytes = buffers_.load_staging.bytes;
   Buffer staged = ctx_.host.allocate(buffers_.load_staging.component, bytes);
-  // Host compute on host memory (the staging), so the CPU kernel directly.
-  if (shard_.param_dtype == DType::bf16) cpu::to_bf16(staged.as<bf16>(), master, n);
+  // Host compute on host memory (the staging): a host op, not a device op.
+  if (shard_.param_dtype == DType::bf16) ops::host_to_bf16(staged.as<bf16>(), master, n);
   else std::memcpy(staged.data(), master, bytes);
   copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
 }
@@ -70,7 +70,7 @@ OptimizerStepTimes OptimizerSchedule::step(float lr) {
     t.clip = clip_factor(global_sum_squares(ctx_.comm, local), options_.adam.max_grad_norm);
   }
   t.clip_seconds = step_watch.seconds();
-  const cpu::AdamWStepScalars s = cpu::adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);
+  const AdamWStepScalars s = adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);
   if (shard_.n > 0) apply(s, t);
   ++steps_;
   t.step_seconds = step_watch.seconds();

@@ -10,8 +10,9 @@
 // same kernel on the same scalars, so their results are bitwise equal.
 // Every buffer a schedule allocates is a spec of optimizer_buffers()
 // (optimizer_footprint.h), so its footprint is exactly what it holds. Compute on
-// device memory goes through ops/ (ops/adamw.h); the offload schedules' update is host
-// compute on host memory and calls the CPU kernel directly.
+// device memory goes through ops/ (ops/adamw.h); the offload schedules' update and the
+// load's bf16 conversion are host compute on host memory, through the host ops
+// (ops/host_adamw.h, ops/host_convert.h).
 #pragma once
 
 #include <cstdint>
@@ -22,21 +23,21 @@
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/adamw.h"
-#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/ops/adamw_types.h"
 #include "peakbound/schedules/optimizer_clip.h"
 #include "peakbound/schedules/optimizer_footprint.h"
 #include "peakbound/schedules/optimizer_options.h"
 
 namespace peakbound {
 
-// What a schedule runs on. All references must outlive the schedule. The pool runs
-// the CPU kernels (the CPU device's device kernels and the offload schedules' host update).
+// What a schedule runs on. All references must outlive the schedule. The pool is the
+// host's threads: it runs the CPU device's kernels and the offload schedules' host update.
 struct OptimizerContext {
   Device& device;
   HostMemory& host;
-  cpu::ThreadPool& pool;
+  ThreadPool& pool;
   Communicator& comm;
 };
 
@@ -79,7 +80,7 @@ class OptimizerSchedule {
   // count, and writes the device parameters from the master weights.
   void load(const float* master);
 
-  // One AdamW step at learning rate lr (e.g. from a cpu::LrSchedule).
+  // One AdamW step at learning rate lr (e.g. from a LrSchedule).
   OptimizerStepTimes step(float lr);
 
   // Copies the state to host arrays of n floats each (tests, checkpoints).
@@ -95,7 +96,7 @@ class OptimizerSchedule {
   // Writes master, m, v of the schedule's own storage (m and v zero).
   virtual void load_state(const float* master) = 0;
   // Applies the update with the step's scalars; fills the stage times.
-  virtual void apply(const cpu::AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
+  virtual void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
 
   // Copies between device and host on a copy stream and waits: setup and readback.
   void copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind);

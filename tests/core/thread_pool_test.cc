@@ -1,4 +1,4 @@
-#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/core/thread_pool.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "peakbound/core/error.h"
 
-namespace peakbound::cpu {
+namespace peakbound {
 namespace {
 
 TEST(ThreadPool, RunsEveryTaskExactlyOnceAtEverySize) {
@@ -37,4 +37,4 @@ TEST(ThreadPool, RethrowsATaskFailureAndStaysUsable) {
 TEST(ThreadPool, RefusesZeroThreads) { EXPECT_THROW(ThreadPool(0), InvalidArgument); }
 
 }  // namespace
-}  // namespace peakbound::cpu
+}  // namespace peakbound

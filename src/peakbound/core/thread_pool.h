@@ -1,4 +1,6 @@
-// ThreadPool: a fixed set of worker threads for data-parallel CPU kernels. The
+// ThreadPool: a fixed set of host CPU worker threads for data-parallel kernels: the
+// CPU backend's device kernels and host compute on host memory (the offloaded
+// optimizer's update, ops/host_adamw.h). A host resource, whatever the device. The
 // caller's thread takes part, so a pool of size K runs K-1 workers. parallel_for
 // hands out task indices dynamically (an atomic counter), so a thread that the OS
 // deschedules (copy engines share the cores) delays only the tasks it holds, not a
@@ -15,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-namespace peakbound::cpu {
+namespace peakbound {
 
 class ThreadPool {
  public:
@@ -53,4 +55,4 @@ class ThreadPool {
 // The default thread count: the hardware's (at least 1).
 int default_thread_count();
 
-}  // namespace peakbound::cpu
+}  // namespace peakbound

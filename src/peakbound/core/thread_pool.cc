@@ -1,4 +1,4 @@
-#include "peakbound/kernels/cpu/thread_pool.h"
+#include "peakbound/core/thread_pool.h"
 
 #include <string>
 #include <system_error>
@@ -6,7 +6,7 @@
 
 #include "peakbound/core/error.h"
 
-namespace peakbound::cpu {
+namespace peakbound {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads < 1)
@@ -104,4 +104,4 @@ int default_thread_count() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
-}  // namespace peakbound::cpu
+}  // namespace peakbound
