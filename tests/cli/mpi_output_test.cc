@@ -41,10 +41,10 @@ TEST(MpiOutput, OneProcessCommandsReportOnce) {
   if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
   CliRun r = run_mpi("plan --model tiny-moe --json", 2);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NO_THROW((void)nlohmann::json::parse(r.out)) << r.out;  // two objects would not parse
+  EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;  // two objects would not parse
   r = run_mpi("bench checkpoint --layers 2 --tokens 32 --hidden 16 --json", 2);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NO_THROW((void)nlohmann::json::parse(r.out)) << r.out;
+  EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;
 }
 
 }  // namespace

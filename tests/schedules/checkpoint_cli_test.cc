@@ -97,7 +97,7 @@ TEST(CheckpointCli, NegativeResidentLayersAreRefused) {
   for (const char* k : {"-5", "-1"}) {
     CliRun r = run_bounded(std::string("bench checkpoint --layers 4 --tokens 16 --hidden 8 --reps 1 --warmup 0 "
                                        "--resident-layers ") + k, 60);
-    peakbound::testing::expect_one_line_error(r, "--resident-layers must be >= 0");
+    peakbound::testing::expect_one_line_error(r, "--resident-layers must be an integer in [0");
   }
   CliRun big = run_bounded("bench checkpoint --layers 4 --tokens 16 --hidden 8 --reps 1 --warmup 0 --resident-layers 1000", 60);
   peakbound::testing::expect_one_line_error(big, "--resident-layers must be between 0 and the layer count 4");

@@ -245,8 +245,9 @@ Command add_bench_checkpoint(CLI::App& parent) {
   int_flag(a, "--hidden", f->hidden, "Hidden size (H)", 1, 1 << 16);
   int_flag(a, "--ffn", f->ffn, "MLP intermediate size (F); 0 = 8/3 H rounded up to 64", 0, 1 << 18);
   int_flag(a, "--prefetch", f->prefetch, "SCO prefetch depth D (ring of D + 2 device slots)", 1, 1024);
-  a->add_option("--resident-layers", f->resident_layers,
-                "SCO: keep the last K boundaries resident, 0 <= K <= --layers; omit to let --checkpoint-budget decide");
+  optional_int_flag(a, "--resident-layers", f->resident_layers,
+                    "SCO: keep the last K boundaries resident, 0 <= K <= --layers; omit to let --checkpoint-budget decide",
+                    0, 4096);
   a->add_option("--checkpoint-budget", f->checkpoint_budget, "SCO policy: device bytes for boundaries (0 = offload all but the ring)")
       ->capture_default_str();
   real_flag(a, "--link-gbps", f->link_gbps,

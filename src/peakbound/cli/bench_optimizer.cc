@@ -9,6 +9,7 @@
 #include <string>
 
 #include "peakbound/cli/command.h"
+#include "peakbound/cli/flags.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/bench/optimizer_bench.h"
@@ -79,16 +80,14 @@ Command add_bench_optimizer(CLI::App& parent) {
   auto* a = c.app;
   a->add_option("--params", f->params, "Parameters in the shard (a bench size): 67108864, 64M")->capture_default_str();
   a->add_option("--bucket-bytes", f->bucket_bytes, "offload_stream: gradient bytes per bucket (optimizer bucket_bytes)")->capture_default_str();
-  a->add_option("--threads", f->threads, "CPU threads of the update (the caller included), 1 to " +
-                                             std::to_string(OptimizerBenchOptions::kMaxThreads))
-      ->check(CLI::Range(1, OptimizerBenchOptions::kMaxThreads))
-      ->capture_default_str();
+  int_flag(a, "--threads", f->threads, "CPU threads of the update (the caller included)", 1,
+           OptimizerBenchOptions::kMaxThreads);
   a->add_option("--param-dtype", f->param_dtype, "Device parameter dtype (bf16, f32)")->capture_default_str();
   a->add_option("--grad-dtype", f->grad_dtype, "Gradient dtype (bf16, f32)")->capture_default_str();
   a->add_option("--simd", f->simd, "auto, scalar, avx2, avx512")->capture_default_str();
-  a->add_option("--max-grad-norm", f->max_grad_norm, "Global gradient-norm clip (0 = off)")->capture_default_str();
-  a->add_option("--warmup", f->warmup, "Untimed steps per schedule (a bench size)")->capture_default_str();
-  a->add_option("--steps", f->steps, "Timed steps per schedule, the fastest reported (a bench size)")->capture_default_str();
+  real_flag(a, "--max-grad-norm", f->max_grad_norm, "Global gradient-norm clip (0 = off)", 0.0, 1e30);
+  int_flag(a, "--warmup", f->warmup, "Untimed steps per schedule (a bench size)", 0, 1000);
+  int_flag(a, "--steps", f->steps, "Timed steps per schedule, the fastest reported (a bench size)", 1, 1000);
   a->add_option("--schedules", f->schedules, "all, or a comma list of device, offload_serial, offload_stream")->capture_default_str();
   a->add_option("--bandwidth-bytes", f->bandwidth_bytes, "Working set of the bandwidth kernels, far above the last-level cache (a bench size)")->capture_default_str();
   a->add_flag("--json", f->json, "Print one JSON object");

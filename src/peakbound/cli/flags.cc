@@ -55,6 +55,16 @@ CLI::Option* int_flag(CLI::App* app, const std::string& name, int& target, const
   return o;
 }
 
+CLI::Option* optional_int_flag(CLI::App* app, const std::string& name, std::optional<std::int64_t>& target,
+                               const std::string& help, std::int64_t lo, std::int64_t hi) {
+  const std::string flag = flag_name(name);
+  auto* o = app->add_option_function<std::string>(
+      name, [&target, flag, lo, hi](const std::string& s) { parsed([&] { target = parse_int(s, flag, lo, hi); }); },
+      help);
+  o->type_name("INT");
+  return o;
+}
+
 CLI::Option* real_flag(CLI::App* app, const std::string& name, double& target, const std::string& help, double lo,
                        double hi) {
   const std::string flag = flag_name(name);

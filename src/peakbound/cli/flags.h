@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,9 @@ namespace peakbound::cli {
 CLI::Option* int_flag(CLI::App* app, const std::string& name, std::int64_t& target, const std::string& help,
                       std::int64_t lo, std::int64_t hi);
 CLI::Option* int_flag(CLI::App* app, const std::string& name, int& target, const std::string& help, int lo, int hi);
+// An integer flag in [lo, hi] with no default: left unset unless given.
+CLI::Option* optional_int_flag(CLI::App* app, const std::string& name, std::optional<std::int64_t>& target,
+                               const std::string& help, std::int64_t lo, std::int64_t hi);
 // A finite real flag in [lo, hi].
 CLI::Option* real_flag(CLI::App* app, const std::string& name, double& target, const std::string& help, double lo,
                        double hi);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -51,7 +52,7 @@ struct PlanFlags {
   std::string device_memory = "80GiB";
   std::string host_memory;
   std::int64_t devices_per_node;
-  std::int64_t resident_layers = -1;  // -1: not given (the selective policy decides)
+  std::optional<std::int64_t> resident_layers;  // unset: the selective policy decides
   std::string schedules = "all";
   std::int64_t dispatch_cap;
   double llep_alpha, llep_lambda;
@@ -107,7 +108,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.device_memory = parse_bytes(f.device_memory, "--device-memory");
   in.host_memory = parse_bytes(f.host_memory, "--host-memory");
   in.devices_per_node = f.devices_per_node;
-  if (f.resident_layers >= 0) in.resident_layers = f.resident_layers;
+  in.resident_layers = f.resident_layers;
   in.schedules = ScheduleSet::parse(f.schedules);
   in.dispatch_cap = f.dispatch_cap;
   in.llep_alpha = f.llep_alpha;
@@ -147,18 +148,10 @@ Command add_plan_command(CLI::App& root) {
   a->add_option("--device-memory", f->device_memory, "Memory per device: 80GiB, 141GiB")->capture_default_str();
   a->add_option("--host-memory", f->host_memory, "Host memory per node, shared by its devices (0 = unlimited)")->capture_default_str();
   int_flag(a, "--devices-per-node", f->devices_per_node, "Devices sharing one node's host memory", 1, 1024);
-  a->add_option_function<std::string>(
-      "--resident-layers",
-      [f](const std::string& s) {
-        try {
-          f->resident_layers = parse_int(s, "--resident-layers", 0, ModelConfig::kMaxLayers);
-        } catch (const InvalidArgument& e) {
-          throw CLI::ValidationError(e.what());
-        }
-      },
-      "SCO: keep the last K checkpoint boundaries on the device (default: the selective policy: "
-      "offload all but the ring, or keep as few as make the host memory fit)")
-      ->type_name("INT");
+  optional_int_flag(a, "--resident-layers", f->resident_layers,
+                    "SCO: keep the last K checkpoint boundaries on the device (default: the selective policy: "
+                    "offload all but the ring, or keep as few as make the host memory fit)",
+                    0, ModelConfig::kMaxLayers);
   text_flag(a, "--schedules", f->schedules, "none, all, or a comma list of llep, dtp, sco, adam");
   int_flag(a, "--dispatch-cap", f->dispatch_cap, "PipelinedLLEP: token-copies per source rank per round", 1, kMaxRows);
   real_flag(a, "--llep-alpha", f->llep_alpha, "LLEP capacity factor over the mean load", 1.0, 1e6);
