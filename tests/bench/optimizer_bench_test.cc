@@ -85,20 +85,6 @@ TEST(OptimizerBench, BadOptionsAreInvalidArgument) {
 using peakbound::testing::CliRun;
 using peakbound::testing::run_cli;
 
-// Runs a /bin/sh script (e.g. a ulimit before the binary), capturing like run_cli.
-CliRun run_shell(const std::string& script) {
-  const std::string base = ::testing::TempDir() + "/pb_bench_opt_sh_" + std::to_string(::getpid());
-  const std::string cmd = "(" + script + ") >" + base + ".out 2>" + base + ".err";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = peakbound::testing::slurp(base + ".out");
-  r.err = peakbound::testing::slurp(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
-}
-
 TEST(OptimizerBench, CliPrintsOneJsonObjectOrOneLineError) {
   CliRun ok = run_cli("bench optimizer --params 5000 --bucket-bytes 1KiB --warmup 1 --steps 1 --bandwidth-bytes 1MiB --json");
   ASSERT_EQ(ok.code, 0) << ok.err;
@@ -122,8 +108,9 @@ TEST(OptimizerBench, ThreadsOutOfRangeAndUnstartableThreadsAreOneLineErrors) {
   expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 5000"), "--threads");
   expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 0"), "--threads");
   // 8 MiB stacks (the usual default) so that 1024 threads cannot fit in 4 GB.
-  const CliRun r = run_shell("ulimit -s 8192; ulimit -v 4000000; exec timeout 120 " + std::string(PEAKBOUND_CLI_PATH) +
-                             " bench optimizer --params 5000 --threads 1024 --warmup 0 --steps 1 --bandwidth-bytes 1MiB");
+  const CliRun r = run_cli("", 120,
+                           "sh -c 'ulimit -s 8192; ulimit -v 4000000; exec " + std::string(PEAKBOUND_CLI_PATH) +
+                               " bench optimizer --params 5000 --threads 1024 --warmup 0 --steps 1 --bandwidth-bytes 1MiB'");
   EXPECT_NE(r.code, 124) << "timed out: the pool's constructor hung";
   expect_one_line_error(r, "thread");
 }
