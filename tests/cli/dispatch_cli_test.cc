@@ -73,4 +73,14 @@ TEST(DispatchCli, HelpSaysWhereDefaultsComeFrom) {
   EXPECT_NE(v.out.find("verify problem size"), std::string::npos) << v.out;
 }
 
+TEST(DispatchCli, RunsUnderTwoGigabytesOfAddressSpace) {
+  // Was: a fixed 64 GiB (bench) / 16 GiB (verify) reservation, so `ulimit -v 2G` failed
+  // even tiny shapes; the budget now comes from the footprints.
+  const long kib = 2l << 20;
+  CliRun v = peakbound::testing::run_limited("verify dispatch --skew uniform,hot", kib);
+  EXPECT_EQ(v.code, 0) << v.err;
+  CliRun b = peakbound::testing::run_limited("bench dispatch --tokens 64 --reps 1 --json", kib);
+  EXPECT_EQ(b.code, 0) << b.err;
+}
+
 }  // namespace

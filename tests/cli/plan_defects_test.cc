@@ -51,6 +51,9 @@ TEST(PlanDefects, DtypeErrorsNameTheFlagAndOnlyWhatItTakes) {
   EXPECT_NE(r.err.find("bf16 or f32"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("i32"), std::string::npos) << r.err;
   expect_one_line_error(run_cli("plan --grad-dtype i32"), "--grad-dtype");
+  r = run_cli("bench optimizer --param-dtype f16");
+  expect_one_line_error(r, "--param-dtype");
+  EXPECT_EQ(r.err.find("i32"), std::string::npos) << r.err;
 }
 
 TEST(PlanDefects, HostMemoryIsCheckedAgainstTheNode) {

@@ -52,6 +52,12 @@ inline CliRun run_mpi(const std::string& args, int ranks, int timeout_seconds = 
                                           std::to_string(ranks) + " " + std::string(PEAKBOUND_CLI_PATH) + " " + args);
 }
 
+// The binary under `ulimit -v kib` (KiB of address space), in a shell, timed likewise.
+inline CliRun run_limited(const std::string& args, long kib, int timeout_seconds = 120) {
+  return run_cli("", timeout_seconds,
+                 "sh -c 'ulimit -v " + std::to_string(kib) + "; exec " + std::string(PEAKBOUND_CLI_PATH) + " " + args + "'");
+}
+
 inline bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 inline int count_lines(const std::string& s) {

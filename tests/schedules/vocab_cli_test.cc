@@ -17,17 +17,7 @@ using peakbound::testing::expect_one_line_error;
 CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
 
 // The same run under `ulimit -v` (KiB of address space).
-CliRun run_limited(const std::string& args, long kib) {
-  const std::string base = ::testing::TempDir() + "/pb_vocab_cli_" + std::to_string(::getpid());
-  const std::string cmd = "ulimit -v " + std::to_string(kib) + "; " + std::string(PEAKBOUND_CLI_PATH) + " " + args +
-                          " >" + base + ".out 2>" + base + ".err";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = peakbound::testing::slurp(base + ".out");
-  r.err = peakbound::testing::slurp(base + ".err");
-  return r;
-}
+CliRun run_limited(const std::string& args, long kib) { return peakbound::testing::run_limited(args, kib); }
 
 TEST(VocabCli, NonFiniteZLossIsRefused) {
   for (const char* cmd : {"verify vocab", "bench vocab --reps 1"}) {

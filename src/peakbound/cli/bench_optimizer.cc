@@ -39,8 +39,8 @@ OptimizerBenchOptions to_options(const Flags& f) {
   o.params = static_cast<std::int64_t>(parse_count(f.params, "--params"));
   o.bucket_bytes = parse_bytes(f.bucket_bytes, "--bucket-bytes");
   o.threads = f.threads;
-  o.param_dtype = parse_dtype(f.param_dtype);
-  o.grad_dtype = parse_dtype(f.grad_dtype);
+  o.param_dtype = shard_dtype(f.param_dtype, "--param-dtype");
+  o.grad_dtype = shard_dtype(f.grad_dtype, "--grad-dtype");
   o.simd = f.simd == "auto" ? best_simd_level() : parse_simd_level(f.simd);
   o.max_grad_norm = f.max_grad_norm;
   o.warmup = f.warmup;

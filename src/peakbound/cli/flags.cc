@@ -117,4 +117,10 @@ CLI::Option* text_flag(CLI::App* app, const std::string& name, std::string& targ
   return o;
 }
 
+DType shard_dtype(const std::string& s, const std::string& flag) {
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
+  throw InvalidArgument(flag + ": '" + s + "' is not a dtype it takes (use bf16 or f32)");
+}
+
 }  // namespace peakbound::cli

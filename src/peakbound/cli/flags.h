@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "peakbound/core/dtype.h"
+
 namespace peakbound::cli {
 
 // An integer flag in [lo, hi] into `target` (which holds the default).
@@ -29,5 +31,9 @@ CLI::Option* real_flag(CLI::App* app, const std::string& name, float& target, co
 CLI::Option* seed_flag(CLI::App* app, const std::string& name, std::uint64_t& target, const std::string& help);
 // A non-empty string flag ("" is refused: it would silently mean a default).
 CLI::Option* text_flag(CLI::App* app, const std::string& name, std::string& target, const std::string& help);
+
+// A shard dtype given to a flag: bf16 or f32, the only ones a parameter or gradient
+// shard takes; anything else is "<flag>: 'f16' is not a dtype it takes (use bf16 or f32)".
+DType shard_dtype(const std::string& text, const std::string& flag);
 
 }  // namespace peakbound::cli

@@ -86,12 +86,6 @@ double parse_skew(const std::string& s) {
   }
 }
 
-// bf16 or f32: the dtypes a parameter or gradient shard can have.
-DType parse_shard_dtype(const std::string& s, const char* flag) {
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
-  if (s == "f32" || s == "fp32" || s == "float32") return DType::f32;
-  throw InvalidArgument(std::string(flag) + ": '" + s + "' is not a dtype it takes (use bf16 or f32)");
-}
 
 PlanInputs to_inputs(const PlanFlags& f) {
   PlanInputs in;
@@ -118,7 +112,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.prefetch_depth = f.prefetch_depth;
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
-  DType pd = parse_shard_dtype(f.param_dtype, "--param-dtype"), gd = parse_shard_dtype(f.grad_dtype, "--grad-dtype");
+  DType pd = shard_dtype(f.param_dtype, "--param-dtype"), gd = shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
   in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
   in.comm_reserve = parse_bytes(f.comm_reserve, "--comm-reserve");
