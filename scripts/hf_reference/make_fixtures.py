@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Regenerate tests/fixtures/hf/<family>/ from Hugging Face transformers' own MoE models.
+
+Why: peakbound's MoE transformer is matched against an implementation it did not write.
+For each family (qwen3_moe, mixtral) this builds a tiny seeded random model with
+transformers, saves it with save_pretrained (the same on-disk layout as a real hub
+checkpoint), runs one fixed batch forward and backward in fp32 on the CPU, and writes:
+
+  <family>/config.json, <family>/model.safetensors   save_pretrained output (the checkpoint)
+  <family>/reference.safetensors   input_ids, loss, ce_loss, aux_loss, logits, and
+                                   grad.<name> for every tensor in model.safetensors
+  <family>/reference.json          versions, config values, the loss formula, routing margins
+
+Gradients are named like the *saved checkpoint* tensors (not like transformers' in-memory
+parameters, which fuse experts): they are produced by the same save path, so a loader that
+reads model.safetensors can compare each gradient against the tensor it loaded.
+
+Run it from the repository root with the virtual environment of requirements.txt:
+  scripts/hf_reference/.venv/bin/python scripts/hf_reference/make_fixtures.py
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+SEED = 1234
+BATCH = 2
+SEQ = 16
+# RMSNorm weights start at 1 in transformers; a checkpoint that keeps them at 1 cannot tell a
+# loader that drops or misplaces a norm weight. Perturb them (seeded) so every tensor matters.
+NORM_JITTER = 0.1
+# transformers initialises with std 0.02; that leaves the routers close to uniform and top-k
+# choices close to ties. A larger std gives decisive routing (see "topk_margin" in the json).
+INIT_STD = 0.1
+# Smallest allowed gap between the k-th and (k+1)-th router probability over every row of
+# every layer; fp32 forward noise is ~1e-6, so a gap above this keeps routing unambiguous.
+MIN_TOPK_MARGIN = 1e-5
+
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts_per_tok=2,
+    rms_norm_eps=1e-6,
+    router_aux_loss_coef=0.01,
+    output_router_logits=True,
+    tie_word_embeddings=False,
+    initializer_range=INIT_STD,
+    max_position_embeddings=64,
+    attention_dropout=0.0,
+    hidden_act="silu",
+)
+
+
+def qwen3_moe_config():
+    return transformers.Qwen3MoeConfig(
+        **COMMON,
+        num_experts=8,
+        moe_intermediate_size=16,
+        intermediate_size=64,  # dense-MLP width; unused because every layer is MoE
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        use_sliding_window=False,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
+def mixtral_config():
+    return transformers.MixtralConfig(
+        **COMMON,
+        num_local_experts=8,
+        intermediate_size=16,
+        sliding_window=None,
+        router_jitter_noise=0.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
+FAMILIES = {
+    "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM),
+    "mixtral": (mixtral_config, transformers.MixtralForCausalLM),
+}
+
+
+def num_experts_of(cfg):
+    return getattr(cfg, "num_experts", None) or cfg.num_local_experts
+
+
+def build_model(family):
+    make_cfg, cls = FAMILIES[family]
+    cfg = make_cfg()
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(SEED)
+    model = cls(cfg).to(torch.float32)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(SEED + 1)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(NORM_JITTER * torch.randn(p.shape, generator=gen))
+    model.train()  # dropout is 0 and jitter is 0: train mode changes nothing numerically
+    return cfg, model
+
+
+def batch(cfg):
+    gen = torch.Generator().manual_seed(SEED + 2)
+    return torch.randint(0, cfg.vocab_size, (BATCH, SEQ), generator=gen, dtype=torch.int64)
+
+
+def save_like_checkpoint(model, tensors_by_param, tmp):
+    """Write tensors_by_param (in-memory param name -> tensor) through save_pretrained, so they
+    get exactly the names and layout the checkpoint has; returns name -> tensor as saved."""
+    backup = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(tensors_by_param[n])
+    model.save_pretrained(tmp, safe_serialization=True)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(backup[n])
+    out = load_file(os.path.join(tmp, "model.safetensors"))
+    return out
+
+
+def recompute_losses(cfg, logits, router_logits, input_ids):
+    """The loss as the C++ side should form it, written from the math, not from transformers."""
+    V = cfg.vocab_size
+    E = num_experts_of(cfg)
+    k = cfg.num_experts_per_tok
+    # Causal LM: token t predicts token t+1; the last position of each row has no target.
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1, :].reshape(-1, V).double(), input_ids[:, 1:].reshape(-1)
+    )
+    # Switch-Transformer balance loss over ALL layers' rows at once (L*N rows):
+    #   f_e = (#top-k assignments to e over all rows) / rows;  P_e = sum softmax_e / rows
+    #   aux = E * sum_e f_e * P_e
+    rows = torch.cat([r.double() for r in router_logits], dim=0)
+    probs = torch.softmax(rows, dim=-1)
+    sel = torch.topk(probs, k, dim=-1).indices
+    counts = torch.zeros(E, dtype=torch.float64).scatter_add_(
+        0, sel.reshape(-1), torch.ones(sel.numel(), dtype=torch.float64))
+    f = counts / rows.shape[0]
+    P = probs.sum(0) / rows.shape[0]
+    aux = E * (f * P).sum()
+    return ce, aux
+
+
+def topk_margin(cfg, router_logits):
+    """Smallest gap between the k-th and (k+1)-th router probability over all rows: how far
+    every routing decision is from a tie (an fp32 reimplementation must pick the same experts)."""
+    k = cfg.num_experts_per_tok
+    m = float("inf")
+    for r in router_logits:
+        p = torch.softmax(r.double(), dim=-1).sort(dim=-1, descending=True).values
+        m = min(m, float((p[:, k - 1] - p[:, k]).min()))
+    return m
+
+
+def split_fused(params_grads, cfg):
+    """In-memory (fused) parameter name -> tensor, rewritten by hand into the checkpoint's
+    per-expert names; used to check save_pretrained's conversion independently."""
+    gate_up_names = {"qwen3_moe": ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+                                   "mlp.experts.{e}.down_proj.weight", "mlp.gate.weight"),
+                     "mixtral": ("block_sparse_moe.experts.{e}.w1.weight",
+                                 "block_sparse_moe.experts.{e}.w3.weight",
+                                 "block_sparse_moe.experts.{e}.w2.weight",
+                                 "block_sparse_moe.gate.weight")}[cfg.model_type]
+    out = {}
+    for n, t in params_grads.items():
+        m = re.match(r"(model\.layers\.\d+\.)mlp\.(experts\.gate_up_proj|experts\.down_proj|gate\.weight)$", n)
+        if not m:
+            out[n] = t
+            continue
+        pre, what = m.groups()
+        if what == "gate.weight":
+            out[pre + gate_up_names[3]] = t
+            continue
+        for e in range(t.shape[0]):
+            if what == "experts.gate_up_proj":
+                inter = t.shape[1] // 2  # rows [0, I) are gate, [I, 2I) are up (chunk(2) order)
+                out[pre + gate_up_names[0].format(e=e)] = t[e, :inter]
+                out[pre + gate_up_names[1].format(e=e)] = t[e, inter:]
+            else:
+                out[pre + gate_up_names[2].format(e=e)] = t[e]
+    return out
+
+
+def verify_reload(family, d, cfg, ref):
+    """Load the written directory the way a user would (from_pretrained), rerun the batch and
+    compare with what was written: the checkpoint, the names and the gradients agree."""
+    cls = FAMILIES[family][1]
+    model = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model.train()
+    out = model(input_ids=ref["input_ids"], labels=ref["input_ids"], output_router_logits=True)
+    out.loss.backward()
+    worst = 0.0
+    def rel(a, b):
+        return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+    worst = max(worst, rel(out.loss.detach(), ref["loss"]), rel(out.logits.detach(), ref["logits"]))
+    grads = split_fused({n: p.grad for n, p in model.named_parameters()}, cfg)
+    names = {n[len("grad."):] for n in ref if n.startswith("grad.")}
+    if sorted(grads) != sorted(names):
+        sys.exit(f"{family}: hand-split gradient names differ from the checkpoint's: "
+                 f"{sorted(set(grads) ^ names)[:6]}")
+    for n, g in grads.items():
+        worst = max(worst, rel(g, ref["grad." + n]))
+    if worst > 1e-6:
+        sys.exit(f"{family}: reloaded model differs from the fixture by {worst:.3e} relative")
+    return worst
+
+
+def make(family, out_root):
+    cfg, model = build_model(family)
+    input_ids = batch(cfg)
+    out = model(input_ids=input_ids, labels=input_ids, output_router_logits=True)
+    out.loss.backward()
+
+    ce, aux = recompute_losses(cfg, out.logits.detach(), [r.detach() for r in out.router_logits],
+                               input_ids)
+    coef = cfg.router_aux_loss_coef
+    total = ce + coef * aux
+    checks = {
+        "aux_loss_vs_recomputed_rel": abs(float(out.aux_loss.detach()) - float(aux)) / abs(float(aux)),
+        "loss_vs_ce_plus_coef_aux_rel": abs(float(out.loss.detach()) - float(total)) / abs(float(total)),
+    }
+    for name, v in checks.items():
+        if v > 1e-5:
+            sys.exit(f"{family}: {name} = {v:.3e}; transformers' loss is not ce + coef * aux")
+
+    d = os.path.join(out_root, family)
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    model.save_pretrained(d, safe_serialization=True)
+    # Only the checkpoint proper: generation_config.json is not a model input.
+    for extra in os.listdir(d):
+        if extra not in ("config.json", "model.safetensors"):
+            os.remove(os.path.join(d, extra))
+
+    params = dict(model.named_parameters())
+    with tempfile.TemporaryDirectory() as tmp:
+        grads = save_like_checkpoint(model, {n: p.grad for n, p in params.items()}, tmp)
+    saved = load_file(os.path.join(d, "model.safetensors"))
+    assert sorted(grads) == sorted(saved), "gradient names differ from checkpoint names"
+
+    ref = {
+        "input_ids": input_ids.contiguous(),
+        "loss": out.loss.detach().reshape(()).float().contiguous(),
+        "ce_loss": ce.reshape(()).float().contiguous(),
+        "aux_loss": out.aux_loss.detach().reshape(()).float().contiguous(),
+        "logits": out.logits.detach().float().contiguous(),
+    }
+    for n, g in grads.items():
+        ref["grad." + n] = g.float().contiguous()
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    reload_rel = verify_reload(family, d, cfg, ref)
+    margin = topk_margin(cfg, [r.detach() for r in out.router_logits])
+    if margin < MIN_TOPK_MARGIN:
+        sys.exit(f"{family}: top-k margin {margin:.3e} < {MIN_TOPK_MARGIN}: routing too close "
+                 "to a tie for an fp32 reimplementation to be held to the same experts")
+
+    cfg_json = json.load(open(os.path.join(d, "config.json")))
+    info = {
+        "family": family,
+        "generated_by": "scripts/hf_reference/make_fixtures.py",
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+        "model_class": type(model).__name__,
+        "attn_implementation": "eager",
+        "dtype": "float32",
+        "device": "cpu",
+        "seed": SEED,
+        "init_std": INIT_STD,
+        "norm_weight_jitter": NORM_JITTER,
+        "batch": BATCH,
+        "seq_len": SEQ,
+        "attention_mask": None,
+        "labels": "labels = input_ids; transformers shifts inside (position t predicts t+1; the "
+                  "last position of each row is ignored), mean over BATCH*(SEQ-1) targets",
+        "loss_formula": "loss = ce_loss + router_aux_loss_coef * aux_loss (transformers adds the "
+                        "aux term inside forward when labels and output_router_logits are given)",
+        "aux_loss_formula": "rows = concat over layers of router logits [BATCH*SEQ, E] -> "
+                            "[L*BATCH*SEQ, E]; p = softmax(rows) in fp32; f_e = count of top-k "
+                            "picks of e / (L*BATCH*SEQ); P_e = sum_rows p_e / (L*BATCH*SEQ); "
+                            "aux = E * sum_e f_e * P_e (no gradient through f)",
+        "router_aux_loss_coef": coef,
+        "checks": checks,
+        "ce_loss_fp64": float(ce),
+        "aux_loss_fp64": float(aux),
+        "loss_fp64": float(total),
+        "topk_margin": margin,
+        "reload_max_rel": reload_rel,
+        "checkpoint_tensors": {n: list(t.shape) for n, t in sorted(saved.items())},
+        "in_memory_parameters": {n: list(p.shape) for n, p in sorted(params.items())},
+        "config": cfg_json,
+    }
+    with open(os.path.join(d, "reference.json"), "w") as fh:
+        json.dump(info, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    print(f"{family}: loss {float(out.loss):.6f} = ce {float(ce):.6f} + {coef} * aux "
+          f"{float(out.aux_loss):.6f}; topk margin {info['topk_margin']:.3e}; "
+          f"{len(saved)} checkpoint tensors")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root (default %(default)s)")
+    ap.add_argument("families", nargs="*", default=list(FAMILIES), help="default: all")
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # same reductions on every machine
+    for fam in args.families:
+        make(fam, args.out)
+
+
+if __name__ == "__main__":
+    main()
