@@ -482,9 +482,12 @@ TEST(HfConfig, MissingFieldNamesFieldAndFamily) {
   for (const Case& k : cases) {
     json c = json::parse(k.config);
     c.erase(k.field);
+    // A field with two accepted spellings names both.
+    const std::string field = std::string(k.field) == "num_experts" && std::string(k.family) == "qwen3_moe"
+                                  ? "num_experts' or 'num_local_experts"
+                                  : k.field;
     EXPECT_EQ(error_of([&] { parse_hf_config(c, "x"); }),
-              std::string("config.json: missing field '") + k.field + "' (model_type " +
-                  k.family + ")");
+              std::string("config.json: missing field '") + field + "' (model_type " + k.family + ")");
   }
   // null is as good as absent.
   json n = json::parse(kMixtral8x22B);
@@ -580,7 +583,29 @@ TEST_F(HfConfigFiles, ErrorsNameThePath) {
   j.erase("num_experts");
   const std::string incomplete = write("q/config.json", j.dump());
   EXPECT_EQ(error_of([&] { load_hf_config(incomplete); }),
-            incomplete + ": missing field 'num_experts' (model_type qwen3_moe)");
+            incomplete + ": missing field 'num_experts' or 'num_local_experts' (model_type qwen3_moe)");
+}
+
+}  // namespace
+}  // namespace peakbound
+
+namespace peakbound {
+namespace {
+
+// The configs transformers 5 writes with save_pretrained (the reference fixtures of
+// tests/fixtures/hf): qwen3_moe says num_local_experts, both say rope_parameters.
+TEST(HfConfig, ReadsWhatTransformersFiveSaves) {
+  for (const char* family : {"qwen3_moe", "mixtral"}) {
+    const ModelConfig m = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/" + family);
+    EXPECT_EQ(m.vocab_size, 256) << family;
+    EXPECT_EQ(m.hidden_size, 32) << family;
+    EXPECT_EQ(m.num_layers, 2) << family;
+    EXPECT_EQ(m.num_experts, 8) << family;
+    EXPECT_EQ(m.top_k, 2) << family;
+    EXPECT_EQ(m.num_heads, 4) << family;
+    EXPECT_EQ(m.num_kv_heads, 2) << family;
+    EXPECT_EQ(m.num_moe_layers(), 2) << family;
+  }
 }
 
 }  // namespace

@@ -126,7 +126,8 @@ void read_deepseek(const HfFields& r, ModelConfig& c, bool v3_defaults) {
 // width and biases q/k/v (not o); Qwen3 adds per-head q/k RMSNorm.
 void read_qwen_moe(const HfFields& r, ModelConfig& c, bool qwen3) {
   read_gqa(r, c, false);
-  c.num_experts = r.integer("num_experts");
+  // Hub checkpoints say num_experts; transformers 5's save_pretrained writes num_local_experts.
+  c.num_experts = r.integer_any({"num_experts", "num_local_experts"});
   if (c.num_experts > 0) {
     c.top_k = r.integer("num_experts_per_tok");
     c.moe_intermediate_size = r.integer("moe_intermediate_size");
