@@ -7,6 +7,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
+#include "peakbound/kernels/cpu/gemm.h"
 
 namespace peakbound::cpu {
 namespace {
@@ -24,9 +25,13 @@ inline float dot(const float* a, const float* b, std::int64_t n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-// y += a * x
-inline void axpy(float* y, const float* x, std::int64_t n, float a) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+// a . b accumulated in double, rounded once: D_i is subtracted from every dP_ij, and
+// dP_ij - D_i cancels (exactly, on the diagonal of a row that sees one key), so D_i
+// carries no rounding of its own beyond the final one.
+inline float dot_f64(const float* a, const float* b, std::int64_t n) {
+  double acc = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(a[i]) * b[i];
+  return static_cast<float>(acc);
 }
 
 // Key j is visible to query i: causal, and inside the sliding window when there is one.
@@ -95,50 +100,54 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     float* l = m + Bq;                          // [Bq] running sum of exp(s - m)
     for (std::int64_t item = slot; item < items; item += a.threads) {
       const std::int64_t h = item / q_blocks, g = h / group;
-      const std::int64_t i0 = (item % q_blocks) * Bq, i1 = std::min(i0 + Bq, T);
-      for (std::int64_t r = 0; r < i1 - i0; ++r) {
+      const std::int64_t i0 = (item % q_blocks) * Bq, i1 = std::min(i0 + Bq, T), rows = i1 - i0;
+      float* o_tile = out + (i0 * Hq + h) * Dv;  // rows of stride Hq * Dv
+      for (std::int64_t r = 0; r < rows; ++r) {
         m[r] = kNegInf;
         l[r] = 0.0f;
-        std::fill_n(out + ((i0 + r) * Hq + h) * Dv, Dv, 0.0f);
+        std::fill_n(o_tile + r * Hq * Dv, Dv, 0.0f);
       }
       // Keys the tile sees: [first visible to row i0, i1), on the Bk grid.
       const std::int64_t k_lo = W > 0 ? std::max<std::int64_t>(0, i0 - W + 1) : 0;
       for (std::int64_t j0 = k_lo / Bk * Bk; j0 < i1; j0 += Bk) {
-        const std::int64_t j1 = std::min(j0 + Bk, i1);
-        for (std::int64_t r = 0; r < i1 - i0; ++r) {
+        const std::int64_t cols = std::min(j0 + Bk, i1) - j0;
+        // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
+        gemm_f32(false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D, Hkv * D,
+                 0.0f, S, Bk);
+        for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t i = i0 + r;
-          const float* qi = q + (i * Hq + h) * D;
           float* s = S + r * Bk;
           float row_max = kNegInf;
-          for (std::int64_t j = j0; j < j1; ++j) {
-            float x = kNegInf;
-            if (visible(i, j, W)) x = scale * dot(qi, k + (j * Hkv + g) * D, D);
-            s[j - j0] = x;
-            row_max = std::max(row_max, x);
+          for (std::int64_t c = 0; c < cols; ++c) {
+            if (!visible(i, j0 + c, W)) s[c] = kNegInf;
+            row_max = std::max(row_max, s[c]);
           }
-          if (row_max == kNegInf) continue;  // nothing of this row in this key tile
+          if (row_max == kNegInf) {  // nothing of this row in this key tile: adds zeros
+            std::fill_n(s, cols, 0.0f);
+            continue;
+          }
           const float m_new = std::max(m[r], row_max);
           const float alpha = std::exp(m[r] - m_new);  // 0 on the row's first tile
-          float* oi = out + (i * Hq + h) * Dv;
-          if (alpha != 1.0f)
+          if (alpha != 1.0f) {
+            float* oi = o_tile + r * Hq * Dv;
             for (std::int64_t d = 0; d < Dv; ++d) oi[d] *= alpha;
+          }
           float sum = 0.0f;
-          for (std::int64_t j = j0; j < j1; ++j) {
-            if (s[j - j0] == kNegInf) continue;
-            const float p = std::exp(s[j - j0] - m_new);
-            sum += p;
-            axpy(oi, v + (j * Hkv + g) * Dv, Dv, p);
+          for (std::int64_t c = 0; c < cols; ++c) {
+            s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
+            sum += s[c];
           }
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
         }
+        // O_tile += P V_tile
+        gemm_f32(false, false, rows, Dv, cols, 1.0f, S, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile, Hq * Dv);
       }
       // Every row saw at least its own key, so l > 0 and m is finite.
-      for (std::int64_t r = 0; r < i1 - i0; ++r) {
-        const std::int64_t i = i0 + r;
-        float* oi = out + (i * Hq + h) * Dv;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* oi = o_tile + r * Hq * Dv;
         for (std::int64_t d = 0; d < Dv; ++d) oi[d] /= l[r];
-        lse[i * Hq + h] = m[r] + std::log(l[r]);
+        lse[(i0 + r) * Hq + h] = m[r] + std::log(l[r]);
       }
     }
   });
@@ -158,63 +167,47 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // heads, so no two shares write the same element and no reduction is needed.
   run_shares(a.threads, pool, [&](std::int64_t slot) {
     float* P = tiles + slot * 2 * Bq * Bk;  // [Bq, Bk] probabilities
-    float* dS = P + Bq * Bk;                // [Bq, Bk] scale * dL/dscore
+    float* dS = P + Bq * Bk;                // [Bq, Bk] dP, then scale * dL/dscore
     for (std::int64_t g = slot; g < Hkv; g += a.threads) {
       const std::int64_t h_lo = g * group, h_hi = h_lo + group;
       for (std::int64_t i = 0; i < T; ++i) {
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
-          Di[i * Hq + h] = dot(dout + (i * Hq + h) * Dv, out + (i * Hq + h) * Dv, Dv);
+          Di[i * Hq + h] = dot_f64(dout + (i * Hq + h) * Dv, out + (i * Hq + h) * Dv, Dv);
           std::fill_n(dq + (i * Hq + h) * D, D, 0.0f);
         }
         std::fill_n(dk + (i * Hkv + g) * D, D, 0.0f);
         std::fill_n(dv + (i * Hkv + g) * Dv, Dv, 0.0f);
       }
       for (std::int64_t j0 = 0; j0 < T; j0 += Bk) {
-        const std::int64_t j1 = std::min(j0 + Bk, T);
-        // Queries that see some key of this tile: [j0, j1 - 1 + W) clipped to T.
-        const std::int64_t q_hi = W > 0 ? std::min(T, j1 - 1 + W) : T;
+        const std::int64_t cols = std::min(j0 + Bk, T) - j0;
+        const float* k_tile = k + (j0 * Hkv + g) * D;
+        const float* v_tile = v + (j0 * Hkv + g) * Dv;
+        float* dk_tile = dk + (j0 * Hkv + g) * D;
+        float* dv_tile = dv + (j0 * Hkv + g) * Dv;
+        // Queries that see some key of this tile: [j0, j0 + cols - 1 + W) clipped to T.
+        const std::int64_t q_hi = W > 0 ? std::min(T, j0 + cols - 1 + W) : T;
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           for (std::int64_t i0 = j0 / Bq * Bq; i0 < q_hi; i0 += Bq) {
-            const std::int64_t i1 = std::min(i0 + Bq, q_hi);
-            // P = exp(scale q k - lse), dS = P * (dout . v - D_i) * scale.
-            for (std::int64_t i = i0; i < i1; ++i) {
-              const float* qi = q + (i * Hq + h) * D;
-              const float* doi = dout + (i * Hq + h) * Dv;
+            const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
+            const float* q_tile = q + (i0 * Hq + h) * D;
+            const float* do_tile = dout + (i0 * Hq + h) * Dv;
+            // P = exp(scale Q K^T - lse) (0 where masked), dP = dO V^T.
+            gemm_f32(false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
+            gemm_f32(false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
+            for (std::int64_t r = 0; r < rows; ++r) {
+              const std::int64_t i = i0 + r;
               const float lse_i = lse[i * Hq + h], d_i = Di[i * Hq + h];
-              float* p = P + (i - i0) * Bk;
-              float* ds = dS + (i - i0) * Bk;
-              for (std::int64_t j = j0; j < j1; ++j) {
-                if (!visible(i, j, W)) {
-                  p[j - j0] = 0.0f;
-                  ds[j - j0] = 0.0f;
-                  continue;
-                }
-                const float pij = std::exp(scale * dot(qi, k + (j * Hkv + g) * D, D) - lse_i);
-                const float dpij = dot(doi, v + (j * Hkv + g) * Dv, Dv);
-                p[j - j0] = pij;
-                ds[j - j0] = pij * (dpij - d_i) * scale;
+              float* p = P + r * Bk;
+              float* ds = dS + r * Bk;
+              for (std::int64_t c = 0; c < cols; ++c) {
+                p[c] = visible(i, j0 + c, W) ? std::exp(p[c] - lse_i) : 0.0f;
+                ds[c] = p[c] * (ds[c] - d_i) * scale;
               }
             }
-            // dv_j += P^T dout, dk_j += dS^T q (rows in order, per key).
-            for (std::int64_t j = j0; j < j1; ++j) {
-              float* dvj = dv + (j * Hkv + g) * Dv;
-              float* dkj = dk + (j * Hkv + g) * D;
-              for (std::int64_t i = i0; i < i1; ++i) {
-                const float pij = P[(i - i0) * Bk + (j - j0)];
-                if (pij == 0.0f) continue;
-                axpy(dvj, dout + (i * Hq + h) * Dv, Dv, pij);
-                axpy(dkj, q + (i * Hq + h) * D, D, dS[(i - i0) * Bk + (j - j0)]);
-              }
-            }
-            // dq_i += dS k (keys in order, per query).
-            for (std::int64_t i = i0; i < i1; ++i) {
-              float* dqi = dq + (i * Hq + h) * D;
-              for (std::int64_t j = j0; j < j1; ++j) {
-                const float dsij = dS[(i - i0) * Bk + (j - j0)];
-                if (dsij == 0.0f) continue;
-                axpy(dqi, k + (j * Hkv + g) * D, D, dsij);
-              }
-            }
+            // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
+            gemm_f32(true, false, cols, Dv, rows, 1.0f, P, Bk, do_tile, Hq * Dv, 1.0f, dv_tile, Hkv * Dv);
+            gemm_f32(true, false, cols, D, rows, 1.0f, dS, Bk, q_tile, Hq * D, 1.0f, dk_tile, Hkv * D);
+            gemm_f32(false, false, rows, D, cols, 1.0f, dS, Bk, k_tile, Hkv * D, 1.0f, dq + (i0 * Hq + h) * D, Hq * D);
           }
         }
       }
