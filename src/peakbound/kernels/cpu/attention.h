@@ -14,8 +14,8 @@
 //
 // The tile products (S = Q K^T, O += P V; backward also dP = dO V^T, dV += P^T dO,
 // dK += dS^T Q, dQ += dS K) are cpu::gemm_f32 calls on strided row blocks (no copies):
-// ~5x faster here than vectorisable loops. D_i = rowsum(dout * out) is accumulated in
-// double, since dP_ij - D_i cancels.
+// 2.5x (forward) and 4x (backward) the vectorisable loops they replaced (T=2048).
+// D_i = rowsum(dout * out) is accumulated in double, since dP_ij - D_i cancels.
 //
 // Determinism: every output element is produced by one task in a fixed order that
 // does not depend on the thread count or on which thread runs the task, so the bits
