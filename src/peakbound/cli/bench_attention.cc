@@ -50,6 +50,12 @@ Command add_bench_attention(CLI::App& parent) {
     if (f->heads % f->kv_heads != 0)
       throw InvalidArgument("--kv-heads " + std::to_string(f->kv_heads) + " does not divide --heads " +
                             std::to_string(f->heads));
+    // q, dq, out, dout [T, Hq, D] and k, v, dk, dv [T, Hkv, D], held in host vectors.
+    const double floats = 4.0 * static_cast<double>(f->tokens) * static_cast<double>(f->heads + f->kv_heads) *
+                          static_cast<double>(f->dim);
+    if (floats > 1073741824.0)
+      throw InvalidArgument("--tokens x (--heads + --kv-heads) x --dim needs " + std::to_string(floats * 4 / 1073741824.0) +
+                            " GiB of tensors; this benchmark keeps them under 4 GiB");
   };
   c.run = [f] {
     cpu::AttentionDims a;
