@@ -1,0 +1,218 @@
+#include "peakbound/kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/kernels/cpu/gemm.h"
+
+namespace peakbound::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// a . b in a fixed order: eight interleaved partial sums (independent chains the
+// compiler can keep in vector registers without -ffast-math), then a fixed tree.
+inline float dot(const float* a, const float* b, std::int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+// a . b accumulated in double, rounded once: D_i is subtracted from every dP_ij, and
+// dP_ij - D_i cancels (exactly, on the diagonal of a row that sees one key), so D_i
+// carries no rounding of its own beyond the final one.
+inline float dot_f64(const float* a, const float* b, std::int64_t n) {
+  double acc = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(a[i]) * b[i];
+  return static_cast<float>(acc);
+}
+
+// Key j is visible to query i: causal, and inside the sliding window when there is one.
+inline bool visible(std::int64_t i, std::int64_t j, std::int64_t window) {
+  return j <= i && (window == 0 || j > i - window);
+}
+
+// Runs share(slot) for slot in [0, slots): on the pool, or in order on the caller. Each
+// share owns fixed work and workspace slot, so the result is the same either way.
+template <class F>
+void run_shares(int slots, ThreadPool* pool, const F& share) {
+  if (pool != nullptr && slots > 1) {
+    pool->parallel_for(slots, [&](std::int64_t s) { share(s); });
+  } else {
+    for (int s = 0; s < slots; ++s) share(s);
+  }
+}
+
+void bad(const std::string& what) { throw InvalidArgument("attention: " + what); }
+
+}  // namespace
+
+float AttentionDims::effective_scale() const {
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_dim)));
+}
+
+void check_attention_dims(const AttentionDims& a) {
+  if (a.tokens < 1) bad("tokens must be >= 1, got " + std::to_string(a.tokens));
+  if (a.q_heads < 1 || a.kv_heads < 1)
+    bad("q_heads and kv_heads must be >= 1, got " + std::to_string(a.q_heads) + ", " + std::to_string(a.kv_heads));
+  if (a.q_heads % a.kv_heads != 0)
+    bad("q_heads " + std::to_string(a.q_heads) + " is not a multiple of kv_heads " + std::to_string(a.kv_heads));
+  if (a.qk_dim < 1 || a.v_dim < 1)
+    bad("qk_dim and v_dim must be >= 1, got " + std::to_string(a.qk_dim) + ", " + std::to_string(a.v_dim));
+  if (a.block_q < 1 || a.block_k < 1)
+    bad("block_q and block_k must be >= 1, got " + std::to_string(a.block_q) + ", " + std::to_string(a.block_k));
+  if (a.window < 0) bad("window must be >= 0 (0: none), got " + std::to_string(a.window));
+  if (a.threads < 1) bad("threads must be >= 1, got " + std::to_string(a.threads));
+  if (!std::isfinite(a.scale)) bad("scale must be finite");
+}
+
+std::int64_t attention_forward_workspace_floats(const AttentionDims& a) {
+  return static_cast<std::int64_t>(a.threads) * (a.block_q * a.block_k + 2 * a.block_q);
+}
+
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a) {
+  return a.tokens * a.q_heads + static_cast<std::int64_t>(a.threads) * 2 * a.block_q * a.block_k;
+}
+
+std::int64_t attention_workspace_floats(const AttentionDims& a) {
+  return std::max(attention_forward_workspace_floats(a), attention_backward_workspace_floats(a));
+}
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionDims& a, float* workspace, ThreadPool* pool) {
+  check_attention_dims(a);
+  const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
+  const float scale = a.effective_scale();
+  const std::int64_t q_blocks = (T + Bq - 1) / Bq, items = Hq * q_blocks;
+  const std::int64_t slot_floats = Bq * Bk + 2 * Bq;
+
+  run_shares(a.threads, pool, [&](std::int64_t slot) {
+    float* S = workspace + slot * slot_floats;  // [Bq, Bk] scores, then probabilities
+    float* m = S + Bq * Bk;                     // [Bq] running max
+    float* l = m + Bq;                          // [Bq] running sum of exp(s - m)
+    for (std::int64_t item = slot; item < items; item += a.threads) {
+      const std::int64_t h = item / q_blocks, g = h / group;
+      const std::int64_t i0 = (item % q_blocks) * Bq, i1 = std::min(i0 + Bq, T), rows = i1 - i0;
+      float* o_tile = out + (i0 * Hq + h) * Dv;  // rows of stride Hq * Dv
+      for (std::int64_t r = 0; r < rows; ++r) {
+        m[r] = kNegInf;
+        l[r] = 0.0f;
+        std::fill_n(o_tile + r * Hq * Dv, Dv, 0.0f);
+      }
+      // Keys the tile sees: [first visible to row i0, i1), on the Bk grid.
+      const std::int64_t k_lo = W > 0 ? std::max<std::int64_t>(0, i0 - W + 1) : 0;
+      for (std::int64_t j0 = k_lo / Bk * Bk; j0 < i1; j0 += Bk) {
+        const std::int64_t cols = std::min(j0 + Bk, i1) - j0;
+        // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
+        gemm_f32(false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D, Hkv * D,
+                 0.0f, S, Bk);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t i = i0 + r;
+          float* s = S + r * Bk;
+          float row_max = kNegInf;
+          for (std::int64_t c = 0; c < cols; ++c) {
+            if (!visible(i, j0 + c, W)) s[c] = kNegInf;
+            row_max = std::max(row_max, s[c]);
+          }
+          if (row_max == kNegInf) {  // nothing of this row in this key tile: adds zeros
+            std::fill_n(s, cols, 0.0f);
+            continue;
+          }
+          const float m_new = std::max(m[r], row_max);
+          const float alpha = std::exp(m[r] - m_new);  // 0 on the row's first tile
+          if (alpha != 1.0f) {
+            float* oi = o_tile + r * Hq * Dv;
+            for (std::int64_t d = 0; d < Dv; ++d) oi[d] *= alpha;
+          }
+          float sum = 0.0f;
+          for (std::int64_t c = 0; c < cols; ++c) {
+            s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
+            sum += s[c];
+          }
+          l[r] = l[r] * alpha + sum;
+          m[r] = m_new;
+        }
+        // O_tile += P V_tile
+        gemm_f32(false, false, rows, Dv, cols, 1.0f, S, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile, Hq * Dv);
+      }
+      // Every row saw at least its own key, so l > 0 and m is finite.
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* oi = o_tile + r * Hq * Dv;
+        for (std::int64_t d = 0; d < Dv; ++d) oi[d] /= l[r];
+        lse[(i0 + r) * Hq + h] = m[r] + std::log(l[r]);
+      }
+    }
+  });
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionDims& a, float* workspace, ThreadPool* pool) {
+  check_attention_dims(a);
+  const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
+  const float scale = a.effective_scale();
+  float* Di = workspace;  // [T, Hq] rowsum(dout * out)
+  float* tiles = workspace + T * Hq;
+
+  // One share per kv head (strided): it owns dk and dv of that head and dq of its query
+  // heads, so no two shares write the same element and no reduction is needed.
+  run_shares(a.threads, pool, [&](std::int64_t slot) {
+    float* P = tiles + slot * 2 * Bq * Bk;  // [Bq, Bk] probabilities
+    float* dS = P + Bq * Bk;                // [Bq, Bk] dP, then scale * dL/dscore
+    for (std::int64_t g = slot; g < Hkv; g += a.threads) {
+      const std::int64_t h_lo = g * group, h_hi = h_lo + group;
+      for (std::int64_t i = 0; i < T; ++i) {
+        for (std::int64_t h = h_lo; h < h_hi; ++h) {
+          Di[i * Hq + h] = dot_f64(dout + (i * Hq + h) * Dv, out + (i * Hq + h) * Dv, Dv);
+          std::fill_n(dq + (i * Hq + h) * D, D, 0.0f);
+        }
+        std::fill_n(dk + (i * Hkv + g) * D, D, 0.0f);
+        std::fill_n(dv + (i * Hkv + g) * Dv, Dv, 0.0f);
+      }
+      for (std::int64_t j0 = 0; j0 < T; j0 += Bk) {
+        const std::int64_t cols = std::min(j0 + Bk, T) - j0;
+        const float* k_tile = k + (j0 * Hkv + g) * D;
+        const float* v_tile = v + (j0 * Hkv + g) * Dv;
+        float* dk_tile = dk + (j0 * Hkv + g) * D;
+        float* dv_tile = dv + (j0 * Hkv + g) * Dv;
+        // Queries that see some key of this tile: [j0, j0 + cols - 1 + W) clipped to T.
+        const std::int64_t q_hi = W > 0 ? std::min(T, j0 + cols - 1 + W) : T;
+        for (std::int64_t h = h_lo; h < h_hi; ++h) {
+          for (std::int64_t i0 = j0 / Bq * Bq; i0 < q_hi; i0 += Bq) {
+            const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
+            const float* q_tile = q + (i0 * Hq + h) * D;
+            const float* do_tile = dout + (i0 * Hq + h) * Dv;
+            // P = exp(scale Q K^T - lse) (0 where masked), dP = dO V^T.
+            gemm_f32(false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
+            gemm_f32(false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
+            for (std::int64_t r = 0; r < rows; ++r) {
+              const std::int64_t i = i0 + r;
+              const float lse_i = lse[i * Hq + h], d_i = Di[i * Hq + h];
+              float* p = P + r * Bk;
+              float* ds = dS + r * Bk;
+              for (std::int64_t c = 0; c < cols; ++c) {
+                p[c] = visible(i, j0 + c, W) ? std::exp(p[c] - lse_i) : 0.0f;
+                ds[c] = p[c] * (ds[c] - d_i) * scale;
+              }
+            }
+            // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
+            gemm_f32(true, false, cols, Dv, rows, 1.0f, P, Bk, do_tile, Hq * Dv, 1.0f, dv_tile, Hkv * Dv);
+            gemm_f32(true, false, cols, D, rows, 1.0f, dS, Bk, q_tile, Hq * D, 1.0f, dk_tile, Hkv * D);
+            gemm_f32(false, false, rows, D, cols, 1.0f, dS, Bk, k_tile, Hkv * D, 1.0f, dq + (i0 * Hq + h) * D, Hq * D);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace peakbound::cpu

@@ -1,0 +1,84 @@
+// Causal self-attention with grouped-query heads, flash style, llm.c style free
+// functions over raw row-major f32 pointers. One sequence of T tokens per call (a
+// batch is one call per sequence). No [T, T] matrix: the forward runs an online softmax
+// over key blocks and keeps only the log-sum-exp per (token, head); the backward
+// (FlashAttention-2) recomputes each score block from q, k and lse.
+//
+// Shapes (row-major):
+//   q [T, Hq, D]   k [T, Hkv, D]   v [T, Hkv, Dv]   out, dout [T, Hq, Dv]   lse [T, Hq]
+// Hq is a multiple of Hkv; query head h reads kv head h / (Hq / Hkv). lse is [T, Hq]
+// (token-major, like every activation here and like layers/attention_footprint.h), in
+// natural log of the scaled scores: lse[i, h] = log sum_j exp(scale * q_i . k_j).
+// Causal: token i attends to keys j <= i; with window W > 0 only to i - W < j <= i
+// (transformers' sliding_window: W keys including itself).
+//
+// The tile products (S = Q K^T, O += P V; backward also dP = dO V^T, dV += P^T dO,
+// dK += dS^T Q, dQ += dS K) are cpu::gemm_f32 calls on strided row blocks (no copies):
+// 2.5x (forward) and 4x (backward) the vectorisable loops they replaced (T=2048).
+// D_i = rowsum(dout * out) is accumulated in double, since dP_ij - D_i cancels.
+//
+// Determinism: every output element is produced by one task in a fixed order that
+// does not depend on the thread count or on which thread runs the task, so the bits
+// are the same every run and for every pool (OpenBLAS splits a GEMM over rows and
+// columns, never over the reduction, so its own thread count does not change the bits
+// either). Changing block_q / block_k reorders the fp32 sums only.
+#pragma once
+
+#include <cstdint>
+
+namespace peakbound {
+class ThreadPool;
+}
+
+namespace peakbound::cpu {
+
+// One call's dimensions and tiling.
+struct AttentionDims {
+  std::int64_t tokens = 0;    // T
+  std::int64_t q_heads = 0;   // Hq
+  std::int64_t kv_heads = 0;  // Hkv, divides Hq
+  std::int64_t qk_dim = 0;    // D
+  std::int64_t v_dim = 0;     // Dv
+  float scale = 0.0f;         // score scale; 0 means 1 / sqrt(D)
+  std::int64_t window = 0;    // sliding window in keys; 0: none (full causal)
+  std::int64_t block_q = 64;  // Bq: query rows per tile
+  std::int64_t block_k = 64;  // Bk: keys per tile
+  // Workspace slots: the most tasks that run at once (a pool's size). The workspace
+  // holds one slot each, and the work is split into this many fixed strided shares.
+  int threads = 1;
+
+  float effective_scale() const;
+};
+
+// Throws InvalidArgument naming the first bad field (T, heads, dims, blocks >= 1;
+// Hq % Hkv == 0; window >= 0; threads >= 1).
+void check_attention_dims(const AttentionDims& a);
+
+// Workspace floats each pass needs: pure functions of the dims, so a caller allocates
+// them from a footprint. Forward: threads * (Bq * Bk + 2 Bq) (one score tile and the
+// running max and sum per row). Backward: T * Hq (D_i = rowsum(dout * out)) +
+// threads * 2 * Bq * Bk (the P and dS tiles). attention_workspace_floats is the max of
+// the two: one buffer serving both passes.
+std::int64_t attention_forward_workspace_floats(const AttentionDims& a);
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a);
+std::int64_t attention_workspace_floats(const AttentionDims& a);
+
+// q, k, v -> out [T, Hq, Dv], lse [T, Hq], both WRITTEN. workspace: at least
+// attention_forward_workspace_floats(a) floats. pool: runs the a.threads shares on it
+// (its size should be a.threads); null runs them one after another on the caller.
+// Outputs must not alias inputs.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionDims& a, float* workspace, ThreadPool* pool = nullptr);
+
+// dout, q, k, v, out, lse (from the forward) -> dq [T, Hq, D], dk [T, Hkv, D],
+// dv [T, Hkv, Dv], all WRITTEN, not added: they are fresh gradients with one consumer
+// each (the Q/K/V projections' backward GEMMs, which add into the input gradient
+// themselves), and the kernel would otherwise need the caller to zero-fill them.
+// workspace: at least attention_backward_workspace_floats(a) floats. Work is split by
+// kv head (a kv head owns its dk, dv and its query heads' dq), so more than Hkv
+// threads add nothing. Outputs must not alias inputs.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionDims& a, float* workspace, ThreadPool* pool = nullptr);
+
+}  // namespace peakbound::cpu

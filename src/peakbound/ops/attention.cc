@@ -1,0 +1,24 @@
+#include "peakbound/ops/attention.h"
+
+#include "peakbound/kernels/cpu/launch.h"
+#include "peakbound/ops/backend.h"
+
+namespace peakbound::ops {
+
+void attention_forward(Device& dev, Stream& s, float* out, float* lse, const float* q, const float* k,
+                       const float* v, const AttentionDims& dims, float* workspace, ThreadPool* pool) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "attention_forward");
+  // Checked now, on the caller's thread, so bad dims fail here and not on a worker stream.
+  cpu::check_attention_dims(dims);
+  cpu::launch(s, [=] { cpu::attention_forward(out, lse, q, k, v, dims, workspace, pool); });
+}
+
+void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const float* dout,
+                        const float* q, const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionDims& dims, float* workspace, ThreadPool* pool) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "attention_backward");
+  cpu::check_attention_dims(dims);
+  cpu::launch(s, [=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, pool); });
+}
+
+}  // namespace peakbound::ops

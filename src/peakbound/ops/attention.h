@@ -1,0 +1,26 @@
+// Causal GQA self-attention through the device's backend (kernels/cpu/attention.h for
+// the shapes, the math and the workspace sizes): forward WRITES out [T, Hq, Dv] and
+// lse [T, Hq]; backward WRITES dq, dk, dv. The caller passes the workspace, sized by
+// cpu::attention_{forward,backward}_workspace_floats(dims) from its footprint. The dims
+// struct is plain data, shared with any later backend.
+#pragma once
+
+#include "peakbound/device/device.h"
+#include "peakbound/kernels/cpu/attention.h"
+
+namespace peakbound {
+class ThreadPool;
+}
+
+namespace peakbound::ops {
+
+using AttentionDims = cpu::AttentionDims;
+
+// pool: the CPU backend runs dims.threads shares on it (null: on the stream's thread).
+void attention_forward(Device& dev, Stream& s, float* out, float* lse, const float* q, const float* k,
+                       const float* v, const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
+void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const float* dout,
+                        const float* q, const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
+
+}  // namespace peakbound::ops
