@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,11 @@ struct Shape {
   std::int64_t T, Hq, Hkv, D, offset;
   double theta;
 };
+
+void PrintTo(const Shape& p, std::ostream* os) {
+  *os << "T=" << p.T << " Hq=" << p.Hq << " Hkv=" << p.Hkv << " D=" << p.D << " offset=" << p.offset
+      << " theta=" << p.theta;
+}
 
 class Rope : public ::testing::TestWithParam<Shape> {};
 
