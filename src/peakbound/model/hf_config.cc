@@ -226,6 +226,28 @@ void read_generic(const HfFields& r, ModelConfig& c) {
   if (c.num_moe_layers() < c.num_layers) c.dense_intermediate_size = r.integer("intermediate_size");
 }
 
+// RoPE base: top-level rope_theta (transformers 4.x) or rope_parameters.rope_theta
+// (5.x); absent, the family's transformers default (Mixtral 1e6, gpt-oss 150000,
+// everything else 10000).
+void read_rope_theta(const json& config, const HfFields& r, ModelConfig& c) {
+  const std::string& t = r.model_type();
+  c.rope_theta = t == "mixtral" ? 1e6 : t == "gpt_oss" ? 150000.0 : 10000.0;
+  const json* v = nullptr;
+  const char* field = "rope_theta";
+  if (config.contains("rope_theta") && !config.at("rope_theta").is_null()) {
+    v = &config.at("rope_theta");
+  } else if (config.contains("rope_parameters") && config.at("rope_parameters").is_object() &&
+             config.at("rope_parameters").contains("rope_theta") &&
+             !config.at("rope_parameters").at("rope_theta").is_null()) {
+    v = &config.at("rope_parameters").at("rope_theta");
+    field = "rope_parameters.rope_theta";
+  }
+  if (v == nullptr) return;
+  if (!v->is_number())
+    r.fail(std::string("field '") + field + "' must be a number, got " + v->type_name());
+  c.rope_theta = v->get<double>();
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
@@ -261,6 +283,7 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
     read_generic(r, c);
   }
   read_sliding_window(r, c);
+  read_rope_theta(config, r, c);
 
   try {
     c.validate();

@@ -6,7 +6,9 @@
 // other model_type is read with the generic field names (num_local_experts or
 // num_experts or n_routed_experts, num_experts_per_tok, moe_intermediate_size,
 // kv_lora_rank for MLA...) and fails naming the first required field it lacks.
-// Fields that only tune numerics (rope, eps, dropout, quantisation) are ignored.
+// rope_theta is read (top level, or rope_parameters.rope_theta as transformers 5
+// writes it); other fields that only tune numerics (rope_scaling, eps, dropout,
+// quantisation) are ignored.
 #pragma once
 
 #include <string>

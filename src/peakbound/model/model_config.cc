@@ -140,6 +140,10 @@ void ModelConfig::validate() const {
     c.positive("v_head_dim", v_head_dim);
   }
 
+  // Negated so that NaN fails too.
+  if (!(rope_theta > 0.0 && rope_theta < 1e300))
+    c.fail("rope_theta must be a finite number > 0, got " + std::to_string(rope_theta));
+
   c.non_negative("num_mtp_layers", num_mtp_layers);
   c.non_negative("sliding_window", sliding_window);
   c.non_negative("num_sliding_layers", num_sliding_layers);

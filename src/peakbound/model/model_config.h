@@ -76,6 +76,11 @@ struct ModelConfig {
   std::int64_t qk_rope_head_dim = 0;
   std::int64_t v_head_dim = 0;
 
+  // RoPE base (Hugging Face rope_theta): inv_freq[i] = rope_theta^(-2i / rotary dim).
+  // Only the plain ("default") rotary embedding is modelled; rope_scaling (YaRN,
+  // DeepSeek and gpt-oss) is not read.
+  double rope_theta = 10000.0;
+
   bool tie_word_embeddings = false;
   // DeepSeek multi-token-prediction modules (num_nextn_predict_layers); counted
   // apart from the headline total, as DeepSeek reports it.

@@ -3,13 +3,13 @@
 #include <initializer_list>
 
 #include "peakbound/core/error.h"
+#include "peakbound/model/tensor_table.h"
 
 namespace peakbound {
 
 namespace {
 
-// Sizes are validated to be <= 2^30 each, but products over layers and experts of
-// an absurd config can still pass 2^63: check every step rather than wrap.
+// Checked arithmetic for the sums below (the table checks its own products).
 class Counter {
  public:
   explicit Counter(const std::string& name) : name_(name) {}
@@ -34,52 +34,20 @@ class Counter {
   std::string name_;
 };
 
-// A bias-optional Linear: in -> out.
-std::int64_t linear(const Counter& n, std::int64_t in, std::int64_t out, bool bias) {
-  return n.add({n.mul({in, out}), bias ? out : 0});
-}
+std::int64_t of(const KindNumel& k, TensorKind kind) { return k[static_cast<int>(kind)]; }
 
-// A gated (SwiGLU) MLP: gate and up [I, H], down [H, I].
-std::int64_t gated_mlp(const Counter& n, std::int64_t hidden, std::int64_t width, bool bias) {
-  return n.add({linear(n, hidden, width, bias), linear(n, hidden, width, bias),
-                linear(n, width, hidden, bias)});
-}
-
-std::int64_t gqa_attention(const Counter& n, const ModelConfig& c) {
-  const std::int64_t q = c.num_heads * c.head_dim;
-  const std::int64_t kv = c.num_kv_heads * c.head_dim;
-  return n.add({linear(n, c.hidden_size, q, c.attention_qkv_bias),
-                linear(n, c.hidden_size, kv, c.attention_qkv_bias),
-                linear(n, c.hidden_size, kv, c.attention_qkv_bias),
-                linear(n, q, c.hidden_size, c.attention_out_bias),
-                c.qk_norm ? 2 * c.head_dim : 0,  // q_norm, k_norm [head_dim]
-                c.attention_sinks ? c.num_heads : 0});
-}
-
-// DeepSeek-V2/V3 MLA. As in the reference code, only q_a_proj, kv_a_proj_with_mqa
-// and o_proj take attention_bias; q_b_proj, kv_b_proj and a plain q_proj do not.
-std::int64_t mla_attention(const Counter& n, const ModelConfig& c) {
-  const std::int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  std::int64_t q;
-  if (c.q_lora_rank > 0) {
-    q = n.add({linear(n, c.hidden_size, c.q_lora_rank, c.attention_qkv_bias),  // q_a_proj
-               c.q_lora_rank,                                                   // q_a_layernorm
-               linear(n, c.q_lora_rank, c.num_heads * qk, false)});             // q_b_proj
-  } else {
-    q = linear(n, c.hidden_size, c.num_heads * qk, false);  // q_proj
-  }
-  const std::int64_t kv = n.add(
-      {linear(n, c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, c.attention_qkv_bias),
-       c.kv_lora_rank,  // kv_a_layernorm
-       linear(n, c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), false)});
-  const std::int64_t o = linear(n, c.num_heads * c.v_head_dim, c.hidden_size, c.attention_out_bias);
-  return n.add({q, kv, o, c.attention_sinks ? c.num_heads : 0});
+std::int64_t sum(const Counter& n, const KindNumel& k) {
+  std::int64_t r = 0;
+  for (std::int64_t v : k) r = n.add({r, v});
+  return r;
 }
 
 }  // namespace
 
+// Every figure is a sum over the named tensor table (model/tensor_table.h), so the
+// counts and the checkpoint's tensors cannot disagree.
 ParamCount count_params(const ModelConfig& c) {
-  c.validate();
+  const TensorTable table(c);  // validates
   const Counter n(c.name);
   const std::int64_t H = c.hidden_size;
   ParamCount p;
@@ -87,36 +55,26 @@ ParamCount count_params(const ModelConfig& c) {
   p.num_moe_layers = c.num_moe_layers();
   p.num_dense_layers = c.num_layers - p.num_moe_layers;
 
-  p.attention_per_layer = c.attention == AttentionKind::mla ? mla_attention(n, c)
-                                                            : gqa_attention(n, c);
-  const std::int64_t layer_norms = 2 * H;  // input_layernorm, post_attention_layernorm
-  std::int64_t dense_mlp = 0;
-  if (p.num_dense_layers > 0) {
-    dense_mlp = gated_mlp(n, H, c.dense_intermediate_size, c.mlp_bias);
-    p.dense_layer = n.add({p.attention_per_layer, dense_mlp, layer_norms});
-  }
-
-  std::int64_t router = 0, shared = 0;
+  const KindNumel& dense = table.dense_layer_numel();
+  const KindNumel& moe = table.moe_layer_numel();
+  // Attention is the same in both layer kinds; take it from whichever exists.
+  p.attention_per_layer = of(p.num_moe_layers > 0 ? moe : dense, TensorKind::attention);
+  if (p.num_dense_layers > 0) p.dense_layer = sum(n, dense);
   if (c.num_experts > 0) {
-    p.routed_expert = gated_mlp(n, H, c.moe_intermediate_size, c.mlp_bias);
-    router = n.add({n.mul({c.num_experts, H}), c.router_bias ? c.num_experts : 0,
-                    c.router_score_correction ? c.num_experts : 0});
-    const std::int64_t one_shared = gated_mlp(n, H, c.shared_expert_width(), c.mlp_bias);
-    shared = n.add({n.mul({c.num_shared_experts, one_shared}), c.shared_expert_gate ? H : 0});
-    p.moe_layer_non_expert = n.add({p.attention_per_layer, layer_norms, router, shared});
+    p.routed_expert = sum(n, table.expert_numel());
+    p.moe_layer_non_expert = sum(n, moe);
     p.moe_layer = n.add({p.moe_layer_non_expert, n.mul({c.num_experts, p.routed_expert})});
   }
 
-  p.embedding = n.mul({c.vocab_size, H});
-  p.lm_head = c.tie_word_embeddings ? 0 : p.embedding;
-  p.attention = n.mul({c.num_layers, p.attention_per_layer});
-  p.dense_mlp = n.mul({p.num_dense_layers, dense_mlp});
-  p.routed_experts = n.mul({p.num_moe_layers, c.num_experts, p.routed_expert});
-  p.shared_experts = n.mul({p.num_moe_layers, shared});
-  p.router = n.mul({p.num_moe_layers, router});
-  p.norms = n.add({n.mul({c.num_layers, layer_norms}), H});  // + final norm
-  p.total = n.add({p.embedding, p.lm_head, p.attention, p.dense_mlp, p.routed_experts,
-                   p.shared_experts, p.router, p.norms});
+  p.embedding = table.numel(TensorKind::embedding);
+  p.lm_head = table.numel(TensorKind::head);
+  p.attention = table.numel(TensorKind::attention);
+  p.dense_mlp = table.numel(TensorKind::dense_mlp);
+  p.routed_experts = table.numel(TensorKind::expert);
+  p.shared_experts = table.numel(TensorKind::shared_expert);
+  p.router = table.numel(TensorKind::router);
+  p.norms = table.numel(TensorKind::norm);
+  p.total = table.total_numel();
 
   const std::int64_t unvisited =
       n.mul({p.num_moe_layers, c.num_experts - c.top_k, p.routed_expert});

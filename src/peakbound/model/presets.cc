@@ -50,6 +50,7 @@ ModelConfig qwen3_moe(std::string name, std::int64_t hidden, std::int64_t layers
   ModelConfig c;
   c.name = std::move(name);
   c.family = "qwen3_moe";
+  c.rope_theta = 1000000.0;  // config.json rope_theta
   c.vocab_size = 151936;
   c.hidden_size = hidden;
   c.num_layers = layers;
@@ -94,6 +95,7 @@ Preset gpt_oss_120b() {
   ModelConfig c;
   c.name = "gpt-oss-120b";
   c.family = "gpt_oss";
+  c.rope_theta = 150000.0;  // config.json rope_theta
   c.vocab_size = 201088;
   c.hidden_size = 2880;
   c.num_layers = 36;
@@ -128,6 +130,7 @@ Preset mixtral_8x22b() {
   ModelConfig c;
   c.name = "mixtral-8x22b";
   c.family = "mixtral";
+  c.rope_theta = 1000000.0;  // config.json rope_theta
   c.vocab_size = 32000;
   c.hidden_size = 6144;
   c.num_layers = 56;

@@ -1,0 +1,56 @@
+#include "peakbound/ops/rope.h"
+
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/launch.h"
+#include "peakbound/kernels/cpu/rope.h"
+#include "peakbound/ops/backend.h"
+
+namespace peakbound::ops {
+
+namespace {
+
+void check_heads(std::int64_t q_heads, std::int64_t kv_heads) {
+  if (q_heads < 0 || kv_heads < 0)
+    throw InvalidArgument("rope: head counts must be >= 0, got q " + std::to_string(q_heads) +
+                          ", kv " + std::to_string(kv_heads));
+}
+
+}  // namespace
+
+std::int64_t rope_table_elems(std::int64_t t, std::int64_t d) {
+  cpu::rope_check(t, d, 0, 1.0);
+  return t * (d / 2);
+}
+
+void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t, std::int64_t d,
+                 std::int64_t offset, double theta) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_tables");
+  cpu::rope_check(t, d, offset, theta);
+  cpu::launch(s, [=] { cpu::rope_tables(cos, sin, t, d, offset, theta); });
+}
+
+void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, const float* sin,
+                  std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_forward");
+  cpu::rope_check(t, d, 0, 1.0);
+  check_heads(q_heads, kv_heads);
+  cpu::launch(s, [=] {
+    cpu::rope_forward(q, cos, sin, t, q_heads, d);
+    cpu::rope_forward(k, cos, sin, t, kv_heads, d);
+  });
+}
+
+void rope_backward(Device& dev, Stream& s, float* dq, float* dk, const float* cos, const float* sin,
+                   std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_backward");
+  cpu::rope_check(t, d, 0, 1.0);
+  check_heads(q_heads, kv_heads);
+  cpu::launch(s, [=] {
+    cpu::rope_backward(dq, cos, sin, t, q_heads, d);
+    cpu::rope_backward(dk, cos, sin, t, kv_heads, d);
+  });
+}
+
+}  // namespace peakbound::ops
