@@ -1,0 +1,88 @@
+#include "peakbound/layers/moe_router.h"
+
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/ops/moe_router.h"
+
+namespace peakbound {
+
+void check_moe_router_shape(const MoeRouterShape& s) {
+  if (s.tokens < 0) throw InvalidArgument("moe router: tokens must be >= 0, got " + std::to_string(s.tokens));
+  if (s.hidden < 1) throw InvalidArgument("moe router: hidden must be >= 1, got " + std::to_string(s.hidden));
+  if (s.experts < 1) throw InvalidArgument("moe router: experts must be >= 1, got " + std::to_string(s.experts));
+  if (s.top_k < 1 || s.top_k > s.experts)
+    throw InvalidArgument("moe router: top_k must be in [1, experts = " + std::to_string(s.experts) + "], got " +
+                          std::to_string(s.top_k));
+}
+
+MoeRouterBuffers moe_router_buffers(const MoeRouterShape& s, Component c) {
+  check_moe_router_shape(s);
+  const auto T = static_cast<std::uint64_t>(s.tokens);
+  const std::uint64_t te = checked_mul(T, static_cast<std::uint64_t>(s.experts), "moe router [T, E]");
+  const std::uint64_t tk = checked_mul(T, static_cast<std::uint64_t>(s.top_k), "moe router [T, K]");
+  return {buffer_spec(c, te, 4), buffer_spec(c, tk, 4), buffer_spec(c, tk, 4), buffer_spec(c, tk, 4)};
+}
+
+MoeAuxBuffers moe_aux_buffers(std::int64_t experts, Component c) {
+  if (experts < 1) throw InvalidArgument("moe aux loss: experts must be >= 1, got " + std::to_string(experts));
+  const auto E = static_cast<std::uint64_t>(experts);
+  return {buffer_spec(c, E, 4), buffer_spec(c, E, 4), buffer_spec(c, E, 4), buffer_spec(c, 1, 4)};
+}
+
+Footprint moe_router_footprint(const MoeRouterShape& s) {
+  const MoeRouterBuffers r = moe_router_buffers(s);
+  const MoeAuxBuffers a = moe_aux_buffers(s.experts);
+  Footprint f("moe_router");
+  for (const char* phase : {"forward", "backward"}) {
+    for (const BufferSpec& b : {r.probs, r.ids, r.weights, r.d_weights}) f.device(phase, b);
+    for (const BufferSpec& b : {a.counts, a.prob_sums, a.aux_grad, a.loss}) f.device(phase, b);
+  }
+  return f;
+}
+
+void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
+  check_moe_router_shape(s);
+  PB_CHECK_MSG((counts == nullptr) == (prob_sums == nullptr), "moe router: counts and prob_sums go together");
+  const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
+  if (T == 0) return;
+  ops::gemm(dev, st, false, true, T, E, H, 1.0f, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T
+  ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
+  if (counts != nullptr) ops::moe_router_stats(dev, st, counts, prob_sums, probs, ids, T, E, K);
+}
+
+void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
+                         const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
+                         float* dw_gate, float* dx, bool accumulate_dx) {
+  check_moe_router_shape(s);
+  const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
+  if (T == 0) return;
+  float* dlogits = probs;  // probs are read for the last time by the backward kernel
+  ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
+  ops::gemm(dev, st, true, false, E, H, T, 1.0f, dlogits, E, x, H, 1.0f, dw_gate, H);  // dW_gate += dlogits^T x
+  // x is read for the last time above, so dx may alias it. dx (+)= dlogits W_gate.
+  ops::gemm(dev, st, false, false, T, H, E, 1.0f, dlogits, E, w_gate, H, accumulate_dx ? 1.0f : 0.0f, dx, H);
+}
+
+MoeRouter::MoeRouter(Device& dev, MoeRouterShape shape) : dev_(dev), s_(shape) {
+  const MoeRouterBuffers b = moe_router_buffers(s_);
+  probs_ = dev.allocate(b.probs.component, b.probs.bytes);
+  ids_ = dev.allocate(b.ids.component, b.ids.bytes);
+  weights_ = dev.allocate(b.weights.component, b.weights.bytes);
+  d_weights_ = dev.allocate(b.d_weights.component, b.d_weights.bytes);
+}
+
+void MoeRouter::forward(const float* x, const float* w_gate, float* counts, float* prob_sums) {
+  moe_router_forward(dev_, dev_.compute_stream(), s_, x, w_gate, probs_.as<float>(), ids_.as<std::int32_t>(),
+                     weights_.as<float>(), counts, prob_sums);
+}
+
+void MoeRouter::backward(const float* x, const float* w_gate, const float* aux_grad, float* dw_gate, float* dx,
+                         bool accumulate_dx) {
+  moe_router_backward(dev_, dev_.compute_stream(), s_, x, w_gate, d_weights_.as<float>(), probs_.as<float>(),
+                      ids_.as<std::int32_t>(), aux_grad, dw_gate, dx, accumulate_dx);
+}
+
+}  // namespace peakbound

@@ -1,0 +1,27 @@
+// The MoE router's kernels through the device's backend (see kernels/cpu/moe_router.h
+// for the math, shapes and what is written or added into). The router's GEMMs are
+// ops::gemm calls; layers/moe_router.h puts the two together.
+#pragma once
+
+#include <cstdint>
+
+#include "peakbound/device/device.h"
+
+namespace peakbound::ops {
+
+// logits [T, E] -> probs [T, E], ids [T, K], weights [T, K], WRITTEN (probs may alias logits).
+void moe_router_forward(Device& dev, Stream& s, float* probs, std::int32_t* ids, float* weights, const float* logits,
+                        std::int64_t T, std::int64_t E, std::int64_t K, bool norm_topk_prob);
+// ADDS these tokens' slot counts and prob sums into counts [E] and prob_sums [E].
+void moe_router_stats(Device& dev, Stream& s, float* counts, float* prob_sums, const float* probs,
+                      const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K);
+// loss [1] (unscaled aux) and aux_grad [E] (coef-scaled d aux / d probs), WRITTEN; either may be null.
+void moe_aux_loss(Device& dev, Stream& s, float* loss, float* aux_grad, const float* counts, const float* prob_sums,
+                  std::int64_t E, std::int64_t N, float coef);
+// dweights [T, K], probs [T, E], ids [T, K], aux_grad [E] or null -> dlogits [T, E],
+// WRITTEN (may alias probs).
+void moe_router_backward(Device& dev, Stream& s, float* dlogits, const float* dweights, const float* probs,
+                         const std::int32_t* ids, const float* aux_grad, std::int64_t T, std::int64_t E,
+                         std::int64_t K, bool norm_topk_prob);
+
+}  // namespace peakbound::ops
