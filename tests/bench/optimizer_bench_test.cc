@@ -107,6 +107,7 @@ TEST(OptimizerBench, ThreadsOutOfRangeAndUnstartableThreadsAreOneLineErrors) {
   using peakbound::testing::expect_one_line_error;
   expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 5000"), "--threads");
   expect_one_line_error(run_cli("bench optimizer --params 5000 --threads 0"), "--threads");
+  if (!peakbound::testing::address_space_limits_apply()) GTEST_SKIP() << "sanitizer build: ulimit -v cannot apply";
   // 8 MiB stacks (the usual default) so that 1024 threads cannot fit in 4 GB.
   const CliRun r = run_cli("", 120,
                            "sh -c 'ulimit -s 8192; ulimit -v 4000000; exec " + std::string(PEAKBOUND_CLI_PATH) +

@@ -52,6 +52,16 @@ inline CliRun run_mpi(const std::string& args, int ranks, int timeout_seconds = 
                                           std::to_string(ranks) + " " + std::string(PEAKBOUND_CLI_PATH) + " " + args);
 }
 
+// Whether `ulimit -v` can apply to the binary: AddressSanitizer reserves terabytes of
+// shadow address space at start, so a sanitizer build cannot run under any such limit.
+inline bool address_space_limits_apply() {
+#if defined(__SANITIZE_ADDRESS__)
+  return false;
+#else
+  return true;
+#endif
+}
+
 // The binary under `ulimit -v kib` (KiB of address space), in a shell, timed likewise.
 inline CliRun run_limited(const std::string& args, long kib, int timeout_seconds = 120) {
   return run_cli("", timeout_seconds,

@@ -39,6 +39,7 @@ TEST(VocabCli, EmptyNumbersAreRefused) {
 TEST(VocabCli, BadModeNamesTheFlag) { expect_one_line_error(run("verify vocab --mode sideways"), "--mode 'sideways'"); }
 
 TEST(VocabCli, TinyShapesRunUnderASmallAddressSpace) {
+  if (!peakbound::testing::address_space_limits_apply()) GTEST_SKIP() << "sanitizer build: ulimit -v cannot apply";
   CliRun v = run_limited("verify vocab --tokens 20 --vocab 77 --chunk 6 --z-loss 0.001", 2L << 20);
   EXPECT_EQ(v.code, 0) << v.out << v.err;
   EXPECT_NE(v.out.find("verify vocab: pass"), std::string::npos) << v.out;
