@@ -1,8 +1,6 @@
 #include "peakbound/io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/io/mapped_file.h"
 
 namespace peakbound {
 
@@ -66,41 +65,12 @@ std::int64_t SafeTensorInfo::numel() const {
   return n;
 }
 
-struct SafeTensorsFile::Mapping {
-  void* addr = nullptr;
-  std::size_t size = 0;
-  ~Mapping() {
-    if (addr) munmap(addr, size);
-  }
-};
-
 SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
   SafeTensorsFile f;
   f.path_ = path;
-  std::error_code ec;
-  const auto st = std::filesystem::status(path, ec);
-  if (ec) bad(path, "cannot read: " + ec.message());
-  if (!std::filesystem::is_regular_file(st)) bad(path, "not a regular file");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) bad(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat sb {};
-  if (fstat(fd, &sb) != 0) {
-    ::close(fd);
-    bad(path, std::string("cannot stat: ") + std::strerror(errno));
-  }
-  const auto size = static_cast<std::uint64_t>(sb.st_size);
-  f.map_ = std::make_shared<Mapping>();
-  if (size > 0) {
-    void* a = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (a == MAP_FAILED) {
-      ::close(fd);
-      bad(path, std::string("cannot map: ") + std::strerror(errno));
-    }
-    f.map_->addr = a;
-    f.map_->size = size;
-  }
-  ::close(fd);
-  const auto* base = static_cast<const std::byte*>(f.map_->addr);
+  f.file_ = MappedFile::open(path);
+  const std::uint64_t size = f.file_.size();
+  const std::byte* base = f.file_.data();
   if (size < 8) bad(path, "too short for a safetensors header (" + std::to_string(size) + " bytes)");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<std::uint64_t>(base[i]);

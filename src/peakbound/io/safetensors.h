@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "peakbound/io/mapped_file.h"
+
 namespace peakbound {
 
 // "F32", "BF16", "F16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL": bytes per element;
@@ -49,9 +51,8 @@ class SafeTensorsFile {
   std::vector<std::int64_t> read_i64(std::string_view name) const;
 
  private:
-  struct Mapping;
   std::string path_;
-  std::shared_ptr<Mapping> map_;
+  MappedFile file_;
   const std::byte* data_ = nullptr;  // start of the data section
   std::vector<SafeTensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "peakbound/io/mapped_file.h"
+
 namespace peakbound {
 
 class TokenFile {
@@ -44,9 +46,8 @@ class TokenFile {
   Split split(double fraction, std::int64_t S) const;
 
  private:
-  struct Mapping;
   std::string path_;
-  std::shared_ptr<Mapping> map_;
+  MappedFile file_;
   const unsigned char* data_ = nullptr;
   std::int64_t count_ = 0;
   int width_ = 2;

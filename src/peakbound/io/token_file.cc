@@ -1,9 +1,4 @@
-#include "peakbound/train/token_file.h"
-
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "peakbound/io/token_file.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -13,16 +8,9 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/io/mapped_file.h"
 
 namespace peakbound {
-
-struct TokenFile::Mapping {
-  void* addr = nullptr;
-  std::size_t size = 0;
-  ~Mapping() {
-    if (addr) munmap(addr, size);
-  }
-};
 
 namespace {
 [[noreturn]] void bad(const std::string& path, const std::string& what) { throw InvalidArgument(path + ": " + what); }
@@ -33,26 +21,9 @@ TokenFile TokenFile::open(const std::string& path, int flat_token_bytes) {
     throw InvalidArgument("token bytes must be 2 or 4 (got " + std::to_string(flat_token_bytes) + ")");
   TokenFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) bad(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat sb {};
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    bad(path, "not a regular file");
-  }
-  const auto size = static_cast<std::uint64_t>(sb.st_size);
-  f.map_ = std::make_shared<Mapping>();
-  if (size > 0) {
-    void* a = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (a == MAP_FAILED) {
-      ::close(fd);
-      bad(path, std::string("cannot map: ") + std::strerror(errno));
-    }
-    f.map_->addr = a;
-    f.map_->size = size;
-  }
-  ::close(fd);
-  const auto* base = static_cast<const unsigned char*>(f.map_->addr);
+  f.file_ = MappedFile::open(path);
+  const std::uint64_t size = f.file_.size();
+  const auto* base = reinterpret_cast<const unsigned char*>(f.file_.data());
   std::int32_t head[3] = {0, 0, 0};
   if (size >= kHeaderInts * 4) std::memcpy(head, base, sizeof head);
   if (head[0] == kMagicU16 || head[0] == kMagicU32) {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
-#include "peakbound/train/token_file.h"
+#include "peakbound/io/token_file.h"
 
 namespace peakbound {
 namespace {
