@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "peakbound/core/error.h"
@@ -116,13 +115,12 @@ TEST(Plan, JsonHasTheDocumentedFields) {
   EXPECT_FALSE(plan_table(p).empty());
 }
 
-TEST(Plan, EveryPresetPlansWithReachInUnderASecond) {
+TEST(Plan, EveryPresetPlansWithReach) {
   for (const auto& name : preset_names()) {
-    auto t0 = std::chrono::steady_clock::now();
     Plan p = make_plan(preset_inputs(name, 1 << 20), true);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(s, 1.0) << name;  // a bound on work (a few hundred estimates), not a benchmark
     EXPECT_GT(p.baseline.peak, p.scheduled.peak) << name;
+    ASSERT_TRUE(p.reach.has_value());
+    EXPECT_GE(p.reach->scheduled, p.reach->baseline) << name;
   }
 }
 

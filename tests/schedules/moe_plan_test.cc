@@ -4,7 +4,6 @@
 // cover each block exactly once, and the options are checked by name.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -55,9 +54,7 @@ TEST(MoePlan, CapSmallerThanTheRanksFinishes) {
       for (int d = 0; d < ep; ++d) counts[static_cast<std::size_t>(s * E + 2 * d)] = 1;
     for (DispatchKind k : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
       SCOPED_TRACE("ep " + std::to_string(ep) + " cap " + std::to_string(cap) + " " + std::string(dispatch_kind_name(k)));
-      const auto t0 = std::chrono::steady_clock::now();
       MoePlan p = make_moe_plan(k, ep, E, counts, with_cap(cap));
-      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
       expect_valid(p, cap);
     }
   }
