@@ -1,0 +1,122 @@
+#include "peakbound/train/parameter_store.h"
+
+#include "peakbound/core/error.h"
+#include "peakbound/ops/elementwise.h"
+
+namespace peakbound {
+
+namespace {
+
+std::int64_t dim0(const TensorEntry& e) { return e.shape.empty() ? 1 : e.shape[0]; }
+
+RowRange whole(const TensorEntry& e) { return {0, dim0(e)}; }
+
+}  // namespace
+
+ShardSelector replicate_all() {
+  return [](const TensorEntry& e) -> std::optional<RowRange> { return whole(e); };
+}
+
+ShardSelector expert_parallel(const TensorTable& table, std::int64_t ep, std::int64_t ep_rank) {
+  const std::int64_t E = table.config().num_experts;
+  if (ep < 1) throw InvalidArgument("expert parallelism: ep must be at least 1, got " + std::to_string(ep));
+  if (ep_rank < 0 || ep_rank >= ep)
+    throw InvalidArgument("expert parallelism: ep_rank " + std::to_string(ep_rank) + " is outside [0, " +
+                          std::to_string(ep) + ")");
+  if (E > 0 && E % ep != 0)
+    throw InvalidArgument("expert parallelism: " + std::to_string(E) + " experts do not split evenly over ep " +
+                          std::to_string(ep) + " ranks");
+  if (E == 0) return replicate_all();
+  const std::int64_t per = E / ep;
+  return [per, ep_rank](const TensorEntry& e) -> std::optional<RowRange> {
+    if (!e.expert_sharded) return whole(e);
+    // Fused experts (gpt-oss): one entry per layer, experts leading dim 0.
+    if (e.expert < 0) return RowRange{ep_rank * per, (ep_rank + 1) * per};
+    if (e.expert / per != ep_rank) return std::nullopt;
+    return whole(e);
+  };
+}
+
+std::int64_t ParameterView::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select) {
+  ParameterLayout out;
+  out.views.reserve(static_cast<std::size_t>(table.size()));
+  table.for_each([&](const TensorEntry& e) {
+    const std::optional<RowRange> rows = select(e);
+    if (!rows) return;
+    if (rows->begin < 0 || rows->begin > rows->end || rows->end > dim0(e) ||
+        (e.shape.empty() && rows->rows() != 1))
+      throw InvalidArgument("parameter layout: rows [" + std::to_string(rows->begin) + ", " +
+                            std::to_string(rows->end) + ") of '" + e.name + "' are outside its " +
+                            std::to_string(dim0(e)) + " rows");
+    ParameterView v;
+    v.entry = e;
+    v.rows = *rows;
+    v.shape = e.shape;
+    if (!v.shape.empty()) v.shape[0] = rows->rows();
+    v.offset = out.elements;
+    const auto n = static_cast<std::uint64_t>(v.numel());
+    out.numel += v.numel();
+    // Round each view's end up so the next one starts 256-byte aligned.
+    const std::uint64_t end = checked_add(out.elements, n, "parameter store size");
+    out.elements = checked_mul((end + kViewAlignElements - 1) / kViewAlignElements, kViewAlignElements,
+                               "parameter store size");
+    out.views.push_back(std::move(v));
+  });
+  return out;
+}
+
+ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t elem_bytes) {
+  return {buffer_spec(Component::params, layout.elements, elem_bytes),
+          buffer_spec(Component::grads, layout.elements, elem_bytes)};
+}
+
+ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
+                                              std::uint64_t elem_bytes) {
+  return parameter_store_buffers(parameter_layout(table, select), elem_bytes);
+}
+
+Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
+                                    std::uint64_t elem_bytes) {
+  const ParameterStoreBuffers b = parameter_store_buffers(table, select, elem_bytes);
+  Footprint f("parameter_store");
+  f.device("resident", b.params).device("resident", b.grads);
+  return f;
+}
+
+ParameterStore::ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select)
+    : dev_(&dev), table_(table), layout_(parameter_layout(table, select)) {
+  index_.reserve(layout_.views.size());
+  for (std::size_t i = 0; i < layout_.views.size(); ++i) index_.emplace(layout_.views[i].name(), i);
+  const ParameterStoreBuffers b = parameter_store_buffers(layout_, sizeof(float));
+  params_ = dev.allocate(b.params.component, b.params.bytes);
+  grads_ = dev.allocate(b.grads.component, b.grads.bytes);
+  // Zero both whole (the padding stays zero for good), and wait, so a load on the
+  // copy stream cannot be overwritten by this fill.
+  Stream& s = dev.compute_stream();
+  const auto n = static_cast<std::int64_t>(layout_.elements);
+  ops::fill(dev, s, params_data(), n, 0.0f);
+  ops::fill(dev, s, grads_data(), n, 0.0f);
+  dev.synchronize(s);
+}
+
+bool ParameterStore::contains(std::string_view name) const { return index_.count(std::string(name)) != 0; }
+
+const ParameterView& ParameterStore::view(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  if (it == index_.end())
+    throw InvalidArgument("parameter store: no tensor '" + std::string(name) + "' on this rank (" +
+                          std::to_string(size()) + " held of the model's " + std::to_string(table_.size()) + ")");
+  return layout_.views[it->second];
+}
+
+void ParameterStore::zero_grads(Stream& s) {
+  ops::fill(*dev_, s, grads_data(), static_cast<std::int64_t>(layout_.elements), 0.0f);
+}
+
+}  // namespace peakbound

@@ -1,0 +1,130 @@
+// ParameterStore: all of one rank's parameters in ONE device allocation
+// (Component::params) and their gradients in ONE more (Component::grads), f32, llm.c
+// style, with a view per named tensor. Flat buffers let whole-model operations
+// (zeroing gradients, all-reducing them, clipping, the optimizer) run as one call over
+// one pointer, while layers address their tensors by Hugging Face name.
+//
+// The layout comes from the TensorTable in checkpoint order, filtered by a
+// ShardSelector: for each table entry it says whether this rank holds it and which
+// rows of dim 0 (all of them by default). Expert parallelism keeps experts
+// e / (E / ep) == ep_rank (a fused expert tensor keeps those rows); everything else
+// is replicated. Row ranges are there so FSDP / vocabulary sharding can later be
+// another selector, not another store.
+//
+// Every view starts at a multiple of kViewAlignElements elements (256 bytes, the
+// Arena's alignment), so each tensor is as aligned as a buffer of its own would be;
+// the padding between views is zero in both buffers (set once at construction and
+// never written by a view), so flat operations over the whole buffers see zeros there.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "peakbound/core/footprint.h"
+#include "peakbound/device/device.h"
+#include "peakbound/model/tensor_table.h"
+
+namespace peakbound {
+
+// Rows [begin, end) of a tensor's dim 0. A 0-d tensor is held whole as {0, 1}.
+struct RowRange {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t rows() const { return end - begin; }
+};
+
+// The rows of `entry` this rank holds (a subrange of [0, dim 0)), or nullopt for none.
+using ShardSelector = std::function<std::optional<RowRange>(const TensorEntry& entry)>;
+
+// Every tensor, whole (one rank, no sharding).
+ShardSelector replicate_all();
+// Expert parallelism over `ep` ranks: rank `ep_rank` holds experts e with
+// e / (E / ep) == ep_rank (per-expert entries kept or dropped, fused entries sliced on
+// dim 0); every other tensor whole. Throws InvalidArgument unless 1 <= ep, E % ep == 0
+// (when the model has experts) and 0 <= ep_rank < ep.
+ShardSelector expert_parallel(const TensorTable& table, std::int64_t ep, std::int64_t ep_rank);
+
+// One tensor held by the store.
+struct ParameterView {
+  TensorEntry entry;               // the table's entry (full, unsharded shape)
+  RowRange rows;                   // rows of dim 0 held
+  std::vector<std::int64_t> shape; // this rank's shape: entry.shape with dim 0 = rows.rows()
+  std::uint64_t offset = 0;        // elements from the start of each buffer
+  std::int64_t numel() const;
+  const std::string& name() const { return entry.name; }
+};
+
+// The views and the buffer length (elements, padding included) for a table and selector.
+struct ParameterLayout {
+  std::vector<ParameterView> views;  // checkpoint order
+  std::uint64_t elements = 0;        // buffer length, padding included
+  std::int64_t numel = 0;            // elements held by views
+};
+
+inline constexpr std::uint64_t kViewAlignElements = 64;
+
+// Throws InvalidArgument when the selector returns rows outside [0, dim 0).
+ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select);
+
+// The two device buffers a ParameterStore allocates, at elem_bytes per element.
+struct ParameterStoreBuffers {
+  BufferSpec params, grads;
+  std::uint64_t reserved() const { return params.reserved() + grads.reserved(); }
+};
+ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t elem_bytes);
+ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
+                                              std::uint64_t elem_bytes);
+// The same as a Footprint: one phase, "resident", holding both for the whole run.
+Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
+                                    std::uint64_t elem_bytes);
+
+class ParameterStore {
+ public:
+  // Allocates both buffers (f32) from the device and zeroes them (waits for that).
+  ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select = replicate_all());
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+  ParameterStore(ParameterStore&&) = default;
+  ParameterStore& operator=(ParameterStore&&) = delete;
+
+  Device& device() const { return *dev_; }
+  const TensorTable& table() const { return table_; }
+
+  // Tensors held, in checkpoint order.
+  std::size_t size() const { return layout_.views.size(); }
+  const std::vector<ParameterView>& views() const { return layout_.views; }
+  std::vector<ParameterView>::const_iterator begin() const { return layout_.views.begin(); }
+  std::vector<ParameterView>::const_iterator end() const { return layout_.views.end(); }
+  std::int64_t numel() const { return layout_.numel; }
+
+  bool contains(std::string_view name) const;
+  // Throws InvalidArgument naming the tensor when this rank does not hold it.
+  const ParameterView& view(std::string_view name) const;
+  const std::vector<std::int64_t>& shape(std::string_view name) const { return view(name).shape; }
+  float* param(std::string_view name) const { return params_data() + view(name).offset; }
+  float* grad(std::string_view name) const { return grads_data() + view(name).offset; }
+  float* param(const ParameterView& v) const { return params_data() + v.offset; }
+  float* grad(const ParameterView& v) const { return grads_data() + v.offset; }
+
+  // The whole buffers (device pointers), `elements()` long, padding included.
+  float* params_data() const { return params_.as<float>(); }
+  float* grads_data() const { return grads_.as<float>(); }
+  std::uint64_t elements() const { return layout_.elements; }
+
+  // Zeroes every gradient, asynchronously on s (the compute stream by default).
+  void zero_grads(Stream& s);
+  void zero_grads() { zero_grads(dev_->compute_stream()); }
+
+ private:
+  Device* dev_;
+  TensorTable table_;
+  ParameterLayout layout_;
+  std::unordered_map<std::string, std::size_t> index_;
+  Buffer params_, grads_;
+};
+
+}  // namespace peakbound

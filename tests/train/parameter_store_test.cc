@@ -1,0 +1,156 @@
+// ParameterStore: one params and one grads allocation laid out from the TensorTable,
+// measured Arena peaks equal to the footprint, aligned views in checkpoint order,
+// expert-parallel selection (per-expert and fused), and one-line errors.
+#include "peakbound/train/parameter_store.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/model/hf_config.h"
+#include "peakbound/model/presets.h"
+
+namespace peakbound {
+namespace {
+
+constexpr std::uint64_t KiB = 1024, MiB = 1024 * KiB;
+const std::string kFixtures = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/";
+
+// gpt-oss shrunk to test size: its experts are fused, one [E, ...] tensor per layer.
+ModelConfig tiny_gpt_oss() {
+  ModelConfig c = preset_config("gpt-oss-120b");
+  c.name = "tiny-gpt-oss";
+  c.vocab_size = 50;
+  c.hidden_size = 12;
+  c.num_layers = 2;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.moe_intermediate_size = 6;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 3;
+  c.num_sliding_layers = 1;
+  return c;
+}
+
+TEST(ParameterStore, MeasuredPeaksEqualTheFootprintAndViewsFollowTheTable) {
+  for (const char* family : {"qwen3_moe", "mixtral"}) {
+    const TensorTable table(load_hf_config(kFixtures + family));
+    for (std::int64_t ep : {1, 4}) {
+      for (std::int64_t r = 0; r < ep; ++r) {
+        const ShardSelector sel = expert_parallel(table, ep, r);
+        const Footprint fp = parameter_store_footprint(table, sel, sizeof(float));
+        CpuDevice dev(16 * MiB);
+        {
+          ParameterStore store(dev, table, sel);
+          EXPECT_EQ(dev.arena().peak(Component::params), fp.device_peak(Component::params)) << family;
+          EXPECT_EQ(dev.arena().peak(Component::grads), fp.device_peak(Component::grads)) << family;
+          EXPECT_EQ(dev.arena().peak(), fp.device_peak_total()) << family;
+
+          // Views: checkpoint order, aligned, disjoint, inside the buffers.
+          std::size_t i = 0;
+          std::uint64_t next = 0;
+          std::int64_t numel = 0;
+          std::set<std::int64_t> experts;
+          table.for_each([&](const TensorEntry& e) {
+            if (e.expert >= 0 && e.expert / (8 / ep) != r) return;
+            ASSERT_LT(i, store.size());
+            const ParameterView& v = store.views()[i++];
+            EXPECT_EQ(v.name(), e.name);
+            EXPECT_EQ(v.shape, e.shape);
+            EXPECT_EQ(v.offset % kViewAlignElements, 0u);
+            EXPECT_GE(v.offset, next);
+            next = v.offset + static_cast<std::uint64_t>(v.numel());
+            numel += v.numel();
+            if (e.expert >= 0) experts.insert(e.expert);
+            EXPECT_EQ(store.param(e.name), store.params_data() + v.offset);
+            EXPECT_EQ(store.grad(e.name), store.grads_data() + v.offset);
+            EXPECT_EQ(store.shape(e.name), e.shape);
+          });
+          EXPECT_EQ(i, store.size());
+          EXPECT_LE(next, store.elements());
+          EXPECT_EQ(store.numel(), numel);
+          const std::set<std::int64_t> want =
+              ep == 1 ? std::set<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7} : std::set<std::int64_t>{2 * r, 2 * r + 1};
+          EXPECT_EQ(experts, want);
+          if (ep == 1) {
+            EXPECT_EQ(store.numel(), table.total_numel());
+          }
+        }
+        EXPECT_EQ(dev.arena().live(), 0u);
+      }
+    }
+  }
+}
+
+TEST(ParameterStore, ZeroGradsClearsTheWholeBufferAndPaddingStartsZero) {
+  const TensorTable table(load_hf_config(kFixtures + std::string("mixtral")));
+  CpuDevice dev(16 * MiB);
+  ParameterStore store(dev, table);
+  for (std::uint64_t i = 0; i < store.elements(); ++i) {
+    ASSERT_EQ(store.params_data()[i], 0.0f);
+    ASSERT_EQ(store.grads_data()[i], 0.0f);
+  }
+  for (std::uint64_t i = 0; i < store.elements(); ++i) store.grads_data()[i] = 1.0f + static_cast<float>(i);
+  store.zero_grads();
+  dev.synchronize();
+  for (std::uint64_t i = 0; i < store.elements(); ++i) ASSERT_EQ(store.grads_data()[i], 0.0f) << i;
+}
+
+TEST(ParameterStore, FusedExpertsAreSlicedOnTheExpertDimension) {
+  const TensorTable table(tiny_gpt_oss());
+  ASSERT_TRUE(table.experts_fused());
+  const ParameterLayout whole = parameter_layout(table, replicate_all());
+  for (std::int64_t r = 0; r < 4; ++r) {
+    const ParameterLayout part = parameter_layout(table, expert_parallel(table, 4, r));
+    ASSERT_EQ(part.views.size(), whole.views.size());
+    for (std::size_t i = 0; i < whole.views.size(); ++i) {
+      const ParameterView& v = part.views[i];
+      if (v.entry.kind == TensorKind::expert) {
+        EXPECT_EQ(v.rows.begin, 2 * r) << v.name();
+        EXPECT_EQ(v.rows.end, 2 * r + 2) << v.name();
+        EXPECT_EQ(v.shape[0], 2) << v.name();
+        EXPECT_EQ(v.numel() * 4, whole.views[i].numel()) << v.name();
+      } else {
+        EXPECT_EQ(v.shape, whole.views[i].shape) << v.name();
+      }
+    }
+  }
+}
+
+TEST(ParameterStore, ErrorsAreOneLineAndNameTheProblem) {
+  const TensorTable table(load_hf_config(kFixtures + std::string("qwen3_moe")));
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { expert_parallel(table, 3, 0); }).find("8 experts do not split evenly over ep 3"),
+            std::string::npos);
+  EXPECT_NE(message([&] { expert_parallel(table, 4, 4); }).find("ep_rank 4 is outside [0, 4)"), std::string::npos);
+  EXPECT_NE(message([&] { expert_parallel(table, 0, 0); }).find("ep must be at least 1"), std::string::npos);
+  const ShardSelector bad = [](const TensorEntry& e) -> std::optional<RowRange> {
+    return RowRange{0, e.shape.empty() ? 2 : e.shape[0] + 1};
+  };
+  EXPECT_NE(message([&] { parameter_layout(table, bad); }).find("of 'model.embed_tokens.weight' are outside its 256 rows"),
+            std::string::npos);
+  CpuDevice dev(16 * MiB);
+  ParameterStore store(dev, table, expert_parallel(table, 4, 1));
+  const std::string m = message([&] { store.param("model.layers.0.mlp.experts.0.up_proj.weight"); });
+  EXPECT_NE(m.find("no tensor 'model.layers.0.mlp.experts.0.up_proj.weight' on this rank"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos);
+  EXPECT_FALSE(store.contains("model.layers.0.mlp.experts.0.up_proj.weight"));
+  EXPECT_TRUE(store.contains("model.layers.0.mlp.experts.2.up_proj.weight"));
+  // Too small a device: the params allocation fails with OutOfBudget naming it.
+  CpuDevice small(64 * KiB);
+  EXPECT_THROW(ParameterStore(small, table), OutOfBudget);
+}
+
+}  // namespace
+}  // namespace peakbound
