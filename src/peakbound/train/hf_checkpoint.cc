@@ -1,0 +1,175 @@
+#include "peakbound/train/hf_checkpoint.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/core/error.h"
+#include "peakbound/io/safetensors.h"
+#include "peakbound/model/hf_config.h"
+
+namespace peakbound {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+std::vector<std::string> index_shards(const fs::path& index) {
+  const std::string where = index.string();
+  std::ifstream in(index);
+  if (!in) throw InvalidArgument(where + ": cannot be read: " + std::strerror(errno));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(where + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw InvalidArgument(where + ": no \"weight_map\" object naming each tensor's shard");
+  std::set<std::string> shards;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw InvalidArgument(where + ": weight_map entry '" + name + "' is not a file name");
+    const fs::path p(file.get<std::string>());
+    bool escapes = p.empty() || p.is_absolute();
+    for (const fs::path& part : p) escapes = escapes || part == "..";
+    if (escapes)
+      throw InvalidArgument(where + ": weight_map entry '" + name + "' names '" + p.string() +
+                            "', not a file inside the model directory");
+    shards.insert(p.string());
+  }
+  if (shards.empty()) throw InvalidArgument(where + ": weight_map is empty");
+  return {shards.begin(), shards.end()};
+}
+
+bool convertible(const std::string& dtype) {
+  return dtype == "F32" || dtype == "BF16" || dtype == "F16" || dtype == "F64";
+}
+
+}  // namespace
+
+std::vector<std::string> hf_weight_files(const std::string& dir) {
+  const fs::path d(dir);
+  const fs::path index = d / "model.safetensors.index.json";
+  std::error_code ec;
+  std::vector<std::string> out;
+  if (fs::exists(index, ec)) {
+    for (const std::string& s : index_shards(index)) out.push_back((d / s).string());
+    return out;
+  }
+  const fs::path single = d / "model.safetensors";
+  if (!fs::exists(single, ec))
+    throw InvalidArgument("model directory '" + dir +
+                          "' has no model.safetensors and no model.safetensors.index.json");
+  out.push_back(single.string());
+  return out;
+}
+
+bool hf_ignored_tensor(const ModelConfig& config, const std::string& name) {
+  if (ends_with(name, ".rotary_emb.inv_freq")) return true;
+  if (config.tie_word_embeddings && name == "lm_head.weight") return true;
+  constexpr std::string_view kLayers = "model.layers.";
+  if (config.num_mtp_layers > 0 && name.compare(0, kLayers.size(), kLayers) == 0) {
+    const std::size_t dot = name.find('.', kLayers.size());
+    const std::string idx = name.substr(kLayers.size(), dot - kLayers.size());
+    if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos && idx.size() < 10) {
+      const std::int64_t layer = std::stoll(idx);
+      return layer >= config.num_layers && layer < config.num_layers + config.num_mtp_layers;
+    }
+  }
+  return false;
+}
+
+void load_hf_weights(const std::string& dir, ParameterStore& store) {
+  const TensorTable& table = store.table();
+  std::vector<SafeTensorsFile> files;
+  for (const std::string& p : hf_weight_files(dir)) files.push_back(SafeTensorsFile::open(p));
+
+  // Where each checkpoint tensor lives; a name in two shards is ambiguous.
+  std::unordered_map<std::string, std::size_t> where;
+  for (std::size_t f = 0; f < files.size(); ++f)
+    for (const SafeTensorInfo& t : files[f].tensors()) {
+      auto [it, fresh] = where.emplace(t.name, f);
+      if (!fresh)
+        throw InvalidArgument(files[f].path() + ": tensor '" + t.name + "' is also in " +
+                              files[it->second].path() + "; a checkpoint holds each tensor once");
+    }
+
+  // The whole checkpoint against the table first, so no rank starts copying a broken one.
+  std::unordered_set<std::string> known;
+  known.reserve(static_cast<std::size_t>(table.size()));
+  table.for_each([&](const TensorEntry& e) {
+    known.insert(e.name);
+    auto it = where.find(e.name);
+    if (it == where.end()) {
+      std::string looked = files[0].path();
+      if (files.size() > 1) looked = std::to_string(files.size()) + " shards of " + dir;
+      throw InvalidArgument(looked + ": missing tensor '" + e.name + "' " + shape_str(e.shape) + " that model '" +
+                            table.config().name + "' (" + table.config().family + ") needs");
+    }
+    const SafeTensorsFile& f = files[it->second];
+    const SafeTensorInfo& t = f.info(e.name);
+    if (t.shape != e.shape)
+      throw InvalidArgument(f.path() + ": tensor '" + e.name + "' has shape " + shape_str(t.shape) +
+                            ", config.json implies " + shape_str(e.shape));
+    if (!convertible(t.dtype))
+      throw InvalidArgument(f.path() + ": tensor '" + e.name + "' is " + t.dtype +
+                            "; weights must be F32, BF16, F16 or F64");
+  });
+  for (const SafeTensorsFile& f : files)
+    for (const SafeTensorInfo& t : f.tensors())
+      if (!known.count(t.name) && !hf_ignored_tensor(table.config(), t.name))
+        throw InvalidArgument(f.path() + ": unknown tensor '" + t.name + "' " + shape_str(t.shape) + ": model '" +
+                              table.config().name + "' (" + table.config().family + ") has no such parameter");
+
+  // Copy this rank's rows in, converted to f32. Each copy is waited for before its
+  // host staging (converted dtypes) goes away; F32 is copied from the mapping directly.
+  Device& dev = store.device();
+  Stream& s = dev.copy_stream();
+  for (const ParameterView& v : store) {
+    const SafeTensorsFile& f = files[where.at(v.name())];
+    const SafeTensorInfo& t = f.info(v.name());
+    const std::int64_t full_rows = t.shape.empty() ? 1 : t.shape[0];
+    const std::int64_t row = full_rows == 0 ? 0 : t.numel() / full_rows;
+    const auto first = static_cast<std::uint64_t>(v.rows.begin * row);
+    const auto count = static_cast<std::uint64_t>(v.numel());
+    if (count == 0) continue;
+    std::vector<float> staged;
+    const void* src = nullptr;
+    if (t.dtype == "F32") {
+      src = f.bytes(v.name()).data() + first * sizeof(float);
+    } else {
+      staged = f.read_f32(v.name());
+      src = staged.data() + first;
+    }
+    dev.memcpy_async(store.param(v), src, count * sizeof(float), CopyKind::host_to_device, s);
+    if (!staged.empty()) dev.synchronize(s);
+  }
+  dev.synchronize(s);
+}
+
+HfModel load_hf_model(Device& dev, const std::string& dir, std::int64_t ep, std::int64_t ep_rank) {
+  ModelConfig config = load_hf_config(dir);
+  TensorTable table(config);
+  ParameterStore store(dev, table, expert_parallel(table, ep, ep_rank));
+  load_hf_weights(dir, store);
+  return HfModel{std::move(config), std::move(table), std::move(store)};
+}
+
+}  // namespace peakbound

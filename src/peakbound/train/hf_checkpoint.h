@@ -1,0 +1,52 @@
+// Loading a Hugging Face model directory (config.json plus safetensors weights, as
+// transformers' save_pretrained writes it) into a ParameterStore.
+//
+// Weight files: the shards named by model.safetensors.index.json's weight_map when the
+// index exists, otherwise model.safetensors. Other *.safetensors in the folder (a
+// reference.safetensors of gradients, an optimizer state) are NOT read: only what the
+// checkpoint itself declares is the model.
+//
+// The checkpoint is checked whole against the TensorTable on every rank (so all ranks
+// fail alike): every table tensor present once with the table's full shape, and no
+// tensor the table does not know, except these, which transformers itself drops on load:
+//   *.rotary_emb.inv_freq            (a buffer older checkpoints saved; it is recomputed)
+//   model.layers.{L..L+mtp-1}.*      (DeepSeek's multi-token-prediction layers)
+//   lm_head.weight                   (when tie_word_embeddings: the embedding is used)
+// Then each tensor this rank holds (its rows, under expert / other sharding) is
+// converted to f32 (from F32, BF16, F16 or F64) and copied to the device. Errors are one
+// InvalidArgument line naming the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "peakbound/device/device.h"
+#include "peakbound/model/model_config.h"
+#include "peakbound/model/tensor_table.h"
+#include "peakbound/train/parameter_store.h"
+
+namespace peakbound {
+
+// The weight files of a model directory, as paths, in the order they are read
+// (the index's shards sorted by name, or model.safetensors). Throws InvalidArgument
+// when the directory has neither, or the index is malformed or names a path outside it.
+std::vector<std::string> hf_weight_files(const std::string& dir);
+
+// True for a checkpoint tensor that transformers drops on load (see above).
+bool hf_ignored_tensor(const ModelConfig& config, const std::string& name);
+
+// Checks the directory's weights against store.table() and copies in this rank's
+// tensors; waits for the copies before returning.
+void load_hf_weights(const std::string& dir, ParameterStore& store);
+
+// A model directory loaded for one rank: config.json, its table, and the store filled.
+struct HfModel {
+  ModelConfig config;
+  TensorTable table;
+  ParameterStore store;
+};
+// Expert-parallel over `ep` ranks as rank `ep_rank` (1, 0: the whole model).
+HfModel load_hf_model(Device& dev, const std::string& dir, std::int64_t ep = 1, std::int64_t ep_rank = 0);
+
+}  // namespace peakbound

@@ -1,0 +1,248 @@
+// Loading the transformers fixtures into a ParameterStore: every value bitwise equal to
+// the file's, expert-parallel ranks holding exactly their experts, the reference
+// gradients matching store entries by name and shape; BF16 conversion and sharded
+// (index.json) checkpoints; broken directories as one-line InvalidArguments.
+#include "peakbound/train/hf_checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/io/safetensors.h"
+
+namespace peakbound {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::uint64_t MiB = 1024 * 1024;
+const std::string kFixtures = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/";
+const char* const kFamilies[] = {"qwen3_moe", "mixtral"};
+
+TEST(HfCheckpoint, LoadsTheFixturesBitwiseAtEveryExpertParallelRank) {
+  for (const char* family : kFamilies) {
+    const std::string dir = kFixtures + family;
+    const SafeTensorsFile file = SafeTensorsFile::open(dir + "/model.safetensors");
+    for (std::int64_t ep : {1, 4}) {
+      for (std::int64_t r = 0; r < ep; ++r) {
+        CpuDevice dev(16 * MiB);
+        const HfModel m = load_hf_model(dev, dir, ep, r);
+        EXPECT_EQ(m.config.num_experts, 8);
+        std::size_t held = 0;
+        std::set<std::int64_t> experts;
+        for (const SafeTensorInfo& t : file.tensors()) {
+          // Which expert a per-expert tensor is, from its name alone (not the table).
+          const std::string key = ".experts.";
+          const std::size_t at = t.name.find(key);
+          const std::int64_t e = at == std::string::npos ? -1 : std::stoll(t.name.substr(at + key.size()));
+          const bool mine = e < 0 || e / (8 / ep) == r;
+          ASSERT_EQ(m.store.contains(t.name), mine) << family << " ep " << ep << " rank " << r << " " << t.name;
+          if (!mine) continue;
+          ++held;
+          if (e >= 0) experts.insert(e);
+          EXPECT_EQ(m.store.shape(t.name), t.shape) << t.name;
+          ASSERT_EQ(t.dtype, "F32");
+          const auto bytes = file.bytes(t.name);
+          ASSERT_EQ(bytes.size(), static_cast<std::size_t>(m.store.view(t.name).numel()) * sizeof(float));
+          EXPECT_EQ(std::memcmp(m.store.param(t.name), bytes.data(), bytes.size()), 0) << family << " " << t.name;
+        }
+        EXPECT_EQ(held, m.store.size()) << family;
+        const std::set<std::int64_t> want =
+            ep == 1 ? std::set<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7} : std::set<std::int64_t>{2 * r, 2 * r + 1};
+        EXPECT_EQ(experts, want) << family << " ep " << ep << " rank " << r;
+        // Gradients start at zero.
+        for (std::uint64_t i = 0; i < m.store.elements(); ++i) ASSERT_EQ(m.store.grads_data()[i], 0.0f);
+      }
+    }
+  }
+}
+
+TEST(HfCheckpoint, ReferenceGradientsMatchStoreEntriesByNameAndShape) {
+  for (const char* family : kFamilies) {
+    CpuDevice dev(16 * MiB);
+    const HfModel m = load_hf_model(dev, kFixtures + family);
+    const SafeTensorsFile ref = SafeTensorsFile::open(kFixtures + family + "/reference.safetensors");
+    std::size_t grads = 0;
+    for (const SafeTensorInfo& t : ref.tensors()) {
+      if (t.name.rfind("grad.", 0) != 0) continue;
+      ++grads;
+      const std::string name = t.name.substr(5);
+      ASSERT_TRUE(m.store.contains(name)) << family << " " << t.name;
+      EXPECT_EQ(m.store.shape(name), t.shape) << family << " " << t.name;
+    }
+    EXPECT_EQ(grads, m.store.size()) << family;  // and every store entry has one
+  }
+}
+
+// A writable copy of a fixture, with its tensors editable before writing.
+class HfCheckpointDir : public ::testing::Test {
+ protected:
+  struct Tensor {
+    std::string name, dtype;
+    std::vector<std::int64_t> shape;
+    std::vector<std::byte> data;
+  };
+
+  void SetUp() override {
+    static int n = 0;
+    dir_ = ::testing::TempDir() + "/pb_hfck_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
+    fs::create_directories(dir_);
+    fs::copy_file(kFixtures + "qwen3_moe/config.json", dir_ + "/config.json");
+    const SafeTensorsFile f = SafeTensorsFile::open(kFixtures + "qwen3_moe/model.safetensors");
+    for (const SafeTensorInfo& t : f.tensors()) {
+      const auto b = f.bytes(t.name);
+      tensors_.push_back({t.name, t.dtype, t.shape, {b.begin(), b.end()}});
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Tensor* find(const std::string& name) {
+    for (Tensor& t : tensors_)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  void erase(const std::string& name) {
+    std::erase_if(tensors_, [&](const Tensor& t) { return t.name == name; });
+  }
+  void write(const std::string& file, const std::function<bool(const Tensor&)>& keep = nullptr) {
+    std::vector<SafeTensorOut> out;
+    for (const Tensor& t : tensors_)
+      if (!keep || keep(t)) out.push_back({t.name, t.dtype, t.shape, t.data.data(), t.data.size()});
+    write_safetensors(dir_ + "/" + file, out);
+  }
+  // The InvalidArgument's message from loading the directory ("no error" if it loads).
+  std::string load_error() {
+    try {
+      CpuDevice dev(16 * MiB);
+      load_hf_model(dev, dir_);
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      return m;
+    }
+    return "no error";
+  }
+
+  std::string dir_;
+  std::vector<Tensor> tensors_;
+};
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+TEST_F(HfCheckpointDir, AnUnmodifiedCopyLoads) {
+  write("model.safetensors");
+  EXPECT_EQ(load_error(), "no error");
+}
+
+TEST_F(HfCheckpointDir, MissingTensorIsNamed) {
+  erase("model.layers.1.self_attn.q_proj.weight");
+  write("model.safetensors");
+  const std::string m = load_error();
+  EXPECT_HAS(m, dir_ + "/model.safetensors: missing tensor 'model.layers.1.self_attn.q_proj.weight' [32, 32]");
+}
+
+TEST_F(HfCheckpointDir, WrongShapeIsNamed) {
+  Tensor* t = find("model.norm.weight");
+  t->shape = {31};
+  t->data.resize(31 * 4);
+  write("model.safetensors");
+  EXPECT_HAS(load_error(), "model.safetensors: tensor 'model.norm.weight' has shape [31], config.json implies [32]");
+}
+
+TEST_F(HfCheckpointDir, UnknownTensorIsAnErrorButRotaryInvFreqIsIgnored) {
+  Tensor extra = *find("model.layers.0.mlp.experts.7.up_proj.weight");
+  extra.name = "model.layers.0.mlp.experts.8.up_proj.weight";  // a ninth expert the config lacks
+  tensors_.push_back(extra);
+  write("model.safetensors");
+  EXPECT_HAS(load_error(), "model.safetensors: unknown tensor 'model.layers.0.mlp.experts.8.up_proj.weight' [16, 32]");
+
+  erase(extra.name);
+  std::vector<float> inv(4, 0.5f);
+  Tensor rotary{"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {4}, {}};
+  rotary.data.resize(16);
+  std::memcpy(rotary.data.data(), inv.data(), 16);
+  tensors_.push_back(rotary);
+  write("model.safetensors");
+  EXPECT_EQ(load_error(), "no error");
+}
+
+TEST_F(HfCheckpointDir, MissingConfigOrWeightsIsNamed) {
+  write("model.safetensors");
+  fs::remove(dir_ + "/config.json");
+  EXPECT_HAS(load_error(), "no config.json");
+  fs::copy_file(kFixtures + "qwen3_moe/config.json", dir_ + "/config.json");
+  fs::remove(dir_ + "/model.safetensors");
+  EXPECT_HAS(load_error(), "has no model.safetensors and no model.safetensors.index.json");
+}
+
+TEST_F(HfCheckpointDir, IntegerWeightsAreRefused) {
+  Tensor* t = find("model.norm.weight");
+  t->dtype = "I32";
+  write("model.safetensors");
+  EXPECT_HAS(load_error(), "tensor 'model.norm.weight' is I32; weights must be F32, BF16, F16 or F64");
+}
+
+TEST_F(HfCheckpointDir, Bf16IsWidenedExactly) {
+  // Every tensor as BF16 (the top 16 bits of each f32): widening back is exact.
+  for (Tensor& t : tensors_) {
+    std::vector<std::byte> half(t.data.size() / 2);
+    for (std::size_t i = 0; i < half.size() / 2; ++i) std::memcpy(&half[2 * i], &t.data[4 * i + 2], 2);
+    t.data = std::move(half);
+    t.dtype = "BF16";
+  }
+  write("model.safetensors");
+  CpuDevice dev(16 * MiB);
+  const HfModel m = load_hf_model(dev, dir_, 4, 3);
+  for (const Tensor& t : tensors_) {
+    if (!m.store.contains(t.name)) continue;
+    const float* p = m.store.param(t.name);
+    for (std::size_t i = 0; i < t.data.size() / 2; ++i) {
+      std::uint32_t bits = 0;
+      std::uint16_t hi = 0;
+      std::memcpy(&hi, &t.data[2 * i], 2);
+      std::memcpy(&bits, &p[i], 4);
+      ASSERT_EQ(bits, static_cast<std::uint32_t>(hi) << 16) << t.name << "[" << i << "]";
+    }
+  }
+}
+
+TEST_F(HfCheckpointDir, ShardedCheckpointsFollowTheIndex) {
+  // Two shards split by layer, as save_pretrained(max_shard_size=...) writes them.
+  auto in_first = [](const Tensor& t) { return t.name.find("layers.1.") == std::string::npos; };
+  write("model-00001-of-00002.safetensors", in_first);
+  write("model-00002-of-00002.safetensors", [&](const Tensor& t) { return !in_first(t); });
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  for (const Tensor& t : tensors_)
+    index["weight_map"][t.name] = in_first(t) ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  std::ofstream(dir_ + "/model.safetensors.index.json") << index.dump();
+  // A stray model.safetensors beside the index is not read: the index names the files.
+  std::vector<float> junk(2);
+  write_safetensors(dir_ + "/model.safetensors", {{"junk", "F32", {2}, junk.data(), 8}});
+  EXPECT_EQ(hf_weight_files(dir_).size(), 2u);
+  CpuDevice dev(16 * MiB);
+  const HfModel m = load_hf_model(dev, dir_);
+  EXPECT_EQ(m.store.size(), tensors_.size());
+  for (const Tensor& t : tensors_)
+    EXPECT_EQ(std::memcmp(m.store.param(t.name), t.data.data(), t.data.size()), 0) << t.name;
+
+  // A tensor in both shards is ambiguous; an index naming a file outside the folder is refused.
+  write("model-00002-of-00002.safetensors", [&](const Tensor& t) { return !in_first(t) || t.name == "lm_head.weight"; });
+  EXPECT_HAS(load_error(), "tensor 'lm_head.weight' is also in");
+  index["weight_map"]["lm_head.weight"] = "../elsewhere.safetensors";
+  std::ofstream(dir_ + "/model.safetensors.index.json") << index.dump();
+  EXPECT_HAS(load_error(), "not a file inside the model directory");
+}
+
+}  // namespace
+}  // namespace peakbound
