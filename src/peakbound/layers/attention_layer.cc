@@ -1,0 +1,256 @@
+#include "peakbound/layers/attention_layer.h"
+
+#include <string>
+
+#include "peakbound/core/dtype.h"
+#include "peakbound/core/error.h"
+#include "peakbound/ops/attention.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/ops/rmsnorm.h"
+#include "peakbound/ops/rope.h"
+
+namespace peakbound {
+
+namespace {
+
+using u64 = std::uint64_t;
+// The runtime is f32; the footprint functions take the activations' element size as a
+// parameter. Statistics (rstd, lse), RoPE tables and the kernel workspace are f32 always.
+const u64 kF32 = dtype_size(DType::f32);
+const Component kC = Component::attention;
+
+u64 U(std::int64_t v) { return static_cast<u64>(v); }
+u64 mul(u64 a, u64 b) { return checked_mul(a, b, "attention layer buffer size"); }
+
+cpu::AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
+  cpu::AttentionDims d;
+  d.tokens = T;
+  d.q_heads = c.q_heads;
+  d.kv_heads = c.kv_heads;
+  d.qk_dim = c.head_dim;
+  d.v_dim = c.head_dim;
+  d.scale = 0.0f;  // 1 / sqrt(D), transformers' self.scaling = head_dim ** -0.5
+  return d;
+}
+
+Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
+
+}  // namespace
+
+void check_attention_layer_config(const AttentionLayerConfig& c) {
+  auto bad = [](const std::string& what) { throw InvalidArgument("attention layer: " + what); };
+  if (c.hidden <= 0) bad("hidden must be positive (got " + std::to_string(c.hidden) + ")");
+  if (c.q_heads <= 0) bad("q_heads must be positive (got " + std::to_string(c.q_heads) + ")");
+  if (c.kv_heads <= 0 || c.q_heads % c.kv_heads != 0)
+    bad("kv_heads must be positive and divide q_heads (got " + std::to_string(c.kv_heads) + " for " +
+        std::to_string(c.q_heads) + " query heads)");
+  if (c.head_dim <= 0 || c.head_dim % 2 != 0)
+    bad("head_dim must be positive and even for RoPE (got " + std::to_string(c.head_dim) + ")");
+  if (!(c.rope_theta > 0.0)) bad("rope_theta must be positive (got " + std::to_string(c.rope_theta) + ")");
+  if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
+}
+
+AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLayerConfig& c, u64 a) {
+  check_attention_layer_config(c);
+  if (T < 0) throw InvalidArgument("attention layer: tokens must be >= 0 (got " + std::to_string(T) + ")");
+  const u64 t = U(T), q = mul(U(c.q_heads), U(c.head_dim)), kv = mul(U(c.kv_heads), U(c.head_dim));
+  const u64 qk = c.qk_norm ? 1 : 0;
+  AttentionLayerBuffers b;
+  b.h = buffer_spec(kC, mul(t, U(c.hidden)), a);
+  b.rstd = buffer_spec(kC, t, kF32);
+  b.q = buffer_spec(kC, mul(t, q), a);
+  b.k = b.v = buffer_spec(kC, mul(t, kv), a);
+  b.q_pre = buffer_spec(kC, mul(qk, mul(t, q)), a);
+  b.k_pre = buffer_spec(kC, mul(qk, mul(t, kv)), a);
+  b.q_rstd = buffer_spec(kC, mul(qk, mul(t, U(c.q_heads))), kF32);
+  b.k_rstd = buffer_spec(kC, mul(qk, mul(t, U(c.kv_heads))), kF32);
+  b.rope_cos = b.rope_sin = buffer_spec(kC, U(ops::rope_table_elems(T, c.head_dim)), kF32);
+  b.o = buffer_spec(kC, mul(t, q), a);
+  b.lse = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
+  // The kernel checks T >= 1; with no tokens there is no call and no workspace.
+  const cpu::AttentionDims d = dims_of(T, c);
+  b.workspace_forward = buffer_spec(kC, T > 0 ? U(cpu::attention_forward_workspace_floats(d)) : 0, kF32);
+  b.workspace_backward = buffer_spec(kC, T > 0 ? U(cpu::attention_backward_workspace_floats(d)) : 0, kF32);
+  b.d_o = b.dq = b.q;
+  b.dk = b.dv = b.k;
+  return b;
+}
+
+Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& c, u64 elem_bytes) {
+  const AttentionLayerBuffers b = attention_layer_buffers(T, c, elem_bytes);
+  Footprint f("attention layer");
+  for (const char* phase : {"forward", "backward"}) {
+    const bool bwd = phase[0] == 'b';
+    for (const BufferSpec& s : {b.h, b.rstd, b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos,
+                                b.rope_sin, b.o, b.lse})
+      f.device(phase, s);
+    f.device(phase, bwd ? b.workspace_backward : b.workspace_forward);
+    if (bwd)
+      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv}) f.device(phase, s);
+  }
+  return f;
+}
+
+AttentionLayer::AttentionLayer(Device& dev, const AttentionLayerConfig& config, const AttentionLayerTensors& params,
+                               const AttentionLayerTensors& grads)
+    : dev_(dev), cfg_(config), p_(params), g_(grads) {
+  check_attention_layer_config(cfg_);
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Q = cfg_.q_heads * D, K = cfg_.kv_heads * D;
+  auto expect = [](const Tensor& t, const Shape& s, const char* name, const char* which) {
+    if (t.raw() == nullptr || t.dtype() != DType::f32 || !(t.shape() == s))
+      throw InvalidArgument(std::string("attention layer: ") + which + " " + name + " is " + t.shape().str() +
+                            (t.raw() == nullptr ? " (null)" : "") + ", want " + s.str() + " f32");
+  };
+  for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
+    expect(t->w_in, Shape{H}, "w_in", which);
+    expect(t->wq, Shape{Q, H}, "wq", which);
+    expect(t->wk, Shape{K, H}, "wk", which);
+    expect(t->wv, Shape{K, H}, "wv", which);
+    expect(t->wo, Shape{H, Q}, "wo", which);
+    if (cfg_.qk_norm) {
+      expect(t->q_norm, Shape{D}, "q_norm", which);
+      expect(t->k_norm, Shape{D}, "k_norm", which);
+    }
+  }
+}
+
+std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {
+  PB_CHECK_MSG(t.dtype() == DType::f32 && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
+               std::string("attention layer: ") + what + " is " + t.shape().str() + ", want [T, " +
+                   std::to_string(cfg_.hidden) + "] f32");
+  return t.dim(0);
+}
+
+// Allocates the forward's internals and computes them through o and lse. The
+// workspace is the backward's when the caller is backward (one buffer either way).
+void AttentionLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for_backward) {
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_, kF32);
+  in.h = allocate(dev_, b.h);
+  in.rstd = allocate(dev_, b.rstd);
+  in.q = allocate(dev_, b.q);
+  in.k = allocate(dev_, b.k);
+  in.v = allocate(dev_, b.v);
+  in.q_pre = allocate(dev_, b.q_pre);
+  in.k_pre = allocate(dev_, b.k_pre);
+  in.q_rstd = allocate(dev_, b.q_rstd);
+  in.k_rstd = allocate(dev_, b.k_rstd);
+  in.cos = allocate(dev_, b.rope_cos);
+  in.sin = allocate(dev_, b.rope_sin);
+  in.o = allocate(dev_, b.o);
+  in.lse = allocate(dev_, b.lse);
+  in.ws = allocate(dev_, for_backward ? b.workspace_backward : b.workspace_forward);
+
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
+  const std::int64_t Q = Hq * D, K = Hkv * D;
+  float* h = in.h.as<float>();
+  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_in.data<float>(), T, H, cfg_.rms_eps);
+  // With qk_norm the projections land in q_pre / k_pre (the norm's input, which its
+  // backward reads) and the norm writes q / k; without, they land in q / k directly.
+  float* qp = cfg_.qk_norm ? in.q_pre.as<float>() : in.q.as<float>();
+  float* kp = cfg_.qk_norm ? in.k_pre.as<float>() : in.k.as<float>();
+  ops::gemm(dev_, s, false, true, T, Q, H, 1.0f, h, H, p_.wq.data<float>(), H, 0.0f, qp, Q);
+  ops::gemm(dev_, s, false, true, T, K, H, 1.0f, h, H, p_.wk.data<float>(), H, 0.0f, kp, K);
+  ops::gemm(dev_, s, false, true, T, K, H, 1.0f, h, H, p_.wv.data<float>(), H, 0.0f, in.v.as<float>(), K);
+  if (cfg_.qk_norm) {
+    // [T, Hq, D] viewed as T*Hq rows of D: RMSNorm over each head's vector.
+    ops::rmsnorm_forward(dev_, s, in.q.as<float>(), in.q_rstd.as<float>(), qp, p_.q_norm.data<float>(), T * Hq, D,
+                         cfg_.rms_eps);
+    ops::rmsnorm_forward(dev_, s, in.k.as<float>(), in.k_rstd.as<float>(), kp, p_.k_norm.data<float>(), T * Hkv, D,
+                         cfg_.rms_eps);
+  }
+  ops::rope_tables(dev_, s, in.cos.as<float>(), in.sin.as<float>(), T, D, 0, cfg_.rope_theta);
+  ops::rope_forward(dev_, s, in.q.as<float>(), in.k.as<float>(), in.cos.as<float>(), in.sin.as<float>(), T, Hq, Hkv,
+                    D);
+  ops::attention_forward(dev_, s, in.o.as<float>(), in.lse.as<float>(), in.q.as<float>(), in.k.as<float>(),
+                         in.v.as<float>(), dims_of(T, cfg_), in.ws.as<float>());
+}
+
+void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
+  const std::int64_t T = check_shape(x, "x");
+  PB_CHECK_MSG(check_shape(y, "y") == T && y.raw() != x.raw(), "attention layer: y must be a distinct [T, H]");
+  if (T == 0) return;
+  Stream& s = dev_.compute_stream();
+  Internals in;
+  recompute(in, x.data<float>(), T, /*for_backward=*/false);
+  // y = x + o Wo^T: the residual copy, then o_proj added into it.
+  const std::int64_t H = cfg_.hidden, Q = cfg_.q_heads * cfg_.head_dim;
+  dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+  ops::gemm(dev_, s, false, true, T, H, Q, 1.0f, in.o.as<float>(), Q, p_.wo.data<float>(), Q, 1.0f, y.data<float>(),
+            H);
+  // The internals are freed on return: whatever reuses their memory next is ordered
+  // after this work on the compute stream.
+}
+
+void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const std::int64_t T = check_shape(x, "x");
+  PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "attention layer: token counts differ");
+  PB_CHECK_MSG(dx.raw() != x.raw() && dx.raw() != dy.raw(), "attention layer: dx must not alias x or dy");
+  if (T == 0) return;
+  Stream& s = dev_.compute_stream();
+  const float* xp = x.data<float>();
+  const float* dyp = dy.data<float>();
+  Internals in;
+  recompute(in, xp, T, /*for_backward=*/true);
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_, kF32);
+  Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
+
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
+  const std::int64_t Q = Hq * D, K = Hkv * D;
+  float *h = in.h.as<float>(), *q = in.q.as<float>(), *k = in.k.as<float>(), *v = in.v.as<float>();
+  float *dqp = dq.as<float>(), *dkp = dk.as<float>(), *dvp = dv.as<float>();
+
+  // o_proj: dWo += dy^T o [H, Q]; d_o = dy Wo [T, Q].
+  ops::gemm(dev_, s, true, false, H, Q, T, 1.0f, dyp, H, in.o.as<float>(), Q, 1.0f, g_.wo.data<float>(), Q);
+  ops::gemm(dev_, s, false, false, T, Q, H, 1.0f, dyp, H, p_.wo.data<float>(), Q, 0.0f, d_o.as<float>(), Q);
+  // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place.
+  ops::attention_backward(dev_, s, dqp, dkp, dvp, d_o.as<float>(), q, k, v, in.o.as<float>(), in.lse.as<float>(),
+                          dims_of(T, cfg_), in.ws.as<float>());
+  ops::rope_backward(dev_, s, dqp, dkp, in.cos.as<float>(), in.sin.as<float>(), T, Hq, Hkv, D);
+  if (cfg_.qk_norm) {
+    // The norm's backward adds into its dx: zero q and k (their last reader, the
+    // attention backward, is done) and take the projections' gradients there.
+    ops::fill(dev_, s, q, T * Q, 0.0f);
+    ops::fill(dev_, s, k, T * K, 0.0f);
+    ops::rmsnorm_backward(dev_, s, q, g_.q_norm.data<float>(), dqp, in.q_pre.as<float>(), p_.q_norm.data<float>(),
+                          in.q_rstd.as<float>(), T * Hq, D);
+    ops::rmsnorm_backward(dev_, s, k, g_.k_norm.data<float>(), dkp, in.k_pre.as<float>(), p_.k_norm.data<float>(),
+                          in.k_rstd.as<float>(), T * Hkv, D);
+    dqp = q;
+    dkp = k;
+  }
+  // Projections: dW += d^T h, then dh = dq Wq + dk Wk + dv Wv into h's buffer (h is
+  // read for the last time by the weight gradients, on the same stream, before).
+  ops::gemm(dev_, s, true, false, Q, H, T, 1.0f, dqp, Q, h, H, 1.0f, g_.wq.data<float>(), H);
+  ops::gemm(dev_, s, true, false, K, H, T, 1.0f, dkp, K, h, H, 1.0f, g_.wk.data<float>(), H);
+  ops::gemm(dev_, s, true, false, K, H, T, 1.0f, dvp, K, h, H, 1.0f, g_.wv.data<float>(), H);
+  float* dh = h;
+  ops::gemm(dev_, s, false, false, T, H, Q, 1.0f, dqp, Q, p_.wq.data<float>(), H, 0.0f, dh, H);
+  ops::gemm(dev_, s, false, false, T, H, K, 1.0f, dkp, K, p_.wk.data<float>(), H, 1.0f, dh, H);
+  ops::gemm(dev_, s, false, false, T, H, K, 1.0f, dvp, K, p_.wv.data<float>(), H, 1.0f, dh, H);
+  // dx = dy (the residual path) + input_layernorm's backward, which adds.
+  dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
+  ops::rmsnorm_backward(dev_, s, dx.data<float>(), g_.w_in.data<float>(), dh, xp, p_.w_in.data<float>(),
+                        in.rstd.as<float>(), T, H);
+}
+
+std::vector<Parameter> AttentionLayer::parameters() const {
+  std::vector<Parameter> out = {{"input_layernorm.weight", p_.w_in, g_.w_in},
+                                {"q_proj.weight", p_.wq, g_.wq},
+                                {"k_proj.weight", p_.wk, g_.wk},
+                                {"v_proj.weight", p_.wv, g_.wv},
+                                {"o_proj.weight", p_.wo, g_.wo}};
+  if (cfg_.qk_norm) {
+    out.push_back({"q_norm.weight", p_.q_norm, g_.q_norm});
+    out.push_back({"k_norm.weight", p_.k_norm, g_.k_norm});
+  }
+  return out;
+}
+
+void AttentionLayer::zero_grad() {
+  Stream& s = dev_.compute_stream();
+  for (const Parameter& p : parameters()) ops::fill(dev_, s, p.grad.data<float>(), p.grad.numel(), 0.0f);
+}
+
+}  // namespace peakbound

@@ -1,0 +1,100 @@
+// AttentionLayer: the attention sublayer of a Qwen3-MoE / Mixtral decoder layer as
+// transformers computes it (Qwen3MoeAttention / MixtralAttention with the decoder
+// layer's pre-norm and residual), f32, through ops:: on the device's compute stream:
+//   h = rmsnorm(x) * w_in                               (input_layernorm)
+//   q = h Wq^T [T, Hq*D], k = h Wk^T, v = h Wv^T [T, Hkv*D]   (nn.Linear, no bias)
+//   qk_norm (Qwen3): q, k = rmsnorm over each head's D * q_norm / k_norm, before RoPE
+//   q, k = rope(q, k, positions 0 .. T-1, theta)        (rotate_half)
+//   o = causal GQA attention(q, k, v), scale D^-0.5
+//   y = x + o Wo^T                                      (o_proj [H, Hq*D])
+// One sequence of T tokens per call. Parameters are views into memory the caller owns
+// (a parameter store); backward recomputes everything from x (activation
+// checkpointing), writes dx and ADDS into the parameter gradients. Every internal
+// buffer is allocated per call (component attention) from attention_layer_buffers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "peakbound/core/buffer.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/device/device.h"
+#include "peakbound/layers/block.h"
+
+namespace peakbound {
+
+// The sublayer's sizes (from the HF config: hidden_size, num_attention_heads,
+// num_key_value_heads, head_dim, rope_theta, rms_norm_eps; qk_norm for Qwen3).
+struct AttentionLayerConfig {
+  std::int64_t hidden = 0;    // H
+  std::int64_t q_heads = 0;   // Hq
+  std::int64_t kv_heads = 0;  // Hkv, divides Hq
+  std::int64_t head_dim = 0;  // D, even (RoPE)
+  double rope_theta = 10000.0;
+  float rms_eps = 1e-6f;
+  bool qk_norm = false;
+};
+
+// Throws InvalidArgument naming the first bad field.
+void check_attention_layer_config(const AttentionLayerConfig& c);
+
+// Views of the parameters (or of their gradients), f32 on the layer's device, in
+// nn.Linear layout (out x in): w_in [H], wq [Hq*D, H], wk, wv [Hkv*D, H], wo [H, Hq*D],
+// q_norm, k_norm [D] (left empty without qk_norm).
+struct AttentionLayerTensors {
+  Tensor w_in, wq, wk, wv, wo, q_norm, k_norm;
+};
+
+// One call's internals on T tokens (component attention). Forward: h [T, H], rstd [T],
+// q [T, Hq*D], k, v [T, Hkv*D], q_pre [T, Hq*D] and k_pre [T, Hkv*D] (the projections
+// before the q/k norm, its input kept for backward) and q_rstd [T, Hq], k_rstd [T, Hkv]
+// (qk_norm only, else 0 bytes), rope_cos, rope_sin [T, D/2], o [T, Hq*D], lse [T, Hq]
+// (f32 whatever elem_bytes), workspace_forward (the attention kernel's, f32). Backward
+// holds all of them (workspace_backward in place of workspace_forward) plus d_o
+// [T, Hq*D], dq [T, Hq*D], dk, dv [T, Hkv*D]; dq/dk before the q/k norm go into q and
+// k's buffers and dh into h's, so nothing else is needed.
+struct AttentionLayerBuffers {
+  BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
+  BufferSpec workspace_forward, workspace_backward;
+  BufferSpec d_o, dq, dk, dv;
+};
+AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const AttentionLayerConfig& c,
+                                              std::uint64_t elem_bytes);
+
+// Phases "forward" and "backward" (component attention only; parameters and their
+// gradients belong to the parameter store's footprint).
+Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c, std::uint64_t elem_bytes);
+
+class AttentionLayer final : public Block {
+ public:
+  // params and grads: views as AttentionLayerTensors says (checked; InvalidArgument on
+  // a wrong shape or dtype). The layer does not own them.
+  AttentionLayer(Device& dev, const AttentionLayerConfig& config, const AttentionLayerTensors& params,
+                 const AttentionLayerTensors& grads);
+
+  // x, y [T, H] f32; y must not alias x.
+  void forward(const Tensor& x, const Tensor& y) override;
+  // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient.
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  // HF names under self_attn / input_layernorm: input_layernorm.weight,
+  // q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight, then q_norm.weight,
+  // k_norm.weight with qk_norm.
+  std::vector<Parameter> parameters() const override;
+  void zero_grad() override;
+
+  const AttentionLayerConfig& config() const { return cfg_; }
+
+ private:
+  // The forward's internals through o and lse, allocated under `attention`.
+  struct Internals {
+    Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws;
+  };
+  void recompute(Internals& in, const float* x, std::int64_t T, bool for_backward);
+  std::int64_t check_shape(const Tensor& t, const char* what) const;
+
+  Device& dev_;
+  AttentionLayerConfig cfg_;
+  AttentionLayerTensors p_, g_;
+};
+
+}  // namespace peakbound
