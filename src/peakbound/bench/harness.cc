@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "peakbound/build_info.h"
+#include "peakbound/comm/launcher.h"
 #include "peakbound/core/error.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/verify/relative_error.h"
@@ -19,14 +20,9 @@ nlohmann::json machine_info() {
           {"hardware_threads", std::thread::hardware_concurrency()}};
 }
 
-int local_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
-    if (const char* s = std::getenv(v)) return std::max(1, std::atoi(s));
-  return 1;
-}
 
 void share_cores_among_local_ranks() {
-  cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / local_ranks()));
+  cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launcher_local_size()));
 }
 
 double group_relative_error(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {

@@ -41,9 +41,8 @@ double best_seconds(F&& f, int warmup, int reps) {
 // {"blas_core", "blas_threads", "hardware_threads", "version"}: printed with every result.
 nlohmann::json machine_info();
 
-// Ranks launched on this host (the launcher's local size; 1 without one), and giving
-// each an equal share of the cores as BLAS threads, so 4 ranks on 2 cores do not fight.
-int local_ranks();
+// Gives each rank launched on this host (comm/launcher.h) an equal share of the cores as
+// BLAS threads, so 4 ranks on 2 cores do not fight.
 void share_cores_among_local_ranks();
 
 // A collective step timed across the group: one untimed warm-up is the caller's; each

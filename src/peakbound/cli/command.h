@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "peakbound/comm/launcher.h"
+
 namespace peakbound::cli {
 
 struct Command {
@@ -26,10 +28,6 @@ struct Command {
   std::function<void()> validate;
 };
 
-// The rank and size the launcher (mpirun, srun) gives this process, read from its
-// environment before MPI starts: 0 and 1 when not launched by one.
-int launcher_rank();
-int launcher_size();
 
 using AddCommand = Command (*)(CLI::App& parent);
 

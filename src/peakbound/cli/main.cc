@@ -45,7 +45,7 @@ int fail(int code, const std::string& message) {
 // A failure every rank reaches alike (bad flags, a failed check before any
 // communication): printed once, by rank 0; every rank exits with the code, nothing aborts.
 int fail_everywhere(int code, const std::string& message) {
-  if (peakbound::cli::launcher_rank() == 0) print_error(message);
+  if (peakbound::launcher_rank() == 0) print_error(message);
   return code;
 }
 
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     // A case of a group (bench vocab) is parsed together with its group: run the deepest.
     for (auto it = commands.rbegin(); it != commands.rend(); ++it) {
       if (!it->app->parsed() || !it->app->get_subcommands().empty()) continue;
-      if (!it->collective && cli::launcher_rank() != 0) return 0;  // one report, from rank 0
+      if (!it->collective && launcher_rank() != 0) return 0;  // one report, from rank 0
       if (it->validate) {
         try {
           it->validate();

@@ -1,7 +1,5 @@
 // The command registry, the bench and verify groups, and `train` until it lands.
 #include <algorithm>
-#include <cstdlib>
-#include <initializer_list>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -34,23 +32,6 @@ Command not_yet(CLI::App& parent, const std::string& name, const std::string& he
 }
 
 }  // namespace
-
-namespace {
-
-int env_int(std::initializer_list<const char*> names, int fallback) {
-  for (const char* n : names)
-    if (const char* v = std::getenv(n)) {
-      char* end = nullptr;
-      const long x = std::strtol(v, &end, 10);
-      if (end != v && *end == '\0' && x >= 0 && x < (1L << 30)) return static_cast<int>(x);
-    }
-  return fallback;
-}
-
-}  // namespace
-
-int launcher_rank() { return env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}, 0); }
-int launcher_size() { return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1); }
 
 bool register_command(const char* parent, const char* name, AddCommand add) {
   registry().push_back({parent, name, add});
