@@ -2,7 +2,6 @@
 // from DispatchOptions{} (the library's), unless a command sets its own problem size.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -59,13 +58,9 @@ struct DispatchFlags {
       throw InvalidArgument("--experts " + std::to_string(experts) + " is not divisible by the " +
                             std::to_string(ranks) + " ranks");
     if (top_k > experts) throw InvalidArgument("--topk " + std::to_string(top_k) + " exceeds --experts " + std::to_string(experts));
-    // The library names its options; the CLI names its flags.
-    if (cap < 1) throw InvalidArgument("--cap must be positive");
-    if (!std::isfinite(alpha) || alpha < 1.0) throw InvalidArgument("--alpha must be a finite number >= 1");
-    if (!std::isfinite(lambda) || lambda < 0.0) throw InvalidArgument("--lambda must be a finite number >= 0");
-    if (min_spill < 1) throw InvalidArgument("--min-spill must be positive");
+    // The knobs' ranges (--cap, --alpha, --lambda, --min-spill, --zipf-s) are the flags'
+    // own (cli/flags.h): only what depends on several flags or on the ranks is checked here.
     if (device_memory != "auto") parse_bytes(device_memory, "--device-memory");
-    if (!std::isfinite(zipf_s) || zipf_s < 0.0) throw InvalidArgument("--zipf-s must be a finite number >= 0");
   }
 
   DispatchOptions options() const {

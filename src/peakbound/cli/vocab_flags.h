@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,8 +50,6 @@ struct VocabFlags {
   VocabDims dims() const { return VocabDims{vocab, hidden}; }
 
   VocabLossOptions options() const {
-    // NaN passes CLI::Range (every comparison with it is false).
-    if (!std::isfinite(z_loss)) throw InvalidArgument("--z-loss must be a finite number in [0, 1] (got " + std::to_string(z_loss) + ")");
     VocabLossOptions o;
     o.chunk = chunk;
     o.z_loss = z_loss;

@@ -180,10 +180,9 @@ Footprint optimizer_term(const PlanInputs& in, u64 shard_params, bool adam) {
 PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& sched) {
   const ModelConfig& m = in.model;
   const PlanShapes s = plan_shapes(in, pc);
-  const u64 T = U(s.tokens_per_device), H = U(m.hidden_size);
+  const u64 H = U(m.hidden_size);
   const u64 a = U(in.activation_bytes), pb = U(in.param_bytes), gb = U(in.grad_bytes);
   const bool has_moe = pc.num_moe_layers > 0;
-  (void)T;
 
   // ---- persistent state: shards of params, grads and optimizer --------------------
   // Routed experts: EP-sharded, then FSDP over the devices/EP replicas (so / devices);
