@@ -340,6 +340,76 @@ TEST(AttentionLayer, ForwardAndBackwardMatchTheDoubleReference) {
               worst_bwd, cases().size());
 }
 
+// A call of B sequences of S tokens (seq_len S) equals B separate sequences: positions
+// restart and nothing attends across a boundary. Reference: the double layer run on
+// each sequence alone, outputs concatenated, parameter gradients summed.
+TEST(AttentionLayer, SeveralSequencesPerCallMatchOneSequenceEach) {
+  for (auto [B, S] : {std::pair<std::int64_t, std::int64_t>{3, 7}, {2, 1}, {4, 16}}) {
+    const Case one{S, 20, 4, 2, 8, true};
+    SCOPED_TRACE("B=" + std::to_string(B) + " " + one.str());
+    std::mt19937 rng(static_cast<std::uint32_t>(B * 100 + S));
+    const Params P = random_params(one, rng);
+    const std::int64_t T = B * S, H = one.H;
+    const Vec x = randn(T * H, rng, 0.0, 1.0), dy = randn(T * H, rng, 0.0, 1.0);
+    Vec ref_y, ref_dx;
+    Params ref_g;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const Vec xs(x.begin() + b * S * H, x.begin() + (b + 1) * S * H);
+      const Vec dys(dy.begin() + b * S * H, dy.begin() + (b + 1) * S * H);
+      const Forward f = reference_forward(one, xs, P);
+      ref_y.insert(ref_y.end(), f.y.begin(), f.y.end());
+      Vec dxs;
+      Params g;
+      reference_backward(one, xs, P, dys, dxs, g);
+      ref_dx.insert(ref_dx.end(), dxs.begin(), dxs.end());
+      if (b == 0) {
+        ref_g = g;
+        continue;
+      }
+      for (auto [acc, part] : {std::pair{&ref_g.w_in, &g.w_in}, {&ref_g.wq, &g.wq}, {&ref_g.wk, &g.wk},
+                               {&ref_g.wv, &g.wv}, {&ref_g.wo, &g.wo}, {&ref_g.q_norm, &g.q_norm},
+                               {&ref_g.k_norm, &g.k_norm}})
+        for (std::size_t i = 0; i < acc->size(); ++i) (*acc)[i] += (*part)[i];
+    }
+
+    CpuDevice dev(64 << 20);
+    DeviceParams dp(dev, Component::params, one, &P), dg(dev, Component::grads, one, nullptr);
+    AttentionLayerConfig cfg = config_of(one);
+    cfg.seq_len = S;
+    AttentionLayer layer(dev, cfg, dp.t, dg.t);
+    const auto bytes = static_cast<std::uint64_t>(T * H) * 4;
+    Buffer xb = dev.allocate(Component::workspace, bytes), yb = dev.allocate(Component::workspace, bytes);
+    Buffer dyb = dev.allocate(Component::workspace, bytes), dxb = dev.allocate(Component::workspace, bytes);
+    for (std::int64_t i = 0; i < T * H; ++i) {
+      xb.as<float>()[i] = static_cast<float>(x[i]);
+      dyb.as<float>()[i] = static_cast<float>(dy[i]);
+    }
+    const Shape s{T, H};
+    layer.forward(xb.tensor(s, DType::f32), yb.tensor(s, DType::f32));
+    layer.backward(xb.tensor(s, DType::f32), dyb.tensor(s, DType::f32), dxb.tensor(s, DType::f32));
+    dev.synchronize();
+    EXPECT_LT(rel_err(yb.as<float>(), ref_y), kTol) << "y";
+    EXPECT_LT(rel_err(dxb.as<float>(), ref_dx), kTol) << "dx";
+    EXPECT_LT(rel_err(dg.t.wq.data<float>(), ref_g.wq), kTol) << "d wq";
+    EXPECT_LT(rel_err(dg.t.wk.data<float>(), ref_g.wk), kTol) << "d wk";
+    EXPECT_LT(rel_err(dg.t.wo.data<float>(), ref_g.wo), kTol) << "d wo";
+    EXPECT_LT(rel_err(dg.t.q_norm.data<float>(), ref_g.q_norm), kTol) << "d q_norm";
+    EXPECT_LT(rel_err(dg.t.w_in.data<float>(), ref_g.w_in), kTol) << "d w_in";
+  }
+  // A call that is not a whole number of sequences is refused.
+  const Case c{5, 20, 4, 2, 8, false};
+  CpuDevice dev(16 << 20);
+  std::mt19937 rng(3);
+  const Params P = random_params(c, rng);
+  DeviceParams dp(dev, Component::params, c, &P), dg(dev, Component::grads, c, nullptr);
+  AttentionLayerConfig cfg = config_of(c);
+  cfg.seq_len = 4;
+  AttentionLayer layer(dev, cfg, dp.t, dg.t);
+  Buffer xb = dev.allocate(Component::workspace, 5 * 20 * 4), yb = dev.allocate(Component::workspace, 5 * 20 * 4);
+  EXPECT_THROW(layer.forward(xb.tensor(Shape{5, 20}, DType::f32), yb.tensor(Shape{5, 20}, DType::f32)),
+               InvalidArgument);
+}
+
 // The chain-rule reference against central differences of the double forward for
 // L = sum(dy * y), on every element of x and of every parameter, for two small cases
 // (one with qk_norm). Step 1e-5 in double: truncation ~1e-10 relative, far below 1e-7.

@@ -49,7 +49,21 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
     bad("head_dim must be positive and even for RoPE (got " + std::to_string(c.head_dim) + ")");
   if (!(c.rope_theta > 0.0)) bad("rope_theta must be positive (got " + std::to_string(c.rope_theta) + ")");
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
+  if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
 }
+
+namespace {
+
+// Tokens per sequence of a T-token call; throws unless T is a whole number of sequences.
+std::int64_t sequence_length(std::int64_t T, const AttentionLayerConfig& c) {
+  if (c.seq_len == 0) return T;
+  if (T % c.seq_len != 0)
+    throw InvalidArgument("attention layer: " + std::to_string(T) + " tokens are not a whole number of sequences of " +
+                          std::to_string(c.seq_len));
+  return c.seq_len;
+}
+
+}  // namespace
 
 AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLayerConfig& c, u64 a) {
   check_attention_layer_config(c);
@@ -65,11 +79,12 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.k_pre = buffer_spec(kC, mul(qk, mul(t, kv)), a);
   b.q_rstd = buffer_spec(kC, mul(qk, mul(t, U(c.q_heads))), kF32);
   b.k_rstd = buffer_spec(kC, mul(qk, mul(t, U(c.kv_heads))), kF32);
-  b.rope_cos = b.rope_sin = buffer_spec(kC, U(ops::rope_table_elems(T, c.head_dim)), kF32);
+  const std::int64_t S = sequence_length(T, c);
+  b.rope_cos = b.rope_sin = buffer_spec(kC, U(ops::rope_table_elems(T > 0 ? S : 0, c.head_dim)), kF32);
   b.o = buffer_spec(kC, mul(t, q), a);
   b.lse = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
   // The kernel checks T >= 1; with no tokens there is no call and no workspace.
-  const cpu::AttentionDims d = dims_of(T, c);
+  const cpu::AttentionDims d = dims_of(S, c);
   b.workspace_forward = buffer_spec(kC, T > 0 ? U(cpu::attention_forward_workspace_floats(d)) : 0, kF32);
   b.workspace_backward = buffer_spec(kC, T > 0 ? U(cpu::attention_backward_workspace_floats(d)) : 0, kF32);
   b.d_o = b.dq = b.q;
@@ -160,11 +175,14 @@ void AttentionLayer::recompute(Internals& in, const float* x, std::int64_t T, bo
     ops::rmsnorm_forward(dev_, s, in.k.as<float>(), in.k_rstd.as<float>(), kp, p_.k_norm.data<float>(), T * Hkv, D,
                          cfg_.rms_eps);
   }
-  ops::rope_tables(dev_, s, in.cos.as<float>(), in.sin.as<float>(), T, D, 0, cfg_.rope_theta);
-  ops::rope_forward(dev_, s, in.q.as<float>(), in.k.as<float>(), in.cos.as<float>(), in.sin.as<float>(), T, Hq, Hkv,
-                    D);
-  ops::attention_forward(dev_, s, in.o.as<float>(), in.lse.as<float>(), in.q.as<float>(), in.k.as<float>(),
-                         in.v.as<float>(), dims_of(T, cfg_), in.ws.as<float>());
+  const std::int64_t S = sequence_length(T, cfg_);
+  ops::rope_tables(dev_, s, in.cos.as<float>(), in.sin.as<float>(), S, D, 0, cfg_.rope_theta);
+  for (std::int64_t b = 0; b < T; b += S) {
+    float *q = in.q.as<float>() + b * Q, *k = in.k.as<float>() + b * K;
+    ops::rope_forward(dev_, s, q, k, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
+    ops::attention_forward(dev_, s, in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq, q, k,
+                           in.v.as<float>() + b * K, dims_of(S, cfg_), in.ws.as<float>());
+  }
 }
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
@@ -204,10 +222,15 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   // o_proj: dWo += dy^T o [H, Q]; d_o = dy Wo [T, Q].
   ops::gemm(dev_, s, true, false, H, Q, T, 1.0f, dyp, H, in.o.as<float>(), Q, 1.0f, g_.wo.data<float>(), Q);
   ops::gemm(dev_, s, false, false, T, Q, H, 1.0f, dyp, H, p_.wo.data<float>(), Q, 0.0f, d_o.as<float>(), Q);
-  // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place.
-  ops::attention_backward(dev_, s, dqp, dkp, dvp, d_o.as<float>(), q, k, v, in.o.as<float>(), in.lse.as<float>(),
-                          dims_of(T, cfg_), in.ws.as<float>());
-  ops::rope_backward(dev_, s, dqp, dkp, in.cos.as<float>(), in.sin.as<float>(), T, Hq, Hkv, D);
+  // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place,
+  // sequence by sequence (the workspace is one sequence's).
+  const std::int64_t S = sequence_length(T, cfg_);
+  for (std::int64_t b = 0; b < T; b += S) {
+    ops::attention_backward(dev_, s, dqp + b * Q, dkp + b * K, dvp + b * K, d_o.as<float>() + b * Q, q + b * Q,
+                            k + b * K, v + b * K, in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq,
+                            dims_of(S, cfg_), in.ws.as<float>());
+    ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
+  }
   if (cfg_.qk_norm) {
     // The norm's backward adds into its dx: zero q and k (their last reader, the
     // attention backward, is done) and take the projections' gradients there.

@@ -7,7 +7,10 @@
 //   q, k = rope(q, k, positions 0 .. T-1, theta)        (rotate_half)
 //   o = causal GQA attention(q, k, v), scale D^-0.5
 //   y = x + o Wo^T                                      (o_proj [H, Hq*D])
-// One sequence of T tokens per call. Parameters are views into memory the caller owns
+// A call takes T = B x S tokens: B whole sequences of seq_len S each, one after the
+// other (seq_len 0: the call is one sequence of T). Positions restart at 0 in every
+// sequence and no token attends across a sequence boundary; the projections run over
+// all T rows at once. Parameters are views into memory the caller owns
 // (a parameter store); backward recomputes everything from x (activation
 // checkpointing), writes dx and ADDS into the parameter gradients. Every internal
 // buffer is allocated per call (component attention) from attention_layer_buffers.
@@ -33,6 +36,7 @@ struct AttentionLayerConfig {
   double rope_theta = 10000.0;
   float rms_eps = 1e-6f;
   bool qk_norm = false;
+  std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
 };
 
 // Throws InvalidArgument naming the first bad field.
@@ -48,8 +52,10 @@ struct AttentionLayerTensors {
 // One call's internals on T tokens (component attention). Forward: h [T, H], rstd [T],
 // q [T, Hq*D], k, v [T, Hkv*D], q_pre [T, Hq*D] and k_pre [T, Hkv*D] (the projections
 // before the q/k norm, its input kept for backward) and q_rstd [T, Hq], k_rstd [T, Hkv]
-// (qk_norm only, else 0 bytes), rope_cos, rope_sin [T, D/2], o [T, Hq*D], lse [T, Hq]
-// (f32 whatever elem_bytes), workspace_forward (the attention kernel's, f32). Backward
+// (qk_norm only, else 0 bytes), rope_cos, rope_sin [S, D/2] (one sequence's: every
+// sequence uses the same positions), o [T, Hq*D], lse [T, Hq] (f32 whatever
+// elem_bytes), workspace_forward (the attention kernel's for one sequence, f32,
+// reused sequence after sequence). Backward
 // holds all of them (workspace_backward in place of workspace_forward) plus d_o
 // [T, Hq*D], dq [T, Hq*D], dk, dv [T, Hkv*D]; dq/dk before the q/k norm go into q and
 // k's buffers and dh into h's, so nothing else is needed.

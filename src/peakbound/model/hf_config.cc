@@ -248,6 +248,24 @@ void read_rope_theta(const json& config, const HfFields& r, ModelConfig& c) {
   c.rope_theta = v->get<double>();
 }
 
+// A number field with a default; a present non-number is an error naming the field.
+double number_or(const json& config, const HfFields& r, const char* field, double fallback) {
+  if (!config.contains(field) || config.at(field).is_null()) return fallback;
+  const json& v = config.at(field);
+  if (!v.is_number()) r.fail(std::string("field '") + field + "' must be a number, got " + v.type_name());
+  return v.get<double>();
+}
+
+// The training fields: norm epsilon, the aux-loss coefficient (counted only when
+// output_router_logits is true, as transformers does), the init scale. Defaults are
+// transformers' (Mixtral's eps 1e-5, the others 1e-6; aux coefficient 0.001).
+void read_training_fields(const json& config, const HfFields& r, ModelConfig& c) {
+  c.rms_norm_eps = number_or(config, r, "rms_norm_eps", r.model_type() == "mixtral" ? 1e-5 : 1e-6);
+  const double coef = number_or(config, r, "router_aux_loss_coef", 0.001);
+  c.router_aux_loss_coef = r.boolean_or("output_router_logits", false) ? coef : 0.0;
+  c.initializer_range = number_or(config, r, "initializer_range", 0.02);
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
@@ -284,6 +302,7 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
   }
   read_sliding_window(r, c);
   read_rope_theta(config, r, c);
+  read_training_fields(config, r, c);
 
   try {
     c.validate();

@@ -143,6 +143,12 @@ void ModelConfig::validate() const {
   // Negated so that NaN fails too.
   if (!(rope_theta > 0.0 && rope_theta < 1e300))
     c.fail("rope_theta must be a finite number > 0, got " + std::to_string(rope_theta));
+  if (!(rms_norm_eps >= 0.0 && rms_norm_eps < 1.0))
+    c.fail("rms_norm_eps must be in [0, 1), got " + std::to_string(rms_norm_eps));
+  if (!(router_aux_loss_coef >= 0.0 && router_aux_loss_coef < 1e6))
+    c.fail("router_aux_loss_coef must be a finite number >= 0, got " + std::to_string(router_aux_loss_coef));
+  if (!(initializer_range >= 0.0 && initializer_range < 1e6))
+    c.fail("initializer_range must be a finite number >= 0, got " + std::to_string(initializer_range));
 
   c.non_negative("num_mtp_layers", num_mtp_layers);
   c.non_negative("sliding_window", sliding_window);

@@ -81,6 +81,16 @@ struct ModelConfig {
   // DeepSeek and gpt-oss) is not read.
   double rope_theta = 10000.0;
 
+  // RMSNorm epsilon (rms_norm_eps), every norm of the model.
+  double rms_norm_eps = 1e-6;
+  // Coefficient of the router's load-balancing loss in the training loss: the config's
+  // router_aux_loss_coef when output_router_logits is true (transformers adds the loss
+  // only then), else 0.
+  double router_aux_loss_coef = 0.0;
+  // Standard deviation of the normal initialisation of every Linear and the
+  // embedding (initializer_range); RMSNorm weights start at 1.
+  double initializer_range = 0.02;
+
   bool tie_word_embeddings = false;
   // DeepSeek multi-token-prediction modules (num_nextn_predict_layers); counted
   // apart from the headline total, as DeepSeek reports it.

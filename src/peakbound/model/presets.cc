@@ -94,6 +94,7 @@ Preset qwen3_30b() {
 Preset gpt_oss_120b() {
   ModelConfig c;
   c.name = "gpt-oss-120b";
+  c.rms_norm_eps = 1e-5;
   c.family = "gpt_oss";
   c.rope_theta = 150000.0;  // config.json rope_theta
   c.vocab_size = 201088;
@@ -129,6 +130,7 @@ Preset gpt_oss_120b() {
 Preset mixtral_8x22b() {
   ModelConfig c;
   c.name = "mixtral-8x22b";
+  c.rms_norm_eps = 1e-5;
   c.family = "mixtral";
   c.rope_theta = 1000000.0;  // config.json rope_theta
   c.vocab_size = 32000;
@@ -173,6 +175,7 @@ ModelConfig small_model(std::string name, std::int64_t vocab, std::int64_t hidde
   c.num_heads = heads;
   c.num_kv_heads = 2;
   c.head_dim = head_dim;
+  c.router_aux_loss_coef = 0.01;
   return c;
 }
 

@@ -1,0 +1,22 @@
+// Token embedding lookup and its gradient, llm.c style, over one vocabulary shard:
+// the table holds rows [row_offset, row_offset + rows) of the full [V, H] embedding.
+//
+//   forward:  out[t, :] = table[ids[t] - row_offset, :]   when ids[t] is in the shard,
+//             0 otherwise (a vocabulary-parallel embedding sums the shards' outputs)
+//   backward: dtable[ids[t] - row_offset, :] += dout[t, :] for ids[t] in the shard,
+//             tokens in order, so the result does not depend on threading.
+#pragma once
+
+#include <cstdint>
+
+namespace peakbound::cpu {
+
+// ids [T] read; table [rows, H] read; out [T, H] WRITTEN.
+void embedding_forward(float* out, const std::int32_t* ids, const float* table, std::int64_t T, std::int64_t H,
+                       std::int64_t row_offset, std::int64_t rows);
+
+// ids [T] read; dout [T, H] read; dtable [rows, H] ADDED INTO.
+void embedding_backward(float* dtable, const std::int32_t* ids, const float* dout, std::int64_t T, std::int64_t H,
+                        std::int64_t row_offset, std::int64_t rows);
+
+}  // namespace peakbound::cpu
