@@ -130,6 +130,13 @@ AttentionLayer::AttentionLayer(Device& dev, const AttentionLayerConfig& config, 
   }
 }
 
+void AttentionLayer::set_seq_len(std::int64_t s) {
+  AttentionLayerConfig c = cfg_;
+  c.seq_len = s;
+  check_attention_layer_config(c);
+  cfg_ = c;
+}
+
 std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {
   PB_CHECK_MSG(t.dtype() == DType::f32 && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
                std::string("attention layer: ") + what + " is " + t.shape().str() + ", want [T, " +

@@ -89,6 +89,8 @@ class AttentionLayer final : public Block {
   void zero_grad() override;
 
   const AttentionLayerConfig& config() const { return cfg_; }
+  // Tokens per sequence of the next calls (0: each call one sequence); InvalidArgument if < 0.
+  void set_seq_len(std::int64_t s);
 
  private:
   // The forward's internals through o and lse, allocated under `attention`.

@@ -43,7 +43,11 @@ std::int64_t ParameterView::numel() const {
   return n;
 }
 
-ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select) {
+ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select,
+                                 const LayoutOptions& options) {
+  if (options.align == 0 || options.total_multiple == 0)
+    throw InvalidArgument("parameter layout: align and total_multiple must be positive");
+  const std::uint64_t align = options.align;
   ParameterLayout out;
   out.views.reserve(static_cast<std::size_t>(table.size()));
   table.for_each([&](const TensorEntry& e) {
@@ -62,12 +66,13 @@ ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& 
     v.offset = out.elements;
     const auto n = static_cast<std::uint64_t>(v.numel());
     out.numel += v.numel();
-    // Round each view's end up so the next one starts 256-byte aligned.
+    // Round each view's end up so the next one starts aligned.
     const std::uint64_t end = checked_add(out.elements, n, "parameter store size");
-    out.elements = checked_mul((end + kViewAlignElements - 1) / kViewAlignElements, kViewAlignElements,
-                               "parameter store size");
+    out.elements = checked_mul((end + align - 1) / align, align, "parameter store size");
     out.views.push_back(std::move(v));
   });
+  const std::uint64_t m = options.total_multiple;
+  out.elements = checked_mul((out.elements + m - 1) / m, m, "parameter store size");
   return out;
 }
 
@@ -77,20 +82,21 @@ ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std
 }
 
 ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
-                                              std::uint64_t elem_bytes) {
-  return parameter_store_buffers(parameter_layout(table, select), elem_bytes);
+                                              std::uint64_t elem_bytes, const LayoutOptions& options) {
+  return parameter_store_buffers(parameter_layout(table, select, options), elem_bytes);
 }
 
 Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
-                                    std::uint64_t elem_bytes) {
-  const ParameterStoreBuffers b = parameter_store_buffers(table, select, elem_bytes);
+                                    std::uint64_t elem_bytes, const LayoutOptions& options) {
+  const ParameterStoreBuffers b = parameter_store_buffers(table, select, elem_bytes, options);
   Footprint f("parameter_store");
   f.device("resident", b.params).device("resident", b.grads);
   return f;
 }
 
-ParameterStore::ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select)
-    : dev_(&dev), table_(table), layout_(parameter_layout(table, select)) {
+ParameterStore::ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select,
+                               const LayoutOptions& options)
+    : dev_(&dev), table_(table), layout_(parameter_layout(table, select, options)) {
   index_.reserve(layout_.views.size());
   for (std::size_t i = 0; i < layout_.views.size(); ++i) index_.emplace(layout_.views[i].name(), i);
   const ParameterStoreBuffers b = parameter_store_buffers(layout_, sizeof(float));

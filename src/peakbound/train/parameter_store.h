@@ -67,8 +67,20 @@ struct ParameterLayout {
 
 inline constexpr std::uint64_t kViewAlignElements = 64;
 
-// Throws InvalidArgument when the selector returns rows outside [0, dim 0).
-ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select);
+// Where views start and how long the buffers are. The default aligns every view to
+// 256 bytes. align 1 packs views back to back: a routed-expert store uses it so that
+// a layer's experts form the one contiguous [E/EP, 3FH] block MoeDispatch reads.
+// total_multiple rounds the buffer length up (a multiple of the sharding group's
+// size lets reduce-scatter and all-gather split it evenly).
+struct LayoutOptions {
+  std::uint64_t align = kViewAlignElements;
+  std::uint64_t total_multiple = kViewAlignElements;
+};
+
+// Throws InvalidArgument when the selector returns rows outside [0, dim 0), or for an
+// align or total_multiple of 0.
+ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select,
+                                 const LayoutOptions& options = {});
 
 // The two device buffers a ParameterStore allocates, at elem_bytes per element.
 struct ParameterStoreBuffers {
@@ -77,15 +89,16 @@ struct ParameterStoreBuffers {
 };
 ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t elem_bytes);
 ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
-                                              std::uint64_t elem_bytes);
+                                              std::uint64_t elem_bytes, const LayoutOptions& options = {});
 // The same as a Footprint: one phase, "resident", holding both for the whole run.
 Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
-                                    std::uint64_t elem_bytes);
+                                    std::uint64_t elem_bytes, const LayoutOptions& options = {});
 
 class ParameterStore {
  public:
   // Allocates both buffers (f32) from the device and zeroes them (waits for that).
-  ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select = replicate_all());
+  ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select = replicate_all(),
+                 const LayoutOptions& options = {});
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ParameterStore(ParameterStore&&) = default;

@@ -1,0 +1,48 @@
+#include "peakbound/layers/decoder_layer.h"
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidden, std::uint64_t elem_bytes) {
+  if (tokens < 0 || hidden < 1) throw InvalidArgument("decoder layer: tokens must be >= 0 and hidden >= 1");
+  const std::uint64_t n =
+      checked_mul(static_cast<std::uint64_t>(tokens), static_cast<std::uint64_t>(hidden), "decoder layer [T, H]");
+  DecoderLayerBuffers b;
+  b.mid = b.d_mid = buffer_spec(Component::layer, n, elem_bytes);
+  return b;
+}
+
+DecoderLayer::DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, Block& mlp)
+    : dev_(dev), hidden_(hidden), attention_(attention), mlp_(mlp) {}
+
+void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
+  const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
+  Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
+  const Tensor m = mid.tensor(x.shape(), x.dtype());
+  attention_.forward(x, m);
+  mlp_.forward(m, y);
+}
+
+void DecoderLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
+  Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
+  Buffer d_mid = dev_.allocate(b.d_mid.component, b.d_mid.bytes);
+  const Tensor m = mid.tensor(x.shape(), x.dtype()), dm = d_mid.tensor(x.shape(), x.dtype());
+  attention_.forward(x, m);
+  mlp_.backward(m, dy, dm);
+  attention_.backward(x, dm, dx);
+}
+
+std::vector<Parameter> DecoderLayer::parameters() const {
+  std::vector<Parameter> out = attention_.parameters();
+  for (Parameter& p : mlp_.parameters()) out.push_back(std::move(p));
+  return out;
+}
+
+void DecoderLayer::zero_grad() {
+  attention_.zero_grad();
+  mlp_.zero_grad();
+}
+
+}  // namespace peakbound

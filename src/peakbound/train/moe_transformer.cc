@@ -1,0 +1,406 @@
+#include "peakbound/train/moe_transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/layers/attention_layer.h"
+#include "peakbound/layers/decoder_layer.h"
+#include "peakbound/layers/moe_layer.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/embedding.h"
+#include "peakbound/ops/moe_router.h"
+#include "peakbound/ops/rmsnorm.h"
+#include "peakbound/schedules/checkpoint_offload.h"
+#include "peakbound/train/hf_checkpoint.h"
+
+namespace peakbound {
+
+namespace {
+
+using u64 = std::uint64_t;
+
+void unsupported(const ModelConfig& c, const std::string& what) {
+  throw InvalidArgument("model '" + c.name + "': " + what + " is not implemented by the trainer yet");
+}
+
+// splitmix64: a counter-based generator, so element i of a tensor needs no state.
+u64 mix(u64 x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+u64 fnv1a(const std::string& s) {
+  u64 h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+// Element i of a N(0, 1) stream keyed by k (Box-Muller on two 53-bit uniforms in (0, 1]).
+double normal_at(u64 k, u64 i) {
+  const double u1 = (static_cast<double>(mix(k + 2 * i) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(mix(k + 2 * i + 1) >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+bool is_norm_weight(const TensorEntry& e) {
+  // input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm.
+  const std::string& n = e.name;
+  const std::string suffix = "norm.weight";
+  return e.shape.size() == 1 && n.size() >= suffix.size() &&
+         n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+Shape shape_of(const std::vector<std::int64_t>& d) {
+  switch (d.size()) {
+    case 1: return Shape{d[0]};
+    case 2: return Shape{d[0], d[1]};
+    case 3: return Shape{d[0], d[1], d[2]};
+    default: throw InternalError("moe transformer: unexpected tensor rank " + std::to_string(d.size()));
+  }
+}
+
+}  // namespace
+
+void check_trainable(const ModelConfig& c) {
+  c.validate();
+  if (c.attention != AttentionKind::gqa) unsupported(c, "MLA attention");
+  if (c.attention_qkv_bias || c.attention_out_bias) unsupported(c, "attention biases");
+  if (c.attention_sinks) unsupported(c, "attention sinks");
+  if (c.num_sliding_layers > 0) unsupported(c, "sliding-window attention");
+  if (c.router_scoring != RouterScoring::softmax) unsupported(c, "sigmoid router scoring");
+  if (c.router_bias || c.router_score_correction) unsupported(c, "router biases");
+  if (c.mlp_bias) unsupported(c, "MLP biases");
+  if (c.tie_word_embeddings) unsupported(c, "tied embeddings");
+  if (c.family == "gpt_oss") unsupported(c, "gpt-oss's fused experts");
+  if (c.num_shared_experts > 1 && c.family != "deepseek_v3" && c.family != "deepseek_v2")
+    unsupported(c, "more than one separately stored shared expert");
+  if (c.num_experts == 0 && c.num_layers == 0) unsupported(c, "a model without layers");
+}
+
+// One decoder layer: its two sublayers and the block the stack runs.
+struct MoeTransformer::Layer {
+  std::unique_ptr<AttentionLayer> attention;
+  std::unique_ptr<MoeLayer> mlp;
+  std::unique_ptr<DecoderLayer> block;
+};
+
+// One micro-batch's device state.
+struct MoeTransformer::Pass {
+  std::int64_t T = 0, S = 0, world_tokens = 0;
+  Buffer ids, targets, x;
+};
+
+Tensor MoeTransformer::view(ParameterStore& s, const std::string& name, bool grad) const {
+  const ParameterView& v = s.view(name);
+  return Tensor(grad ? s.grad(v) : s.param(v), shape_of(v.shape), DType::f32, Location::device);
+}
+
+MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& groups, const ModelConfig& config,
+                               const ModelSchedules& schedules)
+    : dev_(dev), host_(host), groups_(groups), config_(config), table_(config), schedules_(schedules) {
+  check_trainable(config_);
+  const ModelConfig& c = config_;
+  const std::int64_t H = c.hidden_size, E = c.num_experts;
+  const std::int64_t ep = groups_.ep->size(), ep_rank = groups_.ep->rank();
+  if (E > 0 && E % ep != 0)
+    throw InvalidArgument("--ep " + std::to_string(ep) + " must divide the model's " + std::to_string(E) + " experts");
+  const std::int64_t per = E > 0 ? E / ep : 0;
+  const VocabShard shard = vocab_shard(c.vocab_size, groups_.vocab->size(), groups_.vocab->rank());
+
+  auto multiple = [](Communicator* g) { return kViewAlignElements * static_cast<u64>(g->size()); };
+  dense_ = std::make_unique<ParameterStore>(
+      dev, table_,
+      [](const TensorEntry& e) -> std::optional<RowRange> {
+        if (e.kind == TensorKind::expert || e.kind == TensorKind::head) return std::nullopt;
+        return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
+      },
+      LayoutOptions{kViewAlignElements, multiple(groups_.world)});
+  experts_ = std::make_unique<ParameterStore>(
+      dev, table_,
+      [per, ep_rank](const TensorEntry& e) -> std::optional<RowRange> {
+        if (e.kind != TensorKind::expert || e.expert / per != ep_rank) return std::nullopt;
+        return RowRange{0, e.shape[0]};
+      },
+      LayoutOptions{1, multiple(groups_.ep_replicas.get())});
+  head_ = std::make_unique<ParameterStore>(
+      dev, table_,
+      [shard](const TensorEntry& e) -> std::optional<RowRange> {
+        if (e.kind != TensorKind::head) return std::nullopt;
+        return RowRange{shard.offset, shard.offset + shard.rows};
+      },
+      LayoutOptions{kViewAlignElements, multiple(groups_.vocab_replicas.get())});
+
+  // The aux-loss state shared by every MoE layer.
+  const u64 e_bytes = static_cast<u64>(std::max<std::int64_t>(E, 1)) * sizeof(float);
+  counts_ = dev.allocate(Component::workspace, e_bytes);
+  prob_sums_ = dev.allocate(Component::workspace, e_bytes);
+  aux_grad_ = dev.allocate(Component::workspace, e_bytes);
+  aux_loss_ = dev.allocate(Component::workspace, sizeof(float));
+  aux_state_ = std::make_unique<MoeAuxState>(MoeAuxState{
+      counts_.as<float>(), prob_sums_.as<float>(), c.router_aux_loss_coef > 0 ? aux_grad_.as<float>() : nullptr});
+
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto layer = std::make_unique<Layer>();
+    AttentionLayerConfig ac;
+    ac.hidden = H;
+    ac.q_heads = c.num_heads;
+    ac.kv_heads = c.num_kv_heads;
+    ac.head_dim = c.head_dim;
+    ac.rope_theta = c.rope_theta;
+    ac.rms_eps = static_cast<float>(c.rms_norm_eps);
+    ac.qk_norm = c.qk_norm;
+    AttentionLayerTensors at[2];
+    for (int g = 0; g < 2; ++g) {
+      ParameterStore& s = *dense_;
+      at[g].w_in = view(s, p + "input_layernorm.weight", g);
+      at[g].wq = view(s, p + "self_attn.q_proj.weight", g);
+      at[g].wk = view(s, p + "self_attn.k_proj.weight", g);
+      at[g].wv = view(s, p + "self_attn.v_proj.weight", g);
+      at[g].wo = view(s, p + "self_attn.o_proj.weight", g);
+      if (c.qk_norm) {
+        at[g].q_norm = view(s, p + "self_attn.q_norm.weight", g);
+        at[g].k_norm = view(s, p + "self_attn.k_norm.weight", g);
+      }
+    }
+    layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
+
+    MoeLayerConfig mc;
+    mc.hidden = H;
+    mc.rms_eps = static_cast<float>(c.rms_norm_eps);
+    MoeLayerTensors mt[2];
+    const bool moe = c.is_moe_layer(l);
+    for (int g = 0; g < 2; ++g) mt[g].w_post = view(*dense_, p + "post_attention_layernorm.weight", g);
+    if (moe) {
+      ++moe_layers_;
+      mc.ffn = c.moe_intermediate_size;
+      mc.experts = E;
+      mc.top_k = c.top_k;
+      mc.norm_topk_prob = c.norm_topk_prob;
+      mc.kind = schedules_.dispatch;
+      mc.dispatch = schedules_.dispatch_options;
+      const bool mixtral = c.family == "mixtral";
+      const std::string gate = p + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+      // This rank's first expert of the layer: its experts are packed from there.
+      const std::string first = p + table_.experts_prefix() + std::to_string(ep_rank * per) + "." +
+                                (mixtral ? "w1.weight" : "gate_proj.weight");
+      const std::int64_t expert_floats = 3 * c.moe_intermediate_size * H;
+      for (int g = 0; g < 2; ++g) {
+        mt[g].w_gate = view(*dense_, gate, g);
+        float* base = g ? experts_->grad(first) : experts_->param(first);
+        mt[g].experts = Tensor(base, Shape{per, expert_floats}, DType::f32, Location::device);
+      }
+      if (c.num_shared_experts > 0) {
+        const std::string sp = p + (c.family == "qwen2_moe" ? "mlp.shared_expert." : "mlp.shared_experts.");
+        mc.shared_experts = 1;
+        mc.shared_ffn = c.num_shared_experts * c.shared_expert_width();
+        if (c.family == "qwen2_moe") mc.shared_ffn = c.shared_expert_width();
+        mc.shared_gate = c.shared_expert_gate;
+        for (int g = 0; g < 2; ++g) {
+          mt[g].shared_gate = view(*dense_, sp + "gate_proj.weight", g);
+          mt[g].shared_up = view(*dense_, sp + "up_proj.weight", g);
+          mt[g].shared_down = view(*dense_, sp + "down_proj.weight", g);
+          if (c.shared_expert_gate) mt[g].shared_expert_gate = view(*dense_, p + "mlp.shared_expert_gate.weight", g);
+        }
+      }
+    } else {
+      mc.dense_ffn = c.dense_intermediate_size;
+      for (int g = 0; g < 2; ++g) {
+        mt[g].dense_gate = view(*dense_, p + "mlp.gate_proj.weight", g);
+        mt[g].dense_up = view(*dense_, p + "mlp.up_proj.weight", g);
+        mt[g].dense_down = view(*dense_, p + "mlp.down_proj.weight", g);
+      }
+    }
+    layer->mlp = std::make_unique<MoeLayer>(dev, *groups_.ep, mc, mt[0], mt[1], aux_state_.get());
+    layer->block = std::make_unique<DecoderLayer>(dev, H, *layer->attention, *layer->mlp);
+    layers_.push_back(std::move(layer));
+  }
+
+  const VocabDims dims{c.vocab_size, H};
+  vocab_loss_ = schedules_.ring_dtp ? make_ring_dtp_vocab_loss(dev, *groups_.vocab, dims, schedules_.vocab)
+                                    : make_materialized_vocab_loss(dev, *groups_.vocab, dims, schedules_.vocab);
+}
+
+MoeTransformer::~MoeTransformer() = default;
+
+void MoeTransformer::init_parameters(std::uint64_t seed) {
+  const double sd = config_.initializer_range;
+  std::vector<float> host;
+  for (ParameterStore* s : stores()) {
+    for (const ParameterView& v : *s) {
+      const u64 key = mix(seed ^ mix(fnv1a(v.name())));
+      const std::int64_t n = v.numel();
+      std::int64_t row = 1;
+      for (std::size_t d = 1; d < v.entry.shape.size(); ++d) row *= v.entry.shape[d];
+      const u64 first = static_cast<u64>(v.rows.begin * row);
+      host.resize(static_cast<std::size_t>(n));
+      const bool norm = is_norm_weight(v.entry);
+      for (std::int64_t i = 0; i < n; ++i)
+        host[static_cast<std::size_t>(i)] =
+            norm ? 1.0f : static_cast<float>(sd * normal_at(key, first + static_cast<u64>(i)));
+      dev_.memcpy_async(s->param(v), host.data(), static_cast<u64>(n) * sizeof(float), CopyKind::host_to_device,
+                        dev_.copy_stream());
+      dev_.synchronize(dev_.copy_stream());
+    }
+  }
+}
+
+void MoeTransformer::load_hf(const std::string& dir) {
+  for (ParameterStore* s : stores()) load_hf_weights(dir, *s);
+}
+
+void MoeTransformer::zero_grads() {
+  for (ParameterStore* s : stores()) s->zero_grads();
+}
+
+void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                             std::int64_t S) {
+  if (sequences < 0 || S < 1)
+    throw InvalidArgument("moe transformer: need sequences >= 0 and a sequence length >= 1");
+  const std::int64_t V = config_.vocab_size, H = config_.hidden_size;
+  p.S = S;
+  p.T = sequences * S;
+  // Every rank must agree that every id is valid before any collective runs.
+  std::int64_t bad = -1;
+  for (std::int64_t t = 0; t < p.T && bad < 0; ++t)
+    if (ids[t] < 0 || ids[t] >= V) bad = ids[t];
+  std::int64_t flags[2] = {bad >= 0 ? 1 : 0, p.T};
+  groups_.world->all_reduce(flags, 2, DType::i64, ReduceOp::sum);
+  if (flags[0] != 0)
+    throw InvalidArgument("input token id " + std::to_string(bad) + " is outside the vocabulary [0, " +
+                          std::to_string(V) + ")" + (bad < 0 ? " (on another rank)" : ""));
+  p.world_tokens = flags[1];
+  const u64 tb = static_cast<u64>(p.T) * sizeof(std::int32_t);
+  p.ids = dev_.allocate(Component::workspace, tb);
+  p.targets = dev_.allocate(Component::workspace, tb);
+  Stream& cs = dev_.copy_stream();
+  if (p.T > 0) {
+    dev_.memcpy_async(p.ids.data(), ids, tb, CopyKind::host_to_device, cs);
+    dev_.memcpy_async(p.targets.data(), targets, tb, CopyKind::host_to_device, cs);
+  }
+  dev_.synchronize(cs);
+  for (auto& l : layers_) l->attention->set_seq_len(S);
+  p.x = dev_.allocate(Component::layer, checked_mul(static_cast<u64>(p.T), static_cast<u64>(H) * 4, "[T, H]"));
+  Stream& s = dev_.compute_stream();
+  if (p.T > 0)
+    ops::embedding_forward(dev_, s, p.x.as<float>(), p.ids.as<std::int32_t>(),
+                           dense_->param("model.embed_tokens.weight"), p.T, H, 0, V);
+  ops::fill(dev_, s, counts_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
+  ops::fill(dev_, s, prob_sums_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
+}
+
+// After the layers' forward: the world's router statistics summed, then the one aux loss.
+void MoeTransformer::finish_aux(Pass& p, float aux_scale, bool want_grad) {
+  (void)p;
+  if (moe_layers_ == 0 || p.world_tokens == 0) return;
+  const std::int64_t E = config_.num_experts;
+  dev_.synchronize();
+  groups_.world->all_reduce(counts_.data(), static_cast<std::size_t>(E), DType::f32, ReduceOp::sum);
+  groups_.world->all_reduce(prob_sums_.data(), static_cast<std::size_t>(E), DType::f32, ReduceOp::sum);
+  const float coef = static_cast<float>(config_.router_aux_loss_coef);
+  ops::moe_aux_loss(dev_, dev_.compute_stream(), aux_loss_.as<float>(),
+                    want_grad && coef > 0 ? aux_grad_.as<float>() : nullptr, counts_.as<float>(),
+                    prob_sums_.as<float>(), E, moe_layers_ * p.world_tokens, coef * aux_scale);
+}
+
+BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::int32_t* targets,
+                                           std::int64_t sequences, std::int64_t S, float ce_scale, float aux_scale) {
+  Pass p;
+  prepare(p, ids, targets, sequences, S);
+  const std::int64_t T = p.T, H = config_.hidden_size;
+  const u64 th = static_cast<u64>(T) * static_cast<u64>(H) * sizeof(float);
+  Stream& s = dev_.compute_stream();
+  // A rank without tokens holds no boundaries but still runs every layer: the MoE
+  // layers' dispatch is collective over the expert-parallel group.
+  const bool empty = T == 0;
+  if (!empty && (!stack_ || stack_tokens_ != T)) {
+    stack_.reset();
+    std::vector<Block*> blocks;
+    for (auto& l : layers_) blocks.push_back(l->block.get());
+    stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, DType::f32, schedules_.checkpoint);
+    stack_tokens_ = T;
+  }
+  Buffer y = dev_.allocate(Component::layer, th);
+  const Shape sh{T, H};
+  if (empty) {
+    for (auto& l : layers_) l->block->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
+  } else {
+    stack_->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
+  }
+  finish_aux(p, aux_scale, true);
+
+  // Final norm and the head.
+  Buffer hn = dev_.allocate(Component::layer, th);
+  Buffer rstd = dev_.allocate(Component::layer, static_cast<u64>(T) * sizeof(float));
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float* w_norm = dense_->param("model.norm.weight");
+  if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<float>(), rstd.as<float>(), y.as<float>(), w_norm, T, H, eps);
+  const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
+  float* d_head = head_->contains("lm_head.weight") ? head_->grad("lm_head.weight") : nullptr;
+  const LossSum ls = vocab_loss_->forward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head);
+  Buffer d_hn = dev_.allocate(Component::layer, th);
+  vocab_loss_->backward(ce_scale, d_hn.as<float>(), d_head);
+  hn.reset();
+  Buffer dy = dev_.allocate(Component::layer, th);
+  if (T > 0) {
+    ops::fill(dev_, s, dy.as<float>(), T * H, 0.0f);
+    ops::rmsnorm_backward(dev_, s, dy.as<float>(), dense_->grad("model.norm.weight"), d_hn.as<float>(), y.as<float>(),
+                          w_norm, rstd.as<float>(), T, H);
+  }
+  d_hn.reset();
+  y.reset();
+  rstd.reset();
+  // The stack copied x into its first boundary: x's buffer takes dx.
+  if (empty) {
+    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
+      (*it)->block->backward(p.x.tensor(sh, DType::f32), dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
+  } else {
+    stack_->backward(dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
+  }
+  if (T > 0)
+    ops::embedding_backward(dev_, s, dense_->grad("model.embed_tokens.weight"), p.ids.as<std::int32_t>(),
+                            p.x.as<float>(), T, H, 0, config_.vocab_size);
+  dev_.synchronize();
+  BatchSums out;
+  out.ce = ls.loss;
+  out.tokens = ls.count;
+  if (moe_layers_ > 0 && p.world_tokens > 0) out.aux = config_.router_aux_loss_coef * aux_loss_.as<float>()[0];
+  return out;
+}
+
+BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                                  std::int64_t S) {
+  Pass p;
+  prepare(p, ids, targets, sequences, S);
+  const std::int64_t T = p.T, H = config_.hidden_size;
+  const u64 th = static_cast<u64>(T) * static_cast<u64>(H) * sizeof(float);
+  const Shape sh{T, H};
+  Buffer other = dev_.allocate(Component::layer, th);
+  Buffer* in = &p.x;
+  Buffer* out = &other;
+  for (auto& l : layers_) {
+    l->block->forward(in->tensor(sh, DType::f32), out->tensor(sh, DType::f32));
+    std::swap(in, out);
+  }
+  finish_aux(p, 1.0f, false);
+  Stream& s = dev_.compute_stream();
+  Buffer rstd = dev_.allocate(Component::layer, static_cast<u64>(T) * sizeof(float));
+  if (T > 0)
+    ops::rmsnorm_forward(dev_, s, out->as<float>(), rstd.as<float>(), in->as<float>(),
+                         dense_->param("model.norm.weight"), T, H, static_cast<float>(config_.rms_norm_eps));
+  const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
+  const LossSum ls = vocab_loss_->forward(out->as<float>(), p.targets.as<std::int32_t>(), T, w_head);
+  dev_.synchronize();
+  BatchSums r;
+  r.ce = ls.loss;
+  r.tokens = ls.count;
+  if (moe_layers_ > 0 && p.world_tokens > 0) r.aux = config_.router_aux_loss_coef * aux_loss_.as<float>()[0];
+  return r;
+}
+
+}  // namespace peakbound

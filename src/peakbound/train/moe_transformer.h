@@ -1,0 +1,132 @@
+// MoeTransformer: a Qwen3-MoE / Mixtral decoder-only model (as Hugging Face
+// transformers computes it) on one rank of a training run:
+//   x = embed_tokens[ids]
+//   for each layer: x = DecoderLayer(x)       (attention sublayer, then MoE or dense MLP)
+//   h = norm(x);  loss = CE(h lm_head^T, targets)  + coef * aux
+// The layers run under a CheckpointedStack (resident boundaries or SCO), the routed
+// experts through MoeDispatch over the expert-parallel group (standard EP, LLEP or
+// PipelinedLLEP), the head through VocabLoss over the vocabulary group (materialized
+// or Ring-DTP): every schedule is a constructor option, the math is the same.
+//
+// Parameters live in three ParameterStores, one per gradient-reduction group
+// (train/process_groups.h): `dense` (everything held whole on every rank), `experts`
+// (this rank's E/ep experts of every MoE layer, packed so each layer's experts are the
+// one [E/ep, 3FH] block MoeDispatch reads) and `head` (this rank's lm_head rows).
+// forward_backward ADDS this rank's partial gradients into the stores; the trainer
+// reduces them over each store's replica group and updates.
+//
+// The load-balancing loss is transformers' load_balancing_loss_func over the whole
+// micro-batch of the data-parallel world: every MoE layer's router counts and
+// probability sums are summed over all ranks before the one loss (so a run on 4 ranks
+// computes what transformers computes on the concatenated batch).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/host_memory.h"
+#include "peakbound/device/device.h"
+#include "peakbound/model/model_config.h"
+#include "peakbound/model/tensor_table.h"
+#include "peakbound/schedules/checkpoint_policy.h"
+#include "peakbound/schedules/moe_plan.h"
+#include "peakbound/schedules/vocab_loss.h"
+#include "peakbound/train/parameter_store.h"
+#include "peakbound/train/process_groups.h"
+
+namespace peakbound {
+
+struct MoeAuxState;
+class CheckpointedStack;
+
+// Which schedule runs each peak (the optimizer's is the trainer's).
+struct ModelSchedules {
+  DispatchKind dispatch = DispatchKind::standard_ep;
+  DispatchOptions dispatch_options;
+  bool ring_dtp = false;  // false: the materialized vocab-parallel baseline
+  VocabLossOptions vocab;
+  CheckpointOptions checkpoint;  // schedule resident (baseline) or sco
+};
+
+// One micro-batch's sums on this rank.
+struct BatchSums {
+  double ce = 0;            // summed cross-entropy over this rank's valid targets
+  std::int64_t tokens = 0;  // this rank's valid targets
+  double aux = 0;           // coef x the load-balancing loss of the whole micro-batch (every rank the same)
+};
+
+// Throws InvalidArgument naming the first feature of `c` the trainer does not
+// implement (MLA, biases, attention sinks, sliding windows, sigmoid routing, fused
+// experts, tied embeddings, several unmerged shared experts).
+void check_trainable(const ModelConfig& c);
+
+class MoeTransformer {
+ public:
+  // Collective over groups.world (the dispatch and vocabulary groups are set up here).
+  MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& groups, const ModelConfig& config,
+                 const ModelSchedules& schedules);
+  ~MoeTransformer();
+  MoeTransformer(const MoeTransformer&) = delete;
+  MoeTransformer& operator=(const MoeTransformer&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const TensorTable& table() const { return table_; }
+  const ModelSchedules& schedules() const { return schedules_; }
+  ProcessGroups& groups() { return groups_; }
+  ParameterStore& dense() { return *dense_; }
+  ParameterStore& experts() { return *experts_; }
+  ParameterStore& head() { return *head_; }
+  // dense, experts, head; with the group each store's gradients are summed over.
+  std::vector<ParameterStore*> stores() { return {dense_.get(), experts_.get(), head_.get()}; }
+  std::vector<Communicator*> store_groups() {
+    return {groups_.world, groups_.ep_replicas.get(), groups_.vocab_replicas.get()};
+  }
+
+  // Deterministic initialisation from a seed, independent of the layout: every
+  // element's value is a function of (seed, tensor name, index), so any layout holds
+  // the same model. Linear and embedding weights N(0, initializer_range), RMSNorm
+  // weights 1.
+  void init_parameters(std::uint64_t seed);
+  // The weights of a Hugging Face model directory (train/hf_checkpoint.h).
+  void load_hf(const std::string& dir);
+  void zero_grads();
+
+  // Forward and backward of `sequences` sequences of S tokens held by this rank
+  // (ids, targets: host arrays of sequences x S; targets equal to the vocab loss's
+  // ignore_index are not scored; sequences may be 0). The cross-entropy's gradient is
+  // scaled by ce_scale (1 / the step's valid targets over the world), the aux loss's by
+  // aux_scale (1 / micro-batches). Adds into the stores' gradients. Collective.
+  BatchSums forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                             std::int64_t S, float ce_scale, float aux_scale);
+  // The forward alone (evaluation): nothing kept, no gradient. Collective.
+  BatchSums forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
+
+  // The checkpointed stack of the last forward_backward (null before one).
+  const CheckpointedStack* stack() const { return stack_.get(); }
+
+ private:
+  struct Layer;
+  struct Pass;
+  void prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
+  void finish_aux(Pass& p, float aux_scale, bool want_grad);
+  Tensor view(ParameterStore& s, const std::string& name, bool grad) const;
+
+  Device& dev_;
+  HostMemory& host_;
+  ProcessGroups& groups_;
+  ModelConfig config_;
+  TensorTable table_;
+  ModelSchedules schedules_;
+  std::unique_ptr<ParameterStore> dense_, experts_, head_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<VocabLoss> vocab_loss_;
+  Buffer counts_, prob_sums_, aux_grad_, aux_loss_;
+  std::unique_ptr<MoeAuxState> aux_state_;
+  std::unique_ptr<CheckpointedStack> stack_;
+  std::int64_t stack_tokens_ = -1;
+  std::int64_t moe_layers_ = 0;
+};
+
+}  // namespace peakbound

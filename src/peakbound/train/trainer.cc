@@ -1,0 +1,124 @@
+#include "peakbound/train/trainer.h"
+
+#include <chrono>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+namespace {
+
+std::int64_t valid_targets(const MicroBatch& b, std::int32_t ignore) {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < b.sequences * b.seq_len; ++i) n += b.targets[i] != ignore;
+  return n;
+}
+
+}  // namespace
+
+Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options)
+    : model_(model), options_(options) {
+  Device& dev = model.dense().device();
+  std::vector<ParameterStore*> stores = model.stores();
+  std::vector<Communicator*> groups = model.store_groups();
+  for (std::size_t i = 0; i < stores.size(); ++i) {
+    const auto G = static_cast<std::uint64_t>(groups[i]->size());
+    if (stores[i]->elements() % G != 0)
+      throw InternalError("trainer: a parameter store is not padded to its group's size");
+    slices_.push_back({stores[i], groups[i], stores[i]->elements() / G, shard_elems_});
+    shard_elems_ += stores[i]->elements() / G;
+  }
+  const std::uint64_t bytes = checked_mul(shard_elems_, sizeof(float), "trainer shard");
+  param_shard_ = dev.allocate(Component::params, bytes);
+  grad_shard_ = dev.allocate(Component::grads, bytes);
+  ParamShard shard{param_shard_.data(), DType::f32, grad_shard_.data(), DType::f32,
+                   static_cast<std::int64_t>(shard_elems_)};
+  opt_ = make_optimizer_schedule(options_.optimizer, OptimizerContext{dev, host, pool, *model.groups().world}, shard,
+                                 options_.optimizer_options);
+  // The master weights: this rank's slice of every store.
+  std::vector<float> master(shard_elems_);
+  dev.synchronize();
+  for (const Slice& s : slices_) {
+    const float* src = s.store->params_data() + s.len * static_cast<std::uint64_t>(s.group->rank());
+    dev.memcpy_async(master.data() + s.offset, src, s.len * sizeof(float), CopyKind::device_to_host,
+                     dev.copy_stream());
+  }
+  dev.synchronize(dev.copy_stream());
+  opt_->load(master.data());
+}
+
+Trainer::~Trainer() = default;
+
+StepStats Trainer::step(std::span<const MicroBatch> micro) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator& world = *model_.groups().world;
+  Device& dev = model_.dense().device();
+  const std::int32_t ignore = model_.schedules().vocab.ignore_index;
+  // Every rank must run the same number of micro-batches (the layers are collective).
+  std::int64_t counts[3] = {0, 0, static_cast<std::int64_t>(micro.size())};
+  for (const MicroBatch& b : micro) {
+    counts[0] += valid_targets(b, ignore);
+    counts[1] += b.sequences * b.seq_len;
+  }
+  std::int64_t max_micro = counts[2];
+  world.all_reduce(counts, 2, DType::i64, ReduceOp::sum);
+  world.all_reduce(&max_micro, 1, DType::i64, ReduceOp::max);
+  if (max_micro != static_cast<std::int64_t>(micro.size()) || micro.empty())
+    throw InvalidArgument("trainer: every rank must bring the same number (>= 1) of micro-batches");
+  const std::int64_t total = counts[0];
+  const float ce_scale = total > 0 ? 1.0f / static_cast<float>(total) : 0.0f;
+  const float aux_scale = 1.0f / static_cast<float>(micro.size());
+
+  model_.zero_grads();
+  double sums[2] = {0, 0};  // ce, aux
+  for (const MicroBatch& b : micro) {
+    const BatchSums s = model_.forward_backward(b.ids, b.targets, b.sequences, b.seq_len, ce_scale, aux_scale);
+    sums[0] += s.ce;
+    sums[1] += s.aux;  // the same on every rank
+  }
+  world.all_reduce(sums, 1, DType::f64, ReduceOp::sum);
+
+  // Gradients: each store's slice summed over its group.
+  dev.synchronize();
+  for (const Slice& s : slices_)
+    s.group->reduce_scatter(s.store->grads_data(), grad_shard_.as<float>() + s.offset, s.len, DType::f32,
+                            ReduceOp::sum);
+  ++step_;
+  const float lr = options_.lr.lr(step_);
+  const OptimizerStepTimes t = opt_->step(lr);
+  dev.synchronize();
+  for (const Slice& s : slices_)
+    s.group->all_gather(param_shard_.as<float>() + s.offset, s.store->params_data(), s.len, DType::f32);
+
+  StepStats st;
+  st.step = step_;
+  st.ce = total > 0 ? sums[0] / static_cast<double>(total) : 0.0;
+  st.aux = sums[1] / static_cast<double>(micro.size());
+  st.loss = st.ce + st.aux;
+  st.tokens = total;
+  st.inputs = counts[1];
+  st.grad_norm = t.clip.norm;
+  st.lr = lr;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+double Trainer::evaluate(std::span<const MicroBatch> batches, std::int64_t* tokens) {
+  Communicator& world = *model_.groups().world;
+  std::int64_t n = static_cast<std::int64_t>(batches.size()), max_n = n;
+  world.all_reduce(&max_n, 1, DType::i64, ReduceOp::max);
+  if (max_n != n) throw InvalidArgument("evaluate: every rank must bring the same number of batches");
+  double sums[1] = {0};
+  std::int64_t count = 0;
+  for (const MicroBatch& b : batches) {
+    const BatchSums s = model_.forward(b.ids, b.targets, b.sequences, b.seq_len);
+    sums[0] += s.ce;
+    count += s.tokens;
+  }
+  world.all_reduce(sums, 1, DType::f64, ReduceOp::sum);
+  world.all_reduce(&count, 1, DType::i64, ReduceOp::sum);
+  if (tokens) *tokens = count;
+  return count > 0 ? sums[0] / static_cast<double>(count) : 0.0;
+}
+
+}  // namespace peakbound

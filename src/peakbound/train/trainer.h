@@ -1,0 +1,90 @@
+// Trainer: one optimizer step of a MoeTransformer over this rank's micro-batches.
+//
+//   zero gradients
+//   for each micro-batch: forward + backward (the cross-entropy's gradient scaled by
+//       1 / the valid targets of the whole step over the world, the aux loss's by
+//       1 / micro-batches), gradients accumulating in the stores
+//   reduce-scatter each store's gradients over its replica group: rank r of a group of
+//       G gets the summed slice r of the store (the stores are padded to a multiple of G)
+//   one AdamW step over this rank's slices (all three stores' slices side by side in
+//       one shard), with the global gradient norm over the world (the slices are
+//       disjoint and cover every parameter once, so the norm is the model's)
+//   all-gather the updated slices back into each store's parameters
+// The optimizer state therefore lives sharded over the data-parallel ranks (ZeRO-2:
+// fp32 master, m and v of 1/G of each store per rank) on the device or offloaded
+// (OffloadStreamAdamW, the `adam` schedule). The parameters and their gradients are
+// held whole per rank (FSDP's sharding of the non-expert parameters is the next step).
+// Loss = (sum of cross-entropy over the world's valid targets) / their count
+//        + the mean over micro-batches of the aux loss.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/schedules/optimizer_schedule.h"
+#include "peakbound/train/moe_transformer.h"
+
+namespace peakbound {
+
+// `sequences` sequences of `seq_len` tokens each (host arrays of sequences x seq_len).
+struct MicroBatch {
+  const std::int32_t* ids = nullptr;
+  const std::int32_t* targets = nullptr;
+  std::int64_t sequences = 0;
+  std::int64_t seq_len = 0;
+};
+
+struct TrainerOptions {
+  std::string optimizer = "device";  // an optimizer_schedule_names() entry
+  OptimizerOptions optimizer_options;
+  LrSchedule lr;
+};
+
+struct StepStats {
+  std::int64_t step = 0;
+  double loss = 0;          // ce + aux
+  double ce = 0;            // mean cross-entropy over the world's valid targets
+  double aux = 0;           // coef x load-balancing loss, mean over micro-batches
+  std::int64_t tokens = 0;  // valid targets over the world
+  std::int64_t inputs = 0;  // input tokens over the world
+  double grad_norm = 0;     // before clipping
+  float lr = 0;
+  double seconds = 0;       // wall time of the step
+};
+
+class Trainer {
+ public:
+  // Allocates the shard buffers and the optimizer state and loads the model's current
+  // parameters as the master weights. Collective over the world.
+  Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options);
+  ~Trainer();
+
+  // One step over this rank's micro-batches (every rank the same number). Collective.
+  StepStats step(std::span<const MicroBatch> micro);
+  // Mean cross-entropy (no aux) of the given batches over the world. Collective.
+  double evaluate(std::span<const MicroBatch> batches, std::int64_t* tokens = nullptr);
+
+  std::int64_t steps_taken() const { return step_; }
+  const OptimizerSchedule& optimizer() const { return *opt_; }
+
+ private:
+  struct Slice {
+    ParameterStore* store;
+    Communicator* group;
+    std::uint64_t len;     // elements per rank
+    std::uint64_t offset;  // in the shard buffers
+  };
+  MoeTransformer& model_;
+  TrainerOptions options_;
+  std::vector<Slice> slices_;
+  std::uint64_t shard_elems_ = 0;
+  Buffer param_shard_, grad_shard_;
+  std::unique_ptr<OptimizerSchedule> opt_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace peakbound
