@@ -83,9 +83,10 @@ Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c, u64 elem_
   for (const char* phase : {"forward", "backward"}) {
     const bool bwd = phase[0] == 'b';
     for (const BufferSpec& s : {b.h, b.rstd, b.router.probs, b.router.ids, b.router.weights, b.ffn.gate, b.ffn.up,
-                                b.ffn.act, b.shared_out, b.gate_logit})
+                                b.shared_out, b.gate_logit})
       f.device(phase, s);
     if (bwd) {
+      f.device(phase, b.ffn.act);
       f.device(phase, b.router.d_weights);
       f.device(phase, b.dh);
     }
@@ -157,7 +158,10 @@ void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for
   in.weights = allocate(dev_, b.router.weights);
   in.gate = allocate(dev_, b.ffn.gate);
   in.up = allocate(dev_, b.ffn.up);
-  in.act = allocate(dev_, b.ffn.act);
+  // Forward writes act over gate (swiglu's out may alias its gate): only backward, which
+  // reuses the three as its scratch, holds act apart.
+  if (for_backward) in.act = allocate(dev_, b.ffn.act);
+  float* act = for_backward ? in.act.as<float>() : in.gate.as<float>();
   in.shared_out = allocate(dev_, b.shared_out);
   in.gate_logit = allocate(dev_, b.gate_logit);
   if (T == 0) return;
@@ -182,7 +186,7 @@ void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for
               in.gate_logit.as<float>(), 1);
     swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h,
                        {p_.shared_gate.data<float>(), p_.shared_up.data<float>(), p_.shared_down.data<float>()},
-                       in.gate.as<float>(), in.up.as<float>(), in.act.as<float>(), in.shared_out.as<float>(), false);
+                       in.gate.as<float>(), in.up.as<float>(), act, in.shared_out.as<float>(), false);
   } else if (cfg_.side_ffn() > 0) {
     const MoeLayerTensors& w = p_;
     const SwigluFfnWeights sw = cfg_.dense()
@@ -191,8 +195,8 @@ void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for
                                     : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(),
                                                        w.shared_down.data<float>()};
     // gate/up/act only: the output is added into y by forward (backward needs none).
-    swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h, sw, in.gate.as<float>(), in.up.as<float>(),
-                       in.act.as<float>(), nullptr, false);
+    swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h, sw, in.gate.as<float>(), in.up.as<float>(), act, nullptr,
+                       false);
   }
 }
 
@@ -210,7 +214,7 @@ void MoeLayer::forward(const Tensor& x, const Tensor& y) {
     if (T == 0) return;
     // y = x + act W_down^T.
     dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
-    ops::gemm(dev_, s, false, true, T, H, cfg_.dense_ffn, 1.0f, in.act.as<float>(), cfg_.dense_ffn,
+    ops::gemm(dev_, s, false, true, T, H, cfg_.dense_ffn, 1.0f, in.gate.as<float>() /* act */, cfg_.dense_ffn,
               p_.dense_down.data<float>(), cfg_.dense_ffn, 1.0f, yp, H);
     return;
   }
@@ -222,8 +226,8 @@ void MoeLayer::forward(const Tensor& x, const Tensor& y) {
   if (has_gate(cfg_)) {
     ops::row_gate_forward(dev_, s, yp, in.shared_out.as<float>(), in.gate_logit.as<float>(), T, H, true);
   } else if (Fs > 0) {
-    ops::gemm(dev_, s, false, true, T, H, Fs, 1.0f, in.act.as<float>(), Fs, p_.shared_down.data<float>(), Fs, 1.0f,
-              yp, H);
+    ops::gemm(dev_, s, false, true, T, H, Fs, 1.0f, in.gate.as<float>() /* act */, Fs, p_.shared_down.data<float>(),
+              Fs, 1.0f, yp, H);
   }
   // The internals are freed on return: whatever reuses their memory next is ordered
   // after this work on the compute stream.

@@ -98,7 +98,8 @@ struct MoeAuxState {
 //   h [T, H] (act), rstd [T] f32                           both variants, both phases
 //   router: probs [T, E] f32, ids [T, K] i32, weights [T, K] f32 (both phases),
 //           d_weights [T, K] f32 (backward)                MoE only
-//   ffn: gate, up, act [T, side_ffn] (act)                 shared experts (MoE, S > 0) or dense MLP
+//   ffn: gate, up [T, side_ffn] (act) both phases, act     shared experts (MoE, S > 0) or dense MLP;
+//        [T, side_ffn] backward only (forward writes act over gate)
 //   shared_out [T, H] (act), gate_logit [T] f32            shared_gate only; backward
 //                                                          writes d gate_logit into gate_logit
 //   dh [T, H] (act)                                        backward
