@@ -18,6 +18,7 @@
 
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/model/presets.h"
 #include "tests/layers/moe_layer_reference.h"
 
 namespace peakbound {
@@ -409,6 +410,44 @@ TEST(MoeLayer, RejectsBadConfigAndParameterShapes) {
   t.w_gate = t.w_gate.view(Shape{c.H, c.E});
   EXPECT_THROW(MoeLayer(dev, one, cfg, t, dg.t, nullptr), InvalidArgument);
   EXPECT_NO_THROW(MoeLayer(dev, one, cfg, dp.t, dg.t, nullptr));
+}
+
+// The sublayer config from a model: Qwen3-MoE, Mixtral (all MoE), DeepSeek-V3 (leading
+// dense layers; sigmoid scoring and score correction refused), gpt-oss (biases refused).
+TEST(MoeLayer, ConfigFromTheModel) {
+  const ModelConfig q = preset_config("qwen3-30b-a3b");
+  const MoeLayerConfig c = moe_layer_config(q, 0, 1e-6f, DispatchKind::llep, DispatchOptions{});
+  EXPECT_FALSE(c.dense());
+  EXPECT_EQ(c.hidden, 2048);
+  EXPECT_EQ(c.ffn, 768);
+  EXPECT_EQ(c.experts, 128);
+  EXPECT_EQ(c.top_k, 8);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.shared_experts, 0);
+  EXPECT_EQ(c.kind, DispatchKind::llep);
+  const MoeShape sh = moe_layer_dispatch_shape(c);
+  EXPECT_EQ(sh.expert_floats(), 3 * 768 * 2048);
+  const ModelConfig mx = preset_config("mixtral-8x22b");
+  EXPECT_EQ(moe_layer_config(mx, 3, 1e-5f, DispatchKind::standard_ep, {}).experts, 8);
+  EXPECT_THROW(moe_layer_config(mx, mx.num_layers, 1e-5f, DispatchKind::standard_ep, {}), InvalidArgument);
+
+  ModelConfig ds = preset_config("deepseek-v3");
+  ASSERT_GT(ds.num_dense_layers, 0);
+  const MoeLayerConfig d0 = moe_layer_config(ds, 0, 1e-6f, DispatchKind::standard_ep, {});
+  EXPECT_TRUE(d0.dense());
+  EXPECT_EQ(d0.dense_ffn, ds.dense_intermediate_size);
+  EXPECT_THROW(moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {}), InvalidArgument);
+  ds.router_score_correction = false;
+  EXPECT_THROW(moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {}), InvalidArgument);
+  ds.router_scoring = RouterScoring::softmax;
+  const MoeLayerConfig d3 = moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {});
+  EXPECT_EQ(d3.shared_experts, ds.num_shared_experts);
+  EXPECT_EQ(d3.side_ffn(), ds.num_shared_experts * ds.moe_intermediate_size);
+  EXPECT_FALSE(d3.shared_gate);
+  EXPECT_THROW(moe_layer_dispatch_shape(d0), InvalidArgument);
+
+  const ModelConfig oss = preset_config("gpt-oss-120b");
+  EXPECT_THROW(moe_layer_config(oss, 0, 1e-5f, DispatchKind::standard_ep, {}), InvalidArgument);  // mlp_bias
 }
 
 }  // namespace

@@ -57,6 +57,45 @@ void check_moe_layer_config(const MoeLayerConfig& c) {
   check_dispatch_options(c.dispatch);
 }
 
+MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float rms_eps, DispatchKind kind,
+                                const DispatchOptions& options) {
+  auto bad = [](const std::string& what) { throw InvalidArgument("moe layer: " + what); };
+  if (layer < 0 || layer >= m.num_layers)
+    bad("layer " + std::to_string(layer) + " is outside [0, num_layers = " + std::to_string(m.num_layers) + ")");
+  if (m.mlp_bias) bad("mlp_bias is not supported (MLPs without biases only)");
+  MoeLayerConfig c;
+  c.hidden = m.hidden_size;
+  c.rms_eps = rms_eps;
+  if (!m.is_moe_layer(layer)) {
+    if (m.dense_intermediate_size <= 0)
+      bad("layer " + std::to_string(layer) + " is dense but dense_intermediate_size is " +
+          std::to_string(m.dense_intermediate_size));
+    c.dense_ffn = m.dense_intermediate_size;
+    check_moe_layer_config(c);
+    return c;
+  }
+  if (m.router_bias) bad("router_bias is not supported (a router Linear without bias only)");
+  if (m.router_score_correction) bad("router_score_correction (e_score_correction_bias) is not supported");
+  c.ffn = m.moe_intermediate_size;
+  c.experts = m.num_experts;
+  c.top_k = m.top_k;
+  c.norm_topk_prob = m.norm_topk_prob;
+  c.scoring = m.router_scoring;
+  c.shared_experts = m.num_shared_experts;
+  c.shared_ffn = m.num_shared_experts > 0 ? m.shared_expert_width() : 0;
+  c.shared_gate = m.shared_expert_gate;
+  c.kind = kind;
+  c.dispatch = options;
+  check_moe_layer_config(c);
+  return c;
+}
+
+MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c) {
+  check_moe_layer_config(c);
+  if (c.dense()) throw InvalidArgument("moe layer: a dense layer has no routed experts");
+  return MoeShape{c.hidden, c.ffn, c.experts, c.top_k};
+}
+
 MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a) {
   check_moe_layer_config(c);
   if (T < 0) throw InvalidArgument("moe layer: tokens must be >= 0 (got " + std::to_string(T) + ")");
@@ -135,8 +174,7 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
     if (cfg_.shared_gate) expect(t->shared_expert_gate, Shape{1, H}, "shared_expert_gate", which);
   }
   if (!cfg_.dense())
-    dispatch_ = std::make_unique<MoeDispatch>(dev_, ep_group, MoeShape{H, cfg_.ffn, cfg_.experts, cfg_.top_k},
-                                              cfg_.kind, cfg_.dispatch);
+    dispatch_ = std::make_unique<MoeDispatch>(dev_, ep_group, moe_layer_dispatch_shape(cfg_), cfg_.kind, cfg_.dispatch);
 }
 
 std::int64_t MoeLayer::check_shape(const Tensor& t, const char* what) const {

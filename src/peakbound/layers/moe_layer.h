@@ -67,6 +67,18 @@ struct MoeLayerConfig {
 // Throws InvalidArgument naming the first bad field (sigmoid scoring included).
 void check_moe_layer_config(const MoeLayerConfig& c);
 
+// The sublayer of decoder layer `layer` of model m (rms_eps: the HF config's
+// rms_norm_eps, which ModelConfig does not carry): MoE when m.is_moe_layer(layer), else
+// dense of dense_intermediate_size. Throws InvalidArgument, naming the field, for what
+// this layer does not compute: router_bias, router_score_correction, mlp_bias, sigmoid
+// scoring, a dense layer without dense_intermediate_size.
+MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float rms_eps, DispatchKind kind,
+                                const DispatchOptions& options);
+
+// The routed experts' shape, for dispatch_footprint / dispatch_sizes_estimate
+// (schedules/moe_footprint.h), which size the dispatch's own buffers. MoE configs only.
+MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c);
+
 // Views of the parameters (or of their gradients), f32 on the layer's device, nn.Linear
 // layout (out x in). Leave empty what the variant does not use.
 //   w_post        [H]                     post_attention_layernorm.weight (both variants)
