@@ -167,8 +167,8 @@ inline Params zeros_like(const Params& P) {
 // the magnitude of d shared_expert_gate's terms, sum_t s(1-s) sum_j |dy[t,j] o[t,j]| |h[t]|
 // (o the shared output): each token's gradient is one dot product <dy, o>, whose f32
 // error is relative to this, not to its (possibly cancelled) value.
-inline void backward(const MoeLayerConfig& c, const Vec& x, const Params& P, const Vec& dy, const Vec& aux_grad, Vec& dx,
-                     Params& G, Vec* gate_scale = nullptr) {
+inline void backward(const MoeLayerConfig& c, const Vec& x, const Params& P, const Vec& dy, const Vec& aux_grad,
+                     Vec& dx, Params& G, Vec* gate_scale = nullptr) {
   const std::int64_t H = c.hidden, T = static_cast<std::int64_t>(x.size()) / H;
   const Forward f = forward(c, x, P);
   G = zeros_like(P);
@@ -223,7 +223,11 @@ inline void backward(const MoeLayerConfig& c, const Vec& x, const Params& P, con
           Vec o(static_cast<std::size_t>(H), 0.0);
           ffn_fwd(s, ht, H, 1.0, o.data());
           double dot = 0, mag = 0;
-          for (std::int64_t a = 0; a < H; ++a) dot += dyt[a] * o[a], mag += std::abs(dyt[a] * o[a]), ds[a] = sg * dyt[a];
+          for (std::int64_t a = 0; a < H; ++a) {
+            dot += dyt[a] * o[a];
+            mag += std::abs(dyt[a] * o[a]);
+            ds[a] = sg * dyt[a];
+          }
           const double dz = sg * (1 - sg) * dot;
           if (gate_scale)
             for (std::int64_t a = 0; a < H; ++a) (*gate_scale)[a] += sg * (1 - sg) * mag * std::abs(ht[a]);

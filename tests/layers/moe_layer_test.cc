@@ -285,7 +285,8 @@ TEST(MoeLayer, BackwardAddsIntoGradientsAndWritesDx) {
   DeviceParams dp(dev, Component::params, cfg, P, false), dg(dev, Component::grads, cfg, P, true);
   MoeLayer layer(dev, one, cfg, dp.t, dg.t, nullptr);
   const Shape s{c.T, c.H};
-  Buffer xb = upload(dev, moe_ref::randn(c.T * c.H, rng, 0, 1)), dyb = upload(dev, moe_ref::randn(c.T * c.H, rng, 0, 1));
+  Buffer xb = upload(dev, moe_ref::randn(c.T * c.H, rng, 0, 1));
+  Buffer dyb = upload(dev, moe_ref::randn(c.T * c.H, rng, 0, 1));
   Buffer dxb = dev.allocate(Component::workspace, static_cast<std::uint64_t>(c.T * c.H) * 4);
   auto run = [&] {
     layer.backward(xb.tensor(s, DType::f32), dyb.tensor(s, DType::f32), dxb.tensor(s, DType::f32));
@@ -347,7 +348,8 @@ TEST(MoeLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
     MoeLayer layer(dev, one, cfg, dp.t, dg.t, nullptr);
     const Vec xv = moe_ref::randn(c.T * c.H, rng, 0, 1);
     Buffer x = upload(dev, xv), dy = upload(dev, xv);
-    Buffer y = dev.allocate(Component::workspace, xv.size() * 4), dx = dev.allocate(Component::workspace, xv.size() * 4);
+    Buffer y = dev.allocate(Component::workspace, xv.size() * 4);
+    Buffer dx = dev.allocate(Component::workspace, xv.size() * 4);
     const Footprint f = moe_layer_footprint(c.T, cfg, 4);
     const Shape s{c.T, c.H};
     auto check = [&](const char* phase) {
