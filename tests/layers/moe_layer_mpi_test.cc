@@ -4,7 +4,8 @@
 // small knobs so that LLEP spills and the pipeline takes several rounds): every rank
 // computes the double reference of the whole sublayer on ALL ranks' tokens and compares
 // its own rows of y and dx, its own experts' gradients, and the world sums of the
-// replicated parameters' gradients and of the router statistics.
+// replicated parameters' gradients and of the router statistics; and the layer's
+// measured peak against moe_layer_footprint at each rank's token count.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -137,6 +138,10 @@ void expect_exact(const MoeLayerConfig& base, int hot, const char* what, bool ex
     if (expect_spill && ep > 1 && kind == DispatchKind::llep) {
       EXPECT_TRUE(layer.dispatch_stats()->spilled);
     }
+    // The layer's own memory at every rank's token count (0 included): its peak over a
+    // forward and a backward is the backward phase of its footprint.
+    EXPECT_EQ(dev.arena().peak(Component::layer),
+              moe_layer_footprint(Tr, cfg, 4).phase("backward").device[static_cast<std::size_t>(Component::layer)]);
     EXPECT_EQ(dev.arena().live(Component::layer), 0u);
     EXPECT_EQ(dev.arena().live(Component::dispatch), 0u);
   }
