@@ -106,12 +106,12 @@ struct MoeAuxState {
   const float* aux_grad = nullptr;
 };
 
-// One call's internals on T tokens (Component::layer).
+// One call's internals on T tokens (Component::layer); "(act)": elements of elem_bytes.
 //   h [T, H] (act), rstd [T] f32                           both variants, both phases
 //   router: probs [T, E] f32, ids [T, K] i32, weights [T, K] f32 (both phases),
 //           d_weights [T, K] f32 (backward)                MoE only
-//   ffn: gate, up [T, side_ffn] (act) both phases, act     shared experts (MoE, S > 0) or dense MLP;
-//        [T, side_ffn] backward only (forward writes act over gate)
+//   ffn: gate, up [T, side_ffn] (act) both phases;         shared experts (MoE, S > 0) or dense MLP
+//        act [T, side_ffn] (act) backward only (forward writes act over gate)
 //   shared_out [T, H] (act), gate_logit [T] f32            shared_gate only; backward
 //                                                          writes d gate_logit into gate_logit
 //   dh [T, H] (act)                                        backward
@@ -132,15 +132,18 @@ class MoeLayer final : public Block {
  public:
   // params and grads: views as MoeLayerTensors says (checked; InvalidArgument on a wrong
   // shape or dtype). ep_group: the expert-parallel group (unused when dense); its size
-  // divides E. aux: may be null (no statistics, no aux loss); its pointers are read at
-  // every call, so the model may change them between calls. Nothing is owned but the
-  // dispatch.
+  // divides E. aux: may be null (no statistics, no aux loss); otherwise it must outlive
+  // the layer, and its pointers are read at every call, so the model may change them
+  // between calls. Nothing is owned but the dispatch.
   MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& config, const MoeLayerTensors& params,
            const MoeLayerTensors& grads, const MoeAuxState* aux);
 
-  // x, y [T, H] f32 (T >= 0, may differ per rank); y must not alias x.
+  // x, y [T, H] f32 (T >= 0, may differ per rank); y must not alias x. MoE: collective
+  // over ep_group (every rank calls it, T = 0 included).
   void forward(const Tensor& x, const Tensor& y) override;
-  // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient.
+  // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient
+  // (replicated ones hold this rank's tokens' share: the model reduces them over data
+  // parallelism). MoE: collective over ep_group, like forward.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   // HF names (Qwen convention) relative to the decoder layer: post_attention_layernorm.weight;
   // dense: mlp.gate_proj/up_proj/down_proj.weight; MoE: mlp.gate.weight, then for each
