@@ -1,0 +1,373 @@
+#include "peakbound/layers/moe_layer.h"
+
+#include <string>
+
+#include "peakbound/core/dtype.h"
+#include "peakbound/core/error.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/ops/rmsnorm.h"
+#include "peakbound/ops/row_gate.h"
+
+namespace peakbound {
+
+namespace {
+
+using u64 = std::uint64_t;
+// The runtime is f32; the footprint functions take the activations' element size as a
+// parameter. Statistics (rstd, router probs and weights, the gate logit) are f32 always.
+const u64 kF32 = dtype_size(DType::f32);
+const Component kC = Component::layer;
+
+u64 U(std::int64_t v) { return static_cast<u64>(v); }
+u64 mul(u64 a, u64 b) { return checked_mul(a, b, "moe layer buffer size"); }
+
+Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
+
+MoeRouterShape router_shape(std::int64_t T, const MoeLayerConfig& c) {
+  return MoeRouterShape{T, c.hidden, c.experts, c.top_k, c.norm_topk_prob};
+}
+
+bool has_shared(const MoeLayerConfig& c) { return !c.dense() && c.shared_experts > 0; }
+bool has_gate(const MoeLayerConfig& c) { return has_shared(c) && c.shared_gate; }
+
+}  // namespace
+
+struct MoeLayer::Internals {
+  Buffer h, rstd, probs, ids, weights, gate, up, act, shared_out, gate_logit;
+};
+
+void check_moe_layer_config(const MoeLayerConfig& c) {
+  auto bad = [](const std::string& what) { throw InvalidArgument("moe layer: " + what); };
+  if (c.hidden <= 0) bad("hidden must be positive (got " + std::to_string(c.hidden) + ")");
+  if (c.dense_ffn < 0) bad("dense_ffn must be >= 0 (got " + std::to_string(c.dense_ffn) + ")");
+  if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
+  if (c.dense()) return;
+  if (c.scoring != RouterScoring::softmax)
+    bad("router scoring '" + std::string(router_scoring_name(c.scoring)) +
+        "' is not supported (softmax only; DeepSeek-V3's sigmoid router is not implemented)");
+  if (c.ffn <= 0) bad("ffn must be positive (got " + std::to_string(c.ffn) + ")");
+  if (c.experts <= 0) bad("experts must be positive (got " + std::to_string(c.experts) + ")");
+  if (c.top_k < 1 || c.top_k > c.experts)
+    bad("top_k must be in [1, experts = " + std::to_string(c.experts) + "] (got " + std::to_string(c.top_k) + ")");
+  if (c.shared_experts < 0) bad("shared_experts must be >= 0 (got " + std::to_string(c.shared_experts) + ")");
+  if (c.shared_experts > 0 && c.shared_ffn <= 0)
+    bad("shared_ffn must be positive with shared experts (got " + std::to_string(c.shared_ffn) + ")");
+  if (c.shared_gate && c.shared_experts == 0) bad("shared_gate needs shared_experts > 0");
+  check_dispatch_options(c.dispatch);
+}
+
+MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float rms_eps, DispatchKind kind,
+                                const DispatchOptions& options) {
+  auto bad = [](const std::string& what) { throw InvalidArgument("moe layer: " + what); };
+  if (layer < 0 || layer >= m.num_layers)
+    bad("layer " + std::to_string(layer) + " is outside [0, num_layers = " + std::to_string(m.num_layers) + ")");
+  if (m.mlp_bias) bad("mlp_bias is not supported (MLPs without biases only)");
+  MoeLayerConfig c;
+  c.hidden = m.hidden_size;
+  c.rms_eps = rms_eps;
+  if (!m.is_moe_layer(layer)) {
+    if (m.dense_intermediate_size <= 0)
+      bad("layer " + std::to_string(layer) + " is dense but dense_intermediate_size is " +
+          std::to_string(m.dense_intermediate_size));
+    c.dense_ffn = m.dense_intermediate_size;
+    check_moe_layer_config(c);
+    return c;
+  }
+  if (m.router_bias) bad("router_bias is not supported (a router Linear without bias only)");
+  if (m.router_score_correction) bad("router_score_correction (e_score_correction_bias) is not supported");
+  c.ffn = m.moe_intermediate_size;
+  c.experts = m.num_experts;
+  c.top_k = m.top_k;
+  c.norm_topk_prob = m.norm_topk_prob;
+  c.scoring = m.router_scoring;
+  c.shared_experts = m.num_shared_experts;
+  c.shared_ffn = m.num_shared_experts > 0 ? m.shared_expert_width() : 0;
+  c.shared_gate = m.shared_expert_gate;
+  c.kind = kind;
+  c.dispatch = options;
+  check_moe_layer_config(c);
+  return c;
+}
+
+MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c) {
+  check_moe_layer_config(c);
+  if (c.dense()) throw InvalidArgument("moe layer: a dense layer has no routed experts");
+  return MoeShape{c.hidden, c.ffn, c.experts, c.top_k};
+}
+
+MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a) {
+  check_moe_layer_config(c);
+  if (T < 0) throw InvalidArgument("moe layer: tokens must be >= 0 (got " + std::to_string(T) + ")");
+  const u64 t = U(T), H = U(c.hidden);
+  MoeLayerBuffers b;
+  b.h = buffer_spec(kC, mul(t, H), a);
+  b.rstd = buffer_spec(kC, t, kF32);
+  if (!c.dense()) b.router = moe_router_buffers(router_shape(T, c), kC);
+  else b.router = {buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32),
+                   buffer_spec(kC, 0, kF32)};
+  const std::int64_t side = c.side_ffn();
+  if (side > 0) b.ffn = swiglu_ffn_buffers(T, side, a, kC);
+  else b.ffn = {buffer_spec(kC, 0, a), buffer_spec(kC, 0, a), buffer_spec(kC, 0, a)};
+  const u64 g = has_gate(c) ? 1 : 0;
+  b.shared_out = buffer_spec(kC, mul(g, mul(t, H)), a);
+  b.gate_logit = buffer_spec(kC, mul(g, t), kF32);
+  b.dh = buffer_spec(kC, mul(t, H), a);
+  return b;
+}
+
+Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c, u64 elem_bytes) {
+  const MoeLayerBuffers b = moe_layer_buffers(T, c, elem_bytes);
+  Footprint f("moe layer");
+  for (const char* phase : {"forward", "backward"}) {
+    const bool bwd = phase[0] == 'b';
+    for (const BufferSpec& s : {b.h, b.rstd, b.router.probs, b.router.ids, b.router.weights, b.ffn.gate, b.ffn.up,
+                                b.shared_out, b.gate_logit})
+      f.device(phase, s);
+    if (bwd) {
+      f.device(phase, b.ffn.act);
+      f.device(phase, b.router.d_weights);
+      f.device(phase, b.dh);
+    }
+  }
+  return f;
+}
+
+MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& config, const MoeLayerTensors& params,
+                   const MoeLayerTensors& grads, const MoeAuxState* aux)
+    : dev_(dev), cfg_(config), p_(params), g_(grads), aux_(aux) {
+  check_moe_layer_config(cfg_);
+  const std::int64_t H = cfg_.hidden;
+  auto expect = [](const Tensor& t, const Shape& s, const char* name, const char* which) {
+    if (t.raw() == nullptr || t.dtype() != DType::f32 || !(t.shape() == s))
+      throw InvalidArgument(std::string("moe layer: ") + which + " " + name + " is " + t.shape().str() +
+                            (t.raw() == nullptr ? " (null)" : "") + ", want " + s.str() + " f32");
+  };
+  if (!cfg_.dense()) {
+    ep_rank_ = ep_group.rank();
+    ep_size_ = ep_group.size();
+    if (cfg_.experts % ep_size_ != 0)
+      throw InvalidArgument("moe layer: experts (" + std::to_string(cfg_.experts) +
+                            ") must be divisible by the expert-parallel group size (" + std::to_string(ep_size_) +
+                            ")");
+  }
+  const std::int64_t local = cfg_.dense() ? 0 : cfg_.experts / ep_size_;
+  const std::int64_t expert_elems = local * 3 * cfg_.ffn * H, side = cfg_.side_ffn();
+  for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
+    expect(t->w_post, Shape{H}, "w_post", which);
+    if (cfg_.dense()) {
+      expect(t->dense_gate, Shape{side, H}, "dense_gate", which);
+      expect(t->dense_up, Shape{side, H}, "dense_up", which);
+      expect(t->dense_down, Shape{H, side}, "dense_down", which);
+      continue;
+    }
+    expect(t->w_gate, Shape{cfg_.experts, H}, "w_gate", which);
+    if (t->experts.raw() == nullptr || t->experts.dtype() != DType::f32 || t->experts.numel() != expert_elems)
+      throw InvalidArgument(std::string("moe layer: ") + which + " experts is " + t->experts.shape().str() +
+                            ", want " + std::to_string(local) + " local experts x 3FH = " +
+                            std::to_string(expert_elems) + " f32 elements");
+    if (side > 0) {
+      expect(t->shared_gate, Shape{side, H}, "shared_gate", which);
+      expect(t->shared_up, Shape{side, H}, "shared_up", which);
+      expect(t->shared_down, Shape{H, side}, "shared_down", which);
+    }
+    if (cfg_.shared_gate) expect(t->shared_expert_gate, Shape{1, H}, "shared_expert_gate", which);
+  }
+  if (!cfg_.dense())
+    dispatch_ = std::make_unique<MoeDispatch>(dev_, ep_group, moe_layer_dispatch_shape(cfg_), cfg_.kind, cfg_.dispatch);
+}
+
+std::int64_t MoeLayer::check_shape(const Tensor& t, const char* what) const {
+  PB_CHECK_MSG(t.dtype() == DType::f32 && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
+               std::string("moe layer: ") + what + " is " + t.shape().str() + ", want [T, " +
+                   std::to_string(cfg_.hidden) + "] f32");
+  return t.dim(0);
+}
+
+// Allocates the internals both passes hold and computes the norm, the router (its
+// statistics added only by a forward) and the side SwiGLU's gate/up/act (and, with the
+// shared gate, the shared output and the gate logit).
+void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for_backward) {
+  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_, kF32);
+  in.h = allocate(dev_, b.h);
+  in.rstd = allocate(dev_, b.rstd);
+  in.probs = allocate(dev_, b.router.probs);
+  in.ids = allocate(dev_, b.router.ids);
+  in.weights = allocate(dev_, b.router.weights);
+  in.gate = allocate(dev_, b.ffn.gate);
+  in.up = allocate(dev_, b.ffn.up);
+  // Forward writes act over gate (swiglu's out may alias its gate): only backward, which
+  // reuses the three as its scratch, holds act apart.
+  if (for_backward) in.act = allocate(dev_, b.ffn.act);
+  float* act = for_backward ? in.act.as<float>() : in.gate.as<float>();
+  in.shared_out = allocate(dev_, b.shared_out);
+  in.gate_logit = allocate(dev_, b.gate_logit);
+  if (T == 0) return;
+
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden;
+  float* h = in.h.as<float>();
+  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_post.data<float>(), T, H, cfg_.rms_eps);
+  if (!cfg_.dense()) {
+    float* counts = nullptr;
+    float* prob_sums = nullptr;
+    if (!for_backward && aux_ != nullptr) {
+      counts = aux_->counts;
+      prob_sums = aux_->prob_sums;
+    }
+    moe_router_forward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<float>(), in.probs.as<float>(),
+                       in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums);
+  }
+  if (has_gate(cfg_)) {
+    // z = h W_sg^T [T, 1]; the shared experts' output kept apart for the gate.
+    ops::gemm(dev_, s, false, true, T, 1, H, 1.0f, h, H, p_.shared_expert_gate.data<float>(), H, 0.0f,
+              in.gate_logit.as<float>(), 1);
+    swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h,
+                       {p_.shared_gate.data<float>(), p_.shared_up.data<float>(), p_.shared_down.data<float>()},
+                       in.gate.as<float>(), in.up.as<float>(), act, in.shared_out.as<float>(), false);
+  } else if (cfg_.side_ffn() > 0) {
+    const MoeLayerTensors& w = p_;
+    const SwigluFfnWeights sw = cfg_.dense()
+                                    ? SwigluFfnWeights{w.dense_gate.data<float>(), w.dense_up.data<float>(),
+                                                       w.dense_down.data<float>()}
+                                    : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(),
+                                                       w.shared_down.data<float>()};
+    // gate/up/act only: the output is added into y by forward (backward needs none).
+    swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h, sw, in.gate.as<float>(), in.up.as<float>(), act, nullptr,
+                       false);
+  }
+}
+
+void MoeLayer::forward(const Tensor& x, const Tensor& y) {
+  const std::int64_t T = check_shape(x, "x");
+  PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
+               "moe layer: y must be a distinct [T, H]");
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden;
+  Internals in;
+  recompute(in, T > 0 ? x.data<float>() : nullptr, T, /*for_backward=*/false);
+  float* yp = T > 0 ? y.data<float>() : nullptr;
+  const float* h = in.h.as<float>();
+  if (cfg_.dense()) {
+    if (T == 0) return;
+    // y = x + act W_down^T.
+    dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+    ops::gemm(dev_, s, false, true, T, H, cfg_.dense_ffn, 1.0f, in.gate.as<float>() /* act */, cfg_.dense_ffn,
+              p_.dense_down.data<float>(), cfg_.dense_ffn, 1.0f, yp, H);
+    return;
+  }
+  // routed (written into y; a collective: every rank calls it, T = 0 included), + x, + shared.
+  dispatch_->forward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<float>(), yp);
+  if (T == 0) return;
+  ops::axpy(dev_, s, yp, x.data<float>(), T * H, 1.0f);
+  const std::int64_t Fs = cfg_.side_ffn();
+  if (has_gate(cfg_)) {
+    ops::row_gate_forward(dev_, s, yp, in.shared_out.as<float>(), in.gate_logit.as<float>(), T, H, true);
+  } else if (Fs > 0) {
+    ops::gemm(dev_, s, false, true, T, H, Fs, 1.0f, in.gate.as<float>() /* act */, Fs, p_.shared_down.data<float>(),
+              Fs, 1.0f, yp, H);
+  }
+  // The internals are freed on return: whatever reuses their memory next is ordered
+  // after this work on the compute stream.
+}
+
+void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const std::int64_t T = check_shape(x, "x");
+  PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "moe layer: token counts differ");
+  PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "moe layer: dx must not alias x or dy");
+  Stream& s = dev_.compute_stream();
+  const float* xp = T > 0 ? x.data<float>() : nullptr;
+  const float* dyp = T > 0 ? dy.data<float>() : nullptr;
+  Internals in;
+  recompute(in, xp, T, /*for_backward=*/true);
+  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_, kF32);
+  Buffer d_weights = allocate(dev_, b.router.d_weights), dh_buf = allocate(dev_, b.dh);
+
+  const std::int64_t H = cfg_.hidden, Fs = cfg_.side_ffn();
+  float* h = in.h.as<float>();
+  float* dh = dh_buf.as<float>();
+  bool dh_written = false;
+  if (!cfg_.dense()) {
+    // Routed experts (collective, T = 0 included): dh written, d_weights written,
+    // this rank's expert gradients added.
+    dispatch_->backward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<float>(), dyp, dh,
+                        d_weights.as<float>(), g_.experts.data<float>());
+    if (T == 0) return;
+    // Router: dlogits (with the aux term) into probs, dW_gate added, dh added.
+    moe_router_backward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<float>(), d_weights.as<float>(),
+                        in.probs.as<float>(), in.ids.as<std::int32_t>(), aux_ != nullptr ? aux_->aux_grad : nullptr,
+                        g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true);
+    dh_written = true;
+  }
+  if (T == 0) return;
+  if (Fs > 0) {
+    const MoeLayerTensors& w = p_;
+    const MoeLayerTensors& g = g_;
+    const bool dense = cfg_.dense();
+    const SwigluFfnWeights sw =
+        dense ? SwigluFfnWeights{w.dense_gate.data<float>(), w.dense_up.data<float>(), w.dense_down.data<float>()}
+              : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(), w.shared_down.data<float>()};
+    const SwigluFfnGrads sg =
+        dense ? SwigluFfnGrads{g.dense_gate.data<float>(), g.dense_up.data<float>(), g.dense_down.data<float>()}
+              : SwigluFfnGrads{g.shared_gate.data<float>(), g.shared_up.data<float>(), g.shared_down.data<float>()};
+    const float* dout = dyp;
+    if (has_gate(cfg_)) {
+      // d shared = sigmoid(z) dy into shared_out's buffer, dz into gate_logit's; then
+      // dW_sg += dz^T h [1, H] and dh (+)= dz W_sg.
+      float* z = in.gate_logit.as<float>();
+      float* dshared = in.shared_out.as<float>();
+      ops::row_gate_backward(dev_, s, dshared, z, dyp, dshared, z, T, H);
+      ops::gemm(dev_, s, true, false, 1, H, T, 1.0f, z, 1, h, H, 1.0f, g_.shared_expert_gate.data<float>(), H);
+      ops::gemm(dev_, s, false, false, T, H, 1, 1.0f, z, 1, p_.shared_expert_gate.data<float>(), H,
+                dh_written ? 1.0f : 0.0f, dh, H);
+      dh_written = true;
+      dout = dshared;
+    }
+    swiglu_ffn_backward(dev_, s, T, H, Fs, h, sw, dout, in.gate.as<float>(), in.up.as<float>(), in.act.as<float>(),
+                        sg, dh, dh_written);
+    dh_written = true;
+  }
+  PB_CHECK_MSG(dh_written, "moe layer: no path wrote dh");
+  // dx = dy (the residual path) + post_attention_layernorm's backward, which adds.
+  dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
+  ops::rmsnorm_backward(dev_, s, dx.data<float>(), g_.w_post.data<float>(), dh, xp, p_.w_post.data<float>(),
+                        in.rstd.as<float>(), T, H);
+}
+
+std::vector<Parameter> MoeLayer::parameters() const {
+  std::vector<Parameter> out = {{"post_attention_layernorm.weight", p_.w_post, g_.w_post}};
+  if (cfg_.dense()) {
+    out.push_back({"mlp.gate_proj.weight", p_.dense_gate, g_.dense_gate});
+    out.push_back({"mlp.up_proj.weight", p_.dense_up, g_.dense_up});
+    out.push_back({"mlp.down_proj.weight", p_.dense_down, g_.dense_down});
+    return out;
+  }
+  out.push_back({"mlp.gate.weight", p_.w_gate, g_.w_gate});
+  const std::int64_t H = cfg_.hidden, F = cfg_.ffn, local = cfg_.experts / ep_size_;
+  for (std::int64_t i = 0; i < local; ++i) {
+    const std::string name = "mlp.experts." + std::to_string(ep_rank_ * local + i) + ".";
+    auto view = [&](const Tensor& t, std::int64_t offset, Shape shape) {
+      return Tensor(t.data<float>() + i * 3 * F * H + offset, shape, DType::f32, t.location());
+    };
+    out.push_back({name + "gate_proj.weight", view(p_.experts, 0, Shape{F, H}), view(g_.experts, 0, Shape{F, H})});
+    out.push_back(
+        {name + "up_proj.weight", view(p_.experts, F * H, Shape{F, H}), view(g_.experts, F * H, Shape{F, H})});
+    out.push_back({name + "down_proj.weight", view(p_.experts, 2 * F * H, Shape{H, F}),
+                   view(g_.experts, 2 * F * H, Shape{H, F})});
+  }
+  if (cfg_.shared_experts > 0) {
+    const std::string pre = cfg_.shared_experts == 1 && cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts.";
+    out.push_back({pre + "gate_proj.weight", p_.shared_gate, g_.shared_gate});
+    out.push_back({pre + "up_proj.weight", p_.shared_up, g_.shared_up});
+    out.push_back({pre + "down_proj.weight", p_.shared_down, g_.shared_down});
+  }
+  if (cfg_.shared_gate) out.push_back({"mlp.shared_expert_gate.weight", p_.shared_expert_gate, g_.shared_expert_gate});
+  return out;
+}
+
+void MoeLayer::zero_grad() {
+  Stream& s = dev_.compute_stream();
+  for (const Parameter& p : parameters()) ops::fill(dev_, s, p.grad.data<float>(), p.grad.numel(), 0.0f);
+}
+
+}  // namespace peakbound

@@ -1,0 +1,173 @@
+// MoeLayer: the second half of a decoder layer (the FFN sublayer with its pre-norm and
+// residual) as transformers computes it, f32, through ops:: on the device's compute
+// stream. Two variants:
+//   MoE (Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock, Qwen2-MoE / DeepSeek shared experts):
+//     h      = rmsnorm(x) * w_post                        (post_attention_layernorm)
+//     logits = h W_gate^T [T, E]; probs = softmax; ids, weights = top-k (renormalised
+//              with norm_topk_prob)                       (layers/moe_router.h)
+//     routed = sum_k weights[t,k] * SwiGLU_{ids[t,k]}(h[t])  (MoeDispatch over the EP group)
+//     shared = SwiGLU_shared(h)                           (S shared experts of width Fs are
+//              one SwiGLU of width S*Fs: gate/up rows and down columns concatenated, as
+//              DeepSeek stores them); Qwen2-MoE: shared *= sigmoid(h W_sg^T)
+//     y      = x + routed + shared
+//   dense (leading dense layers, mlp_only_layers):  y = x + SwiGLU(rmsnorm(x) * w_post)
+// Parameters are views into memory the caller owns (a parameter store). Backward
+// recomputes everything from x (activation checkpointing: the norm, the router, the
+// shared experts; MoeDispatch::backward re-runs the routed experts from h), writes dx
+// and ADDS INTO every parameter gradient, this rank's expert gradients included.
+// Every internal buffer comes from moe_layer_buffers (Component::layer), allocated per
+// call; the dispatch's own buffers are its footprint's (schedules/moe_footprint.h).
+//
+// Collective: forward and backward of an MoE layer call MoeDispatch, a collective over
+// the expert-parallel group: every rank of the group calls them the same number of
+// times in the same order, also with T = 0 tokens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/buffer.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/device/device.h"
+#include "peakbound/layers/block.h"
+#include "peakbound/layers/moe_router.h"
+#include "peakbound/layers/swiglu_ffn.h"
+#include "peakbound/model/model_config.h"
+#include "peakbound/schedules/moe_dispatch.h"
+
+namespace peakbound {
+
+// The sublayer's sizes (HF config: hidden_size, moe_intermediate_size, num_experts,
+// num_experts_per_tok, norm_topk_prob, n_shared_experts / shared_expert_intermediate_size,
+// rms_norm_eps; intermediate_size for a dense layer).
+struct MoeLayerConfig {
+  std::int64_t hidden = 0;   // H
+  // dense_ffn > 0: the dense sublayer (SwiGLU of that width); every MoE field below is
+  // then ignored and no communicator call is made.
+  std::int64_t dense_ffn = 0;
+  std::int64_t ffn = 0;      // F, one routed expert's width
+  std::int64_t experts = 0;  // E routed experts, divisible by the EP group's size
+  std::int64_t top_k = 0;    // K, 1 <= K <= E
+  bool norm_topk_prob = true;
+  RouterScoring scoring = RouterScoring::softmax;  // sigmoid (DeepSeek-V3) is refused
+  std::int64_t shared_experts = 0;  // S >= 0 (0: Qwen3-MoE, Mixtral)
+  std::int64_t shared_ffn = 0;      // Fs, one shared expert's width (> 0 when S > 0)
+  bool shared_gate = false;         // Qwen2-MoE's shared_expert_gate; needs S > 0
+  float rms_eps = 1e-6f;
+  DispatchKind kind = DispatchKind::standard_ep;
+  DispatchOptions dispatch;
+
+  bool dense() const { return dense_ffn > 0; }
+  // The one SwiGLU beside the routed experts: S * Fs (MoE), dense_ffn (dense).
+  std::int64_t side_ffn() const { return dense() ? dense_ffn : shared_experts * shared_ffn; }
+};
+
+// Throws InvalidArgument naming the first bad field (sigmoid scoring included).
+void check_moe_layer_config(const MoeLayerConfig& c);
+
+// The sublayer of decoder layer `layer` of model m (rms_eps: the HF config's
+// rms_norm_eps, which ModelConfig does not carry): MoE when m.is_moe_layer(layer), else
+// dense of dense_intermediate_size. Throws InvalidArgument, naming the field, for what
+// this layer does not compute: router_bias, router_score_correction, mlp_bias, sigmoid
+// scoring, a dense layer without dense_intermediate_size.
+MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float rms_eps, DispatchKind kind,
+                                const DispatchOptions& options);
+
+// The routed experts' shape, for dispatch_footprint / dispatch_sizes_estimate
+// (schedules/moe_footprint.h), which size the dispatch's own buffers. MoE configs only.
+MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c);
+
+// Views of the parameters (or of their gradients), f32 on the layer's device, nn.Linear
+// layout (out x in). Leave empty what the variant does not use.
+//   w_post        [H]                     post_attention_layernorm.weight (both variants)
+//   w_gate        [E, H]                  the router (MoE)
+//   experts       (E/EP) x 3FH elements   this rank's experts e = rank*E/EP + i, each
+//                                         [W_gate F,H | W_up F,H | W_down H,F] contiguous
+//                                         (any shape with that many elements, e.g. [E/EP, 3FH])
+//   shared_gate, shared_up [S*Fs, H], shared_down [H, S*Fs]   (MoE with S > 0)
+//   shared_expert_gate [1, H]             (MoE with shared_gate)
+//   dense_gate, dense_up [Fd, H], dense_down [H, Fd]           (dense)
+struct MoeLayerTensors {
+  Tensor w_post, w_gate, experts, shared_gate, shared_up, shared_down, shared_expert_gate, dense_gate, dense_up,
+      dense_down;
+};
+
+// The model's aux-loss statistics (layers/moe_router.h, ops::moe_aux_loss), device [E]
+// each, owned by the model; any pointer may be null.
+//   counts, prob_sums  forward ADDS this layer's router statistics (once per forward call:
+//                      a checkpointed stack calls forward once per layer per step; the
+//                      backward's recompute adds nothing)
+//   aux_grad           backward reads it (d aux / d probs per expert; null: no aux loss)
+struct MoeAuxState {
+  float* counts = nullptr;
+  float* prob_sums = nullptr;
+  const float* aux_grad = nullptr;
+};
+
+// One call's internals on T tokens (Component::layer); "(act)": elements of elem_bytes.
+//   h [T, H] (act), rstd [T] f32                           both variants, both phases
+//   router: probs [T, E] f32, ids [T, K] i32, weights [T, K] f32 (both phases),
+//           d_weights [T, K] f32 (backward)                MoE only
+//   ffn: gate, up [T, side_ffn] (act) both phases;         shared experts (MoE, S > 0) or dense MLP
+//        act [T, side_ffn] (act) backward only (forward writes act over gate)
+//   shared_out [T, H] (act), gate_logit [T] f32            shared_gate only; backward
+//                                                          writes d gate_logit into gate_logit
+//   dh [T, H] (act)                                        backward
+struct MoeLayerBuffers {
+  BufferSpec h, rstd;
+  MoeRouterBuffers router;
+  SwigluFfnBuffers ffn;
+  BufferSpec shared_out, gate_logit;
+  BufferSpec dh;
+};
+MoeLayerBuffers moe_layer_buffers(std::int64_t tokens, const MoeLayerConfig& c, std::uint64_t elem_bytes);
+
+// Phases "forward" and "backward", Component::layer only (parameters and gradients are
+// the parameter store's, the dispatch's buffers dispatch_footprint's).
+Footprint moe_layer_footprint(std::int64_t tokens, const MoeLayerConfig& c, std::uint64_t elem_bytes);
+
+class MoeLayer final : public Block {
+ public:
+  // params and grads: views as MoeLayerTensors says (checked; InvalidArgument on a wrong
+  // shape or dtype). ep_group: the expert-parallel group (unused when dense); its size
+  // divides E. aux: may be null (no statistics, no aux loss); otherwise it must outlive
+  // the layer, and its pointers are read at every call, so the model may change them
+  // between calls. Nothing is owned but the dispatch.
+  MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& config, const MoeLayerTensors& params,
+           const MoeLayerTensors& grads, const MoeAuxState* aux);
+
+  // x, y [T, H] f32 (T >= 0, may differ per rank); y must not alias x. MoE: collective
+  // over ep_group (every rank calls it, T = 0 included).
+  void forward(const Tensor& x, const Tensor& y) override;
+  // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient
+  // (replicated ones hold this rank's tokens' share: the model reduces them over data
+  // parallelism). MoE: collective over ep_group, like forward.
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  // HF names (Qwen convention) relative to the decoder layer: post_attention_layernorm.weight;
+  // dense: mlp.gate_proj/up_proj/down_proj.weight; MoE: mlp.gate.weight, then for each
+  // local expert mlp.experts.<global e>.gate_proj/up_proj/down_proj.weight (views into
+  // `experts`), then mlp.shared_expert.* (S = 1 with gate, Qwen2-MoE) or
+  // mlp.shared_experts.* (DeepSeek's one concatenated MLP), mlp.shared_expert_gate.weight.
+  std::vector<Parameter> parameters() const override;
+  void zero_grad() override;
+
+  const MoeLayerConfig& config() const { return cfg_; }
+  // The last dispatch pass's statistics (MoE only).
+  const DispatchStats* dispatch_stats() const { return dispatch_ ? &dispatch_->stats() : nullptr; }
+
+ private:
+  struct Internals;
+  void recompute(Internals& in, const float* x, std::int64_t T, bool for_backward);
+  std::int64_t check_shape(const Tensor& t, const char* what) const;
+
+  Device& dev_;
+  MoeLayerConfig cfg_;
+  MoeLayerTensors p_, g_;
+  const MoeAuxState* aux_;
+  int ep_rank_ = 0, ep_size_ = 1;
+  std::unique_ptr<MoeDispatch> dispatch_;
+};
+
+}  // namespace peakbound
