@@ -183,6 +183,8 @@ TEST(ConfigFile, MissingOrMalformedFileIsOneLineNamingIt) {
   one_line_naming(error_of("--config " + hash), hash + ":1: '#' inside a string");
   const std::string json = write("bad.json", "{\"steps\": 2,\n \"lr\": }\n");
   one_line_naming(error_of("--config " + json), json + ": malformed JSON: parse error at line 2");
+  const std::string dup = write("dup.json", R"({"steps": 2, "lr": 0.1, "steps": 3})");
+  one_line_naming(error_of("--config " + dup), dup + ": 'steps' given twice");
   const std::string list = write("list.json", "[1, 2]");
   one_line_naming(error_of("--config " + list), list + ": a JSON config file must be one object");
 }

@@ -97,6 +97,10 @@ TEST(Progress, InteractiveModeRefreshesOneLineAndNotesGoAboveIt) {
   big.tokens_per_second = 2.5e6;
   big.loss = 10.5;
   EXPECT_EQ(progress_line(big).size(), l1.size()) << progress_line(big) << "\n" << l1;
+  // A memory stream or a file is never a terminal.
+  std::FILE* f = std::tmpfile();
+  EXPECT_FALSE(Progress::is_terminal(f));
+  std::fclose(f);
 }
 
 TEST(MetricsWriter, EveryLineIsOneJsonObject) {

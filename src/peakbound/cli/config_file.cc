@@ -125,8 +125,14 @@ std::string scalar_text(const std::string& path, const std::string& key, const n
 
 std::vector<ConfigEntry> read_json(const std::string& path, const std::string& text) {
   nlohmann::ordered_json j;
+  std::map<std::string, int> seen;  // top-level keys: nlohmann would keep one of a pair silently
+  auto no_duplicates = [&](int depth, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
+    if (depth == 1 && event == nlohmann::ordered_json::parse_event_t::key && seen[parsed.get<std::string>()]++ > 0)
+      refuse(path, 0, "'" + parsed.get<std::string>() + "' given twice");
+    return true;
+  };
   try {
-    j = nlohmann::ordered_json::parse(text);
+    j = nlohmann::ordered_json::parse(text, no_duplicates);
   } catch (const nlohmann::json::parse_error& e) {
     std::string what = e.what();
     const auto p = what.find("] ");

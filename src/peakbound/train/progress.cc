@@ -1,7 +1,10 @@
 #include "peakbound/train/progress.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "peakbound/core/error.h"
@@ -75,6 +78,11 @@ Progress::Progress(std::FILE* out, bool interactive, std::int64_t first_step)
     : out_(out), interactive_(interactive), first_step_(first_step) {}
 
 Progress::~Progress() { finish(); }
+
+bool Progress::is_terminal(std::FILE* f) {
+  const char* term = std::getenv("TERM");
+  return f != nullptr && ::isatty(::fileno(f)) == 1 && !(term != nullptr && std::strcmp(term, "dumb") == 0);
+}
 
 void Progress::update(const StepReport& r) {
   const std::string line = progress_line(r, first_step_);

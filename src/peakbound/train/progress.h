@@ -51,6 +51,9 @@ class Progress {
  public:
   // `out` is written (not owned). `first_step`: steps already done when the run began.
   Progress(std::FILE* out, bool interactive, std::int64_t first_step = 0);
+  // Whether `f` is a terminal that takes "\r" and "\x1b[K" (a tty, TERM not "dumb"): the
+  // usual choice of `interactive`.
+  static bool is_terminal(std::FILE* f);
   ~Progress();
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
