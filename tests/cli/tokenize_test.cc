@@ -106,6 +106,24 @@ TEST(TokenizeText, TokenFilesMatchTheTokenizersOwnEncoding) {
   std::ifstream no_val(dir + "/again.val.bin");
   EXPECT_FALSE(no_val.good());
 
+  // A vocabulary past 65536 entries: uint32 tokens under llm.c's other magic.
+  const std::string wide = write(dir + "/wide.py",
+                                 "import sys\n"
+                                 "from tokenizers import Tokenizer, models, pre_tokenizers\n"
+                                 "vocab = {f'w{i}': i for i in range(70000)}\n"
+                                 "vocab['<|endoftext|>'] = 70000\n"
+                                 "t = Tokenizer(models.WordLevel(vocab, unk_token='w0'))\n"
+                                 "t.pre_tokenizer = pre_tokenizers.Whitespace()\n"
+                                 "t.save(sys.argv[1])\n");
+  CliRun w = sh(python + " " + wide + " " + dir + "/wide.json");
+  ASSERT_EQ(w.code, 0) << w.err;
+  const std::string wa = write(dir + "/wa.txt", "w1 w65535 w65536\n"), wb = write(dir + "/wb.txt", "w69999 w2");
+  CliRun ww = sh("bash " + kScript + " " + wa + " " + wb + " -o " + dir + "/wide.bin --eot --tokenizer " + dir + "/wide.json");
+  ASSERT_EQ(ww.code, 0) << ww.err;
+  const TokenFile wf = TokenFile::open(dir + "/wide.bin");
+  EXPECT_EQ(wf.token_bytes(), 4);
+  EXPECT_EQ(all_tokens(wf), (std::vector<std::int32_t>{1, 65535, 65536, 70000, 69999, 2}));
+
   // Bad input: one line on stderr, exit 1.
   for (const std::string& args : {a + " -o " + dir + "/x.bin --tokenizer " + dir + "/missing.json",
                                   dir + "/missing.txt -o " + dir + "/x.bin --tokenizer " + tokenizer,
