@@ -162,6 +162,10 @@ TEST(ConfigFile, MissingOrMalformedFileIsOneLineNamingIt) {
   const std::string missing = ::testing::TempDir() + "/pb_config_no_such_file.toml";
   one_line_naming(error_of("--config " + missing), missing + ": cannot read");
   {
+    TestCli c;  // --help wins over a bad file
+    EXPECT_THROW(c.parse("--config " + missing + " --help"), CLI::CallForHelp);
+  }
+  {
     TestCli c;  // an empty argument, as a shell passes '' (a parse of one string would drop it)
     std::vector<std::string> reversed_args = {"", "--config", "train"};
     try {

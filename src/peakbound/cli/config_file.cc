@@ -191,6 +191,8 @@ CLI::Option* add_config_flag(CLI::App* app) {
       "--config",
       [app](const std::string& path) {
         if (trim(path).empty()) throw CLI::ValidationError("--config must not be empty");
+        // --help wins over a bad file, as with CLI11's own config files (help comes after callbacks).
+        if (app->get_help_ptr() != nullptr && app->get_help_ptr()->count() > 0) return;
         apply_config(app, path, read_config_file(path));
       },
       "Read flags from a TOML or JSON file (keys: flag names without dashes); the command line overrides it");
