@@ -11,6 +11,7 @@ packages=(
   libcli11-dev           # command-line parsing
   libgtest-dev libgmock-dev    # unit tests
   libbenchmark-dev       # micro-benchmarks of kernels
+  python3-venv           # scripts/tokenize_text.sh: a venv for the tokenizers wheel
 )
 
 missing=()

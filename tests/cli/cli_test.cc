@@ -2,6 +2,7 @@
 // that errors are one line on stderr (no stack trace, no abort).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include "tests/cli/run_cli.h"
@@ -84,6 +85,56 @@ TEST(CliPlan, BadInputsAreOneLine) {
   expect_one_line_error(run("plan --device-memory lots"), "--device-memory");
   expect_one_line_error(run("plan --schedules warp"), "warp");
   expect_one_line_error(run("plan --model /nonexistent/config.json"), "/nonexistent/config.json");
+}
+
+}  // namespace
+
+namespace {
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/pb_cli_config_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// `plan --config FILE` (cli/config_file.h): the same plan as the flags, the command line
+// overriding the file, and bad files as one-line errors naming the file.
+TEST(CliPlan, ConfigFileGivesTheSameFlags) {
+  const std::string flags = "--model mixtral-8x22b --context 64K --devices 16 --device-memory 80GiB --schedules llep,sco";
+  CliRun direct = run("plan " + flags + " --reach --json");
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  const std::string toml = write_file("plan.toml",
+                                      "# plan of a small cluster\nmodel = \"mixtral-8x22b\"\ncontext = \"64K\"\n"
+                                      "devices = 16\ndevice-memory = \"80GiB\"\nschedules = \"llep,sco\"\nreach = true\n"
+                                      "json = true\n");
+  const std::string json = write_file("plan.json", R"({"model": "mixtral-8x22b", "context": "64K", "devices": 16,
+    "device-memory": "80GiB", "schedules": "llep,sco", "reach": true, "json": true})");
+  for (const std::string& file : {toml, json}) {
+    CliRun r = run("plan --config " + file);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(r.out == direct.out) << file;
+  }
+  // The command line wins over the file.
+  CliRun over = run("plan --config " + toml + " --devices 32");
+  std::string flags32 = flags;
+  flags32.replace(flags32.find("--devices 16"), 12, "--devices 32");
+  CliRun over_direct = run("plan " + flags32 + " --reach --json");
+  ASSERT_EQ(over.code, 0) << over.err;
+  ASSERT_EQ(over_direct.code, 0) << over_direct.err;
+  EXPECT_TRUE(over.out == over_direct.out);
+  EXPECT_TRUE(over.out != direct.out);
+}
+
+TEST(CliPlan, BadConfigFilesAreOneLine) {
+  const std::string unknown = write_file("unknown.toml", "devices = 16\nstepz = 3\n");
+  expect_one_line_error(run("plan --config " + unknown), unknown + ":2: unknown key 'stepz'");
+  const std::string range = write_file("range.json", R"({"devices": 0})");
+  expect_one_line_error(run("plan --config " + range), range + ": --devices must be");
+  const std::string table = write_file("table.toml", "[plan]\ndevices = 16\n");
+  expect_one_line_error(run("plan --config " + table), table + ":1: tables");
+  const std::string value = write_file("value.toml", "device-memory = \"lots\"\n");
+  expect_one_line_error(run("plan --config " + value), "--device-memory");  // checked when the plan runs
+  expect_one_line_error(run("plan --config /nonexistent/plan.toml"), "/nonexistent/plan.toml: cannot read");
 }
 
 }  // namespace

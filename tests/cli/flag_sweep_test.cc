@@ -97,5 +97,20 @@ TEST(FlagSweep, EveryNumericFlagRefusesWhatIsNotANumberInItsRange) {
   std::printf("swept %d numeric flags of %zu commands with %d invocations\n", flags, commands.size(), tried);
 }
 
+// `--config FILE` (cli/config_file.h) is not numeric: --help shows it as FILE, so the
+// sweep above passes it by. Every command that takes it refuses an empty name and a
+// missing file, one line each naming the flag or the file.
+TEST(FlagSweep, EveryConfigFlagRefusesAnEmptyOrMissingFile) {
+  const std::vector<std::string> commands = {"plan"};
+  for (const std::string& cmd : commands) {
+    CliRun help = run_cli(cmd + " --help", 30);
+    ASSERT_NE(help.out.find("--config FILE"), std::string::npos) << cmd << " shows no --config FILE in --help";
+    SCOPED_TRACE(cmd);
+    testing::expect_one_line_error(run_cli(cmd + " --config ''", 30), "--config must not be empty");
+    testing::expect_one_line_error(run_cli(cmd + " --config /nonexistent/flags.toml", 30),
+                                   "/nonexistent/flags.toml: cannot read");
+  }
+}
+
 }  // namespace
 }  // namespace peakbound

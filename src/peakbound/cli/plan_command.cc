@@ -9,6 +9,7 @@
 #include <string>
 
 #include "peakbound/cli/command.h"
+#include "peakbound/cli/config_file.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
@@ -161,6 +162,7 @@ Command add_plan_command(CLI::App& root) {
   a->add_option("--workspace-reserve", f->workspace_reserve, "Fixed reserve for GEMM workspace and slack")->capture_default_str();
   a->add_flag("--reach", f->reach, "Also search the largest context that fits, baseline and scheduled");
   a->add_flag("--json", f->json, "Print one JSON object");
+  add_config_flag(a);
   c.run = [f] {
     Plan p = make_plan(to_inputs(*f), f->reach);
     if (f->json)

@@ -1,0 +1,48 @@
+// `--config FILE` on a command: its flags read from a TOML or JSON file. Keys are the
+// command's long flag names without the dashes ("steps = 20", "schedules = \"all\"",
+// "device-memory = \"512MiB\"", "reach = true" for a switch); values are scalars,
+// strings, or arrays where a flag takes several. The file is JSON when its name ends in
+// .json or its first non-space character is '{', TOML otherwise (read by CLI11's own
+// ConfigTOML, after a line check that gives line numbers).
+//
+// Semantics are CLI11's config semantics: a flag given on the command line wins over
+// the file (the file's value is not parsed at all then); a value from the file goes
+// through the flag's own parser, so an out-of-range value is refused with the flag's own
+// message. Refused, each as one line naming the file (and the line for TOML): a missing
+// or unreadable file, malformed TOML or JSON, an unknown key, a key given twice, a
+// nested table or object (TOML "[section]", dotted "a.b" keys, inline tables, JSON
+// objects: nothing is flattened; CLI11 would route "section.key" to a subcommand named
+// "section", which is not what a command's file means), an array to a one-value flag,
+// and "config"/"help" as keys.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace peakbound::cli {
+
+// One key of a config file: its values as the command line would give them ("true" /
+// "false" for booleans, numbers in their shortest round-trip text), and its line (0 when
+// the format does not say: JSON).
+struct ConfigEntry {
+  std::string key;
+  std::vector<std::string> values;
+  int line = 0;
+};
+
+// Reads a config file (format detected as above). Throws CLI::ConfigError, one line
+// naming the file, when it cannot be read or is malformed or nested.
+std::vector<ConfigEntry> read_config_file(const std::string& path);
+
+// Applies the entries to `app`'s options that the command line left unset, running each
+// option's own parser. Throws CLI::ConfigError naming the file (and line) for an unknown
+// key or a value the flag refuses.
+void apply_config(CLI::App* app, const std::string& path, const std::vector<ConfigEntry>& entries);
+
+// Adds `--config FILE` to `app` (a command): the file is read and applied after the
+// command line is parsed, before the command's validation and run. Returns the option.
+CLI::Option* add_config_flag(CLI::App* app);
+
+}  // namespace peakbound::cli
