@@ -194,7 +194,8 @@ void AttentionLayer::recompute(Internals& in, const float* x, std::int64_t T, bo
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
   const std::int64_t T = check_shape(x, "x");
-  PB_CHECK_MSG(check_shape(y, "y") == T && y.raw() != x.raw(), "attention layer: y must be a distinct [T, H]");
+  PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
+               "attention layer: y must be a distinct [T, H]");
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
   Internals in;
@@ -211,7 +212,7 @@ void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
 void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "attention layer: token counts differ");
-  PB_CHECK_MSG(dx.raw() != x.raw() && dx.raw() != dy.raw(), "attention layer: dx must not alias x or dy");
+  PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "attention layer: dx must not alias x or dy");
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
   const float* xp = x.data<float>();
