@@ -170,26 +170,31 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     }
     layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
 
-    MoeLayerConfig mc;
-    mc.hidden = H;
-    mc.rms_eps = static_cast<float>(c.rms_norm_eps);
+    const MoeLayerConfig mc =
+        moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
     MoeLayerTensors mt[2];
     const bool moe = c.is_moe_layer(l);
     for (int g = 0; g < 2; ++g) mt[g].w_post = view(*dense_, p + "post_attention_layernorm.weight", g);
     if (moe) {
       ++moe_layers_;
-      mc.ffn = c.moe_intermediate_size;
-      mc.experts = E;
-      mc.top_k = c.top_k;
-      mc.norm_topk_prob = c.norm_topk_prob;
-      mc.kind = schedules_.dispatch;
-      mc.dispatch = schedules_.dispatch_options;
       const bool mixtral = c.family == "mixtral";
       const std::string gate = p + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
       // This rank's first expert of the layer: its experts are packed from there.
       const std::string first = p + table_.experts_prefix() + std::to_string(ep_rank * per) + "." +
                                 (mixtral ? "w1.weight" : "gate_proj.weight");
       const std::int64_t expert_floats = 3 * c.moe_intermediate_size * H;
+      // The packed store puts each expert's gate, up, down back to back, experts in order.
+      const char* names[3] = {mixtral ? "w1.weight" : "gate_proj.weight", mixtral ? "w3.weight" : "up_proj.weight",
+                              mixtral ? "w2.weight" : "down_proj.weight"};
+      const std::uint64_t origin = experts_->view(first).offset;
+      for (std::int64_t i = 0; i < per; ++i)
+        for (int k = 0; k < 3; ++k) {
+          const std::string n =
+              p + table_.experts_prefix() + std::to_string(ep_rank * per + i) + "." + names[k];
+          const u64 want = origin + static_cast<u64>(i * expert_floats + k * c.moe_intermediate_size * H);
+          if (experts_->view(n).offset != want)
+            throw InternalError("moe transformer: expert tensor " + n + " is not where MoeDispatch reads it");
+        }
       for (int g = 0; g < 2; ++g) {
         mt[g].w_gate = view(*dense_, gate, g);
         float* base = g ? experts_->grad(first) : experts_->param(first);
@@ -197,10 +202,6 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
       }
       if (c.num_shared_experts > 0) {
         const std::string sp = p + (c.family == "qwen2_moe" ? "mlp.shared_expert." : "mlp.shared_experts.");
-        mc.shared_experts = 1;
-        mc.shared_ffn = c.num_shared_experts * c.shared_expert_width();
-        if (c.family == "qwen2_moe") mc.shared_ffn = c.shared_expert_width();
-        mc.shared_gate = c.shared_expert_gate;
         for (int g = 0; g < 2; ++g) {
           mt[g].shared_gate = view(*dense_, sp + "gate_proj.weight", g);
           mt[g].shared_up = view(*dense_, sp + "up_proj.weight", g);
@@ -209,7 +210,6 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
         }
       }
     } else {
-      mc.dense_ffn = c.dense_intermediate_size;
       for (int g = 0; g < 2; ++g) {
         mt[g].dense_gate = view(*dense_, p + "mlp.gate_proj.weight", g);
         mt[g].dense_up = view(*dense_, p + "mlp.up_proj.weight", g);
