@@ -74,3 +74,35 @@ TEST(KvRetrievalTask, ImpossibleShapesAreRefused) {
 
 }  // namespace
 }  // namespace peakbound
+
+namespace peakbound {
+namespace {
+
+// With symbols set, keys and values come from two ranges of that many ids each, and the
+// blind entropy is log(symbols) whatever the vocabulary.
+TEST(KvRetrievalTask, SymbolsLimitKeysAndValues) {
+  const KvRetrievalTask t = KvRetrievalTask::standard(16384, 256, 3, 64);
+  EXPECT_EQ(t.keys(), 64);
+  EXPECT_EQ(t.values(), 64);
+  EXPECT_NEAR(t.unigram_entropy(), std::log(64.0), 1e-12);
+  for (std::int64_t i = 0; i < 20; ++i) {
+    const KvRetrievalTask::Sequence s = t.sequence(i);
+    for (std::int32_t tok : s.inputs) {
+      EXPECT_GE(tok, 0);
+      EXPECT_LT(tok, KvRetrievalTask::kFirstKey + 128);
+    }
+    for (std::int32_t tok : s.targets)
+      if (tok != -100) {
+        EXPECT_GE(tok, t.first_value());
+        EXPECT_LT(tok, t.first_value() + 64);
+      }
+  }
+  KvRetrievalTask bad = t;
+  bad.symbols = 9000;  // 2 + 18000 > 16384
+  EXPECT_THROW(bad.validate(), InvalidArgument);
+  bad.symbols = 1;
+  EXPECT_THROW(bad.validate(), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace peakbound

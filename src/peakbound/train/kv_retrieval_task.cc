@@ -10,8 +10,10 @@
 
 namespace peakbound {
 
-KvRetrievalTask KvRetrievalTask::standard(std::int64_t vocab, std::int64_t seq_len, std::uint64_t seed) {
+KvRetrievalTask KvRetrievalTask::standard(std::int64_t vocab, std::int64_t seq_len, std::uint64_t seed,
+                                          std::int64_t symbols) {
   KvRetrievalTask t;
+  t.symbols = symbols;
   t.vocab = vocab;
   t.seq_len = seq_len;
   t.seed = seed;
@@ -27,6 +29,10 @@ void KvRetrievalTask::validate() const {
     if (!ok) throw InvalidArgument("kv retrieval task: " + what);
   };
   need(vocab >= 6, "vocab must be at least 6 (2 control tokens, 2 keys, 2 values), got " + std::to_string(vocab));
+  need(symbols >= 0 && kFirstKey + 2 * symbols <= vocab,
+       "symbols must be >= 0 with 2 + 2 x symbols <= vocab " + std::to_string(vocab) + ", got " +
+           std::to_string(symbols));
+  need(symbols != 1, "symbols must be 0 (the whole vocabulary) or at least 2, got 1");
   need(seq_len >= 8, "sequence length must be at least 8, got " + std::to_string(seq_len));
   need(pairs >= 1 && pairs <= keys(), "pairs must be in [1, " + std::to_string(keys()) + "] (distinct keys)");
   need(queries >= 1 && queries <= pairs, "queries must be in [1, pairs]");

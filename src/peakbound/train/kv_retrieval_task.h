@@ -19,16 +19,21 @@ struct KvRetrievalTask {
   std::int64_t pairs = 0;        // n stored pairs (<= the key range, fits in the first half)
   std::int64_t queries = 0;      // scored values per sequence (<= pairs)
   std::uint64_t seed = 1;
+  // Distinct keys and distinct values drawn (each); 0 = split the whole vocabulary.
+  // Fewer symbols make a task a small model learns in minutes (the unigram entropy of
+  // the scored values is log(values())); the ids stay in [0, vocab).
+  std::int64_t symbols = 0;
 
   static constexpr std::int32_t kBos = 0, kQuery = 1;
   static constexpr std::int32_t kFirstKey = 2;
-  // Keys take [2, 2 + keys()), values the rest of the vocabulary.
-  std::int64_t keys() const { return (vocab - kFirstKey) / 2; }
-  std::int64_t values() const { return vocab - kFirstKey - keys(); }
+  // Keys take [2, 2 + keys()), values the next values() ids.
+  std::int64_t keys() const { return symbols > 0 ? symbols : (vocab - kFirstKey) / 2; }
+  std::int64_t values() const { return symbols > 0 ? symbols : vocab - kFirstKey - keys(); }
   std::int32_t first_value() const { return static_cast<std::int32_t>(kFirstKey + keys()); }
 
   // A task for a vocabulary and length with as many pairs as fit (and half as many queries).
-  static KvRetrievalTask standard(std::int64_t vocab, std::int64_t seq_len, std::uint64_t seed);
+  static KvRetrievalTask standard(std::int64_t vocab, std::int64_t seq_len, std::uint64_t seed,
+                                  std::int64_t symbols = 0);
   // Throws InvalidArgument naming what does not fit.
   void validate() const;
   // Nats a context-blind model cannot beat on the scored tokens: log(values()).

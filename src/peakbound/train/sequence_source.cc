@@ -1,0 +1,88 @@
+#include "peakbound/train/sequence_source.h"
+
+#include <cmath>
+#include <limits>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+namespace {
+
+// Evaluation sequences of the task are numbered from here: no training run reaches it.
+constexpr std::int64_t kEvalBase = std::int64_t{1} << 48;
+
+class KvSource final : public SequenceSource {
+ public:
+  KvSource(const KvRetrievalTask& t, std::int32_t ignore) : task_(t), ignore_(ignore) {
+    task_.validate();
+    seq_len_ = t.seq_len;
+  }
+  std::string describe() const override {
+    return "kv retrieval task (" + std::to_string(task_.pairs) + " pairs, " + std::to_string(task_.queries) +
+           " scored queries per sequence, " + std::to_string(task_.values()) + " values)";
+  }
+  void train(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(n, in, tg); }
+  void eval(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(kEvalBase + n, in, tg); }
+  std::int64_t eval_sequences() const override { return std::numeric_limits<std::int64_t>::max() / 4; }
+  double blind_loss() const override { return task_.unigram_entropy(); }
+
+ private:
+  void fill(std::int64_t n, std::int32_t* in, std::int32_t* tg) const {
+    const KvRetrievalTask::Sequence s = task_.sequence(n, ignore_);
+    std::copy(s.inputs.begin(), s.inputs.end(), in);
+    std::copy(s.targets.begin(), s.targets.end(), tg);
+  }
+  KvRetrievalTask task_;
+  std::int32_t ignore_;
+};
+
+class FileSource final : public SequenceSource {
+ public:
+  FileSource(const std::string& path, std::int64_t S, double fraction, std::int64_t vocab)
+      : file_(TokenFile::open(path)) {
+    if (S < 1) throw InvalidArgument("sequence length must be >= 1");
+    seq_len_ = S;
+    split_ = file_.split(fraction, S);
+    train_windows_ = TokenFile::windows(0, split_.train_end, S);
+    eval_windows_ = TokenFile::windows(split_.eval_begin, file_.tokens(), S);
+    if (train_windows_ < 1 || eval_windows_ < 1)
+      throw InvalidArgument("token file '" + path + "': " + std::to_string(file_.tokens()) +
+                            " tokens hold no training and evaluation window of " + std::to_string(S) +
+                            " tokens each at eval fraction " + std::to_string(fraction));
+    for (std::int64_t i = 0; i < file_.tokens(); ++i)
+      if (file_.at(i) >= static_cast<std::uint32_t>(vocab))
+        throw InvalidArgument("token file '" + path + "': token " + std::to_string(file_.at(i)) + " at position " +
+                              std::to_string(i) + " is outside the model's vocabulary of " + std::to_string(vocab));
+  }
+  std::string describe() const override {
+    return "token file " + file_.path() + " (" + std::to_string(train_windows_) + " training and " +
+           std::to_string(eval_windows_) + " held-out windows of " + std::to_string(seq_len_) + ")";
+  }
+  void train(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override {
+    file_.window(0, split_.train_end, seq_len_, n % train_windows_, in, tg);
+  }
+  void eval(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override {
+    file_.window(split_.eval_begin, file_.tokens(), seq_len_, n, in, tg);
+  }
+  std::int64_t eval_sequences() const override { return eval_windows_; }
+  double blind_loss() const override { return std::nan(""); }
+
+ private:
+  TokenFile file_;
+  TokenFile::Split split_;
+  std::int64_t train_windows_ = 0, eval_windows_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<SequenceSource> kv_retrieval_source(const KvRetrievalTask& task, std::int32_t ignore_index) {
+  return std::make_unique<KvSource>(task, ignore_index);
+}
+
+std::unique_ptr<SequenceSource> token_file_source(const std::string& path, std::int64_t seq_len,
+                                                  double eval_fraction, std::int64_t vocab) {
+  return std::make_unique<FileSource>(path, seq_len, eval_fraction, vocab);
+}
+
+}  // namespace peakbound
