@@ -39,10 +39,14 @@ TEST(Cli, OutOfBudgetIsOneLineNamingTheComponent) {
   EXPECT_NE(r.err.find("'params'"), std::string::npos) << r.err;  // the first allocation to fail
 }
 
-TEST(Cli, PendingSubcommandsSayNotYetAvailable) {
-  CliRun r = run("train");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("not yet available"), std::string::npos) << r.err;
+TEST(Cli, TrainRefusesBadInputInOneLine) {
+  expect_one_line_error(run("train --schedules llep,warp"), "warp");
+  expect_one_line_error(run("train --model no-such-model"), "no-such-model");
+  expect_one_line_error(run("train --ep 3"), "--ep 3");
+  expect_one_line_error(run("train --seq-len 4"), "--seq-len");
+  expect_one_line_error(run("train --lr 1e-3 --min-lr 1e-2"), "--min-lr");
+  expect_one_line_error(run("train --symbols 20000"), "symbols");
+  expect_one_line_error(run("train --data /no/such/file.bin --steps 1"), "/no/such/file.bin");
 }
 
 TEST(Cli, GroupsNeedACase) {

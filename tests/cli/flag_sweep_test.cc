@@ -41,7 +41,7 @@ std::vector<Flag> numeric_flags(const std::string& command) {
 TEST(FlagSweep, EveryNumericFlagRefusesWhatIsNotANumberInItsRange) {
   const std::vector<std::string> commands = {"plan",           "demo",          "bench vocab",     "bench dispatch",
                                              "bench checkpoint", "bench optimizer", "bench attention", "verify vocab", "verify dispatch",
-                                             "verify checkpoint"};
+                                             "verify checkpoint", "train", "eval"};
   // Not a number, or nothing at all: always refused.
   const std::vector<std::string> bad = {"nan", "inf", "-inf", "abc", "''", "1x", "-99999999999999999999"};
   // Past any sensible range: refused, one line naming the flag. The few flags whose range
@@ -101,7 +101,7 @@ TEST(FlagSweep, EveryNumericFlagRefusesWhatIsNotANumberInItsRange) {
 // sweep above passes it by. Every command that takes it refuses an empty name and a
 // missing file, one line each naming the flag or the file.
 TEST(FlagSweep, EveryConfigFlagRefusesAnEmptyOrMissingFile) {
-  const std::vector<std::string> commands = {"plan"};
+  const std::vector<std::string> commands = {"plan", "train"};
   for (const std::string& cmd : commands) {
     CliRun help = run_cli(cmd + " --help", 30);
     ASSERT_NE(help.out.find("--config FILE"), std::string::npos) << cmd << " shows no --config FILE in --help";

@@ -34,8 +34,8 @@ using AddCommand = Command (*)(CLI::App& parent);
 // Returns true, so a file can write `const bool registered = register_command(...);`.
 bool register_command(const char* parent, const char* name, AddCommand add);
 
-// Builds every registered command under `root` (groups bench, verify, and the
-// pending `train`), sorted by name; returns them all with their actions.
+// Builds every registered command under `root` (and the groups bench and verify),
+// sorted by name; returns them all with their actions.
 std::vector<Command> build_commands(CLI::App& root);
 
 // One place for the build description printed by --version and `info`.

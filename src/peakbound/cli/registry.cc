@@ -1,4 +1,4 @@
-// The command registry, the bench and verify groups, and `train` until it lands.
+// The command registry and the bench and verify groups.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -62,7 +62,6 @@ std::vector<Command> build_commands(CLI::App& root) {
     for (const Entry& e : entries)
       if (e.parent == g.name) out.push_back(e.add(*group));
   }
-  out.push_back(not_yet(root, "train", "Train a Mixture-of-Experts model with the four peak-bounding schedules"));
   return out;
 }
 

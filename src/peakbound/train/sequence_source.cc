@@ -37,6 +37,32 @@ class KvSource final : public SequenceSource {
   std::int32_t ignore_;
 };
 
+class CopySource final : public SequenceSource {
+ public:
+  CopySource(const CopyTask& t, std::int32_t ignore) : task_(t), ignore_(ignore) {
+    task_.validate();
+    seq_len_ = t.seq_len;
+  }
+  std::string describe() const override {
+    return "copy task (a segment of " + std::to_string(task_.segment()) + " random symbols of " +
+           std::to_string(task_.symbol_count()) + ", then itself: " + std::to_string(task_.segment() - 1) +
+           " scored tokens per sequence, each " + std::to_string(task_.segment() + 1) + " tokens after its copy)";
+  }
+  void train(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(n, in, tg); }
+  void eval(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(kEvalBase + n, in, tg); }
+  std::int64_t eval_sequences() const override { return std::numeric_limits<std::int64_t>::max() / 4; }
+  double blind_loss() const override { return task_.unigram_entropy(); }
+
+ private:
+  void fill(std::int64_t n, std::int32_t* in, std::int32_t* tg) const {
+    const CopyTask::Sequence s = task_.sequence(n, ignore_);
+    std::copy(s.inputs.begin(), s.inputs.end(), in);
+    std::copy(s.targets.begin(), s.targets.end(), tg);
+  }
+  CopyTask task_;
+  std::int32_t ignore_;
+};
+
 class FileSource final : public SequenceSource {
  public:
   FileSource(const std::string& path, std::int64_t S, double fraction, std::int64_t vocab)
@@ -75,6 +101,10 @@ class FileSource final : public SequenceSource {
 };
 
 }  // namespace
+
+std::unique_ptr<SequenceSource> copy_task_source(const CopyTask& task, std::int32_t ignore_index) {
+  return std::make_unique<CopySource>(task, ignore_index);
+}
 
 std::unique_ptr<SequenceSource> kv_retrieval_source(const KvRetrievalTask& task, std::int32_t ignore_index) {
   return std::make_unique<KvSource>(task, ignore_index);

@@ -1,5 +1,6 @@
 // Where a run's sequences come from, by global sequence number, so that any rank can
 // produce its own share of any step without reading anyone else's:
+//   copy task     the built-in copy task (train/copy_task.h), the same way
 //   kv retrieval  the built-in task (train/kv_retrieval_task.h); evaluation sequences
 //                 come from a disjoint range of sequence numbers
 //   token file    a tokenized corpus (io/token_file.h), llm.c windows: training windows
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "peakbound/io/token_file.h"
+#include "peakbound/train/copy_task.h"
 #include "peakbound/train/kv_retrieval_task.h"
 
 namespace peakbound {
@@ -35,6 +37,7 @@ class SequenceSource {
   std::int64_t seq_len_ = 0;
 };
 
+std::unique_ptr<SequenceSource> copy_task_source(const CopyTask& task, std::int32_t ignore_index);
 std::unique_ptr<SequenceSource> kv_retrieval_source(const KvRetrievalTask& task, std::int32_t ignore_index);
 // Throws InvalidArgument naming the file when it has too few tokens for one training
 // and one evaluation window, or a token id >= vocab (checked over the whole file).

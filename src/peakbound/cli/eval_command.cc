@@ -1,0 +1,137 @@
+// `peakbound eval`: the mean cross-entropy (no auxiliary loss) of a model over
+// consecutive windows of a token file, llm.c's way: window i reads tokens
+// i*S .. i*S+S (inputs the first S, targets the last S), stride S. Under mpirun the
+// windows are dealt round-robin over the ranks, in the same layout flags as train.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/cli/flags.h"
+#include "peakbound/cli/model_spec.h"
+#include "peakbound/core/error.h"
+#include "peakbound/core/host_memory.h"
+#include "peakbound/core/units.h"
+#include "peakbound/device/device.h"
+#include "peakbound/io/token_file.h"
+#include "peakbound/train/moe_transformer.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct EvalFlags {
+  std::string model = "tiny-moe";
+  std::string data;
+  std::int64_t context = 256;
+  std::optional<std::int64_t> windows;  // unset: every window of the file
+  std::int64_t ep = 0, vocab_group = 0;
+  std::uint64_t seed = 1;
+  std::string device_memory = "4GiB";
+  bool json = false;
+};
+
+// The windows to read; InvalidArgument when the file is short of them or holds a
+// token outside the vocabulary (checked over what is read). Every rank reaches the same
+// verdict, so validate() runs it before any collective.
+std::int64_t check_windows(const EvalFlags& f, const ModelConfig& c, const TokenFile& file) {
+  const std::int64_t available = TokenFile::windows(0, file.tokens(), f.context);
+  const std::int64_t N = f.windows ? *f.windows : available;
+  if (N < 1 || N > available)
+    throw InvalidArgument("--windows " + std::to_string(N) + ": '" + f.data + "' holds " + std::to_string(available) +
+                          " windows of " + std::to_string(f.context) + " + 1 tokens");
+  for (std::int64_t i = 0; i < std::min(file.tokens(), N * f.context + 1); ++i)
+    if (file.at(i) >= static_cast<std::uint32_t>(c.vocab_size))
+      throw InvalidArgument("token file '" + f.data + "': token " + std::to_string(file.at(i)) + " at position " +
+                            std::to_string(i) + " is outside the model's vocabulary of " +
+                            std::to_string(c.vocab_size));
+  return N;
+}
+
+int run_eval(const EvalFlags& f) {
+  bench::share_cores_among_local_ranks();
+  auto world = world_communicator();
+  const int W = world->size(), rank = world->rank();
+  const ModelConfig c = load_model_spec(f.model);
+  check_trainable(c);
+  const ParallelLayout layout = resolve_layout(f.ep, f.vocab_group, c, W);
+  const TokenFile file = TokenFile::open(f.data);
+  const std::int64_t N = check_windows(f, c, file);
+
+  auto dev = make_device("cpu", parse_bytes(f.device_memory, "--device-memory"));
+  HostMemory host;
+  ProcessGroups groups = ProcessGroups::split(*world, layout);
+  ModelSchedules sched;  // the forward's math is the same under every schedule
+  MoeTransformer model(*dev, host, groups, c, sched);
+  if (model_is_path(f.model)) model.load_hf(f.model);
+  else model.init_parameters(f.seed);
+
+  const std::int64_t S = f.context, rounds = (N + W - 1) / W;
+  std::vector<std::int32_t> in(static_cast<std::size_t>(S)), tg(static_cast<std::size_t>(S));
+  double sum = 0;
+  std::int64_t count = 0;
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    const std::int64_t w = r * W + rank;
+    const std::int64_t have = w < N ? 1 : 0;
+    if (have) file.window(0, file.tokens(), S, w, in.data(), tg.data());
+    const BatchSums s = model.forward(in.data(), tg.data(), have, S);
+    sum += s.ce;
+    count += s.tokens;
+  }
+  world->all_reduce(&sum, 1, DType::f64, ReduceOp::sum);
+  world->all_reduce(&count, 1, DType::i64, ReduceOp::sum);
+  if (rank != 0) return 0;
+  const double loss = count > 0 ? sum / static_cast<double>(count) : 0.0;
+  if (f.json) {
+    std::printf("%s\n", nlohmann::json{{"loss", loss},
+                                       {"tokens", count},
+                                       {"windows", N},
+                                       {"context", S},
+                                       {"model", c.name},
+                                       {"ranks", W}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("%s on %s: loss %.6f over %lld tokens (%lld windows of %lld)\n", c.name.c_str(), f.data.c_str(), loss,
+                static_cast<long long>(count), static_cast<long long>(N), static_cast<long long>(S));
+  }
+  return 0;
+}
+
+Command add_eval(CLI::App& parent) {
+  auto f = std::make_shared<EvalFlags>();
+  Command cmd;
+  cmd.collective = true;
+  CLI::App* app = parent.add_subcommand("eval", "Mean cross-entropy of a model over consecutive windows of a token file");
+  cmd.app = app;
+  text_flag(app, "--model", f->model, "A preset name or a Hugging Face directory")->capture_default_str();
+  text_flag(app, "--data", f->data, "The token file (llm.c / nanoGPT format)")->required();
+  int_flag(app, "--context", f->context, "Tokens per window (S)", 1, std::int64_t{1} << 24);
+  optional_int_flag(app, "--windows", f->windows, "Windows to read from the start (default: all)", 1,
+                    std::int64_t{1} << 40);
+  int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = the largest that divides ranks and experts)", 0, 1 << 24);
+  int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head by vocabulary (0 = all)", 0, 1 << 24);
+  seed_flag(app, "--seed", f->seed, "Initialisation seed of a preset model");
+  text_flag(app, "--device-memory", f->device_memory, "Device budget per rank")->capture_default_str();
+  app->add_flag("--json", f->json, "Print {\"loss\", \"tokens\", ...} as JSON");
+  cmd.validate = [f] {
+    const ModelConfig c = load_model_spec(f->model);
+    check_trainable(c);
+    (void)resolve_layout(f->ep, f->vocab_group, c, launcher_size());
+    (void)check_windows(*f, c, TokenFile::open(f->data));
+    (void)parse_bytes(f->device_memory, "--device-memory");
+  };
+  cmd.run = [f] { return run_eval(*f); };
+  return cmd;
+}
+
+const bool registered = register_command("", "eval", add_eval);
+
+}  // namespace
+
+}  // namespace peakbound::cli

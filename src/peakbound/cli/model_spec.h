@@ -1,0 +1,21 @@
+// What `train` and `eval` share: reading --model (a preset name or a Hugging Face
+// directory) and resolving the layout flags (--ep, --vocab-group) over the launched ranks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "peakbound/model/model_config.h"
+#include "peakbound/train/process_groups.h"
+
+namespace peakbound::cli {
+
+// True when --model names a path (a directory with config.json and weights).
+bool model_is_path(const std::string& spec);
+// The config of a preset or of a Hugging Face directory; InvalidArgument otherwise.
+ModelConfig load_model_spec(const std::string& spec);
+// ep 0 = the largest divisor of both the rank count and the expert count; vocab 0 =
+// every rank. Throws InvalidArgument naming the flag when a size does not divide.
+ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, const ModelConfig& c, std::int64_t world);
+
+}  // namespace peakbound::cli

@@ -1,0 +1,336 @@
+// `peakbound train`: trains a Qwen3-MoE / Mixtral-style model (a preset, or a Hugging
+// Face directory to start from its weights) on the built-in long-context task or a
+// token file, over the launched ranks, with each of the four schedules on or off.
+// Before step 1 it prints the plan (per-component device peak from the footprints) and
+// refuses a configuration that does not fit; at the end the measured peaks beside it.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/cli/config_file.h"
+#include "peakbound/cli/flags.h"
+#include "peakbound/cli/model_spec.h"
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/error.h"
+#include "peakbound/core/host_memory.h"
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/core/units.h"
+#include "peakbound/device/device.h"
+#include "peakbound/plan/plan_inputs.h"
+#include "peakbound/train/moe_transformer.h"
+#include "peakbound/train/progress.h"
+#include "peakbound/train/sequence_source.h"
+#include "peakbound/train/train_footprint.h"
+#include "peakbound/train/trainer.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct TrainFlags {
+  std::string model = "tiny-moe";
+  std::string data;  // empty: the built-in task
+  std::string task = "copy";
+  double eval_fraction = 0.05;
+  std::int64_t symbols = 64;
+  std::int64_t seq_len = 256;
+  std::int64_t batch = 1;
+  std::int64_t accumulation = 1;
+  std::int64_t steps = 100;
+  double lr = 2e-3, min_lr = 2e-4;
+  std::int64_t warmup = 10;
+  double weight_decay = 0.0;
+  double max_grad_norm = 1.0;
+  std::uint64_t seed = 1;
+  std::string schedules = "all";
+  std::int64_t ep = 0, vocab_group = 0;
+  std::string device_memory = "auto";
+  std::int64_t eval_every = 0, eval_batches = 4;
+  std::string metrics;
+  bool json = false;
+};
+
+struct Setup {
+  ModelConfig config;
+  ScheduleSet set;
+  ModelSchedules schedules;
+  std::string optimizer;
+  ParallelLayout layout;
+};
+
+Setup make_setup(const TrainFlags& f, std::int64_t world) {
+  Setup s;
+  s.config = load_model_spec(f.model);
+  check_trainable(s.config);
+  s.set = ScheduleSet::parse(f.schedules);
+  s.schedules.dispatch = s.set.llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep;
+  s.schedules.ring_dtp = s.set.dtp;
+  s.schedules.checkpoint.schedule = s.set.sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+  s.optimizer = s.set.adam ? "offload_stream" : "device";
+  s.layout = resolve_layout(f.ep, f.vocab_group, s.config, world);
+  if (!f.data.empty()) return s;
+  if (f.task == "kv") KvRetrievalTask::standard(s.config.vocab_size, f.seq_len, f.seed, f.symbols).validate();
+  else if (f.task == "copy") CopyTask{s.config.vocab_size, f.seq_len, f.symbols, f.seed}.validate();
+  else throw InvalidArgument("--task must be copy or kv, got '" + f.task + "'");
+  return s;
+}
+
+TrainFootprintInputs footprint_inputs(const TrainFlags& f, const Setup& s, int world, int rank) {
+  TrainFootprintInputs in;
+  in.model = s.config;
+  in.layout = s.layout;
+  in.world = world;
+  in.rank = rank;
+  in.sequences = f.batch;
+  in.seq_len = f.seq_len;
+  in.schedules = s.schedules;
+  in.optimizer = s.optimizer;
+  return in;
+}
+
+// Plain progress lines: about 20 per run, and the first and the last step.
+bool progress_every(std::int64_t step, std::int64_t steps) {
+  const std::int64_t every = std::max<std::int64_t>(1, steps / 20);
+  return step == 1 || step == steps || step % every == 0;
+}
+
+std::string pad(std::string s, std::size_t w) {
+  if (s.size() < w) s.insert(0, w - s.size(), ' ');
+  return s;
+}
+
+int run_train(const TrainFlags& f) {
+  bench::share_cores_among_local_ranks();
+  auto world = world_communicator();
+  const int W = world->size(), rank = world->rank();
+  const bool lead = rank == 0;
+  const Setup s = make_setup(f, W);
+  const ModelConfig& c = s.config;
+
+  // The plan: this rank's footprint, the largest over ranks (vocabulary shards differ).
+  const Footprint plan = train_footprint(footprint_inputs(f, s, W, rank));
+  ComponentBytes planned = plan.device_peak();
+  std::vector<std::int64_t> planned_i(kNumComponents + 1);
+  for (std::size_t i = 0; i < kNumComponents; ++i) planned_i[i] = static_cast<std::int64_t>(planned[i]);
+  planned_i[kNumComponents] = static_cast<std::int64_t>(plan.device_peak_total());
+  world->all_reduce(planned_i.data(), planned_i.size(), DType::i64, ReduceOp::max);
+  const std::uint64_t planned_total = static_cast<std::uint64_t>(planned_i[kNumComponents]);
+  // Auto budget: the plan plus the Arena's placement reserve and 1/16 headroom.
+  const std::uint64_t budget = f.device_memory == "auto"
+                                   ? planned_total + planned_total / 16 + (8u << 20)
+                                   : parse_bytes(f.device_memory, "--device-memory");
+  if (lead) {
+    std::printf("peakbound train: %s (%s), %lld parameters, %d ranks (ep %lld, vocab group %lld), schedules %s\n",
+                c.name.c_str(), c.family.c_str(), static_cast<long long>(TensorTable(c).total_numel()), W,
+                static_cast<long long>(s.layout.ep), static_cast<long long>(s.layout.vocab), s.set.str().c_str());
+    std::printf("plan (per device, from the footprints): peak %s of %s budget\n", format_bytes(double(planned_total)).c_str(),
+                format_bytes(double(budget)).c_str());
+  }
+  if (planned_total > budget) {
+    std::size_t worst = 0;
+    for (std::size_t i = 0; i < kNumComponents; ++i)
+      if (planned_i[i] > planned_i[worst]) worst = i;
+    throw InvalidArgument("the plan needs " + format_bytes(double(planned_total)) + " per device, over the " +
+                          format_bytes(double(budget)) + " budget (largest component: " +
+                          std::string(component_name(kAllComponents[worst])) + " " +
+                          format_bytes(double(planned_i[worst])) +
+                          "); turn on the schedule that bounds it (--schedules all), shorten --seq-len or --batch, "
+                          "or raise --device-memory");
+  }
+
+  auto dev = make_device("cpu", budget);
+  HostMemory host;
+  ThreadPool pool(std::max(1, default_thread_count() / std::max(1, launcher_local_size())));
+  ProcessGroups groups = ProcessGroups::split(*world, s.layout);
+  MoeTransformer model(*dev, host, groups, c, s.schedules);
+  if (model_is_path(f.model)) model.load_hf(f.model);
+  else model.init_parameters(f.seed);
+
+  const std::int32_t ignore = s.schedules.vocab.ignore_index;
+  std::unique_ptr<SequenceSource> source =
+      !f.data.empty() ? token_file_source(f.data, f.seq_len, f.eval_fraction, c.vocab_size)
+      : f.task == "kv" ? kv_retrieval_source(KvRetrievalTask::standard(c.vocab_size, f.seq_len, f.seed, f.symbols), ignore)
+                       : copy_task_source(CopyTask{c.vocab_size, f.seq_len, f.symbols, f.seed}, ignore);
+  TrainerOptions topt;
+  topt.optimizer = s.optimizer;
+  topt.optimizer_options.adam.lr = static_cast<float>(f.lr);
+  topt.optimizer_options.adam.weight_decay = static_cast<float>(f.weight_decay);
+  topt.optimizer_options.adam.max_grad_norm = static_cast<float>(f.max_grad_norm);
+  topt.optimizer_options.adam.beta2 = 0.95f;
+  topt.lr = LrSchedule{static_cast<float>(f.lr), static_cast<float>(f.min_lr), f.warmup, f.steps};
+  Trainer trainer(model, host, pool, topt);
+  if (lead) std::printf("data: %s\n", source->describe().c_str());
+
+  const std::int64_t B = f.batch, S = f.seq_len, M = f.accumulation;
+  std::vector<std::vector<std::int32_t>> ids(static_cast<std::size_t>(M)), tgt(static_cast<std::size_t>(M));
+  auto fill = [&](std::int64_t m, std::int64_t first, bool eval) {
+    auto& in = ids[static_cast<std::size_t>(m)];
+    auto& tg = tgt[static_cast<std::size_t>(m)];
+    in.resize(static_cast<std::size_t>(B * S));
+    tg.resize(static_cast<std::size_t>(B * S));
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (eval) source->eval(first + b, in.data() + b * S, tg.data() + b * S);
+      else source->train(first + b, in.data() + b * S, tg.data() + b * S);
+    }
+  };
+  const std::int64_t eval_windows = std::min<std::int64_t>(f.eval_batches, source->eval_sequences() / (W * B));
+  auto evaluate = [&]() -> double {
+    std::vector<MicroBatch> eb;
+    std::vector<std::vector<std::int32_t>> ei, et;
+    for (std::int64_t k = 0; k < eval_windows; ++k) {
+      fill(0, (k * W + rank) * B, true);
+      ei.push_back(ids[0]);
+      et.push_back(tgt[0]);
+    }
+    for (std::size_t k = 0; k < ei.size(); ++k) eb.push_back({ei[k].data(), et[k].data(), B, S});
+    return trainer.evaluate(eb);
+  };
+
+  std::unique_ptr<MetricsWriter> metrics;
+  if (lead && !f.metrics.empty()) metrics = std::make_unique<MetricsWriter>(f.metrics);
+  Progress progress(stdout, lead && Progress::is_terminal(stdout));
+  const double blind = source->blind_loss();
+  if (lead && !std::isnan(blind))
+    std::printf("a model blind to the context cannot beat %.4f nats on the scored tokens (unigram entropy)\n", blind);
+  bench::Stopwatch clock;
+  double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0;
+  std::optional<double> last_eval;
+  for (std::int64_t step = 1; step <= f.steps; ++step) {
+    std::vector<MicroBatch> micro;
+    for (std::int64_t m = 0; m < M; ++m) {
+      fill(m, (((step - 1) * M + m) * W + rank) * B, false);
+      micro.push_back({ids[static_cast<std::size_t>(m)].data(), tgt[static_cast<std::size_t>(m)].data(), B, S});
+    }
+    const StepStats st = trainer.step(micro);
+    if (!std::isfinite(st.loss))
+      throw InvalidArgument("step " + std::to_string(step) + ": the loss is not finite (" + std::to_string(st.loss) +
+                            "); lower --lr");
+    if (step == 1) first_loss = st.loss;
+    last_loss = st.ce;
+    tokens_seen += static_cast<double>(st.inputs);
+    train_seconds += st.seconds;
+    std::optional<double> eval_loss;
+    if ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps) {
+      eval_loss = evaluate();
+      last_eval = eval_loss;
+    }
+    std::int64_t peak = static_cast<std::int64_t>(dev->arena().peak());
+    world->all_reduce(&peak, 1, DType::i64, ReduceOp::max);
+    if (!lead) continue;
+    StepReport r;
+    r.step = step;
+    r.total_steps = f.steps;
+    r.loss = st.loss;
+    r.lr = st.lr;
+    r.grad_norm = st.grad_norm;
+    r.tokens_per_second = st.seconds > 0 ? static_cast<double>(st.inputs) / st.seconds : 0;
+    r.device_peak_bytes = static_cast<std::uint64_t>(peak);
+    r.elapsed_seconds = clock.seconds();
+    r.eval_loss = eval_loss;
+    if (progress_every(step, f.steps) || eval_loss) progress.update(r);
+    if (metrics) {
+      nlohmann::json j = step_json(r);
+      j["ce"] = st.ce;
+      j["aux"] = st.aux;
+      j["scored_tokens"] = st.tokens;
+      metrics->write(j);
+    }
+  }
+  if (lead) progress.finish();
+
+  // Measured beside planned, per component (the largest over ranks of each).
+  std::vector<std::int64_t> measured(kNumComponents + 1);
+  for (std::size_t i = 0; i < kNumComponents; ++i)
+    measured[i] = static_cast<std::int64_t>(dev->arena().peak(kAllComponents[i]));
+  measured[kNumComponents] = static_cast<std::int64_t>(dev->arena().peak());
+  world->all_reduce(measured.data(), measured.size(), DType::i64, ReduceOp::max);
+  if (!lead) return 0;
+  const double tps = train_seconds > 0 ? tokens_seen / train_seconds : 0;
+  std::printf("\n%-12s %14s %14s\n", "component", "planned", "measured");
+  nlohmann::json table = nlohmann::json::object();
+  for (std::size_t i = 0; i <= kNumComponents; ++i) {
+    if (i < kNumComponents && planned_i[i] == 0 && measured[i] == 0) continue;
+    const std::string name = i < kNumComponents ? std::string(component_name(kAllComponents[i])) : "total";
+    std::printf("%-12s %14s %14s\n", name.c_str(), pad(format_bytes(double(planned_i[i])), 14).c_str(),
+                pad(format_bytes(double(measured[i])), 14).c_str());
+    table[name] = {{"planned_bytes", planned_i[i]}, {"measured_bytes", measured[i]}};
+  }
+  std::printf("\nloss %.4f -> %.4f (cross-entropy on the scored tokens)", first_loss, last_loss);
+  if (last_eval) std::printf(", held-out %.4f", *last_eval);
+  if (!std::isnan(blind)) std::printf(", context-blind bound %.4f", blind);
+  std::printf("; %.0f tokens/s over %lld steps\n", tps, static_cast<long long>(f.steps));
+  if (f.json) {
+    nlohmann::json j = {{"model", c.name},
+                        {"ranks", W},
+                        {"schedules", s.set.str()},
+                        {"steps", f.steps},
+                        {"first_loss", first_loss},
+                        {"final_loss", last_loss},
+                        {"tokens_per_second", tps},
+                        {"peaks", table}};
+    if (last_eval) j["eval_loss"] = *last_eval;
+    if (!std::isnan(blind)) j["blind_loss"] = blind;
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+Command add_train(CLI::App& parent) {
+  auto f = std::make_shared<TrainFlags>();
+  Command cmd;
+  cmd.collective = true;
+  CLI::App* app = parent.add_subcommand(
+      "train", "Train a Mixture-of-Experts model with the four peak-bounding schedules (over mpirun ranks)");
+  cmd.app = app;
+  text_flag(app, "--model", f->model, "A preset name (see `peakbound info`) or a Hugging Face directory")
+      ->capture_default_str();
+  text_flag(app, "--data", f->data, "A token file (llm.c / nanoGPT format); default: the built-in task");
+  text_flag(app, "--task", f->task, "The built-in task: copy (a random segment, then itself) or kv (key-value retrieval)")
+      ->capture_default_str();
+  real_flag(app, "--eval-fraction", f->eval_fraction, "Held-out fraction of a token file", 1e-6, 0.5);
+  int_flag(app, "--symbols", f->symbols, "Built-in task: distinct symbols (copy) or keys and values (kv); 0 = the whole vocabulary", 0,
+           std::int64_t{1} << 30);
+  int_flag(app, "--seq-len", f->seq_len, "Tokens per sequence", 8, std::int64_t{1} << 24);
+  int_flag(app, "--batch", f->batch, "Sequences per rank per micro-batch", 1, 1 << 20);
+  int_flag(app, "--accumulation", f->accumulation, "Micro-batches per step (gradient accumulation)", 1, 1 << 20);
+  int_flag(app, "--steps", f->steps, "Optimizer steps", 1, std::int64_t{1} << 40);
+  real_flag(app, "--lr", f->lr, "Peak learning rate", 0.0, 10.0);
+  real_flag(app, "--min-lr", f->min_lr, "Learning rate at the end of the cosine decay", 0.0, 10.0);
+  int_flag(app, "--warmup", f->warmup, "Linear warm-up steps", 0, std::int64_t{1} << 40);
+  real_flag(app, "--weight-decay", f->weight_decay, "AdamW weight decay", 0.0, 10.0);
+  real_flag(app, "--max-grad-norm", f->max_grad_norm, "Global gradient-norm clipping (0 = off)", 0.0, 1e9);
+  seed_flag(app, "--seed", f->seed, "Seed of the initialisation and the task");
+  text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
+  int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = the largest that divides ranks and experts)", 0, 1 << 24);
+  int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head by vocabulary (0 = all)", 0, 1 << 24);
+  text_flag(app, "--device-memory", f->device_memory, "Device budget per rank (auto = the plan plus headroom)")
+      ->capture_default_str();
+  int_flag(app, "--eval-every", f->eval_every, "Held-out loss every N steps (0 = at the end only)", 0,
+           std::int64_t{1} << 40);
+  int_flag(app, "--eval-batches", f->eval_batches, "Held-out micro-batches per evaluation", 1, 1 << 20);
+  text_flag(app, "--metrics", f->metrics, "Write one JSON object per step to this file (JSONL)");
+  app->add_flag("--json", f->json, "Print a JSON summary at the end");
+  add_config_flag(app);
+  cmd.validate = [f] {
+    if (f->min_lr > f->lr) throw InvalidArgument("--min-lr " + std::to_string(f->min_lr) + " exceeds --lr");
+    const Setup s = make_setup(*f, launcher_size());
+    (void)s;
+    if (f->device_memory != "auto") (void)parse_bytes(f->device_memory, "--device-memory");
+  };
+  cmd.run = [f] { return run_train(*f); };
+  return cmd;
+}
+
+const bool registered = register_command("", "train", add_train);
+
+}  // namespace
+
+}  // namespace peakbound::cli

@@ -1,0 +1,100 @@
+// `peakbound train` and `peakbound eval` end to end through the binary: a short run
+// prints the plan, progress, the planned-vs-measured table and a JSON summary; a run
+// starts from a Hugging Face directory's weights (that it loads and trains is checked
+// here; the exactness of that path is tests/train/hf_reference_mpi_test.cc); metrics
+// are JSONL; a budget the plan does not fit is refused before step 1.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/cli/run_cli.h"
+
+namespace {
+
+using peakbound::testing::CliRun;
+using peakbound::testing::run_cli;
+
+const std::string kFixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
+
+nlohmann::json last_json_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') last = line;
+  return nlohmann::json::parse(last);
+}
+
+TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
+  const std::string metrics = ::testing::TempDir() + "/train_metrics.jsonl";
+  CliRun r = run_cli("train --steps 3 --seq-len 32 --metrics " + metrics + " --json", 300);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("plan (per device"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 3/3"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("planned"), std::string::npos) << r.out;
+  const nlohmann::json j = last_json_line(r.out);
+  EXPECT_EQ(j["steps"], 3);
+  EXPECT_EQ(j["schedules"], "all");
+  EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
+  EXPECT_GT(j["peaks"]["total"]["measured_bytes"].get<double>(), 0);
+  std::ifstream m(metrics);
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    EXPECT_EQ(row["step"], ++lines);
+    EXPECT_TRUE(row.contains("loss"));
+  }
+  EXPECT_EQ(lines, 3);
+  std::remove(metrics.c_str());
+}
+
+TEST(CliTrain, StartsFromAHuggingFaceDirectory) {
+  CliRun r = run_cli("train --model " + kFixture + " --steps 2 --seq-len 16 --symbols 8 --schedules none --json", 120);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_EQ(last_json_line(r.out)["model"], "qwen3_moe");
+}
+
+TEST(CliTrain, ABudgetThePlanDoesNotFitIsRefusedBeforeStepOne) {
+  CliRun r = run_cli("train --steps 1 --seq-len 32 --device-memory 16MiB", 60);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("budget"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step 1/1"), std::string::npos) << r.out;
+}
+
+TEST(CliTrain, RunsUnderMpiWithEveryScheduleSet) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  for (const char* sched : {"all", "none"}) {
+    CliRun r = peakbound::testing::run_mpi(
+        std::string("train --steps 2 --seq-len 32 --json --schedules ") + sched, 2, 300);
+    ASSERT_EQ(r.code, 0) << r.err << r.out;
+    EXPECT_EQ(last_json_line(r.out)["ranks"], 2) << r.out;
+  }
+}
+
+TEST(CliEval, PrintsLossAndTokensAsJson) {
+  // A token file of 4 windows of 16 (+1) tokens, in llm.c's format.
+  const std::string path = ::testing::TempDir() + "/eval_tokens.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    int header[256] = {20240520, 1, 65};
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (int i = 0; i < 65; ++i) {
+      const unsigned short t = static_cast<unsigned short>((i * 37) % 256);
+      f.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  CliRun r = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --json", 120);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tokens"], 64);
+  EXPECT_GT(j["loss"].get<double>(), 0);
+  CliRun bad = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --windows 5", 60);
+  peakbound::testing::expect_one_line_error(bad, "--windows 5");
+  std::remove(path.c_str());
+}
+
+}  // namespace
