@@ -69,10 +69,13 @@ struct Measured {
 
 // One step of `sequences` x `seq_len` tokens per rank; ep the largest divisor of the
 // world and E, the head over every rank.
+// rank_sequences: every rank's sequences (empty: `sequences` on every rank).
 inline Measured run_step(Communicator& world, const Variant& v, const ModelConfig& config,
                          std::int64_t sequences = 2, std::int64_t seq_len = 24,
-                         const CheckpointOptions* checkpoint = nullptr) {
+                         const CheckpointOptions* checkpoint = nullptr,
+                         const std::vector<std::int64_t>& rank_sequences = {}) {
   const int W = world.size(), r = world.rank();
+  if (!rank_sequences.empty()) sequences = rank_sequences[static_cast<std::size_t>(r)];
   ParallelLayout layout;
   layout.ep = W;
   while (config.num_experts % layout.ep != 0 || W % layout.ep != 0) --layout.ep;
@@ -119,6 +122,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   in.rank = r;
   in.sequences = sequences;
   in.seq_len = seq_len;
+  in.rank_sequences = rank_sequences;
   in.schedules = sched;
   in.optimizer = v.optimizer;
   std::vector<DispatchSizes> sizes;
@@ -133,10 +137,10 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
 
 // Measured == footprint per component (device and host) and in total.
 inline void check(Communicator& world, const Variant& v, const ModelConfig& config,
-                  const CheckpointOptions* checkpoint = nullptr) {
+                  const CheckpointOptions* checkpoint = nullptr, const std::vector<std::int64_t>& rank_sequences = {}) {
   SCOPED_TRACE(std::string(v.name) + " at rank " + std::to_string(world.rank()) + " of " +
                std::to_string(world.size()));
-  const Measured m = run_step(world, v, config, 2, 24, checkpoint);
+  const Measured m = run_step(world, v, config, 2, 24, checkpoint, rank_sequences);
   const Footprint& f = m.footprint;
   for (Component c : kAllComponents) {
     EXPECT_EQ(m.device[static_cast<std::size_t>(c)], f.device_peak(c)) << "device " << component_name(c);

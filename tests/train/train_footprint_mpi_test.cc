@@ -15,5 +15,15 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintNone) { check(testing::world(), k
 
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAll) { check(testing::world(), kAll, tiny_model()); }
 
+// Odd ranks hold no sequences (at one rank: 2): those build no stack but still run
+// every dispatch; the vocabulary loss sizes its buffers by its group's uneven counts.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintRanksWithoutTokens) {
+  Communicator& world = testing::world();
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  check(world, kNone, tiny_model(), nullptr, seqs);
+  check(world, kAll, tiny_model(), nullptr, seqs);
+}
+
 }  // namespace
 }  // namespace peakbound

@@ -49,12 +49,21 @@ DispatchSizes dispatch_sizes_max(const std::vector<DispatchSizes>& sizes) {
 Footprint train_footprint(const TrainFootprintInputs& in) {
   const ModelConfig& c = in.model;
   check_trainable(c);
-  if (in.sequences < 0 || in.seq_len < 1)
-    throw InvalidArgument("train footprint: need sequences >= 0 and seq_len >= 1");
   const StoreGroups g = StoreGroups::of(in.layout, in.world, in.rank);
+  if (!in.rank_sequences.empty() && static_cast<int>(in.rank_sequences.size()) != in.world)
+    throw InvalidArgument("train footprint: rank_sequences has " + std::to_string(in.rank_sequences.size()) +
+                          " entries for " + std::to_string(in.world) + " ranks");
+  auto sequences_of = [&](int r) {
+    return in.rank_sequences.empty() ? in.sequences : in.rank_sequences[static_cast<std::size_t>(r)];
+  };
+  auto tokens_of = [&](int r) {
+    const std::int64_t n = sequences_of(r);
+    if (n < 0 || in.seq_len < 1) throw InvalidArgument("train footprint: need sequences >= 0 and seq_len >= 1");
+    return static_cast<std::int64_t>(
+        checked_mul(static_cast<u64>(n), static_cast<u64>(in.seq_len), "train footprint tokens"));
+  };
   const std::int64_t L = c.num_layers, H = c.hidden_size;
-  const auto T = static_cast<std::int64_t>(
-      checked_mul(static_cast<u64>(in.sequences), static_cast<u64>(in.seq_len), "train footprint tokens"));
+  const std::int64_t T = tokens_of(in.rank);
   const ModelSchedules& sch = in.schedules;
   Footprint f("train");
 
@@ -186,7 +195,12 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   }
 
   // ---- final norm and the vocabulary loss
-  const VocabLossShape vs = VocabLossShape::uniform(T, VocabDims{c.vocab_size, H}, g.vocab, g.vocab_rank);
+  // The vocabulary group: ranks [first, first + vocab) (ProcessGroups::split's consecutive groups).
+  VocabLossShape vs;
+  vs.dims = VocabDims{c.vocab_size, H};
+  vs.rank = g.vocab_rank;
+  const int first = in.rank - g.vocab_rank;
+  for (int r = first; r < first + g.vocab; ++r) vs.tokens.push_back(tokens_of(r));
   const Footprint voc = sch.ring_dtp ? ring_dtp_footprint(vs, sch.vocab, kF32)
                                      : materialized_vocab_footprint(vs, sch.vocab, kF32);
   {

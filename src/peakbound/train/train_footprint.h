@@ -59,6 +59,10 @@ struct TrainFootprintInputs {
   int rank = 0;
   std::int64_t sequences = 1;  // sequences per rank per micro-batch
   std::int64_t seq_len = 0;
+  // Every rank's sequences (world order) when they differ (ranks without tokens, a
+  // ragged last batch); empty: `sequences` on every rank. The vocabulary loss sizes
+  // its buffers by its group's token counts, the rest by this rank's.
+  std::vector<std::int64_t> rank_sequences;
   ModelSchedules schedules;
   std::string optimizer = "device";  // an optimizer_schedule_names() entry
   OptimizerOptions optimizer_options;
@@ -77,7 +81,8 @@ struct TrainFootprintInputs {
 
 // Throws InvalidArgument for a model the trainer refuses (check_trainable), a layout
 // that does not divide the world or E, a rank outside the world, sequences < 0 or
-// seq_len < 1, an unknown optimizer schedule, dispatch_layers of the wrong length.
+// seq_len < 1, an unknown optimizer schedule, dispatch_layers or rank_sequences of
+// the wrong length.
 Footprint train_footprint(const TrainFootprintInputs& in);
 
 // Field by field maximum (double_buffered: any) of several ranks' or layers' sizes.
