@@ -23,6 +23,8 @@ using u64 = std::uint64_t;
 constexpr u64 kF32 = 4;  // the runtime's activations and parameters
 
 // Adds a phase of another footprint (device and host, per component) into `phase`.
+// Its bytes are already Arena-reserved sums (multiples of the alignment), which
+// BufferSpec::reserved() leaves as they are.
 void add_phase(Footprint& f, const std::string& phase, const Footprint::Phase& p) {
   for (Component c : kAllComponents) {
     const auto i = static_cast<std::size_t>(c);
