@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <string>
 
 #include "peakbound/core/error.h"
@@ -82,6 +83,81 @@ void check_trainable(const ModelConfig& c) {
   if (c.num_experts == 0 && c.num_layers == 0) unsupported(c, "a model without layers");
 }
 
+StoreGroups StoreGroups::of(const ParallelLayout& layout, int world, int rank) {
+  validate_layout(layout, world);
+  if (rank < 0 || rank >= world)
+    throw InvalidArgument("rank " + std::to_string(rank) + " is outside the " + std::to_string(world) + " ranks");
+  const int ep = static_cast<int>(layout.ep), vg = static_cast<int>(layout.vocab);
+  StoreGroups g;
+  g.world = world;
+  g.ep = ep;
+  g.ep_rank = rank % ep;
+  g.ep_replicas = world / ep;
+  g.vocab = vg;
+  g.vocab_rank = rank % vg;
+  g.vocab_replicas = world / vg;
+  return g;
+}
+
+ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g) {
+  const std::int64_t E = c.num_experts, ep = g.ep, ep_rank = g.ep_rank;
+  if (E > 0 && E % ep != 0)
+    throw InvalidArgument("--ep " + std::to_string(ep) + " must divide the model's " + std::to_string(E) + " experts");
+  const std::int64_t per = E > 0 ? E / ep : 0;
+  const VocabShard shard = vocab_shard(c.vocab_size, g.vocab, g.vocab_rank);
+  auto multiple = [](int group_size) { return kViewAlignElements * static_cast<u64>(group_size); };
+  ModelStoreSpecs s;
+  s.dense.select = [](const TensorEntry& e) -> std::optional<RowRange> {
+    if (e.kind == TensorKind::expert || e.kind == TensorKind::head) return std::nullopt;
+    return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
+  };
+  s.dense.options = LayoutOptions{kViewAlignElements, multiple(g.world)};
+  s.experts.select = [per, ep_rank](const TensorEntry& e) -> std::optional<RowRange> {
+    if (e.kind != TensorKind::expert || e.expert / per != ep_rank) return std::nullopt;
+    return RowRange{0, e.shape[0]};
+  };
+  s.experts.options = LayoutOptions{1, multiple(g.ep_replicas)};
+  s.head.select = [shard](const TensorEntry& e) -> std::optional<RowRange> {
+    if (e.kind != TensorKind::head) return std::nullopt;
+    return RowRange{shard.offset, shard.offset + shard.rows};
+  };
+  s.head.options = LayoutOptions{kViewAlignElements, multiple(g.vocab_replicas)};
+  return s;
+}
+
+AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S) {
+  AttentionLayerConfig ac;
+  ac.hidden = c.hidden_size;
+  ac.q_heads = c.num_heads;
+  ac.kv_heads = c.num_kv_heads;
+  ac.head_dim = c.head_dim;
+  ac.rope_theta = c.rope_theta;
+  ac.rms_eps = static_cast<float>(c.rms_norm_eps);
+  ac.qk_norm = c.qk_norm;
+  ac.seq_len = S;
+  return ac;
+}
+
+ModelAuxBuffers model_aux_buffers(std::int64_t experts) {
+  if (experts < 0) throw InvalidArgument("model aux buffers: experts must be >= 0");
+  const u64 e = static_cast<u64>(std::max<std::int64_t>(experts, 1));
+  ModelAuxBuffers b;
+  b.counts = b.prob_sums = b.aux_grad = buffer_spec(Component::workspace, e, sizeof(float));
+  b.loss = buffer_spec(Component::workspace, 1, sizeof(float));
+  return b;
+}
+
+ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden) {
+  if (tokens < 0 || hidden < 1) throw InvalidArgument("model batch buffers: tokens must be >= 0 and hidden >= 1");
+  const u64 t = static_cast<u64>(tokens);
+  const u64 th = checked_mul(t, static_cast<u64>(hidden), "[T, H]");
+  ModelBatchBuffers b;
+  b.ids = b.targets = buffer_spec(Component::workspace, t, sizeof(std::int32_t));
+  b.x = b.y = b.hn = b.d_hn = b.dy = buffer_spec(Component::layer, th, sizeof(float));
+  b.rstd = buffer_spec(Component::layer, t, sizeof(float));
+  return b;
+}
+
 // One decoder layer: its two sublayers and the block the stack runs.
 struct MoeTransformer::Layer {
   std::unique_ptr<AttentionLayer> attention;
@@ -110,51 +186,33 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   if (E > 0 && E % ep != 0)
     throw InvalidArgument("--ep " + std::to_string(ep) + " must divide the model's " + std::to_string(E) + " experts");
   const std::int64_t per = E > 0 ? E / ep : 0;
-  const VocabShard shard = vocab_shard(c.vocab_size, groups_.vocab->size(), groups_.vocab->rank());
 
-  auto multiple = [](Communicator* g) { return kViewAlignElements * static_cast<u64>(g->size()); };
-  dense_ = std::make_unique<ParameterStore>(
-      dev, table_,
-      [](const TensorEntry& e) -> std::optional<RowRange> {
-        if (e.kind == TensorKind::expert || e.kind == TensorKind::head) return std::nullopt;
-        return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
-      },
-      LayoutOptions{kViewAlignElements, multiple(groups_.world)});
-  experts_ = std::make_unique<ParameterStore>(
-      dev, table_,
-      [per, ep_rank](const TensorEntry& e) -> std::optional<RowRange> {
-        if (e.kind != TensorKind::expert || e.expert / per != ep_rank) return std::nullopt;
-        return RowRange{0, e.shape[0]};
-      },
-      LayoutOptions{1, multiple(groups_.ep_replicas.get())});
-  head_ = std::make_unique<ParameterStore>(
-      dev, table_,
-      [shard](const TensorEntry& e) -> std::optional<RowRange> {
-        if (e.kind != TensorKind::head) return std::nullopt;
-        return RowRange{shard.offset, shard.offset + shard.rows};
-      },
-      LayoutOptions{kViewAlignElements, multiple(groups_.vocab_replicas.get())});
+  StoreGroups sg;
+  sg.world = groups_.world->size();
+  sg.ep = groups_.ep->size();
+  sg.ep_rank = groups_.ep->rank();
+  sg.ep_replicas = groups_.ep_replicas->size();
+  sg.vocab = groups_.vocab->size();
+  sg.vocab_rank = groups_.vocab->rank();
+  sg.vocab_replicas = groups_.vocab_replicas->size();
+  const ModelStoreSpecs specs = model_store_specs(c, sg);
+  dense_ = std::make_unique<ParameterStore>(dev, table_, specs.dense.select, specs.dense.options);
+  experts_ = std::make_unique<ParameterStore>(dev, table_, specs.experts.select, specs.experts.options);
+  head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options);
 
   // The aux-loss state shared by every MoE layer.
-  const u64 e_bytes = static_cast<u64>(std::max<std::int64_t>(E, 1)) * sizeof(float);
-  counts_ = dev.allocate(Component::workspace, e_bytes);
-  prob_sums_ = dev.allocate(Component::workspace, e_bytes);
-  aux_grad_ = dev.allocate(Component::workspace, e_bytes);
-  aux_loss_ = dev.allocate(Component::workspace, sizeof(float));
+  const ModelAuxBuffers ab = model_aux_buffers(E);
+  counts_ = dev.allocate(ab.counts.component, ab.counts.bytes);
+  prob_sums_ = dev.allocate(ab.prob_sums.component, ab.prob_sums.bytes);
+  aux_grad_ = dev.allocate(ab.aux_grad.component, ab.aux_grad.bytes);
+  aux_loss_ = dev.allocate(ab.loss.component, ab.loss.bytes);
   aux_state_ = std::make_unique<MoeAuxState>(MoeAuxState{
       counts_.as<float>(), prob_sums_.as<float>(), c.router_aux_loss_coef > 0 ? aux_grad_.as<float>() : nullptr});
 
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto layer = std::make_unique<Layer>();
-    AttentionLayerConfig ac;
-    ac.hidden = H;
-    ac.q_heads = c.num_heads;
-    ac.kv_heads = c.num_kv_heads;
-    ac.head_dim = c.head_dim;
-    ac.rope_theta = c.rope_theta;
-    ac.rms_eps = static_cast<float>(c.rms_norm_eps);
-    ac.qk_norm = c.qk_norm;
+    const AttentionLayerConfig ac = model_attention_config(c, 0);
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2; ++g) {
       ParameterStore& s = *dense_;
@@ -228,6 +286,13 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
 
 MoeTransformer::~MoeTransformer() = default;
 
+std::vector<const DispatchStats*> MoeTransformer::dispatch_stats() const {
+  std::vector<const DispatchStats*> out;
+  for (const auto& l : layers_)
+    if (const DispatchStats* st = l->mlp->dispatch_stats()) out.push_back(st);
+  return out;
+}
+
 void MoeTransformer::init_parameters(std::uint64_t seed) {
   const double sd = config_.initializer_range;
   std::vector<float> host;
@@ -275,9 +340,10 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
     throw InvalidArgument("input token id " + std::to_string(bad) + " is outside the vocabulary [0, " +
                           std::to_string(V) + ")" + (bad < 0 ? " (on another rank)" : ""));
   p.world_tokens = flags[1];
-  const u64 tb = static_cast<u64>(p.T) * sizeof(std::int32_t);
-  p.ids = dev_.allocate(Component::workspace, tb);
-  p.targets = dev_.allocate(Component::workspace, tb);
+  const ModelBatchBuffers bb = model_batch_buffers(p.T, H);
+  const u64 tb = bb.ids.bytes;
+  p.ids = dev_.allocate(bb.ids.component, bb.ids.bytes);
+  p.targets = dev_.allocate(bb.targets.component, bb.targets.bytes);
   Stream& cs = dev_.copy_stream();
   if (p.T > 0) {
     dev_.memcpy_async(p.ids.data(), ids, tb, CopyKind::host_to_device, cs);
@@ -285,7 +351,7 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
   }
   dev_.synchronize(cs);
   for (auto& l : layers_) l->attention->set_seq_len(S);
-  p.x = dev_.allocate(Component::layer, checked_mul(static_cast<u64>(p.T), static_cast<u64>(H) * 4, "[T, H]"));
+  p.x = dev_.allocate(bb.x.component, bb.x.bytes);
   Stream& s = dev_.compute_stream();
   if (p.T > 0)
     ops::embedding_forward(dev_, s, p.x.as<float>(), p.ids.as<std::int32_t>(),
@@ -313,7 +379,7 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   Pass p;
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
-  const u64 th = static_cast<u64>(T) * static_cast<u64>(H) * sizeof(float);
+  const ModelBatchBuffers bb = model_batch_buffers(T, H);
   Stream& s = dev_.compute_stream();
   // A rank without tokens holds no boundaries but still runs every layer: the MoE
   // layers' dispatch is collective over the expert-parallel group.
@@ -325,7 +391,7 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
     stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, DType::f32, schedules_.checkpoint);
     stack_tokens_ = T;
   }
-  Buffer y = dev_.allocate(Component::layer, th);
+  Buffer y = dev_.allocate(bb.y.component, bb.y.bytes);
   const Shape sh{T, H};
   if (empty) {
     for (auto& l : layers_) l->block->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
@@ -335,18 +401,18 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   finish_aux(p, aux_scale, true);
 
   // Final norm and the head.
-  Buffer hn = dev_.allocate(Component::layer, th);
-  Buffer rstd = dev_.allocate(Component::layer, static_cast<u64>(T) * sizeof(float));
+  Buffer hn = dev_.allocate(bb.hn.component, bb.hn.bytes);
+  Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const float* w_norm = dense_->param("model.norm.weight");
   if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<float>(), rstd.as<float>(), y.as<float>(), w_norm, T, H, eps);
   const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
   float* d_head = head_->contains("lm_head.weight") ? head_->grad("lm_head.weight") : nullptr;
   const LossSum ls = vocab_loss_->forward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head);
-  Buffer d_hn = dev_.allocate(Component::layer, th);
+  Buffer d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
   vocab_loss_->backward(ce_scale, d_hn.as<float>(), d_head);
   hn.reset();
-  Buffer dy = dev_.allocate(Component::layer, th);
+  Buffer dy = dev_.allocate(bb.dy.component, bb.dy.bytes);
   if (T > 0) {
     ops::fill(dev_, s, dy.as<float>(), T * H, 0.0f);
     ops::rmsnorm_backward(dev_, s, dy.as<float>(), dense_->grad("model.norm.weight"), d_hn.as<float>(), y.as<float>(),
@@ -378,9 +444,9 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
   Pass p;
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
-  const u64 th = static_cast<u64>(T) * static_cast<u64>(H) * sizeof(float);
+  const ModelBatchBuffers bb = model_batch_buffers(T, H);
   const Shape sh{T, H};
-  Buffer other = dev_.allocate(Component::layer, th);
+  Buffer other = dev_.allocate(bb.y.component, bb.y.bytes);
   Buffer* in = &p.x;
   Buffer* out = &other;
   for (auto& l : layers_) {
@@ -389,7 +455,7 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
   }
   finish_aux(p, 1.0f, false);
   Stream& s = dev_.compute_stream();
-  Buffer rstd = dev_.allocate(Component::layer, static_cast<u64>(T) * sizeof(float));
+  Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   if (T > 0)
     ops::rmsnorm_forward(dev_, s, out->as<float>(), rstd.as<float>(), in->as<float>(),
                          dense_->param("model.norm.weight"), T, H, static_cast<float>(config_.rms_norm_eps));

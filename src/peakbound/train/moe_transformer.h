@@ -26,8 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/core/footprint.h"
 #include "peakbound/core/host_memory.h"
 #include "peakbound/device/device.h"
+#include "peakbound/layers/attention_layer.h"
 #include "peakbound/model/model_config.h"
 #include "peakbound/model/tensor_table.h"
 #include "peakbound/schedules/checkpoint_policy.h"
@@ -39,6 +41,7 @@
 namespace peakbound {
 
 struct MoeAuxState;
+struct DispatchStats;
 class CheckpointedStack;
 
 // Which schedule runs each peak (the optimizer's is the trainer's).
@@ -56,6 +59,51 @@ struct BatchSums {
   std::int64_t tokens = 0;  // this rank's valid targets
   double aux = 0;           // coef x the load-balancing loss of the whole micro-batch (every rank the same)
 };
+
+// Where one rank sits in the groups ProcessGroups::split makes (sizes and ranks), as
+// far as the parameter stores care: the dense store is reduced over the world, the
+// expert store over ep_replicas, the head over vocab_replicas.
+struct StoreGroups {
+  int world = 1;
+  int ep = 1, ep_rank = 0, ep_replicas = 1;
+  int vocab = 1, vocab_rank = 0, vocab_replicas = 1;
+  // Rank `rank` of `world` under `layout` (ProcessGroups::split's consecutive groups).
+  static StoreGroups of(const ParallelLayout& layout, int world, int rank);
+};
+
+// One parameter store's selector and layout; the model's three (dense, experts, head).
+struct StoreSpec {
+  ShardSelector select;
+  LayoutOptions options;
+};
+struct ModelStoreSpecs {
+  StoreSpec dense, experts, head;
+};
+// The stores MoeTransformer builds for model c on rank g (InvalidArgument when ep does
+// not divide E). The footprint calls parameter_store_buffers with the same specs.
+ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g);
+
+// Every decoder layer's attention sublayer config, with seq_len S.
+AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S);
+
+// The model's aux-loss state (Component::workspace, f32): counts, prob_sums, aux_grad
+// [max(E, 1)] each and the loss [1], held for the model's life.
+struct ModelAuxBuffers {
+  BufferSpec counts, prob_sums, aux_grad, loss;
+};
+ModelAuxBuffers model_aux_buffers(std::int64_t experts);
+
+// One micro-batch of T tokens of hidden H (f32):
+//   ids, targets [T] i32 (workspace)     the whole forward_backward
+//   x [T, H] (layer)                      the embedding output, then dx
+//   y [T, H] (layer)                      the stack's output, until the final norm's backward
+//   hn [T, H], rstd [T] (layer)           the final norm's output (until the loss backward) and rstd
+//   d_hn, dy [T, H] (layer)               the loss's and the final norm's input gradients
+// forward() (evaluation) uses y as the second residual buffer and rstd.
+struct ModelBatchBuffers {
+  BufferSpec ids, targets, x, y, hn, rstd, d_hn, dy;
+};
+ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden);
 
 // Throws InvalidArgument naming the first feature of `c` the trainer does not
 // implement (MLA, biases, attention sinks, sliding windows, sigmoid routing, fused
@@ -102,6 +150,9 @@ class MoeTransformer {
                              std::int64_t S, float ce_scale, float aux_scale);
   // The forward alone (evaluation): nothing kept, no gradient. Collective.
   BatchSums forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
+
+  // Every MoE layer's dispatch statistics of its last pass, in layer order.
+  std::vector<const DispatchStats*> dispatch_stats() const;
 
   // The checkpointed stack of the last forward_backward (null before one).
   const CheckpointedStack* stack() const { return stack_.get(); }

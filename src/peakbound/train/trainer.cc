@@ -16,6 +16,11 @@ std::int64_t valid_targets(const MicroBatch& b, std::int32_t ignore) {
 
 }  // namespace
 
+TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements) {
+  return TrainerShardBuffers{buffer_spec(Component::params, shard_elements, sizeof(float)),
+                             buffer_spec(Component::grads, shard_elements, sizeof(float))};
+}
+
 Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options)
     : model_(model), options_(options) {
   Device& dev = model.dense().device();
@@ -28,9 +33,9 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
     slices_.push_back({stores[i], groups[i], stores[i]->elements() / G, shard_elems_});
     shard_elems_ += stores[i]->elements() / G;
   }
-  const std::uint64_t bytes = checked_mul(shard_elems_, sizeof(float), "trainer shard");
-  param_shard_ = dev.allocate(Component::params, bytes);
-  grad_shard_ = dev.allocate(Component::grads, bytes);
+  const TrainerShardBuffers sb = trainer_shard_buffers(shard_elems_);
+  param_shard_ = dev.allocate(sb.params.component, sb.params.bytes);
+  grad_shard_ = dev.allocate(sb.grads.component, sb.grads.bytes);
   ParamShard shard{param_shard_.data(), DType::f32, grad_shard_.data(), DType::f32,
                    static_cast<std::int64_t>(shard_elems_)};
   opt_ = make_optimizer_schedule(options_.optimizer, OptimizerContext{dev, host, pool, *model.groups().world}, shard,

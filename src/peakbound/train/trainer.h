@@ -56,6 +56,15 @@ struct StepStats {
   double seconds = 0;       // wall time of the step
 };
 
+// The shard buffers (f32, held for the trainer's life): this rank's slice of every
+// store side by side, `shard_elements` = the sum over stores of elements / group size;
+// params (Component::params) holds the updated slices, grads (Component::grads) the
+// reduce-scattered gradients.
+struct TrainerShardBuffers {
+  BufferSpec params, grads;
+};
+TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements);
+
 class Trainer {
  public:
   // Allocates the shard buffers and the optimizer state and loads the model's current

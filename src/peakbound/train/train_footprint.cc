@@ -1,0 +1,259 @@
+#include "peakbound/train/train_footprint.h"
+
+#include <algorithm>
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/layers/attention_layer.h"
+#include "peakbound/layers/decoder_layer.h"
+#include "peakbound/layers/moe_layer.h"
+#include "peakbound/model/tensor_table.h"
+#include "peakbound/schedules/checkpoint_policy.h"
+#include "peakbound/schedules/optimizer_footprint.h"
+#include "peakbound/schedules/optimizer_schedule.h"
+#include "peakbound/schedules/vocab_footprint.h"
+#include "peakbound/train/parameter_store.h"
+#include "peakbound/train/trainer.h"
+
+namespace peakbound {
+
+namespace {
+
+using u64 = std::uint64_t;
+constexpr u64 kF32 = 4;  // the runtime's activations and parameters
+
+// Adds a phase of another footprint (device and host, per component) into `phase`.
+// Its bytes are already Arena-reserved sums (multiples of the alignment), which
+// BufferSpec::reserved() leaves as they are.
+void add_phase(Footprint& f, const std::string& phase, const Footprint::Phase& p) {
+  for (Component c : kAllComponents) {
+    const auto i = static_cast<std::size_t>(c);
+    f.device(phase, BufferSpec{c, p.device[i]});
+    f.host(phase, BufferSpec{c, p.host[i]});
+  }
+}
+
+}  // namespace
+
+DispatchSizes dispatch_sizes_max(const std::vector<DispatchSizes>& sizes) {
+  DispatchSizes m;
+  for (const DispatchSizes& s : sizes) {
+    m.max_sent = std::max(m.max_sent, s.max_sent);
+    m.max_received = std::max(m.max_received, s.max_received);
+    m.double_buffered = m.double_buffered || s.double_buffered;
+    m.foreign = std::max(m.foreign, s.foreign);
+    m.lent = std::max(m.lent, s.lent);
+    m.tokens = std::max(m.tokens, s.tokens);
+  }
+  return m;
+}
+
+Footprint train_footprint(const TrainFootprintInputs& in) {
+  const ModelConfig& c = in.model;
+  check_trainable(c);
+  const StoreGroups g = StoreGroups::of(in.layout, in.world, in.rank);
+  if (!in.rank_sequences.empty() && static_cast<int>(in.rank_sequences.size()) != in.world)
+    throw InvalidArgument("train footprint: rank_sequences has " + std::to_string(in.rank_sequences.size()) +
+                          " entries for " + std::to_string(in.world) + " ranks");
+  auto sequences_of = [&](int r) {
+    return in.rank_sequences.empty() ? in.sequences : in.rank_sequences[static_cast<std::size_t>(r)];
+  };
+  auto tokens_of = [&](int r) {
+    const std::int64_t n = sequences_of(r);
+    if (n < 0 || in.seq_len < 1) throw InvalidArgument("train footprint: need sequences >= 0 and seq_len >= 1");
+    return static_cast<std::int64_t>(
+        checked_mul(static_cast<u64>(n), static_cast<u64>(in.seq_len), "train footprint tokens"));
+  };
+  const std::int64_t L = c.num_layers, H = c.hidden_size;
+  const std::int64_t T = tokens_of(in.rank);
+  const ModelSchedules& sch = in.schedules;
+  Footprint f("train");
+
+  // ---- persistent: stores, shards, optimizer, aux, checkpoint ring / host boundaries
+  const TensorTable table(c);
+  const ModelStoreSpecs specs = model_store_specs(c, g);
+  const StoreSpec* stores[3] = {&specs.dense, &specs.experts, &specs.head};
+  const int group_size[3] = {g.world, g.ep_replicas, g.vocab_replicas};
+  std::vector<BufferSpec> resident_dev;
+  u64 shard = 0;
+  for (int i = 0; i < 3; ++i) {
+    const ParameterLayout lay = parameter_layout(table, stores[i]->select, stores[i]->options);
+    const ParameterStoreBuffers b = parameter_store_buffers(lay, kF32);
+    resident_dev.push_back(b.params);
+    resident_dev.push_back(b.grads);
+    shard = checked_add(shard, lay.elements / static_cast<u64>(group_size[i]), "trainer shard");
+  }
+  const TrainerShardBuffers sb = trainer_shard_buffers(shard);
+  resident_dev.push_back(sb.params);
+  resident_dev.push_back(sb.grads);
+  const ModelAuxBuffers ab = model_aux_buffers(c.num_experts);
+  for (const BufferSpec& s : {ab.counts, ab.prob_sums, ab.aux_grad, ab.loss}) resident_dev.push_back(s);
+  const Footprint opt = optimizer_footprint(
+      in.optimizer,
+      optimizer_shape(ParamShard{nullptr, DType::f32, nullptr, DType::f32, static_cast<std::int64_t>(shard)}),
+      in.optimizer_options);
+
+  // The stack (built on the first step with tokens).
+  const bool stacked = T > 0;
+  CheckpointBuffers cb;
+  if (stacked) cb = checkpoint_buffers(L, checked_mul(static_cast<u64>(T), static_cast<u64>(H), "[T, H]"), kF32,
+                                       sch.checkpoint);
+  const std::int64_t M = stacked ? cb.placement.ringed() : L;
+
+  // Everything held from the trainer's construction on, plus the stack's ring and host
+  // boundaries once it exists.
+  auto persistent = [&](const std::string& phase, bool with_stack) {
+    for (const BufferSpec& s : resident_dev) f.device(phase, s);
+    add_phase(f, phase, opt.phase("step"));
+    if (with_stack && stacked) {
+      f.device(phase, cb.boundary, static_cast<u64>(cb.placement.ring_slots));
+      f.host(phase, cb.host_boundary, static_cast<u64>(cb.placement.offloaded));
+    }
+  };
+  // Resident boundaries live while block l runs forward (acquired up to l + 1) or
+  // backward (freed once their block's backward is done).
+  auto residents = [&](const std::string& phase, std::int64_t live_through) {
+    if (!stacked) return;
+    const std::int64_t n = std::max<std::int64_t>(0, std::min(live_through, L - 1) - M + 1);
+    f.device(phase, cb.boundary, static_cast<u64>(n));
+  };
+  const ModelBatchBuffers bb = model_batch_buffers(T, H);
+  auto batch = [&](const std::string& phase, std::initializer_list<BufferSpec> live) {
+    f.device(phase, bb.ids);
+    f.device(phase, bb.targets);
+    for (const BufferSpec& s : live) f.device(phase, s);
+  };
+
+  // ---- optimizer load: the trainer's constructor
+  {
+    const std::string ph = "optimizer load";
+    for (const BufferSpec& s : resident_dev) f.device(ph, s);
+    add_phase(f, ph, opt.phase("load"));
+  }
+
+  // ---- layers
+  const AttentionLayerConfig ac = model_attention_config(c, in.seq_len);
+  const Footprint att = attention_layer_footprint(T, ac, kF32);
+  const DecoderLayerBuffers db = decoder_layer_buffers(T, H, kF32);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  std::int64_t last_dense = -1, last_moe = -1;
+  for (std::int64_t l = 0; l < L; ++l) (c.is_moe_layer(l) ? last_moe : last_dense) = l;
+  const std::int64_t last = L - 1;
+
+  // Forward, the last layer's attention sublayer (every layer's is the same size).
+  {
+    const std::string ph = "forward attention";
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.y});
+    residents(ph, last + 1);
+    f.device(ph, db.mid);
+    add_phase(f, ph, att.phase("forward"));
+  }
+  // The MLP sublayers whose moments are phases: the last dense layer and the last MoE
+  // layer, or every MoE layer when each has its own measured dispatch sizes.
+  std::int64_t moe_count = 0;
+  for (std::int64_t l = 0; l < L; ++l) moe_count += c.is_moe_layer(l) ? 1 : 0;
+  if (!in.dispatch_layers.empty() && static_cast<std::int64_t>(in.dispatch_layers.size()) != moe_count)
+    throw InvalidArgument("train footprint: dispatch_layers has " + std::to_string(in.dispatch_layers.size()) +
+                          " entries for " + std::to_string(moe_count) + " MoE layers");
+  struct Mlp {
+    std::int64_t layer;
+    std::string fwd, bwd;
+    Footprint layer_fp, dispatch_fp;
+    bool dispatch = false;
+  };
+  std::vector<Mlp> mlps;
+  for (std::int64_t l = 0, moe_index = 0; l < L; ++l) {
+    const bool moe = c.is_moe_layer(l);
+    const std::int64_t i = moe ? moe_index++ : -1;
+    const bool every = moe && !in.dispatch_layers.empty();
+    if (l != (moe ? last_moe : last_dense) && !every) continue;
+    const MoeLayerConfig mc = moe_layer_config(c, l, eps, sch.dispatch, sch.dispatch_options);
+    Mlp m;
+    m.layer = l;
+    const std::string kind = moe ? "mlp" : "dense mlp";
+    const std::string suffix = l == (moe ? last_moe : last_dense) ? "" : " (layer " + std::to_string(l) + ")";
+    m.fwd = "forward " + kind + suffix;
+    m.bwd = "backward " + kind + suffix;
+    m.layer_fp = moe_layer_footprint(T, mc, kF32);
+    if (moe) {
+      const MoeShape shape = moe_layer_dispatch_shape(mc);
+      const DispatchSizes ds = every          ? in.dispatch_layers[static_cast<std::size_t>(i)]
+                               : in.dispatch ? *in.dispatch
+                                             : dispatch_sizes_estimate(sch.dispatch, shape, g.ep, T, in.skew,
+                                                                       sch.dispatch_options);
+      m.dispatch_fp = dispatch_footprint(shape, ds, kF32);
+      m.dispatch = true;
+    }
+    mlps.push_back(std::move(m));
+  }
+  for (const Mlp& m : mlps) {
+    persistent(m.fwd, true);
+    batch(m.fwd, {bb.x, bb.y});
+    residents(m.fwd, m.layer + 1);
+    f.device(m.fwd, db.mid);
+    add_phase(f, m.fwd, m.layer_fp.phase("forward"));
+    if (m.dispatch) add_phase(f, m.fwd, m.dispatch_fp.phase("forward"));
+  }
+
+  // ---- final norm and the vocabulary loss
+  // The vocabulary group: ranks [first, first + vocab) (ProcessGroups::split's consecutive groups).
+  VocabLossShape vs;
+  vs.dims = VocabDims{c.vocab_size, H};
+  vs.rank = g.vocab_rank;
+  const int first = in.rank - g.vocab_rank;
+  for (int r = first; r < first + g.vocab; ++r) vs.tokens.push_back(tokens_of(r));
+  const Footprint voc = sch.ring_dtp ? ring_dtp_footprint(vs, sch.vocab, kF32)
+                                     : materialized_vocab_footprint(vs, sch.vocab, kF32);
+  {
+    const std::string ph = "loss forward";
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd});
+    residents(ph, L);
+    add_phase(f, ph, voc.phase("forward"));
+  }
+  {
+    const std::string ph = "loss backward";
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn});
+    residents(ph, L);
+    add_phase(f, ph, voc.phase("backward"));
+  }
+  {
+    const std::string ph = "final norm backward";
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.y, bb.rstd, bb.d_hn, bb.dy});
+    residents(ph, L);
+  }
+
+  // ---- backward, layer by layer from the last: x, dy, the gradient ping-pong, mid, d_mid
+  auto backward_common = [&](const std::string& ph, std::int64_t layer) {
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.dy});
+    if (stacked) f.device(ph, cb.grad, static_cast<u64>(cb.grad_buffers));
+    residents(ph, layer);
+    f.device(ph, db.mid);
+    f.device(ph, db.d_mid);
+  };
+  for (auto it = mlps.rbegin(); it != mlps.rend(); ++it) {
+    backward_common(it->bwd, it->layer);
+    add_phase(f, it->bwd, it->layer_fp.phase("backward"));
+    if (it->dispatch) add_phase(f, it->bwd, it->dispatch_fp.phase("backward"));
+  }
+  {
+    const std::string ph = "backward attention recompute";
+    backward_common(ph, last);
+    add_phase(f, ph, att.phase("forward"));
+  }
+  {
+    const std::string ph = "backward attention";
+    backward_common(ph, last);
+    add_phase(f, ph, att.phase("backward"));
+  }
+
+  // ---- the optimizer step
+  persistent("optimizer", true);
+  return f;
+}
+
+}  // namespace peakbound

@@ -1,0 +1,91 @@
+// The device (and host) memory of one `peakbound train` step on one rank, as a pure
+// function of the model, the layout, the micro-batch and the schedules: what
+// MoeTransformer and Trainer allocate, composed from the very BufferSpec functions
+// their runtimes allocate from (parameter_store_buffers with model_store_specs'
+// selectors, trainer_shard_buffers, model_aux_buffers, model_batch_buffers,
+// decoder_layer_buffers, attention_layer_footprint, moe_layer_footprint,
+// dispatch_footprint, materialized_vocab_footprint / ring_dtp_footprint,
+// checkpoint_buffers, optimizer_footprint). Measured Arena peaks after a step equal it
+// per component (tests/train/train_footprint_*test.cc).
+//
+// Persistent (every phase after the trainer exists): the three stores' params and
+// grads, the trainer's param and grad shards, the optimizer's device state, the
+// model's aux-loss buffers, the stack's ring slots (device) and offloaded boundaries
+// (host), the optimizer's host state and staging. Each phase adds what is live at
+// one moment of the step (T = sequences x seq_len tokens on this rank):
+//   optimizer load             the trainer's constructor: stores, shards, aux, the
+//                              optimizer's load phase (no stack yet)
+//   forward attention          ids, targets, x, y; the resident boundaries acquired by
+//                              the last layer's forward; mid; the attention sublayer
+//   forward mlp / forward dense mlp   the last MoE / dense layer: mid, the MLP
+//                              sublayer's internals (+ the dispatch's forward pass)
+//   loss forward / loss backward   x, y, hn, rstd (+ d_hn); every resident boundary;
+//                              the vocabulary loss's forward / backward phase
+//   final norm backward        x, y, rstd, d_hn, dy; every resident boundary
+//   backward mlp / backward dense mlp   the last MoE / dense layer's backward: x, dy,
+//                              the stack's gradient ping-pong, the resident
+//                              boundaries not yet freed, mid, d_mid, the MLP
+//                              sublayer's backward (+ the dispatch's backward pass)
+//   backward attention recompute / backward attention   the last layer's attention
+//                              forward (recomputing mid) / backward, beside the same
+//   optimizer                  the persistent buffers (the step allocates nothing)
+// Forward-order resident counts grow with the layer index and backward-order ones
+// shrink, so the last layer of each kind is that kind's worst moment: every phase is
+// one real moment, and device_peak_total() is the true simultaneous peak as long as
+// every MoE layer's dispatch uses the same sizes (`dispatch`, or the estimate); with
+// per-layer sizes (`dispatch_layers`) every MoE layer is its own pair of phases.
+// A rank with no tokens builds no stack (no ring, no boundaries) but still runs the
+// dispatch, which is what its phases then hold.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/footprint.h"
+#include "peakbound/model/model_config.h"
+#include "peakbound/schedules/moe_footprint.h"
+#include "peakbound/schedules/optimizer_options.h"
+#include "peakbound/train/moe_transformer.h"
+#include "peakbound/train/process_groups.h"
+
+namespace peakbound {
+
+struct TrainFootprintInputs {
+  ModelConfig model;
+  ParallelLayout layout;
+  int world = 1;
+  int rank = 0;
+  std::int64_t sequences = 1;  // sequences per rank per micro-batch
+  std::int64_t seq_len = 0;
+  // Every rank's sequences (world order) when they differ (ranks without tokens, a
+  // ragged last batch); empty: `sequences` on every rank. The vocabulary loss sizes
+  // its buffers by its group's token counts, the rest by this rank's.
+  std::vector<std::int64_t> rank_sequences;
+  ModelSchedules schedules;
+  std::string optimizer = "device";  // an optimizer_schedule_names() entry
+  OptimizerOptions optimizer_options;
+  double skew = 1.0;  // routing imbalance used for the dispatch estimate (planning)
+  // Measured per-layer maximum sizes (tests: dispatch_sizes_max over the MoE layers'
+  // DispatchStats::sizes), used for every MoE layer; unset: dispatch_sizes_estimate
+  // for this rank's tokens at `skew`.
+  std::optional<DispatchSizes> dispatch;
+  // Measured sizes of each MoE layer, in layer order (tests; overrides `dispatch`).
+  // Layers route differently, so the busiest dispatch need not be the last layer's,
+  // where the most boundaries are live: with these every MoE layer gets its own
+  // phases ("forward mlp (layer l)", the last MoE layer's staying "forward mlp"), and
+  // the total is exact.
+  std::vector<DispatchSizes> dispatch_layers;
+};
+
+// Throws InvalidArgument for a model the trainer refuses (check_trainable), a layout
+// that does not divide the world or E, a rank outside the world, sequences < 0 or
+// seq_len < 1, an unknown optimizer schedule, dispatch_layers or rank_sequences of
+// the wrong length.
+Footprint train_footprint(const TrainFootprintInputs& in);
+
+// Field by field maximum (double_buffered: any) of several ranks' or layers' sizes.
+DispatchSizes dispatch_sizes_max(const std::vector<DispatchSizes>& sizes);
+
+}  // namespace peakbound

@@ -1,0 +1,177 @@
+// Shared by train_footprint_test.cc (one rank) and train_footprint_mpi_test.cc (1-4
+// ranks): one Trainer::step of a tiny Qwen3-MoE-shaped model on a fresh CPU device,
+// then the Arena's (and HostMemory's) measured peaks against train_footprint, per
+// component and in total.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/host_memory.h"
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/schedules/moe_dispatch.h"
+#include "peakbound/train/train_footprint.h"
+#include "peakbound/train/trainer.h"
+
+namespace peakbound::train_footprint_check {
+
+// presets.cc's small_model, tiny: vocab 300, hidden 32, one dense layer then MoE
+// layers of 8 experts top-2, heads 4 / 2 of dim 8.
+inline ModelConfig tiny_model(std::int64_t layers = 3) {
+  ModelConfig c;
+  c.name = "trainfp-tiny";
+  c.family = "peakbound";
+  c.vocab_size = 300;
+  c.hidden_size = 32;
+  c.num_layers = layers;
+  c.num_dense_layers = 1;
+  c.dense_intermediate_size = 4 * 32;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.moe_intermediate_size = 2 * 32;
+  c.router_scoring = RouterScoring::softmax;
+  c.norm_topk_prob = true;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.router_aux_loss_coef = 0.01;
+  return c;
+}
+
+struct Variant {
+  const char* name;
+  DispatchKind dispatch;
+  bool ring_dtp;
+  CheckpointSchedule checkpoint;
+  const char* optimizer;
+};
+inline const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident, "device"};
+inline const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, "offload_stream"};
+
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+struct Measured {
+  ComponentBytes device{}, host{};
+  std::uint64_t device_total = 0, host_total = 0;
+  Footprint footprint;      // with every MoE layer's measured dispatch sizes
+  Footprint footprint_max;  // with their field-by-field maximum for every MoE layer
+};
+
+// One step of `sequences` x `seq_len` tokens per rank; ep the largest divisor of the
+// world and E, the head over every rank.
+// rank_sequences: every rank's sequences (empty: `sequences` on every rank).
+inline Measured run_step(Communicator& world, const Variant& v, const ModelConfig& config,
+                         std::int64_t sequences = 2, std::int64_t seq_len = 24,
+                         const CheckpointOptions* checkpoint = nullptr,
+                         const std::vector<std::int64_t>& rank_sequences = {}) {
+  const int W = world.size(), r = world.rank();
+  if (!rank_sequences.empty()) sequences = rank_sequences[static_cast<std::size_t>(r)];
+  ParallelLayout layout;
+  layout.ep = W;
+  while (config.num_experts % layout.ep != 0 || W % layout.ep != 0) --layout.ep;
+  layout.vocab = W;
+  ProcessGroups groups = ProcessGroups::split(world, layout);
+
+  CpuDevice dev(64 << 20);
+  HostMemory host;
+  ThreadPool pool(1);
+  ModelSchedules sched;
+  sched.dispatch = v.dispatch;
+  sched.ring_dtp = v.ring_dtp;
+  if (checkpoint) sched.checkpoint = *checkpoint;
+  sched.checkpoint.schedule = v.checkpoint;
+  MoeTransformer model(dev, host, groups, config, sched);
+  model.init_parameters(7);
+  TrainerOptions to;
+  to.optimizer = v.optimizer;
+  Trainer trainer(model, host, pool, to);
+
+  const std::int64_t T = sequences * seq_len;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::uint64_t k = mix(static_cast<std::uint64_t>(r) * 1000003u + static_cast<std::uint64_t>(t));
+    ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(k % static_cast<std::uint64_t>(config.vocab_size));
+    targets[static_cast<std::size_t>(t)] =
+        t % 11 == 5 ? -100 : static_cast<std::int32_t>((k >> 20) % static_cast<std::uint64_t>(config.vocab_size));
+  }
+  const MicroBatch mb{ids.data(), targets.data(), sequences, seq_len};
+  trainer.step(std::span<const MicroBatch>(&mb, 1));
+
+  Measured m;
+  for (Component c : kAllComponents) {
+    m.device[static_cast<std::size_t>(c)] = dev.arena().peak(c);
+    m.host[static_cast<std::size_t>(c)] = host.peak(c);
+  }
+  m.device_total = dev.arena().peak();
+  m.host_total = host.peak();
+
+  TrainFootprintInputs in;
+  in.model = config;
+  in.layout = layout;
+  in.world = W;
+  in.rank = r;
+  in.sequences = sequences;
+  in.seq_len = seq_len;
+  in.rank_sequences = rank_sequences;
+  in.schedules = sched;
+  in.optimizer = v.optimizer;
+  std::vector<DispatchSizes> sizes;
+  for (const DispatchStats* st : model.dispatch_stats()) sizes.push_back(st->sizes);
+  in.dispatch_layers = sizes;
+  m.footprint = train_footprint(in);
+  in.dispatch_layers.clear();
+  in.dispatch = dispatch_sizes_max(sizes);
+  m.footprint_max = train_footprint(in);
+  return m;
+}
+
+// Measured == footprint per component (device and host) and in total.
+inline void check(Communicator& world, const Variant& v, const ModelConfig& config,
+                  const CheckpointOptions* checkpoint = nullptr, const std::vector<std::int64_t>& rank_sequences = {}) {
+  SCOPED_TRACE(std::string(v.name) + " at rank " + std::to_string(world.rank()) + " of " +
+               std::to_string(world.size()));
+  const Measured m = run_step(world, v, config, 2, 24, checkpoint, rank_sequences);
+  const Footprint& f = m.footprint;
+  for (Component c : kAllComponents) {
+    EXPECT_EQ(m.device[static_cast<std::size_t>(c)], f.device_peak(c)) << "device " << component_name(c);
+    EXPECT_EQ(m.host[static_cast<std::size_t>(c)], f.host_peak(c)) << "host " << component_name(c);
+  }
+  EXPECT_EQ(m.device_total, f.device_peak_total()) << "device total";
+  EXPECT_EQ(m.host_total, f.host_peak_total()) << "host total";
+  // One size for every MoE layer (the brief's max over layers) is exact per component
+  // except that the field-by-field maximum may exceed every layer's dispatch, and its
+  // total may exceed the true peak: the busiest dispatch sits in the phases of the last
+  // MoE layer, beside that layer's resident boundaries.
+  const Footprint& fm = m.footprint_max;
+  for (Component c : kAllComponents) {
+    if (c != Component::dispatch) {
+      EXPECT_EQ(m.device[static_cast<std::size_t>(c)], fm.device_peak(c)) << "max sizes: device " << component_name(c);
+    }
+  }
+  EXPECT_GE(fm.device_peak(Component::dispatch), m.device[static_cast<std::size_t>(Component::dispatch)]);
+  EXPECT_GE(fm.device_peak_total(), m.device_total);
+  EXPECT_GT(f.device_peak(Component::dispatch), 0u);
+  EXPECT_GT(f.device_peak(Component::vocab), 0u);
+  if (world.rank() == 0) {
+    std::printf(
+        "%s at %d ranks: device peak %llu (measured %llu; with the max sizes %llu), host peak %llu (measured %llu)\n",
+        v.name, world.size(), static_cast<unsigned long long>(f.device_peak_total()),
+        static_cast<unsigned long long>(m.device_total), static_cast<unsigned long long>(fm.device_peak_total()),
+        static_cast<unsigned long long>(f.host_peak_total()), static_cast<unsigned long long>(m.host_total));
+    for (const Footprint::Phase& p : f.phases())
+      std::printf("  %-30s device %8llu host %8llu\n", p.name.c_str(),
+                  static_cast<unsigned long long>(p.device_total()), static_cast<unsigned long long>(p.host_total()));
+  }
+}
+
+}  // namespace peakbound::train_footprint_check

@@ -1,0 +1,29 @@
+// train_footprint at 1-4 ranks (ep the largest divisor of the world and E = 8, the
+// head over every rank): after one Trainer::step the Arena's measured peaks equal the
+// footprint per component and in total, with schedules none (standard EP,
+// materialized vocab, resident boundaries, device AdamW) and all (PipelinedLLEP,
+// Ring-DTP, SCO, offload_stream AdamW).
+#include "tests/comm/world.h"
+#include "tests/train/train_footprint_check.h"
+
+namespace peakbound {
+namespace {
+
+using namespace train_footprint_check;
+
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintNone) { check(testing::world(), kNone, tiny_model()); }
+
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintAll) { check(testing::world(), kAll, tiny_model()); }
+
+// Odd ranks hold no sequences (at one rank: 2): those build no stack but still run
+// every dispatch; the vocabulary loss sizes its buffers by its group's uneven counts.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintRanksWithoutTokens) {
+  Communicator& world = testing::world();
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  check(world, kNone, tiny_model(), nullptr, seqs);
+  check(world, kAll, tiny_model(), nullptr, seqs);
+}
+
+}  // namespace
+}  // namespace peakbound
