@@ -56,6 +56,7 @@ struct TrainFlags {
   std::int64_t eval_every = 0, eval_batches = 4;
   std::string metrics;
   bool json = false;
+  double plan_skew = 0;  // 0: the worst the layout allows (every copy to one rank: ep)
 };
 
 struct Setup {
@@ -93,6 +94,10 @@ TrainFootprintInputs footprint_inputs(const TrainFlags& f, const Setup& s, int w
   in.seq_len = f.seq_len;
   in.schedules = s.schedules;
   in.optimizer = s.optimizer;
+  // The dispatch's memory depends on the routing, which the run decides: the plan
+  // reserves for the skew given, by default the worst (every token-copy to one rank).
+  in.skew = f.plan_skew > 0 ? std::min(f.plan_skew, static_cast<double>(s.layout.ep))
+                            : static_cast<double>(s.layout.ep);
   return in;
 }
 
@@ -196,7 +201,9 @@ int run_train(const TrainFlags& f) {
 
   std::unique_ptr<MetricsWriter> metrics;
   if (lead && !f.metrics.empty()) metrics = std::make_unique<MetricsWriter>(f.metrics);
-  Progress progress(stdout, lead && Progress::is_terminal(stdout));
+  // One line refreshed in place on a terminal; under mpirun the launcher hands every
+  // rank a pseudo-terminal even when the job's output goes to a file, so plain lines.
+  Progress progress(stdout, lead && !launched_by_mpi() && Progress::is_terminal(stdout));
   const double blind = source->blind_loss();
   if (lead && !std::isnan(blind))
     std::printf("a model blind to the context cannot beat %.4f nats on the scored tokens (unigram entropy)\n", blind);
@@ -318,8 +325,13 @@ Command add_train(CLI::App& parent) {
   int_flag(app, "--eval-batches", f->eval_batches, "Held-out micro-batches per evaluation", 1, 1 << 20);
   text_flag(app, "--metrics", f->metrics, "Write one JSON object per step to this file (JSONL)");
   app->add_flag("--json", f->json, "Print a JSON summary at the end");
+  real_flag(app, "--plan-skew", f->plan_skew,
+            "Routing imbalance the plan reserves dispatch memory for (busiest rank's load over the mean; 0 = the "
+            "worst the layout allows)",
+            0.0, 1e9);
   add_config_flag(app);
   cmd.validate = [f] {
+    if (f->plan_skew > 0 && f->plan_skew < 1) throw InvalidArgument("--plan-skew must be 0 (worst case) or >= 1");
     if (f->min_lr > f->lr) throw InvalidArgument("--min-lr " + std::to_string(f->min_lr) + " exceeds --lr");
     const Setup s = make_setup(*f, launcher_size());
     (void)s;

@@ -42,6 +42,7 @@ class RingDtp final : public VocabLoss {
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
     check_targets(g_, targets, tokens, d_.vocab, o_);
+    lse_.reset();  // a forward without a backward (evaluation) held it: never two at once
     hidden_ = hidden;
     targets_ = targets;
     T_ = tokens;

@@ -30,6 +30,12 @@ class MaterializedVocabLoss final : public VocabLoss {
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
     check_targets(g_, targets, tokens, d_.vocab, o_);
+    // A forward without a backward (evaluation) leaves its state held: drop it before
+    // allocating this pass's, so two passes never hold their buffers at once.
+    hg_.reset();
+    tg_.reset();
+    logits_.reset();
+    lse_.reset();
     hidden_tokens_ = tokens;
     weight_ = weight;
     VocabLossShape shape;
