@@ -162,5 +162,48 @@ TEST(SchedulesExact, TwentyStepsSameLossCurve) {
                 curve[0][0], curve[0][19], worst);
 }
 
+// Gradient accumulation: two micro-batches of one sequence per rank make the same step
+// as one micro-batch of two (the cross-entropy is normalised over the whole step). The
+// aux loss is per micro-batch (as transformers computes it per forward), so it is off here.
+TEST(SchedulesExact, AccumulationEqualsOneLargerMicroBatch) {
+  Communicator& world = testing::world();
+  std::vector<std::int32_t> ids, tgt;
+  batch(0, ids, tgt);
+  std::vector<double> loss;
+  std::vector<std::vector<float>> params;
+  for (int accumulate = 0; accumulate < 2; ++accumulate) {
+    Communicator& w = world;
+    ParallelLayout layout;
+    layout.ep = w.size();
+    while (8 % layout.ep != 0 || w.size() % layout.ep != 0) --layout.ep;
+    layout.vocab = w.size();
+    CpuDevice dev(128 << 20);
+    HostMemory host;
+    ProcessGroups groups = ProcessGroups::split(w, layout);
+    ModelConfig c = small_config();
+    c.router_aux_loss_coef = 0;
+    MoeTransformer model(dev, host, groups, c, schedules(false));
+    model.init_parameters(3);
+    ThreadPool pool(1);
+    TrainerOptions o;
+    o.optimizer_options.adam.lr = 1e-2f;
+    Trainer trainer(model, host, pool, o);
+    std::vector<MicroBatch> mb;
+    if (accumulate) {
+      mb.push_back({ids.data(), tgt.data(), 1, 24});
+      mb.push_back({ids.data() + 24, tgt.data() + 24, 1, 24});
+    } else {
+      mb.push_back({ids.data(), tgt.data(), 2, 24});
+    }
+    loss.push_back(trainer.step(mb).loss);
+    const ParameterStore& d = model.dense();
+    params.emplace_back(d.params_data(), d.params_data() + d.elements());
+  }
+  EXPECT_LT(std::abs(loss[1] - loss[0]) / loss[0], 1e-6) << loss[0] << " vs " << loss[1];
+  const double e = verify::group_relative_error(world, params[1].data(), params[0].data(),
+                                                static_cast<std::int64_t>(params[0].size()));
+  EXPECT_LT(e, 1e-5);
+}
+
 }  // namespace
 }  // namespace peakbound

@@ -107,6 +107,31 @@ bool progress_every(std::int64_t step, std::int64_t steps) {
   return step == 1 || step == steps || step % every == 0;
 }
 
+// The refusal of a plan over budget: the three largest components, each with the
+// schedule that bounds it when that schedule is off, and the fixes.
+std::string over_budget(const std::vector<std::int64_t>& planned, std::uint64_t total, std::uint64_t budget,
+                        const ScheduleSet& on) {
+  std::vector<std::size_t> order(kNumComponents);
+  for (std::size_t i = 0; i < kNumComponents; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return planned[a] > planned[b]; });
+  std::string parts, fixes;
+  for (std::size_t k = 0; k < 3; ++k) {
+    const Component c = kAllComponents[order[k]];
+    const char* sched = c == Component::dispatch ? (on.llep ? nullptr : "llep")
+                        : c == Component::vocab ? (on.dtp ? nullptr : "dtp")
+                        : c == Component::checkpoints ? (on.sco ? nullptr : "sco")
+                        : c == Component::optimizer ? (on.adam ? nullptr : "adam")
+                                                    : nullptr;
+    parts += std::string(k ? ", " : "") + std::string(component_name(c)) + " " +
+             format_bytes(static_cast<double>(planned[order[k]])) + (sched ? std::string(" (bounded by ") + sched + ")" : "");
+    if (sched) fixes += std::string(fixes.empty() ? "" : ",") + sched;
+  }
+  return "the plan needs " + format_bytes(static_cast<double>(total)) + " per device, over the " +
+         format_bytes(static_cast<double>(budget)) + " budget; largest: " + parts + "; fix: " +
+         (fixes.empty() ? std::string("") : "add " + fixes + " to --schedules, or ") +
+         "shorten --seq-len or --batch, or raise --device-memory";
+}
+
 std::string pad(std::string s, std::size_t w) {
   if (s.size() < w) s.insert(0, w - s.size(), ' ');
   return s;
@@ -139,17 +164,7 @@ int run_train(const TrainFlags& f) {
     std::printf("plan (per device, from the footprints): peak %s of %s budget\n", format_bytes(double(planned_total)).c_str(),
                 format_bytes(double(budget)).c_str());
   }
-  if (planned_total > budget) {
-    std::size_t worst = 0;
-    for (std::size_t i = 0; i < kNumComponents; ++i)
-      if (planned_i[i] > planned_i[worst]) worst = i;
-    throw InvalidArgument("the plan needs " + format_bytes(double(planned_total)) + " per device, over the " +
-                          format_bytes(double(budget)) + " budget (largest component: " +
-                          std::string(component_name(kAllComponents[worst])) + " " +
-                          format_bytes(double(planned_i[worst])) +
-                          "); turn on the schedule that bounds it (--schedules all), shorten --seq-len or --batch, "
-                          "or raise --device-memory");
-  }
+  if (planned_total > budget) throw InvalidArgument(over_budget(planned_i, planned_total, budget, s.set));
 
   auto dev = make_device("cpu", budget);
   HostMemory host;

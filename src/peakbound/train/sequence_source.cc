@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "peakbound/core/error.h"
 
@@ -12,16 +13,17 @@ namespace {
 // Evaluation sequences of the task are numbered from here: no training run reaches it.
 constexpr std::int64_t kEvalBase = std::int64_t{1} << 48;
 
-class KvSource final : public SequenceSource {
+// A built-in task (KvRetrievalTask or CopyTask): sequence n of the task's stream, the
+// evaluation sequences from kEvalBase on.
+template <typename Task>
+class TaskSource final : public SequenceSource {
  public:
-  KvSource(const KvRetrievalTask& t, std::int32_t ignore) : task_(t), ignore_(ignore) {
+  TaskSource(const Task& t, std::int32_t ignore, std::string description)
+      : task_(t), ignore_(ignore), description_(std::move(description)) {
     task_.validate();
     seq_len_ = t.seq_len;
   }
-  std::string describe() const override {
-    return "kv retrieval task (" + std::to_string(task_.pairs) + " pairs, " + std::to_string(task_.queries) +
-           " scored queries per sequence, " + std::to_string(task_.values()) + " values)";
-  }
+  std::string describe() const override { return description_; }
   void train(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(n, in, tg); }
   void eval(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(kEvalBase + n, in, tg); }
   std::int64_t eval_sequences() const override { return std::numeric_limits<std::int64_t>::max() / 4; }
@@ -29,38 +31,13 @@ class KvSource final : public SequenceSource {
 
  private:
   void fill(std::int64_t n, std::int32_t* in, std::int32_t* tg) const {
-    const KvRetrievalTask::Sequence s = task_.sequence(n, ignore_);
+    const typename Task::Sequence s = task_.sequence(n, ignore_);
     std::copy(s.inputs.begin(), s.inputs.end(), in);
     std::copy(s.targets.begin(), s.targets.end(), tg);
   }
-  KvRetrievalTask task_;
+  Task task_;
   std::int32_t ignore_;
-};
-
-class CopySource final : public SequenceSource {
- public:
-  CopySource(const CopyTask& t, std::int32_t ignore) : task_(t), ignore_(ignore) {
-    task_.validate();
-    seq_len_ = t.seq_len;
-  }
-  std::string describe() const override {
-    return "copy task (a segment of " + std::to_string(task_.segment()) + " random symbols of " +
-           std::to_string(task_.symbol_count()) + ", then itself: " + std::to_string(task_.segment() - 1) +
-           " scored tokens per sequence, each " + std::to_string(task_.segment() + 1) + " tokens after its copy)";
-  }
-  void train(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(n, in, tg); }
-  void eval(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(kEvalBase + n, in, tg); }
-  std::int64_t eval_sequences() const override { return std::numeric_limits<std::int64_t>::max() / 4; }
-  double blind_loss() const override { return task_.unigram_entropy(); }
-
- private:
-  void fill(std::int64_t n, std::int32_t* in, std::int32_t* tg) const {
-    const CopyTask::Sequence s = task_.sequence(n, ignore_);
-    std::copy(s.inputs.begin(), s.inputs.end(), in);
-    std::copy(s.targets.begin(), s.targets.end(), tg);
-  }
-  CopyTask task_;
-  std::int32_t ignore_;
+  std::string description_;
 };
 
 class FileSource final : public SequenceSource {
@@ -103,11 +80,18 @@ class FileSource final : public SequenceSource {
 }  // namespace
 
 std::unique_ptr<SequenceSource> copy_task_source(const CopyTask& task, std::int32_t ignore_index) {
-  return std::make_unique<CopySource>(task, ignore_index);
+  return std::make_unique<TaskSource<CopyTask>>(
+      task, ignore_index,
+      "copy task (a segment of " + std::to_string(task.segment()) + " random symbols of " +
+          std::to_string(task.symbol_count()) + ", then itself: " + std::to_string(task.segment() - 1) +
+          " scored tokens per sequence, each " + std::to_string(task.segment() + 1) + " tokens after its copy)");
 }
 
 std::unique_ptr<SequenceSource> kv_retrieval_source(const KvRetrievalTask& task, std::int32_t ignore_index) {
-  return std::make_unique<KvSource>(task, ignore_index);
+  return std::make_unique<TaskSource<KvRetrievalTask>>(
+      task, ignore_index,
+      "kv retrieval task (" + std::to_string(task.pairs) + " pairs, " + std::to_string(task.queries) +
+          " scored queries per sequence, " + std::to_string(task.values()) + " values)");
 }
 
 std::unique_ptr<SequenceSource> token_file_source(const std::string& path, std::int64_t seq_len,
