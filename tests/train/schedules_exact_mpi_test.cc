@@ -113,6 +113,11 @@ TEST(SchedulesExact, OneStepLossAndEveryGradient) {
       g[i]->all_reduce(st[i]->grads_data(), st[i]->elements(), DType::f32, ReduceOp::sum);
   }
   EXPECT_LT(std::abs(loss[1] - loss[0]) / std::abs(loss[0]), 1e-5) << loss[0] << " vs " << loss[1];
+  // An evaluation forward leaves nothing of the vocabulary loss held (no backward follows).
+  for (int k = 0; k < 2; ++k) {
+    runs[k]->model->forward(ids.data(), tgt.data(), 2, 24);
+    EXPECT_EQ(runs[k]->dev->arena().live(Component::vocab), 0u) << (k ? "all" : "none");
+  }
   double worst = 0;
   for (std::size_t i = 0; i < 3; ++i) {
     ParameterStore& a = *runs[0]->model->stores()[i];

@@ -42,7 +42,7 @@ class RingDtp final : public VocabLoss {
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
     check_targets(g_, targets, tokens, d_.vocab, o_);
-    lse_.reset();  // a forward without a backward (evaluation) held it: never two at once
+    discard();  // a forward without a backward held its state: never two at once
     hidden_ = hidden;
     targets_ = targets;
     T_ = tokens;
@@ -65,6 +65,11 @@ class RingDtp final : public VocabLoss {
 
  private:
   Buffer alloc(const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); }
+
+ public:
+  void discard() override { lse_.reset(); }
+
+ private:
   // A lane's two buffers, allocated from its spec.
   struct Slots {
     Buffer buf[2];

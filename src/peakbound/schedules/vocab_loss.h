@@ -69,6 +69,9 @@ class VocabLoss {
                           const float* weight) = 0;
   // Gradient of scale x (summed loss): writes d_hidden [T, H], adds into d_weight.
   virtual void backward(float scale, float* d_hidden, float* d_weight) = 0;
+  // Frees what the last forward keeps for its backward (an evaluation forward has no
+  // backward: without this its buffers would stay held through whatever runs next).
+  virtual void discard() = 0;
   // The mode Ring-DTP chose for the last forward ("activations"/"weights"); "" otherwise.
   virtual std::string mode_used() const { return ""; }
 };

@@ -30,12 +30,9 @@ class MaterializedVocabLoss final : public VocabLoss {
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
     check_targets(g_, targets, tokens, d_.vocab, o_);
-    // A forward without a backward (evaluation) leaves its state held: drop it before
-    // allocating this pass's, so two passes never hold their buffers at once.
-    hg_.reset();
-    tg_.reset();
-    logits_.reset();
-    lse_.reset();
+    // A forward without a backward leaves its state held: drop it before allocating
+    // this pass's, so two passes never hold their buffers at once.
+    discard();
     hidden_tokens_ = tokens;
     weight_ = weight;
     VocabLossShape shape;
@@ -118,6 +115,16 @@ class MaterializedVocabLoss final : public VocabLoss {
 
  private:
   Buffer alloc(const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); }
+
+ public:
+  void discard() override {
+    hg_.reset();
+    tg_.reset();
+    logits_.reset();
+    lse_.reset();
+  }
+
+ private:
 
   template <typename T>
   void gather(const T* mine, T* all, std::int64_t width, DType t) {

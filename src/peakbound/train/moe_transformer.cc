@@ -461,6 +461,7 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
                          dense_->param("model.norm.weight"), T, H, static_cast<float>(config_.rms_norm_eps));
   const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
   const LossSum ls = vocab_loss_->forward(out->as<float>(), p.targets.as<std::int32_t>(), T, w_head);
+  vocab_loss_->discard();  // no backward follows: nothing of it may stay held
   dev_.synchronize();
   BatchSums r;
   r.ce = ls.loss;
