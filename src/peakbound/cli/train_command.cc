@@ -163,6 +163,13 @@ int run_train(const TrainFlags& f) {
                 static_cast<long long>(s.layout.ep), static_cast<long long>(s.layout.vocab), s.set.str().c_str());
     std::printf("plan (per device, from the footprints): peak %s of %s budget\n", format_bytes(double(planned_total)).c_str(),
                 format_bytes(double(budget)).c_str());
+    std::string row;
+    for (std::size_t i = 0; i < kNumComponents; ++i)
+      if (planned_i[i] > 0)
+        row += std::string(row.empty() ? "  " : ", ") + std::string(component_name(kAllComponents[i])) + " " +
+               format_bytes(double(planned_i[i]));
+    std::printf("%s%s\n", row.c_str(),
+                c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "");
   }
   if (planned_total > budget) throw InvalidArgument(over_budget(planned_i, planned_total, budget, s.set));
 
