@@ -59,6 +59,32 @@ TEST(CliTrain, StartsFromAHuggingFaceDirectory) {
   EXPECT_EQ(last_json_line(r.out)["model"], "qwen3_moe");
 }
 
+// A token file (llm.c's format): training windows from its first part, the held-out
+// loss from the last --eval-fraction.
+TEST(CliTrain, TrainsOnATokenFile) {
+  const std::string path = ::testing::TempDir() + "/train_tokens.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    const int n = 4000;
+    int header[256] = {20240520, 1, n};
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (int i = 0; i < n; ++i) {
+      const unsigned short t = static_cast<unsigned short>((i * 7919) % 16384);
+      f.write(reinterpret_cast<const char*>(&t), 2);
+    }
+  }
+  CliRun r = run_cli("train --data " + path + " --steps 2 --seq-len 32 --eval-fraction 0.1 --json", 120);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("token file"), std::string::npos) << r.out;
+  const nlohmann::json j = last_json_line(r.out);
+  EXPECT_TRUE(j.contains("eval_loss"));
+  EXPECT_FALSE(j.contains("blind_loss"));  // unknown for a corpus
+  // A token outside the model's vocabulary is refused, naming the file.
+  CliRun bad = run_cli("train --model " + kFixture + " --data " + path + " --steps 1 --seq-len 32", 60);
+  peakbound::testing::expect_one_line_error(bad, path);
+  std::remove(path.c_str());
+}
+
 TEST(CliTrain, ABudgetThePlanDoesNotFitIsRefusedBeforeStepOne) {
   CliRun r = run_cli("train --steps 1 --seq-len 32 --device-memory 16MiB", 60);
   EXPECT_NE(r.code, 0);

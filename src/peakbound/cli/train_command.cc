@@ -356,7 +356,8 @@ Command add_train(CLI::App& parent) {
     if (f->plan_skew > 0 && f->plan_skew < 1) throw InvalidArgument("--plan-skew must be 0 (worst case) or >= 1");
     if (f->min_lr > f->lr) throw InvalidArgument("--min-lr " + std::to_string(f->min_lr) + " exceeds --lr");
     const Setup s = make_setup(*f, launcher_size());
-    (void)s;
+    // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
+    if (!f->data.empty()) (void)token_file_source(f->data, f->seq_len, f->eval_fraction, s.config.vocab_size);
     if (f->device_memory != "auto") (void)parse_bytes(f->device_memory, "--device-memory");
   };
   cmd.run = [f] { return run_train(*f); };
