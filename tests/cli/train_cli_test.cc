@@ -53,6 +53,21 @@ TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
   std::remove(metrics.c_str());
 }
 
+// A config file gives the flags; the command line overrides it.
+TEST(CliTrain, TakesAConfigFileThatFlagsOverride) {
+  const std::string toml = ::testing::TempDir() + "/train.toml";
+  {
+    std::ofstream f(toml);
+    f << "steps = 5\nseq-len = 32\nschedules = \"none\"\njson = true\n";
+  }
+  CliRun r = run_cli("train --config " + toml + " --steps 2", 120);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = last_json_line(r.out);
+  EXPECT_EQ(j["steps"], 2);             // the flag
+  EXPECT_EQ(j["schedules"], "none");    // the file
+  std::remove(toml.c_str());
+}
+
 TEST(CliTrain, StartsFromAHuggingFaceDirectory) {
   CliRun r = run_cli("train --model " + kFixture + " --steps 2 --seq-len 16 --symbols 8 --schedules none --json", 120);
   ASSERT_EQ(r.code, 0) << r.err << r.out;
