@@ -19,6 +19,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/hf_config.h"
+#include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/moe_transformer.h"
 #include "tests/comm/world.h"
 
@@ -102,6 +103,25 @@ void check_family(const std::string& family, const Variant& v) {
       for (std::int64_t k = 0; k < pv.numel(); ++k) {
         const double want = full[static_cast<std::size_t>(pv.rows.begin * row + k)];
         num = std::max(num, std::abs(static_cast<double>(got[k]) - want));
+        den = std::max(den, std::abs(want));
+      }
+      const double e = den > 0 ? num / den : num;
+      worst = std::max(worst, e);
+      EXPECT_LT(e, kTol) << "grad " << pv.name();
+      ++checked;
+    }
+  }
+  // The FSDP units: each unit's gradient gathered whole, every tensor in it compared.
+  FsdpUnits& fsdp = model.fsdp();
+  for (std::size_t u = 0; u < fsdp.size(); ++u) {
+    std::vector<float> unit(fsdp.layout(u).elements);
+    fsdp.gather_grads(u, unit.data());
+    for (const ParameterView& pv : fsdp.layout(u).views) {
+      const std::vector<float> full = ref.read_f32("grad." + pv.name());
+      double num = 0, den = 0;
+      for (std::int64_t k = 0; k < pv.numel(); ++k) {
+        const double want = full[static_cast<std::size_t>(k)];
+        num = std::max(num, std::abs(static_cast<double>(unit[pv.offset + static_cast<std::size_t>(k)]) - want));
         den = std::max(den, std::abs(want));
       }
       const double e = den > 0 ? num / den : num;

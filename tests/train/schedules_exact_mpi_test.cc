@@ -15,6 +15,7 @@
 #include "peakbound/core/host_memory.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/kv_retrieval_task.h"
 #include "peakbound/train/trainer.h"
 #include "peakbound/verify/relative_error.h"
@@ -119,7 +120,17 @@ TEST(SchedulesExact, OneStepLossAndEveryGradient) {
     EXPECT_EQ(runs[k]->dev->arena().live(Component::vocab), 0u) << (k ? "all" : "none");
   }
   double worst = 0;
-  for (std::size_t i = 0; i < 3; ++i) {
+  // The FSDP units: every rank holds its shard of each unit (gradients already summed).
+  for (std::size_t u = 0; u < runs[0]->model->fsdp().size(); ++u) {
+    FsdpUnits& a = runs[0]->model->fsdp();
+    FsdpUnits& b = runs[1]->model->fsdp();
+    const double e = verify::group_relative_error(world, b.grads_shard() + b.shard_offset(u),
+                                                  a.grads_shard() + a.shard_offset(u),
+                                                  static_cast<std::int64_t>(a.shard_len(u)));
+    EXPECT_LT(e, 1e-5) << "fsdp unit " << u;
+    worst = std::max(worst, e);
+  }
+  for (std::size_t i = 0; i < runs[0]->model->stores().size(); ++i) {
     ParameterStore& a = *runs[0]->model->stores()[i];
     ParameterStore& b = *runs[1]->model->stores()[i];
     ASSERT_EQ(a.size(), b.size());
@@ -201,8 +212,8 @@ TEST(SchedulesExact, AccumulationEqualsOneLargerMicroBatch) {
       mb.push_back({ids.data(), tgt.data(), 2, 24});
     }
     loss.push_back(trainer.step(mb).loss);
-    const ParameterStore& d = model.dense();
-    params.emplace_back(d.params_data(), d.params_data() + d.elements());
+    const FsdpUnits& d = model.fsdp();
+    params.emplace_back(d.params_shard(), d.params_shard() + d.shard_elements());
   }
   EXPECT_LT(std::abs(loss[1] - loss[0]) / loss[0], 1e-6) << loss[0] << " vs " << loss[1];
   const double e = verify::group_relative_error(world, params[1].data(), params[0].data(),

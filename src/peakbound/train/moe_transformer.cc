@@ -15,6 +15,7 @@
 #include "peakbound/ops/moe_router.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/schedules/checkpoint_offload.h"
+#include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/hf_checkpoint.h"
 
 namespace peakbound {
@@ -163,6 +164,7 @@ struct MoeTransformer::Layer {
   std::unique_ptr<AttentionLayer> attention;
   std::unique_ptr<MoeLayer> mlp;
   std::unique_ptr<DecoderLayer> block;
+  std::unique_ptr<Block> fsdp;  // the block the stack runs: block under FSDP
 };
 
 // One micro-batch's device state.
@@ -175,6 +177,40 @@ Tensor MoeTransformer::view(ParameterStore& s, const std::string& name, bool gra
   const ParameterView& v = s.view(name);
   return Tensor(grad ? s.grad(v) : s.param(v), shape_of(v.shape), DType::f32, Location::device);
 }
+
+// A layer's non-expert tensor: a view into the gathered slot the layer always uses.
+Tensor MoeTransformer::slot_view(std::int64_t layer, const std::string& name, bool grad) const {
+  const auto [unit, v] = fsdp_->find(name);
+  if (unit != FsdpUnits::layer(layer)) throw InternalError("moe transformer: " + name + " is not in its layer's unit");
+  const Buffer& slot = grad ? grad_slots_[layer % 2] : param_slots_[layer % 2];
+  return Tensor(slot.as<float>() + v->offset, shape_of(v->shape), DType::f32, Location::device);
+}
+
+// A decoder layer under FSDP: its unit is gathered into its slot before forward and
+// backward, and after backward its full gradient is reduce-scattered into the shard.
+class MoeTransformer::FsdpBlock final : public Block {
+ public:
+  FsdpBlock(MoeTransformer& m, std::int64_t layer, Block& inner) : m_(m), l_(layer), inner_(inner) {}
+  void forward(const Tensor& x, const Tensor& y) override {
+    m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].as<float>());
+    inner_.forward(x, y);
+  }
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
+    const std::size_t u = FsdpUnits::layer(l_);
+    float* grads = m_.grad_slots_[l_ % 2].as<float>();
+    m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].as<float>());
+    ops::fill(m_.dev_, m_.dev_.compute_stream(), grads, static_cast<std::int64_t>(m_.fsdp_->layout(u).elements), 0.0f);
+    inner_.backward(x, dy, dx);
+    m_.fsdp_->reduce_add(u, grads);
+  }
+  std::vector<Parameter> parameters() const override { return inner_.parameters(); }
+  void zero_grad() override { inner_.zero_grad(); }
+
+ private:
+  MoeTransformer& m_;
+  std::int64_t l_;
+  Block& inner_;
+};
 
 MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& groups, const ModelConfig& config,
                                const ModelSchedules& schedules)
@@ -196,7 +232,12 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   sg.vocab_rank = groups_.vocab->rank();
   sg.vocab_replicas = groups_.vocab_replicas->size();
   const ModelStoreSpecs specs = model_store_specs(c, sg);
-  dense_ = std::make_unique<ParameterStore>(dev, table_, specs.dense.select, specs.dense.options);
+  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world);
+  const FsdpBuffers& fb = fsdp_->buffers();
+  for (int k = 0; k < 2; ++k) {
+    param_slots_[k] = dev.allocate(fb.layer_params.component, fb.layer_params.bytes);
+    grad_slots_[k] = dev.allocate(fb.layer_grads.component, fb.layer_grads.bytes);
+  }
   experts_ = std::make_unique<ParameterStore>(dev, table_, specs.experts.select, specs.experts.options);
   head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options);
 
@@ -215,15 +256,14 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     const AttentionLayerConfig ac = model_attention_config(c, 0);
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2; ++g) {
-      ParameterStore& s = *dense_;
-      at[g].w_in = view(s, p + "input_layernorm.weight", g);
-      at[g].wq = view(s, p + "self_attn.q_proj.weight", g);
-      at[g].wk = view(s, p + "self_attn.k_proj.weight", g);
-      at[g].wv = view(s, p + "self_attn.v_proj.weight", g);
-      at[g].wo = view(s, p + "self_attn.o_proj.weight", g);
+      at[g].w_in = slot_view(l, p + "input_layernorm.weight", g);
+      at[g].wq = slot_view(l, p + "self_attn.q_proj.weight", g);
+      at[g].wk = slot_view(l, p + "self_attn.k_proj.weight", g);
+      at[g].wv = slot_view(l, p + "self_attn.v_proj.weight", g);
+      at[g].wo = slot_view(l, p + "self_attn.o_proj.weight", g);
       if (c.qk_norm) {
-        at[g].q_norm = view(s, p + "self_attn.q_norm.weight", g);
-        at[g].k_norm = view(s, p + "self_attn.k_norm.weight", g);
+        at[g].q_norm = slot_view(l, p + "self_attn.q_norm.weight", g);
+        at[g].k_norm = slot_view(l, p + "self_attn.k_norm.weight", g);
       }
     }
     layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
@@ -232,7 +272,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
         moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
     MoeLayerTensors mt[2];
     const bool moe = c.is_moe_layer(l);
-    for (int g = 0; g < 2; ++g) mt[g].w_post = view(*dense_, p + "post_attention_layernorm.weight", g);
+    for (int g = 0; g < 2; ++g) mt[g].w_post = slot_view(l, p + "post_attention_layernorm.weight", g);
     if (moe) {
       ++moe_layers_;
       const bool mixtral = c.family == "mixtral";
@@ -254,28 +294,29 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
             throw InternalError("moe transformer: expert tensor " + n + " is not where MoeDispatch reads it");
         }
       for (int g = 0; g < 2; ++g) {
-        mt[g].w_gate = view(*dense_, gate, g);
+        mt[g].w_gate = slot_view(l, gate, g);
         float* base = g ? experts_->grad(first) : experts_->param(first);
         mt[g].experts = Tensor(base, Shape{per, expert_floats}, DType::f32, Location::device);
       }
       if (c.num_shared_experts > 0) {
         const std::string sp = p + (c.family == "qwen2_moe" ? "mlp.shared_expert." : "mlp.shared_experts.");
         for (int g = 0; g < 2; ++g) {
-          mt[g].shared_gate = view(*dense_, sp + "gate_proj.weight", g);
-          mt[g].shared_up = view(*dense_, sp + "up_proj.weight", g);
-          mt[g].shared_down = view(*dense_, sp + "down_proj.weight", g);
-          if (c.shared_expert_gate) mt[g].shared_expert_gate = view(*dense_, p + "mlp.shared_expert_gate.weight", g);
+          mt[g].shared_gate = slot_view(l, sp + "gate_proj.weight", g);
+          mt[g].shared_up = slot_view(l, sp + "up_proj.weight", g);
+          mt[g].shared_down = slot_view(l, sp + "down_proj.weight", g);
+          if (c.shared_expert_gate) mt[g].shared_expert_gate = slot_view(l, p + "mlp.shared_expert_gate.weight", g);
         }
       }
     } else {
       for (int g = 0; g < 2; ++g) {
-        mt[g].dense_gate = view(*dense_, p + "mlp.gate_proj.weight", g);
-        mt[g].dense_up = view(*dense_, p + "mlp.up_proj.weight", g);
-        mt[g].dense_down = view(*dense_, p + "mlp.down_proj.weight", g);
+        mt[g].dense_gate = slot_view(l, p + "mlp.gate_proj.weight", g);
+        mt[g].dense_up = slot_view(l, p + "mlp.up_proj.weight", g);
+        mt[g].dense_down = slot_view(l, p + "mlp.down_proj.weight", g);
       }
     }
     layer->mlp = std::make_unique<MoeLayer>(dev, *groups_.ep, mc, mt[0], mt[1], aux_state_.get());
     layer->block = std::make_unique<DecoderLayer>(dev, H, *layer->attention, *layer->mlp);
+    layer->fsdp = std::make_unique<FsdpBlock>(*this, l, *layer->block);
     layers_.push_back(std::move(layer));
   }
 
@@ -295,32 +336,57 @@ std::vector<const DispatchStats*> MoeTransformer::dispatch_stats() const {
 
 void MoeTransformer::init_parameters(std::uint64_t seed) {
   const double sd = config_.initializer_range;
+  // Element i of tensor v (of the full tensor) under this seed.
+  auto value = [&](const ParameterView& v, u64 i) {
+    if (is_norm_weight(v.entry)) return 1.0f;
+    return static_cast<float>(sd * normal_at(mix(seed ^ mix(fnv1a(v.name()))), i));
+  };
   std::vector<float> host;
   for (ParameterStore* s : stores()) {
     for (const ParameterView& v : *s) {
-      const u64 key = mix(seed ^ mix(fnv1a(v.name())));
       const std::int64_t n = v.numel();
       std::int64_t row = 1;
       for (std::size_t d = 1; d < v.entry.shape.size(); ++d) row *= v.entry.shape[d];
       const u64 first = static_cast<u64>(v.rows.begin * row);
       host.resize(static_cast<std::size_t>(n));
-      const bool norm = is_norm_weight(v.entry);
-      for (std::int64_t i = 0; i < n; ++i)
-        host[static_cast<std::size_t>(i)] =
-            norm ? 1.0f : static_cast<float>(sd * normal_at(key, first + static_cast<u64>(i)));
+      for (std::int64_t i = 0; i < n; ++i) host[static_cast<std::size_t>(i)] = value(v, first + static_cast<u64>(i));
       dev_.memcpy_async(s->param(v), host.data(), static_cast<u64>(n) * sizeof(float), CopyKind::host_to_device,
                         dev_.copy_stream());
       dev_.synchronize(dev_.copy_stream());
     }
   }
+  // The sharded units: this rank's slice [r n/G, (r+1) n/G) of each unit's flat layout.
+  const u64 r = static_cast<u64>(groups_.world->rank());
+  for (std::size_t u = 0; u < fsdp_->size(); ++u) {
+    const u64 len = fsdp_->shard_len(u), lo = r * len, hi = lo + len;
+    host.assign(static_cast<std::size_t>(len), 0.0f);  // padding stays zero
+    for (const ParameterView& v : fsdp_->layout(u).views) {
+      const u64 b = std::max(lo, v.offset), e = std::min(hi, v.offset + static_cast<u64>(v.numel()));
+      for (u64 k = b; k < e; ++k) host[static_cast<std::size_t>(k - lo)] = value(v, k - v.offset);
+    }
+    dev_.memcpy_async(fsdp_->params_shard() + fsdp_->shard_offset(u), host.data(), len * sizeof(float),
+                      CopyKind::host_to_device, dev_.copy_stream());
+    dev_.synchronize(dev_.copy_stream());
+  }
 }
 
 void MoeTransformer::load_hf(const std::string& dir) {
   for (ParameterStore* s : stores()) load_hf_weights(dir, *s);
+  // One unit at a time, whole, through a store of the unit's layout; this rank keeps its slice.
+  const u64 r = static_cast<u64>(groups_.world->rank());
+  for (std::size_t u = 0; u < fsdp_->size(); ++u) {
+    ParameterStore unit(dev_, table_, fsdp_unit_selector(table_, u), fsdp_layout_options(groups_.world->size()));
+    load_hf_weights(dir, unit);
+    const u64 len = fsdp_->shard_len(u);
+    dev_.memcpy_async(fsdp_->params_shard() + fsdp_->shard_offset(u), unit.params_data() + r * len,
+                      len * sizeof(float), CopyKind::device_to_device, dev_.compute_stream());
+    dev_.synchronize();
+  }
 }
 
 void MoeTransformer::zero_grads() {
   for (ParameterStore* s : stores()) s->zero_grads();
+  fsdp_->zero_grads();
 }
 
 void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
@@ -353,9 +419,15 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
   for (auto& l : layers_) l->attention->set_seq_len(S);
   p.x = dev_.allocate(bb.x.component, bb.x.bytes);
   Stream& s = dev_.compute_stream();
-  if (p.T > 0)
-    ops::embedding_forward(dev_, s, p.x.as<float>(), p.ids.as<std::int32_t>(),
-                           dense_->param("model.embed_tokens.weight"), p.T, H, 0, V);
+  {
+    // The embedding, gathered for its forward only (its backward needs no weights).
+    const BufferSpec& es = fsdp_->buffers().embed_params;
+    Buffer table = dev_.allocate(es.component, es.bytes);
+    fsdp_->gather(FsdpUnits::embed(), table.as<float>());
+    const float* w = table.as<float>() + fsdp_->find("model.embed_tokens.weight").second->offset;
+    if (p.T > 0) ops::embedding_forward(dev_, s, p.x.as<float>(), p.ids.as<std::int32_t>(), w, p.T, H, 0, V);
+    dev_.synchronize(s);
+  }
   ops::fill(dev_, s, counts_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
   ops::fill(dev_, s, prob_sums_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
 }
@@ -387,24 +459,29 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   if (!empty && (!stack_ || stack_tokens_ != T)) {
     stack_.reset();
     std::vector<Block*> blocks;
-    for (auto& l : layers_) blocks.push_back(l->block.get());
+    for (auto& l : layers_) blocks.push_back(l->fsdp.get());
     stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, DType::f32, schedules_.checkpoint);
     stack_tokens_ = T;
   }
   Buffer y = dev_.allocate(bb.y.component, bb.y.bytes);
   const Shape sh{T, H};
   if (empty) {
-    for (auto& l : layers_) l->block->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
+    for (auto& l : layers_) l->fsdp->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
   } else {
     stack_->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
   }
   finish_aux(p, aux_scale, true);
 
-  // Final norm and the head.
+  // Final norm (its unit gathered, its gradient reduced once its backward is done) and the head.
+  const FsdpBuffers& fb = fsdp_->buffers();
+  const std::size_t nu = fsdp_->norm();
+  const u64 norm_at = fsdp_->find("model.norm.weight").second->offset;
+  Buffer norm_w = dev_.allocate(fb.norm_params.component, fb.norm_params.bytes);
+  fsdp_->gather(nu, norm_w.as<float>());
   Buffer hn = dev_.allocate(bb.hn.component, bb.hn.bytes);
   Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const float* w_norm = dense_->param("model.norm.weight");
+  const float* w_norm = norm_w.as<float>() + norm_at;
   if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<float>(), rstd.as<float>(), y.as<float>(), w_norm, T, H, eps);
   const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
   float* d_head = head_->contains("lm_head.weight") ? head_->grad("lm_head.weight") : nullptr;
@@ -413,24 +490,37 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   vocab_loss_->backward(ce_scale, d_hn.as<float>(), d_head);
   hn.reset();
   Buffer dy = dev_.allocate(bb.dy.component, bb.dy.bytes);
-  if (T > 0) {
-    ops::fill(dev_, s, dy.as<float>(), T * H, 0.0f);
-    ops::rmsnorm_backward(dev_, s, dy.as<float>(), dense_->grad("model.norm.weight"), d_hn.as<float>(), y.as<float>(),
-                          w_norm, rstd.as<float>(), T, H);
+  {
+    Buffer norm_g = dev_.allocate(fb.norm_grads.component, fb.norm_grads.bytes);
+    ops::fill(dev_, s, norm_g.as<float>(), static_cast<std::int64_t>(fsdp_->layout(nu).elements), 0.0f);
+    if (T > 0) {
+      ops::fill(dev_, s, dy.as<float>(), T * H, 0.0f);
+      ops::rmsnorm_backward(dev_, s, dy.as<float>(), norm_g.as<float>() + norm_at, d_hn.as<float>(), y.as<float>(),
+                            w_norm, rstd.as<float>(), T, H);
+    }
+    fsdp_->reduce_add(nu, norm_g.as<float>());
   }
+  norm_w.reset();
   d_hn.reset();
   y.reset();
   rstd.reset();
   // The stack copied x into its first boundary: x's buffer takes dx.
   if (empty) {
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
-      (*it)->block->backward(p.x.tensor(sh, DType::f32), dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
+      (*it)->fsdp->backward(p.x.tensor(sh, DType::f32), dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
   } else {
     stack_->backward(dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
   }
-  if (T > 0)
-    ops::embedding_backward(dev_, s, dense_->grad("model.embed_tokens.weight"), p.ids.as<std::int32_t>(),
-                            p.x.as<float>(), T, H, 0, config_.vocab_size);
+  {
+    // The embedding's full gradient (no weights needed), then its reduce-scatter.
+    Buffer emb_g = dev_.allocate(fb.embed_grads.component, fb.embed_grads.bytes);
+    const std::size_t eu = FsdpUnits::embed();
+    ops::fill(dev_, s, emb_g.as<float>(), static_cast<std::int64_t>(fsdp_->layout(eu).elements), 0.0f);
+    if (T > 0)
+      ops::embedding_backward(dev_, s, emb_g.as<float>() + fsdp_->find("model.embed_tokens.weight").second->offset,
+                              p.ids.as<std::int32_t>(), p.x.as<float>(), T, H, 0, config_.vocab_size);
+    fsdp_->reduce_add(eu, emb_g.as<float>());
+  }
   dev_.synchronize();
   BatchSums out;
   out.ce = ls.loss;
@@ -450,15 +540,20 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
   Buffer* in = &p.x;
   Buffer* out = &other;
   for (auto& l : layers_) {
-    l->block->forward(in->tensor(sh, DType::f32), out->tensor(sh, DType::f32));
+    l->fsdp->forward(in->tensor(sh, DType::f32), out->tensor(sh, DType::f32));
     std::swap(in, out);
   }
   finish_aux(p, 1.0f, false);
   Stream& s = dev_.compute_stream();
   Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
+  const FsdpBuffers& fb = fsdp_->buffers();
+  Buffer norm_w = dev_.allocate(fb.norm_params.component, fb.norm_params.bytes);
+  fsdp_->gather(fsdp_->norm(), norm_w.as<float>());
   if (T > 0)
     ops::rmsnorm_forward(dev_, s, out->as<float>(), rstd.as<float>(), in->as<float>(),
-                         dense_->param("model.norm.weight"), T, H, static_cast<float>(config_.rms_norm_eps));
+                         norm_w.as<float>() + fsdp_->find("model.norm.weight").second->offset, T, H,
+                         static_cast<float>(config_.rms_norm_eps));
+  norm_w.reset();
   const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
   const LossSum ls = vocab_loss_->forward(out->as<float>(), p.targets.as<std::int32_t>(), T, w_head);
   vocab_loss_->discard();  // no backward follows: nothing of it may stay held

@@ -43,6 +43,7 @@ namespace peakbound {
 struct MoeAuxState;
 struct DispatchStats;
 class CheckpointedStack;
+class FsdpUnits;
 
 // Which schedule runs each peak (the optimizer's is the trainer's).
 struct ModelSchedules {
@@ -123,14 +124,14 @@ class MoeTransformer {
   const TensorTable& table() const { return table_; }
   const ModelSchedules& schedules() const { return schedules_; }
   ProcessGroups& groups() { return groups_; }
-  ParameterStore& dense() { return *dense_; }
+  // The non-expert, non-head parameters, sharded FSDP-style over the world.
+  FsdpUnits& fsdp() { return *fsdp_; }
   ParameterStore& experts() { return *experts_; }
   ParameterStore& head() { return *head_; }
-  // dense, experts, head; with the group each store's gradients are summed over.
-  std::vector<ParameterStore*> stores() { return {dense_.get(), experts_.get(), head_.get()}; }
-  std::vector<Communicator*> store_groups() {
-    return {groups_.world, groups_.ep_replicas.get(), groups_.vocab_replicas.get()};
-  }
+  // The two stores held in full per rank (experts, head), with the group each store's
+  // gradients are summed over (the FSDP units reduce their own, layer by layer).
+  std::vector<ParameterStore*> stores() { return {experts_.get(), head_.get()}; }
+  std::vector<Communicator*> store_groups() { return {groups_.ep_replicas.get(), groups_.vocab_replicas.get()}; }
 
   // Deterministic initialisation from a seed, independent of the layout: every
   // element's value is a function of (seed, tensor name, index), so any layout holds
@@ -160,9 +161,11 @@ class MoeTransformer {
  private:
   struct Layer;
   struct Pass;
+  class FsdpBlock;
   void prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
   void finish_aux(Pass& p, float aux_scale, bool want_grad);
   Tensor view(ParameterStore& s, const std::string& name, bool grad) const;
+  Tensor slot_view(std::int64_t layer, const std::string& name, bool grad) const;
 
   Device& dev_;
   HostMemory& host_;
@@ -170,7 +173,9 @@ class MoeTransformer {
   ModelConfig config_;
   TensorTable table_;
   ModelSchedules schedules_;
-  std::unique_ptr<ParameterStore> dense_, experts_, head_;
+  std::unique_ptr<FsdpUnits> fsdp_;
+  Buffer param_slots_[2], grad_slots_[2];  // the gathered layer units: layer l uses slot l % 2
+  std::unique_ptr<ParameterStore> experts_, head_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<VocabLoss> vocab_loss_;
   Buffer counts_, prob_sums_, aux_grad_, aux_loss_;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "peakbound/core/error.h"
+#include "peakbound/train/fsdp_units.h"
 
 namespace peakbound {
 
@@ -23,7 +24,11 @@ TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements) {
 
 Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options)
     : model_(model), options_(options) {
-  Device& dev = model.dense().device();
+  Device& dev = model.experts().device();
+  // The FSDP units' shard first (already this rank's slice, reduced layer by layer in the
+  // backward), then the slices of the stores held whole.
+  fsdp_len_ = model.fsdp().shard_elements();
+  shard_elems_ = fsdp_len_;
   std::vector<ParameterStore*> stores = model.stores();
   std::vector<Communicator*> groups = model.store_groups();
   for (std::size_t i = 0; i < stores.size(); ++i) {
@@ -43,6 +48,8 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
   // The master weights: this rank's slice of every store.
   std::vector<float> master(shard_elems_);
   dev.synchronize();
+  dev.memcpy_async(master.data(), model.fsdp().params_shard(), fsdp_len_ * sizeof(float), CopyKind::device_to_host,
+                   dev.copy_stream());
   for (const Slice& s : slices_) {
     const float* src = s.store->params_data() + s.len * static_cast<std::uint64_t>(s.group->rank());
     dev.memcpy_async(master.data() + s.offset, src, s.len * sizeof(float), CopyKind::device_to_host,
@@ -57,7 +64,7 @@ Trainer::~Trainer() = default;
 StepStats Trainer::step(std::span<const MicroBatch> micro) {
   const auto t0 = std::chrono::steady_clock::now();
   Communicator& world = *model_.groups().world;
-  Device& dev = model_.dense().device();
+  Device& dev = model_.experts().device();
   const std::int32_t ignore = model_.schedules().vocab.ignore_index;
   // Every rank must run the same number of micro-batches (the layers are collective).
   std::int64_t counts[3] = {0, 0, static_cast<std::int64_t>(micro.size())};
@@ -83,7 +90,11 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
   }
   world.all_reduce(sums, 1, DType::f64, ReduceOp::sum);
 
-  // Gradients: each store's slice summed over its group.
+  // Gradients: the FSDP shard as it is; each store's slice summed over its group.
+  dev.synchronize();
+  FsdpUnits& fsdp = model_.fsdp();
+  dev.memcpy_async(grad_shard_.data(), fsdp.grads_shard(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
+                   dev.compute_stream());
   dev.synchronize();
   for (const Slice& s : slices_)
     s.group->reduce_scatter(s.store->grads_data(), grad_shard_.as<float>() + s.offset, s.len, DType::f32,
@@ -91,6 +102,9 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
   ++step_;
   const float lr = options_.lr.lr(step_);
   const OptimizerStepTimes t = opt_->step(lr);
+  dev.synchronize();
+  dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
+                   dev.compute_stream());
   dev.synchronize();
   for (const Slice& s : slices_)
     s.group->all_gather(param_shard_.as<float>() + s.offset, s.store->params_data(), s.len, DType::f32);

@@ -91,6 +91,7 @@ class Trainer {
   TrainerOptions options_;
   std::vector<Slice> slices_;
   std::uint64_t shard_elems_ = 0;
+  std::uint64_t fsdp_len_ = 0;  // the FSDP units' shard, first in the shard buffers
   Buffer param_shard_, grad_shard_;
   std::unique_ptr<OptimizerSchedule> opt_;
   std::int64_t step_ = 0;

@@ -1,0 +1,121 @@
+#include "peakbound/train/fsdp_units.h"
+
+#include <algorithm>
+
+#include "peakbound/core/error.h"
+#include "peakbound/ops/elementwise.h"
+
+namespace peakbound {
+
+namespace {
+
+using u64 = std::uint64_t;
+
+bool fsdp_kind(const TensorEntry& e) { return e.kind != TensorKind::expert && e.kind != TensorKind::head; }
+
+}  // namespace
+
+ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u) {
+  const auto L = static_cast<std::size_t>(table.config().num_layers);
+  if (u > L + 1) throw InvalidArgument("fsdp: unit " + std::to_string(u) + " of " + std::to_string(L + 2));
+  auto whole = [](const TensorEntry& e) { return RowRange{0, e.shape.empty() ? 1 : e.shape[0]}; };
+  if (u == 0)
+    return [whole](const TensorEntry& e) -> std::optional<RowRange> {
+      if (e.kind == TensorKind::embedding) return whole(e);
+      return std::nullopt;
+    };
+  if (u == L + 1)
+    return [whole](const TensorEntry& e) -> std::optional<RowRange> {
+      if (e.layer < 0 && e.kind == TensorKind::norm) return whole(e);
+      return std::nullopt;
+    };
+  const auto l = static_cast<std::int64_t>(u - 1);
+  return [whole, l](const TensorEntry& e) -> std::optional<RowRange> {
+    if (e.layer == l && fsdp_kind(e)) return whole(e);
+    return std::nullopt;
+  };
+}
+
+LayoutOptions fsdp_layout_options(int group_size) {
+  if (group_size < 1) throw InvalidArgument("fsdp: the group size must be >= 1");
+  return LayoutOptions{kViewAlignElements, kViewAlignElements * static_cast<u64>(group_size)};
+}
+
+std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size) {
+  const LayoutOptions opt = fsdp_layout_options(group_size);
+  std::vector<ParameterLayout> out;
+  for (std::size_t u = 0; u < static_cast<std::size_t>(table.config().num_layers) + 2; ++u)
+    out.push_back(parameter_layout(table, fsdp_unit_selector(table, u), opt));
+  return out;
+}
+
+FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size) {
+  const std::vector<ParameterLayout> units = fsdp_unit_layouts(table, group_size);
+  const auto G = static_cast<u64>(group_size);
+  u64 shard = 0, max_shard = 0, max_layer = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    shard = checked_add(shard, units[u].elements / G, "fsdp shard");
+    max_shard = std::max(max_shard, units[u].elements / G);
+    if (u > 0 && u + 1 < units.size()) max_layer = std::max(max_layer, units[u].elements);
+  }
+  const u64 f32 = sizeof(float);
+  FsdpBuffers b;
+  b.params_shard = buffer_spec(Component::params, shard, f32);
+  b.grads_shard = buffer_spec(Component::grads, shard, f32);
+  b.scratch = buffer_spec(Component::comm, max_shard, f32);
+  b.layer_params = buffer_spec(Component::params, max_layer, f32);
+  b.layer_grads = buffer_spec(Component::grads, max_layer, f32);
+  b.embed_params = buffer_spec(Component::params, units.front().elements, f32);
+  b.embed_grads = buffer_spec(Component::grads, units.front().elements, f32);
+  b.norm_params = buffer_spec(Component::params, units.back().elements, f32);
+  b.norm_grads = buffer_spec(Component::grads, units.back().elements, f32);
+  return b;
+}
+
+FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group)
+    : dev_(dev), g_(group), layouts_(fsdp_unit_layouts(table, group.size())),
+      buffers_(fsdp_buffers(table, group.size())) {
+  for (std::size_t u = 0; u < layouts_.size(); ++u) {
+    offsets_.push_back(shard_elements_);
+    shard_elements_ += shard_len(u);
+  }
+  params_ = dev.allocate(buffers_.params_shard.component, buffers_.params_shard.bytes);
+  grads_ = dev.allocate(buffers_.grads_shard.component, buffers_.grads_shard.bytes);
+  scratch_ = dev.allocate(buffers_.scratch.component, buffers_.scratch.bytes);
+  Stream& s = dev.compute_stream();
+  ops::fill(dev, s, params_shard(), static_cast<std::int64_t>(shard_elements_), 0.0f);
+  zero_grads();
+  dev.synchronize(s);
+}
+
+std::pair<std::size_t, const ParameterView*> FsdpUnits::find(const std::string& name) const {
+  for (std::size_t u = 0; u < layouts_.size(); ++u)
+    for (const ParameterView& v : layouts_[u].views)
+      if (v.name() == name) return {u, &v};
+  throw InvalidArgument("fsdp: no tensor '" + name + "' in the sharded parameters");
+}
+
+void FsdpUnits::gather(std::size_t u, float* dst) {
+  dev_.synchronize();
+  g_.all_gather(params_shard() + offsets_[u], dst, shard_len(u), DType::f32);
+}
+
+void FsdpUnits::gather_grads(std::size_t u, float* dst) {
+  dev_.synchronize();
+  g_.all_gather(grads_shard() + offsets_[u], dst, shard_len(u), DType::f32);
+}
+
+void FsdpUnits::reduce_add(std::size_t u, const float* full) {
+  dev_.synchronize();
+  const u64 n = shard_len(u);
+  g_.reduce_scatter(full, scratch_.as<float>(), n, DType::f32, ReduceOp::sum);
+  Stream& s = dev_.compute_stream();
+  ops::axpy(dev_, s, grads_shard() + offsets_[u], scratch_.as<float>(), static_cast<std::int64_t>(n), 1.0f);
+  dev_.synchronize(s);  // the scratch is reused by the next unit
+}
+
+void FsdpUnits::zero_grads() {
+  ops::fill(dev_, dev_.compute_stream(), grads_shard(), static_cast<std::int64_t>(shard_elements_), 0.0f);
+}
+
+}  // namespace peakbound
