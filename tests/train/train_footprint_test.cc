@@ -2,6 +2,7 @@
 // measured peaks equal the footprint per component and in total, schedules none and
 // all, and SCO with boundaries offloaded to the host; the phases and the argument
 // checks.
+#include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/train_footprint.h"
 
 #include "peakbound/comm/single_rank.h"
@@ -43,13 +44,22 @@ TrainFootprintInputs inputs() {
 
 TEST(TrainFootprint, PhasesAndEstimate) {
   const Footprint f = train_footprint(inputs());
-  for (const char* p : {"optimizer load", "forward attention", "forward dense mlp", "forward mlp", "loss forward",
+  for (const char* p : {"optimizer load", "embedding forward", "forward attention", "forward dense mlp", "forward mlp",
+                        "loss forward", "embedding backward",
                         "loss backward", "final norm backward", "backward mlp", "backward dense mlp",
                         "backward attention recompute", "backward attention", "optimizer"})
     EXPECT_TRUE(f.has_phase(p)) << p;
-  // The persistent buffers are in every phase.
+  // The persistent buffers are in every phase; under FSDP the embedding and the final
+  // norm are gathered (parameters) only in their own phases.
+  const std::uint64_t persistent = f.phase("optimizer").device[static_cast<std::size_t>(Component::params)];
+  const FsdpBuffers fb = fsdp_buffers(TensorTable(inputs().model), inputs().world);
   for (const Footprint::Phase& p : f.phases()) {
-    EXPECT_EQ(p.device[static_cast<std::size_t>(Component::params)], f.device_peak(Component::params)) << p.name;
+    const std::uint64_t params = p.device[static_cast<std::size_t>(Component::params)];
+    const std::uint64_t gathered = p.name == "embedding forward" ? fb.embed_params.reserved()
+                                   : p.name.rfind("loss", 0) == 0 || p.name == "final norm backward"
+                                       ? fb.norm_params.reserved()
+                                       : 0;
+    EXPECT_EQ(params, persistent + gathered) << p.name;
     EXPECT_EQ(p.device[static_cast<std::size_t>(Component::optimizer)], f.device_peak(Component::optimizer))
         << p.name;
   }

@@ -12,6 +12,7 @@
 #include "peakbound/schedules/optimizer_footprint.h"
 #include "peakbound/schedules/optimizer_schedule.h"
 #include "peakbound/schedules/vocab_footprint.h"
+#include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/parameter_store.h"
 #include "peakbound/train/trainer.h"
 
@@ -72,11 +73,15 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   // ---- persistent: stores, shards, optimizer, aux, checkpoint ring / host boundaries
   const TensorTable table(c);
   const ModelStoreSpecs specs = model_store_specs(c, g);
-  const StoreSpec* stores[3] = {&specs.dense, &specs.experts, &specs.head};
-  const int group_size[3] = {g.world, g.ep_replicas, g.vocab_replicas};
-  std::vector<BufferSpec> resident_dev;
-  u64 shard = 0;
-  for (int i = 0; i < 3; ++i) {
+  // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
+  // parameters and of gradients, all held for the model's life.
+  const FsdpBuffers fb = fsdp_buffers(table, g.world);
+  std::vector<BufferSpec> resident_dev = {fb.params_shard, fb.grads_shard, fb.scratch,
+                                          fb.layer_params, fb.layer_params, fb.layer_grads, fb.layer_grads};
+  u64 shard = fb.params_shard.bytes / kF32;
+  const StoreSpec* stores[2] = {&specs.experts, &specs.head};
+  const int group_size[2] = {g.ep_replicas, g.vocab_replicas};
+  for (int i = 0; i < 2; ++i) {
     const ParameterLayout lay = parameter_layout(table, stores[i]->select, stores[i]->options);
     const ParameterStoreBuffers b = parameter_store_buffers(lay, kF32);
     resident_dev.push_back(b.params);
@@ -140,6 +145,13 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   for (std::int64_t l = 0; l < L; ++l) (c.is_moe_layer(l) ? last_moe : last_dense) = l;
   const std::int64_t last = L - 1;
 
+  // The embedding, gathered for its forward (every step, before the layers).
+  {
+    const std::string ph = "embedding forward";
+    persistent(ph, true);
+    batch(ph, {bb.x});
+    f.device(ph, fb.embed_params);
+  }
   // Forward, the last layer's attention sublayer (every layer's is the same size).
   {
     const std::string ph = "forward attention";
@@ -208,21 +220,21 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   {
     const std::string ph = "loss forward";
     persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd});
+    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, fb.norm_params});
     residents(ph, L);
     add_phase(f, ph, voc.phase("forward"));
   }
   {
     const std::string ph = "loss backward";
     persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn});
+    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn, fb.norm_params});
     residents(ph, L);
     add_phase(f, ph, voc.phase("backward"));
   }
   {
     const std::string ph = "final norm backward";
     persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.rstd, bb.d_hn, bb.dy});
+    batch(ph, {bb.x, bb.y, bb.rstd, bb.d_hn, bb.dy, fb.norm_params, fb.norm_grads});
     residents(ph, L);
   }
 
@@ -249,6 +261,13 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
     const std::string ph = "backward attention";
     backward_common(ph, last);
     add_phase(f, ph, att.phase("backward"));
+  }
+
+  // ---- the embedding's full gradient, after the layers (dx in x's buffer, dy still held)
+  {
+    const std::string ph = "embedding backward";
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.dy, fb.embed_grads});
   }
 
   // ---- the optimizer step
