@@ -108,11 +108,6 @@ ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g) {
   const VocabShard shard = vocab_shard(c.vocab_size, g.vocab, g.vocab_rank);
   auto multiple = [](int group_size) { return kViewAlignElements * static_cast<u64>(group_size); };
   ModelStoreSpecs s;
-  s.dense.select = [](const TensorEntry& e) -> std::optional<RowRange> {
-    if (e.kind == TensorKind::expert || e.kind == TensorKind::head) return std::nullopt;
-    return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
-  };
-  s.dense.options = LayoutOptions{kViewAlignElements, multiple(g.world)};
   s.experts.select = [per, ep_rank](const TensorEntry& e) -> std::optional<RowRange> {
     if (e.kind != TensorKind::expert || e.expert / per != ep_rank) return std::nullopt;
     return RowRange{0, e.shape[0]};

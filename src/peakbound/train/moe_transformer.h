@@ -8,12 +8,14 @@
 // PipelinedLLEP), the head through VocabLoss over the vocabulary group (materialized
 // or Ring-DTP): every schedule is a constructor option, the math is the same.
 //
-// Parameters live in three ParameterStores, one per gradient-reduction group
-// (train/process_groups.h): `dense` (everything held whole on every rank), `experts`
-// (this rank's E/ep experts of every MoE layer, packed so each layer's experts are the
-// one [E/ep, 3FH] block MoeDispatch reads) and `head` (this rank's lm_head rows).
-// forward_backward ADDS this rank's partial gradients into the stores; the trainer
-// reduces them over each store's replica group and updates.
+// Parameters: the non-expert, non-head tensors sharded FSDP-style over the world
+// (train/fsdp_units.h: units gathered into two layer slots before each layer's forward
+// and backward, gradients reduce-scattered into the shard after its backward), and two
+// ParameterStores held in full (train/process_groups.h for the groups): `experts` (this
+// rank's E/ep experts of every MoE layer, packed so each layer's experts are the one
+// [E/ep, 3FH] block MoeDispatch reads) and `head` (this rank's lm_head rows).
+// forward_backward ADDS this rank's partial gradients into the two stores (the trainer
+// reduces them over each store's replica group) and the reduced ones into the FSDP shard.
 //
 // The load-balancing loss is transformers' load_balancing_loss_func over the whole
 // micro-batch of the data-parallel world: every MoE layer's router counts and
@@ -62,8 +64,8 @@ struct BatchSums {
 };
 
 // Where one rank sits in the groups ProcessGroups::split makes (sizes and ranks), as
-// far as the parameter stores care: the dense store is reduced over the world, the
-// expert store over ep_replicas, the head over vocab_replicas.
+// far as the parameter stores care: the expert store is reduced over ep_replicas, the
+// head over vocab_replicas (the FSDP units over the world).
 struct StoreGroups {
   int world = 1;
   int ep = 1, ep_rank = 0, ep_replicas = 1;
@@ -72,13 +74,13 @@ struct StoreGroups {
   static StoreGroups of(const ParallelLayout& layout, int world, int rank);
 };
 
-// One parameter store's selector and layout; the model's three (dense, experts, head).
+// One parameter store's selector and layout; the model's two (experts, head).
 struct StoreSpec {
   ShardSelector select;
   LayoutOptions options;
 };
 struct ModelStoreSpecs {
-  StoreSpec dense, experts, head;
+  StoreSpec experts, head;
 };
 // The stores MoeTransformer builds for model c on rank g (InvalidArgument when ep does
 // not divide E). The footprint calls parameter_store_buffers with the same specs.

@@ -3,17 +3,17 @@
 //   zero gradients
 //   for each micro-batch: forward + backward (the cross-entropy's gradient scaled by
 //       1 / the valid targets of the whole step over the world, the aux loss's by
-//       1 / micro-batches), gradients accumulating in the stores
+//       1 / micro-batches), gradients accumulating in the FSDP shard (reduced layer by
+//       layer during the backward) and in the two stores held whole (experts, head)
 //   reduce-scatter each store's gradients over its replica group: rank r of a group of
 //       G gets the summed slice r of the store (the stores are padded to a multiple of G)
-//   one AdamW step over this rank's slices (all three stores' slices side by side in
-//       one shard), with the global gradient norm over the world (the slices are
-//       disjoint and cover every parameter once, so the norm is the model's)
-//   all-gather the updated slices back into each store's parameters
-// The optimizer state therefore lives sharded over the data-parallel ranks (ZeRO-2:
-// fp32 master, m and v of 1/G of each store per rank) on the device or offloaded
-// (OffloadStreamAdamW, the `adam` schedule). The parameters and their gradients are
-// held whole per rank (FSDP's sharding of the non-expert parameters is the next step).
+//   one AdamW step over this rank's slices (the FSDP shard and the two stores' slices
+//       side by side in one shard), with the global gradient norm over the world (the
+//       slices are disjoint and cover every parameter once, so the norm is the model's)
+//   copy the updated FSDP shard back; all-gather the stores' updated slices
+// The optimizer state therefore lives sharded over the data-parallel ranks (fp32 master,
+// m and v of 1/G of every parameter per rank) on the device or offloaded
+// (OffloadStreamAdamW, the `adam` schedule).
 // Loss = (sum of cross-entropy over the world's valid targets) / their count
 //        + the mean over micro-batches of the aux loss.
 #pragma once
