@@ -41,10 +41,10 @@ struct TrainFlags {
   std::string task = "copy";
   double eval_fraction = 0.05;
   std::int64_t symbols = 64;
-  std::int64_t seq_len = 256;
+  std::int64_t seq_len = 128;
   std::int64_t batch = 1;
   std::int64_t accumulation = 1;
-  std::int64_t steps = 100;
+  std::int64_t steps = 300;
   double lr = 2e-3, min_lr = 2e-4;
   std::int64_t warmup = 10;
   double weight_decay = 0.0;
@@ -53,7 +53,7 @@ struct TrainFlags {
   std::string schedules = "all";
   std::int64_t ep = 0, vocab_group = 0;
   std::string device_memory = "auto";
-  std::int64_t eval_every = 0, eval_batches = 4;
+  std::int64_t eval_every = 50, eval_batches = 4;
   std::string metrics;
   bool json = false;
   double plan_skew = 0;  // 0: the worst the layout allows (every copy to one rank: ep)
