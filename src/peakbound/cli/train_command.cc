@@ -242,7 +242,7 @@ int run_train(const TrainFlags& f) {
     if (!std::isfinite(st.loss))
       throw InvalidArgument("step " + std::to_string(step) + ": the loss is not finite (" + std::to_string(st.loss) +
                             "); lower --lr");
-    if (step == 1) first_loss = st.loss;
+    if (step == 1) first_loss = st.ce;  // the cross-entropy, as last_loss (the progress line adds the aux term)
     last_loss = st.ce;
     tokens_seen += static_cast<double>(st.inputs);
     train_seconds += st.seconds;
