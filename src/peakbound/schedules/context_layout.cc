@@ -1,0 +1,38 @@
+#include "peakbound/schedules/context_layout.h"
+
+#include <string>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+
+CpChunk zigzag_chunk(std::int64_t S, int cp, int c) {
+  if (S < 0) throw InvalidArgument("context layout: sequence length must be >= 0, got " + std::to_string(S));
+  if (cp < 1) throw InvalidArgument("context layout: cp must be >= 1, got " + std::to_string(cp));
+  const std::int64_t n = 2 * static_cast<std::int64_t>(cp);
+  if (c < 0 || c >= n)
+    throw InvalidArgument("context layout: chunk " + std::to_string(c) + " is outside [0, " + std::to_string(n) + ")");
+  const std::int64_t base = S / n, extra = S % n;
+  CpChunk k;
+  k.len = base + (c < extra ? 1 : 0);
+  k.begin = c * base + (c < extra ? c : extra);
+  return k;
+}
+
+CpShard zigzag_shard(std::int64_t S, int cp, int rank) {
+  if (cp >= 1 && (rank < 0 || rank >= cp))
+    throw InvalidArgument("context layout: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(cp) +
+                          ")");
+  CpShard s;
+  s.first = zigzag_chunk(S, cp, rank);
+  s.second = zigzag_chunk(S, cp, 2 * cp - 1 - rank);
+  return s;
+}
+
+std::int64_t causal_pairs(const CpShard& s) {
+  // Sum of (p + 1) over p in [b, b + len): len (2b + len + 1) / 2 per chunk.
+  auto chunk = [](const CpChunk& k) { return k.len * (2 * k.begin + k.len + 1) / 2; };
+  return chunk(s.first) + chunk(s.second);
+}
+
+}  // namespace peakbound
