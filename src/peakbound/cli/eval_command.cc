@@ -36,21 +36,26 @@ struct EvalFlags {
   bool json = false;
 };
 
-// The windows to read; InvalidArgument when the file is short of them or holds a
-// token outside the vocabulary (checked over what is read). Every rank reaches the same
-// verdict, so validate() runs it before any collective.
-std::int64_t check_windows(const EvalFlags& f, const ModelConfig& c, const TokenFile& file) {
+// The windows to read; InvalidArgument when the file is short of them.
+std::int64_t window_count(const EvalFlags& f, const TokenFile& file) {
   const std::int64_t available = TokenFile::windows(0, file.tokens(), f.context);
   const std::int64_t N = f.windows ? *f.windows : available;
   if (N < 1 || N > available)
     throw InvalidArgument("--windows " + std::to_string(N) + ": '" + f.data + "' holds " + std::to_string(available) +
                           " windows of " + std::to_string(f.context) + " + 1 tokens");
+  return N;
+}
+
+// window_count, and every token read inside the vocabulary: a pass over the windows'
+// tokens. Every rank reaches the same verdict, so validate() runs it, once, before any
+// collective; run_eval then only needs the count.
+void check_windows(const EvalFlags& f, const ModelConfig& c, const TokenFile& file) {
+  const std::int64_t N = window_count(f, file);
   for (std::int64_t i = 0; i < std::min(file.tokens(), N * f.context + 1); ++i)
     if (file.at(i) >= static_cast<std::uint32_t>(c.vocab_size))
       throw InvalidArgument("token file '" + f.data + "': token " + std::to_string(file.at(i)) + " at position " +
                             std::to_string(i) + " is outside the model's vocabulary of " +
                             std::to_string(c.vocab_size));
-  return N;
 }
 
 int run_eval(const EvalFlags& f) {
@@ -61,7 +66,7 @@ int run_eval(const EvalFlags& f) {
   check_trainable(c);
   const ParallelLayout layout = resolve_layout(f.ep, f.vocab_group, c, W);
   const TokenFile file = TokenFile::open(f.data);
-  const std::int64_t N = check_windows(f, c, file);
+  const std::int64_t N = window_count(f, file);  // its tokens were checked by validate()
 
   auto dev = make_device("cpu", parse_bytes(f.device_memory, "--device-memory"));
   HostMemory host;
@@ -123,7 +128,7 @@ Command add_eval(CLI::App& parent) {
     const ModelConfig c = load_model_spec(f->model);
     check_trainable(c);
     (void)resolve_layout(f->ep, f->vocab_group, c, launcher_size());
-    (void)check_windows(*f, c, TokenFile::open(f->data));
+    check_windows(*f, c, TokenFile::open(f->data));
     (void)parse_bytes(f->device_memory, "--device-memory");
   };
   cmd.run = [f] { return run_eval(*f); };

@@ -517,6 +517,11 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
     fsdp_->reduce_add(eu, emb_g.as<float>());
   }
   dev_.synchronize();
+  return batch_sums(ls, p);
+}
+
+// This rank's loss sums and the world's aux term (set by finish_aux when it ran).
+BatchSums MoeTransformer::batch_sums(const LossSum& ls, const Pass& p) const {
   BatchSums out;
   out.ce = ls.loss;
   out.tokens = ls.count;
@@ -553,11 +558,7 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
   const LossSum ls = vocab_loss_->forward(out->as<float>(), p.targets.as<std::int32_t>(), T, w_head);
   vocab_loss_->discard();  // no backward follows: nothing of it may stay held
   dev_.synchronize();
-  BatchSums r;
-  r.ce = ls.loss;
-  r.tokens = ls.count;
-  if (moe_layers_ > 0 && p.world_tokens > 0) r.aux = config_.router_aux_loss_coef * aux_loss_.as<float>()[0];
-  return r;
+  return batch_sums(ls, p);
 }
 
 }  // namespace peakbound

@@ -166,6 +166,7 @@ class MoeTransformer {
   class FsdpBlock;
   void prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
   void finish_aux(Pass& p, float aux_scale, bool want_grad);
+  BatchSums batch_sums(const LossSum& ls, const Pass& p) const;
   Tensor view(ParameterStore& s, const std::string& name, bool grad) const;
   Tensor slot_view(std::int64_t layer, const std::string& name, bool grad) const;
 
