@@ -1,0 +1,71 @@
+// Ring attention (issue 12): causal GQA self-attention of ONE sequence of S tokens split
+// over a context-parallel group of CP ranks in the zigzag layout of
+// schedules/context_layout.h. Rank r holds the tokens of zigzag_shard(S, CP, r) (its early
+// chunk, then its late chunk, contiguous in that order) as q [T_r, Hq, D], k [T_r, Hkv, D],
+// v [T_r, Hkv, Dv]; T_r = zigzag_shard(S, CP, r).tokens(). Positions are global: key j is
+// visible to query i iff pos(j) <= pos(i) (and pos(i) - pos(j) < window when window > 0),
+// exactly what cpu::attention_forward computes on the whole sequence.
+//
+// Forward: the K/V blocks (KV heads only) travel around the ring (RingExchange carried
+// lanes, double-buffered, the next hop's transfer posted before the current block's
+// compute); each rank folds every block into its queries' online softmax with the tiled
+// kernel (cpu::attention_forward over (query chunk, key chunk) pairs at their global
+// offsets; pairs whose keys all lie after the queries are skipped, pairs whose keys all
+// lie before run unmasked). out [T_r, Hq, Dv] and lse [T_r, Hq] are WRITTEN: the same
+// values as the single-rank kernel on the whole sequence (to fp32 rounding).
+// Backward: the K/V blocks travel again with their dK/dV accumulators (accumulated lanes);
+// each rank recomputes its block's probabilities from the saved lse, adds into its own dq
+// and into the travelling dK/dV; after the last hop every rank holds the complete dk, dv
+// of its own tokens. dq, dk, dv are WRITTEN.
+//
+// Memory: every internal buffer is allocated per call from the device (component
+// attention) from ring_attention_buffers, so ring_attention_footprint is what a call
+// holds. With CP == 1 nothing moves and the calls are the single-rank kernel's.
+#pragma once
+
+#include <cstdint>
+
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/device/device.h"
+#include "peakbound/kernels/cpu/attention.h"
+
+namespace peakbound {
+
+class ThreadPool;
+
+struct RingAttentionConfig {
+  // Heads, head dims, scale, window, tiling and threads; dims.tokens is ignored (each call
+  // takes its rank's shard length).
+  cpu::AttentionDims dims;
+  std::int64_t seq_len = 0;  // S: the whole sequence's tokens, >= 2 * CP (every chunk non-empty)
+};
+
+// Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP).
+void check_ring_attention(const RingAttentionConfig& c, int cp);
+
+// What one call holds on a rank of a CP group (sized for the largest shard, so every rank
+// of the group allocates the same): the travelling K/V double buffer, the travelling dK/dV
+// accumulators and the block contribution they add (backward), rowsum(dout * out)
+// (backward) and the kernel's tile workspace per pass. Zero bytes where CP == 1 needs none.
+struct RingAttentionBuffers {
+  BufferSpec kv_ring;            // forward and backward: 2 slots x max shard x Hkv x (D + Dv)
+  BufferSpec dkv_ring;           // backward: the travelling dK/dV (its slots) and one block's contribution
+  BufferSpec row_dot;            // backward: [T_r, Hq] f32
+  BufferSpec workspace_forward;  // kernel tiles
+  BufferSpec workspace_backward;
+};
+RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp);
+// Phases "forward" and "backward" (component attention; q, k, v, out, lse, dout and the
+// gradients are the caller's).
+Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp);
+
+// cp_group: the CP ranks of this sequence (its rank() is r). Every rank of the group calls
+// with the same config. pool: the kernel's shares run on it (null: on the caller).
+void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out, float* lse,
+                            const float* q, const float* k, const float* v, ThreadPool* pool = nullptr);
+void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
+                             float* dv, const float* dout, const float* q, const float* k, const float* v,
+                             const float* out, const float* lse, ThreadPool* pool = nullptr);
+
+}  // namespace peakbound
