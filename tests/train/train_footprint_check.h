@@ -73,10 +73,11 @@ struct Measured {
 inline Measured run_step(Communicator& world, const Variant& v, const ModelConfig& config,
                          std::int64_t sequences = 2, std::int64_t seq_len = 24,
                          const CheckpointOptions* checkpoint = nullptr,
-                         const std::vector<std::int64_t>& rank_sequences = {}) {
+                         const std::vector<std::int64_t>& rank_sequences = {}, int cp = 1) {
   const int W = world.size(), r = world.rank();
   if (!rank_sequences.empty()) sequences = rank_sequences[static_cast<std::size_t>(r)];
   ParallelLayout layout;
+  layout.cp = cp;  // the ranks of a cp group hold the same sequences (data keyed by r / cp)
   layout.ep = W;
   while (config.num_experts % layout.ep != 0 || W % layout.ep != 0) --layout.ep;
   layout.vocab = W;
@@ -99,7 +100,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   const std::int64_t T = sequences * seq_len;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {
-    const std::uint64_t k = mix(static_cast<std::uint64_t>(r) * 1000003u + static_cast<std::uint64_t>(t));
+    const std::uint64_t k = mix(static_cast<std::uint64_t>(r / cp) * 1000003u + static_cast<std::uint64_t>(t));
     ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(k % static_cast<std::uint64_t>(config.vocab_size));
     targets[static_cast<std::size_t>(t)] =
         t % 11 == 5 ? -100 : static_cast<std::int32_t>((k >> 20) % static_cast<std::uint64_t>(config.vocab_size));
@@ -137,10 +138,11 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
 
 // Measured == footprint per component (device and host) and in total.
 inline void check(Communicator& world, const Variant& v, const ModelConfig& config,
-                  const CheckpointOptions* checkpoint = nullptr, const std::vector<std::int64_t>& rank_sequences = {}) {
+                  const CheckpointOptions* checkpoint = nullptr, const std::vector<std::int64_t>& rank_sequences = {},
+                  int cp = 1, std::int64_t seq_len = 24) {
   SCOPED_TRACE(std::string(v.name) + " at rank " + std::to_string(world.rank()) + " of " +
-               std::to_string(world.size()));
-  const Measured m = run_step(world, v, config, 2, 24, checkpoint, rank_sequences);
+               std::to_string(world.size()) + ", cp " + std::to_string(cp));
+  const Measured m = run_step(world, v, config, 2, seq_len, checkpoint, rank_sequences, cp);
   const Footprint& f = m.footprint;
   for (Component c : kAllComponents) {
     EXPECT_EQ(m.device[static_cast<std::size_t>(c)], f.device_peak(c)) << "device " << component_name(c);
@@ -166,8 +168,8 @@ inline void check(Communicator& world, const Variant& v, const ModelConfig& conf
   EXPECT_GT(f.device_peak(Component::vocab), 0u);
   if (world.rank() == 0) {
     std::printf(
-        "%s at %d ranks: device peak %llu (measured %llu; with the max sizes %llu), host peak %llu (measured %llu)\n",
-        v.name, world.size(), static_cast<unsigned long long>(f.device_peak_total()),
+        "%s at %d ranks, cp %d: device peak %llu (measured %llu; with the max sizes %llu), host peak %llu (measured %llu)\n",
+        v.name, world.size(), cp, static_cast<unsigned long long>(f.device_peak_total()),
         static_cast<unsigned long long>(m.device_total), static_cast<unsigned long long>(fm.device_peak_total()),
         static_cast<unsigned long long>(f.host_peak_total()), static_cast<unsigned long long>(m.host_total));
     for (const Footprint::Phase& p : f.phases())

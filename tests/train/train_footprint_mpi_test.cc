@@ -2,7 +2,7 @@
 // head over every rank): after one Trainer::step the Arena's measured peaks equal the
 // footprint per component and in total, with schedules none (standard EP,
 // materialized vocab, resident boundaries, device AdamW) and all (PipelinedLLEP,
-// Ring-DTP, SCO, offload_stream AdamW).
+// Ring-DTP, SCO, offload_stream AdamW), and under context parallelism.
 #include "tests/comm/world.h"
 #include "tests/train/train_footprint_check.h"
 
@@ -23,6 +23,19 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintRanksWithoutTokens) {
   for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
   check(world, kNone, tiny_model(), nullptr, seqs);
   check(world, kAll, tiny_model(), nullptr, seqs);
+}
+
+// Context parallel: every cp dividing the world (consecutive groups share sequences),
+// on a length the 2 cp chunks do not divide evenly (uneven shards, rank by rank): the
+// ring attention's buffers and the shorter local token counts, measured == footprint.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintContextParallel) {
+  Communicator& world = testing::world();
+  if (world.size() == 1) GTEST_SKIP() << "context parallelism needs 2 or more ranks";
+  for (int cp = 2; cp <= world.size(); ++cp) {
+    if (world.size() % cp != 0) continue;
+    check(world, kNone, tiny_model(), nullptr, {}, cp, 27);
+    check(world, kAll, tiny_model(), nullptr, {}, cp, 27);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // `peakbound eval`: the mean cross-entropy (no auxiliary loss) of a model over
 // consecutive windows of a token file, llm.c's way: window i reads tokens
 // i*S .. i*S+S (inputs the first S, targets the last S), stride S. Under mpirun the
-// windows are dealt round-robin over the ranks, in the same layout flags as train.
+// windows are dealt round-robin over the data-parallel ranks (the --cp groups: the
+// ranks of one read the same window, each its zigzag shard), in the same layout flags
+// as train.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -30,7 +32,7 @@ struct EvalFlags {
   std::string data;
   std::int64_t context = 256;
   std::optional<std::int64_t> windows;  // unset: every window of the file
-  std::int64_t ep = 0, vocab_group = 0;
+  std::int64_t ep = 0, vocab_group = 0, cp = 1;
   std::uint64_t seed = 1;
   std::string device_memory = "4GiB";
   bool json = false;
@@ -64,7 +66,7 @@ int run_eval(const EvalFlags& f) {
   const int W = world->size(), rank = world->rank();
   const ModelConfig c = load_model_spec(f.model);
   check_trainable(c);
-  const ParallelLayout layout = resolve_layout(f.ep, f.vocab_group, c, W);
+  const ParallelLayout layout = resolve_layout(f.ep, f.vocab_group, f.cp, c, W);
   const TokenFile file = TokenFile::open(f.data);
   const std::int64_t N = window_count(f, file);  // its tokens were checked by validate()
 
@@ -76,12 +78,13 @@ int run_eval(const EvalFlags& f) {
   if (model_is_path(f.model)) model.load_hf(f.model);
   else model.init_parameters(f.seed);
 
-  const std::int64_t S = f.context, rounds = (N + W - 1) / W;
+  const std::int64_t DP = W / layout.cp, drank = rank / layout.cp;
+  const std::int64_t S = f.context, rounds = (N + DP - 1) / DP;
   std::vector<std::int32_t> in(static_cast<std::size_t>(S)), tg(static_cast<std::size_t>(S));
   double sum = 0;
   std::int64_t count = 0;
   for (std::int64_t r = 0; r < rounds; ++r) {
-    const std::int64_t w = r * W + rank;
+    const std::int64_t w = r * DP + drank;
     const std::int64_t have = w < N ? 1 : 0;
     if (have) file.window(0, file.tokens(), S, w, in.data(), tg.data());
     const BatchSums s = model.forward(in.data(), tg.data(), have, S);
@@ -98,7 +101,8 @@ int run_eval(const EvalFlags& f) {
                                        {"windows", N},
                                        {"context", S},
                                        {"model", c.name},
-                                       {"ranks", W}}
+                                       {"ranks", W},
+                                       {"cp", layout.cp}}
                             .dump()
                             .c_str());
   } else {
@@ -121,13 +125,16 @@ Command add_eval(CLI::App& parent) {
                     std::int64_t{1} << 40);
   int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = the largest that divides ranks and experts)", 0, 1 << 24);
   int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head by vocabulary (0 = all)", 0, 1 << 24);
+  int_flag(app, "--cp", f->cp, "Context-parallel size: consecutive ranks splitting every window (ring attention)", 1,
+           1 << 24);
   seed_flag(app, "--seed", f->seed, "Initialisation seed of a preset model");
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank")->capture_default_str();
   app->add_flag("--json", f->json, "Print {\"loss\", \"tokens\", ...} as JSON");
   cmd.validate = [f] {
     const ModelConfig c = load_model_spec(f->model);
     check_trainable(c);
-    (void)resolve_layout(f->ep, f->vocab_group, c, launcher_size());
+    (void)resolve_layout(f->ep, f->vocab_group, f->cp, c, launcher_size());
+    check_cp_seq_len(f->cp, f->context, "--context");
     check_windows(*f, c, TokenFile::open(f->data));
     (void)parse_bytes(f->device_memory, "--device-memory");
   };

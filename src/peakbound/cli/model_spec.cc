@@ -18,8 +18,10 @@ ModelConfig load_model_spec(const std::string& spec) {
   return model_is_path(spec) ? load_hf_config(spec) : preset_config(spec);
 }
 
-ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, const ModelConfig& c, std::int64_t world) {
+ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, std::int64_t cp, const ModelConfig& c,
+                              std::int64_t world) {
   ParallelLayout l;
+  l.cp = cp;
   l.vocab = vocab_group > 0 ? vocab_group : world;
   if (ep > 0) {
     l.ep = ep;
@@ -32,6 +34,13 @@ ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, const M
     throw InvalidArgument("--ep " + std::to_string(l.ep) + " must divide the model's " +
                           std::to_string(c.num_experts) + " experts");
   return l;
+}
+
+void check_cp_seq_len(std::int64_t cp, std::int64_t seq_len, const char* seq_flag) {
+  if (cp > 1 && seq_len < 2 * cp)
+    throw InvalidArgument("--cp " + std::to_string(cp) + " splits every sequence into " + std::to_string(2 * cp) +
+                          " chunks: " + seq_flag + " must be at least " + std::to_string(2 * cp) + ", got " +
+                          std::to_string(seq_len));
 }
 
 }  // namespace peakbound::cli

@@ -1,5 +1,5 @@
 // What `train` and `eval` share: reading --model (a preset name or a Hugging Face
-// directory) and resolving the layout flags (--ep, --vocab-group) over the launched ranks.
+// directory) and resolving the layout flags (--ep, --vocab-group, --cp) over the launched ranks.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,11 @@ bool model_is_path(const std::string& spec);
 // The config of a preset or of a Hugging Face directory; InvalidArgument otherwise.
 ModelConfig load_model_spec(const std::string& spec);
 // ep 0 = the largest divisor of both the rank count and the expert count; vocab 0 =
-// every rank. Throws InvalidArgument naming the flag when a size does not divide.
-ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, const ModelConfig& c, std::int64_t world);
+// every rank; cp as given (consecutive ranks share sequences). Throws InvalidArgument
+// naming the flag when a size does not divide.
+ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, std::int64_t cp, const ModelConfig& c,
+                              std::int64_t world);
+// The flag every layout takes: --cp N, N >= 1 dividing the ranks, sequences >= 2N tokens.
+void check_cp_seq_len(std::int64_t cp, std::int64_t seq_len, const char* seq_flag);
 
 }  // namespace peakbound::cli

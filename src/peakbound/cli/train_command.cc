@@ -51,7 +51,7 @@ struct TrainFlags {
   double max_grad_norm = 1.0;
   std::uint64_t seed = 1;
   std::string schedules = "all";
-  std::int64_t ep = 0, vocab_group = 0;
+  std::int64_t ep = 0, vocab_group = 0, cp = 1;
   std::string device_memory = "auto";
   std::int64_t eval_every = 50, eval_batches = 4;
   std::string metrics;
@@ -76,7 +76,8 @@ Setup make_setup(const TrainFlags& f, std::int64_t world) {
   s.schedules.ring_dtp = s.set.dtp;
   s.schedules.checkpoint.schedule = s.set.sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
   s.optimizer = s.set.adam ? "offload_stream" : "device";
-  s.layout = resolve_layout(f.ep, f.vocab_group, s.config, world);
+  s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
+  check_cp_seq_len(f.cp, f.seq_len, "--seq-len");
   if (!f.data.empty()) return s;
   if (f.task == "kv") KvRetrievalTask::standard(s.config.vocab_size, f.seq_len, f.seed, f.symbols).validate();
   else if (f.task == "copy") CopyTask{s.config.vocab_size, f.seq_len, f.symbols, f.seed}.validate();
@@ -158,9 +159,10 @@ int run_train(const TrainFlags& f) {
                                    ? planned_total + planned_total / 16 + (8u << 20)
                                    : parse_bytes(f.device_memory, "--device-memory");
   if (lead) {
-    std::printf("peakbound train: %s (%s), %lld parameters, %d ranks (ep %lld, vocab group %lld), schedules %s\n",
+    std::printf("peakbound train: %s (%s), %lld parameters, %d ranks (cp %lld, ep %lld, vocab group %lld), schedules %s\n",
                 c.name.c_str(), c.family.c_str(), static_cast<long long>(TensorTable(c).total_numel()), W,
-                static_cast<long long>(s.layout.ep), static_cast<long long>(s.layout.vocab), s.set.str().c_str());
+                static_cast<long long>(s.layout.cp), static_cast<long long>(s.layout.ep),
+                static_cast<long long>(s.layout.vocab), s.set.str().c_str());
     std::printf("plan (per device, from the footprints): peak %s of %s budget\n", format_bytes(double(planned_total)).c_str(),
                 format_bytes(double(budget)).c_str());
     std::string row;
@@ -197,6 +199,9 @@ int run_train(const TrainFlags& f) {
   if (lead) std::printf("data: %s\n", source->describe().c_str());
 
   const std::int64_t B = f.batch, S = f.seq_len, M = f.accumulation;
+  // Data parallel over the cp groups: the ranks of one hold the same sequences (each
+  // computes its zigzag shard), so sequences are dealt by group, not by rank.
+  const std::int64_t DP = W / s.layout.cp, drank = rank / s.layout.cp;
   std::vector<std::vector<std::int32_t>> ids(static_cast<std::size_t>(M)), tgt(static_cast<std::size_t>(M));
   auto fill = [&](std::int64_t m, std::int64_t first, bool eval) {
     auto& in = ids[static_cast<std::size_t>(m)];
@@ -208,12 +213,12 @@ int run_train(const TrainFlags& f) {
       else source->train(first + b, in.data() + b * S, tg.data() + b * S);
     }
   };
-  const std::int64_t eval_windows = std::min<std::int64_t>(f.eval_batches, source->eval_sequences() / (W * B));
+  const std::int64_t eval_windows = std::min<std::int64_t>(f.eval_batches, source->eval_sequences() / (DP * B));
   auto evaluate = [&]() -> double {
     std::vector<MicroBatch> eb;
     std::vector<std::vector<std::int32_t>> ei, et;
     for (std::int64_t k = 0; k < eval_windows; ++k) {
-      fill(0, (k * W + rank) * B, true);
+      fill(0, (k * DP + drank) * B, true);
       ei.push_back(ids[0]);
       et.push_back(tgt[0]);
     }
@@ -235,7 +240,7 @@ int run_train(const TrainFlags& f) {
   for (std::int64_t step = 1; step <= f.steps; ++step) {
     std::vector<MicroBatch> micro;
     for (std::int64_t m = 0; m < M; ++m) {
-      fill(m, (((step - 1) * M + m) * W + rank) * B, false);
+      fill(m, (((step - 1) * M + m) * DP + drank) * B, false);
       micro.push_back({ids[static_cast<std::size_t>(m)].data(), tgt[static_cast<std::size_t>(m)].data(), B, S});
     }
     const StepStats st = trainer.step(micro);
@@ -299,6 +304,7 @@ int run_train(const TrainFlags& f) {
   if (f.json) {
     nlohmann::json j = {{"model", c.name},
                         {"ranks", W},
+                        {"cp", s.layout.cp},
                         {"schedules", s.set.str()},
                         {"steps", f.steps},
                         {"first_loss", first_loss},
@@ -328,7 +334,7 @@ Command add_train(CLI::App& parent) {
   int_flag(app, "--symbols", f->symbols, "Built-in task: distinct symbols (copy) or keys and values (kv); 0 = the whole vocabulary", 0,
            std::int64_t{1} << 30);
   int_flag(app, "--seq-len", f->seq_len, "Tokens per sequence", 8, std::int64_t{1} << 24);
-  int_flag(app, "--batch", f->batch, "Sequences per rank per micro-batch", 1, 1 << 20);
+  int_flag(app, "--batch", f->batch, "Sequences per data-parallel rank (per --cp group) per micro-batch", 1, 1 << 20);
   int_flag(app, "--accumulation", f->accumulation, "Micro-batches per step (gradient accumulation)", 1, 1 << 20);
   int_flag(app, "--steps", f->steps, "Optimizer steps", 1, std::int64_t{1} << 40);
   real_flag(app, "--lr", f->lr, "Peak learning rate", 0.0, 10.0);
@@ -340,6 +346,8 @@ Command add_train(CLI::App& parent) {
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = the largest that divides ranks and experts)", 0, 1 << 24);
   int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head by vocabulary (0 = all)", 0, 1 << 24);
+  int_flag(app, "--cp", f->cp, "Context-parallel size: consecutive ranks splitting every sequence (ring attention)", 1,
+           1 << 24);
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank (auto = the plan plus headroom)")
       ->capture_default_str();
   int_flag(app, "--eval-every", f->eval_every, "Held-out loss every N steps (0 = at the end only)", 0,

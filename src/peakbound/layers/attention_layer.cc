@@ -9,6 +9,8 @@
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/rope.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ring_attention.h"
 
 namespace peakbound {
 
@@ -50,17 +52,37 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (!(c.rope_theta > 0.0)) bad("rope_theta must be positive (got " + std::to_string(c.rope_theta) + ")");
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
+  if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
+    bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
+        std::to_string(c.cp_rank) + ")");
+  if (c.cp > 1 && c.seq_len != 0 && c.seq_len < 2 * static_cast<std::int64_t>(c.cp))
+    bad("context parallel over " + std::to_string(c.cp) + " ranks needs sequences of at least " +
+        std::to_string(2 * c.cp) + " tokens (2 chunks per rank), got seq_len " + std::to_string(c.seq_len));
+}
+
+std::int64_t attention_local_seq_len(const AttentionLayerConfig& c) {
+  return c.cp > 1 ? zigzag_shard(c.seq_len, c.cp, c.cp_rank).tokens() : c.seq_len;
 }
 
 namespace {
 
-// Tokens per sequence of a T-token call; throws unless T is a whole number of sequences.
+// This rank's tokens per sequence of a T-token call; throws unless T is a whole number of sequences.
 std::int64_t sequence_length(std::int64_t T, const AttentionLayerConfig& c) {
+  if (c.seq_len == 0 && c.cp > 1)
+    throw InvalidArgument("attention layer: context parallel needs the sequence length (seq_len 0)");
   if (c.seq_len == 0) return T;
-  if (T % c.seq_len != 0)
+  const std::int64_t n = attention_local_seq_len(c);
+  if (T % n != 0)
     throw InvalidArgument("attention layer: " + std::to_string(T) + " tokens are not a whole number of sequences of " +
-                          std::to_string(c.seq_len));
-  return c.seq_len;
+                          std::to_string(n) + (c.cp > 1 ? " (this rank's shard of " + std::to_string(c.seq_len) + ")" : ""));
+  return n;
+}
+
+RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
+  RingAttentionConfig r;
+  r.dims = dims_of(attention_local_seq_len(c), c);
+  r.seq_len = c.seq_len;
+  return r;
 }
 
 }  // namespace
@@ -84,9 +106,11 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.o = buffer_spec(kC, mul(t, q), a);
   b.lse = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
   // The kernel checks T >= 1; with no tokens there is no call and no workspace.
+  // Under cp > 1 the ring attention call allocates its own (ring_attention_footprint).
   const cpu::AttentionDims d = dims_of(S, c);
-  b.workspace_forward = buffer_spec(kC, T > 0 ? U(cpu::attention_forward_workspace_floats(d)) : 0, kF32);
-  b.workspace_backward = buffer_spec(kC, T > 0 ? U(cpu::attention_backward_workspace_floats(d)) : 0, kF32);
+  const bool kernel = T > 0 && c.cp == 1;
+  b.workspace_forward = buffer_spec(kC, kernel ? U(cpu::attention_forward_workspace_floats(d)) : 0, kF32);
+  b.workspace_backward = buffer_spec(kC, kernel ? U(cpu::attention_backward_workspace_floats(d)) : 0, kF32);
   b.d_o = b.dq = b.q;
   b.dk = b.dv = b.k;
   return b;
@@ -104,6 +128,8 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
     if (bwd)
       for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv}) f.device(phase, s);
   }
+  // Ring attention's internals, live inside the kernel call of each phase.
+  if (T > 0 && c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
   return f;
 }
 
@@ -135,6 +161,38 @@ void AttentionLayer::set_seq_len(std::int64_t s) {
   c.seq_len = s;
   check_attention_layer_config(c);
   cfg_ = c;
+}
+
+void AttentionLayer::set_cp_group(Communicator* group) {
+  if (group == nullptr || group->size() != cfg_.cp || group->rank() != cfg_.cp_rank)
+    throw InvalidArgument("attention layer: the context-parallel group must have cp " + std::to_string(cfg_.cp) +
+                          " ranks with this one at cp_rank " + std::to_string(cfg_.cp_rank));
+  cp_group_ = group;
+}
+
+// RoPE tables of this rank's positions of one sequence: 0 .. S-1, or under cp the two
+// zigzag chunks at their global positions, one after the other.
+void AttentionLayer::rope_tables(float* cos, float* sin, std::int64_t S) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t D = cfg_.head_dim;
+  if (cfg_.cp == 1) {
+    ops::rope_tables(dev_, s, cos, sin, S, D, 0, cfg_.rope_theta);
+    return;
+  }
+  const CpShard sh = zigzag_shard(cfg_.seq_len, cfg_.cp, cfg_.cp_rank);
+  ops::rope_tables(dev_, s, cos, sin, sh.first.len, D, sh.first.begin, cfg_.rope_theta);
+  const std::int64_t at = ops::rope_table_elems(sh.first.len, D);
+  ops::rope_tables(dev_, s, cos + at, sin + at, sh.second.len, D, sh.second.begin, cfg_.rope_theta);
+}
+
+void AttentionLayer::attention_forward(float* o, float* lse, const float* q, const float* k, const float* v,
+                                       std::int64_t S, float* ws) {
+  if (cfg_.cp == 1) {
+    ops::attention_forward(dev_, dev_.compute_stream(), o, lse, q, k, v, dims_of(S, cfg_), ws);
+    return;
+  }
+  PB_CHECK_MSG(cp_group_ != nullptr, "attention layer: cp > 1 needs set_cp_group before a call");
+  ring_attention_forward(dev_, *cp_group_, ring_config(cfg_), o, lse, q, k, v);
 }
 
 std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {
@@ -183,12 +241,12 @@ void AttentionLayer::recompute(Internals& in, const float* x, std::int64_t T, bo
                          cfg_.rms_eps);
   }
   const std::int64_t S = sequence_length(T, cfg_);
-  ops::rope_tables(dev_, s, in.cos.as<float>(), in.sin.as<float>(), S, D, 0, cfg_.rope_theta);
+  rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
   for (std::int64_t b = 0; b < T; b += S) {
     float *q = in.q.as<float>() + b * Q, *k = in.k.as<float>() + b * K;
     ops::rope_forward(dev_, s, q, k, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
-    ops::attention_forward(dev_, s, in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq, q, k,
-                           in.v.as<float>() + b * K, dims_of(S, cfg_), in.ws.as<float>());
+    attention_forward(in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq, q, k, in.v.as<float>() + b * K, S,
+                      in.ws.as<float>());
   }
 }
 
@@ -234,9 +292,14 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   // sequence by sequence (the workspace is one sequence's).
   const std::int64_t S = sequence_length(T, cfg_);
   for (std::int64_t b = 0; b < T; b += S) {
-    ops::attention_backward(dev_, s, dqp + b * Q, dkp + b * K, dvp + b * K, d_o.as<float>() + b * Q, q + b * Q,
-                            k + b * K, v + b * K, in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq,
-                            dims_of(S, cfg_), in.ws.as<float>());
+    if (cfg_.cp == 1)
+      ops::attention_backward(dev_, s, dqp + b * Q, dkp + b * K, dvp + b * K, d_o.as<float>() + b * Q, q + b * Q,
+                              k + b * K, v + b * K, in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq,
+                              dims_of(S, cfg_), in.ws.as<float>());
+    else
+      ring_attention_backward(dev_, *cp_group_, ring_config(cfg_), dqp + b * Q, dkp + b * K, dvp + b * K,
+                              d_o.as<float>() + b * Q, q + b * Q, k + b * K, v + b * K, in.o.as<float>() + b * Q,
+                              in.lse.as<float>() + b * Hq);
     ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
   }
   if (cfg_.qk_norm) {

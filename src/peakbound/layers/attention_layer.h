@@ -10,7 +10,12 @@
 // A call takes T = B x S tokens: B whole sequences of seq_len S each, one after the
 // other (seq_len 0: the call is one sequence of T). Positions restart at 0 in every
 // sequence and no token attends across a sequence boundary; the projections run over
-// all T rows at once. Parameters are views into memory the caller owns
+// all T rows at once. Context parallel (cp > 1, the group given by set_cp_group): each
+// sequence of S tokens is split over the cp ranks in the zigzag layout
+// (schedules/context_layout.h), a call takes B x T_r tokens, this rank's shard of each
+// of the B sequences (T_r = zigzag_shard(S, cp, cp_rank).tokens()), RoPE rotates them
+// at their global positions and attention is ring attention over the group
+// (schedules/ring_attention.h): the result is the rows of the cp = 1 layer's. Parameters are views into memory the caller owns
 // (a parameter store); backward recomputes everything from x (activation
 // checkpointing), writes dx and ADDS into the parameter gradients. Every internal
 // buffer is allocated per call (component attention) from attention_layer_buffers.
@@ -19,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "peakbound/comm/communicator.h"
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
@@ -37,7 +43,12 @@ struct AttentionLayerConfig {
   float rms_eps = 1e-6f;
   bool qk_norm = false;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
+  int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
+  int cp_rank = 0;            // this rank's place in the context-parallel group
 };
+
+// Tokens of one sequence a call holds on this rank: seq_len, or the zigzag shard's under cp.
+std::int64_t attention_local_seq_len(const AttentionLayerConfig& c);
 
 // Throws InvalidArgument naming the first bad field.
 void check_attention_layer_config(const AttentionLayerConfig& c);
@@ -55,7 +66,8 @@ struct AttentionLayerTensors {
 // (qk_norm only, else 0 bytes), rope_cos, rope_sin [S, D/2] (one sequence's: every
 // sequence uses the same positions), o [T, Hq*D], lse [T, Hq] (f32 whatever
 // elem_bytes), workspace_forward (the attention kernel's for one sequence, f32,
-// reused sequence after sequence). Backward
+// reused sequence after sequence; under cp > 1 none: the ring attention call allocates
+// its own, ring_attention_footprint, which the layer's footprint adds). Backward
 // holds all of them (workspace_backward in place of workspace_forward) plus d_o
 // [T, Hq*D], dq [T, Hq*D], dk, dv [T, Hkv*D]; dq/dk before the q/k norm go into q and
 // k's buffers and dh into h's, so nothing else is needed.
@@ -91,6 +103,9 @@ class AttentionLayer final : public Block {
   const AttentionLayerConfig& config() const { return cfg_; }
   // Tokens per sequence of the next calls (0: each call one sequence); InvalidArgument if < 0.
   void set_seq_len(std::int64_t s);
+  // The context-parallel group (size cp, rank cp_rank of the config; checked). Needed
+  // before any call when cp > 1; the layer does not own it.
+  void set_cp_group(Communicator* group);
 
  private:
   // The forward's internals through o and lse, allocated under `attention`.
@@ -98,10 +113,14 @@ class AttentionLayer final : public Block {
     Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws;
   };
   void recompute(Internals& in, const float* x, std::int64_t T, bool for_backward);
+  void rope_tables(float* cos, float* sin, std::int64_t S);
+  void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, std::int64_t S,
+                         float* ws);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
   Device& dev_;
   AttentionLayerConfig cfg_;
+  Communicator* cp_group_ = nullptr;
   AttentionLayerTensors p_, g_;
 };
 

@@ -15,6 +15,7 @@
 #include "peakbound/ops/moe_router.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/schedules/checkpoint_offload.h"
+#include "peakbound/schedules/context_layout.h"
 #include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/hf_checkpoint.h"
 
@@ -121,7 +122,7 @@ ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g) {
   return s;
 }
 
-AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S) {
+AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp, int cp_rank) {
   AttentionLayerConfig ac;
   ac.hidden = c.hidden_size;
   ac.q_heads = c.num_heads;
@@ -131,6 +132,8 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
   ac.rms_eps = static_cast<float>(c.rms_norm_eps);
   ac.qk_norm = c.qk_norm;
   ac.seq_len = S;
+  ac.cp = cp;
+  ac.cp_rank = cp_rank;
   return ac;
 }
 
@@ -248,7 +251,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto layer = std::make_unique<Layer>();
-    const AttentionLayerConfig ac = model_attention_config(c, 0);
+    const AttentionLayerConfig ac = model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank());
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2; ++g) {
       at[g].w_in = slot_view(l, p + "input_layernorm.weight", g);
@@ -262,6 +265,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
       }
     }
     layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
+    if (ac.cp > 1) layer->attention->set_cp_group(groups_.cp.get());
 
     const MoeLayerConfig mc =
         moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
@@ -390,16 +394,43 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
     throw InvalidArgument("moe transformer: need sequences >= 0 and a sequence length >= 1");
   const std::int64_t V = config_.vocab_size, H = config_.hidden_size;
   p.S = S;
-  p.T = sequences * S;
   // Every rank must agree that every id is valid before any collective runs.
   std::int64_t bad = -1;
-  for (std::int64_t t = 0; t < p.T && bad < 0; ++t)
+  for (std::int64_t t = 0; t < sequences * S && bad < 0; ++t)
     if (ids[t] < 0 || ids[t] >= V) bad = ids[t];
-  std::int64_t flags[2] = {bad >= 0 ? 1 : 0, p.T};
-  groups_.world->all_reduce(flags, 2, DType::i64, ReduceOp::sum);
+  // Context parallel: this rank's zigzag shard of every sequence.
+  const int cp = groups_.cp->size();
+  std::vector<std::int32_t> local_ids, local_targets;
+  bool differ = false;
+  if (cp > 1) {
+    if (S < 2 * cp)
+      throw InvalidArgument("context parallel over " + std::to_string(cp) + " ranks needs sequences of at least " +
+                            std::to_string(2 * cp) + " tokens, got " + std::to_string(S));
+    differ = !same_sequences(ids, targets, sequences, S);
+    const CpShard sh = zigzag_shard(S, cp, groups_.cp->rank());
+    const std::int64_t n = sh.tokens();
+    local_ids.resize(static_cast<std::size_t>(sequences * n));
+    local_targets.resize(local_ids.size());
+    for (std::int64_t b = 0; b < sequences; ++b)
+      for (std::int64_t t = 0; t < n; ++t) {
+        const std::int64_t from = b * S + sh.position(t), to = b * n + t;
+        local_ids[static_cast<std::size_t>(to)] = ids[from];
+        local_targets[static_cast<std::size_t>(to)] = targets[from];
+      }
+    ids = local_ids.data();
+    targets = local_targets.data();
+    p.T = sequences * n;
+  } else {
+    p.T = sequences * S;
+  }
+  std::int64_t flags[3] = {bad >= 0 ? 1 : 0, p.T, differ ? 1 : 0};
+  groups_.world->all_reduce(flags, 3, DType::i64, ReduceOp::sum);
   if (flags[0] != 0)
     throw InvalidArgument("input token id " + std::to_string(bad) + " is outside the vocabulary [0, " +
                           std::to_string(V) + ")" + (bad < 0 ? " (on another rank)" : ""));
+  if (flags[2] != 0)
+    throw InvalidArgument("the ranks of a context-parallel group must hold the same sequences (each takes its "
+                          "zigzag shard of every one); some groups' differ");
   p.world_tokens = flags[1];
   const ModelBatchBuffers bb = model_batch_buffers(p.T, H);
   const u64 tb = bb.ids.bytes;
@@ -425,6 +456,24 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
   }
   ops::fill(dev_, s, counts_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
   ops::fill(dev_, s, prob_sums_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
+}
+
+// The ranks of a context-parallel group must bring the same sequences (each keeps its
+// shard): a checksum of the batch compared over the group (collective over it).
+bool MoeTransformer::same_sequences(const std::int32_t* ids, const std::int32_t* targets,
+                                          std::int64_t sequences, std::int64_t S) const {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  mix(static_cast<std::uint64_t>(sequences));
+  mix(static_cast<std::uint64_t>(S));
+  for (std::int64_t t = 0; t < sequences * S; ++t) {
+    mix(static_cast<std::uint32_t>(ids[t]));
+    mix(static_cast<std::uint32_t>(targets[t]));
+  }
+  const auto v = static_cast<std::int64_t>(h >> 1);
+  std::int64_t m[2] = {v, -v};
+  groups_.cp->all_reduce(m, 2, DType::i64, ReduceOp::max);
+  return m[0] == -m[1];
 }
 
 // After the layers' forward: the world's router statistics summed, then the one aux loss.

@@ -86,8 +86,9 @@ struct ModelStoreSpecs {
 // not divide E). The footprint calls parameter_store_buffers with the same specs.
 ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g);
 
-// Every decoder layer's attention sublayer config, with seq_len S.
-AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S);
+// Every decoder layer's attention sublayer config, with seq_len S (the whole sequence's),
+// on rank cp_rank of a context-parallel group of cp ranks.
+AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp = 1, int cp_rank = 0);
 
 // The model's aux-loss state (Component::workspace, f32): counts, prob_sums, aux_grad
 // [max(E, 1)] each and the loss [1], held for the model's life.
@@ -146,7 +147,9 @@ class MoeTransformer {
 
   // Forward and backward of `sequences` sequences of S tokens held by this rank
   // (ids, targets: host arrays of sequences x S; targets equal to the vocab loss's
-  // ignore_index are not scored; sequences may be 0). The cross-entropy's gradient is
+  // ignore_index are not scored; sequences may be 0). Under context parallelism every
+  // rank of a cp group passes the same sequences (checked) and computes on its zigzag
+  // shard of each (InvalidArgument when S < 2 cp). The cross-entropy's gradient is
   // scaled by ce_scale (1 / the step's valid targets over the world), the aux loss's by
   // aux_scale (1 / micro-batches). Adds into the stores' gradients. Collective.
   BatchSums forward_backward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
@@ -165,6 +168,8 @@ class MoeTransformer {
   struct Pass;
   class FsdpBlock;
   void prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
+  bool same_sequences(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                      std::int64_t S) const;
   void finish_aux(Pass& p, float aux_scale, bool want_grad);
   BatchSums batch_sums(const LossSum& ls, const Pass& p) const;
   Tensor view(ParameterStore& s, const std::string& name, bool grad) const;

@@ -14,6 +14,7 @@ void validate_layout(const ParallelLayout& layout, std::int64_t world) {
   };
   check("--ep", layout.ep);
   check("--vocab-group", layout.vocab);
+  check("--cp", layout.cp);
 }
 
 ProcessGroups ProcessGroups::split(Communicator& world, const ParallelLayout& layout) {
@@ -26,6 +27,8 @@ ProcessGroups ProcessGroups::split(Communicator& world, const ParallelLayout& la
   g.ep_replicas = world.split(r % ep, r);
   g.vocab = world.split(r / vg, r);
   g.vocab_replicas = world.split(r % vg, r);
+  const int cp = static_cast<int>(layout.cp);
+  g.cp = world.split(r / cp, r);
   return g;
 }
 

@@ -1,5 +1,10 @@
 // The process groups of a training run, split from the world by the layout flags.
-// Every rank holds whole sequences (data parallel over the world); on top of that:
+//   cp              context parallel: the ranks of a group (consecutive: rank / cp) hold
+//                   the same sequences, each its zigzag shard of every one
+//                   (schedules/context_layout.h); attention runs as ring attention over
+//                   the group and everything else sees only the rank's tokens. The
+//                   world's data-parallel rank is rank / cp, of world / cp.
+// Every rank holds its own tokens (data parallel over the world / cp groups); on top of that:
 //   ep              expert parallel: E/ep experts per rank, tokens dispatched over the
 //                   group (consecutive ranks: rank / ep is the group)
 //   ep_replicas     the ranks holding the same experts (rank % ep): their expert
@@ -8,8 +13,8 @@
 //                   tokens projected against every shard (consecutive ranks)
 //   vocab_replicas  the ranks holding the same head rows (rank % vocab)
 // Everything else (embedding, attention, norms, routers, shared and dense MLPs) is held
-// whole on every rank and its gradient summed over the world. ep and vocab must divide
-// the world size.
+// FSDP-sharded over the world and its gradient summed over the world (= DP x CP: every
+// rank's tokens are distinct). cp, ep and vocab must divide the world size.
 #pragma once
 
 #include <cstdint>
@@ -22,14 +27,15 @@ namespace peakbound {
 struct ParallelLayout {
   std::int64_t ep = 1;
   std::int64_t vocab = 1;
+  std::int64_t cp = 1;
 };
 
 struct ProcessGroups {
   Communicator* world = nullptr;
-  std::unique_ptr<Communicator> ep, ep_replicas, vocab, vocab_replicas;
+  std::unique_ptr<Communicator> ep, ep_replicas, vocab, vocab_replicas, cp;
 
   // Collective over world. Throws InvalidArgument (the same on every rank, before any
-  // communication) when ep or vocab is < 1 or does not divide the world size.
+  // communication) when cp, ep or vocab is < 1 or does not divide the world size.
   static ProcessGroups split(Communicator& world, const ParallelLayout& layout);
 };
 

@@ -5,6 +5,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/layers/attention_layer.h"
+#include "peakbound/schedules/context_layout.h"
 #include "peakbound/layers/decoder_layer.h"
 #include "peakbound/layers/moe_layer.h"
 #include "peakbound/model/tensor_table.h"
@@ -59,11 +60,17 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   auto sequences_of = [&](int r) {
     return in.rank_sequences.empty() ? in.sequences : in.rank_sequences[static_cast<std::size_t>(r)];
   };
+  // Context parallel: rank r is rank r % cp of its group and holds its zigzag shard of
+  // each sequence (the group's ranks bring the same sequences).
+  const int cp = static_cast<int>(in.layout.cp);
+  if (cp > 1 && in.seq_len < 2 * static_cast<std::int64_t>(cp))
+    throw InvalidArgument("train footprint: context parallel over " + std::to_string(cp) +
+                          " ranks needs seq_len >= " + std::to_string(2 * cp) + ", got " + std::to_string(in.seq_len));
   auto tokens_of = [&](int r) {
     const std::int64_t n = sequences_of(r);
     if (n < 0 || in.seq_len < 1) throw InvalidArgument("train footprint: need sequences >= 0 and seq_len >= 1");
-    return static_cast<std::int64_t>(
-        checked_mul(static_cast<u64>(n), static_cast<u64>(in.seq_len), "train footprint tokens"));
+    const std::int64_t local = cp > 1 ? zigzag_shard(in.seq_len, cp, r % cp).tokens() : in.seq_len;
+    return static_cast<std::int64_t>(checked_mul(static_cast<u64>(n), static_cast<u64>(local), "train footprint tokens"));
   };
   const std::int64_t L = c.num_layers, H = c.hidden_size;
   const std::int64_t T = tokens_of(in.rank);
@@ -137,7 +144,7 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   }
 
   // ---- layers
-  const AttentionLayerConfig ac = model_attention_config(c, in.seq_len);
+  const AttentionLayerConfig ac = model_attention_config(c, in.seq_len, cp, in.rank % cp);
   const Footprint att = attention_layer_footprint(T, ac, kF32);
   const DecoderLayerBuffers db = decoder_layer_buffers(T, H, kF32);
   const float eps = static_cast<float>(c.rms_norm_eps);

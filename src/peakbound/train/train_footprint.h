@@ -58,7 +58,7 @@ struct TrainFootprintInputs {
   int world = 1;
   int rank = 0;
   std::int64_t sequences = 1;  // sequences per rank per micro-batch
-  std::int64_t seq_len = 0;
+  std::int64_t seq_len = 0;    // the whole sequence's tokens (a rank holds its zigzag shard under layout.cp)
   // Every rank's sequences (world order) when they differ (ranks without tokens, a
   // ragged last batch); empty: `sequences` on every rank. The vocabulary loss sizes
   // its buffers by its group's token counts, the rest by this rank's.

@@ -75,6 +75,11 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
   std::int64_t max_micro = counts[2];
   world.all_reduce(counts, 2, DType::i64, ReduceOp::sum);
   world.all_reduce(&max_micro, 1, DType::i64, ReduceOp::max);
+  // The ranks of a context-parallel group hold the same sequences (the model checks it):
+  // the world's sums count each cp times.
+  const std::int64_t cp = model_.groups().cp->size();
+  counts[0] /= cp;
+  counts[1] /= cp;
   if (max_micro != static_cast<std::int64_t>(micro.size()) || micro.empty())
     throw InvalidArgument("trainer: every rank must bring the same number (>= 1) of micro-batches");
   const std::int64_t total = counts[0];

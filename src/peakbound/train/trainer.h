@@ -30,7 +30,8 @@
 
 namespace peakbound {
 
-// `sequences` sequences of `seq_len` tokens each (host arrays of sequences x seq_len).
+// `sequences` sequences of `seq_len` tokens each (host arrays of sequences x seq_len);
+// under context parallelism the same on every rank of a cp group (each computes its shard).
 struct MicroBatch {
   const std::int32_t* ids = nullptr;
   const std::int32_t* targets = nullptr;
