@@ -117,6 +117,32 @@ TEST(CliTrain, RunsUnderMpiWithEveryScheduleSet) {
   }
 }
 
+// --cp splits every sequence over consecutive ranks: 2 ranks at --cp 2 with 2 sequences
+// a group train on the global batch of 2 ranks at --cp 1 with 1 each, the same losses to
+// fp32 rounding (every schedule on; 33 tokens, which 4 chunks do not divide).
+TEST(CliTrain, ContextParallelTrainsAsCp1) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  auto losses = [](const std::string& layout) {
+    const std::string metrics = ::testing::TempDir() + "/cp.jsonl";
+    CliRun r = peakbound::testing::run_mpi("train --steps 3 --seq-len 33 --eval-every 0 --json --metrics " + metrics +
+                                               " " + layout,
+                                           2, 300);
+    EXPECT_EQ(r.code, 0) << r.err << r.out;
+    std::ifstream m(metrics);
+    std::vector<double> out;
+    std::string line;
+    while (std::getline(m, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    std::remove(metrics.c_str());
+    return out;
+  };
+  const std::vector<double> a = losses("--cp 1 --batch 1"), b = losses("--cp 2 --batch 2");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  // A size that does not divide the ranks is one line naming the flag.
+  peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --cp 2", 60), "--cp 2");
+}
+
 // A fixed seed gives bitwise the same run: every step's loss and the final summary.
 TEST(CliTrain, AFixedSeedRepeatsBitwise) {
   auto losses = [](const std::string& seed, int ranks) {
@@ -159,6 +185,15 @@ TEST(CliEval, PrintsLossAndTokensAsJson) {
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tokens"], 64);
   EXPECT_GT(j["loss"].get<double>(), 0);
+  if (peakbound::testing::have_mpirun()) {
+    // Each window split over 2 ranks (--cp 2): the same loss over the same tokens.
+    CliRun cp = peakbound::testing::run_mpi(
+        "eval --model " + kFixture + " --data " + path + " --context 16 --cp 2 --json", 2, 120);
+    ASSERT_EQ(cp.code, 0) << cp.err;
+    const nlohmann::json k = last_json_line(cp.out);
+    EXPECT_EQ(k["tokens"], 64);
+    EXPECT_NEAR(k["loss"].get<double>(), j["loss"].get<double>(), 1e-5 * j["loss"].get<double>());
+  }
   CliRun bad = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --windows 5", 60);
   peakbound::testing::expect_one_line_error(bad, "--windows 5");
   std::remove(path.c_str());

@@ -8,6 +8,9 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/layers/attention_footprint.h"
+#include "peakbound/layers/attention_layer.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/train/moe_transformer.h"
 #include "peakbound/layers/mlp_footprint.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_footprint.h"
@@ -61,13 +64,40 @@ std::uint64_t PhaseBytes::total() const {
   return t;
 }
 
+// The most tokens of one sequence any rank of a cp group holds (schedules/context_layout.h).
+i64 widest_shard(i64 context, i64 cp) {
+  if (cp == 1) return context;
+  i64 widest = 0;
+  for (i64 r = 0; r < cp; ++r) widest = std::max(widest, zigzag_shard(context, static_cast<int>(cp), static_cast<int>(r)).tokens());
+  return widest;
+}
+
+// The attention term: the trainer's attention sublayer's own footprint (and ring
+// attention's under cp) on the widest shard, at the activations' element size. MLA,
+// which the trainer does not implement yet, keeps the shape-level estimate.
+Footprint attention_term(const PlanInputs& in, const PlanShapes& s, u64 elem_bytes) {
+  const ModelConfig& m = in.model;
+  if (m.attention == AttentionKind::mla)
+    return attention_footprint(AttentionShape::of(m, s.tokens_per_device, in.cp), elem_bytes);
+  const i64 cp = in.context >= 2 * in.cp ? in.cp : 1;  // shorter: every chunk a token or none
+  i64 widest_rank = 0;
+  for (i64 r = 1; r < cp; ++r)
+    if (zigzag_shard(in.context, static_cast<int>(cp), static_cast<int>(r)).tokens() >
+        zigzag_shard(in.context, static_cast<int>(cp), static_cast<int>(widest_rank)).tokens())
+      widest_rank = r;
+  AttentionLayerConfig ac = model_attention_config(m, in.context, static_cast<int>(cp), static_cast<int>(widest_rank));
+  if (cp == 1) ac.seq_len = widest_shard(in.context, in.cp);
+  return attention_layer_footprint(s.tokens_per_device, ac, elem_bytes);
+}
+
 PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc) {
   (void)pc;
   const ModelConfig& m = in.model;
   PlanShapes s;
   // Counts stay far below 2^63 for validated inputs (plan_inputs.h bounds them); the
   // products are checked anyway, so an overflow is an error, never a wrapped number.
-  s.tokens_per_device = ceil_div(I(mul(U(in.sequences), U(in.context))), in.cp);
+  // Context parallel: the trainer's zigzag layout, whose widest shard is what a rank holds.
+  s.tokens_per_device = I(mul(U(in.sequences), U(widest_shard(in.context, in.cp))));
   const i64 T = s.tokens_per_device;
   if (m.num_experts > 0) {
     const i64 k = m.top_k, local = m.num_experts / in.ep;
@@ -201,7 +231,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   const u64 head_params = sharded ? mul(U(s.vocab_shard), H) : 0;
 
   // ---- the terms: each a footprint (layers/, schedules/) ------------------------------
-  const Footprint attn = attention_footprint(AttentionShape::of(m, s.tokens_per_device, in.cp), a);
+  const Footprint attn = attention_term(in, s, a);
   const Footprint mlp = mlp_footprint(MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe), a);
   const Footprint disp = has_moe ? dispatch_term(in, s, sched.llep) : Footprint("dispatch");
   const Footprint vocab = vocab_term(in, s, sched.dtp);
