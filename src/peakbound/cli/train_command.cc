@@ -4,7 +4,9 @@
 // Before step 1 it prints the plan (per-component device peak from the footprints) and
 // refuses a configuration that does not fit; at the end the measured peaks beside it.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -27,6 +29,7 @@
 #include "peakbound/plan/plan_inputs.h"
 #include "peakbound/train/moe_transformer.h"
 #include "peakbound/train/progress.h"
+#include "peakbound/train/run_checkpoint.h"
 #include "peakbound/train/sequence_source.h"
 #include "peakbound/train/train_footprint.h"
 #include "peakbound/train/trainer.h"
@@ -57,7 +60,15 @@ struct TrainFlags {
   std::string metrics;
   bool json = false;
   double plan_skew = 0;  // 0: the worst the layout allows (every copy to one rank: ep)
+  std::string save_dir, resume;
+  std::int64_t save_every = 0;  // 0: at the end (and on SIGINT / SIGTERM) only
+  int keep = 3;
 };
+
+// SIGINT / SIGTERM: finish the current step, save, exit 0 (a second signal while saving
+// is ignored; SIGKILL is what stops a run at once).
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 struct Setup {
   ModelConfig config;
@@ -198,10 +209,41 @@ int run_train(const TrainFlags& f) {
   Trainer trainer(model, host, pool, topt);
   if (lead) std::printf("data: %s\n", source->describe().c_str());
 
+  // Resuming: the model, the optimizer and the data position of the checkpoint's step.
+  RunState resumed;
+  if (!f.resume.empty()) {
+    const std::string from = resolve_checkpoint(f.resume);
+    resumed = load_checkpoint(from, trainer);
+    if (lead) std::printf("resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(resumed.step));
+    if (resumed.step >= f.steps) {
+      if (lead)
+        std::printf("the checkpoint is at step %lld, --steps is %lld: nothing to train\n",
+                    static_cast<long long>(resumed.step), static_cast<long long>(f.steps));
+      return 0;
+    }
+  }
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);  // what mpirun forwards without killing the job
+
   const std::int64_t B = f.batch, S = f.seq_len, M = f.accumulation;
   // Data parallel over the cp groups: the ranks of one hold the same sequences (each
   // computes its zigzag shard), so sequences are dealt by group, not by rank.
   const std::int64_t DP = W / s.layout.cp, drank = rank / s.layout.cp;
+  // The data position: global training sequences read before this process's first step.
+  const std::int64_t s0 = resumed.step, consumed0 = resumed.sequences_consumed, per_step = M * DP * B;
+  auto save = [&](std::int64_t step) {
+    RunState st;
+    st.step = step;
+    st.sequences_consumed = consumed0 + (step - s0) * per_step;
+    st.seed = f.seed;
+    st.run = {{"model", f.model}, {"schedules", s.set.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
+              {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
+              {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", W}};
+    bench::Stopwatch w;
+    const std::string where = save_checkpoint(f.save_dir, trainer, st, c, s.layout, SaveOptions{f.keep});
+    if (lead) std::printf("\nsaved %s (%.2f s)\n", where.c_str(), w.seconds());
+  };
   std::vector<std::vector<std::int32_t>> ids(static_cast<std::size_t>(M)), tgt(static_cast<std::size_t>(M));
   auto fill = [&](std::int64_t m, std::int64_t first, bool eval) {
     auto& in = ids[static_cast<std::size_t>(m)];
@@ -237,17 +279,17 @@ int run_train(const TrainFlags& f) {
   bench::Stopwatch clock;
   double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0;
   std::optional<double> last_eval;
-  for (std::int64_t step = 1; step <= f.steps; ++step) {
+  for (std::int64_t step = s0 + 1; step <= f.steps; ++step) {
     std::vector<MicroBatch> micro;
     for (std::int64_t m = 0; m < M; ++m) {
-      fill(m, (((step - 1) * M + m) * DP + drank) * B, false);
+      fill(m, consumed0 + (((step - 1 - s0) * M + m) * DP + drank) * B, false);
       micro.push_back({ids[static_cast<std::size_t>(m)].data(), tgt[static_cast<std::size_t>(m)].data(), B, S});
     }
     const StepStats st = trainer.step(micro);
     if (!std::isfinite(st.loss))
       throw InvalidArgument("step " + std::to_string(step) + ": the loss is not finite (" + std::to_string(st.loss) +
                             "); lower --lr");
-    if (step == 1) first_loss = st.ce;  // the cross-entropy, as last_loss (the progress line adds the aux term)
+    if (step == s0 + 1) first_loss = st.ce;  // the cross-entropy, as last_loss (the progress line adds the aux term)
     last_loss = st.ce;
     tokens_seen += static_cast<double>(st.inputs);
     train_seconds += st.seconds;
@@ -256,26 +298,46 @@ int run_train(const TrainFlags& f) {
       eval_loss = evaluate();
       last_eval = eval_loss;
     }
-    std::int64_t peak = static_cast<std::int64_t>(dev->arena().peak());
-    world->all_reduce(&peak, 1, DType::i64, ReduceOp::max);
-    if (!lead) continue;
-    StepReport r;
-    r.step = step;
-    r.total_steps = f.steps;
-    r.loss = st.loss;
-    r.lr = st.lr;
-    r.grad_norm = st.grad_norm;
-    r.tokens_per_second = st.seconds > 0 ? static_cast<double>(st.inputs) / st.seconds : 0;
-    r.device_peak_bytes = static_cast<std::uint64_t>(peak);
-    r.elapsed_seconds = clock.seconds();
-    r.eval_loss = eval_loss;
-    if (progress_every(step, f.steps) || eval_loss) progress.update(r);
-    if (metrics) {
-      nlohmann::json j = step_json(r);
-      j["ce"] = st.ce;
-      j["aux"] = st.aux;
-      j["scored_tokens"] = st.tokens;
-      metrics->write(j);
+    // A signal seen by any rank stops every rank after this step (one small all-reduce).
+    std::int64_t vitals[2] = {static_cast<std::int64_t>(dev->arena().peak()), g_stop_signal};
+    world->all_reduce(vitals, 2, DType::i64, ReduceOp::max);
+    const std::int64_t peak = vitals[0];
+    if (!f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps) && vitals[1] == 0)
+      save(step);
+    if (lead) {
+      StepReport r;
+      r.step = step;
+      r.total_steps = f.steps;
+      r.loss = st.loss;
+      r.lr = st.lr;
+      r.grad_norm = st.grad_norm;
+      r.tokens_per_second = st.seconds > 0 ? static_cast<double>(st.inputs) / st.seconds : 0;
+      r.device_peak_bytes = static_cast<std::uint64_t>(peak);
+      r.elapsed_seconds = clock.seconds();
+      r.eval_loss = eval_loss;
+      if (progress_every(step, f.steps) || eval_loss) progress.update(r);
+      if (metrics) {
+        nlohmann::json j = step_json(r);
+        j["ce"] = st.ce;
+        j["aux"] = st.aux;
+        j["scored_tokens"] = st.tokens;
+        metrics->write(j);
+      }
+    }
+    if (vitals[1] != 0) {
+      std::signal(SIGINT, SIG_IGN);
+      std::signal(SIGTERM, SIG_IGN);
+      if (f.save_dir.empty()) {
+        if (lead)
+          std::printf("\nstopped by signal %lld after step %lld; no --save-dir, nothing saved\n",
+                      static_cast<long long>(vitals[1]), static_cast<long long>(step));
+        return 130;
+      }
+      save(step);
+      if (lead)
+        std::printf("stopped by signal %lld after step %lld; resume with --resume %s\n",
+                    static_cast<long long>(vitals[1]), static_cast<long long>(step), f.save_dir.c_str());
+      return 0;
     }
   }
   if (lead) progress.finish();
@@ -300,7 +362,7 @@ int run_train(const TrainFlags& f) {
   std::printf("\nloss %.4f -> %.4f (cross-entropy on the scored tokens)", first_loss, last_loss);
   if (last_eval) std::printf(", held-out %.4f", *last_eval);
   if (!std::isnan(blind)) std::printf(", context-blind bound %.4f", blind);
-  std::printf("; %.0f tokens/s over %lld steps\n", tps, static_cast<long long>(f.steps));
+  std::printf("; %.0f tokens/s over %lld steps\n", tps, static_cast<long long>(f.steps - s0));
   if (f.json) {
     nlohmann::json j = {{"model", c.name},
                         {"ranks", W},
@@ -359,6 +421,14 @@ Command add_train(CLI::App& parent) {
             "Routing imbalance the plan reserves dispatch memory for (busiest rank's load over the mean; 0 = the "
             "worst the layout allows)",
             0.0, 1e9);
+  text_flag(app, "--save-dir", f->save_dir,
+            "Write checkpoints here (step-N folders, a `latest` pointer): every --save-every steps, at the end, and "
+            "on SIGINT/SIGTERM");
+  int_flag(app, "--save-every", f->save_every, "Checkpoint every N steps (0 = at the end only)", 0,
+           std::int64_t{1} << 40);
+  int_flag(app, "--keep", f->keep, "Checkpoints kept in --save-dir (the newest)", 1, 1 << 20);
+  text_flag(app, "--resume", f->resume,
+            "Continue from the latest checkpoint in this folder (or a step folder); --steps stays the run's total");
   add_config_flag(app);
   cmd.validate = [f] {
     if (f->plan_skew > 0 && f->plan_skew < 1) throw InvalidArgument("--plan-skew must be 0 (worst case) or >= 1");
@@ -367,6 +437,8 @@ Command add_train(CLI::App& parent) {
     // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
     if (!f->data.empty()) (void)token_file_source(f->data, f->seq_len, f->eval_fraction, s.config.vocab_size);
     if (f->device_memory != "auto") (void)parse_bytes(f->device_memory, "--device-memory");
+    if (!f->resume.empty()) (void)read_checkpoint_manifest(resolve_checkpoint(f->resume));
+    if (f->save_every > 0 && f->save_dir.empty()) throw InvalidArgument("--save-every needs --save-dir");
   };
   cmd.run = [f] { return run_train(*f); };
   return cmd;

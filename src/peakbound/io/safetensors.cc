@@ -13,6 +13,7 @@
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/io/atomic_file.h"
 #include "peakbound/io/mapped_file.h"
 
 namespace peakbound {
@@ -226,53 +227,13 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-  const std::filesystem::path target(path);
-  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  std::string tmp_name = ".";  // appended step by step: GCC 12 warns falsely on a + b + c here
-  tmp_name += target.filename().string();
-  tmp_name += ".tmpXXXXXX";
-  std::string tmpl = (dir / tmp_name).string();
-  const int fd = mkstemp(tmpl.data());
-  if (fd < 0) throw Error(path + ": cannot create a temporary file in " + dir.string() + ": " + std::strerror(errno));
-  auto fail = [&](const char* what) {
-    const std::string why = std::strerror(errno);
-    ::close(fd);
-    ::unlink(tmpl.c_str());
-    throw Error(path + ": " + what + ": " + why);
-  };
-  auto put = [&](const void* p, std::uint64_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, c, std::min<std::uint64_t>(n, 1u << 30));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail("cannot write");
-      }
-      c += w;
-      n -= static_cast<std::uint64_t>(w);
-    }
-  };
   std::uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
-  put(len, 8);
-  put(header.data(), header.size());
-  for (const SafeTensorOut& t : tensors) put(t.data, t.bytes);
-  if (::fsync(fd) != 0) fail("cannot flush to disk");
-  if (::close(fd) != 0) {
-    ::unlink(tmpl.c_str());
-    throw Error(path + ": cannot close: " + std::strerror(errno));
-  }
-  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmpl.c_str());
-    throw Error(path + ": cannot rename the written file into place: " + why);
-  }
-  // The rename itself reaches the disk once the folder is flushed.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  std::vector<std::span<const std::byte>> parts;
+  parts.emplace_back(reinterpret_cast<const std::byte*>(len), 8);
+  parts.emplace_back(reinterpret_cast<const std::byte*>(header.data()), header.size());
+  for (const SafeTensorOut& t : tensors) parts.emplace_back(static_cast<const std::byte*>(t.data), t.bytes);
+  write_file_atomic(path, parts);
 }
 
 }  // namespace peakbound

@@ -14,9 +14,14 @@ DeviceAdamW::DeviceAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOption
   v_ = dev.allocate(buffers_.v.component, buffers_.v.bytes);
 }
 
-void DeviceAdamW::load_state(const float* master) {
+void DeviceAdamW::load_state(const float* master, const float* m, const float* v) {
   if (shard_.n == 0) return;
   copy_and_wait(master_.data(), master, buffers_.master.bytes, CopyKind::host_to_device);
+  if (m != nullptr) {
+    copy_and_wait(m_.data(), m, buffers_.m.bytes, CopyKind::host_to_device);
+    copy_and_wait(v_.data(), v, buffers_.v.bytes, CopyKind::host_to_device);
+    return;
+  }
   Device& dev = ctx_.device;
   Stream& s = dev.compute_stream();
   ops::fill(dev, s, m_.as<float>(), shard_.n, 0.0f);

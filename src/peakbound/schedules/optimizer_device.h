@@ -16,7 +16,7 @@ class DeviceAdamW final : public OptimizerSchedule {
   void read_state(float* master, float* m, float* v) override;
 
  protected:
-  void load_state(const float* master) override;
+  void load_state(const float* master, const float* m, const float* v) override;
   void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) override;
 
  private:

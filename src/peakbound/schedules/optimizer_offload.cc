@@ -19,12 +19,17 @@ StaggeredBlock OffloadedAdamW::stage() {
   return b;
 }
 
-void OffloadedAdamW::load_state(const float* master) {
+void OffloadedAdamW::load_state(const float* master, const float* m, const float* v) {
   const auto bytes = buffers_.master.bytes;
   if (bytes == 0) return;
   std::memcpy(master_, master, bytes);
-  std::memset(m_, 0, bytes);
-  std::memset(v_, 0, bytes);
+  if (m != nullptr) {
+    std::memcpy(m_, m, bytes);
+    std::memcpy(v_, v, bytes);
+  } else {
+    std::memset(m_, 0, bytes);
+    std::memset(v_, 0, bytes);
+  }
 }
 
 void OffloadedAdamW::read_state(float* master, float* m, float* v) {

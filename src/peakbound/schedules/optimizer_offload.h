@@ -21,7 +21,7 @@ class OffloadedAdamW : public OptimizerSchedule {
   std::uint64_t host_staging_bytes() const { return staging_bytes_; }
 
  protected:
-  void load_state(const float* master) override;
+  void load_state(const float* master, const float* m, const float* v) override;
   // The host tensors for elements [offset, offset + count), reading gradients from
   // `grads` and writing parameters to `params` (host staging, already offset).
   AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);

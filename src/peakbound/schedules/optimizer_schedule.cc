@@ -43,9 +43,13 @@ void OptimizerSchedule::copy_and_wait(void* dst, const void* src, std::uint64_t 
   ctx_.device.synchronize(s);
 }
 
-void OptimizerSchedule::load(const float* master) {
-  load_state(master);
-  steps_ = 0;
+void OptimizerSchedule::load(const float* master) { restore(master, nullptr, nullptr, 0); }
+
+void OptimizerSchedule::restore(const float* master, const float* m, const float* v, std::int64_t steps) {
+  if (steps < 0) throw InvalidArgument("optimizer: a restored step count must be >= 0, got " + std::to_string(steps));
+  if ((m == nullptr) != (v == nullptr)) throw InvalidArgument("optimizer: restore needs both m and v, or neither");
+  load_state(master, m, v);
+  steps_ = steps;
   const auto n = shard_.n;
   if (n == 0) return;
   const std::uint64_t bytes = buffers_.load_staging.bytes;

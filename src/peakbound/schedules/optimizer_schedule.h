@@ -85,6 +85,11 @@ class OptimizerSchedule {
 
   // Copies the state to host arrays of n floats each (tests, checkpoints).
   virtual void read_state(float* master, float* m, float* v) = 0;
+  // A checkpoint's state: master, m, v (host arrays of n floats) and the steps taken
+  // (the bias corrections continue from there); writes the device parameters from the
+  // master weights, as load() does. The next step() is the one a run that was never
+  // stopped would take, bit for bit.
+  void restore(const float* master, const float* m, const float* v, std::int64_t steps);
 
   std::int64_t steps_taken() const { return steps_; }
   const ParamShard& shard() const { return shard_; }
@@ -93,8 +98,8 @@ class OptimizerSchedule {
   const OptimizerBuffers& buffers() const { return buffers_; }
 
  protected:
-  // Writes master, m, v of the schedule's own storage (m and v zero).
-  virtual void load_state(const float* master) = 0;
+  // Writes master, m, v of the schedule's own storage (m and v zero when null).
+  virtual void load_state(const float* master, const float* m, const float* v) = 0;
   // Applies the update with the step's scalars; fills the stage times.
   virtual void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
 

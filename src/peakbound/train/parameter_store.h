@@ -127,6 +127,7 @@ class ParameterStore {
   float* params_data() const { return params_.as<float>(); }
   float* grads_data() const { return grads_.as<float>(); }
   std::uint64_t elements() const { return layout_.elements; }
+  const ParameterLayout& layout() const { return layout_; }
 
   // Zeroes every gradient, asynchronously on s (the compute stream by default).
   void zero_grads(Stream& s);

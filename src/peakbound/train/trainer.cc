@@ -1,5 +1,6 @@
 #include "peakbound/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "peakbound/core/error.h"
@@ -125,6 +126,58 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
   st.lr = lr;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+namespace {
+
+// The pieces of a layout's views inside [lo, lo + len) of its flat buffer, placed at
+// shard_offset + (element - lo). A view of rows [r0, r1) of its tensor starts at flat
+// element r0 x (numel / dim 0) of the whole tensor.
+void add_segments(const ParameterLayout& layout, std::uint64_t lo, std::uint64_t len, std::uint64_t shard_offset,
+                  std::vector<ShardSegment>& out) {
+  for (const ParameterView& v : layout.views) {
+    const auto n = static_cast<std::uint64_t>(v.numel());
+    const std::uint64_t a = std::max(v.offset, lo), b = std::min(v.offset + n, lo + len);
+    if (a >= b) continue;
+    const std::vector<std::int64_t>& full = v.entry.shape;
+    std::uint64_t row = 1;
+    for (std::size_t d = 1; d < full.size(); ++d) row *= static_cast<std::uint64_t>(full[d]);
+    const std::uint64_t first = full.empty() ? 0 : static_cast<std::uint64_t>(v.rows.begin) * row;
+    out.push_back({v.name(), full, first + (a - v.offset), b - a, shard_offset + (a - lo)});
+  }
+}
+
+}  // namespace
+
+std::vector<ShardSegment> Trainer::shard_segments() const {
+  std::vector<ShardSegment> out;
+  const FsdpUnits& fsdp = model_.fsdp();
+  const auto r = static_cast<std::uint64_t>(fsdp.group().rank());
+  for (std::size_t u = 0; u < fsdp.size(); ++u) {
+    const std::uint64_t len = fsdp.shard_len(u);
+    add_segments(fsdp.layout(u), r * len, len, fsdp.shard_offset(u), out);
+  }
+  for (const Slice& sl : slices_)
+    add_segments(sl.store->layout(), static_cast<std::uint64_t>(sl.group->rank()) * sl.len, sl.len, sl.offset, out);
+  return out;
+}
+
+void Trainer::read_shard(float* master, float* m, float* v) const { opt_->read_state(master, m, v); }
+
+void Trainer::restore(const float* master, const float* m, const float* v, std::int64_t step) {
+  if (step < 0) throw InvalidArgument("trainer: a restored step must be >= 0, got " + std::to_string(step));
+  Device& dev = model_.experts().device();
+  // The optimizer writes the parameter shard from the master weights; from there the
+  // FSDP shard and the stores are written as at the end of a step.
+  opt_->restore(master, m, v, step);
+  dev.synchronize();
+  FsdpUnits& fsdp = model_.fsdp();
+  dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
+                   dev.compute_stream());
+  dev.synchronize();
+  for (const Slice& sl : slices_)
+    sl.group->all_gather(param_shard_.as<float>() + sl.offset, sl.store->params_data(), sl.len, DType::f32);
+  step_ = step;
 }
 
 double Trainer::evaluate(std::span<const MicroBatch> batches, std::int64_t* tokens) {

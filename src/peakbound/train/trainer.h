@@ -39,6 +39,15 @@ struct MicroBatch {
   std::int64_t seq_len = 0;
 };
 
+// A piece of one tensor in this rank's optimizer shard: elements [begin, begin + count)
+// of the tensor `name` (flattened, row-major, its full shape `shape`) at shard_offset.
+struct ShardSegment {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, count = 0;
+  std::uint64_t shard_offset = 0;
+};
+
 struct TrainerOptions {
   std::string optimizer = "device";  // an optimizer_schedule_names() entry
   OptimizerOptions optimizer_options;
@@ -80,6 +89,19 @@ class Trainer {
 
   std::int64_t steps_taken() const { return step_; }
   const OptimizerSchedule& optimizer() const { return *opt_; }
+  MoeTransformer& model() const { return model_; }
+
+  // Where this rank's optimizer shard comes from (checkpoints): one segment per tensor
+  // piece, in shard order, padding left out.
+  std::vector<ShardSegment> shard_segments() const;
+  std::uint64_t shard_elements() const { return shard_elems_; }
+  // This rank's optimizer state: master weights, m, v (host arrays of shard_elements()).
+  void read_shard(float* master, float* m, float* v) const;
+  // Restores a checkpoint's state into this rank's shard (elements the segments do not
+  // cover must be 0) and the step count, then writes the parameters everywhere (the
+  // FSDP shard; each store's slices all-gathered): the model and optimizer a run that
+  // was never stopped holds after `step` steps. Collective over the world.
+  void restore(const float* master, const float* m, const float* v, std::int64_t step);
 
  private:
   struct Slice {

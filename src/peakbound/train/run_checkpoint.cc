@@ -1,0 +1,343 @@
+#include "peakbound/train/run_checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/io/atomic_file.h"
+#include "peakbound/io/safetensors.h"
+#include "peakbound/model/describe.h"
+
+namespace peakbound {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "peakbound-checkpoint";
+constexpr int kVersion = 1;
+
+std::string step_name(std::int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%08lld", static_cast<long long>(step));
+  return b;
+}
+
+std::string rank_file(int rank, const char* kind) {
+  char b[48];
+  std::snprintf(b, sizeof b, "rank-%05d.%s.safetensors", rank, kind);
+  return b;
+}
+
+std::string hex32(std::uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", v);
+  return b;
+}
+
+// One rank's file of pieces: the tensors, with each piece's place in its tensor.
+void write_pieces(const std::string& path, const std::vector<ShardSegment>& segs, const std::vector<const float*>& data,
+                  const std::vector<std::string>& suffixes) {
+  std::vector<SafeTensorOut> out;
+  std::map<std::string, std::string> meta;
+  meta["format"] = "peakbound-shard";
+  for (std::size_t k = 0; k < data.size(); ++k)
+    for (const ShardSegment& s : segs) {
+      const std::string name = s.name + suffixes[k];
+      out.push_back({name, "F32", {static_cast<std::int64_t>(s.count)}, data[k] + s.shard_offset, s.count * sizeof(float)});
+      meta[name] = nlohmann::json{{"tensor", s.name}, {"begin", s.begin}, {"shape", s.shape}}.dump();
+    }
+  write_safetensors(path, out, meta);
+}
+
+// Every rank's verdict on a step that may fail on some: throws on every rank when any failed.
+void agree(Communicator& world, const std::string& own_error, const std::string& others) {
+  std::int64_t failed = own_error.empty() ? 0 : 1;
+  world.all_reduce(&failed, 1, DType::i64, ReduceOp::max);
+  if (failed == 0) return;
+  if (!own_error.empty()) throw Error(own_error);
+  throw Error(others);
+}
+
+void bad_checkpoint(const std::string& what) { throw InvalidArgument("checkpoint " + what); }
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const Trainer& trainer, const RunState& state,
+                            const ModelConfig& config, const ParallelLayout& layout, const SaveOptions& options) {
+  if (options.keep < 1) throw InvalidArgument("checkpoint: keep must be >= 1, got " + std::to_string(options.keep));
+  Communicator& world = *trainer.model().groups().world;
+  const int W = world.size(), r = world.rank();
+  const std::string name = step_name(state.step);
+  const fs::path root(dir), tmp = root / ("." + name + ".tmp"), final_dir = root / name;
+
+  // Rank 0 prepares the temporary folder; every rank learns whether it could.
+  std::string error;
+  if (r == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      if (ec) throw Error(dir + ": cannot create the checkpoint folder: " + ec.message());
+      fs::remove_all(tmp, ec);
+      fs::create_directory(tmp, ec);
+      if (ec) throw Error(tmp.string() + ": cannot create: " + ec.message());
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree(world, error, dir + ": rank 0 could not prepare the checkpoint folder");
+
+  // Every rank its two files, from host copies of its shard.
+  const std::uint64_t n = trainer.shard_elements();
+  std::vector<float> master(n), m(n), v(n);
+  trainer.read_shard(master.data(), m.data(), v.data());
+  const std::vector<ShardSegment> segs = trainer.shard_segments();
+  std::uint64_t sums[4] = {0, 0, 0, 0};  // model bytes, crc, optim bytes, crc
+  try {
+    const std::string mp = (tmp / rank_file(r, "model")).string(), op = (tmp / rank_file(r, "optim")).string();
+    write_pieces(mp, segs, {master.data()}, {""});
+    write_pieces(op, segs, {m.data(), v.data()}, {".exp_avg", ".exp_avg_sq"});
+    const FileSum a = file_sum(mp), b = file_sum(op);
+    sums[0] = a.bytes;
+    sums[1] = a.crc;
+    sums[2] = b.bytes;
+    sums[3] = b.crc;
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const auto cleanup = [&] {
+    if (r == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  };
+  try {
+    agree(world, error, dir + ": another rank could not write its checkpoint files; the previous checkpoint is intact");
+  } catch (...) {
+    world.barrier();
+    cleanup();
+    throw;
+  }
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(4 * W));
+  world.all_gather(sums, all.data(), 4, DType::i64);  // 8-byte words, gathered as they are
+
+  // Rank 0: the manifest, the folder's rename, `latest`, the old folders' removal.
+  if (r == 0) {
+    try {
+      nlohmann::json files = nlohmann::json::array();
+      for (int k = 0; k < W; ++k) {
+        const std::uint64_t* s = all.data() + 4 * k;
+        files.push_back({{"name", rank_file(k, "model")}, {"bytes", s[0]}, {"crc32", hex32(static_cast<std::uint32_t>(s[1]))}});
+        files.push_back({{"name", rank_file(k, "optim")}, {"bytes", s[2]}, {"crc32", hex32(static_cast<std::uint32_t>(s[3]))}});
+      }
+      const nlohmann::json manifest = {
+          {"format", kFormat},
+          {"version", kVersion},
+          {"step", state.step},
+          {"sequences_consumed", state.sequences_consumed},
+          {"seed", state.seed},
+          {"model", to_json(config)},
+          {"layout", {{"world", W}, {"cp", layout.cp}, {"ep", layout.ep}, {"vocab_group", layout.vocab}}},
+          {"optimizer", std::string(trainer.optimizer().name())},
+          {"optimizer_steps", trainer.optimizer().steps_taken()},
+          {"run", state.run},
+          {"files", files}};
+      write_text_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+      fsync_directory(tmp.string());
+      std::error_code ec;
+      if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // the same step saved again
+      fs::rename(tmp, final_dir, ec);
+      if (ec) throw Error(final_dir.string() + ": cannot rename the written checkpoint into place: " + ec.message());
+      fsync_directory(root.string());
+      write_text_atomic((root / "latest").string(), name + "\n");
+      // Keep the newest `keep` step folders (names sort by step).
+      std::vector<fs::path> steps;
+      for (const fs::directory_entry& e : fs::directory_iterator(root, ec))
+        if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) steps.push_back(e.path());
+      std::sort(steps.begin(), steps.end());
+      for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep) < steps.size(); ++i)
+        if (steps[i] != final_dir) fs::remove_all(steps[i], ec);
+      fsync_directory(root.string());
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  try {
+    agree(world, error, dir + ": rank 0 could not finish the checkpoint; the previous checkpoint is intact");
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  return final_dir.string();
+}
+
+bool has_checkpoint(const std::string& dir) {
+  try {
+    (void)resolve_checkpoint(dir);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+}
+
+std::string resolve_checkpoint(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  if (fs::is_regular_file(root / "manifest.json", ec)) return root.string();
+  if (!fs::is_directory(root, ec)) bad_checkpoint("folder '" + dir + "' does not exist");
+  std::ifstream in(root / "latest");
+  if (!in) bad_checkpoint("folder '" + dir + "' holds no checkpoint (no 'latest' file, no manifest.json)");
+  std::string name;
+  std::getline(in, name);
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
+    bad_checkpoint("'" + (root / "latest").string() + "' is damaged: it names '" + name + "', not a step folder");
+  if (!fs::is_regular_file(root / name / "manifest.json", ec))
+    bad_checkpoint("'" + (root / "latest").string() + "' names " + name + ", which holds no manifest.json");
+  return (root / name).string();
+}
+
+nlohmann::json read_checkpoint_manifest(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  std::ifstream in(path);
+  if (!in) bad_checkpoint("manifest '" + path + "' cannot be read");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    bad_checkpoint("manifest '" + path + "' is not valid JSON (" + e.what() + ")");
+  }
+  auto need = [&](const char* key, bool number) {
+    if (!j.is_object() || !j.contains(key) || (number && !j[key].is_number_integer()))
+      bad_checkpoint("manifest '" + path + "': missing or invalid field '" + key + "'");
+  };
+  if (!j.is_object() || j.value("format", std::string()) != kFormat)
+    bad_checkpoint("manifest '" + path + "' is not a peakbound checkpoint");
+  need("version", true);
+  if (j["version"].get<int>() != kVersion)
+    bad_checkpoint("manifest '" + path + "' has version " + j["version"].dump() + "; this build reads version " +
+                   std::to_string(kVersion));
+  for (const char* k : {"step", "sequences_consumed", "optimizer_steps"}) need(k, true);
+  need("files", false);
+  if (!j["files"].is_array() || j["files"].empty()) bad_checkpoint("manifest '" + path + "' lists no files");
+  for (const nlohmann::json& f : j["files"])
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !f.contains("bytes") ||
+        !f["bytes"].is_number_unsigned() || !f.contains("crc32") || !f["crc32"].is_string() ||
+        f["name"].get<std::string>().find('/') != std::string::npos)
+      bad_checkpoint("manifest '" + path + "': a malformed entry in 'files': " + f.dump());
+  return j;
+}
+
+namespace {
+
+struct Piece {
+  const SafeTensorsFile* file;
+  std::string stored;  // the tensor's name in the file
+  std::uint64_t begin, count;
+  std::vector<std::int64_t> shape;
+};
+
+// name (HF name + suffix) -> the pieces holding parts of it.
+using PieceIndex = std::map<std::string, std::vector<Piece>>;
+
+void index_file(const SafeTensorsFile& f, PieceIndex& index) {
+  for (const SafeTensorInfo& t : f.tensors()) {
+    const auto it = f.metadata().find(t.name);
+    if (it == f.metadata().end()) bad_checkpoint("file '" + f.path() + "': tensor " + t.name + " has no placement");
+    nlohmann::json p;
+    try {
+      p = nlohmann::json::parse(it->second);
+    } catch (const nlohmann::json::exception&) {
+      bad_checkpoint("file '" + f.path() + "': tensor " + t.name + " has a malformed placement");
+    }
+    if (!p.is_object() || !p.contains("begin") || !p["begin"].is_number_unsigned() || !p.contains("shape") ||
+        !p["shape"].is_array() || t.dtype != "F32" || t.shape.size() != 1)
+      bad_checkpoint("file '" + f.path() + "': tensor " + t.name + " has a malformed placement or dtype");
+    Piece pc{&f, t.name, p["begin"].get<std::uint64_t>(), static_cast<std::uint64_t>(t.shape[0]),
+             p["shape"].get<std::vector<std::int64_t>>()};
+    index[t.name].push_back(std::move(pc));
+  }
+}
+
+// Fills dst[seg.shard_offset ...] from the pieces of name; returns the elements filled.
+std::uint64_t fill(const PieceIndex& index, const std::string& name, const ShardSegment& seg, float* dst) {
+  const auto it = index.find(name);
+  if (it == index.end()) return 0;
+  std::uint64_t filled = 0;
+  for (const Piece& p : it->second) {
+    if (p.shape != seg.shape) {
+      std::string have, want;
+      for (auto d : p.shape) have += (have.empty() ? "" : "x") + std::to_string(d);
+      for (auto d : seg.shape) want += (want.empty() ? "" : "x") + std::to_string(d);
+      bad_checkpoint("tensor " + seg.name + " is " + have + " in '" + p.file->path() + "', the model's is " + want);
+    }
+    const std::uint64_t a = std::max(p.begin, seg.begin), b = std::min(p.begin + p.count, seg.begin + seg.count);
+    if (a >= b) continue;
+    const std::span<const std::byte> bytes = p.file->bytes(p.stored);
+    const auto* src = reinterpret_cast<const float*>(bytes.data());
+    std::copy(src + (a - p.begin), src + (b - p.begin), dst + seg.shard_offset + (a - seg.begin));
+    filled += b - a;
+  }
+  return filled;
+}
+
+}  // namespace
+
+RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
+  Communicator& world = *trainer.model().groups().world;
+  const std::uint64_t n = trainer.shard_elements();
+  std::vector<float> master(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+  RunState st;
+  std::int64_t optimizer_steps = 0;
+  std::string error;
+  try {
+    const nlohmann::json j = read_checkpoint_manifest(step_dir);
+    st.step = j["step"].get<std::int64_t>();
+    st.sequences_consumed = j["sequences_consumed"].get<std::int64_t>();
+    st.seed = j.value("seed", std::uint64_t{0});
+    if (j.contains("run")) st.run = j["run"];
+    optimizer_steps = j["optimizer_steps"].get<std::int64_t>();
+    // Every file checked against the manifest before any byte of it is used.
+    std::vector<SafeTensorsFile> files;
+    files.reserve(j["files"].size());
+    for (const nlohmann::json& f : j["files"]) {
+      const std::string path = (fs::path(step_dir) / f["name"].get<std::string>()).string();
+      std::error_code ec;
+      if (!fs::is_regular_file(path, ec)) bad_checkpoint("file '" + path + "' is missing");
+      const FileSum s = file_sum(path);
+      if (s.bytes != f["bytes"].get<std::uint64_t>())
+        bad_checkpoint("file '" + path + "' is truncated or altered: " + std::to_string(s.bytes) +
+                       " bytes, the manifest says " + std::to_string(f["bytes"].get<std::uint64_t>()));
+      if (hex32(s.crc) != f["crc32"].get<std::string>())
+        bad_checkpoint("file '" + path + "' is corrupted: CRC-32 " + hex32(s.crc) + ", the manifest says " +
+                       f["crc32"].get<std::string>());
+      files.push_back(SafeTensorsFile::open(path));
+    }
+    PieceIndex index;
+    for (const SafeTensorsFile& f : files) index_file(f, index);
+    for (const ShardSegment& seg : trainer.shard_segments()) {
+      const std::uint64_t got[3] = {fill(index, seg.name, seg, master.data()),
+                                    fill(index, seg.name + ".exp_avg", seg, m.data()),
+                                    fill(index, seg.name + ".exp_avg_sq", seg, v.data())};
+      for (std::uint64_t g : got)
+        if (g != seg.count)
+          bad_checkpoint("'" + step_dir + "' does not hold tensor " + seg.name + " elements [" +
+                         std::to_string(seg.begin) + ", " + std::to_string(seg.begin + seg.count) +
+                         ") (another model, or files missing from it)");
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  std::int64_t failed = error.empty() ? 0 : 1;
+  world.all_reduce(&failed, 1, DType::i64, ReduceOp::max);
+  if (failed != 0) throw InvalidArgument(error.empty() ? "checkpoint '" + step_dir + "' could not be loaded on another rank" : error);
+  trainer.restore(master.data(), m.data(), v.data(), optimizer_steps);
+  if (st.step != optimizer_steps) throw InternalError("checkpoint: step and optimizer steps differ");
+  return st;
+}
+
+}  // namespace peakbound

@@ -1,0 +1,75 @@
+// Training checkpoints (issue 13): what a stopped run needs to continue bit for bit, on
+// the same layout or another one.
+//
+// A checkpoint is a folder DIR/step-NNNNNNNN holding, per rank r of W,
+//   rank-RRRRR.model.safetensors   the rank's optimizer-shard pieces of the parameters
+//                                  (the fp32 master weights, which are the trained
+//                                  parameters: the model trains in fp32), one 1-D tensor per
+//                                  piece under its Hugging Face name
+//   rank-RRRRR.optim.safetensors   AdamW's m and v for the same pieces (NAME.exp_avg,
+//                                  NAME.exp_avg_sq)
+// each piece's place in its tensor in the file's metadata (NAME -> {"tensor", "begin",
+// "shape"}: elements [begin, begin + n) of the flattened tensor of that full shape, as
+// torch.distributed.checkpoint records chunks), and manifest.json (rank 0): the format
+// version, the step, the data position, the seed, the model config, the layout, the
+// optimizer, the run's flags and every file's size and CRC-32.
+//
+// Writing is atomic at every level: the files go into DIR/.step-NNNNNNNN.tmp, each written
+// to a temporary name, flushed and renamed; the manifest last; then the folder is renamed
+// to step-NNNNNNNN, DIR is flushed, and DIR/latest (the step folder's name) is replaced
+// atomically. A run killed at any point leaves `latest` naming a complete checkpoint (or
+// no `latest` at all). Older step folders beyond the last `keep` are then removed.
+//
+// Loading reads the manifest, checks every file it opens against the recorded size and
+// CRC-32, and fills this rank's shard from whichever pieces overlap its segments
+// (Trainer::shard_segments): a checkpoint taken with other DP, EP, CP or vocabulary
+// sizes loads as well (resharding on load), and a piece missing or of another shape is a
+// one-line error naming the tensor. All ranks must see the same folder (a shared file
+// system across nodes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/model/model_config.h"
+#include "peakbound/train/process_groups.h"
+#include "peakbound/train/trainer.h"
+
+namespace peakbound {
+
+// The run's state beside the tensors.
+struct RunState {
+  std::int64_t step = 0;                // optimizer steps taken (the learning rate's position)
+  std::int64_t sequences_consumed = 0;  // training sequences read over the world (the data position)
+  std::uint64_t seed = 0;               // the run's seed (initialisation, built-in tasks)
+  nlohmann::json run = nlohmann::json::object();  // the flags the run was started with (informational)
+};
+
+struct SaveOptions {
+  int keep = 3;  // step folders kept (>= 1)
+};
+
+// Collective over the trainer's world. Writes DIR/step-<state.step> as above and returns
+// its path. Error (naming the path and the system's reason) when a file cannot be written
+// (disk full, no permission): on every rank, the previous checkpoint and `latest` intact.
+std::string save_checkpoint(const std::string& dir, const Trainer& trainer, const RunState& state,
+                            const ModelConfig& config, const ParallelLayout& layout, const SaveOptions& options = {});
+
+// The step folder DIR names: DIR itself when it holds manifest.json, else the folder
+// DIR/latest names. InvalidArgument (one line) when there is none or `latest` is damaged.
+std::string resolve_checkpoint(const std::string& dir);
+// Whether DIR holds a checkpoint (resolve_checkpoint would succeed).
+bool has_checkpoint(const std::string& dir);
+
+// The manifest of a step folder, checked for the fields loading needs.
+nlohmann::json read_checkpoint_manifest(const std::string& step_dir);
+
+// Collective. Loads the step folder into the trainer (Trainer::restore) and returns the
+// run state. InvalidArgument naming the file when a file is missing, truncated or
+// corrupted (size or CRC-32 differs from the manifest), or when the checkpoint does not
+// hold every element of this rank's shard (another model).
+RunState load_checkpoint(const std::string& step_dir, Trainer& trainer);
+
+}  // namespace peakbound
