@@ -1,0 +1,356 @@
+// Training checkpoints (train/run_checkpoint.h) at 1-4 ranks:
+//  - N steps straight against N/2 steps, save, a fresh model and trainer, load, N/2 steps:
+//    the same loss bits at every step and the same parameter bits at the end, with every
+//    schedule on and with every schedule off;
+//  - a checkpoint taken on one layout loads on another (EP, vocabulary group, CP and the
+//    optimizer schedule changed): the same parameters, and the next step's loss to 1e-5;
+//  - a truncated, corrupted or missing file, a damaged `latest` or manifest: one
+//    InvalidArgument naming the file, on every rank;
+//  - a save that cannot write (a file-size limit standing in for a full disk): an Error,
+//    `latest` and the previous checkpoint intact and loadable.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstring>
+#include <functional>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/host_memory.h"
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/train/fsdp_units.h"
+#include "peakbound/train/kv_retrieval_task.h"
+#include "peakbound/train/run_checkpoint.h"
+#include "peakbound/train/trainer.h"
+#include "tests/comm/world.h"
+
+namespace peakbound {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig ck_config() {
+  ModelConfig c;
+  c.name = "ckpt-test";
+  c.family = "peakbound";
+  c.vocab_size = 300;
+  c.hidden_size = 32;
+  c.num_layers = 3;
+  c.num_dense_layers = 1;
+  c.dense_intermediate_size = 48;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.moe_intermediate_size = 24;
+  c.norm_topk_prob = true;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.qk_norm = true;
+  c.router_aux_loss_coef = 0.01;
+  c.initializer_range = 0.1;
+  return c;
+}
+
+struct RunSetup {
+  ParallelLayout layout;
+  bool all = true;
+  std::string optimizer = "offload_stream";
+};
+
+RunSetup default_setup(bool all) {
+  const int W = testing::world().size();
+  RunSetup s;
+  s.all = all;
+  s.optimizer = all ? "offload_stream" : "device";
+  s.layout.ep = W;
+  while (8 % s.layout.ep != 0 || W % s.layout.ep != 0) --s.layout.ep;
+  s.layout.vocab = W;
+  return s;
+}
+
+// A model and trainer on this rank (the same seed, so the same initial model).
+struct TrainRun {
+  std::unique_ptr<CpuDevice> dev;
+  HostMemory host;
+  ThreadPool pool{1};
+  ProcessGroups groups;
+  std::unique_ptr<MoeTransformer> model;
+  std::unique_ptr<Trainer> trainer;
+  RunSetup setup;
+
+  explicit TrainRun(const RunSetup& s) : setup(s) {
+    dev = std::make_unique<CpuDevice>(128 << 20);
+    groups = ProcessGroups::split(testing::world(), s.layout);
+    ModelSchedules sch;
+    sch.dispatch = s.all ? DispatchKind::pipelined_llep : DispatchKind::standard_ep;
+    sch.dispatch_options.cap = 5;
+    sch.ring_dtp = s.all;
+    sch.vocab.chunk = 7;
+    sch.checkpoint.schedule = s.all ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+    model = std::make_unique<MoeTransformer>(*dev, host, groups, ck_config(), sch);
+    model->init_parameters(7);
+    TrainerOptions o;
+    o.optimizer = s.optimizer;
+    o.optimizer_options.adam.lr = 3e-3f;
+    o.optimizer_options.adam.weight_decay = 0.1f;
+    o.optimizer_options.bucket_bytes = 4096;
+    o.lr = LrSchedule{3e-3f, 3e-4f, 2, 8};
+    trainer = std::make_unique<Trainer>(*model, host, pool, o);
+  }
+
+  // Step `step` (1-based) of the run: the global batch of the step, this rank's part.
+  double step(std::int64_t step) {
+    const KvRetrievalTask task = KvRetrievalTask::standard(300, 24, 11);
+    const int W = testing::world().size(), r = testing::world().rank();
+    const int cp = static_cast<int>(setup.layout.cp), d = r / cp, dp = W / cp;
+    std::vector<std::int32_t> ids, tgt;
+    const std::int64_t n = 2 * cp;  // 2 sequences a rank's worth of tokens per cp group
+    for (std::int64_t b = 0; b < n; ++b) {
+      const KvRetrievalTask::Sequence s = task.sequence(((step - 1) * dp + d) * n + b);
+      ids.insert(ids.end(), s.inputs.begin(), s.inputs.end());
+      tgt.insert(tgt.end(), s.targets.begin(), s.targets.end());
+    }
+    const MicroBatch mb{ids.data(), tgt.data(), n, 24};
+    return trainer->step({&mb, 1}).loss;
+  }
+
+  // Every parameter of the model, gathered whole on every rank (FSDP units, experts and
+  // head by name), for bitwise comparisons across layouts.
+  std::vector<float> all_parameters() {
+    std::vector<float> out;
+    FsdpUnits& f = model->fsdp();
+    for (std::size_t u = 0; u < f.size(); ++u) {
+      std::vector<float> unit(f.layout(u).elements);
+      dev->synchronize();
+      f.gather(u, unit.data());
+      for (const ParameterView& v : f.layout(u).views)
+        out.insert(out.end(), unit.begin() + static_cast<std::ptrdiff_t>(v.offset),
+                   unit.begin() + static_cast<std::ptrdiff_t>(v.offset) + v.numel());
+    }
+    // The stores: this rank's shard of the optimizer holds disjoint pieces; read the
+    // master weights through the segments and sum them over the world into full tensors.
+    const std::vector<ShardSegment> segs = trainer->shard_segments();
+    std::vector<float> master(trainer->shard_elements()), m(master.size()), v(master.size());
+    trainer->read_shard(master.data(), m.data(), v.data());
+    for (const char* prefix : {"model.layers.", "lm_head."}) {
+      for (const TensorEntry& e : model->table().entries()) {
+        if (e.name.rfind(prefix, 0) != 0 || (!e.expert_sharded && !e.vocab_sharded)) continue;
+        std::vector<float> full(static_cast<std::size_t>(e.numel()), 0.0f);
+        for (const ShardSegment& s : segs)
+          if (s.name == e.name)
+            std::copy_n(master.data() + s.shard_offset, s.count, full.data() + s.begin);
+        testing::world().all_reduce(full.data(), full.size(), DType::f32, ReduceOp::sum);
+        out.insert(out.end(), full.begin(), full.end());
+      }
+    }
+    return out;
+  }
+};
+
+std::string test_dir(const std::string& name) {
+  // One folder for every rank (rank 0's temp dir, broadcast by construction: the same path).
+  return (fs::path(::testing::TempDir()) / ("pb_ckpt_" + name + "_" + std::to_string(testing::world().size())))
+      .string();
+}
+
+void fresh(const std::string& dir) {
+  if (testing::world().rank() == 0) fs::remove_all(dir);
+  testing::world().barrier();
+}
+
+TEST(RunCheckpoint, ResumeIsBitwiseWithEveryScheduleOnAndOff) {
+  for (const bool all : {true, false}) {
+    SCOPED_TRACE(all ? "all" : "none");
+    const std::string dir = test_dir(all ? "bitwise_all" : "bitwise_none");
+    fresh(dir);
+    std::vector<double> straight, resumed;
+    std::vector<float> straight_params, resumed_params;
+    {
+      TrainRun a(default_setup(all));
+      for (int s = 1; s <= 6; ++s) straight.push_back(a.step(s));
+      straight_params = a.all_parameters();
+    }
+    {
+      TrainRun b(default_setup(all));
+      for (int s = 1; s <= 3; ++s) resumed.push_back(b.step(s));
+      RunState st;
+      st.step = 3;
+      st.sequences_consumed = 3 * 2 * testing::world().size();
+      save_checkpoint(dir, *b.trainer, st, ck_config(), b.setup.layout);
+    }
+    {
+      TrainRun c(default_setup(all));
+      const RunState st = load_checkpoint(resolve_checkpoint(dir), *c.trainer);
+      EXPECT_EQ(st.step, 3);
+      EXPECT_EQ(c.trainer->steps_taken(), 3);
+      for (int s = 4; s <= 6; ++s) resumed.push_back(c.step(s));
+      resumed_params = c.all_parameters();
+    }
+    ASSERT_EQ(straight.size(), resumed.size());
+    for (std::size_t i = 0; i < straight.size(); ++i)
+      EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1 << " (bit for bit)";
+    ASSERT_EQ(straight_params.size(), resumed_params.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < straight_params.size(); ++i)
+      differ += std::memcmp(&straight_params[i], &resumed_params[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << straight_params.size() << " parameters";
+  }
+}
+
+TEST(RunCheckpoint, LoadsOnAnotherLayout) {
+  Communicator& world = testing::world();
+  const std::string dir = test_dir("reshard");
+  fresh(dir);
+  const RunSetup from = default_setup(true);
+  std::vector<float> saved;
+  double next_loss = 0;
+  {
+    TrainRun a(from);
+    for (int s = 1; s <= 2; ++s) a.step(s);
+    RunState st;
+    st.step = 2;
+    save_checkpoint(dir, *a.trainer, st, ck_config(), from.layout);
+    saved = a.all_parameters();
+    next_loss = a.step(3);
+  }
+  // Another expert group, vocabulary group, context-parallel size and optimizer schedule.
+  std::vector<RunSetup> targets;
+  RunSetup t = default_setup(false);
+  t.layout.ep = 1;
+  t.layout.vocab = 1;
+  targets.push_back(t);
+  if (world.size() % 2 == 0) {
+    t.layout.cp = 2;
+    t.layout.ep = 2;
+    t.layout.vocab = 2;
+    t.optimizer = "offload_serial";
+    targets.push_back(t);
+  }
+  for (const RunSetup& to : targets) {
+    SCOPED_TRACE("ep " + std::to_string(to.layout.ep) + " vocab " + std::to_string(to.layout.vocab) + " cp " +
+                 std::to_string(to.layout.cp));
+    TrainRun b(to);
+    load_checkpoint(resolve_checkpoint(dir), *b.trainer);
+    const std::vector<float> got = b.all_parameters();
+    ASSERT_EQ(got.size(), saved.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != saved[i];
+    EXPECT_EQ(differ, 0u);
+    // The step after: the same math on another layout (the sums in another order).
+    const double loss = b.step(3);
+    EXPECT_LT(std::abs(loss - next_loss) / next_loss, 1e-5) << next_loss << " vs " << loss;
+  }
+}
+
+// Rank 0 damages the checkpoint, every rank tries to load it: every rank throws.
+void expect_refused(const std::string& dir, const std::function<void()>& damage, const std::string& needle) {
+  Communicator& world = testing::world();
+  if (world.rank() == 0) damage();
+  world.barrier();
+  TrainRun r(default_setup(true));
+  try {
+    load_checkpoint(resolve_checkpoint(dir), *r.trainer);
+    ADD_FAILURE() << "loaded a damaged checkpoint (" << needle << ")";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  world.barrier();
+}
+
+TEST(RunCheckpoint, DamagedCheckpointsAreRefusedNamingTheFile) {
+  Communicator& world = testing::world();
+  const std::string dir = test_dir("damaged");
+  fresh(dir);
+  {
+    TrainRun a(default_setup(true));
+    a.step(1);
+    RunState st;
+    st.step = 1;
+    save_checkpoint(dir, *a.trainer, st, ck_config(), a.setup.layout);
+  }
+  const fs::path step = fs::path(dir) / "step-00000001";
+  const fs::path model = step / "rank-00000.model.safetensors", optim = step / "rank-00000.optim.safetensors";
+  const auto backup = [&](const fs::path& p) {
+    if (world.rank() == 0) fs::copy_file(p, p.string() + ".bak", fs::copy_options::overwrite_existing);
+    world.barrier();
+  };
+  const auto restore = [&](const fs::path& p) {
+    if (world.rank() == 0) fs::copy_file(p.string() + ".bak", p, fs::copy_options::overwrite_existing);
+    world.barrier();
+  };
+  backup(model);
+  expect_refused(dir, [&] { fs::resize_file(model, fs::file_size(model) - 9); }, "is truncated or altered");
+  restore(model);
+  backup(optim);
+  expect_refused(dir, [&] {
+    std::fstream f(optim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(optim) / 2));
+    f.put('\x5a');
+  }, "is corrupted: CRC-32");
+  restore(optim);
+  expect_refused(dir, [&] { fs::rename(model, model.string() + ".gone"); }, "is missing");
+  if (world.rank() == 0) fs::rename(model.string() + ".gone", model);
+  world.barrier();
+  backup(step / "manifest.json");
+  expect_refused(dir, [&] { std::ofstream(step / "manifest.json") << "{\"format\": \"peakbound-checkpoint\", \"vers"; },
+                 "is not valid JSON");
+  restore(step / "manifest.json");
+  expect_refused(dir, [&] { std::ofstream(fs::path(dir) / "latest") << "../../etc\n"; }, "is damaged");
+  if (world.rank() == 0) std::ofstream(fs::path(dir) / "latest") << "step-00000001\n";
+  world.barrier();
+  // Intact again: it loads.
+  TrainRun ok(default_setup(true));
+  EXPECT_EQ(load_checkpoint(resolve_checkpoint(dir), *ok.trainer).step, 1);
+  EXPECT_THROW(resolve_checkpoint(dir + "/nothing-here"), InvalidArgument);
+}
+
+// A full disk, simulated by a file-size limit (writes past it fail with EFBIG, as they
+// fail with ENOSPC on a full disk): the save throws an Error naming the file on every
+// rank, and the previous checkpoint and `latest` still load.
+TEST(RunCheckpoint, AFailedSaveLeavesThePreviousCheckpoint) {
+  Communicator& world = testing::world();
+  const std::string dir = test_dir("full");
+  fresh(dir);
+  TrainRun a(default_setup(true));
+  a.step(1);
+  RunState st;
+  st.step = 1;
+  save_checkpoint(dir, *a.trainer, st, ck_config(), a.setup.layout);
+  a.step(2);
+  st.step = 2;
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  if (world.rank() == world.size() - 1) {  // one rank's disk fills
+    rlimit small = old;
+    small.rlim_cur = 4096;
+    setrlimit(RLIMIT_FSIZE, &small);
+  }
+  try {
+    save_checkpoint(dir, *a.trainer, st, ck_config(), a.setup.layout);
+    ADD_FAILURE() << "a save past the file-size limit succeeded";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (world.rank() == world.size() - 1) EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+    else EXPECT_NE(what.find("previous checkpoint is intact"), std::string::npos) << what;
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  world.barrier();
+  EXPECT_EQ(fs::path(resolve_checkpoint(dir)).filename(), "step-00000001");
+  EXPECT_FALSE(fs::exists(fs::path(dir) / ".step-00000002.tmp"));
+  TrainRun b(default_setup(true));
+  EXPECT_EQ(load_checkpoint(resolve_checkpoint(dir), *b.trainer).step, 1);
+}
+
+}  // namespace
+}  // namespace peakbound
