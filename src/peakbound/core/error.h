@@ -38,6 +38,13 @@ class Unavailable : public Error {
   using Error::Error;
 };
 
+// Training met a non-finite loss or gradient; every rank throws the same message
+// (the CLI prints it once).
+class NonFinite : public Error {
+ public:
+  using Error::Error;
+};
+
 // An internal invariant does not hold: a bug in peakbound, not in the input.
 class InternalError : public Error {
  public:

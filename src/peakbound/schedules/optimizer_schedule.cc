@@ -1,5 +1,7 @@
 #include "peakbound/schedules/optimizer_schedule.h"
 
+#include <cmath>
+
 #include <cstring>
 
 #include "peakbound/bench/harness.h"
@@ -60,20 +62,33 @@ void OptimizerSchedule::restore(const float* master, const float* m, const float
   copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
 }
 
-OptimizerStepTimes OptimizerSchedule::step(float lr) {
-  bench::Stopwatch step_watch;
-  OptimizerStepTimes t;
+GradClip OptimizerSchedule::clip() {
   // The norm is a pass over the device's gradients (a device kernel, ops::sum_squares,
   // after the work that wrote them on the compute stream), then one cross-rank sum: it
   // must be known before any bucket is updated, so it is not part of the pipeline.
-  // Without clipping there is nothing to wait for: no pass, norm reported as 0.
-  if (options_.adam.max_grad_norm > 0.0f) {
-    const double local = shard_.n == 0 ? 0.0
-                                       : ops::sum_squares(ctx_.device, ctx_.device.compute_stream(), shard_.grads,
-                                                          shard_.grad_dtype, shard_.n, {&ctx_.pool, options_.simd});
-    t.clip = clip_factor(global_sum_squares(ctx_.comm, local), options_.adam.max_grad_norm);
-  }
-  t.clip_seconds = step_watch.seconds();
+  const double local = shard_.n == 0 ? 0.0
+                                     : ops::sum_squares(ctx_.device, ctx_.device.compute_stream(), shard_.grads,
+                                                        shard_.grad_dtype, shard_.n, {&ctx_.pool, options_.simd});
+  const double sum = global_sum_squares(ctx_.comm, local);
+  if (options_.adam.max_grad_norm > 0.0f) return clip_factor(sum, options_.adam.max_grad_norm);
+  GradClip c;
+  c.norm = std::sqrt(sum);
+  return c;
+}
+
+OptimizerStepTimes OptimizerSchedule::step(float lr) {
+  bench::Stopwatch w;
+  const GradClip c = clip();
+  OptimizerStepTimes t = step(lr, c);
+  t.clip_seconds = w.seconds() - t.step_seconds;
+  t.step_seconds = w.seconds();
+  return t;
+}
+
+OptimizerStepTimes OptimizerSchedule::step(float lr, const GradClip& clip) {
+  bench::Stopwatch step_watch;
+  OptimizerStepTimes t;
+  t.clip = clip;
   const AdamWStepScalars s = adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);
   if (shard_.n > 0) apply(s, t);
   ++steps_;

@@ -63,7 +63,7 @@ struct OptimizerStepTimes {
   double update_seconds = 0;  // the AdamW update
   double h2d_seconds = 0;     // parameters host -> device
   std::int64_t buckets = 0;
-  GradClip clip;  // norm 0 and scale 1 when clipping is off
+  GradClip clip;  // the global norm; scale 1 when clipping is off
 };
 
 class OptimizerSchedule {
@@ -80,8 +80,14 @@ class OptimizerSchedule {
   // count, and writes the device parameters from the master weights.
   void load(const float* master);
 
-  // One AdamW step at learning rate lr (e.g. from a LrSchedule).
+  // One AdamW step at learning rate lr (e.g. from a LrSchedule): clip(), then the update.
   OptimizerStepTimes step(float lr);
+  // The global gradient norm of the current gradients and the clip scale for
+  // max_grad_norm (1 when clipping is off): a device pass and a cross-rank sum, so
+  // collective. Lets a caller look at the norm (non-finite?) before the update.
+  GradClip clip();
+  // The update with a clip computed by clip() on these gradients.
+  OptimizerStepTimes step(float lr, const GradClip& clip);
 
   // Copies the state to host arrays of n floats each (tests, checkpoints).
   virtual void read_state(float* master, float* m, float* v) = 0;

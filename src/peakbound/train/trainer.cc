@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 
 #include "peakbound/core/error.h"
 #include "peakbound/train/fsdp_units.h"
@@ -107,7 +109,37 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
                             ReduceOp::sum);
   ++step_;
   const float lr = options_.lr.lr(step_);
-  const OptimizerStepTimes t = opt_->step(lr);
+  // The norm first: a non-finite loss or gradient stops (or skips) before any update.
+  const GradClip clip = opt_->clip();
+  const double ce_mean = total > 0 ? sums[0] / static_cast<double>(total) : 0.0;
+  if (!std::isfinite(clip.norm) || !std::isfinite(ce_mean) || !std::isfinite(sums[1])) {
+    char what[160];
+    std::snprintf(what, sizeof what, "step %lld: the loss is %g (aux %g), the gradient norm %g",
+                  static_cast<long long>(step_), ce_mean, sums[1] / static_cast<double>(micro.size()), clip.norm);
+    const std::string first = first_nonfinite_gradient();
+    const std::string message =
+        std::string(what) + (first.empty() ? "; every gradient is finite" : "; first non-finite gradient: " + first);
+    if (!options_.skip_nonfinite) {
+      --step_;
+      throw NonFinite(message);
+    }
+    ++skipped_;
+    model_.zero_grads();  // nothing of this step reaches the next one
+    StepStats st;
+    st.step = step_;
+    st.ce = ce_mean;
+    st.aux = sums[1] / static_cast<double>(micro.size());
+    st.loss = st.ce + st.aux;
+    st.tokens = total;
+    st.inputs = counts[1];
+    st.grad_norm = clip.norm;
+    st.lr = lr;
+    st.skipped = true;
+    st.nonfinite = message;
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+  }
+  const OptimizerStepTimes t = opt_->step(lr, clip);
   dev.synchronize();
   dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
                    dev.compute_stream());
@@ -160,6 +192,35 @@ std::vector<ShardSegment> Trainer::shard_segments() const {
   for (const Slice& sl : slices_)
     add_segments(sl.store->layout(), static_cast<std::uint64_t>(sl.group->rank()) * sl.len, sl.len, sl.offset, out);
   return out;
+}
+
+// The first gradient element that is not finite, in shard order on the lowest rank
+// that holds one: "NAME element I (rank R)", or "" when every gradient is finite.
+// Collective over the world.
+std::string Trainer::first_nonfinite_gradient() const {
+  Communicator& world = *model_.groups().world;
+  Device& dev = model_.experts().device();
+  std::vector<float> g(shard_elems_);
+  dev.synchronize();
+  dev.memcpy_async(g.data(), grad_shard_.data(), shard_elems_ * sizeof(float), CopyKind::device_to_host,
+                   dev.copy_stream());
+  dev.synchronize(dev.copy_stream());
+  std::string found;
+  for (const ShardSegment& s : shard_segments()) {
+    for (std::uint64_t i = 0; i < s.count && found.empty(); ++i)
+      if (!std::isfinite(g[s.shard_offset + i]))
+        found = s.name + " element " + std::to_string(s.begin + i) + " (" + std::to_string(g[s.shard_offset + i]) + ")";
+    if (!found.empty()) break;
+  }
+  // The lowest rank with a finding (max of W - rank), which then broadcasts it.
+  std::int64_t lowest = found.empty() ? 0 : world.size() - world.rank();
+  world.all_reduce(&lowest, 1, DType::i64, ReduceOp::max);
+  if (lowest == 0) return "";
+  const int root = world.size() - static_cast<int>(lowest);
+  char text[256] = {};
+  if (world.rank() == root) std::snprintf(text, sizeof text, "%s on rank %d", found.c_str(), root);
+  world.broadcast(text, sizeof text, DType::u8, root);
+  return text;
 }
 
 void Trainer::read_shard(float* master, float* m, float* v) const { opt_->read_state(master, m, v); }

@@ -52,6 +52,10 @@ struct TrainerOptions {
   std::string optimizer = "device";  // an optimizer_schedule_names() entry
   OptimizerOptions optimizer_options;
   LrSchedule lr;
+  // A non-finite loss or gradient norm: false stops (step() throws NonFinite naming the
+  // step and the first non-finite gradient, before any parameter changes); true skips
+  // the update (the step is counted, StepStats::skipped set, the optimizer state untouched).
+  bool skip_nonfinite = false;
 };
 
 struct StepStats {
@@ -64,6 +68,8 @@ struct StepStats {
   double grad_norm = 0;     // before clipping
   float lr = 0;
   double seconds = 0;       // wall time of the step
+  bool skipped = false;     // non-finite loss or gradient norm: no update (skip_nonfinite)
+  std::string nonfinite;    // what was non-finite, when skipped
 };
 
 // The shard buffers (f32, held for the trainer's life): this rank's slice of every
@@ -83,7 +89,10 @@ class Trainer {
   ~Trainer();
 
   // One step over this rank's micro-batches (every rank the same number). Collective.
+  // Throws NonFinite (on every rank, the same message) on a non-finite loss or gradient
+  // norm unless options.skip_nonfinite.
   StepStats step(std::span<const MicroBatch> micro);
+  std::int64_t steps_skipped() const { return skipped_; }
   // Mean cross-entropy (no aux) of the given batches over the world. Collective.
   double evaluate(std::span<const MicroBatch> batches, std::int64_t* tokens = nullptr);
 
@@ -116,8 +125,11 @@ class Trainer {
   std::uint64_t shard_elems_ = 0;
   std::uint64_t fsdp_len_ = 0;  // the FSDP units' shard, first in the shard buffers
   Buffer param_shard_, grad_shard_;
+  std::string first_nonfinite_gradient() const;
+
   std::unique_ptr<OptimizerSchedule> opt_;
   std::int64_t step_ = 0;
+  std::int64_t skipped_ = 0;
 };
 
 }  // namespace peakbound
