@@ -60,12 +60,31 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
 // gradients are the caller's).
 Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp);
 
+// Timing of one call, for `peakbound bench attention` (null: nothing is timed and the
+// call adds no host task). wall_seconds: the call, entry to return (the compute stream
+// synchronized). compute_seconds: the busy time of its kernel calls on the compute stream
+// (timestamps taken by host tasks around each call, in stream order). exposed_seconds =
+// wall - compute: what the rank spent not computing, chiefly waiting on the ring's
+// transfers. communication_only (an input): skip every attention kernel call and move
+// exactly the same buffers: the transfers' time with no compute to hide behind (the
+// outputs are then meaningless).
+struct RingAttentionStats {
+  bool communication_only = false;
+  double wall_seconds = 0.0;
+  double compute_seconds = 0.0;
+  double exposed_seconds = 0.0;
+  double tick = 0.0;  // internal: the start of the kernel call the stream is running
+};
+
 // cp_group: the CP ranks of this sequence (its rank() is r). Every rank of the group calls
 // with the same config. pool: the kernel's shares run on it (null: on the caller).
+// stats: see RingAttentionStats (null: untimed).
 void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out, float* lse,
-                            const float* q, const float* k, const float* v, ThreadPool* pool = nullptr);
+                            const float* q, const float* k, const float* v, ThreadPool* pool = nullptr,
+                            RingAttentionStats* stats = nullptr);
 void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const float* dout, const float* q, const float* k, const float* v,
-                             const float* out, const float* lse, ThreadPool* pool = nullptr);
+                             const float* out, const float* lse, ThreadPool* pool = nullptr,
+                             RingAttentionStats* stats = nullptr);
 
 }  // namespace peakbound

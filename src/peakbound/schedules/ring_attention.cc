@@ -1,0 +1,281 @@
+// Ring attention (schedules/ring_attention.h): the zigzag shards' K/V blocks travel the
+// CP ring through RingExchange (two carried lanes, K and V, in one kv_ring buffer); each
+// hop folds the block into this rank's queries with the kernel's accumulate mode, one
+// call per (query chunk, key chunk) pair with at least one visible key. The backward
+// sends the blocks round again with two accumulated lanes (dK, dV, in dkv_ring with one
+// block's contribution), and dq is added into across hops from D_i computed once.
+#include "peakbound/schedules/ring_attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/ops/attention.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ring_exchange.h"
+
+namespace peakbound {
+
+namespace {
+
+// Tags of the forward and backward rings (one per lane from the base; Ring-DTP uses 11
+// and 21 with at most 4 lanes each).
+constexpr int kTagForward = 61, kTagBackward = 71;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr std::uint64_t kF32 = sizeof(float);
+constexpr Component kC = Component::attention;
+
+std::uint64_t U(std::int64_t v) { return static_cast<std::uint64_t>(v); }
+std::size_t Z(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
+
+// The config's dims for one kernel call: Tq rows at q_offset against Tk keys at k_offset.
+cpu::AttentionDims call_dims(const RingAttentionConfig& c, std::int64_t tq, std::int64_t q_off, std::int64_t tk,
+                             std::int64_t k_off, bool accumulate) {
+  cpu::AttentionDims d = c.dims;
+  d.tokens = tq;
+  d.kv_tokens = tk;
+  d.q_offset = q_off;
+  d.k_offset = k_off;
+  d.accumulate = accumulate;
+  return d;
+}
+
+// The whole sequence on one rank (CP == 1): the plain kernel.
+cpu::AttentionDims whole_dims(const RingAttentionConfig& c) { return call_dims(c, c.seq_len, 0, 0, 0, false); }
+
+std::int64_t max_shard_tokens(std::int64_t S, int cp) {
+  std::int64_t m = 0;
+  for (int r = 0; r < cp; ++r) m = std::max(m, zigzag_shard(S, cp, r).tokens());
+  return m;
+}
+
+// Some key of chunk kc is visible to some query of chunk qc: the first key is not after
+// the last query, and (with a window) the last key is within the window of the first query.
+bool pair_visible(const CpChunk& qc, const CpChunk& kc, std::int64_t W) {
+  const std::int64_t q_last = qc.begin + qc.len - 1, k_last = kc.begin + kc.len - 1;
+  return kc.begin <= q_last && (W == 0 || qc.begin - k_last < W);
+}
+
+// A chunk of a shard with its first local row.
+struct LocalChunk {
+  CpChunk c;
+  std::int64_t row;
+};
+std::vector<LocalChunk> chunks_of(const CpShard& s) { return {{s.first, 0}, {s.second, s.first.len}}; }
+
+// Stream timestamps around kernel calls (RingAttentionStats), or nothing.
+class Timer {
+ public:
+  Timer(Device& dev, Stream& s, RingAttentionStats* st) : dev_(dev), s_(s), st_(st), t0_(now()) {
+    if (st_) st_->compute_seconds = 0.0;
+  }
+  bool skip() const { return st_ != nullptr && st_->communication_only; }
+  void start() {
+    if (st_) dev_.host_task(s_, [st = st_] { st->tick = now(); });
+  }
+  void stop() {
+    if (st_) dev_.host_task(s_, [st = st_] { st->compute_seconds += now() - st->tick; });
+  }
+  // After the stream is synchronized.
+  void finish() {
+    if (!st_) return;
+    st_->wall_seconds = now() - t0_;
+    st_->exposed_seconds = std::max(0.0, st_->wall_seconds - st_->compute_seconds);
+  }
+
+ private:
+  Device& dev_;
+  Stream& s_;
+  RingAttentionStats* st_;
+  double t0_;
+};
+
+}  // namespace
+
+void check_ring_attention(const RingAttentionConfig& c, int cp) {
+  if (cp < 1) throw InvalidArgument("ring attention: cp must be >= 1, got " + std::to_string(cp));
+  if (c.seq_len < 2 * static_cast<std::int64_t>(cp))
+    throw InvalidArgument("ring attention: seq_len " + std::to_string(c.seq_len) + " must be >= 2 x CP = " +
+                          std::to_string(2 * cp) + " (every zigzag chunk non-empty)");
+  cpu::check_attention_dims(whole_dims(c));
+}
+
+RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp) {
+  check_ring_attention(c, cp);
+  const cpu::AttentionDims& d = c.dims;
+  RingAttentionBuffers b;
+  b.kv_ring = b.dkv_ring = b.row_dot = buffer_spec(kC, 0, kF32);
+  if (cp == 1) {
+    // Nothing moves: the single-rank kernel, D_i in its own workspace.
+    const cpu::AttentionDims w = whole_dims(c);
+    b.workspace_forward = buffer_spec(kC, U(cpu::attention_forward_workspace_floats(w)), kF32);
+    b.workspace_backward = buffer_spec(kC, U(cpu::attention_backward_workspace_floats(w)), kF32);
+    return b;
+  }
+  const std::uint64_t T = U(max_shard_tokens(c.seq_len, cp));
+  const std::uint64_t block = checked_mul(checked_mul(T, U(d.kv_heads), "ring attention"),
+                                          checked_add(U(d.qk_dim), U(d.v_dim), "ring attention"), "ring attention");
+  b.kv_ring = buffer_spec(kC, checked_mul(2, block, "ring attention"), kF32);
+  b.dkv_ring = buffer_spec(kC, checked_mul(3, block, "ring attention"), kF32);
+  b.row_dot = buffer_spec(kC, checked_mul(T, U(d.q_heads), "ring attention"), kF32);
+  b.workspace_forward = buffer_spec(kC, U(cpu::attention_forward_workspace_floats(d)), kF32);
+  b.workspace_backward = buffer_spec(kC, U(cpu::attention_backward_workspace_floats(d, true)), kF32);
+  return b;
+}
+
+Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp) {
+  const RingAttentionBuffers b = ring_attention_buffers(c, cp);
+  Footprint f("ring_attention");
+  f.device("forward", b.kv_ring).device("forward", b.workspace_forward);
+  f.device("backward", b.kv_ring).device("backward", b.dkv_ring).device("backward", b.row_dot);
+  f.device("backward", b.workspace_backward);
+  return f;
+}
+
+void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse,
+                            const float* q, const float* k, const float* v, ThreadPool* pool,
+                            RingAttentionStats* stats) {
+  const int P = g.size();
+  const RingAttentionBuffers b = ring_attention_buffers(c, P);
+  Stream& s = dev.compute_stream();
+  Timer timer(dev, s, stats);
+  const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
+  Buffer ws = allocate(dev, b.workspace_forward);
+  if (P == 1) {
+    timer.start();
+    if (!timer.skip()) ops::attention_forward(dev, s, out, lse, q, k, v, whole_dims(c), ws.as<float>(), pool);
+    timer.stop();
+    dev.synchronize(s);
+    timer.finish();
+    return;
+  }
+  const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
+  const std::int64_t T = mine.tokens(), Tmax = max_shard_tokens(c.seq_len, P);
+  Buffer kv = allocate(dev, b.kv_ring);
+  float* base = kv.as<float>();
+  const std::int64_t block = Tmax * Hkv * (D + Dv);
+  std::vector<std::size_t> k_count(Z(P)), v_count(Z(P));
+  for (int o = 0; o < P; ++o) {
+    const std::int64_t t = zigzag_shard(c.seq_len, P, o).tokens();
+    k_count[Z(o)] = Z(t * Hkv * D);
+    v_count[Z(o)] = Z(t * Hkv * Dv);
+  }
+  RingExchange ring(dev, g, kTagForward);
+  const int k_lane = ring.add_carried(k, RingLane{{base, base + block}, DType::f32, k_count});
+  const int v_lane = ring.add_carried(v, RingLane{{base + Tmax * Hkv * D, base + block + Tmax * Hkv * D}, DType::f32, v_count});
+  // Every row starts empty (lse -inf: out is not read).
+  ops::fill(dev, s, lse, T * Hq, kNegInf);
+  for (int hop = 0; hop < P; ++hop) {
+    ring.begin(hop);
+    const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
+    const float* kc = static_cast<const float*>(ring.carried(k_lane));
+    const float* vc = static_cast<const float*>(ring.carried(v_lane));
+    for (const LocalChunk& qc : chunks_of(mine))
+      for (const LocalChunk& kch : chunks_of(blk)) {
+        if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
+        const cpu::AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
+        timer.start();
+        if (!timer.skip())
+          ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
+                                 kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
+        timer.stop();
+        ring.progress();
+      }
+    ring.end(hop);
+  }
+  dev.synchronize(s);
+  timer.finish();
+}
+
+void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
+                             float* dv, const float* dout, const float* q, const float* k, const float* v,
+                             const float* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
+  const int P = g.size();
+  const RingAttentionBuffers b = ring_attention_buffers(c, P);
+  Stream& s = dev.compute_stream();
+  Timer timer(dev, s, stats);
+  const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
+  if (P == 1) {
+    Buffer ws = allocate(dev, b.workspace_backward);
+    timer.start();
+    if (!timer.skip())
+      ops::attention_backward(dev, s, dq, dk, dv, dout, q, k, v, out, lse, whole_dims(c), ws.as<float>(), pool);
+    timer.stop();
+    dev.synchronize(s);
+    timer.finish();
+    return;
+  }
+  const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
+  const std::int64_t T = mine.tokens(), Tmax = max_shard_tokens(c.seq_len, P);
+  Buffer kv = allocate(dev, b.kv_ring), dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot),
+         ws = allocate(dev, b.workspace_backward);
+  const std::int64_t block = Tmax * Hkv * (D + Dv), k_part = Tmax * Hkv * D;
+  float *kvb = kv.as<float>(), *dkvb = dkv.as<float>();
+  float *dk_part = dkvb + 2 * block, *dv_part = dk_part + k_part;  // one block's contribution
+  std::vector<std::size_t> k_count(Z(P)), v_count(Z(P));
+  for (int o = 0; o < P; ++o) {
+    const std::int64_t t = zigzag_shard(c.seq_len, P, o).tokens();
+    k_count[Z(o)] = Z(t * Hkv * D);
+    v_count[Z(o)] = Z(t * Hkv * Dv);
+  }
+  RingExchange ring(dev, g, kTagBackward);
+  const int k_lane = ring.add_carried(k, RingLane{{kvb, kvb + block}, DType::f32, k_count});
+  const int v_lane = ring.add_carried(v, RingLane{{kvb + k_part, kvb + block + k_part}, DType::f32, v_count});
+  const int dk_lane = ring.add_accumulated(RingLane{{dkvb, dkvb + block}, DType::f32, k_count});
+  const int dv_lane = ring.add_accumulated(RingLane{{dkvb + k_part, dkvb + block + k_part}, DType::f32, v_count});
+  // D_i = rowsum(dout * out) once for every hop; dq is added into from zero.
+  timer.start();
+  if (!timer.skip()) ops::attention_row_dot(dev, s, rd.as<float>(), dout, out, call_dims(c, T, 0, 0, 0, false));
+  timer.stop();
+  ops::fill(dev, s, dq, T * Hq * D, 0.0f);
+  for (int hop = 0; hop < P; ++hop) {
+    ring.begin(hop);
+    const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
+    const std::int64_t tb = blk.tokens();
+    const float* kc = static_cast<const float*>(ring.carried(k_lane));
+    const float* vc = static_cast<const float*>(ring.carried(v_lane));
+    // This rank's part of the block's dK/dV: at hop 0 straight into the travelling
+    // accumulator, later into the contribution, added once the running value is in.
+    float* dkc = hop == 0 ? static_cast<float*>(ring.accumulator(dk_lane)) : dk_part;
+    float* dvc = hop == 0 ? static_cast<float*>(ring.accumulator(dv_lane)) : dv_part;
+    ops::fill(dev, s, dkc, tb * Hkv * D, 0.0f);
+    ops::fill(dev, s, dvc, tb * Hkv * Dv, 0.0f);
+    for (const LocalChunk& qc : chunks_of(mine))
+      for (const LocalChunk& kch : chunks_of(blk)) {
+        if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
+        const cpu::AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
+        timer.start();
+        if (!timer.skip())
+          ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
+                                  dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
+                                  vc + kch.row * Hkv * Dv, out + qc.row * Hq * Dv, lse + qc.row * Hq, d,
+                                  ws.as<float>(), pool, rd.as<float>() + qc.row * Hq);
+        timer.stop();
+        ring.progress();
+      }
+    if (hop > 0) {
+      ring.wait_accumulated();
+      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(dk_lane)), dk_part, tb * Hkv * D, 1.0f);
+      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(dv_lane)), dv_part, tb * Hkv * Dv, 1.0f);
+    }
+    ring.send_accumulated();
+    ring.end(hop);
+  }
+  // This rank's own blocks' complete dK/dV come back from the previous rank.
+  ring.finish(dk_lane, dk);
+  ring.finish(dv_lane, dv);
+  dev.synchronize(s);
+  timer.finish();
+}
+
+}  // namespace peakbound
