@@ -10,6 +10,7 @@
 #include <chrono>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "peakbound/core/error.h"
@@ -73,10 +74,14 @@ struct LocalChunk {
 };
 std::vector<LocalChunk> chunks_of(const CpShard& s) { return {{s.first, 0}, {s.second, s.first.len}}; }
 
-// Stream timestamps around kernel calls (RingAttentionStats), or nothing.
+// Stream timestamps around kernel calls, and the ring's blocking waits with the times
+// the data they wait for was posted by the previous rank (RingAttentionStats), or nothing.
 class Timer {
  public:
-  Timer(Device& dev, Stream& s, RingAttentionStats* st) : dev_(dev), s_(s), st_(st), t0_(now()) {
+  enum Kind { carried, accumulated, finished };
+  Timer(Device& dev, Stream& s, RingAttentionStats* st, int P)
+      : dev_(dev), s_(s), st_(st), t0_(now()), carried_post_(static_cast<std::size_t>(P), 0.0),
+        acc_post_(static_cast<std::size_t>(P), 0.0) {
     if (st_) st_->compute_seconds = 0.0;
   }
   bool skip() const { return st_ != nullptr && st_->communication_only; }
@@ -86,19 +91,68 @@ class Timer {
   void stop() {
     if (st_) dev_.host_task(s_, [st = st_] { st->compute_seconds += now() - st->tick; });
   }
-  // After the stream is synchronized.
-  void finish() {
+  // This rank posted the sends of hop `hop` (carried: in begin(hop); accumulated: send_accumulated()).
+  void posted(Kind k, int hop) {
+    if (st_) (k == carried ? carried_post_ : acc_post_)[static_cast<std::size_t>(hop)] = now();
+  }
+  // A blocking wait of the ring at hop `hop`, nothing else left to do.
+  template <class F>
+  void wait(Kind k, int hop, F&& f) {
+    const double t = st_ ? now() : 0.0;
+    f();
+    if (st_) waits_.push_back({k, hop, t, now()});
+  }
+  // After the stream is synchronized. With P > 1 every rank of the group calls it (the
+  // post times go one hop round the ring).
+  void finish(Communicator* g) {
     if (!st_) return;
     st_->wall_seconds = now() - t0_;
     st_->exposed_seconds = std::max(0.0, st_->wall_seconds - st_->compute_seconds);
+    st_->wait_seconds = st_->imbalance_seconds = st_->exposed_comm_seconds = 0.0;
+    if (g == nullptr || g->size() == 1) return;
+    const int P = g->size(), r = g->rank();
+    std::vector<double> mine(carried_post_), prev(2 * static_cast<std::size_t>(P));
+    mine.insert(mine.end(), acc_post_.begin(), acc_post_.end());
+    g->sendrecv(mine.data(), mine.size(), (r + 1) % P, prev.data(), prev.size(), (r - 1 + P) % P, DType::f64, kTagStats);
+    for (const Wait& w : waits_) {
+      // The previous rank's send this wait receives: hop h's carried data (posted in
+      // its begin(h)); the running value for hop h (its send_accumulated at h - 1); the
+      // own complete value (its send_accumulated at the last hop).
+      const std::size_t at = w.kind == carried ? static_cast<std::size_t>(w.hop)
+                           : w.kind == accumulated ? static_cast<std::size_t>(P + w.hop - 1)
+                                                   : static_cast<std::size_t>(2 * P - 1);
+      const double post = prev[at];
+      st_->wait_seconds += w.done - w.ready;
+      st_->imbalance_seconds += std::max(0.0, std::min(w.done, post) - w.ready);
+      st_->exposed_comm_seconds += std::max(0.0, w.done - std::max(w.ready, post));
+    }
   }
 
  private:
+  static constexpr int kTagStats = 81;
+  struct Wait {
+    Kind kind;
+    int hop;
+    double ready, done;
+  };
   Device& dev_;
   Stream& s_;
   RingAttentionStats* st_;
   double t0_;
+  std::vector<double> carried_post_, acc_post_;
+  std::vector<Wait> waits_;
 };
+
+// Until the compute stream has run what this hop submitted, keep the ring's transfers
+// moving (MPI progresses only inside its calls) without spinning a core the kernels
+// need: test, then sleep briefly. What is still in flight afterwards is exposed.
+void progress_while_computing(Device& dev, Stream& s, RingExchange& ring) {
+  const Event done = dev.record(s);
+  while (!done.query()) {
+    ring.progress();
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
 
 }  // namespace
 
@@ -148,7 +202,7 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
-  Timer timer(dev, s, stats);
+  Timer timer(dev, s, stats, P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   Buffer ws = allocate(dev, b.workspace_forward);
   if (P == 1) {
@@ -156,7 +210,7 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
     if (!timer.skip()) ops::attention_forward(dev, s, out, lse, q, k, v, whole_dims(c), ws.as<float>(), pool);
     timer.stop();
     dev.synchronize(s);
-    timer.finish();
+    timer.finish(nullptr);
     return;
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
@@ -177,6 +231,7 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
   ops::fill(dev, s, lse, T * Hq, kNegInf);
   for (int hop = 0; hop < P; ++hop) {
     ring.begin(hop);
+    timer.posted(Timer::carried, hop);
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
     const float* kc = static_cast<const float*>(ring.carried(k_lane));
     const float* vc = static_cast<const float*>(ring.carried(v_lane));
@@ -191,10 +246,11 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
         timer.stop();
         ring.progress();
       }
-    ring.end(hop);
+    progress_while_computing(dev, s, ring);
+    timer.wait(Timer::carried, hop, [&] { ring.end(hop); });
   }
   dev.synchronize(s);
-  timer.finish();
+  timer.finish(&g);
 }
 
 void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
@@ -203,7 +259,7 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
-  Timer timer(dev, s, stats);
+  Timer timer(dev, s, stats, P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   if (P == 1) {
     Buffer ws = allocate(dev, b.workspace_backward);
@@ -212,7 +268,7 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
       ops::attention_backward(dev, s, dq, dk, dv, dout, q, k, v, out, lse, whole_dims(c), ws.as<float>(), pool);
     timer.stop();
     dev.synchronize(s);
-    timer.finish();
+    timer.finish(nullptr);
     return;
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
@@ -240,6 +296,7 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
   ops::fill(dev, s, dq, T * Hq * D, 0.0f);
   for (int hop = 0; hop < P; ++hop) {
     ring.begin(hop);
+    timer.posted(Timer::carried, hop);
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
     const std::int64_t tb = blk.tokens();
     const float* kc = static_cast<const float*>(ring.carried(k_lane));
@@ -263,19 +320,23 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
         timer.stop();
         ring.progress();
       }
+    progress_while_computing(dev, s, ring);
     if (hop > 0) {
-      ring.wait_accumulated();
+      timer.wait(Timer::accumulated, hop, [&] { ring.wait_accumulated(); });
       ops::axpy(dev, s, static_cast<float*>(ring.accumulator(dk_lane)), dk_part, tb * Hkv * D, 1.0f);
       ops::axpy(dev, s, static_cast<float*>(ring.accumulator(dv_lane)), dv_part, tb * Hkv * Dv, 1.0f);
     }
     ring.send_accumulated();
-    ring.end(hop);
+    timer.posted(Timer::accumulated, hop);
+    timer.wait(Timer::carried, hop, [&] { ring.end(hop); });
   }
   // This rank's own blocks' complete dK/dV come back from the previous rank.
-  ring.finish(dk_lane, dk);
-  ring.finish(dv_lane, dv);
+  timer.wait(Timer::finished, P - 1, [&] {
+    ring.finish(dk_lane, dk);
+    ring.finish(dv_lane, dv);
+  });
   dev.synchronize(s);
-  timer.finish();
+  timer.finish(&g);
 }
 
 }  // namespace peakbound
