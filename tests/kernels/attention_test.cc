@@ -393,32 +393,44 @@ TEST(Attention, AccumulatedKeyChunksMatchTheWholeSequence) {
 // A call whose keys all lie after its queries does no work: its keys and values (NaN
 // here) are never read, and a running state and added-into gradients stay as they were.
 TEST(Attention, AccumulateWithNoVisibleKeyLeavesTheStateAlone) {
-  std::mt19937 rng(17);
-  AttentionDims a;
-  a.tokens = 10;
-  a.kv_tokens = 6;
-  a.q_offset = 0;
-  a.k_offset = 10;
-  a.q_heads = 2;
-  a.kv_heads = 1;
-  a.qk_dim = 4;
-  a.v_dim = 3;
-  a.accumulate = true;
-  Inputs in = make_inputs(a, rng);
-  std::fill(in.k.begin(), in.k.end(), kNaN);
-  std::fill(in.v.begin(), in.v.end(), kNaN);
-  Vec out = random_vec(10 * 2 * 3, rng, -1, 1), lse = random_vec(10 * 2, rng, -1, 1);
-  const Vec out0 = out, lse0 = lse;
-  Vec ws(attention_workspace_floats(a), kNaN);
-  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), a, ws.data());
-  EXPECT_EQ(out, out0);
-  EXPECT_EQ(lse, lse0);
-  Vec dq(10 * 2 * 4, 1.0f), dk(6 * 4, 2.0f), dv(6 * 3, 3.0f);
-  attention_backward(dq.data(), dk.data(), dv.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(), out.data(),
-                     lse.data(), a, ws.data());
-  EXPECT_EQ(dq, Vec(10 * 2 * 4, 1.0f));
-  EXPECT_EQ(dk, Vec(6 * 4, 2.0f));
-  EXPECT_EQ(dv, Vec(6 * 3, 3.0f));
+  // Keys after every query; keys before every query's window.
+  struct B {
+    std::int64_t qo, ko, window;
+  };
+  for (B b : {B{0, 10, 0}, B{20, 0, 4}, B{20, 0, 15}})
+    for (auto [bq, bk] : {std::pair{64, 64}, std::pair{3, 4}}) {
+      SCOPED_TRACE("qo=" + std::to_string(b.qo) + " ko=" + std::to_string(b.ko) + " W=" + std::to_string(b.window) +
+                   " Bq=" + std::to_string(bq) + " Bk=" + std::to_string(bk));
+      std::mt19937 rng(17);
+      AttentionDims a;
+      a.tokens = 10;
+      a.kv_tokens = 6;
+      a.q_offset = b.qo;
+      a.k_offset = b.ko;
+      a.window = b.window;
+      a.q_heads = 2;
+      a.kv_heads = 1;
+      a.qk_dim = 4;
+      a.v_dim = 3;
+      a.block_q = bq;
+      a.block_k = bk;
+      a.accumulate = true;
+      Inputs in = make_inputs(a, rng);
+      std::fill(in.k.begin(), in.k.end(), kNaN);
+      std::fill(in.v.begin(), in.v.end(), kNaN);
+      Vec out = random_vec(10 * 2 * 3, rng, -1, 1), lse = random_vec(10 * 2, rng, -1, 1);
+      const Vec out0 = out, lse0 = lse;
+      Vec ws(attention_workspace_floats(a), kNaN);
+      attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), a, ws.data());
+      EXPECT_EQ(out, out0);
+      EXPECT_EQ(lse, lse0);
+      Vec dq(10 * 2 * 4, 1.0f), dk(6 * 4, 2.0f), dv(6 * 3, 3.0f);
+      attention_backward(dq.data(), dk.data(), dv.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(),
+                         out.data(), lse.data(), a, ws.data());
+      EXPECT_EQ(dq, Vec(10 * 2 * 4, 1.0f));
+      EXPECT_EQ(dk, Vec(6 * 4, 2.0f));
+      EXPECT_EQ(dv, Vec(6 * 3, 3.0f));
+    }
 }
 
 TEST(Attention, BadDimsThrowInvalidArgument) {

@@ -124,7 +124,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       // the Bk grid from key row 0; none when the block lies after the tile.
       const std::int64_t k_hi = std::min(Tk, i1 + qo - ko);
       const std::int64_t k_lo = W > 0 ? std::max<std::int64_t>(0, i0 + qo - ko - W + 1) : 0;
-      for (std::int64_t j0 = k_lo / Bk * Bk; j0 < k_hi; j0 += Bk) {
+      for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
         const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
         gemm_f32(false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D, Hkv * D,
@@ -214,7 +214,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const std::int64_t q_lo = std::max<std::int64_t>(0, j0 + ko - qo);
         const std::int64_t q_hi = W > 0 ? std::min(T, j0 + cols - 1 + W + ko - qo) : T;
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
-          for (std::int64_t i0 = q_lo / Bq * Bq; i0 < q_hi; i0 += Bq) {
+          for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
             const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
             const float* q_tile = q + (i0 * Hq + h) * D;
             const float* do_tile = dout + (i0 * Hq + h) * Dv;
