@@ -4,7 +4,8 @@
 // reference, both sliced at the shard's positions, within 1e-5 relative. CP = world
 // size, and every smaller CP dividing it as groups of consecutive ranks (CP 1: the
 // single-rank path; CP 2 twice at 4 ranks). Lengths that 2 CP does not divide, GQA
-// ratios 1, 2, 4, D != Dv, sliding windows, tiles that do not divide the chunks. The
+// ratios 1, 2, 4, D != Dv, sliding windows, tiles that do not divide the chunks, chunks
+// cut into several query pieces (S = 2201). The
 // arena's attention peak during each call equals the footprint's phase exactly, and
 // nothing is left allocated. S < 2 CP is an InvalidArgument.
 #include <gtest/gtest.h>
@@ -44,6 +45,10 @@ std::vector<Shape> shapes(int cp) {
         const bool odd = (n++ % 2) == 1;
         out.push_back({S, hq, hkv, odd ? 13 : 16, odd ? 8 : 16, W, odd ? 7 : 64, odd ? 5 : 64});
       }
+  // Chunks longer than the ring's query pieces (a few hundred rows): several calls per
+  // chunk, windows reaching across pieces and chunks.
+  out.push_back({2201, 2, 1, 16, 8, 0, 7, 5});
+  out.push_back({2201, 4, 2, 8, 8, 300, 64, 64});
   return out;
 }
 

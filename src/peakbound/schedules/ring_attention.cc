@@ -1,7 +1,8 @@
 // Ring attention (schedules/ring_attention.h): the zigzag shards' K/V blocks travel the
 // CP ring through RingExchange (two carried lanes, K and V, in one kv_ring buffer); each
 // hop folds the block into this rank's queries with the kernel's accumulate mode, one
-// call per (query chunk, key chunk) pair with at least one visible key. The backward
+// call per (query piece, key chunk) pair with at least one visible key, the ring's
+// transfers progressed between calls. The backward
 // sends the blocks round again with two accumulated lanes (dK, dV, in dkv_ring with one
 // block's contribution), and dq is added into across hops from D_i computed once.
 #include "peakbound/schedules/ring_attention.h"
@@ -73,6 +74,21 @@ struct LocalChunk {
   std::int64_t row;
 };
 std::vector<LocalChunk> chunks_of(const CpShard& s) { return {{s.first, 0}, {s.second, s.first.len}}; }
+
+// The compute stream of the CPU device runs each kernel call on the caller, and MPI
+// moves a large message only inside MPI calls (its fragments need both sides), so the
+// next hop's transfer advances only between kernel calls: the query chunks are cut
+// into pieces of about kProgressRows rows (a multiple of the tile height, so the
+// forward's tiles, and bits, are those of one call per chunk) with progress() after each.
+constexpr std::int64_t kProgressRows = 256;
+std::vector<LocalChunk> query_pieces(const CpShard& s, std::int64_t block_q) {
+  const std::int64_t rows = (kProgressRows + block_q - 1) / block_q * block_q;
+  std::vector<LocalChunk> out;
+  for (const LocalChunk& c : chunks_of(s))
+    for (std::int64_t p = 0; p < c.c.len; p += rows)
+      out.push_back({{c.c.begin + p, std::min(rows, c.c.len - p)}, c.row + p});
+  return out;
+}
 
 // Stream timestamps around kernel calls, and the ring's blocking waits with the times
 // the data they wait for was posted by the previous rank (RingAttentionStats), or nothing.
@@ -235,7 +251,7 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
     const float* kc = static_cast<const float*>(ring.carried(k_lane));
     const float* vc = static_cast<const float*>(ring.carried(v_lane));
-    for (const LocalChunk& qc : chunks_of(mine))
+    for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
       for (const LocalChunk& kch : chunks_of(blk)) {
         if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
         const cpu::AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
@@ -307,7 +323,7 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
     float* dvc = hop == 0 ? static_cast<float*>(ring.accumulator(dv_lane)) : dv_part;
     ops::fill(dev, s, dkc, tb * Hkv * D, 0.0f);
     ops::fill(dev, s, dvc, tb * Hkv * Dv, 0.0f);
-    for (const LocalChunk& qc : chunks_of(mine))
+    for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
       for (const LocalChunk& kch : chunks_of(blk)) {
         if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
         const cpu::AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);

@@ -10,8 +10,9 @@
 // lanes, double-buffered, the next hop's transfer posted before the current block's
 // compute); each rank folds every block into its queries' online softmax with the tiled
 // kernel (cpu::attention_forward over (query chunk, key chunk) pairs at their global
-// offsets; pairs whose keys all lie after the queries are skipped, pairs whose keys all
-// lie before run unmasked). out [T_r, Hq, Dv] and lse [T_r, Hq] are WRITTEN: the same
+// offsets, the query chunks cut into pieces of a few hundred rows so the transfers move
+// between calls; pairs whose keys all lie after the queries are skipped, pairs whose
+// keys all lie before run unmasked). out [T_r, Hq, Dv] and lse [T_r, Hq] are WRITTEN: the same
 // values as the single-rank kernel on the whole sequence (to fp32 rounding).
 // Backward: the K/V blocks travel again with their dK/dV accumulators (accumulated lanes);
 // each rank recomputes its block's probabilities from the saved lse, adds into its own dq
