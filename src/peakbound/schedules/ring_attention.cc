@@ -161,7 +161,10 @@ class Timer {
 
 // Until the compute stream has run what this hop submitted, keep the ring's transfers
 // moving (MPI progresses only inside its calls) without spinning a core the kernels
-// need: test, then sleep briefly. What is still in flight afterwards is exposed.
+// need: test, then sleep briefly. What is still in flight afterwards is exposed. The
+// CPU device's compute stream runs each call on the caller, so there this returns at
+// once (the pieces' progress() calls did the work); a stream that runs behind the host
+// gets its transfers moved here.
 void progress_while_computing(Device& dev, Stream& s, RingExchange& ring) {
   const Event done = dev.record(s);
   while (!done.query()) {
