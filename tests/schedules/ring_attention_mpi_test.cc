@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/attention_reference.h"
@@ -100,6 +101,34 @@ TEST(RingAttention, MatchesInSmallerGroupsOfConsecutiveRanks) {
     std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
     ASSERT_EQ(g->size(), cp);
     run_shapes(*g);
+  }
+}
+
+// The kernel's shares on a pool (dims.threads workspace slots): same answers.
+TEST(RingAttention, KernelSharesOnAThreadPool) {
+  Communicator& g = world();
+  ThreadPool pool(3);
+  for (std::int64_t W : {0, 70}) {
+    cpu::AttentionDims a;
+    a.tokens = 301;
+    a.q_heads = 8;
+    a.kv_heads = 2;
+    a.qk_dim = 16;
+    a.v_dim = 12;
+    a.window = W;
+    a.block_q = 16;
+    a.block_k = 24;
+    a.threads = 3;
+    const AttentionProblem p = make_attention_problem(a, 77);
+    const AttentionResult naive = naive_attention(p), kernel = kernel_attention(p, &pool);
+    CpuDevice dev(64ull << 20);
+    const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel, Component::layer, &pool);
+    EXPECT_LT(c.worst_naive(), 1e-5) << "W=" << W;
+    EXPECT_LT(c.worst_kernel(), 1e-5) << "W=" << W;
+    RingAttentionConfig cfg;
+    cfg.dims = a;
+    cfg.seq_len = a.tokens;
+    EXPECT_EQ(c.backward_peak, ring_attention_footprint(cfg, g.size()).phase("backward").device[static_cast<std::size_t>(Component::attention)]);
   }
 }
 
