@@ -1,7 +1,10 @@
 // The flash-style causal GQA attention against a naive double-precision softmax
 // attention (forward out and lse, backward dq, dk, dv) on odd shapes and odd tiles;
 // the backward against finite differences of the kernel's own forward; bitwise
-// determinism across runs and thread counts; tiling changes only fp32 rounding.
+// determinism across runs and thread counts; tiling changes only fp32 rounding. Blocks
+// of a longer sequence (Tq != Tk, global offsets, rows that see nothing) and the
+// accumulate mode (key blocks folded in any order, gradients added into) against the
+// same reference at those positions.
 #include "peakbound/kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "peakbound/core/error.h"
@@ -41,29 +45,39 @@ struct Inputs {
 };
 
 Inputs make_inputs(const AttentionDims& a, std::mt19937& rng) {
-  const auto T = static_cast<std::size_t>(a.tokens);
+  const auto T = static_cast<std::size_t>(a.tokens), Tk = static_cast<std::size_t>(a.key_tokens());
   // |q|, |k| up to 2: scores of a few units, so the softmax is far from uniform.
-  return {random_vec(T * a.q_heads * a.qk_dim, rng, -2.0f, 2.0f), random_vec(T * a.kv_heads * a.qk_dim, rng, -2.0f, 2.0f),
-          random_vec(T * a.kv_heads * a.v_dim, rng, -1.0f, 1.0f), random_vec(T * a.q_heads * a.v_dim, rng, -1.0f, 1.0f)};
+  return {random_vec(T * a.q_heads * a.qk_dim, rng, -2.0f, 2.0f), random_vec(Tk * a.kv_heads * a.qk_dim, rng, -2.0f, 2.0f),
+          random_vec(Tk * a.kv_heads * a.v_dim, rng, -1.0f, 1.0f), random_vec(T * a.q_heads * a.v_dim, rng, -1.0f, 1.0f)};
 }
 
 struct Reference {
   Vec out, lse, dq, dk, dv;
 };
 
-// The textbook attention in double: full score rows with the causal (and window) mask,
-// a two-pass softmax, then the gradients through P.
+// The textbook attention in double: full score rows with the causal (and window) mask
+// at the global positions (q_offset + i, k_offset + j), a two-pass softmax, then the
+// gradients through P. A row that sees no key: out 0, lse -inf, no gradient.
 Reference naive(const AttentionDims& a, const Inputs& in) {
-  const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t T = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const double scale = a.effective_scale();
-  DVec out(T * Hq * Dv, 0.0), lse(T * Hq), dq(T * Hq * D, 0.0), dk(T * Hkv * D, 0.0), dv(T * Hkv * Dv, 0.0);
+  DVec out(T * Hq * Dv, 0.0), lse(T * Hq), dq(T * Hq * D, 0.0), dk(Tk * Hkv * D, 0.0), dv(Tk * Hkv * Dv, 0.0);
   for (std::int64_t h = 0; h < Hq; ++h) {
     const std::int64_t g = h / (Hq / Hkv);
     for (std::int64_t i = 0; i < T; ++i) {
-      std::vector<double> s(T, 0.0), p(T, 0.0), dp(T, 0.0);
+      std::vector<double> s(Tk, 0.0), p(Tk, 0.0), dp(Tk, 0.0);
       double m = -1e300;
-      auto vis = [&](std::int64_t j) { return j <= i && (a.window == 0 || j > i - a.window); };
-      for (std::int64_t j = 0; j < T; ++j) {
+      auto vis = [&](std::int64_t j) {
+        const std::int64_t qi = a.q_offset + i, kj = a.k_offset + j;
+        return kj <= qi && (a.window == 0 || kj > qi - a.window);
+      };
+      bool any = false;
+      for (std::int64_t j = 0; j < Tk; ++j) any = any || vis(j);
+      if (!any) {
+        lse[i * Hq + h] = -std::numeric_limits<double>::infinity();
+        continue;
+      }
+      for (std::int64_t j = 0; j < Tk; ++j) {
         if (!vis(j)) continue;
         double x = 0;
         for (std::int64_t d = 0; d < D; ++d) x += double(in.q[(i * Hq + h) * D + d]) * in.k[(j * Hkv + g) * D + d];
@@ -71,11 +85,11 @@ Reference naive(const AttentionDims& a, const Inputs& in) {
         m = std::max(m, s[j]);
       }
       double sum = 0;
-      for (std::int64_t j = 0; j < T; ++j)
+      for (std::int64_t j = 0; j < Tk; ++j)
         if (vis(j)) sum += std::exp(s[j] - m);
       lse[i * Hq + h] = m + std::log(sum);
       double di = 0;
-      for (std::int64_t j = 0; j < T; ++j) {
+      for (std::int64_t j = 0; j < Tk; ++j) {
         if (!vis(j)) continue;
         p[j] = std::exp(s[j] - lse[i * Hq + h]);
         for (std::int64_t d = 0; d < Dv; ++d) {
@@ -85,7 +99,7 @@ Reference naive(const AttentionDims& a, const Inputs& in) {
         }
         di += p[j] * dp[j];
       }
-      for (std::int64_t j = 0; j < T; ++j) {
+      for (std::int64_t j = 0; j < Tk; ++j) {
         if (!vis(j)) continue;
         const double ds = p[j] * (dp[j] - di) * scale;
         for (std::int64_t d = 0; d < D; ++d) {
@@ -102,9 +116,9 @@ Reference naive(const AttentionDims& a, const Inputs& in) {
 // Runs forward then backward with NaN-filled outputs and workspace (so a read of an
 // unwritten value shows), and a guard after the workspace that must stay untouched.
 Reference run(const AttentionDims& a, const Inputs& in, ThreadPool* pool = nullptr) {
-  const std::int64_t T = a.tokens;
+  const std::int64_t T = a.tokens, Tk = a.key_tokens();
   Reference r{Vec(T * a.q_heads * a.v_dim, kNaN), Vec(T * a.q_heads, kNaN), Vec(T * a.q_heads * a.qk_dim, kNaN),
-              Vec(T * a.kv_heads * a.qk_dim, kNaN), Vec(T * a.kv_heads * a.v_dim, kNaN)};
+              Vec(Tk * a.kv_heads * a.qk_dim, kNaN), Vec(Tk * a.kv_heads * a.v_dim, kNaN)};
   const std::int64_t guard = 64, fw = attention_forward_workspace_floats(a), bw = attention_backward_workspace_floats(a);
   EXPECT_EQ(attention_workspace_floats(a), std::max(fw, bw));
   Vec ws(std::max(fw, bw) + guard, kNaN);
@@ -273,6 +287,152 @@ TEST(Attention, BackwardMatchesFiniteDifferencesOfTheForward) {
   EXPECT_LT(ev, 2e-4);
 }
 
+// lse of rows that see no key is -inf in both (checked exactly), then compared as 0.
+Reference finite_lse(Reference r, const Reference& want) {
+  for (std::size_t x = 0; x < r.lse.size(); ++x) {
+    const bool got_inf = r.lse[x] == -std::numeric_limits<float>::infinity();
+    const bool want_inf = want.lse[x] == -std::numeric_limits<float>::infinity();
+    EXPECT_EQ(got_inf, want_inf) << "lse row " << x;
+    if (got_inf && want_inf) r.lse[x] = 0.0f;
+  }
+  return r;
+}
+Reference zero_inf_lse(Reference r) {
+  for (auto& x : r.lse)
+    if (x == -std::numeric_limits<float>::infinity()) x = 0.0f;
+  return r;
+}
+
+std::string block_name(const AttentionDims& a) {
+  return name(a) + " Tk=" + std::to_string(a.key_tokens()) + " qo=" + std::to_string(a.q_offset) +
+         " ko=" + std::to_string(a.k_offset);
+}
+
+// One call on a block pair: queries at q_offset, keys at k_offset, Tq != Tk, blocks
+// before, after, overlapping and beside each other, some rows seeing nothing.
+TEST(Attention, BlocksAtGlobalOffsetsMatchNaive) {
+  std::mt19937 rng(11);
+  int cases = 0;
+  struct B {
+    std::int64_t tq, tk, qo, ko;
+  };
+  for (B b : {B{17, 9, 40, 0}, B{9, 17, 30, 25}, B{13, 13, 13, 13}, B{20, 11, 5, 12}, B{7, 30, 0, 3}, B{33, 33, 0, 0},
+              B{5, 8, 100, 0}})
+    for (std::int64_t W : {0, 4, 23})
+      for (auto [bq, bk] : {std::pair{7, 5}, std::pair{64, 64}, std::pair{4, 9}}) {
+        AttentionDims a;
+        a.tokens = b.tq;
+        a.kv_tokens = b.tk;
+        a.q_offset = b.qo;
+        a.k_offset = b.ko;
+        a.q_heads = 4;
+        a.kv_heads = 2;
+        a.qk_dim = 13;
+        a.v_dim = 9;
+        a.window = W;
+        a.block_q = bq;
+        a.block_k = bk;
+        const Inputs in = make_inputs(a, rng);
+        const Reference want = naive(a, in);
+        expect_close(finite_lse(run(a, in), want), zero_inf_lse(want), 1e-5, block_name(a));
+        ++cases;
+      }
+  std::printf("attention blocks at offsets vs naive double: %d cases\n", cases);
+}
+
+// A query block of a longer sequence folds the sequence's key chunks one call each, in
+// a scrambled order (accumulate); the backward adds each chunk's dq, dk, dv in. The
+// result is the whole-sequence attention of those queries.
+TEST(Attention, AccumulatedKeyChunksMatchTheWholeSequence) {
+  std::mt19937 rng(13);
+  const std::int64_t S = 61;
+  for (std::int64_t W : {0, 9})
+    for (auto [hq, hkv, d, dv] : {std::tuple{4, 2, 13, 9}, std::tuple{4, 4, 8, 8}, std::tuple{8, 2, 16, 5}})
+      for (bool given_row_dot : {false, true})
+        for (auto [q0, q1] : {std::pair{0, 61}, std::pair{20, 45}, std::pair{50, 61}}) {
+          AttentionDims whole;
+          whole.tokens = q1 - q0;
+          whole.kv_tokens = S;
+          whole.q_offset = q0;
+          whole.q_heads = hq;
+          whole.kv_heads = hkv;
+          whole.qk_dim = d;
+          whole.v_dim = dv;
+          whole.window = W;
+          whole.block_q = 6;
+          whole.block_k = 5;
+          const Inputs in = make_inputs(whole, rng);
+          const Reference want = naive(whole, in);
+          // Chunks [0, 7) [7, 20) [20, 21) [21, 44) [44, 61), visited out of order.
+          const std::vector<std::pair<std::int64_t, std::int64_t>> chunks = {{21, 44}, {0, 7}, {44, 61}, {20, 21}, {7, 20}};
+          const std::int64_t T = whole.tokens;
+          Reference got{Vec(T * hq * dv, kNaN), Vec(T * hq, -std::numeric_limits<float>::infinity()), Vec(T * hq * d, 0.0f),
+                        Vec(S * hkv * d, 0.0f), Vec(S * hkv * dv, 0.0f)};
+          AttentionDims a = whole;
+          a.accumulate = true;
+          Vec ws(attention_workspace_floats(a), kNaN), row_dot(T * hq, kNaN);
+          for (auto [c0, c1] : chunks) {
+            a.kv_tokens = c1 - c0;
+            a.k_offset = c0;
+            attention_forward(got.out.data(), got.lse.data(), in.q.data(), in.k.data() + c0 * hkv * d,
+                              in.v.data() + c0 * hkv * dv, a, ws.data());
+          }
+          if (given_row_dot) attention_row_dot(row_dot.data(), in.dout.data(), got.out.data(), a);
+          for (auto [c0, c1] : chunks) {
+            a.kv_tokens = c1 - c0;
+            a.k_offset = c0;
+            attention_backward(got.dq.data(), got.dk.data() + c0 * hkv * d, got.dv.data() + c0 * hkv * dv, in.dout.data(),
+                               in.q.data(), in.k.data() + c0 * hkv * d, in.v.data() + c0 * hkv * dv, got.out.data(),
+                               got.lse.data(), a, ws.data(), nullptr, given_row_dot ? row_dot.data() : nullptr);
+          }
+          expect_close(got, want, 1e-5,
+                       block_name(whole) + (given_row_dot ? " row_dot given" : " row_dot computed"));
+        }
+}
+
+// A call whose keys all lie after its queries does no work: its keys and values (NaN
+// here) are never read, and a running state and added-into gradients stay as they were.
+TEST(Attention, AccumulateWithNoVisibleKeyLeavesTheStateAlone) {
+  // Keys after every query; keys before every query's window.
+  struct B {
+    std::int64_t qo, ko, window;
+  };
+  for (B b : {B{0, 10, 0}, B{20, 0, 4}, B{20, 0, 15}})
+    for (auto [bq, bk] : {std::pair{64, 64}, std::pair{3, 4}}) {
+      SCOPED_TRACE("qo=" + std::to_string(b.qo) + " ko=" + std::to_string(b.ko) + " W=" + std::to_string(b.window) +
+                   " Bq=" + std::to_string(bq) + " Bk=" + std::to_string(bk));
+      std::mt19937 rng(17);
+      AttentionDims a;
+      a.tokens = 10;
+      a.kv_tokens = 6;
+      a.q_offset = b.qo;
+      a.k_offset = b.ko;
+      a.window = b.window;
+      a.q_heads = 2;
+      a.kv_heads = 1;
+      a.qk_dim = 4;
+      a.v_dim = 3;
+      a.block_q = bq;
+      a.block_k = bk;
+      a.accumulate = true;
+      Inputs in = make_inputs(a, rng);
+      std::fill(in.k.begin(), in.k.end(), kNaN);
+      std::fill(in.v.begin(), in.v.end(), kNaN);
+      Vec out = random_vec(10 * 2 * 3, rng, -1, 1), lse = random_vec(10 * 2, rng, -1, 1);
+      const Vec out0 = out, lse0 = lse;
+      Vec ws(attention_workspace_floats(a), kNaN);
+      attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), a, ws.data());
+      EXPECT_EQ(out, out0);
+      EXPECT_EQ(lse, lse0);
+      Vec dq(10 * 2 * 4, 1.0f), dk(6 * 4, 2.0f), dv(6 * 3, 3.0f);
+      attention_backward(dq.data(), dk.data(), dv.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(),
+                         out.data(), lse.data(), a, ws.data());
+      EXPECT_EQ(dq, Vec(10 * 2 * 4, 1.0f));
+      EXPECT_EQ(dk, Vec(6 * 4, 2.0f));
+      EXPECT_EQ(dv, Vec(6 * 3, 3.0f));
+    }
+}
+
 TEST(Attention, BadDimsThrowInvalidArgument) {
   AttentionDims a;
   a.tokens = 4;
@@ -289,6 +449,12 @@ TEST(Attention, BadDimsThrowInvalidArgument) {
   a.window = -1;
   EXPECT_THROW(check_attention_dims(a), InvalidArgument);
   a.window = 0;
+  a.kv_tokens = -1;
+  EXPECT_THROW(check_attention_dims(a), InvalidArgument);
+  a.kv_tokens = 0;
+  a.k_offset = -2;
+  EXPECT_THROW(check_attention_dims(a), InvalidArgument);
+  a.k_offset = 0;
   a.tokens = 0;
   EXPECT_THROW(check_attention_dims(a), InvalidArgument);
 }

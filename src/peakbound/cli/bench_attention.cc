@@ -2,7 +2,37 @@
 // alone on one sequence, forward and backward timed separately (best of --reps after a
 // warm-up), as GFLOP/s of the causal block products: forward 2 P Hq (D + Dv), backward
 // 2 P Hq (3 D + 2 Dv) (S recomputed, dP, dV, dK, dQ), P = T (T + 1) / 2 visible pairs.
+// Under mpirun only rank 0 runs the kernel part (the others wait).
+//
+// Then ring attention (schedules/ring_attention.h) on the same --tokens sequence for each
+// CP of --cp-sizes that divides the launched ranks: ONE group, ranks 0..CP-1, runs while
+// the others wait in a barrier (so CP 1 is one rank alone, not W copies fighting for the
+// cores). Per CP:
+//   peak_bytes     the arena's peak of component attention on a rank (the max over the
+//                  group) through one forward + backward with q, k, v, dout, out, lse,
+//                  dq, dk, dv allocated from the arena under that component too.
+//   step_seconds   forward + backward wall time, the slowest rank of each rep (reps
+//                  bracketed by group barriers), median of --reps after one warm-up.
+//   overlap_fraction (per CP, CP > 1 only): 1 - exposed_comm / alone, clamped to [0, 1]:
+//                  the share of the ring's communication time hidden behind compute.
+//                  alone = the wall time of the same forward + backward with every
+//                  kernel skipped (RingAttentionStats::communication_only: the same
+//                  transfers, fills and adds, no compute to hide behind).
+//                  exposed_comm = the time a rank sat blocked in the ring's waits after
+//                  its own compute was done AND after the previous rank had posted the
+//                  data waited for (RingAttentionStats: each wait's start and end against
+//                  the sender's post time; one host's processes share the clock). Time
+//                  blocked before the sender posted is load imbalance (a slower
+//                  neighbour, cores shared by oversubscribed ranks or other jobs):
+//                  reported as imbalance_seconds, not counted against the overlap.
+//                  exposed_seconds = wall - kernel busy time is reported too (it holds
+//                  both, plus host overheads). Medians over reps of the slowest rank.
+//   max_rel_err    ring vs the single-rank kernel on the whole sequence (out, lse, dq,
+//                  dk, dv at the zigzag rows), the worst over the CP sizes.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,11 +42,17 @@
 #include <vector>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/cli/attention_flags.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"
+#include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
+#include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ring_attention.h"
+#include "peakbound/verify/attention_reference.h"
 
 namespace peakbound::cli {
 
@@ -25,13 +61,190 @@ namespace {
 struct BenchAttentionFlags {
   std::int64_t tokens = 2048, heads = 8, kv_heads = 2, dim = 64, block_q = 64, block_k = 64;
   int threads = 1, reps = 3;
+  std::string cp_sizes = "1,2,4";
+  bool json = true;
 };
+
+// A barrier over the world that sleeps: the ranks with nothing to do (outside the CP
+// group, or while rank 0 times the kernel) wait here without spinning a core the
+// working ranks need (an MPI barrier polls).
+void sleepy_barrier(Communicator& w) {
+  if (w.size() == 1) return;
+  constexpr int kTag = 97;
+  auto wait = [](Request& r) {
+    while (!r.test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  std::int32_t token = 0;
+  if (w.rank() == 0) {
+    std::vector<std::int32_t> in(static_cast<std::size_t>(w.size()));
+    for (int r = 1; r < w.size(); ++r) {
+      Request q = w.irecv(&in[static_cast<std::size_t>(r)], 1, DType::i32, r, kTag);
+      wait(q);
+    }
+    for (int r = 1; r < w.size(); ++r) w.send(&token, 1, DType::i32, r, kTag + 1);
+  } else {
+    std::int32_t back = 0;
+    Request out = w.isend(&token, 1, DType::i32, 0, kTag);
+    Request in = w.irecv(&back, 1, DType::i32, 0, kTag + 1);
+    wait(in);
+    out.wait();
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+struct CpResult {
+  std::uint64_t peak_bytes = 0;
+  double step_seconds = 0, exposed_seconds = 0, exposed_comm_seconds = 0, imbalance_seconds = 0, alone_seconds = 0,
+         compute_seconds = 0, rel_err = 0;
+};
+
+// One CP size on group g (the ranks 0..CP-1 of the world): see the file comment.
+CpResult run_cp(Communicator& g, const cpu::AttentionDims& a, const AttentionProblem& p, const AttentionResult& ref,
+                int reps, ThreadPool* pool) {
+  const int cp = g.size();
+  RingAttentionConfig cfg;
+  cfg.dims = a;
+  cfg.seq_len = a.tokens;
+  const CpShard sh = zigzag_shard(a.tokens, cp, g.rank());
+  const std::int64_t T = sh.tokens();
+  std::int64_t Tmax = 0;
+  for (int r = 0; r < cp; ++r) Tmax = std::max(Tmax, zigzag_shard(a.tokens, cp, r).tokens());
+  const std::int64_t wq = a.q_heads * a.qk_dim, wk = a.kv_heads * a.qk_dim, wv = a.kv_heads * a.v_dim,
+                     wo = a.q_heads * a.v_dim, wl = a.q_heads;
+  std::uint64_t budget = ring_attention_footprint(cfg, cp).device_peak_total() + (4u << 20);
+  for (std::int64_t w : {wq, wk, wv, wo, wl, wo, wq, wk, wv})
+    budget += arena_reserved(static_cast<std::uint64_t>(Tmax * w) * sizeof(float));
+  CpuDevice dev(budget);
+  CpResult res;
+  // Exactness and the peak: one forward + backward with every tensor under attention.
+  {
+    const RingAttentionCheck c = verify_ring_attention(dev, g, p, ref, ref, Component::attention, pool);
+    res.rel_err = c.worst_kernel();
+    std::uint64_t peak = std::max(c.forward_peak, c.backward_peak);
+    g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
+    res.peak_bytes = peak;
+  }
+  // Timing on this rank's rows (values do not matter for time; the problem's are used).
+  auto alloc = [&](std::int64_t w) { return dev.allocate(Component::attention, static_cast<std::uint64_t>(T * w) * sizeof(float)); };
+  Buffer q = alloc(wq), k = alloc(wk), v = alloc(wv), dout = alloc(wo), out = alloc(wo), lse = alloc(wl), dq = alloc(wq),
+         dk = alloc(wk), dv = alloc(wv);
+  auto fill_rows = [&](Buffer& b, const std::vector<float>& x, std::int64_t w) {
+    for (std::int64_t t = 0; t < T; ++t) std::copy_n(x.begin() + sh.position(t) * w, w, b.as<float>() + t * w);
+  };
+  fill_rows(q, p.q, wq);
+  fill_rows(k, p.k, wk);
+  fill_rows(v, p.v, wv);
+  fill_rows(dout, p.dout, wo);
+  auto step = [&](RingAttentionStats* fs, RingAttentionStats* bs) {
+    ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
+                           pool, fs);
+    ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
+                            q.as<float>(), k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), pool, bs);
+  };
+  // The slowest rank's value of x (every rank gets it).
+  auto slowest = [&](double x) {
+    g.all_reduce(&x, 1, DType::f64, ReduceOp::max);
+    return x;
+  };
+  step(nullptr, nullptr);  // warm-up (first touch of the ring buffers)
+  std::vector<double> steps, exposed, exposed_comm, imbalance, compute, alone;
+  for (int i = 0; i < reps; ++i) {
+    RingAttentionStats fs, bs;
+    g.barrier();
+    bench::Stopwatch w;
+    step(&fs, &bs);
+    const double t = w.seconds();
+    steps.push_back(slowest(t));
+    exposed.push_back(slowest(fs.exposed_seconds + bs.exposed_seconds));
+    compute.push_back(slowest(fs.compute_seconds + bs.compute_seconds));
+    exposed_comm.push_back(slowest(fs.exposed_comm_seconds + bs.exposed_comm_seconds));
+    imbalance.push_back(slowest(fs.imbalance_seconds + bs.imbalance_seconds));
+  }
+  if (cp > 1)
+    for (int i = 0; i < reps; ++i) {
+      RingAttentionStats fs, bs;
+      fs.communication_only = bs.communication_only = true;
+      g.barrier();
+      step(&fs, &bs);
+      alone.push_back(slowest(fs.wall_seconds + bs.wall_seconds));
+    }
+  res.step_seconds = median(steps);
+  res.exposed_seconds = median(exposed);
+  res.compute_seconds = median(compute);
+  res.exposed_comm_seconds = median(exposed_comm);
+  res.imbalance_seconds = median(imbalance);
+  res.alone_seconds = median(alone);
+  return res;
+}
 
 std::string load_average() {
   std::ifstream f("/proc/loadavg");
   std::string a, b, c;
   f >> a >> b >> c;
   return f ? a + " " + b + " " + c : "unknown";
+}
+
+nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
+  if (!run) return {};
+  const BenchAttentionFlags* f = &fl;
+  cpu::AttentionDims a;
+  a.tokens = f->tokens;
+  a.q_heads = f->heads;
+  a.kv_heads = f->kv_heads;
+  a.qk_dim = a.v_dim = f->dim;
+  a.block_q = f->block_q;
+  a.block_k = f->block_k;
+  a.threads = f->threads;
+  const auto T = static_cast<std::size_t>(a.tokens);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto rnd = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
+  const auto q = rnd(T * a.q_heads * a.qk_dim), k = rnd(T * a.kv_heads * a.qk_dim), v = rnd(T * a.kv_heads * a.v_dim),
+             dout = rnd(T * a.q_heads * a.v_dim);
+  std::vector<float> out(dout.size()), lse(T * a.q_heads), dq(q.size()), dk(k.size()), dv(v.size()),
+      ws(static_cast<std::size_t>(cpu::attention_workspace_floats(a)));
+  std::optional<ThreadPool> pool;
+  if (a.threads > 1) pool.emplace(a.threads);
+  ThreadPool* p = pool ? &*pool : nullptr;
+  const std::string load_before = load_average();
+  const double fwd = bench::best_seconds(
+      [&] { cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), a, ws.data(), p); }, 1,
+      f->reps);
+  const double bwd = bench::best_seconds(
+      [&] {
+        cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                out.data(), lse.data(), a, ws.data(), p);
+      },
+      1, f->reps);
+  const double pairs = static_cast<double>(a.tokens) * static_cast<double>(a.tokens + 1) / 2.0;
+  const double hq = static_cast<double>(a.q_heads), d = static_cast<double>(a.qk_dim), dvd = static_cast<double>(a.v_dim);
+  const double fwd_flops = 2.0 * pairs * hq * (d + dvd), bwd_flops = 2.0 * pairs * hq * (3.0 * d + 2.0 * dvd);
+  nlohmann::json j = {{"bench", "attention"},
+                      {"tokens", a.tokens},
+                      {"q_heads", a.q_heads},
+                      {"kv_heads", a.kv_heads},
+                      {"head_dim", a.qk_dim},
+                      {"block_q", a.block_q},
+                      {"block_k", a.block_k},
+                      {"threads", a.threads},
+                      {"workspace_floats", cpu::attention_workspace_floats(a)},
+                      {"forward_seconds", fwd},
+                      {"backward_seconds", bwd},
+                      {"forward_gflops", fwd_flops / fwd * 1e-9},
+                      {"backward_gflops", bwd_flops / bwd * 1e-9},
+                      {"load_average_before", load_before},
+                      {"load_average_after", load_average()},
+                      {"machine", bench::machine_info()}};
+  return j;
 }
 
 Command add_bench_attention(CLI::App& parent) {
@@ -45,8 +258,17 @@ Command add_bench_attention(CLI::App& parent) {
   int_flag(c.app, "--block-q", f->block_q, "Query rows per tile", 1, 4096);
   int_flag(c.app, "--block-k", f->block_k, "Keys per tile", 1, 4096);
   int_flag(c.app, "--threads", f->threads, "Threads (a pool of this size; 1: the caller only)", 1, 256);
-  int_flag(c.app, "--reps", f->reps, "Timed repetitions after one warm-up (best is kept)", 1, 100);
+  int_flag(c.app, "--reps", f->reps, "Timed repetitions after one warm-up (best is kept; ring: the median)", 1, 100);
+  text_flag(c.app, "--cp-sizes", f->cp_sizes,
+            "Ring attention over CP ranks for each size, comma-separated; sizes not dividing the launched ranks are "
+            "skipped");
+  c.app->add_flag("--json", f->json, "Print one JSON object (the only output this benchmark has)");
+  c.collective = true;  // the ring part runs on a group of the launched ranks
   c.validate = [f] {
+    for (std::int64_t cp : int_list(f->cp_sizes, "--cp-sizes", 1, 4096))
+      if (launcher_size() % cp == 0 && f->tokens < 2 * cp)
+        throw InvalidArgument("--tokens " + std::to_string(f->tokens) + " is shorter than 2 x CP = " +
+                              std::to_string(2 * cp) + " (--cp-sizes): a zigzag chunk would be empty");
     if (f->heads % f->kv_heads != 0)
       throw InvalidArgument("--kv-heads " + std::to_string(f->kv_heads) + " does not divide --heads " +
                             std::to_string(f->heads));
@@ -58,6 +280,12 @@ Command add_bench_attention(CLI::App& parent) {
                             " GiB of tensors; this benchmark keeps them under 4 GiB");
   };
   c.run = [f] {
+    auto world = world_communicator();
+    Communicator& w = *world;
+    nlohmann::json j = kernel_part(*f, w.rank() == 0);
+    sleepy_barrier(w);
+    if (w.size() > 1) bench::share_cores_among_local_ranks();
+    // The ring part.
     cpu::AttentionDims a;
     a.tokens = f->tokens;
     a.q_heads = f->heads;
@@ -66,51 +294,64 @@ Command add_bench_attention(CLI::App& parent) {
     a.block_q = f->block_q;
     a.block_k = f->block_k;
     a.threads = f->threads;
-    const auto T = static_cast<std::size_t>(a.tokens);
-    std::mt19937 rng(1);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    auto rnd = [&](std::size_t n) {
-      std::vector<float> v(n);
-      for (auto& x : v) x = nd(rng);
-      return v;
-    };
-    const auto q = rnd(T * a.q_heads * a.qk_dim), k = rnd(T * a.kv_heads * a.qk_dim), v = rnd(T * a.kv_heads * a.v_dim),
-               dout = rnd(T * a.q_heads * a.v_dim);
-    std::vector<float> out(dout.size()), lse(T * a.q_heads), dq(q.size()), dk(k.size()), dv(v.size()),
-        ws(static_cast<std::size_t>(cpu::attention_workspace_floats(a)));
     std::optional<ThreadPool> pool;
     if (a.threads > 1) pool.emplace(a.threads);
-    ThreadPool* p = pool ? &*pool : nullptr;
+    ThreadPool* pp = pool ? &*pool : nullptr;
+    std::optional<AttentionProblem> problem;
+    std::optional<AttentionResult> ref;
+    nlohmann::json peak = nlohmann::json::object(), step = nlohmann::json::object(),
+                   overlap = nlohmann::json::object(), exposed = nlohmann::json::object(),
+                   alone = nlohmann::json::object(), compute = nlohmann::json::object(),
+                   exposed_comm = nlohmann::json::object(), imbalance = nlohmann::json::object();
+    std::vector<int> ran;
+    double max_rel = 0;
     const std::string load_before = load_average();
-    const double fwd = bench::best_seconds(
-        [&] { cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), a, ws.data(), p); }, 1,
-        f->reps);
-    const double bwd = bench::best_seconds(
-        [&] {
-          cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                  out.data(), lse.data(), a, ws.data(), p);
-        },
-        1, f->reps);
-    const double pairs = static_cast<double>(a.tokens) * static_cast<double>(a.tokens + 1) / 2.0;
-    const double hq = static_cast<double>(a.q_heads), d = static_cast<double>(a.qk_dim), dvd = static_cast<double>(a.v_dim);
-    const double fwd_flops = 2.0 * pairs * hq * (d + dvd), bwd_flops = 2.0 * pairs * hq * (3.0 * d + 2.0 * dvd);
-    nlohmann::json j = {{"bench", "attention"},
-                        {"tokens", a.tokens},
-                        {"q_heads", a.q_heads},
-                        {"kv_heads", a.kv_heads},
-                        {"head_dim", a.qk_dim},
-                        {"block_q", a.block_q},
-                        {"block_k", a.block_k},
-                        {"threads", a.threads},
-                        {"workspace_floats", cpu::attention_workspace_floats(a)},
-                        {"forward_seconds", fwd},
-                        {"backward_seconds", bwd},
-                        {"forward_gflops", fwd_flops / fwd * 1e-9},
-                        {"backward_gflops", bwd_flops / bwd * 1e-9},
-                        {"load_average_before", load_before},
-                        {"load_average_after", load_average()},
-                        {"machine", bench::machine_info()}};
-    std::printf("%s\n", j.dump(2).c_str());
+    for (std::int64_t cp64 : int_list(f->cp_sizes, "--cp-sizes", 1, 4096)) {
+      const int cp = static_cast<int>(cp64);
+      if (w.size() % cp != 0) continue;
+      // Ranks 0..cp-1 run; the rest wait at the barrier below.
+      std::unique_ptr<Communicator> g = w.split(w.rank() < cp ? 0 : 1, w.rank());
+      if (w.rank() < cp) {
+        if (!problem) {
+          problem = make_attention_problem(a, 7);
+          ref = kernel_attention(*problem, pp);
+        }
+        const CpResult r = run_cp(*g, a, *problem, *ref, f->reps, pp);
+        const std::string key = std::to_string(cp);
+        peak[key] = r.peak_bytes;
+        step[key] = r.step_seconds;
+        exposed[key] = r.exposed_seconds;
+        compute[key] = r.compute_seconds;
+        if (cp > 1) {
+          alone[key] = r.alone_seconds;
+          exposed_comm[key] = r.exposed_comm_seconds;
+          imbalance[key] = r.imbalance_seconds;
+          overlap[key] =
+              r.alone_seconds > 0 ? std::clamp(1.0 - r.exposed_comm_seconds / r.alone_seconds, 0.0, 1.0) : 1.0;
+        }
+        max_rel = std::max(max_rel, r.rel_err);
+      }
+      sleepy_barrier(w);
+      ran.push_back(cp);
+    }
+    if (w.rank() == 0) {
+      j["ranks"] = w.size();
+      j["cp_sizes"] = ran;
+      j["ring_seq_len"] = a.tokens;
+      j["peak_bytes"] = peak;
+      j["step_seconds"] = step;
+      j["overlap_fraction"] = overlap;
+      j["overlap_fraction_is"] = "per CP size (CP > 1): 1 - exposed_comm / communication alone";
+      j["exposed_seconds"] = exposed;
+      j["exposed_comm_seconds"] = exposed_comm;
+      j["imbalance_seconds"] = imbalance;
+      j["communication_alone_seconds"] = alone;
+      j["compute_seconds"] = compute;
+      j["max_rel_err"] = max_rel;
+      j["ring_load_average_before"] = load_before;
+      j["ring_load_average_after"] = load_average();
+      std::printf("%s\n", j.dump(2).c_str());
+    }
     return 0;
   };
   return c;

@@ -15,10 +15,17 @@ void attention_forward(Device& dev, Stream& s, float* out, float* lse, const flo
 
 void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionDims& dims, float* workspace, ThreadPool* pool) {
+                        const AttentionDims& dims, float* workspace, ThreadPool* pool, const float* row_dot) {
   if (dev.backend() != Backend::cpu) no_kernel(dev, "attention_backward");
   cpu::check_attention_dims(dims);
-  cpu::launch(s, [=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, pool); });
+  cpu::launch(s, [=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, pool, row_dot); });
+}
+
+void attention_row_dot(Device& dev, Stream& s, float* row_dot, const float* dout, const float* out,
+                       const AttentionDims& dims) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "attention_row_dot");
+  cpu::check_attention_dims(dims);
+  cpu::launch(s, [=] { cpu::attention_row_dot(row_dot, dout, out, dims); });
 }
 
 }  // namespace peakbound::ops

@@ -1,8 +1,11 @@
 // Causal GQA self-attention through the device's backend (kernels/cpu/attention.h for
 // the shapes, the math and the workspace sizes): forward WRITES out [T, Hq, Dv] and
-// lse [T, Hq]; backward WRITES dq, dk, dv. The caller passes the workspace, sized by
+// lse [T, Hq]; backward WRITES dq, dk, dv (dims.accumulate: the forward reads out/lse as
+// a running state and writes it back merged, the backward ADDS INTO dq, dk, dv; blocks at
+// global offsets, as the kernel's header says). The caller passes the workspace, sized by
 // cpu::attention_{forward,backward}_workspace_floats(dims) from its footprint. The dims
-// struct is plain data, shared with any later backend.
+// struct is plain data, shared with any later backend. attention_row_dot WRITES row_dot
+// [T, Hq] = rowsum(dout * out), which the backward then READS instead of computing it.
 #pragma once
 
 #include "peakbound/device/device.h"
@@ -21,6 +24,9 @@ void attention_forward(Device& dev, Stream& s, float* out, float* lse, const flo
                        const float* v, const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
 void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
+                        const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr,
+                        const float* row_dot = nullptr);
+void attention_row_dot(Device& dev, Stream& s, float* row_dot, const float* dout, const float* out,
+                       const AttentionDims& dims);
 
 }  // namespace peakbound::ops

@@ -10,8 +10,9 @@
 // lanes, double-buffered, the next hop's transfer posted before the current block's
 // compute); each rank folds every block into its queries' online softmax with the tiled
 // kernel (cpu::attention_forward over (query chunk, key chunk) pairs at their global
-// offsets; pairs whose keys all lie after the queries are skipped, pairs whose keys all
-// lie before run unmasked). out [T_r, Hq, Dv] and lse [T_r, Hq] are WRITTEN: the same
+// offsets, the query chunks cut into pieces of a few hundred rows so the transfers move
+// between calls; pairs whose keys all lie after the queries are skipped, pairs whose
+// keys all lie before run unmasked). out [T_r, Hq, Dv] and lse [T_r, Hq] are WRITTEN: the same
 // values as the single-rank kernel on the whole sequence (to fp32 rounding).
 // Backward: the K/V blocks travel again with their dK/dV accumulators (accumulated lanes);
 // each rank recomputes its block's probabilities from the saved lse, adds into its own dq
@@ -60,12 +61,39 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
 // gradients are the caller's).
 Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp);
 
-// cp_group: the CP ranks of this sequence (its rank() is r). Every rank of the group calls
-// with the same config. pool: the kernel's shares run on it (null: on the caller).
+// Timing of one call, for `peakbound bench attention` (null: nothing is timed and the
+// call adds no host task; give it on every rank of the group or on none: with CP > 1
+// the timed call ends by passing its post times one hop round the ring).
+//   wall_seconds     the call, entry to return (the compute stream synchronized).
+//   compute_seconds  busy time of its kernel calls on the compute stream (timestamps
+//                    taken by host tasks around each call, in stream order).
+//   exposed_seconds  wall - compute: the time this rank was not computing.
+//   wait_seconds     time blocked in the ring's waits once its own compute was done,
+//                    split by when the previous rank posted the data waited for (the
+//                    clocks of one host's processes agree):
+//   imbalance_seconds     before the previous rank had posted it (it was still busy),
+//   exposed_comm_seconds  after it had: the transfer's own time not hidden by compute.
+//   communication_only (an input): skip every attention kernel call and move exactly
+//                    the same buffers: the transfers' time with no compute to hide behind
+//                    (the outputs are then meaningless).
+struct RingAttentionStats {
+  bool communication_only = false;
+  double wall_seconds = 0.0;
+  double compute_seconds = 0.0;
+  double exposed_seconds = 0.0;
+  double wait_seconds = 0.0;
+  double imbalance_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;
+  double tick = 0.0;  // internal: the start of the kernel call the stream is running
+};
+
+// stats: see RingAttentionStats (null: untimed).
 void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out, float* lse,
-                            const float* q, const float* k, const float* v, ThreadPool* pool = nullptr);
+                            const float* q, const float* k, const float* v, ThreadPool* pool = nullptr,
+                            RingAttentionStats* stats = nullptr);
 void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const float* dout, const float* q, const float* k, const float* v,
-                             const float* out, const float* lse, ThreadPool* pool = nullptr);
+                             const float* out, const float* lse, ThreadPool* pool = nullptr,
+                             RingAttentionStats* stats = nullptr);
 
 }  // namespace peakbound

@@ -71,25 +71,35 @@ void check_attention_dims(const AttentionDims& a) {
   if (a.window < 0) bad("window must be >= 0 (0: none), got " + std::to_string(a.window));
   if (a.threads < 1) bad("threads must be >= 1, got " + std::to_string(a.threads));
   if (!std::isfinite(a.scale)) bad("scale must be finite");
+  if (a.kv_tokens < 0) bad("kv_tokens must be >= 0 (0: tokens), got " + std::to_string(a.kv_tokens));
+  if (a.q_offset < 0 || a.k_offset < 0)
+    bad("q_offset and k_offset must be >= 0, got " + std::to_string(a.q_offset) + ", " + std::to_string(a.k_offset));
 }
 
 std::int64_t attention_forward_workspace_floats(const AttentionDims& a) {
   return static_cast<std::int64_t>(a.threads) * (a.block_q * a.block_k + 2 * a.block_q);
 }
 
-std::int64_t attention_backward_workspace_floats(const AttentionDims& a) {
-  return a.tokens * a.q_heads + static_cast<std::int64_t>(a.threads) * 2 * a.block_q * a.block_k;
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given) {
+  return (row_dot_given ? 0 : a.tokens * a.q_heads) + static_cast<std::int64_t>(a.threads) * 2 * a.block_q * a.block_k;
 }
 
 std::int64_t attention_workspace_floats(const AttentionDims& a) {
   return std::max(attention_forward_workspace_floats(a), attention_backward_workspace_floats(a));
 }
 
+void attention_row_dot(float* row_dot, const float* dout, const float* out, const AttentionDims& a) {
+  const std::int64_t rows = a.tokens * a.q_heads, Dv = a.v_dim;
+  for (std::int64_t x = 0; x < rows; ++x) row_dot[x] = dot_f64(dout + x * Dv, out + x * Dv, Dv);
+}
+
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionDims& a, float* workspace, ThreadPool* pool) {
   check_attention_dims(a);
-  const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t T = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
+  // Global positions: query row i is qo + i, key row j is ko + j.
+  const std::int64_t qo = a.q_offset, ko = a.k_offset;
   const float scale = a.effective_scale();
   const std::int64_t q_blocks = (T + Bq - 1) / Bq, items = Hq * q_blocks;
   const std::int64_t slot_floats = Bq * Bk + 2 * Bq;
@@ -103,23 +113,28 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const std::int64_t i0 = (item % q_blocks) * Bq, i1 = std::min(i0 + Bq, T), rows = i1 - i0;
       float* o_tile = out + (i0 * Hq + h) * Dv;  // rows of stride Hq * Dv
       for (std::int64_t r = 0; r < rows; ++r) {
-        m[r] = kNegInf;
-        l[r] = 0.0f;
-        std::fill_n(o_tile + r * Hq * Dv, Dv, 0.0f);
+        float* oi = o_tile + r * Hq * Dv;
+        // A running row restarts from its normalised output: m = lse, l = 1.
+        const float prev = a.accumulate ? lse[(i0 + r) * Hq + h] : kNegInf;
+        m[r] = prev;
+        l[r] = prev == kNegInf ? 0.0f : 1.0f;
+        if (prev == kNegInf) std::fill_n(oi, Dv, 0.0f);
       }
-      // Keys the tile sees: [first visible to row i0, i1), on the Bk grid.
-      const std::int64_t k_lo = W > 0 ? std::max<std::int64_t>(0, i0 - W + 1) : 0;
-      for (std::int64_t j0 = k_lo / Bk * Bk; j0 < i1; j0 += Bk) {
-        const std::int64_t cols = std::min(j0 + Bk, i1) - j0;
+      // Keys the tile sees: [first visible to row i0, last visible to row i1 - 1], on
+      // the Bk grid from key row 0; none when the block lies after the tile.
+      const std::int64_t k_hi = std::min(Tk, i1 + qo - ko);
+      const std::int64_t k_lo = W > 0 ? std::max<std::int64_t>(0, i0 + qo - ko - W + 1) : 0;
+      for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
+        const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
         gemm_f32(false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D, Hkv * D,
                  0.0f, S, Bk);
         for (std::int64_t r = 0; r < rows; ++r) {
-          const std::int64_t i = i0 + r;
+          const std::int64_t i = qo + i0 + r;
           float* s = S + r * Bk;
           float row_max = kNegInf;
           for (std::int64_t c = 0; c < cols; ++c) {
-            if (!visible(i, j0 + c, W)) s[c] = kNegInf;
+            if (!visible(i, ko + j0 + c, W)) s[c] = kNegInf;
             row_max = std::max(row_max, s[c]);
           }
           if (row_max == kNegInf) {  // nothing of this row in this key tile: adds zeros
@@ -143,10 +158,15 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         // O_tile += P V_tile
         gemm_f32(false, false, rows, Dv, cols, 1.0f, S, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile, Hq * Dv);
       }
-      // Every row saw at least its own key, so l > 0 and m is finite.
+      // A row that saw no key at all (l == 0) keeps out 0 and lse -inf.
       for (std::int64_t r = 0; r < rows; ++r) {
         float* oi = o_tile + r * Hq * Dv;
-        for (std::int64_t d = 0; d < Dv; ++d) oi[d] /= l[r];
+        if (l[r] == 0.0f) {
+          lse[(i0 + r) * Hq + h] = kNegInf;
+          continue;
+        }
+        if (l[r] != 1.0f)
+          for (std::int64_t d = 0; d < Dv; ++d) oi[d] /= l[r];
         lse[(i0 + r) * Hq + h] = m[r] + std::log(l[r]);
       }
     }
@@ -155,13 +175,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionDims& a, float* workspace, ThreadPool* pool) {
+                        const AttentionDims& a, float* workspace, ThreadPool* pool, const float* row_dot) {
   check_attention_dims(a);
-  const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t T = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
+  const std::int64_t qo = a.q_offset, ko = a.k_offset;
   const float scale = a.effective_scale();
-  float* Di = workspace;  // [T, Hq] rowsum(dout * out)
-  float* tiles = workspace + T * Hq;
+  // D_i = rowsum(dout * out) [T, Hq]: the caller's, or computed into the workspace.
+  float* own_di = row_dot != nullptr ? nullptr : workspace;
+  const float* Di = row_dot != nullptr ? row_dot : own_di;
+  float* tiles = row_dot != nullptr ? workspace : workspace + T * Hq;
 
   // One share per kv head (strided): it owns dk and dv of that head and dq of its query
   // heads, so no two shares write the same element and no reduction is needed.
@@ -170,24 +193,28 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     float* dS = P + Bq * Bk;                // [Bq, Bk] dP, then scale * dL/dscore
     for (std::int64_t g = slot; g < Hkv; g += a.threads) {
       const std::int64_t h_lo = g * group, h_hi = h_lo + group;
-      for (std::int64_t i = 0; i < T; ++i) {
+      for (std::int64_t i = 0; i < T; ++i)
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
-          Di[i * Hq + h] = dot_f64(dout + (i * Hq + h) * Dv, out + (i * Hq + h) * Dv, Dv);
-          std::fill_n(dq + (i * Hq + h) * D, D, 0.0f);
+          if (own_di != nullptr) own_di[i * Hq + h] = dot_f64(dout + (i * Hq + h) * Dv, out + (i * Hq + h) * Dv, Dv);
+          if (!a.accumulate) std::fill_n(dq + (i * Hq + h) * D, D, 0.0f);
         }
-        std::fill_n(dk + (i * Hkv + g) * D, D, 0.0f);
-        std::fill_n(dv + (i * Hkv + g) * Dv, Dv, 0.0f);
-      }
-      for (std::int64_t j0 = 0; j0 < T; j0 += Bk) {
-        const std::int64_t cols = std::min(j0 + Bk, T) - j0;
+      if (!a.accumulate)
+        for (std::int64_t j = 0; j < Tk; ++j) {
+          std::fill_n(dk + (j * Hkv + g) * D, D, 0.0f);
+          std::fill_n(dv + (j * Hkv + g) * Dv, Dv, 0.0f);
+        }
+      for (std::int64_t j0 = 0; j0 < Tk; j0 += Bk) {
+        const std::int64_t cols = std::min(j0 + Bk, Tk) - j0;
         const float* k_tile = k + (j0 * Hkv + g) * D;
         const float* v_tile = v + (j0 * Hkv + g) * Dv;
         float* dk_tile = dk + (j0 * Hkv + g) * D;
         float* dv_tile = dv + (j0 * Hkv + g) * Dv;
-        // Queries that see some key of this tile: [j0, j0 + cols - 1 + W) clipped to T.
-        const std::int64_t q_hi = W > 0 ? std::min(T, j0 + cols - 1 + W) : T;
+        // Query rows that see some key of this tile: from the tile's first key's
+        // position to its last key's position + W (exclusive), clipped to [0, T).
+        const std::int64_t q_lo = std::max<std::int64_t>(0, j0 + ko - qo);
+        const std::int64_t q_hi = W > 0 ? std::min(T, j0 + cols - 1 + W + ko - qo) : T;
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
-          for (std::int64_t i0 = j0 / Bq * Bq; i0 < q_hi; i0 += Bq) {
+          for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
             const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
             const float* q_tile = q + (i0 * Hq + h) * D;
             const float* do_tile = dout + (i0 * Hq + h) * Dv;
@@ -200,7 +227,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               float* p = P + r * Bk;
               float* ds = dS + r * Bk;
               for (std::int64_t c = 0; c < cols; ++c) {
-                p[c] = visible(i, j0 + c, W) ? std::exp(p[c] - lse_i) : 0.0f;
+                p[c] = visible(qo + i, ko + j0 + c, W) ? std::exp(p[c] - lse_i) : 0.0f;
                 ds[c] = p[c] * (ds[c] - d_i) * scale;
               }
             }

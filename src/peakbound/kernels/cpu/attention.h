@@ -12,6 +12,17 @@
 // Causal: token i attends to keys j <= i; with window W > 0 only to i - W < j <= i
 // (transformers' sliding_window: W keys including itself).
 //
+// Blocks of a longer sequence (ring attention, schedules/ring_attention.h): the queries
+// may be Tq = tokens rows starting at global position q_offset and the keys Tk =
+// kv_tokens rows starting at k_offset; query row i sees key row j iff
+// k_offset + j <= q_offset + i (and q_offset + i - k_offset - j < W with a window).
+// Tiles whose keys all lie after the tile's queries (or all before its window) are
+// skipped, not masked. A query row with no visible key gets out 0 and lse -inf.
+// With accumulate the calls fold blocks together: the forward reads out and lse as a
+// running state (a row's normalised output so far and its log-sum-exp; lse -inf: no key
+// yet, out not read) and writes back the merged state; the backward ADDS INTO dq, dk,
+// dv, so a block's gradients sum over the calls that share it.
+//
 // The tile products (S = Q K^T, O += P V; backward also dP = dO V^T, dV += P^T dO,
 // dK += dS^T Q, dQ += dS K) are cpu::gemm_f32 calls on strided row blocks (no copies):
 // 2.5x (forward) and 4x (backward) the vectorisable loops they replaced (T=2048).
@@ -34,7 +45,7 @@ namespace peakbound::cpu {
 
 // One call's dimensions and tiling.
 struct AttentionDims {
-  std::int64_t tokens = 0;    // T
+  std::int64_t tokens = 0;    // T (Tq): query rows
   std::int64_t q_heads = 0;   // Hq
   std::int64_t kv_heads = 0;  // Hkv, divides Hq
   std::int64_t qk_dim = 0;    // D
@@ -46,24 +57,39 @@ struct AttentionDims {
   // Workspace slots: the most tasks that run at once (a pool's size). The workspace
   // holds one slot each, and the work is split into this many fixed strided shares.
   int threads = 1;
+  // Blocks of a longer sequence (defaults: one whole sequence, outputs written).
+  std::int64_t kv_tokens = 0;  // Tk: key rows; 0 means tokens
+  std::int64_t q_offset = 0;   // global position of query row 0
+  std::int64_t k_offset = 0;   // global position of key row 0
+  bool accumulate = false;     // forward: out/lse are a running state; backward: dq, dk, dv ADDED INTO
 
   float effective_scale() const;
+  std::int64_t key_tokens() const { return kv_tokens > 0 ? kv_tokens : tokens; }
 };
 
 // Throws InvalidArgument naming the first bad field (T, heads, dims, blocks >= 1;
-// Hq % Hkv == 0; window >= 0; threads >= 1).
+// Hq % Hkv == 0; window >= 0; threads >= 1; kv_tokens, q_offset, k_offset >= 0).
 void check_attention_dims(const AttentionDims& a);
 
 // Workspace floats each pass needs: pure functions of the dims, so a caller allocates
 // them from a footprint. Forward: threads * (Bq * Bk + 2 Bq) (one score tile and the
-// running max and sum per row). Backward: T * Hq (D_i = rowsum(dout * out)) +
-// threads * 2 * Bq * Bk (the P and dS tiles). attention_workspace_floats is the max of
-// the two: one buffer serving both passes.
+// running max and sum per row). Backward: T * Hq (D_i = rowsum(dout * out); not when
+// the caller passes it, row_dot_given) + threads * 2 * Bq * Bk (the P and dS tiles).
+// attention_workspace_floats is the max of the two: one buffer serving both passes.
 std::int64_t attention_forward_workspace_floats(const AttentionDims& a);
-std::int64_t attention_backward_workspace_floats(const AttentionDims& a);
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given = false);
 std::int64_t attention_workspace_floats(const AttentionDims& a);
 
-// q, k, v -> out [T, Hq, Dv], lse [T, Hq], both WRITTEN. workspace: at least
+// row_dot [T, Hq] WRITTEN: D_i = rowsum(dout * out) per (token, head), accumulated in
+// double and rounded once (what attention_backward computes itself when not given it;
+// a caller folding several key blocks into the same queries computes it once).
+void attention_row_dot(float* row_dot, const float* dout, const float* out, const AttentionDims& a);
+
+// Shapes with blocks: q, out, dout, dq, lse have Tq = tokens rows, k, v, dk, dv have
+// Tk = key_tokens() rows (row strides are Hq * D, Hkv * D, ... as above, so a block is
+// a pointer into a longer tensor).
+// q, k, v -> out [T, Hq, Dv], lse [T, Hq], both WRITTEN (accumulate: read and written
+// back merged). workspace: at least
 // attention_forward_workspace_floats(a) floats. pool: runs the a.threads shares on it
 // (its size should be a.threads); null runs them one after another on the caller.
 // Outputs must not alias inputs.
@@ -74,11 +100,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 // dv [T, Hkv, Dv], all WRITTEN, not added: they are fresh gradients with one consumer
 // each (the Q/K/V projections' backward GEMMs, which add into the input gradient
 // themselves), and the kernel would otherwise need the caller to zero-fill them.
+// With accumulate they are ADDED INTO instead (out and lse are then the whole row's
+// final values, not this block's). row_dot: null computes D_i into the workspace; else
+// [T, Hq] READ (attention_row_dot's result) and the workspace needs only
+// attention_backward_workspace_floats(a, true) floats.
 // workspace: at least attention_backward_workspace_floats(a) floats. Work is split by
 // kv head (a kv head owns its dk, dv and its query heads' dq), so more than Hkv
 // threads add nothing. Outputs must not alias inputs.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionDims& a, float* workspace, ThreadPool* pool = nullptr);
+                        const AttentionDims& a, float* workspace, ThreadPool* pool = nullptr,
+                        const float* row_dot = nullptr);
 
 }  // namespace peakbound::cpu

@@ -1,0 +1,164 @@
+#include "peakbound/verify/attention_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ring_attention.h"
+#include "peakbound/verify/relative_error.h"
+
+namespace peakbound {
+
+namespace {
+
+std::vector<float> uniform(std::size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::size_t Z(std::int64_t v) { return static_cast<std::size_t>(v); }
+
+}  // namespace
+
+AttentionProblem make_attention_problem(const cpu::AttentionDims& dims, std::uint64_t seed) {
+  AttentionProblem p;
+  p.dims = dims;
+  p.dims.kv_tokens = p.dims.q_offset = p.dims.k_offset = 0;
+  p.dims.accumulate = false;
+  cpu::check_attention_dims(p.dims);
+  std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
+  const std::int64_t S = dims.tokens;
+  p.q = uniform(Z(S * dims.q_heads * dims.qk_dim), rng, -2.0f, 2.0f);
+  p.k = uniform(Z(S * dims.kv_heads * dims.qk_dim), rng, -2.0f, 2.0f);
+  p.v = uniform(Z(S * dims.kv_heads * dims.v_dim), rng, -1.0f, 1.0f);
+  p.dout = uniform(Z(S * dims.q_heads * dims.v_dim), rng, -1.0f, 1.0f);
+  return p;
+}
+
+AttentionResult naive_attention(const AttentionProblem& p) {
+  const cpu::AttentionDims& a = p.dims;
+  const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const double scale = a.effective_scale();
+  std::vector<double> out(Z(T * Hq * Dv), 0.0), lse(Z(T * Hq)), dq(Z(T * Hq * D), 0.0), dk(Z(T * Hkv * D), 0.0),
+      dv(Z(T * Hkv * Dv), 0.0);
+  std::vector<double> s(Z(T)), pr(Z(T)), dp(Z(T));
+  for (std::int64_t h = 0; h < Hq; ++h) {
+    const std::int64_t g = h / (Hq / Hkv);
+    for (std::int64_t i = 0; i < T; ++i) {
+      const std::int64_t j_lo = a.window > 0 ? std::max<std::int64_t>(0, i - a.window + 1) : 0;
+      double m = -1e300;
+      for (std::int64_t j = j_lo; j <= i; ++j) {
+        double x = 0;
+        for (std::int64_t d = 0; d < D; ++d) x += double(p.q[Z((i * Hq + h) * D + d)]) * p.k[Z((j * Hkv + g) * D + d)];
+        s[Z(j)] = scale * x;
+        m = std::max(m, s[Z(j)]);
+      }
+      double sum = 0;
+      for (std::int64_t j = j_lo; j <= i; ++j) sum += std::exp(s[Z(j)] - m);
+      const double l = m + std::log(sum);
+      lse[Z(i * Hq + h)] = l;
+      double di = 0;
+      for (std::int64_t j = j_lo; j <= i; ++j) {
+        pr[Z(j)] = std::exp(s[Z(j)] - l);
+        dp[Z(j)] = 0;
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          const double vj = p.v[Z((j * Hkv + g) * Dv + d)], doi = p.dout[Z((i * Hq + h) * Dv + d)];
+          out[Z((i * Hq + h) * Dv + d)] += pr[Z(j)] * vj;
+          dp[Z(j)] += doi * vj;
+          dv[Z((j * Hkv + g) * Dv + d)] += pr[Z(j)] * doi;
+        }
+        di += pr[Z(j)] * dp[Z(j)];
+      }
+      for (std::int64_t j = j_lo; j <= i; ++j) {
+        const double ds = pr[Z(j)] * (dp[Z(j)] - di) * scale;
+        for (std::int64_t d = 0; d < D; ++d) {
+          dq[Z((i * Hq + h) * D + d)] += ds * p.k[Z((j * Hkv + g) * D + d)];
+          dk[Z((j * Hkv + g) * D + d)] += ds * p.q[Z((i * Hq + h) * D + d)];
+        }
+      }
+    }
+  }
+  auto f = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  return {f(out), f(lse), f(dq), f(dk), f(dv)};
+}
+
+AttentionResult kernel_attention(const AttentionProblem& p, ThreadPool* pool) {
+  const cpu::AttentionDims& a = p.dims;
+  AttentionResult r;
+  r.out.resize(p.dout.size());
+  r.lse.resize(Z(a.tokens * a.q_heads));
+  r.dq.resize(p.q.size());
+  r.dk.resize(p.k.size());
+  r.dv.resize(p.v.size());
+  std::vector<float> ws(Z(cpu::attention_workspace_floats(a)));
+  cpu::attention_forward(r.out.data(), r.lse.data(), p.q.data(), p.k.data(), p.v.data(), a, ws.data(), pool);
+  cpu::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), p.dout.data(), p.q.data(), p.k.data(), p.v.data(),
+                          r.out.data(), r.lse.data(), a, ws.data(), pool);
+  return r;
+}
+
+double RingAttentionCheck::worst_naive() const { return *std::max_element(naive, naive + 5); }
+double RingAttentionCheck::worst_kernel() const { return *std::max_element(kernel, kernel + 5); }
+
+RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const AttentionProblem& p,
+                                         const AttentionResult& naive, const AttentionResult& kernel, Component io,
+                                         ThreadPool* pool) {
+  const cpu::AttentionDims& a = p.dims;
+  RingAttentionConfig cfg;
+  cfg.dims = a;
+  cfg.seq_len = a.tokens;
+  check_ring_attention(cfg, g.size());
+  const CpShard sh = zigzag_shard(a.tokens, g.size(), g.rank());
+  const std::int64_t T = sh.tokens();
+  const std::int64_t wq = a.q_heads * a.qk_dim, wk = a.kv_heads * a.qk_dim, wv = a.kv_heads * a.v_dim,
+                     wo = a.q_heads * a.v_dim, wl = a.q_heads;
+  // This rank's rows of a [S, w] tensor, in shard order.
+  auto rows = [&](const std::vector<float>& x, std::int64_t w) {
+    std::vector<float> y(Z(T * w));
+    for (std::int64_t t = 0; t < T; ++t)
+      std::copy_n(x.begin() + sh.position(t) * w, w, y.begin() + t * w);
+    return y;
+  };
+  Stream& s = dev.compute_stream();
+  auto upload = [&](const std::vector<float>& x) {
+    Buffer b = dev.allocate(io, x.size() * sizeof(float));
+    dev.memcpy_async(b.data(), x.data(), x.size() * sizeof(float), CopyKind::host_to_device, s);
+    return b;
+  };
+  auto fresh = [&](std::int64_t w) { return dev.allocate(io, Z(T * w) * sizeof(float)); };
+  auto download = [&](const Buffer& b, std::int64_t w) {
+    std::vector<float> y(Z(T * w));
+    dev.memcpy_async(y.data(), b.data(), y.size() * sizeof(float), CopyKind::device_to_host, s);
+    dev.synchronize(s);
+    return y;
+  };
+  const std::vector<float> hq = rows(p.q, wq), hk = rows(p.k, wk), hv = rows(p.v, wv), hdo = rows(p.dout, wo);
+  Buffer q = upload(hq), k = upload(hk), v = upload(hv), dout = upload(hdo);
+  Buffer out = fresh(wo), lse = fresh(wl), dq = fresh(wq), dk = fresh(wk), dv = fresh(wv);
+  dev.synchronize(s);
+  RingAttentionCheck c;
+  dev.arena().reset_peaks();
+  ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
+                         pool);
+  c.forward_peak = dev.arena().peak(Component::attention);
+  dev.arena().reset_peaks();
+  ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(), q.as<float>(),
+                          k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), pool);
+  c.backward_peak = dev.arena().peak(Component::attention);
+  const std::vector<float> got[5] = {download(out, wo), download(lse, wl), download(dq, wq), download(dk, wk),
+                                     download(dv, wv)};
+  const std::int64_t widths[5] = {wo, wl, wq, wk, wv};
+  const std::vector<float>* nv[5] = {&naive.out, &naive.lse, &naive.dq, &naive.dk, &naive.dv};
+  const std::vector<float>* kv[5] = {&kernel.out, &kernel.lse, &kernel.dq, &kernel.dk, &kernel.dv};
+  for (int f = 0; f < 5; ++f) {
+    const std::vector<float> rn = rows(*nv[f], widths[f]), rk = rows(*kv[f], widths[f]);
+    c.naive[f] = verify::group_relative_error(g, got[f].data(), rn.data(), T * widths[f]);
+    c.kernel[f] = verify::group_relative_error(g, got[f].data(), rk.data(), T * widths[f]);
+  }
+  return c;
+}
+
+}  // namespace peakbound

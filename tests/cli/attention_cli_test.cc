@@ -1,0 +1,60 @@
+// `peakbound verify attention` and `bench attention`'s ring part through the binary: one
+// rank passes (CP 1), under mpirun at 2 ranks both CP sizes run and the report is one
+// JSON object from rank 0; bad lists are one line, printed once, without an abort.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/cli/run_cli.h"
+
+namespace peakbound {
+namespace {
+
+using testing::CliRun;
+using testing::run_cli;
+using testing::run_mpi;
+
+TEST(AttentionCli, VerifyPassesAsOneRank) {
+  CliRun r = run_cli("verify attention --lengths 9,37 --head-ratios 1,4 --windows 0,3");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("verify attention: pass"), std::string::npos) << r.out;
+  testing::expect_one_line_error(run_cli("verify attention --head-ratios 3"), "--head-ratios");
+  testing::expect_one_line_error(run_cli("verify attention --lengths 5,,7"), "--lengths");
+}
+
+TEST(AttentionCli, BenchRingPartAsOneRank) {
+  CliRun r = run_cli("bench attention --tokens 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.contains("forward_gflops"));  // the kernel part's keys stay
+  EXPECT_EQ(j["cp_sizes"], nlohmann::json::array({1}));
+  EXPECT_GT(j["peak_bytes"]["1"].get<double>(), 0.0);
+  EXPECT_LT(j["max_rel_err"].get<double>(), 1e-5);
+}
+
+TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  CliRun v = run_mpi("verify attention --lengths 13 --head-ratios 2 --windows 0,4 --json", 2);
+  ASSERT_EQ(v.code, 0) << v.err;
+  ASSERT_TRUE(nlohmann::json::accept(v.out)) << v.out;
+  const nlohmann::json jv = nlohmann::json::parse(v.out);
+  EXPECT_EQ(jv["cp_sizes"], nlohmann::json::array({1, 2}));
+  EXPECT_TRUE(jv["pass"].get<bool>());
+  CliRun b = run_mpi("bench attention --tokens 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --json", 2);
+  ASSERT_EQ(b.code, 0) << b.err;
+  ASSERT_TRUE(nlohmann::json::accept(b.out)) << b.out;
+  const nlohmann::json jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(jb["cp_sizes"], nlohmann::json::array({1, 2}));  // 4 does not divide 2 ranks
+  // The ring holds half the sequence's tensors per rank, plus its buffers.
+  EXPECT_LT(jb["peak_bytes"]["2"].get<double>(), jb["peak_bytes"]["1"].get<double>());
+  EXPECT_TRUE(jb["overlap_fraction"].contains("2"));
+  EXPECT_LT(jb["max_rel_err"].get<double>(), 1e-5);
+  CliRun e = run_mpi("bench attention --tokens 3 --cp-sizes 2", 2);
+  EXPECT_NE(e.code, 0);
+  EXPECT_NE(e.err.find("--tokens 3"), std::string::npos) << e.err;
+  EXPECT_EQ(e.err.find("MPI_ABORT"), std::string::npos) << e.err;
+}
+
+}  // namespace
+}  // namespace peakbound

@@ -1,0 +1,170 @@
+// Ring attention (schedules/ring_attention.h) at whatever world size the binary runs
+// with (1, 2, 3, 4): forward out/lse and backward dq/dk/dv of each rank's zigzag shard
+// against (a) the single-rank kernel on the whole sequence and (b) a naive double
+// reference, both sliced at the shard's positions, within 1e-5 relative. CP = world
+// size, and every smaller CP dividing it as groups of consecutive ranks (CP 1: the
+// single-rank path; CP 2 twice at 4 ranks). Lengths that 2 CP does not divide, GQA
+// ratios 1, 2, 4, D != Dv, sliding windows, tiles that do not divide the chunks, chunks
+// cut into several query pieces (S = 2201). The
+// arena's attention peak during each call equals the footprint's phase exactly, and
+// nothing is left allocated. S < 2 CP is an InvalidArgument.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/schedules/ring_attention.h"
+#include "peakbound/verify/attention_reference.h"
+#include "tests/comm/world.h"
+
+namespace peakbound {
+namespace {
+
+using testing::world;
+
+struct Shape {
+  std::int64_t S, hq, hkv, d, dv, window, bq, bk;
+};
+
+std::string name(const Shape& s, int cp) {
+  return "CP=" + std::to_string(cp) + " S=" + std::to_string(s.S) + " Hq=" + std::to_string(s.hq) +
+         " Hkv=" + std::to_string(s.hkv) + " D=" + std::to_string(s.d) + " Dv=" + std::to_string(s.dv) +
+         " W=" + std::to_string(s.window) + " Bq=" + std::to_string(s.bq) + " Bk=" + std::to_string(s.bk);
+}
+
+std::vector<Shape> shapes(int cp) {
+  std::vector<Shape> out;
+  int n = 0;
+  for (std::int64_t S : {std::int64_t{2} * cp, std::int64_t{2} * cp + 1, std::int64_t{37}, std::int64_t{130}})
+    for (auto [hq, hkv] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}})
+      for (std::int64_t W : {0, 5, 40}) {
+        const bool odd = (n++ % 2) == 1;
+        out.push_back({S, hq, hkv, odd ? 13 : 16, odd ? 8 : 16, W, odd ? 7 : 64, odd ? 5 : 64});
+      }
+  // Chunks longer than the ring's query pieces (a few hundred rows): several calls per
+  // chunk, windows reaching across pieces and chunks.
+  out.push_back({2201, 2, 1, 16, 8, 0, 7, 5});
+  out.push_back({2201, 4, 2, 8, 8, 300, 64, 64});
+  return out;
+}
+
+// Runs every shape on group g (CP = g.size()); returns the worst error vs naive.
+double run_shapes(Communicator& g) {
+  const int cp = g.size();
+  double worst = 0, worst_kernel = 0;
+  for (const Shape& s : shapes(cp)) {
+    SCOPED_TRACE(name(s, cp));
+    cpu::AttentionDims a;
+    a.tokens = s.S;
+    a.q_heads = s.hq;
+    a.kv_heads = s.hkv;
+    a.qk_dim = s.d;
+    a.v_dim = s.dv;
+    a.window = s.window;
+    a.block_q = s.bq;
+    a.block_k = s.bk;
+    const AttentionProblem p = make_attention_problem(a, 1000 + static_cast<std::uint64_t>(s.S * 7 + s.hq + s.window));
+    const AttentionResult naive = naive_attention(p), kernel = kernel_attention(p);
+    CpuDevice dev(64ull << 20);
+    const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel);
+    for (int f = 0; f < 5; ++f) {
+      EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
+      EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";
+    }
+    RingAttentionConfig cfg;
+    cfg.dims = a;
+    cfg.seq_len = s.S;
+    const Footprint fp = ring_attention_footprint(cfg, cp);
+    EXPECT_EQ(c.forward_peak, fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
+    EXPECT_EQ(c.backward_peak, fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
+    EXPECT_EQ(dev.arena().live(), 0u) << "every buffer released";
+    worst = std::max(worst, c.worst_naive());
+    worst_kernel = std::max(worst_kernel, c.worst_kernel());
+  }
+  if (world().rank() == 0)
+    std::printf("ring attention CP=%d (world %d): %zu shapes, worst relative error vs naive %.3g, vs kernel %.3g\n", cp,
+                world().size(), shapes(cp).size(), worst, worst_kernel);
+  return worst;
+}
+
+TEST(RingAttention, MatchesKernelAndNaiveAtCpEqualToTheWorld) { run_shapes(world()); }
+
+TEST(RingAttention, MatchesInSmallerGroupsOfConsecutiveRanks) {
+  Communicator& w = world();
+  for (int cp = 1; cp < w.size(); ++cp) {
+    if (w.size() % cp != 0) continue;
+    std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
+    ASSERT_EQ(g->size(), cp);
+    run_shapes(*g);
+  }
+}
+
+// The kernel's shares on a pool (dims.threads workspace slots): same answers.
+TEST(RingAttention, KernelSharesOnAThreadPool) {
+  Communicator& g = world();
+  ThreadPool pool(3);
+  for (std::int64_t W : {0, 70}) {
+    cpu::AttentionDims a;
+    a.tokens = 301;
+    a.q_heads = 8;
+    a.kv_heads = 2;
+    a.qk_dim = 16;
+    a.v_dim = 12;
+    a.window = W;
+    a.block_q = 16;
+    a.block_k = 24;
+    a.threads = 3;
+    const AttentionProblem p = make_attention_problem(a, 77);
+    const AttentionResult naive = naive_attention(p), kernel = kernel_attention(p, &pool);
+    CpuDevice dev(64ull << 20);
+    const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel, Component::layer, &pool);
+    EXPECT_LT(c.worst_naive(), 1e-5) << "W=" << W;
+    EXPECT_LT(c.worst_kernel(), 1e-5) << "W=" << W;
+    RingAttentionConfig cfg;
+    cfg.dims = a;
+    cfg.seq_len = a.tokens;
+    EXPECT_EQ(c.backward_peak, ring_attention_footprint(cfg, g.size()).phase("backward").device[static_cast<std::size_t>(Component::attention)]);
+  }
+}
+
+TEST(RingAttention, FootprintShrinksWithCp) {
+  RingAttentionConfig c;
+  c.dims.q_heads = 8;
+  c.dims.kv_heads = 2;
+  c.dims.qk_dim = c.dims.v_dim = 64;
+  c.seq_len = 4096;
+  // The ring buffers scale with the shard; CP 1 holds only the kernel's workspace.
+  const auto at = [&](int cp) { return ring_attention_footprint(c, cp).phase("backward").device[static_cast<std::size_t>(Component::attention)]; };
+  EXPECT_GT(at(2), at(4));
+  EXPECT_GT(at(4), at(8));
+  EXPECT_EQ(ring_attention_buffers(c, 1).kv_ring.bytes, 0u);
+}
+
+TEST(RingAttention, SequenceShorterThanTwoCpIsInvalidArgument) {
+  Communicator& w = world();
+  const int cp = w.size();
+  RingAttentionConfig c;
+  c.dims.q_heads = 2;
+  c.dims.kv_heads = 1;
+  c.dims.qk_dim = c.dims.v_dim = 4;
+  c.seq_len = 2 * cp - 1;
+  EXPECT_THROW(check_ring_attention(c, cp), InvalidArgument);
+  EXPECT_THROW(ring_attention_buffers(c, cp), InvalidArgument);
+  CpuDevice dev(1ull << 20);
+  std::vector<float> x(64 * 8, 0.0f);
+  // Refused on every rank before anything moves.
+  EXPECT_THROW(ring_attention_forward(dev, w, c, x.data(), x.data(), x.data(), x.data(), x.data()), InvalidArgument);
+  c.seq_len = 2 * cp;
+  EXPECT_NO_THROW(check_ring_attention(c, cp));
+  EXPECT_THROW(check_ring_attention(c, 0), InvalidArgument);
+  c.dims.kv_heads = 3;
+  EXPECT_THROW(check_ring_attention(c, cp), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace peakbound
