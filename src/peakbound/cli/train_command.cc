@@ -63,6 +63,7 @@ struct TrainFlags {
   std::string save_dir, resume;
   std::int64_t save_every = 0;  // 0: at the end (and on SIGINT / SIGTERM) only
   int keep = 3;
+  std::string on_nonfinite = "stop";
 };
 
 // SIGINT / SIGTERM: finish the current step, save, exit 0 (a second signal while saving
@@ -206,6 +207,7 @@ int run_train(const TrainFlags& f) {
   topt.optimizer_options.adam.max_grad_norm = static_cast<float>(f.max_grad_norm);
   topt.optimizer_options.adam.beta2 = 0.95f;
   topt.lr = LrSchedule{static_cast<float>(f.lr), static_cast<float>(f.min_lr), f.warmup, f.steps};
+  topt.skip_nonfinite = f.on_nonfinite == "skip";
   Trainer trainer(model, host, pool, topt);
   if (lead) std::printf("data: %s\n", source->describe().c_str());
 
@@ -232,6 +234,8 @@ int run_train(const TrainFlags& f) {
   const std::int64_t DP = W / s.layout.cp, drank = rank / s.layout.cp;
   // The data position: global training sequences read before this process's first step.
   const std::int64_t s0 = resumed.step, consumed0 = resumed.sequences_consumed, per_step = M * DP * B;
+  std::string last_saved = !f.resume.empty() ? resolve_checkpoint(f.resume) : "";
+  std::int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (--on-nonfinite skip)
   auto save = [&](std::int64_t step) {
     RunState st;
     st.step = step;
@@ -242,6 +246,7 @@ int run_train(const TrainFlags& f) {
               {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", W}};
     bench::Stopwatch w;
     const std::string where = save_checkpoint(f.save_dir, trainer, st, c, s.layout, SaveOptions{f.keep});
+    last_saved = where;
     if (lead) std::printf("\nsaved %s (%.2f s)\n", where.c_str(), w.seconds());
   };
   std::vector<std::vector<std::int32_t>> ids(static_cast<std::size_t>(M)), tgt(static_cast<std::size_t>(M));
@@ -285,10 +290,22 @@ int run_train(const TrainFlags& f) {
       fill(m, consumed0 + (((step - 1 - s0) * M + m) * DP + drank) * B, false);
       micro.push_back({ids[static_cast<std::size_t>(m)].data(), tgt[static_cast<std::size_t>(m)].data(), B, S});
     }
-    const StepStats st = trainer.step(micro);
-    if (!std::isfinite(st.loss))
-      throw InvalidArgument("step " + std::to_string(step) + ": the loss is not finite (" + std::to_string(st.loss) +
-                            "); lower --lr");
+    StepStats st;
+    try {
+      st = trainer.step(micro);
+    } catch (const NonFinite& e) {
+      // Every rank holds the same message: printed once, every rank exits 1, no abort.
+      if (lead) {
+        std::fprintf(stderr, "peakbound: error: %s; the run stops (lower --lr, or --on-nonfinite skip)%s\n", e.what(),
+                     last_saved.empty() ? "" : ("; the last checkpoint is " + last_saved).c_str());
+        std::fflush(stderr);
+      }
+      return 1;
+    }
+    if (st.skipped) {
+      ++skipped;
+      if (lead) std::printf("\nskipped: %s\n", st.nonfinite.c_str());
+    }
     if (step == s0 + 1) first_loss = st.ce;  // the cross-entropy, as last_loss (the progress line adds the aux term)
     last_loss = st.ce;
     tokens_seen += static_cast<double>(st.inputs);
@@ -321,6 +338,8 @@ int run_train(const TrainFlags& f) {
         j["ce"] = st.ce;
         j["aux"] = st.aux;
         j["scored_tokens"] = st.tokens;
+        j["skipped"] = st.skipped;
+        j["skipped_steps"] = skipped;
         metrics->write(j);
       }
     }
@@ -362,7 +381,9 @@ int run_train(const TrainFlags& f) {
   std::printf("\nloss %.4f -> %.4f (cross-entropy on the scored tokens)", first_loss, last_loss);
   if (last_eval) std::printf(", held-out %.4f", *last_eval);
   if (!std::isnan(blind)) std::printf(", context-blind bound %.4f", blind);
-  std::printf("; %.0f tokens/s over %lld steps\n", tps, static_cast<long long>(f.steps - s0));
+  std::printf("; %.0f tokens/s over %lld steps", tps, static_cast<long long>(f.steps - s0));
+  if (skipped > 0) std::printf(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
+  std::printf("\n");
   if (f.json) {
     nlohmann::json j = {{"model", c.name},
                         {"ranks", W},
@@ -429,8 +450,14 @@ Command add_train(CLI::App& parent) {
   int_flag(app, "--keep", f->keep, "Checkpoints kept in --save-dir (the newest)", 1, 1 << 20);
   text_flag(app, "--resume", f->resume,
             "Continue from the latest checkpoint in this folder (or a step folder); --steps stays the run's total");
+  text_flag(app, "--on-nonfinite", f->on_nonfinite,
+            "A non-finite loss or gradient: stop (name the step and the tensor; the last checkpoint stays) or skip "
+            "the step's update")
+      ->capture_default_str();
   add_config_flag(app);
   cmd.validate = [f] {
+    if (f->on_nonfinite != "stop" && f->on_nonfinite != "skip")
+      throw InvalidArgument("--on-nonfinite must be stop or skip, got '" + f->on_nonfinite + "'");
     if (f->plan_skew > 0 && f->plan_skew < 1) throw InvalidArgument("--plan-skew must be 0 (worst case) or >= 1");
     if (f->min_lr > f->lr) throw InvalidArgument("--min-lr " + std::to_string(f->min_lr) + " exceeds --lr");
     const Setup s = make_setup(*f, launcher_size());

@@ -222,6 +222,9 @@ nlohmann::json read_checkpoint_manifest(const std::string& step_dir) {
     bad_checkpoint("manifest '" + path + "' has version " + j["version"].dump() + "; this build reads version " +
                    std::to_string(kVersion));
   for (const char* k : {"step", "sequences_consumed", "optimizer_steps"}) need(k, true);
+  if (j["step"].get<std::int64_t>() < j["optimizer_steps"].get<std::int64_t>() || j["optimizer_steps"].get<std::int64_t>() < 0)
+    bad_checkpoint("manifest '" + path + "': step " + j["step"].dump() + " and optimizer_steps " +
+                   j["optimizer_steps"].dump() + " do not fit together");
   need("files", false);
   if (!j["files"].is_array() || j["files"].empty()) bad_checkpoint("manifest '" + path + "' lists no files");
   for (const nlohmann::json& f : j["files"])
@@ -335,8 +338,7 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
   std::int64_t failed = error.empty() ? 0 : 1;
   world.all_reduce(&failed, 1, DType::i64, ReduceOp::max);
   if (failed != 0) throw InvalidArgument(error.empty() ? "checkpoint '" + step_dir + "' could not be loaded on another rank" : error);
-  trainer.restore(master.data(), m.data(), v.data(), optimizer_steps);
-  if (st.step != optimizer_steps) throw InternalError("checkpoint: step and optimizer steps differ");
+  trainer.restore(master.data(), m.data(), v.data(), optimizer_steps, st.step);
   return st;
 }
 

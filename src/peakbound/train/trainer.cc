@@ -225,12 +225,15 @@ std::string Trainer::first_nonfinite_gradient() const {
 
 void Trainer::read_shard(float* master, float* m, float* v) const { opt_->read_state(master, m, v); }
 
-void Trainer::restore(const float* master, const float* m, const float* v, std::int64_t step) {
-  if (step < 0) throw InvalidArgument("trainer: a restored step must be >= 0, got " + std::to_string(step));
+void Trainer::restore(const float* master, const float* m, const float* v, std::int64_t optimizer_steps,
+                      std::int64_t step) {
+  if (step < optimizer_steps)
+    throw InvalidArgument("trainer: a restored step (" + std::to_string(step) + ") must be >= the optimizer's updates (" +
+                          std::to_string(optimizer_steps) + ")");
   Device& dev = model_.experts().device();
   // The optimizer writes the parameter shard from the master weights; from there the
   // FSDP shard and the stores are written as at the end of a step.
-  opt_->restore(master, m, v, step);
+  opt_->restore(master, m, v, optimizer_steps);
   dev.synchronize();
   FsdpUnits& fsdp = model_.fsdp();
   dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,

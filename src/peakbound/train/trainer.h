@@ -107,10 +107,12 @@ class Trainer {
   // This rank's optimizer state: master weights, m, v (host arrays of shard_elements()).
   void read_shard(float* master, float* m, float* v) const;
   // Restores a checkpoint's state into this rank's shard (elements the segments do not
-  // cover must be 0) and the step count, then writes the parameters everywhere (the
-  // FSDP shard; each store's slices all-gathered): the model and optimizer a run that
-  // was never stopped holds after `step` steps. Collective over the world.
-  void restore(const float* master, const float* m, const float* v, std::int64_t step);
+  // cover must be 0), the optimizer's update count and the trainer's step count (they
+  // differ by the steps skipped), then writes the parameters everywhere (the FSDP shard;
+  // each store's slices all-gathered): the model and optimizer a run that was never
+  // stopped holds after `step` steps. Collective over the world.
+  void restore(const float* master, const float* m, const float* v, std::int64_t optimizer_steps,
+               std::int64_t step);
 
  private:
   struct Slice {
