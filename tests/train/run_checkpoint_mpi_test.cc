@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "peakbound/core/host_memory.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/model/hf_config.h"
 #include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/kv_retrieval_task.h"
 #include "peakbound/train/run_checkpoint.h"
@@ -59,6 +61,8 @@ ModelConfig ck_config() {
 }
 
 struct RunSetup {
+  ModelConfig config = ck_config();
+  std::string hf_dir;  // load these weights before the trainer takes its master copy
   ParallelLayout layout;
   bool all = true;
   std::string optimizer = "offload_stream";
@@ -94,8 +98,9 @@ struct TrainRun {
     sch.ring_dtp = s.all;
     sch.vocab.chunk = 7;
     sch.checkpoint.schedule = s.all ? CheckpointSchedule::sco : CheckpointSchedule::resident;
-    model = std::make_unique<MoeTransformer>(*dev, host, groups, ck_config(), sch);
+    model = std::make_unique<MoeTransformer>(*dev, host, groups, s.config, sch);
     model->init_parameters(7);
+    if (!s.hf_dir.empty()) model->load_hf(s.hf_dir);
     TrainerOptions o;
     o.optimizer = s.optimizer;
     o.optimizer_options.adam.lr = 3e-3f;
@@ -107,7 +112,7 @@ struct TrainRun {
 
   // Step `step` (1-based) of the run: the global batch of the step, this rank's part.
   double step(std::int64_t step) {
-    const KvRetrievalTask task = KvRetrievalTask::standard(300, 24, 11);
+    const KvRetrievalTask task = KvRetrievalTask::standard(setup.config.vocab_size, 24, 11);
     const int W = testing::world().size(), r = testing::world().rank();
     const int cp = static_cast<int>(setup.layout.cp), d = r / cp, dp = W / cp;
     std::vector<std::int32_t> ids, tgt;
@@ -350,6 +355,60 @@ TEST(RunCheckpoint, AFailedSaveLeavesThePreviousCheckpoint) {
   EXPECT_FALSE(fs::exists(fs::path(dir) / ".step-00000002.tmp"));
   TrainRun b(default_setup(true));
   EXPECT_EQ(load_checkpoint(resolve_checkpoint(dir), *b.trainer).step, 1);
+}
+
+// export_hf assembles every rank's pieces into whole tensors under their Hugging Face
+// names: loading the exported folder (the path users take, load_hf) gives the model the
+// checkpoint was saved from, bit for bit (the transformers side: scripts/hf_reference/check_export.py).
+TEST(RunCheckpoint, ExportWritesTheSavedModel) {
+  Communicator& world = testing::world();
+  const std::string fixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
+  std::ifstream in(fixture + "/config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  RunSetup s = default_setup(true);
+  s.config = load_hf_config(fixture + "/config.json");
+  s.hf_dir = fixture;
+  const std::string dir = test_dir("export"), out = dir + "_hf";
+  fresh(dir);
+  std::vector<float> saved;
+  {
+    TrainRun a(s);
+    a.step(1);
+    a.step(2);
+    RunState st;
+    st.step = 2;
+    st.hf_config = text.str();
+    save_checkpoint(dir, *a.trainer, st, s.config, s.layout);
+    saved = a.all_parameters();
+  }
+  if (world.rank() == 0) export_hf(resolve_checkpoint(dir), out);
+  world.barrier();
+  RunSetup t = s;
+  t.hf_dir = out;
+  TrainRun b(t);
+  const std::vector<float> got = b.all_parameters();
+  ASSERT_EQ(got.size(), saved.size());
+  EXPECT_EQ(std::memcmp(got.data(), saved.data(), got.size() * sizeof(float)), 0);
+  // A checkpoint of a preset has no config.json: export says why.
+  const std::string preset = test_dir("export_preset");
+  fresh(preset);
+  {
+    TrainRun c(default_setup(true));
+    c.step(1);
+    RunState st;
+    st.step = 1;
+    save_checkpoint(preset, *c.trainer, st, ck_config(), c.setup.layout);
+  }
+  if (world.rank() == 0) {
+    try {
+      export_hf(resolve_checkpoint(preset), out + "_preset");
+      ADD_FAILURE() << "exported a preset model";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("holds no config.json"), std::string::npos) << e.what();
+    }
+  }
+  world.barrier();
 }
 
 }  // namespace

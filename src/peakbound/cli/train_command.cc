@@ -8,6 +8,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -235,12 +238,22 @@ int run_train(const TrainFlags& f) {
   // The data position: global training sequences read before this process's first step.
   const std::int64_t s0 = resumed.step, consumed0 = resumed.sequences_consumed, per_step = M * DP * B;
   std::string last_saved = !f.resume.empty() ? resolve_checkpoint(f.resume) : "";
+  // A model from a Hugging Face directory: its config.json goes into every checkpoint (export).
+  std::string hf_config_text;
+  if (model_is_path(f.model)) {
+    const std::filesystem::path p(f.model);
+    std::ifstream in(std::filesystem::is_directory(p) ? p / "config.json" : p, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    hf_config_text = text.str();
+  }
   std::int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (--on-nonfinite skip)
   auto save = [&](std::int64_t step) {
     RunState st;
     st.step = step;
     st.sequences_consumed = consumed0 + (step - s0) * per_step;
     st.seed = f.seed;
+    st.hf_config = hf_config_text;
     st.run = {{"model", f.model}, {"schedules", s.set.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
               {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
               {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", W}};

@@ -1,6 +1,7 @@
 #include "peakbound/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,10 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
   std::string tmpl = (dir / tmp_name).string();
   const int fd = mkstemp(tmpl.data());
   if (fd < 0) throw Error(path + ": cannot create a temporary file in " + dir.string() + ": " + std::strerror(errno));
+  // mkstemp makes the file 0600; give it the mode an ordinary create would (0666 & ~umask).
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
   auto fail = [&](const char* what, int err) {
     ::close(fd);
     ::unlink(tmpl.c_str());

@@ -12,6 +12,8 @@
 #include "peakbound/io/atomic_file.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/describe.h"
+#include "peakbound/model/hf_config.h"
+#include "peakbound/train/hf_checkpoint.h"
 
 namespace peakbound {
 
@@ -130,6 +132,12 @@ std::string save_checkpoint(const std::string& dir, const Trainer& trainer, cons
   if (r == 0) {
     try {
       nlohmann::json files = nlohmann::json::array();
+      if (!state.hf_config.empty()) {
+        const std::string cp = (tmp / "config.json").string();
+        write_text_atomic(cp, state.hf_config);
+        const FileSum cs = file_sum(cp);
+        files.push_back({{"name", "config.json"}, {"bytes", cs.bytes}, {"crc32", hex32(cs.crc)}});
+      }
       for (int k = 0; k < W; ++k) {
         const std::uint64_t* s = all.data() + 4 * k;
         files.push_back({{"name", rank_file(k, "model")}, {"bytes", s[0]}, {"crc32", hex32(static_cast<std::uint32_t>(s[1]))}});
@@ -266,6 +274,28 @@ void index_file(const SafeTensorsFile& f, PieceIndex& index) {
   }
 }
 
+// Every file of the manifest checked (present, size, CRC-32) before any byte of it is
+// used; the safetensors among them opened.
+std::vector<SafeTensorsFile> open_checked(const std::string& step_dir, const nlohmann::json& manifest) {
+  std::vector<SafeTensorsFile> files;
+  files.reserve(manifest["files"].size());
+  for (const nlohmann::json& f : manifest["files"]) {
+    const std::string path = (fs::path(step_dir) / f["name"].get<std::string>()).string();
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) bad_checkpoint("file '" + path + "' is missing");
+    const FileSum s = file_sum(path);
+    if (s.bytes != f["bytes"].get<std::uint64_t>())
+      bad_checkpoint("file '" + path + "' is truncated or altered: " + std::to_string(s.bytes) +
+                     " bytes, the manifest says " + std::to_string(f["bytes"].get<std::uint64_t>()));
+    if (hex32(s.crc) != f["crc32"].get<std::string>())
+      bad_checkpoint("file '" + path + "' is corrupted: CRC-32 " + hex32(s.crc) + ", the manifest says " +
+                     f["crc32"].get<std::string>());
+    if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0)
+      files.push_back(SafeTensorsFile::open(path));
+  }
+  return files;
+}
+
 // Fills dst[seg.shard_offset ...] from the pieces of name; returns the elements filled.
 std::uint64_t fill(const PieceIndex& index, const std::string& name, const ShardSegment& seg, float* dst) {
   const auto it = index.find(name);
@@ -304,22 +334,7 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
     st.seed = j.value("seed", std::uint64_t{0});
     if (j.contains("run")) st.run = j["run"];
     optimizer_steps = j["optimizer_steps"].get<std::int64_t>();
-    // Every file checked against the manifest before any byte of it is used.
-    std::vector<SafeTensorsFile> files;
-    files.reserve(j["files"].size());
-    for (const nlohmann::json& f : j["files"]) {
-      const std::string path = (fs::path(step_dir) / f["name"].get<std::string>()).string();
-      std::error_code ec;
-      if (!fs::is_regular_file(path, ec)) bad_checkpoint("file '" + path + "' is missing");
-      const FileSum s = file_sum(path);
-      if (s.bytes != f["bytes"].get<std::uint64_t>())
-        bad_checkpoint("file '" + path + "' is truncated or altered: " + std::to_string(s.bytes) +
-                       " bytes, the manifest says " + std::to_string(f["bytes"].get<std::uint64_t>()));
-      if (hex32(s.crc) != f["crc32"].get<std::string>())
-        bad_checkpoint("file '" + path + "' is corrupted: CRC-32 " + hex32(s.crc) + ", the manifest says " +
-                       f["crc32"].get<std::string>());
-      files.push_back(SafeTensorsFile::open(path));
-    }
+    const std::vector<SafeTensorsFile> files = open_checked(step_dir, j);
     PieceIndex index;
     for (const SafeTensorsFile& f : files) index_file(f, index);
     for (const ShardSegment& seg : trainer.shard_segments()) {
@@ -340,6 +355,43 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
   if (failed != 0) throw InvalidArgument(error.empty() ? "checkpoint '" + step_dir + "' could not be loaded on another rank" : error);
   trainer.restore(master.data(), m.data(), v.data(), optimizer_steps, st.step);
   return st;
+}
+
+void export_hf(const std::string& step_dir, const std::string& out_dir) {
+  const nlohmann::json j = read_checkpoint_manifest(step_dir);
+  const fs::path config_path = fs::path(step_dir) / "config.json";
+  bool has_config = false;
+  for (const nlohmann::json& f : j["files"]) has_config = has_config || f["name"] == "config.json";
+  if (!has_config)
+    bad_checkpoint("'" + step_dir + "' holds no config.json: its model (" +
+                   (j.contains("model") && j["model"].contains("name") ? j["model"]["name"].dump() : std::string("?")) +
+                   ") is a preset, for which transformers has no model type; export needs a run started from a "
+                   "Hugging Face directory (--model DIR)");
+  const std::vector<SafeTensorsFile> files = open_checked(step_dir, j);
+  const ModelConfig config = load_hf_config(config_path.string());
+  PieceIndex index;
+  for (const SafeTensorsFile& f : files) index_file(f, index);
+  const TensorTable table(config);
+  std::vector<std::vector<float>> data;
+  std::vector<SafeTensorOut> out;
+  const std::vector<TensorEntry> entries = table.entries();
+  data.reserve(entries.size());
+  for (const TensorEntry& e : entries) {
+    if (hf_ignored_tensor(config, e.name)) continue;
+    ShardSegment whole{e.name, e.shape, 0, static_cast<std::uint64_t>(e.numel()), 0};
+    data.emplace_back(static_cast<std::size_t>(e.numel()), 0.0f);
+    if (fill(index, e.name, whole, data.back().data()) != whole.count)
+      bad_checkpoint("'" + step_dir + "' does not hold every element of " + e.name + " exactly once");
+    out.push_back({e.name, "F32", e.shape, data.back().data(), whole.count * sizeof(float)});
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create the export folder: " + ec.message());
+  std::ifstream in(config_path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  write_text_atomic((fs::path(out_dir) / "config.json").string(), text.str());
 }
 
 }  // namespace peakbound

@@ -8,6 +8,8 @@
 //                                  piece under its Hugging Face name
 //   rank-RRRRR.optim.safetensors   AdamW's m and v for the same pieces (NAME.exp_avg,
 //                                  NAME.exp_avg_sq)
+//   config.json                    (rank 0) the Hugging Face config of a model started
+//                                  from a Hugging Face directory, for export_hf
 // each piece's place in its tensor in the file's metadata (NAME -> {"tensor", "begin",
 // "shape"}: elements [begin, begin + n) of the flattened tensor of that full shape, as
 // torch.distributed.checkpoint records chunks), and manifest.json (rank 0): the format
@@ -45,6 +47,9 @@ struct RunState {
   std::int64_t sequences_consumed = 0;  // training sequences read over the world (the data position)
   std::uint64_t seed = 0;               // the run's seed (initialisation, built-in tasks)
   nlohmann::json run = nlohmann::json::object();  // the flags the run was started with (informational)
+  // The config.json of a model started from a Hugging Face directory, verbatim (empty for
+  // a preset): kept in the checkpoint as config.json, so export can write it back.
+  std::string hf_config;
 };
 
 struct SaveOptions {
@@ -71,5 +76,12 @@ nlohmann::json read_checkpoint_manifest(const std::string& step_dir);
 // corrupted (size or CRC-32 differs from the manifest), or when the checkpoint does not
 // hold every element of this rank's shard (another model).
 RunState load_checkpoint(const std::string& step_dir, Trainer& trainer);
+
+// Writes OUT/config.json (the checkpoint's own) and OUT/model.safetensors (every tensor
+// whole, fp32, under its Hugging Face name, assembled from every rank's pieces) for
+// transformers' from_pretrained. One process, no communication. InvalidArgument when the
+// checkpoint holds no config.json (a preset model: transformers has no model type for
+// it), a file fails its check, or a tensor is not covered exactly once.
+void export_hf(const std::string& step_dir, const std::string& out_dir);
 
 }  // namespace peakbound
