@@ -21,31 +21,12 @@
 #include "peakbound/train/trainer.h"
 #include "peakbound/verify/relative_error.h"
 #include "tests/comm/world.h"
+#include "tests/train/test_models.h"
 
 namespace peakbound {
 namespace {
 
-ModelConfig cp_config() {
-  ModelConfig c;
-  c.name = "cp-test";
-  c.family = "peakbound";
-  c.vocab_size = 300;
-  c.hidden_size = 32;
-  c.num_layers = 3;
-  c.num_dense_layers = 1;
-  c.dense_intermediate_size = 48;
-  c.num_experts = 8;
-  c.top_k = 2;
-  c.moe_intermediate_size = 24;
-  c.norm_topk_prob = true;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.qk_norm = true;
-  c.router_aux_loss_coef = 0.01;
-  c.initializer_range = 0.1;
-  return c;
-}
+ModelConfig cp_config() { return testing::small_train_config("cp-test"); }
 
 ModelSchedules schedules(bool all) {
   ModelSchedules s;
