@@ -41,7 +41,7 @@ std::vector<Flag> numeric_flags(const std::string& command) {
 TEST(FlagSweep, EveryNumericFlagRefusesWhatIsNotANumberInItsRange) {
   const std::vector<std::string> commands = {"plan",           "demo",          "bench vocab",     "bench dispatch",
                                              "bench checkpoint", "bench optimizer", "bench attention", "verify vocab", "verify dispatch", "verify attention",
-                                             "verify checkpoint", "train", "eval"};
+                                             "verify checkpoint", "train", "eval", "export"};
   // Not a number, or nothing at all: always refused.
   const std::vector<std::string> bad = {"nan", "inf", "-inf", "abc", "''", "1x", "-99999999999999999999"};
   // Past any sensible range: refused, one line naming the flag. The few flags whose range

@@ -248,7 +248,13 @@ int run_train(const TrainFlags& f) {
     hf_config_text = text.str();
   }
   std::int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (--on-nonfinite skip)
-  auto save = [&](std::int64_t step) {
+  // Saves overlap training: the state is copied at the step, the files are written by a
+  // thread, and the checkpoint is committed at the first step boundary where every rank's
+  // files are written (or at once when the run stops).
+  std::optional<CheckpointWriter> writer;
+  if (!f.save_dir.empty()) writer.emplace(f.save_dir, SaveOptions{f.keep});
+  bench::Stopwatch save_clock;
+  auto start_save = [&](std::int64_t step) {
     RunState st;
     st.step = step;
     st.sequences_consumed = consumed0 + (step - s0) * per_step;
@@ -257,10 +263,14 @@ int run_train(const TrainFlags& f) {
     st.run = {{"model", f.model}, {"schedules", s.set.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
               {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
               {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", W}};
-    bench::Stopwatch w;
-    const std::string where = save_checkpoint(f.save_dir, trainer, st, c, s.layout, SaveOptions{f.keep});
+    save_clock = bench::Stopwatch();
+    writer->start(trainer, st, c, s.layout);
+  };
+  auto finish_save = [&] {
+    const std::string where = writer->finish(*world);
+    if (where.empty()) return;
     last_saved = where;
-    if (lead) std::printf("\nsaved %s (%.2f s)\n", where.c_str(), w.seconds());
+    if (lead) std::printf("\nsaved %s (%.2f s after its step, written while training)\n", where.c_str(), save_clock.seconds());
   };
   std::vector<std::vector<std::int32_t>> ids(static_cast<std::size_t>(M)), tgt(static_cast<std::size_t>(M));
   auto fill = [&](std::int64_t m, std::int64_t first, bool eval) {
@@ -329,11 +339,14 @@ int run_train(const TrainFlags& f) {
       last_eval = eval_loss;
     }
     // A signal seen by any rank stops every rank after this step (one small all-reduce).
-    std::int64_t vitals[2] = {static_cast<std::int64_t>(dev->arena().peak()), g_stop_signal};
-    world->all_reduce(vitals, 2, DType::i64, ReduceOp::max);
+    // (and whether a checkpoint's files are still being written anywhere).
+    std::int64_t vitals[3] = {static_cast<std::int64_t>(dev->arena().peak()), g_stop_signal,
+                              writer && writer->writing() ? 1 : 0};
+    world->all_reduce(vitals, 3, DType::i64, ReduceOp::max);
     const std::int64_t peak = vitals[0];
-    if (!f.save_dir.empty() && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps) && vitals[1] == 0)
-      save(step);
+    if (writer && writer->pending() && vitals[2] == 0) finish_save();
+    if (writer && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps) && vitals[1] == 0)
+      start_save(step);
     if (lead) {
       StepReport r;
       r.step = step;
@@ -359,19 +372,21 @@ int run_train(const TrainFlags& f) {
     if (vitals[1] != 0) {
       std::signal(SIGINT, SIG_IGN);
       std::signal(SIGTERM, SIG_IGN);
-      if (f.save_dir.empty()) {
+      if (!writer) {
         if (lead)
           std::printf("\nstopped by signal %lld after step %lld; no --save-dir, nothing saved\n",
                       static_cast<long long>(vitals[1]), static_cast<long long>(step));
         return 130;
       }
-      save(step);
+      start_save(step);
+      finish_save();
       if (lead)
         std::printf("stopped by signal %lld after step %lld; resume with --resume %s\n",
                     static_cast<long long>(vitals[1]), static_cast<long long>(step), f.save_dir.c_str());
       return 0;
     }
   }
+  if (writer) finish_save();
   if (lead) progress.finish();
 
   // Measured beside planned, per component (the largest over ranks of each).

@@ -13,8 +13,11 @@
 
 namespace peakbound {
 
-// Writes the parts one after another as the file's whole content.
-void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> parts);
+struct FileSum;
+// Writes the parts one after another as the file's whole content; `sum`, when given,
+// receives the size and CRC-32 of what was written (no second read of the file).
+void write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> parts,
+                       FileSum* sum = nullptr);
 void write_text_atomic(const std::string& path, std::string_view text);
 // Flushes a folder's entries (creations, renames, removals in it) to disk.
 void fsync_directory(const std::string& dir);

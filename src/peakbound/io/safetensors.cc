@@ -205,7 +205,7 @@ std::vector<std::int64_t> SafeTensorsFile::read_i64(std::string_view name) const
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, FileSum* sum) {
   json h = json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::set<std::string> names;
@@ -233,7 +233,7 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>
   parts.emplace_back(reinterpret_cast<const std::byte*>(len), 8);
   parts.emplace_back(reinterpret_cast<const std::byte*>(header.data()), header.size());
   for (const SafeTensorOut& t : tensors) parts.emplace_back(static_cast<const std::byte*>(t.data), t.bytes);
-  write_file_atomic(path, parts);
+  write_file_atomic(path, parts, sum);
 }
 
 }  // namespace peakbound

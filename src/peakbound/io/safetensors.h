@@ -70,7 +70,9 @@ struct SafeTensorOut {
 // Writes the tensors (in the given order) atomically. Throws InvalidArgument for a
 // size that does not match shape x dtype or a repeated name, Error when the file
 // system refuses (naming the path and the system's reason).
+struct FileSum;
+// `sum`, when given, receives the written file's size and CRC-32 (io/atomic_file.h).
 void write_safetensors(const std::string& path, const std::vector<SafeTensorOut>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {}, FileSum* sum = nullptr);
 
 }  // namespace peakbound

@@ -1,6 +1,13 @@
 #include "peakbound/train/run_checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -43,8 +50,8 @@ std::string hex32(std::uint32_t v) {
 }
 
 // One rank's file of pieces: the tensors, with each piece's place in its tensor.
-void write_pieces(const std::string& path, const std::vector<ShardSegment>& segs, const std::vector<const float*>& data,
-                  const std::vector<std::string>& suffixes) {
+FileSum write_pieces(const std::string& path, const std::vector<ShardSegment>& segs, const std::vector<const float*>& data,
+                     const std::vector<std::string>& suffixes) {
   std::vector<SafeTensorOut> out;
   std::map<std::string, std::string> meta;
   meta["format"] = "peakbound-shard";
@@ -54,7 +61,9 @@ void write_pieces(const std::string& path, const std::vector<ShardSegment>& segs
       out.push_back({name, "F32", {static_cast<std::int64_t>(s.count)}, data[k] + s.shard_offset, s.count * sizeof(float)});
       meta[name] = nlohmann::json{{"tensor", s.name}, {"begin", s.begin}, {"shape", s.shape}}.dump();
     }
-  write_safetensors(path, out, meta);
+  FileSum sum;
+  write_safetensors(path, out, meta, &sum);
+  return sum;
 }
 
 // Every rank's verdict on a step that may fail on some: throws on every rank when any failed.
@@ -68,15 +77,52 @@ void agree(Communicator& world, const std::string& own_error, const std::string&
 
 void bad_checkpoint(const std::string& what) { throw InvalidArgument("checkpoint " + what); }
 
+std::string dir_error(const std::string& where, const char* what) { return where + ": " + what; }
+
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const Trainer& trainer, const RunState& state,
-                            const ModelConfig& config, const ParallelLayout& layout, const SaveOptions& options) {
-  if (options.keep < 1) throw InvalidArgument("checkpoint: keep must be >= 1, got " + std::to_string(options.keep));
+// One save in flight: the host copies, the writer thread, what it found.
+struct CheckpointWriter::Pending {
+  RunState state;
+  ModelConfig config;
+  ParallelLayout layout;
+  std::string optimizer;
+  std::int64_t optimizer_steps = 0;
+  fs::path tmp, final_dir;
+  std::vector<float> master, m, v;
+  std::vector<ShardSegment> segs;
+  std::uint64_t sums[4] = {0, 0, 0, 0};  // model bytes, crc, optim bytes, crc
+  std::string error;
+  std::atomic<bool> written{false};
+  std::thread thread;
+};
+
+CheckpointWriter::CheckpointWriter(std::string dir, SaveOptions options) : dir_(std::move(dir)), options_(options) {
+  if (options_.keep < 1) throw InvalidArgument("checkpoint: keep must be >= 1, got " + std::to_string(options_.keep));
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  // An unfinished save is abandoned: its temporary folder never becomes a checkpoint.
+  if (pending_ && pending_->thread.joinable()) pending_->thread.join();
+}
+
+bool CheckpointWriter::writing() const { return pending_ && !pending_->written.load(); }
+
+void CheckpointWriter::start(const Trainer& trainer, const RunState& state, const ModelConfig& config,
+                             const ParallelLayout& layout) {
   Communicator& world = *trainer.model().groups().world;
-  const int W = world.size(), r = world.rank();
+  if (pending_) (void)finish(world);
+  const int r = world.rank();
+  auto p = std::make_unique<Pending>();
   const std::string name = step_name(state.step);
-  const fs::path root(dir), tmp = root / ("." + name + ".tmp"), final_dir = root / name;
+  const fs::path root(dir_);
+  p->tmp = root / ("." + name + ".tmp");
+  p->final_dir = root / name;
+  p->state = state;
+  p->config = config;
+  p->layout = layout;
+  p->optimizer = std::string(trainer.optimizer().name());
+  p->optimizer_steps = trainer.optimizer().steps_taken();
 
   // Rank 0 prepares the temporary folder; every rank learns whether it could.
   std::string error;
@@ -84,57 +130,74 @@ std::string save_checkpoint(const std::string& dir, const Trainer& trainer, cons
     try {
       std::error_code ec;
       fs::create_directories(root, ec);
-      if (ec) throw Error(dir + ": cannot create the checkpoint folder: " + ec.message());
-      fs::remove_all(tmp, ec);
-      fs::create_directory(tmp, ec);
-      if (ec) throw Error(tmp.string() + ": cannot create: " + ec.message());
+      if (ec) throw Error(dir_ + ": cannot create the checkpoint folder: " + ec.message());
+      fs::remove_all(p->tmp, ec);
+      fs::create_directory(p->tmp, ec);
+      if (ec) throw Error(p->tmp.string() + ": cannot create: " + ec.message());
     } catch (const Error& e) {
       error = e.what();
     }
   }
-  agree(world, error, dir + ": rank 0 could not prepare the checkpoint folder");
+  agree(world, error, dir_ + ": rank 0 could not prepare the checkpoint folder");
 
-  // Every rank its two files, from host copies of its shard.
+  // The host copies are taken now (the next step may change the state); the files are
+  // written by a thread while training goes on.
   const std::uint64_t n = trainer.shard_elements();
-  std::vector<float> master(n), m(n), v(n);
-  trainer.read_shard(master.data(), m.data(), v.data());
-  const std::vector<ShardSegment> segs = trainer.shard_segments();
-  std::uint64_t sums[4] = {0, 0, 0, 0};  // model bytes, crc, optim bytes, crc
-  try {
-    const std::string mp = (tmp / rank_file(r, "model")).string(), op = (tmp / rank_file(r, "optim")).string();
-    write_pieces(mp, segs, {master.data()}, {""});
-    write_pieces(op, segs, {m.data(), v.data()}, {".exp_avg", ".exp_avg_sq"});
-    const FileSum a = file_sum(mp), b = file_sum(op);
-    sums[0] = a.bytes;
-    sums[1] = a.crc;
-    sums[2] = b.bytes;
-    sums[3] = b.crc;
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  p->master.resize(n);
+  p->m.resize(n);
+  p->v.resize(n);
+  trainer.read_shard(p->master.data(), p->m.data(), p->v.data());
+  p->segs = trainer.shard_segments();
+  Pending* q = p.get();
+  p->thread = std::thread([q, r] {
+    try {
+      const std::string mp = (q->tmp / rank_file(r, "model")).string(), op = (q->tmp / rank_file(r, "optim")).string();
+      const FileSum a = write_pieces(mp, q->segs, {q->master.data()}, {""});
+      const FileSum b = write_pieces(op, q->segs, {q->m.data(), q->v.data()}, {".exp_avg", ".exp_avg_sq"});
+      q->sums[0] = a.bytes;
+      q->sums[1] = a.crc;
+      q->sums[2] = b.bytes;
+      q->sums[3] = b.crc;
+    } catch (const Error& e) {
+      q->error = e.what();
+    } catch (const std::exception& e) {
+      q->error = dir_error(q->tmp.string(), e.what());
+    }
+    q->written.store(true);
+  });
+  pending_ = std::move(p);
+}
+
+std::string CheckpointWriter::finish(Communicator& world) {
+  if (!pending_) return "";
+  std::unique_ptr<Pending> p = std::move(pending_);
+  p->thread.join();
+  const int W = world.size(), r = world.rank();
+  const fs::path root(dir_);
+  std::string error = p->error;
   const auto cleanup = [&] {
     if (r == 0) {
       std::error_code ec;
-      fs::remove_all(tmp, ec);
+      fs::remove_all(p->tmp, ec);
     }
   };
   try {
-    agree(world, error, dir + ": another rank could not write its checkpoint files; the previous checkpoint is intact");
+    agree(world, error, dir_ + ": another rank could not write its checkpoint files; the previous checkpoint is intact");
   } catch (...) {
     world.barrier();
     cleanup();
     throw;
   }
   std::vector<std::uint64_t> all(static_cast<std::size_t>(4 * W));
-  world.all_gather(sums, all.data(), 4, DType::i64);  // 8-byte words, gathered as they are
+  world.all_gather(p->sums, all.data(), 4, DType::i64);  // 8-byte words, gathered as they are
 
   // Rank 0: the manifest, the folder's rename, `latest`, the old folders' removal.
   if (r == 0) {
     try {
       nlohmann::json files = nlohmann::json::array();
-      if (!state.hf_config.empty()) {
-        const std::string cp = (tmp / "config.json").string();
-        write_text_atomic(cp, state.hf_config);
+      if (!p->state.hf_config.empty()) {
+        const std::string cp = (p->tmp / "config.json").string();
+        write_text_atomic(cp, p->state.hf_config);
         const FileSum cs = file_sum(cp);
         files.push_back({{"name", "config.json"}, {"bytes", cs.bytes}, {"crc32", hex32(cs.crc)}});
       }
@@ -143,45 +206,60 @@ std::string save_checkpoint(const std::string& dir, const Trainer& trainer, cons
         files.push_back({{"name", rank_file(k, "model")}, {"bytes", s[0]}, {"crc32", hex32(static_cast<std::uint32_t>(s[1]))}});
         files.push_back({{"name", rank_file(k, "optim")}, {"bytes", s[2]}, {"crc32", hex32(static_cast<std::uint32_t>(s[3]))}});
       }
+      const ParallelLayout& l = p->layout;
       const nlohmann::json manifest = {
           {"format", kFormat},
           {"version", kVersion},
-          {"step", state.step},
-          {"sequences_consumed", state.sequences_consumed},
-          {"seed", state.seed},
-          {"model", to_json(config)},
-          {"layout", {{"world", W}, {"cp", layout.cp}, {"ep", layout.ep}, {"vocab_group", layout.vocab}}},
-          {"optimizer", std::string(trainer.optimizer().name())},
-          {"optimizer_steps", trainer.optimizer().steps_taken()},
-          {"run", state.run},
+          {"step", p->state.step},
+          {"sequences_consumed", p->state.sequences_consumed},
+          {"seed", p->state.seed},
+          {"model", to_json(p->config)},
+          {"layout", {{"world", W}, {"cp", l.cp}, {"ep", l.ep}, {"vocab_group", l.vocab}}},
+          {"optimizer", p->optimizer},
+          {"optimizer_steps", p->optimizer_steps},
+          {"run", p->state.run},
           {"files", files}};
-      write_text_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
-      fsync_directory(tmp.string());
+      write_text_atomic((p->tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+      fsync_directory(p->tmp.string());
       std::error_code ec;
-      if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);  // the same step saved again
-      fs::rename(tmp, final_dir, ec);
-      if (ec) throw Error(final_dir.string() + ": cannot rename the written checkpoint into place: " + ec.message());
+      if (fs::exists(p->final_dir)) {
+        // The same step saved again: swap the folders in one step (`latest` may name the
+        // old one, so it must never be missing), then drop the old one.
+        if (::renameat2(AT_FDCWD, p->tmp.c_str(), AT_FDCWD, p->final_dir.c_str(), RENAME_EXCHANGE) != 0)
+          throw Error(p->final_dir.string() + ": cannot swap in the new checkpoint: " + std::strerror(errno));
+        fs::remove_all(p->tmp, ec);
+      } else {
+        fs::rename(p->tmp, p->final_dir, ec);
+        if (ec) throw Error(p->final_dir.string() + ": cannot rename the written checkpoint into place: " + ec.message());
+      }
       fsync_directory(root.string());
-      write_text_atomic((root / "latest").string(), name + "\n");
+      write_text_atomic((root / "latest").string(), p->final_dir.filename().string() + "\n");
       // Keep the newest `keep` step folders (names sort by step).
       std::vector<fs::path> steps;
       for (const fs::directory_entry& e : fs::directory_iterator(root, ec))
         if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) steps.push_back(e.path());
       std::sort(steps.begin(), steps.end());
-      for (std::size_t i = 0; i + static_cast<std::size_t>(options.keep) < steps.size(); ++i)
-        if (steps[i] != final_dir) fs::remove_all(steps[i], ec);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(options_.keep) < steps.size(); ++i)
+        if (steps[i] != p->final_dir) fs::remove_all(steps[i], ec);
       fsync_directory(root.string());
     } catch (const Error& e) {
       error = e.what();
     }
   }
   try {
-    agree(world, error, dir + ": rank 0 could not finish the checkpoint; the previous checkpoint is intact");
+    agree(world, error, dir_ + ": rank 0 could not finish the checkpoint; the previous checkpoint is intact");
   } catch (...) {
     cleanup();
     throw;
   }
-  return final_dir.string();
+  return p->final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& dir, const Trainer& trainer, const RunState& state,
+                            const ModelConfig& config, const ParallelLayout& layout, const SaveOptions& options) {
+  CheckpointWriter w(dir, options);
+  w.start(trainer, state, config, layout);
+  return w.finish(*trainer.model().groups().world);
 }
 
 bool has_checkpoint(const std::string& dir) {

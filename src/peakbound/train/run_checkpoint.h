@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -56,8 +57,37 @@ struct SaveOptions {
   int keep = 3;  // step folders kept (>= 1)
 };
 
-// Collective over the trainer's world. Writes DIR/step-<state.step> as above and returns
-// its path. Error (naming the path and the system's reason) when a file cannot be written
+// Saves that overlap training: start() takes this rank's host copies of the state (so the
+// steps that follow may change it) and writes the files on a thread; finish() waits for
+// the files and commits the checkpoint (the manifest, the rename, `latest`). Both are
+// collective over the trainer's world and must be called on every rank together;
+// writing() lets a caller fold "are my files written" into a collective it already makes,
+// and call finish() once no rank is still writing. A writer destroyed with a save in
+// flight abandons it (its temporary folder never becomes a checkpoint).
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string dir, SaveOptions options = {});
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Finishes a save still in flight first.
+  void start(const Trainer& trainer, const RunState& state, const ModelConfig& config, const ParallelLayout& layout);
+  // The committed step folder ("" when no save was in flight); Error as save_checkpoint.
+  std::string finish(Communicator& world);
+  bool pending() const { return pending_ != nullptr; }
+  // This rank's files of the save in flight are not written yet.
+  bool writing() const;
+
+ private:
+  struct Pending;
+  std::string dir_;
+  SaveOptions options_;
+  std::unique_ptr<Pending> pending_;
+};
+
+// Collective over the trainer's world: start() and finish() at once. Writes
+// DIR/step-<state.step> as above and returns its path. Error (naming the path and the system's reason) when a file cannot be written
 // (disk full, no permission): on every rank, the previous checkpoint and `latest` intact.
 std::string save_checkpoint(const std::string& dir, const Trainer& trainer, const RunState& state,
                             const ModelConfig& config, const ParallelLayout& layout, const SaveOptions& options = {});
