@@ -130,6 +130,33 @@ TEST(RunCheckpointCli, BadSaveAndResumeFoldersAreOneLineErrors) {
   testing::expect_one_line_error(run_cli(kArgs + " --steps 2 --on-nonfinite maybe", 60), "--on-nonfinite");
 }
 
+// A checkpoint of 2 ranks resumes on 1 rank and on 4 ranks with --cp 2 (the same global
+// batch: --batch 2 on one rank, 1 per cp group on four): the pieces are placed by overlap,
+// the data position is global, so the continuation is the same run to fp32 rounding.
+TEST(RunCheckpointCli, ACheckpointResumesOnOtherWorldSizes) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  const std::string dir = fresh_dir("worlds"), a = dir + "_a.jsonl", b = dir + "_b.jsonl", c = dir + "_c.jsonl";
+  const std::string args = "train --seq-len 32 --eval-every 0 --steps 6";
+  ASSERT_EQ(testing::run_mpi(args + " --metrics " + a + " --save-dir " + dir + " --save-every 3", 2, 300).code, 0);
+  // `latest` is step 6; resume from step 3 on other layouts.
+  const std::string step3 = dir + "/step-00000003";
+  CliRun one = run_cli(args + " --batch 2 --resume " + step3 + " --metrics " + b, 300);
+  ASSERT_EQ(one.code, 0) << one.err;
+  CliRun four = testing::run_mpi(args + " --cp 2 --resume " + step3 + " --metrics " + c, 4, 300);
+  ASSERT_EQ(four.code, 0) << four.err;
+  const std::vector<std::string> ref = losses(a), x = losses(b), y = losses(c);
+  ASSERT_EQ(ref.size(), 6u);
+  ASSERT_EQ(x.size(), 3u);
+  ASSERT_EQ(y.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const double want = std::stod(ref[3 + i]);
+    EXPECT_NEAR(std::stod(x[i]), want, 1e-5 * want) << "1 rank, step " << 4 + i;
+    EXPECT_NEAR(std::stod(y[i]), want, 1e-5 * want) << "4 ranks cp 2, step " << 4 + i;
+  }
+  for (const std::string& p : {a, b, c}) std::remove(p.c_str());
+  fs::remove_all(dir);
+}
+
 // A model whose weights hold a NaN (the fixture with one element poisoned): step 1 stops
 // with the step and the first non-finite gradient named, exit 1; with
 // --on-nonfinite skip the run finishes, every step skipped and counted.
