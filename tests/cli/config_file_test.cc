@@ -191,6 +191,15 @@ TEST(ConfigFile, MissingOrMalformedFileIsOneLineNamingIt) {
   one_line_naming(error_of("--config " + dup), dup + ": 'steps' given twice");
   const std::string list = write("list.json", "[1, 2]");
   one_line_naming(error_of("--config " + list), list + ": a JSON config file must be one object");
+  // Found by tests/fuzz: a number past double's range leaked nlohmann's out_of_range (not a
+  // ConfigError); a key holding a newline split the error; a vertical tab before '=' made
+  // the line check and CLI11 read different keys (CLI11 trims it, leaving an empty key).
+  const std::string big = write("big.json", R"({"lr": 6e7111111})");
+  one_line_naming(error_of("--config " + big), big + ": malformed JSON: number overflow parsing '6e7111111'");
+  const std::string newline = write("newline.json", R"({"st\neps": 1})");
+  one_line_naming(error_of("--config " + newline), newline + ": unknown key 'st\\neps'");
+  const std::string vtab = write("vtab.toml", "\v= 1\n");
+  one_line_naming(error_of("--config " + vtab), vtab + ":1: '' is not a flag name");
 }
 
 TEST(ConfigFile, NestedTablesAndObjectsAreRefused) {

@@ -36,6 +36,10 @@ struct ConfigEntry {
 // naming the file, when it cannot be read or is malformed or nested.
 std::vector<ConfigEntry> read_config_file(const std::string& path);
 
+// The same on the file's text already read: `path` names it in errors and, by a .json
+// ending, chooses JSON.
+std::vector<ConfigEntry> parse_config_text(const std::string& path, const std::string& text);
+
 // Applies the entries to `app`'s options that the command line left unset, running each
 // option's own parser. Throws CLI::ConfigError naming the file (and line) for an unknown
 // key or a value the flag refuses.
