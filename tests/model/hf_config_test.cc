@@ -518,6 +518,20 @@ TEST(HfConfig, WrongTypesAreNamed) {
   EXPECT_HAS(error_of([&] { parse_hf_config(json::array({1, 2}), "x"); }), "JSON object");
 }
 
+// Found by tests/fuzz: an error quoted the bad value whole (json::dump, one call per
+// nesting level), so a deeply nested one overflowed the stack. Lists and objects are now
+// named by kind, long scalars cut (at a UTF-8 character boundary).
+TEST(HfConfig, BadValuesAreQuotedBriefly) {
+  const std::size_t depth = 1000000;
+  json j = json::parse(kMixtral8x22B);
+  j["hidden_size"] = json::parse(std::string(depth, '[') + std::string(depth, ']'));
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "field 'hidden_size' must be a non-negative integer, got a list");
+  j["hidden_size"] = json::object({{"a", 1}});
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "got an object");
+  j["hidden_size"] = std::string(75, 'x') + "\u00e9\u00e9\u00e9";  // 2-byte characters across the cut
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "got \"" + std::string(75, 'x') + "...");  // no half é
+}
+
 TEST(HfConfig, ImpossibleValuesFailValidation) {
   json j = json::parse(kMixtral8x22B);
   j["hidden_size"] = 0;
