@@ -28,13 +28,19 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(kBlanks) - b + 1);
 }
 
+// A config file holds a few flags: past 64 KiB it is refused, and read no further (a device
+// such as /dev/zero never ends; CLI11's TOML reader splits an array in quadratic time, so a
+// megabyte array would take minutes).
+constexpr std::size_t kMaxConfigBytes = 64 << 10;
+
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) refuse(path, 0, std::string("cannot read the config file (") + std::strerror(errno) + ")");
-  std::stringstream s;
-  s << f.rdbuf();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (f.bad()) refuse(path, 0, "cannot read the config file");
-  return s.str();
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  return text;
 }
 
 bool is_json(const std::string& path, const std::string& text) {
@@ -163,6 +169,7 @@ std::vector<ConfigEntry> read_json(const std::string& path, const std::string& t
 }  // namespace
 
 std::vector<ConfigEntry> parse_config_text(const std::string& path, const std::string& text) {
+  if (text.size() > kMaxConfigBytes) refuse(path, 0, "larger than 64 KiB: a config file holds a few flags");
   return is_json(path, text) ? read_json(path, text) : read_toml(path, text);
 }
 

@@ -13,7 +13,7 @@
 // nested table or object (TOML "[section]", dotted "a.b" keys, inline tables, JSON
 // objects: nothing is flattened; CLI11 would route "section.key" to a subcommand named
 // "section", which is not what a command's file means), an array to a one-value flag,
-// and "config"/"help" as keys.
+// "config"/"help" as keys, and a file over 64 KiB.
 #pragma once
 
 #include <string>
