@@ -119,6 +119,10 @@ TEST_F(SafeTensorsFiles, MalformedFilesAreOneLineErrorsNamingTheFile) {
   expect_bad(write_raw("twice", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                                 R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
              "'a' is given twice");
+  // Found by the fuzzer (UBSan): an empty F32 tensor was read with memcpy(nullptr, ..., 0).
+  EXPECT_TRUE(SafeTensorsFile::open(write_raw("empty", R"({"e":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]}})", 0))
+                  .read_f32("e")
+                  .empty());
   expect_bad(write_raw("newline", R"({"x\ny":{"dtype":"F32","shape":[1],"data_offsets":[0,5]}})", 8), "'x\\ny'");
   std::string p = write_raw("hdr", "{}", 0);
   {  // a header length far past the end

@@ -181,7 +181,7 @@ std::vector<float> SafeTensorsFile::read_f32(std::string_view name) const {
   const auto n = static_cast<std::size_t>(t.numel());
   std::vector<float> out(n);
   if (t.dtype == "F32") {
-    std::memcpy(out.data(), p, n * 4);
+    if (n > 0) std::memcpy(out.data(), p, n * 4);  // an empty vector's data() may be null
   } else if (t.dtype == "BF16" || t.dtype == "F16") {
     for (std::size_t i = 0; i < n; ++i) {
       std::uint16_t h;
