@@ -12,6 +12,8 @@ packages=(
   libgtest-dev libgmock-dev    # unit tests
   libbenchmark-dev       # micro-benchmarks of kernels
   python3-venv           # scripts/tokenize_text.sh: a venv for the tokenizers wheel
+  clang libclang-rt-dev  # scripts/fuzz.sh: clang and libFuzzer's runtime (libclang_rt.fuzzer)
+  llvm                   # scripts/fuzz.sh: llvm-symbolizer, for a finding's stack trace
 )
 
 missing=()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite (unit and mpi).
+# Installs what is missing, builds, and runs the whole test suite (unit and mpi; in the
+# release pass also the fuzz targets, scripts/fuzz.sh).
 # Usage: scripts/test.sh [preset]   (release by default; `asan` for the sanitizer build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,4 +12,10 @@ ctest --preset "$preset" --output-on-failure
 # would need the consumer built with the sanitizers too).
 if [ "$preset" = release ]; then
   bash scripts/example.sh "$preset"
+fi
+# The parsers of user input under libFuzzer, a bounded time each (scripts/fuzz.sh; its own
+# clang build in build/fuzz). Once, in the release pass: the fuzz build has ASan/UBSan itself.
+# PEAKBOUND_SKIP_FUZZ=1 leaves it out.
+if [ "$preset" = release ] && [ "${PEAKBOUND_SKIP_FUZZ:-0}" != "1" ]; then
+  bash scripts/fuzz.sh
 fi

@@ -191,6 +191,23 @@ TEST(ConfigFile, MissingOrMalformedFileIsOneLineNamingIt) {
   one_line_naming(error_of("--config " + dup), dup + ": 'steps' given twice");
   const std::string list = write("list.json", "[1, 2]");
   one_line_naming(error_of("--config " + list), list + ": a JSON config file must be one object");
+  // Found by tests/fuzz: a number past double's range leaked nlohmann's out_of_range (not a
+  // ConfigError); a key holding a newline split the error; a vertical tab before '=' made
+  // the line check and CLI11 read different keys (CLI11 trims it, leaving an empty key).
+  const std::string big = write("big.json", R"({"lr": 6e7111111})");
+  one_line_naming(error_of("--config " + big), big + ": malformed JSON: number overflow parsing '6e7111111'");
+  const std::string newline = write("newline.json", R"({"st\neps": 1})");
+  one_line_naming(error_of("--config " + newline), newline + ": unknown key 'st\\neps'");
+  const std::string vtab = write("vtab.toml", "\v= 1\n");
+  one_line_naming(error_of("--config " + vtab), vtab + ":1: '' is not a flag name");
+  // Found running the fuzz target on large inputs: CLI11's TOML reader splits an array in
+  // quadratic time (a 4 MB array of "a" ran for minutes), and /dev/zero never ends. A
+  // config file is refused past 64 KiB, read no further.
+  std::string big_array = "files = [";
+  while (big_array.size() < (64 << 10)) big_array += "\"a\",";
+  const std::string large = write("large.toml", big_array + "\"b\"]\n");
+  one_line_naming(error_of("--config " + large), large + ": larger than 64 KiB");
+  one_line_naming(error_of("--config /dev/zero"), "/dev/zero: larger than 64 KiB");
 }
 
 TEST(ConfigFile, NestedTablesAndObjectsAreRefused) {

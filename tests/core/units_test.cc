@@ -31,6 +31,20 @@ TEST(Units, RejectsBadSizesNamingTheFlag) {
   EXPECT_THROW(parse_bytes("1.2.3GiB"), InvalidArgument);
 }
 
+// Found by tests/fuzz: the quoted text held a newline, so the error spanned two lines.
+// Every peakbound::Error escapes control characters (core/error.h).
+TEST(Units, ErrorsQuotingControlCharactersStayOneLine) {
+  try {
+    parse_bytes("1\nfoo\x01", "--device-memory");
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "--device-memory: unknown unit 'foo\\x01' in '1\\nfoo\\x01' "
+                                     "(use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  }
+  EXPECT_EQ(one_line("a\tb\r\n\x7f"), "a\\tb\\r\\n\\x7f");
+  EXPECT_EQ(one_line("plain 'text' \xc3\xa9"), "plain 'text' \xc3\xa9");  // UTF-8 kept
+}
+
 TEST(Units, ParsesTokenCounts) {
   EXPECT_EQ(parse_count("1M"), 1048576ull);
   EXPECT_EQ(parse_count("128K"), 131072ull);

@@ -106,6 +106,24 @@ TEST_F(SafeTensorsFiles, MalformedFilesAreOneLineErrorsNamingTheFile) {
   expect_bad(write_raw("overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
              "overlap");
   expect_bad(write_raw("huge", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4), "overflows");
+  // Found writing tests/fuzz's checks of a successful read: a product past 2^63 that a
+  // later zero brings back to 0 (numel() overflowed int64); an overlap hidden behind an
+  // empty tensor; a tensor named twice (the JSON reader kept the second silently). And a
+  // name holding a newline, as the fuzzer found elsewhere: the error is still one line.
+  expect_bad(write_raw("wrap", R"({"a":{"dtype":"F32","shape":[4611686018427387904,2,0],"data_offsets":[0,0]}})", 0),
+             "overflows");
+  expect_bad(write_raw("hidden", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                                 R"("b":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                                 R"("c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 16),
+             "tensors 'a' and 'c' overlap");
+  expect_bad(write_raw("twice", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+             "'a' is given twice");
+  // Found by the fuzzer (UBSan): an empty F32 tensor was read with memcpy(nullptr, ..., 0).
+  EXPECT_TRUE(SafeTensorsFile::open(write_raw("empty", R"({"e":{"dtype":"F32","shape":[2,0],"data_offsets":[0,0]}})", 0))
+                  .read_f32("e")
+                  .empty());
+  expect_bad(write_raw("newline", R"({"x\ny":{"dtype":"F32","shape":[1],"data_offsets":[0,5]}})", 8), "'x\\ny'");
   std::string p = write_raw("hdr", "{}", 0);
   {  // a header length far past the end
     std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);

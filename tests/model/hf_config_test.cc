@@ -518,6 +518,35 @@ TEST(HfConfig, WrongTypesAreNamed) {
   EXPECT_HAS(error_of([&] { parse_hf_config(json::array({1, 2}), "x"); }), "JSON object");
 }
 
+// Found probing the config.json fuzz target with large inputs: mlp_only_layers of 10^6
+// repeats of one layer (3 MB) in a 65536-layer model took a minute to plan, every layer
+// query scanning the whole list. It is read as the set it is (sorted, repeats dropped)
+// and ModelConfig keeps it increasing, so each query is a binary search.
+TEST(HfConfig, MlpOnlyLayersAreASet) {
+  json j = json::parse(kQwen3_30B);
+  j["mlp_only_layers"] = {30, 2, 2, 7};
+  EXPECT_EQ(parse_hf_config(j, "x").mlp_only_layers, (std::vector<std::int64_t>{2, 7, 30}));
+  j["num_hidden_layers"] = 65536;
+  j["mlp_only_layers"] = std::vector<std::int64_t>(1000000, 1);
+  const ModelConfig c = parse_hf_config(j, "x");
+  EXPECT_EQ(c.mlp_only_layers, (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(c.num_moe_layers(), 65535);
+}
+
+// Found by tests/fuzz: an error quoted the bad value whole (json::dump, one call per
+// nesting level), so a deeply nested one overflowed the stack. Lists and objects are now
+// named by kind, long scalars cut (at a UTF-8 character boundary).
+TEST(HfConfig, BadValuesAreQuotedBriefly) {
+  const std::size_t depth = 1000000;
+  json j = json::parse(kMixtral8x22B);
+  j["hidden_size"] = json::parse(std::string(depth, '[') + std::string(depth, ']'));
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "field 'hidden_size' must be a non-negative integer, got a list");
+  j["hidden_size"] = json::object({{"a", 1}});
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "got an object");
+  j["hidden_size"] = std::string(75, 'x') + "\u00e9\u00e9\u00e9";  // 2-byte characters across the cut
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "got \"" + std::string(75, 'x') + "...");  // no half é
+}
+
 TEST(HfConfig, ImpossibleValuesFailValidation) {
   json j = json::parse(kMixtral8x22B);
   j["hidden_size"] = 0;

@@ -52,6 +52,9 @@ TEST(ModelConfig, ValidationNamesTheProblem) {
              "num_dense_layers (5) exceeds num_layers (4)");
   EXPECT_HAS(invalid([](ModelConfig& c) { c.mlp_only_layers = {4}; }),
              "mlp_only_layers entry 4 is outside [0, 4)");
+  EXPECT_HAS(invalid([](ModelConfig& c) { c.mlp_only_layers = {2, 1}; }),
+             "mlp_only_layers must be increasing without repeats (1 after 2)");
+  EXPECT_HAS(invalid([](ModelConfig& c) { c.mlp_only_layers = {1, 1}; }), "(1 after 1)");
   EXPECT_HAS(invalid([](ModelConfig& c) { c.moe_intermediate_size = 0; }),
              "moe_intermediate_size must be > 0");
   EXPECT_HAS(invalid([](ModelConfig& c) { c.num_experts = 0; }), "num_experts is 0");

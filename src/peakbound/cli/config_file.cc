@@ -7,27 +7,40 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "peakbound/core/error.h"
+
 namespace peakbound::cli {
 
 namespace {
 
+// One line (a quoted key or value may hold a newline: peakbound::one_line escapes it).
 [[noreturn]] void refuse(const std::string& path, int line, const std::string& what) {
-  throw CLI::ConfigError(path + (line > 0 ? ":" + std::to_string(line) : "") + ": " + what);
+  throw CLI::ConfigError(one_line(path + (line > 0 ? ":" + std::to_string(line) : "") + ": " + what));
 }
 
+// The blanks CLI11's TOML reader trims (std::isspace), so that a key this check reads
+// is the key CLI11 reads.
+constexpr const char* kBlanks = " \t\r\v\f";
+
 std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r");
+  const auto b = s.find_first_not_of(kBlanks);
   if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+  return s.substr(b, s.find_last_not_of(kBlanks) - b + 1);
 }
+
+// A config file holds a few flags: past 64 KiB it is refused, and read no further (a device
+// such as /dev/zero never ends; CLI11's TOML reader splits an array in quadratic time, so a
+// megabyte array would take minutes).
+constexpr std::size_t kMaxConfigBytes = 64 << 10;
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) refuse(path, 0, std::string("cannot read the config file (") + std::strerror(errno) + ")");
-  std::stringstream s;
-  s << f.rdbuf();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (f.bad()) refuse(path, 0, "cannot read the config file");
-  return s.str();
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  return text;
 }
 
 bool is_json(const std::string& path, const std::string& text) {
@@ -82,7 +95,7 @@ std::map<std::string, int> check_toml_lines(const std::string& path, const std::
     if (eq == std::string::npos) refuse(path, n, "expected 'key = value' (got '" + t + "')");
     const std::string key = unquote(trim(t.substr(0, eq)));
     const std::string value = trim(t.substr(eq + 1));
-    if (key.empty() || key.find_first_of(" \t") != std::string::npos)
+    if (key.empty() || key.find_first_of(kBlanks) != std::string::npos)
       refuse(path, n, "'" + trim(t.substr(0, eq)) + "' is not a flag name");
     if (key.find('.') != std::string::npos)
       refuse(path, n, "dotted key '" + key + "' (a nested table) is not taken: write the flag's own name");
@@ -133,7 +146,7 @@ std::vector<ConfigEntry> read_json(const std::string& path, const std::string& t
   };
   try {
     j = nlohmann::ordered_json::parse(text, no_duplicates);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number past double's range
     std::string what = e.what();
     const auto p = what.find("] ");
     if (what.rfind("[json.exception", 0) == 0 && p != std::string::npos) what = what.substr(p + 2);
@@ -155,10 +168,12 @@ std::vector<ConfigEntry> read_json(const std::string& path, const std::string& t
 
 }  // namespace
 
-std::vector<ConfigEntry> read_config_file(const std::string& path) {
-  const std::string text = read_text(path);
+std::vector<ConfigEntry> parse_config_text(const std::string& path, const std::string& text) {
+  if (text.size() > kMaxConfigBytes) refuse(path, 0, "larger than 64 KiB: a config file holds a few flags");
   return is_json(path, text) ? read_json(path, text) : read_toml(path, text);
 }
+
+std::vector<ConfigEntry> read_config_file(const std::string& path) { return parse_config_text(path, read_text(path)); }
 
 void apply_config(CLI::App* app, const std::string& path, const std::vector<ConfigEntry>& entries) {
   for (const ConfigEntry& e : entries) {

@@ -13,7 +13,7 @@
 // nested table or object (TOML "[section]", dotted "a.b" keys, inline tables, JSON
 // objects: nothing is flattened; CLI11 would route "section.key" to a subcommand named
 // "section", which is not what a command's file means), an array to a one-value flag,
-// and "config"/"help" as keys.
+// "config"/"help" as keys, and a file over 64 KiB.
 #pragma once
 
 #include <string>
@@ -35,6 +35,10 @@ struct ConfigEntry {
 // Reads a config file (format detected as above). Throws CLI::ConfigError, one line
 // naming the file, when it cannot be read or is malformed or nested.
 std::vector<ConfigEntry> read_config_file(const std::string& path);
+
+// The same on the file's text already read: `path` names it in errors and, by a .json
+// ending, chooses JSON.
+std::vector<ConfigEntry> parse_config_text(const std::string& path, const std::string& text);
 
 // Applies the entries to `app`'s options that the command line left unset, running each
 // option's own parser. Throws CLI::ConfigError naming the file (and line) for an unknown

@@ -8,10 +8,15 @@
 
 namespace peakbound {
 
-// Base of all peakbound errors; what() is one line a user can act on.
+// `message` with every control character written as an escape ("\n", "\t", "\x01"): a
+// value quoted from a file or a flag (a JSON string holding a newline, say) cannot split
+// the line.
+std::string one_line(const std::string& message);
+
+// Base of all peakbound errors; what() is one line a user can act on (one_line above).
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(one_line(message)) {}
 };
 
 // A user-supplied value (flag, config field, size string) is invalid.

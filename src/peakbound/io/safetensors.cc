@@ -66,31 +66,36 @@ std::int64_t SafeTensorInfo::numel() const {
   return n;
 }
 
-SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
-  SafeTensorsFile f;
-  f.path_ = path;
-  f.file_ = MappedFile::open(path);
-  const std::uint64_t size = f.file_.size();
-  const std::byte* base = f.file_.data();
+SafeTensorsHeader parse_safetensors_header(std::span<const std::byte> file, const std::string& path) {
+  SafeTensorsHeader out;
+  const std::uint64_t size = file.size();
+  const std::byte* base = file.data();
   if (size < 8) bad(path, "too short for a safetensors header (" + std::to_string(size) + " bytes)");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<std::uint64_t>(base[i]);
   if (n > kMaxHeader) bad(path, "header length " + std::to_string(n) + " exceeds the format's 100 MiB");
   if (n > size - 8) bad(path, "header length " + std::to_string(n) + " runs past the end of the file");
+  // A key given twice is refused: the JSON reader would keep one of the two silently.
+  std::set<std::string> names;
+  auto no_duplicates = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
+      bad(path, "'" + parsed.get<std::string>() + "' is given twice in the header");
+    return true;
+  };
   json h;
   try {
-    h = json::parse(reinterpret_cast<const char*>(base + 8), reinterpret_cast<const char*>(base + 8 + n));
+    h = json::parse(reinterpret_cast<const char*>(base + 8), reinterpret_cast<const char*>(base + 8 + n), no_duplicates);
   } catch (const json::exception&) {
     bad(path, "the header is not valid JSON");
   }
   if (!h.is_object()) bad(path, "the header is not a JSON object");
-  f.data_ = base + 8 + n;
+  out.data_offset = 8 + n;
   const std::uint64_t data_size = size - 8 - n;
   for (auto it = h.begin(); it != h.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object()) bad(path, "__metadata__ is not an object");
       for (auto m = it.value().begin(); m != it.value().end(); ++m)
-        if (m.value().is_string()) f.metadata_[m.key()] = m.value().get<std::string>();
+        if (m.value().is_string()) out.metadata[m.key()] = m.value().get<std::string>();
       continue;
     }
     const json& t = it.value();
@@ -104,11 +109,14 @@ SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     const std::size_t es = safetensors_dtype_size(info.dtype);
     if (es == 0) bad(path, where + ": unknown dtype '" + info.dtype + "'");
     if (!t["shape"].is_array()) bad(path, where + ": shape is not a list");
+    // Every running product stays a signed 64-bit count, so SafeTensorInfo::numel() never
+    // overflows, a zero dimension after two huge ones ([2^62, 2, 0]) included.
+    constexpr auto kMaxCount = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
     std::uint64_t numel = 1;
     for (const json& d : t["shape"]) {
       if (!d.is_number_unsigned()) bad(path, where + ": a dimension is not a non-negative integer");
       const auto v = d.get<std::uint64_t>();
-      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) || __builtin_mul_overflow(numel, v, &numel))
+      if (v > kMaxCount || __builtin_mul_overflow(numel, v, &numel) || numel > kMaxCount)
         bad(path, where + ": its shape overflows 64 bits");
       info.shape.push_back(static_cast<std::int64_t>(v));
     }
@@ -125,15 +133,31 @@ SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
     if (info.end - info.begin != want)
       bad(path, where + ": " + std::to_string(info.end - info.begin) + " bytes for a " + info.dtype + " tensor of " +
                     std::to_string(numel) + " elements");
-    f.tensors_.push_back(std::move(info));
+    out.tensors.push_back(std::move(info));
   }
-  // No two tensors share bytes.
+  // No two non-empty tensors share bytes: in order of begin, each starts at or after the
+  // furthest end so far (an empty tensor between two others hides nothing).
   std::vector<const SafeTensorInfo*> by_offset;
-  for (const auto& t : f.tensors_) by_offset.push_back(&t);
+  for (const auto& t : out.tensors)
+    if (t.begin != t.end) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (std::size_t i = 1; i < by_offset.size(); ++i)
-    if (by_offset[i]->begin < by_offset[i - 1]->end && by_offset[i]->begin != by_offset[i]->end)
-      bad(path, "tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");
+  const SafeTensorInfo* furthest = nullptr;
+  for (const SafeTensorInfo* t : by_offset) {
+    if (furthest != nullptr && t->begin < furthest->end)
+      bad(path, "tensors '" + furthest->name + "' and '" + t->name + "' overlap");
+    if (furthest == nullptr || t->end > furthest->end) furthest = t;
+  }
+  return out;
+}
+
+SafeTensorsFile SafeTensorsFile::open(const std::string& path) {
+  SafeTensorsFile f;
+  f.path_ = path;
+  f.file_ = MappedFile::open(path);
+  SafeTensorsHeader h = parse_safetensors_header({f.file_.data(), static_cast<std::size_t>(f.file_.size())}, path);
+  f.data_ = f.file_.data() + h.data_offset;
+  f.tensors_ = std::move(h.tensors);
+  f.metadata_ = std::move(h.metadata);
   return f;
 }
 
@@ -158,7 +182,7 @@ std::vector<float> SafeTensorsFile::read_f32(std::string_view name) const {
   const auto n = static_cast<std::size_t>(t.numel());
   std::vector<float> out(n);
   if (t.dtype == "F32") {
-    std::memcpy(out.data(), p, n * 4);
+    if (n > 0) std::memcpy(out.data(), p, n * 4);  // an empty vector's data() may be null
   } else if (t.dtype == "BF16" || t.dtype == "F16") {
     for (std::size_t i = 0; i < n; ++i) {
       std::uint16_t h;

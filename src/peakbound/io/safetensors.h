@@ -33,6 +33,18 @@ struct SafeTensorInfo {
   std::int64_t numel() const;
 };
 
+// A safetensors header parsed from the whole file's bytes, every field checked against
+// them: each tensor's [begin, end) lies in the data section and holds exactly numel x
+// dtype-size bytes, no two non-empty tensors share a byte, no name is given twice.
+struct SafeTensorsHeader {
+  std::vector<SafeTensorInfo> tensors;  // sorted by name
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_offset = 0;  // where the data section starts in the file: 8 + header length
+};
+
+// Reads `file` (read, not kept): throws InvalidArgument "<source>: <what is wrong>".
+SafeTensorsHeader parse_safetensors_header(std::span<const std::byte> file, const std::string& source);
+
 class SafeTensorsFile {
  public:
   // Throws InvalidArgument: "<path>: <what is wrong>".

@@ -15,6 +15,15 @@ namespace {
 
 using nlohmann::json;
 
+// A list of layer indices read as the set transformers tests membership in ("i in
+// mlp_only_layers"): sorted, repeats dropped, as ModelConfig keeps it.
+std::vector<std::int64_t> layer_set(const HfFields& r, const char* key) {
+  std::vector<std::int64_t> v = r.int_list_or_empty(key);
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
 // Fields every decoder-only family names alike.
 void read_common(const HfFields& r, ModelConfig& c) {
   c.family = r.model_type().empty() ? "unknown" : r.model_type();
@@ -134,7 +143,7 @@ void read_qwen_moe(const HfFields& r, ModelConfig& c, bool qwen3) {
   }
   c.moe_layer_step = r.integer_or("decoder_sparse_step", 1);
   if (c.moe_layer_step == 0) r.fail("field 'decoder_sparse_step' must be > 0");
-  c.mlp_only_layers = r.int_list_or_empty("mlp_only_layers");
+  c.mlp_only_layers = layer_set(r, "mlp_only_layers");
   c.router_scoring = RouterScoring::softmax;
   c.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
   if (qwen3) {
@@ -216,7 +225,7 @@ void read_generic(const HfFields& r, ModelConfig& c) {
   c.num_dense_layers = r.integer_or("first_k_dense_replace", 0);
   c.moe_layer_step = r.integer_or("decoder_sparse_step", 1);
   if (c.moe_layer_step == 0) r.fail("field 'decoder_sparse_step' must be > 0");
-  c.mlp_only_layers = r.int_list_or_empty("mlp_only_layers");
+  c.mlp_only_layers = layer_set(r, "mlp_only_layers");
   c.num_shared_experts = r.integer_or("n_shared_experts", r.integer_or("num_shared_experts", 0));
   c.shared_expert_intermediate_size = r.integer_or("shared_expert_intermediate_size", 0);
   if (c.num_shared_experts == 0 && c.shared_expert_intermediate_size > 0) c.num_shared_experts = 1;

@@ -9,6 +9,25 @@ namespace peakbound {
 
 using nlohmann::json;
 
+namespace {
+
+// A value as an error quotes it: a scalar as its JSON text (cut at 80 characters), a list
+// or object by its kind only. A nested value is never serialised whole: that would recurse
+// once per level (a stack overflow on "[[[[...]]]]") and could copy megabytes into the line.
+std::string shown(const json& v) {
+  if (v.is_array()) return "a list";
+  if (v.is_object()) return "an object";
+  std::string s = v.dump();
+  if (s.size() > 80) {
+    std::size_t cut = 77;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 character
+    s = s.substr(0, cut) + "...";
+  }
+  return s;
+}
+
+}  // namespace
+
 HfFields::HfFields(const json& config, std::string source, std::string model_type,
                    std::string note)
     : j_(config),
@@ -70,14 +89,14 @@ bool HfFields::boolean_or(const char* key, bool fallback) const {
   if (!has(key)) return fallback;
   const json& v = j_.at(key);
   if (!v.is_boolean())
-    fail("field '" + std::string(key) + "' must be true or false, got " + v.dump());
+    fail("field '" + std::string(key) + "' must be true or false, got " + shown(v));
   return v.get<bool>();
 }
 
 std::string HfFields::string_or(const char* key, const std::string& fallback) const {
   if (!has(key)) return fallback;
   const json& v = j_.at(key);
-  if (!v.is_string()) fail("field '" + std::string(key) + "' must be a string, got " + v.dump());
+  if (!v.is_string()) fail("field '" + std::string(key) + "' must be a string, got " + shown(v));
   return v.get<std::string>();
 }
 
@@ -85,7 +104,7 @@ std::vector<std::int64_t> HfFields::int_list_or_empty(const char* key) const {
   std::vector<std::int64_t> out;
   if (!has(key)) return out;
   const json& v = j_.at(key);
-  if (!v.is_array()) fail("field '" + std::string(key) + "' must be a list, got " + v.dump());
+  if (!v.is_array()) fail("field '" + std::string(key) + "' must be a list, got " + shown(v));
   for (const json& e : v) out.push_back(to_int(key, e));
   return out;
 }
@@ -94,9 +113,9 @@ std::vector<std::string> HfFields::string_list_or_empty(const char* key) const {
   std::vector<std::string> out;
   if (!has(key)) return out;
   const json& v = j_.at(key);
-  if (!v.is_array()) fail("field '" + std::string(key) + "' must be a list, got " + v.dump());
+  if (!v.is_array()) fail("field '" + std::string(key) + "' must be a list, got " + shown(v));
   for (const json& e : v) {
-    if (!e.is_string()) fail("field '" + std::string(key) + "' must list strings, got " + e.dump());
+    if (!e.is_string()) fail("field '" + std::string(key) + "' must list strings, got " + shown(e));
     out.push_back(e.get<std::string>());
   }
   return out;
@@ -107,11 +126,11 @@ std::int64_t HfFields::to_int(const char* key, const json& v) const {
   if (v.is_number_unsigned()) {
     const std::uint64_t u = v.get<std::uint64_t>();
     if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      fail(bad + v.dump());
+      fail(bad + shown(v));
     return static_cast<std::int64_t>(u);
   }
   if (v.is_number_integer()) {
-    if (v.get<std::int64_t>() < 0) fail(bad + v.dump());
+    if (v.get<std::int64_t>() < 0) fail(bad + shown(v));
     return v.get<std::int64_t>();
   }
   if (v.is_number_float()) {
@@ -120,7 +139,7 @@ std::int64_t HfFields::to_int(const char* key, const json& v) const {
     if (d >= 0 && d <= 9.0e15 && d == static_cast<double>(static_cast<std::int64_t>(d)))
       return static_cast<std::int64_t>(d);
   }
-  fail(bad + v.dump());
+  fail(bad + shown(v));
 }
 
 }  // namespace peakbound

@@ -17,7 +17,7 @@ std::string_view router_scoring_name(RouterScoring s) {
 bool ModelConfig::is_moe_layer(std::int64_t layer) const {
   if (num_experts <= 0 || layer < num_dense_layers || moe_layer_step <= 0) return false;
   if ((layer + 1) % moe_layer_step != 0) return false;
-  return std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+  return !std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer);
 }
 
 std::int64_t ModelConfig::num_moe_layers() const {
@@ -88,10 +88,14 @@ void ModelConfig::validate() const {
     c.fail("num_dense_layers (" + std::to_string(num_dense_layers) + ") exceeds num_layers (" +
            std::to_string(num_layers) + ")");
   c.positive("moe_layer_step", moe_layer_step);
-  for (std::int64_t layer : mlp_only_layers) {
+  for (std::size_t i = 0; i < mlp_only_layers.size(); ++i) {
+    const std::int64_t layer = mlp_only_layers[i];
     if (layer < 0 || layer >= num_layers)
       c.fail("mlp_only_layers entry " + std::to_string(layer) + " is outside [0, " +
              std::to_string(num_layers) + ")");
+    if (i > 0 && layer <= mlp_only_layers[i - 1])
+      c.fail("mlp_only_layers must be increasing without repeats (" + std::to_string(layer) + " after " +
+             std::to_string(mlp_only_layers[i - 1]) + ")");
   }
   c.non_negative("dense_intermediate_size", dense_intermediate_size);
   if (num_moe_layers() < num_layers && dense_intermediate_size == 0)

@@ -41,7 +41,9 @@ struct ModelConfig {
   // Layer layout and dense MLP.
   std::int64_t num_dense_layers = 0;  // leading dense layers (DeepSeek first_k_dense_replace)
   std::int64_t moe_layer_step = 1;    // Qwen decoder_sparse_step
-  std::vector<std::int64_t> mlp_only_layers;  // Qwen mlp_only_layers: forced dense
+  // Qwen mlp_only_layers: forced dense. Increasing, no repeats (validate checks; layer
+  // queries binary-search it, so walking the layers stays linear).
+  std::vector<std::int64_t> mlp_only_layers;
   std::int64_t dense_intermediate_size = 0;
 
   // Mixture of experts. num_experts == 0 means a dense model.
