@@ -71,3 +71,23 @@ TEST(ContextLayout, BadArgumentsAreRefused) {
 
 }  // namespace
 }  // namespace peakbound
+
+namespace peakbound {
+namespace {
+
+// The widest shard is not always rank 0's: S = 7 over cp 2 gives chunks 2, 2, 2, 1, so
+// rank 0 holds 2 + 1 and rank 1 holds 2 + 2.
+TEST(ContextLayout, WidestShard) {
+  EXPECT_EQ(zigzag_widest_rank(7, 2), 1);
+  EXPECT_EQ(zigzag_widest_tokens(7, 2), 4);
+  for (std::int64_t S : {8, 9, 15, 1001})
+    for (int cp : {1, 2, 3, 4}) {
+      std::int64_t most = 0;
+      for (int r = 0; r < cp; ++r) most = std::max(most, zigzag_shard(S, cp, r).tokens());
+      EXPECT_EQ(zigzag_widest_tokens(S, cp), most) << S << " " << cp;
+      EXPECT_EQ(zigzag_shard(S, cp, zigzag_widest_rank(S, cp)).tokens(), most);
+    }
+}
+
+}  // namespace
+}  // namespace peakbound

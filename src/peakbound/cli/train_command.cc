@@ -4,7 +4,6 @@
 // Before step 1 it prints the plan (per-component device peak from the footprints) and
 // refuses a configuration that does not fit; at the end the measured peaks beside it.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -216,8 +215,10 @@ int run_train(const TrainFlags& f) {
 
   // Resuming: the model, the optimizer and the data position of the checkpoint's step.
   RunState resumed;
+  std::string last_saved;  // the newest complete checkpoint of this run (named when a step fails)
   if (!f.resume.empty()) {
     const std::string from = resolve_checkpoint(f.resume);
+    last_saved = from;
     resumed = load_checkpoint(from, trainer);
     if (lead) std::printf("resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(resumed.step));
     if (resumed.step >= f.steps) {
@@ -237,7 +238,6 @@ int run_train(const TrainFlags& f) {
   const std::int64_t DP = W / s.layout.cp, drank = rank / s.layout.cp;
   // The data position: global training sequences read before this process's first step.
   const std::int64_t s0 = resumed.step, consumed0 = resumed.sequences_consumed, per_step = M * DP * B;
-  std::string last_saved = !f.resume.empty() ? resolve_checkpoint(f.resume) : "";
   // A model from a Hugging Face directory: its config.json goes into every checkpoint (export).
   std::string hf_config_text;
   if (model_is_path(f.model)) {

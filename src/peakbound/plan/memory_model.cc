@@ -65,12 +65,7 @@ std::uint64_t PhaseBytes::total() const {
 }
 
 // The most tokens of one sequence any rank of a cp group holds (schedules/context_layout.h).
-i64 widest_shard(i64 context, i64 cp) {
-  if (cp == 1) return context;
-  i64 widest = 0;
-  for (i64 r = 0; r < cp; ++r) widest = std::max(widest, zigzag_shard(context, static_cast<int>(cp), static_cast<int>(r)).tokens());
-  return widest;
-}
+i64 widest_shard(i64 context, i64 cp) { return cp == 1 ? context : zigzag_widest_tokens(context, static_cast<int>(cp)); }
 
 // The attention term: the trainer's attention sublayer's own footprint (and ring
 // attention's under cp) on the widest shard, at the activations' element size. MLA,
@@ -80,12 +75,8 @@ Footprint attention_term(const PlanInputs& in, const PlanShapes& s, u64 elem_byt
   if (m.attention == AttentionKind::mla)
     return attention_footprint(AttentionShape::of(m, s.tokens_per_device, in.cp), elem_bytes);
   const i64 cp = in.context >= 2 * in.cp ? in.cp : 1;  // shorter: every chunk a token or none
-  i64 widest_rank = 0;
-  for (i64 r = 1; r < cp; ++r)
-    if (zigzag_shard(in.context, static_cast<int>(cp), static_cast<int>(r)).tokens() >
-        zigzag_shard(in.context, static_cast<int>(cp), static_cast<int>(widest_rank)).tokens())
-      widest_rank = r;
-  AttentionLayerConfig ac = model_attention_config(m, in.context, static_cast<int>(cp), static_cast<int>(widest_rank));
+  const int widest_rank = zigzag_widest_rank(in.context, static_cast<int>(cp));
+  AttentionLayerConfig ac = model_attention_config(m, in.context, static_cast<int>(cp), widest_rank);
   if (cp == 1) ac.seq_len = widest_shard(in.context, in.cp);
   return attention_layer_footprint(s.tokens_per_device, ac, elem_bytes);
 }

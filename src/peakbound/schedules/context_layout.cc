@@ -29,6 +29,15 @@ CpShard zigzag_shard(std::int64_t S, int cp, int rank) {
   return s;
 }
 
+int zigzag_widest_rank(std::int64_t S, int cp) {
+  int widest = 0;
+  for (int r = 1; r < cp; ++r)
+    if (zigzag_shard(S, cp, r).tokens() > zigzag_shard(S, cp, widest).tokens()) widest = r;
+  return widest;
+}
+
+std::int64_t zigzag_widest_tokens(std::int64_t S, int cp) { return zigzag_shard(S, cp, zigzag_widest_rank(S, cp)).tokens(); }
+
 std::int64_t causal_pairs(const CpShard& s) {
   // Sum of (p + 1) over p in [b, b + len): len (2b + len + 1) / 2 per chunk.
   auto chunk = [](const CpChunk& k) { return k.len * (2 * k.begin + k.len + 1) / 2; };

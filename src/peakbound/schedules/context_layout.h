@@ -36,6 +36,11 @@ CpChunk zigzag_chunk(std::int64_t S, int cp, int c);
 // Rank `rank`'s shard: chunks rank and 2 cp - 1 - rank. InvalidArgument for a rank
 // outside [0, cp).
 CpShard zigzag_shard(std::int64_t S, int cp, int rank);
+// The rank whose shard holds the most tokens (the lowest such rank; not always rank 0: with
+// S mod 2cp = 2cp - 1 the middle ranks take two extra tokens), and that many tokens: what
+// every rank's buffers are sized for. InvalidArgument as zigzag_shard.
+int zigzag_widest_rank(std::int64_t S, int cp);
+std::int64_t zigzag_widest_tokens(std::int64_t S, int cp);
 // The causal attention work of a shard: the number of (query, key) pairs with
 // key <= query over its tokens, sum of (position + 1).
 std::int64_t causal_pairs(const CpShard& s);

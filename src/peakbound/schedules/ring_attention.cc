@@ -55,10 +55,11 @@ cpu::AttentionDims call_dims(const RingAttentionConfig& c, std::int64_t tq, std:
 // The whole sequence on one rank (CP == 1): the plain kernel.
 cpu::AttentionDims whole_dims(const RingAttentionConfig& c) { return call_dims(c, c.seq_len, 0, 0, 0, false); }
 
-std::int64_t max_shard_tokens(std::int64_t S, int cp) {
-  std::int64_t m = 0;
-  for (int r = 0; r < cp; ++r) m = std::max(m, zigzag_shard(S, cp, r).tokens());
-  return m;
+// Elements origin rank o's set of a lane holds: its shard's tokens x `width`, per rank.
+std::vector<std::size_t> lane_counts(std::int64_t S, int cp, std::int64_t width) {
+  std::vector<std::size_t> n(static_cast<std::size_t>(cp));
+  for (int o = 0; o < cp; ++o) n[static_cast<std::size_t>(o)] = static_cast<std::size_t>(zigzag_shard(S, cp, o).tokens() * width);
+  return n;
 }
 
 // Some key of chunk kc is visible to some query of chunk qc: the first key is not after
@@ -195,7 +196,7 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
     b.workspace_backward = buffer_spec(kC, U(cpu::attention_backward_workspace_floats(w)), kF32);
     return b;
   }
-  const std::uint64_t T = U(max_shard_tokens(c.seq_len, cp));
+  const std::uint64_t T = U(zigzag_widest_tokens(c.seq_len, cp));
   const std::uint64_t block = checked_mul(checked_mul(T, U(d.kv_heads), "ring attention"),
                                           checked_add(U(d.qk_dim), U(d.v_dim), "ring attention"), "ring attention");
   b.kv_ring = buffer_spec(kC, checked_mul(2, block, "ring attention"), kF32);
@@ -233,16 +234,11 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
     return;
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
-  const std::int64_t T = mine.tokens(), Tmax = max_shard_tokens(c.seq_len, P);
+  const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
   Buffer kv = allocate(dev, b.kv_ring);
   float* base = kv.as<float>();
   const std::int64_t block = Tmax * Hkv * (D + Dv);
-  std::vector<std::size_t> k_count(Z(P)), v_count(Z(P));
-  for (int o = 0; o < P; ++o) {
-    const std::int64_t t = zigzag_shard(c.seq_len, P, o).tokens();
-    k_count[Z(o)] = Z(t * Hkv * D);
-    v_count[Z(o)] = Z(t * Hkv * Dv);
-  }
+  const std::vector<std::size_t> k_count = lane_counts(c.seq_len, P, Hkv * D), v_count = lane_counts(c.seq_len, P, Hkv * Dv);
   RingExchange ring(dev, g, kTagForward);
   const int k_lane = ring.add_carried(k, RingLane{{base, base + block}, DType::f32, k_count});
   const int v_lane = ring.add_carried(v, RingLane{{base + Tmax * Hkv * D, base + block + Tmax * Hkv * D}, DType::f32, v_count});
@@ -291,18 +287,13 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
     return;
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
-  const std::int64_t T = mine.tokens(), Tmax = max_shard_tokens(c.seq_len, P);
+  const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
   Buffer kv = allocate(dev, b.kv_ring), dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot),
          ws = allocate(dev, b.workspace_backward);
   const std::int64_t block = Tmax * Hkv * (D + Dv), k_part = Tmax * Hkv * D;
   float *kvb = kv.as<float>(), *dkvb = dkv.as<float>();
   float *dk_part = dkvb + 2 * block, *dv_part = dk_part + k_part;  // one block's contribution
-  std::vector<std::size_t> k_count(Z(P)), v_count(Z(P));
-  for (int o = 0; o < P; ++o) {
-    const std::int64_t t = zigzag_shard(c.seq_len, P, o).tokens();
-    k_count[Z(o)] = Z(t * Hkv * D);
-    v_count[Z(o)] = Z(t * Hkv * Dv);
-  }
+  const std::vector<std::size_t> k_count = lane_counts(c.seq_len, P, Hkv * D), v_count = lane_counts(c.seq_len, P, Hkv * Dv);
   RingExchange ring(dev, g, kTagBackward);
   const int k_lane = ring.add_carried(k, RingLane{{kvb, kvb + block}, DType::f32, k_count});
   const int v_lane = ring.add_carried(v, RingLane{{kvb + k_part, kvb + block + k_part}, DType::f32, v_count});
