@@ -37,11 +37,12 @@ struct Case {
   bool gate = false;
   std::int64_t dense = 0;
   int hot = -1;  // every token's first choice is this expert
+  std::int64_t tile = kSideFfnTileRows;  // the side SwiGLU's row tile
   std::string str() const {
     return "T=" + std::to_string(T) + " H=" + std::to_string(H) + " E=" + std::to_string(E) + " K=" +
            std::to_string(K) + " norm=" + std::to_string(norm) + " S=" + std::to_string(S) + " Fs=" +
            std::to_string(Fs) + " gate=" + std::to_string(gate) + " dense=" + std::to_string(dense) +
-           " hot=" + std::to_string(hot);
+           " hot=" + std::to_string(hot) + " tile=" + std::to_string(tile);
   }
   MoeLayerConfig config() const {
     MoeLayerConfig c;
@@ -55,6 +56,7 @@ struct Case {
     c.shared_ffn = Fs;
     c.shared_gate = gate;
     c.rms_eps = 1e-6f;
+    c.side_tile = tile;
     return c;
   }
 };
@@ -219,6 +221,29 @@ TEST(MoeLayer, DenseVariantMatchesTheDoubleReference) {
   std::printf("dense ffn layer: worst relative error forward %.3g, backward %.3g\n", worst.fwd, worst.bwd);
 }
 
+// The side SwiGLU over row tiles (tiles of 1, 5 and 16 rows on T = 1, 7, 33: tiles that
+// do not divide T, a last tile of one row, one tile): the same results as the reference
+// for the dense MLP, plain shared experts and the gated shared expert.
+TEST(MoeLayer, SideFfnTilesMatchTheDoubleReference) {
+  Worst worst;
+  int n = 0;
+  for (std::int64_t tile : {1, 5, 16})
+    for (std::int64_t T : {1, 7, 33}) {
+      Case d;
+      d.T = T, d.dense = 14, d.E = 0, d.K = 0, d.tile = tile;
+      run_case(d, worst);
+      Case sh;
+      sh.T = T, sh.S = 2, sh.Fs = 5, sh.tile = tile;
+      run_case(sh, worst);
+      Case g;
+      g.T = T, g.S = 1, g.Fs = 11, g.gate = true, g.tile = tile;
+      run_case(g, worst);
+      n += 3;
+    }
+  std::printf("side ffn tiles: worst relative error forward %.3g, backward %.3g over %d cases\n", worst.fwd,
+              worst.bwd, n);
+}
+
 // The chain-rule reference against central differences of the double forward for
 // L = sum(dy * y) + sum_{t,e} aux_grad[e] probs[t, e] (the aux loss's linearisation),
 // on every element of x and of every parameter. Step 1e-5 in double.
@@ -336,6 +361,12 @@ TEST(MoeLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
     Case d = a;
     d.dense = 13;
     cases.push_back(d);
+    Case dt = d;  // tiled: [5, F] intermediates, whatever T
+    dt.tile = 5;
+    cases.push_back(dt);
+    Case gt = g;
+    gt.tile = 5;
+    cases.push_back(gt);
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.str());

@@ -66,6 +66,7 @@ struct TrainFlags {
   std::int64_t save_every = 0;  // 0: at the end (and on SIGINT / SIGTERM) only
   int keep = 3;
   std::string on_nonfinite = "stop";
+  bool plan_check = true;  // refuse a plan over --device-memory before step 1
 };
 
 // SIGINT / SIGTERM: finish the current step, save, exit 0 (a second signal while saving
@@ -187,7 +188,8 @@ int run_train(const TrainFlags& f) {
     std::printf("%s%s\n", row.c_str(),
                 c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "");
   }
-  if (planned_total > budget) throw InvalidArgument(over_budget(planned_i, planned_total, budget, s.set));
+  if (planned_total > budget && f.plan_check)
+    throw InvalidArgument(over_budget(planned_i, planned_total, budget, s.set));
 
   auto dev = make_device("cpu", budget);
   HostMemory host;
@@ -306,6 +308,7 @@ int run_train(const TrainFlags& f) {
     std::printf("a model blind to the context cannot beat %.4f nats on the scored tokens (unigram entropy)\n", blind);
   bench::Stopwatch clock;
   double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0;
+  std::vector<double> step_seconds;  // per step (the JSON summary)
   std::optional<double> last_eval;
   for (std::int64_t step = s0 + 1; step <= f.steps; ++step) {
     std::vector<MicroBatch> micro;
@@ -333,8 +336,9 @@ int run_train(const TrainFlags& f) {
     last_loss = st.ce;
     tokens_seen += static_cast<double>(st.inputs);
     train_seconds += st.seconds;
+    step_seconds.push_back(st.seconds);
     std::optional<double> eval_loss;
-    if ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps) {
+    if (eval_windows > 0 && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps)) {
       eval_loss = evaluate();
       last_eval = eval_loss;
     }
@@ -395,6 +399,16 @@ int run_train(const TrainFlags& f) {
     measured[i] = static_cast<std::int64_t>(dev->arena().peak(kAllComponents[i]));
   measured[kNumComponents] = static_cast<std::int64_t>(dev->arena().peak());
   world->all_reduce(measured.data(), measured.size(), DType::i64, ReduceOp::max);
+  // What was live at the largest rank's peak (the binding component is its largest):
+  // that rank's breakdown, the others contributing zeros (ties: the lowest rank).
+  std::int64_t key = measured[kNumComponents] == static_cast<std::int64_t>(dev->arena().peak()) ? W - rank : 0;
+  world->all_reduce(&key, 1, DType::i64, ReduceOp::max);
+  std::vector<std::int64_t> at_peak(kNumComponents, 0);
+  if (key == W - rank) {
+    const ComponentBytes b = dev->arena().peak_breakdown();
+    for (std::size_t i = 0; i < kNumComponents; ++i) at_peak[i] = static_cast<std::int64_t>(b[i]);
+  }
+  world->all_reduce(at_peak.data(), at_peak.size(), DType::i64, ReduceOp::sum);
   if (!lead) return 0;
   const double tps = train_seconds > 0 ? tokens_seen / train_seconds : 0;
   std::printf("\n%-12s %14s %14s\n", "component", "planned", "measured");
@@ -405,6 +419,7 @@ int run_train(const TrainFlags& f) {
     std::printf("%-12s %14s %14s\n", name.c_str(), pad(format_bytes(double(planned_i[i])), 14).c_str(),
                 pad(format_bytes(double(measured[i])), 14).c_str());
     table[name] = {{"planned_bytes", planned_i[i]}, {"measured_bytes", measured[i]}};
+    if (i < kNumComponents) table[name]["at_peak_bytes"] = at_peak[i];
   }
   std::printf("\nloss %.4f -> %.4f (cross-entropy on the scored tokens)", first_loss, last_loss);
   if (last_eval) std::printf(", held-out %.4f", *last_eval);
@@ -421,6 +436,9 @@ int run_train(const TrainFlags& f) {
                         {"first_loss", first_loss},
                         {"final_loss", last_loss},
                         {"tokens_per_second", tps},
+                        {"inputs_per_step", W / s.layout.cp * B * S * M},
+                        {"step_seconds", step_seconds},
+                        {"budget_bytes", budget},
                         {"peaks", table}};
     if (last_eval) j["eval_loss"] = *last_eval;
     if (!std::isnan(blind)) j["blind_loss"] = blind;
@@ -463,9 +481,13 @@ Command add_train(CLI::App& parent) {
       ->capture_default_str();
   int_flag(app, "--eval-every", f->eval_every, "Held-out loss every N steps (0 = at the end only)", 0,
            std::int64_t{1} << 40);
-  int_flag(app, "--eval-batches", f->eval_batches, "Held-out micro-batches per evaluation", 1, 1 << 20);
+  int_flag(app, "--eval-batches", f->eval_batches, "Held-out micro-batches per evaluation (0 = no evaluation)", 0,
+           1 << 20);
   text_flag(app, "--metrics", f->metrics, "Write one JSON object per step to this file (JSONL)");
   app->add_flag("--json", f->json, "Print a JSON summary at the end");
+  app->add_flag("!--no-plan-check", f->plan_check,
+                "Start even when the plan exceeds --device-memory: the device's arena refuses what does not fit "
+                "(what `bench reach` uses to find the largest context by real steps)");
   real_flag(app, "--plan-skew", f->plan_skew,
             "Routing imbalance the plan reserves dispatch memory for (busiest rank's load over the mean; 0 = the "
             "worst the layout allows)",

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "peakbound/layers/moe_layer.h"
+
 namespace peakbound {
 
 namespace {
@@ -27,10 +29,12 @@ Footprint mlp_footprint(const MlpShape& s, std::uint64_t a) {
   const u64 T = U(s.tokens);
   const Component L = Component::layer;
   const BufferSpec stream = buffer_spec(L, mul(T, U(s.hidden)), a);
-  // The larger of the dense MLP's and the MoE layer's activations.
-  const BufferSpec dense = buffer_spec(L, mul(T, U(s.dense_ffn)), a);
+  // The larger of the dense MLP's and the MoE layer's activations; the side SwiGLU's
+  // (dense or shared) run over row tiles (MoeLayerConfig::side_tile).
+  const u64 R = U(side_ffn_tile_rows(s.tokens, kSideFfnTileRows));
+  const BufferSpec dense = buffer_spec(L, mul(R, U(s.dense_ffn)), a);
   const BufferSpec router = buffer_spec(L, mul(T, U(s.experts)), 4), topk = buffer_spec(L, mul(T, U(s.top_k)), 8),
-                   shared = buffer_spec(L, mul(T, U(s.shared_ffn)), a);
+                   shared = buffer_spec(L, mul(R, U(s.shared_ffn)), a);
   const u64 dense_bytes = mul(3, dense.reserved());
   const u64 moe_bytes = router.reserved() + topk.reserved() + mul(3, shared.reserved());
   Footprint f("mlp");

@@ -4,9 +4,9 @@
 // footprint). The spec the trainer's layers allocate from once they land, and what
 // the planner composes today.
 //   residual  the stream's input and output [T, H] (every phase)
-//   forward   dense: gate, up, act [T, F_dense]; MoE: router logits [T, E] fp32,
+//   forward   dense: gate, up, act [R, F_dense] (R: a row tile, MoeLayerConfig::side_tile); MoE: router logits [T, E] fp32,
 //             top-k ids and weights [T, k] (8 bytes a pair), shared experts' gate, up,
-//             act [T, shared_width * shared_experts]; the larger of the two kinds
+//             act [R, shared_width * shared_experts]; the larger of the two kinds
 //   backward  the incoming gradient [T, H], the forward tensors and their gradients
 #pragma once
 

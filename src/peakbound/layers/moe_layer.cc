@@ -1,5 +1,6 @@
 #include "peakbound/layers/moe_layer.h"
 
+#include <algorithm>
 #include <string>
 
 #include "peakbound/core/dtype.h"
@@ -107,7 +108,7 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a
   else b.router = {buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32),
                    buffer_spec(kC, 0, kF32)};
   const std::int64_t side = c.side_ffn();
-  if (side > 0) b.ffn = swiglu_ffn_buffers(T, side, a, kC);
+  if (side > 0) b.ffn = swiglu_ffn_buffers(side_ffn_tile_rows(T, c.side_tile), side, a, kC);
   else b.ffn = {buffer_spec(kC, 0, a), buffer_spec(kC, 0, a), buffer_spec(kC, 0, a)};
   const u64 g = has_gate(c) ? 1 : 0;
   b.shared_out = buffer_spec(kC, mul(g, mul(t, H)), a);
@@ -219,23 +220,32 @@ void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for
                        in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums);
   }
   if (has_gate(cfg_)) {
-    // z = h W_sg^T [T, 1]; the shared experts' output kept apart for the gate.
+    // z = h W_sg^T [T, 1]; the shared experts' output kept apart for the gate, tile by
+    // tile (a single tile's gate/up/act stay valid for the backward).
     ops::gemm(dev_, s, false, true, T, 1, H, 1.0f, h, H, p_.shared_expert_gate.data<float>(), H, 0.0f,
               in.gate_logit.as<float>(), 1);
-    swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h,
-                       {p_.shared_gate.data<float>(), p_.shared_up.data<float>(), p_.shared_down.data<float>()},
-                       in.gate.as<float>(), in.up.as<float>(), act, in.shared_out.as<float>(), false);
-  } else if (cfg_.side_ffn() > 0) {
-    const MoeLayerTensors& w = p_;
-    const SwigluFfnWeights sw = cfg_.dense()
-                                    ? SwigluFfnWeights{w.dense_gate.data<float>(), w.dense_up.data<float>(),
-                                                       w.dense_down.data<float>()}
-                                    : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(),
-                                                       w.shared_down.data<float>()};
-    // gate/up/act only: the output is added into y by forward (backward needs none).
-    swiglu_ffn_forward(dev_, s, T, H, cfg_.side_ffn(), h, sw, in.gate.as<float>(), in.up.as<float>(), act, nullptr,
-                       false);
+    const std::int64_t R = side_ffn_tile_rows(T, cfg_.side_tile);
+    for (std::int64_t r0 = 0; r0 < T; r0 += R)
+      swiglu_ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights(),
+                         in.gate.as<float>(), in.up.as<float>(), act, in.shared_out.as<float>() + r0 * H, false);
   }
+}
+
+SwigluFfnWeights MoeLayer::side_weights() const {
+  const MoeLayerTensors& w = p_;
+  return cfg_.dense()
+             ? SwigluFfnWeights{w.dense_gate.data<float>(), w.dense_up.data<float>(), w.dense_down.data<float>()}
+             : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(), w.shared_down.data<float>()};
+}
+
+void MoeLayer::side_forward(Internals& in, const float* h, std::int64_t T, float* y) {
+  // y += SwiGLU(h), tile by tile; act written over gate.
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, R = side_ffn_tile_rows(T, cfg_.side_tile);
+  for (std::int64_t r0 = 0; r0 < T; r0 += R)
+    swiglu_ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights(),
+                       in.gate.as<float>(), in.up.as<float>(), in.gate.as<float>(), y + r0 * H,
+                       /*accumulate_out=*/true);
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& y) {
@@ -250,22 +260,19 @@ void MoeLayer::forward(const Tensor& x, const Tensor& y) {
   const float* h = in.h.as<float>();
   if (cfg_.dense()) {
     if (T == 0) return;
-    // y = x + act W_down^T.
+    // y = x + SwiGLU(h).
     dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
-    ops::gemm(dev_, s, false, true, T, H, cfg_.dense_ffn, 1.0f, in.gate.as<float>() /* act */, cfg_.dense_ffn,
-              p_.dense_down.data<float>(), cfg_.dense_ffn, 1.0f, yp, H);
+    side_forward(in, h, T, yp);
     return;
   }
   // routed (written into y; a collective: every rank calls it, T = 0 included), + x, + shared.
   dispatch_->forward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<float>(), yp);
   if (T == 0) return;
   ops::axpy(dev_, s, yp, x.data<float>(), T * H, 1.0f);
-  const std::int64_t Fs = cfg_.side_ffn();
   if (has_gate(cfg_)) {
     ops::row_gate_forward(dev_, s, yp, in.shared_out.as<float>(), in.gate_logit.as<float>(), T, H, true);
-  } else if (Fs > 0) {
-    ops::gemm(dev_, s, false, true, T, H, Fs, 1.0f, in.gate.as<float>() /* act */, Fs, p_.shared_down.data<float>(),
-              Fs, 1.0f, yp, H);
+  } else if (cfg_.side_ffn() > 0) {
+    side_forward(in, h, T, yp);
   }
   // The internals are freed on return: whatever reuses their memory next is ordered
   // after this work on the compute stream.
@@ -301,12 +308,9 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   }
   if (T == 0) return;
   if (Fs > 0) {
-    const MoeLayerTensors& w = p_;
     const MoeLayerTensors& g = g_;
     const bool dense = cfg_.dense();
-    const SwigluFfnWeights sw =
-        dense ? SwigluFfnWeights{w.dense_gate.data<float>(), w.dense_up.data<float>(), w.dense_down.data<float>()}
-              : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(), w.shared_down.data<float>()};
+    const SwigluFfnWeights sw = side_weights();
     const SwigluFfnGrads sg =
         dense ? SwigluFfnGrads{g.dense_gate.data<float>(), g.dense_up.data<float>(), g.dense_down.data<float>()}
               : SwigluFfnGrads{g.shared_gate.data<float>(), g.shared_up.data<float>(), g.shared_down.data<float>()};
@@ -323,8 +327,18 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
       dh_written = true;
       dout = dshared;
     }
-    swiglu_ffn_backward(dev_, s, T, H, Fs, h, sw, dout, in.gate.as<float>(), in.up.as<float>(), in.act.as<float>(),
-                        sg, dh, dh_written);
+    // Tile by tile: gate/up/act of the tile (recomputed unless the gated path's single
+    // tile still holds them), then its backward: dh rows written or added, dW added.
+    const std::int64_t R = side_ffn_tile_rows(T, cfg_.side_tile);
+    const bool held = has_gate(cfg_) && R == T;
+    for (std::int64_t r0 = 0; r0 < T; r0 += R) {
+      const std::int64_t rows = std::min(R, T - r0);
+      if (!held)
+        swiglu_ffn_forward(dev_, s, rows, H, Fs, h + r0 * H, sw, in.gate.as<float>(), in.up.as<float>(),
+                           in.act.as<float>(), nullptr, false);
+      swiglu_ffn_backward(dev_, s, rows, H, Fs, h + r0 * H, sw, dout + r0 * H, in.gate.as<float>(),
+                          in.up.as<float>(), in.act.as<float>(), sg, dh + r0 * H, dh_written);
+    }
     dh_written = true;
   }
   PB_CHECK_MSG(dh_written, "moe layer: no path wrote dh");

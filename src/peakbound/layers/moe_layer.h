@@ -39,6 +39,15 @@
 
 namespace peakbound {
 
+// Rows per tile of the side SwiGLU by default (MoeLayerConfig::side_tile): [512, F]
+// intermediates keep the GEMMs large enough to run at speed.
+inline constexpr std::int64_t kSideFfnTileRows = 512;
+
+// The rows of one side-SwiGLU tile on T tokens: min(T, tile), T when tile is 0.
+inline std::int64_t side_ffn_tile_rows(std::int64_t tokens, std::int64_t tile) {
+  return tile > 0 && tile < tokens ? tile : tokens;
+}
+
 // The sublayer's sizes (HF config: hidden_size, moe_intermediate_size, num_experts,
 // num_experts_per_tok, norm_topk_prob, n_shared_experts / shared_expert_intermediate_size,
 // rms_norm_eps; intermediate_size for a dense layer).
@@ -56,6 +65,11 @@ struct MoeLayerConfig {
   std::int64_t shared_ffn = 0;      // Fs, one shared expert's width (> 0 when S > 0)
   bool shared_gate = false;         // Qwen2-MoE's shared_expert_gate; needs S > 0
   float rms_eps = 1e-6f;
+  // The side SwiGLU (dense MLP or shared experts) runs over row tiles of at most this
+  // many tokens, so its [tile, side_ffn] intermediates stop growing with the context
+  // (Arctic's TiledMLP; the tokens are independent, so only the weight gradients'
+  // summation order changes). 0: all rows at once.
+  std::int64_t side_tile = kSideFfnTileRows;
   DispatchKind kind = DispatchKind::standard_ep;
   DispatchOptions dispatch;
 
@@ -110,8 +124,9 @@ struct MoeAuxState {
 //   h [T, H] (act), rstd [T] f32                           both variants, both phases
 //   router: probs [T, E] f32, ids [T, K] i32, weights [T, K] f32 (both phases),
 //           d_weights [T, K] f32 (backward)                MoE only
-//   ffn: gate, up [T, side_ffn] (act) both phases;         shared experts (MoE, S > 0) or dense MLP
-//        act [T, side_ffn] (act) backward only (forward writes act over gate)
+//   ffn: gate, up [R, side_ffn] (act) both phases;         shared experts (MoE, S > 0) or dense MLP,
+//        act [R, side_ffn] (act) backward only              R = side_ffn_tile_rows(T, side_tile)
+//        (forward writes act over gate)
 //   shared_out [T, H] (act), gate_logit [T] f32            shared_gate only; backward
 //                                                          writes d gate_logit into gate_logit
 //   dh [T, H] (act)                                        backward
@@ -160,6 +175,10 @@ class MoeLayer final : public Block {
  private:
   struct Internals;
   void recompute(Internals& in, const float* x, std::int64_t T, bool for_backward);
+  // The side SwiGLU's weights (dense MLP or shared experts), and y += SwiGLU(h) over row
+  // tiles (gate/up of `in` are the tile's scratch).
+  SwigluFfnWeights side_weights() const;
+  void side_forward(Internals& in, const float* h, std::int64_t T, float* y);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
   Device& dev_;
