@@ -1,0 +1,77 @@
+#include "peakbound/bench/subprocess.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "peakbound/core/error.h"
+
+extern char** environ;
+
+namespace peakbound::bench {
+
+namespace {
+
+// An unlinked temporary file: the child writes into it, the parent reads it back.
+struct TempFile {
+  int fd = -1;
+  TempFile() {
+    char name[] = "/tmp/peakbound-child-XXXXXX";
+    fd = mkstemp(name);
+    if (fd < 0) throw Error(std::string("cannot create a temporary file: ") + std::strerror(errno));
+    unlink(name);
+  }
+  ~TempFile() {
+    if (fd >= 0) close(fd);
+  }
+  std::string read_all() const {
+    std::string s;
+    char buf[65536];
+    lseek(fd, 0, SEEK_SET);
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) s.append(buf, static_cast<std::size_t>(n));
+    return s;
+  }
+};
+
+}  // namespace
+
+ProcessResult run_process(const std::vector<std::string>& argv) {
+  if (argv.empty()) throw InvalidArgument("run_process: no program");
+  TempFile out, err;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out.fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err.fd, STDERR_FILENO);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw Error("cannot start '" + argv[0] + "': " + std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw Error("waiting for '" + argv[0] + "': " + std::strerror(errno));
+  }
+  ProcessResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.out = out.read_all();
+  r.err = err.read_all();
+  return r;
+}
+
+std::string self_executable() {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot find this program's path (/proc/self/exe): " + ec.message());
+  return p.string();
+}
+
+}  // namespace peakbound::bench

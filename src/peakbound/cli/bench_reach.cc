@@ -1,0 +1,382 @@
+// `peakbound bench reach`: the composed result measured with real training steps. For the
+// FSDP2-style baseline (schedules none), each schedule alone added to it (an ablation) and
+// all four, the largest context at which one full training step (forward, backward,
+// optimizer) completes within the device budget, on the same ranks and layout: doubling,
+// then bisection (bench/reach_search.h). Each trial is its own job, `mpirun -np R peakbound
+// train --steps N --device-memory B --no-plan-check`, so a step the arena refuses ends that
+// job only. At each reach: the binding component (the largest one live at the peak) and
+// the step's tokens/s; at the baseline's reach, the baseline and all four side by side
+// for throughput; at the scheduled reach, the plan beside the measured peak per component.
+// With --peer-json (bench/peer_fsdp2.py's output) the same against PyTorch FSDP2.
+// Run it without mpirun: it launches its own ranks.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/bench/reach_search.h"
+#include "peakbound/bench/subprocess.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/cli/flags.h"
+#include "peakbound/cli/model_spec.h"
+#include "peakbound/core/component.h"
+#include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
+#include "peakbound/train/moe_transformer.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct ReachFlags {
+  std::string budget = "192MiB";
+  int ranks = 4;
+  std::string model = "tiny-moe";
+  std::int64_t cp = 0, ep = 0, vocab_group = 0;
+  std::string configs = "none,llep,dtp,sco,adam,all";
+  std::int64_t start = 512, max_context = std::int64_t{1} << 20, multiple = 64;
+  double resolution = 1.0 / 16;
+  int trial_steps = 2, throughput_steps = 3;
+  std::string mpirun = "mpirun";
+  std::string peer_json, timeline_dir;
+  bool json = false;
+};
+
+// A configuration of the ablation: its name in the JSON and its --schedules.
+struct Config {
+  std::string name, schedules;
+};
+
+std::vector<Config> parse_configs(const std::string& list) {
+  std::vector<Config> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item == "none") {
+      out.push_back({"baseline", "none"});
+      continue;
+    }
+    if (item == "all") {
+      out.push_back({"scheduled", "all"});
+      continue;
+    }
+    // One schedule, or several joined by '+' (added one by one: dtp+adam).
+    std::string schedules;
+    std::stringstream parts(item);
+    for (std::string one; std::getline(parts, one, '+');) {
+      if (one != "llep" && one != "dtp" && one != "sco" && one != "adam")
+        throw InvalidArgument("--configs: '" + item +
+                              "' is not none, all, or schedules (llep, dtp, sco, adam) joined by '+'");
+      schedules += (schedules.empty() ? "" : ",") + one;
+    }
+    out.push_back({item, schedules});
+  }
+  if (out.empty()) throw InvalidArgument("--configs names no configuration");
+  return out;
+}
+
+// One training job's outcome: the JSON summary `train --json` printed when it fitted.
+struct Trial {
+  std::int64_t context = 0;
+  bool fits = false;
+  double wall_seconds = 0;
+  nlohmann::json summary;  // null when it did not fit
+  std::string refusal;     // the arena's refusal when it did not fit
+};
+
+double tokens_per_second(const nlohmann::json& s, int skip_first) {
+  const auto& steps = s.at("step_seconds");
+  double t = 0;
+  int n = 0;
+  for (std::size_t i = static_cast<std::size_t>(skip_first); i < steps.size(); ++i, ++n) t += steps[i].get<double>();
+  if (n == 0 || t <= 0) return 0;
+  return s.at("inputs_per_step").get<double>() * n / t;
+}
+
+std::string binding_of(const nlohmann::json& s) {
+  std::string best;
+  std::int64_t most = -1;
+  for (const auto& [name, row] : s.at("peaks").items()) {
+    if (name == "total" || !row.contains("at_peak_bytes")) continue;
+    const std::int64_t b = row["at_peak_bytes"].get<std::int64_t>();
+    if (b > most) most = b, best = name;
+  }
+  return best;
+}
+
+class Runner {
+ public:
+  Runner(const ReachFlags& f, std::int64_t budget) : f_(f), budget_(budget), exe_(bench::self_executable()) {}
+
+  // One job of `steps` steps at `context` under `schedules`; a refusal by the arena is
+  // "does not fit", any other failure ends the benchmark with the job's error.
+  Trial run(const std::string& schedules, std::int64_t context, int steps, const std::string& timeline = "") {
+    std::vector<std::string> argv = {f_.mpirun, "-np", std::to_string(f_.ranks), "--oversubscribe"};
+    if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+    argv.insert(argv.end(), {exe_, "train", "--model", f_.model, "--seq-len", std::to_string(context), "--batch", "1",
+                             "--steps", std::to_string(steps), "--cp", std::to_string(cp()), "--ep",
+                             std::to_string(f_.ep), "--vocab-group", std::to_string(f_.vocab_group), "--schedules",
+                             schedules, "--device-memory", std::to_string(budget_), "--no-plan-check",
+                             "--eval-batches", "0", "--warmup", "0", "--json"});
+    if (!timeline.empty()) argv.insert(argv.end(), {"--memory-timeline", timeline});
+    bench::Stopwatch w;
+    const bench::ProcessResult p = bench::run_process(argv);
+    Trial t;
+    t.context = context;
+    t.wall_seconds = w.seconds();
+    if (p.exit_code == 0) {
+      const std::size_t at = p.out.rfind("\n{");
+      const std::string line = p.out.substr(at == std::string::npos ? 0 : at + 1);
+      try {
+        t.summary = nlohmann::json::parse(line.substr(0, line.find('\n')));
+      } catch (const nlohmann::json::exception&) {
+        throw Error("bench reach: the job at context " + std::to_string(context) + " (schedules " + schedules +
+                    ") printed no JSON summary");
+      }
+      t.fits = true;
+    } else {
+      const std::size_t e = p.err.find("peakbound: error: ");
+      const std::string msg = e == std::string::npos ? "" : p.err.substr(e + 18, p.err.find('\n', e) - e - 18);
+      if (msg.find("cannot allocate") == std::string::npos || msg.find("budget in use") == std::string::npos)
+        throw Error("bench reach: the job at context " + std::to_string(context) + " (schedules " + schedules +
+                    ") failed (exit " + std::to_string(p.exit_code) + "): " +
+                    (msg.empty() ? p.err.substr(0, 400) : msg));
+      t.refusal = msg;
+    }
+    std::fprintf(stderr, "  %-9s context %8lld: %s (%.1f s)\n", schedules.c_str(), static_cast<long long>(context),
+                   t.fits ? "fits" : "refused", t.wall_seconds);
+    return t;
+  }
+
+  std::int64_t cp() const { return f_.cp > 0 ? f_.cp : f_.ranks; }
+
+ private:
+  const ReachFlags& f_;
+  std::int64_t budget_;
+  std::string exe_;
+};
+
+nlohmann::json trial_json(const Trial& t) {
+  nlohmann::json j = {{"context", t.context}, {"fits", t.fits}, {"wall_seconds", t.wall_seconds}};
+  if (t.fits) j["peak_bytes"] = t.summary["peaks"]["total"]["measured_bytes"];
+  else j["refusal"] = t.refusal;
+  return j;
+}
+
+int run_reach(const ReachFlags& f) {
+  const std::int64_t budget = static_cast<std::int64_t>(parse_bytes(f.budget, "--budget"));
+  const std::vector<Config> configs = parse_configs(f.configs);
+  Runner runner(f, budget);
+  bench::ReachSearchOptions so;
+  so.start = f.start;
+  so.max_context = f.max_context;
+  so.multiple = f.multiple;
+  so.resolution = f.resolution;
+  // Oversubscribed ranks spin less; shared memory without cross-memory attach (containers).
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+
+  nlohmann::json out = {{"bench", "reach"},
+                        {"model", f.model},
+                        {"ranks", f.ranks},
+                        {"layout", {{"cp", runner.cp()}, {"ep", f.ep}, {"vocab_group", f.vocab_group}}},
+                        {"budget_bytes", budget},
+                        {"method",
+                         "largest context (tokens per sequence, one sequence per cp group) at which a full training "
+                         "step completes within the budget: doubling from " +
+                             std::to_string(f.start) + ", then bisection to 1/" +
+                             std::to_string(static_cast<int>(std::lround(1 / f.resolution))) +
+                             "; every trial a fresh job of " + std::to_string(f.trial_steps) +
+                             " real steps; tokens/s from the steps after the first"},
+                        {"machine", bench::machine_info()}};
+  std::map<std::string, Trial> at_reach;  // per configuration, the job at its reach
+  nlohmann::json per_config = nlohmann::json::object(), reach = nlohmann::json::object(),
+                 binding = nlohmann::json::object();
+  for (const Config& c : configs) {
+    std::fprintf(stderr, "%s (schedules %s):\n", c.name.c_str(), c.schedules.c_str());
+    std::map<std::int64_t, Trial> trials;
+    const bench::ReachSearch r = bench::search_reach(
+        [&](std::int64_t ctx) {
+          Trial t = runner.run(c.schedules, ctx, f.trial_steps);
+          const bool ok = t.fits;
+          trials[ctx] = std::move(t);
+          return ok;
+        },
+        so);
+    nlohmann::json cj = {{"schedules", c.schedules}, {"reach_tokens", r.reach}, {"capped", r.capped}};
+    cj["first_refused_tokens"] = r.first_failure;
+    nlohmann::json tj = nlohmann::json::array();
+    for (const bench::ReachTrial& rt : r.trials) tj.push_back(trial_json(trials[rt.context]));
+    cj["trials"] = tj;
+    if (r.reach > 0) {
+      const Trial& t = trials[r.reach];
+      cj["binding"] = binding_of(t.summary);
+      cj["peak_bytes"] = t.summary["peaks"]["total"]["measured_bytes"];
+      cj["at_peak_bytes"] = nlohmann::json::object();
+      for (const auto& [name, row] : t.summary["peaks"].items())
+        if (row.contains("at_peak_bytes") && row["at_peak_bytes"].get<std::int64_t>() > 0)
+          cj["at_peak_bytes"][name] = row["at_peak_bytes"];
+      cj["tokens_per_second"] = tokens_per_second(t.summary, 1);
+      binding[c.name] = cj["binding"];
+      at_reach[c.name] = t;
+    }
+    if (!trials.empty() && r.first_failure > 0) cj["refusal_at_first_refused"] = trials[r.first_failure].refusal;
+    reach[c.name] = r.reach;
+    per_config[c.name] = cj;
+  }
+  out["reach_tokens"] = reach;
+  out["binding"] = binding;
+  out["configs"] = per_config;
+
+  const bool both = reach.contains("baseline") && reach.contains("scheduled");
+  std::int64_t base_reach = both ? reach["baseline"].get<std::int64_t>() : 0;
+  if (both && base_reach > 0) {
+    out["reach_ratio"] = reach["scheduled"].get<double>() / static_cast<double>(base_reach);
+    // Throughput side by side at the baseline's largest context: each a fresh job, the
+    // first step (fresh memory) left out, baseline and scheduled alternating twice.
+    std::vector<double> base_tps, sched_tps;
+    for (int rep = 0; rep < 2; ++rep) {
+      const std::string tl = f.timeline_dir.empty() || rep > 0 ? "" : f.timeline_dir + "/none.json";
+      const std::string ta = f.timeline_dir.empty() || rep > 0 ? "" : f.timeline_dir + "/all.json";
+      Trial b = runner.run("none", base_reach, 1 + f.throughput_steps, tl);
+      Trial s = runner.run("all", base_reach, 1 + f.throughput_steps, ta);
+      if (!b.fits || !s.fits) throw Error("bench reach: a throughput job at the baseline's reach did not fit");
+      base_tps.push_back(tokens_per_second(b.summary, 1));
+      sched_tps.push_back(tokens_per_second(s.summary, 1));
+    }
+    auto mean = [](const std::vector<double>& v) {
+      double s = 0;
+      for (double x : v) s += x;
+      return v.empty() ? 0.0 : s / double(v.size());
+    };
+    out["throughput_at_baseline_reach"] = {{"context", base_reach},
+                                           {"baseline_tokens_per_second", base_tps},
+                                           {"scheduled_tokens_per_second", sched_tps}};
+    out["throughput_ratio_at_baseline_reach"] = mean(sched_tps) / mean(base_tps);
+  }
+  if (at_reach.count("scheduled")) {
+    // The plan (train's footprint, printed before step 1) beside the measured peak at the
+    // scheduled reach, per component and in total.
+    nlohmann::json pvm = nlohmann::json::object();
+    double worst = 0;
+    for (const auto& [name, row] : at_reach["scheduled"].summary["peaks"].items()) {
+      const double p = row["planned_bytes"].get<double>(), m = row["measured_bytes"].get<double>();
+      const double err = m > 0 ? std::abs(p - m) / m : (p > 0 ? 1.0 : 0.0);
+      worst = std::max(worst, err);
+      pvm[name] = {{"planned_bytes", row["planned_bytes"]}, {"measured_bytes", row["measured_bytes"]},
+                   {"relative_difference", err}};
+    }
+    out["plan_vs_measured"] = pvm;
+    out["plan_worst_relative_difference"] = worst;
+  }
+  if (!f.peer_json.empty()) {
+    std::ifstream in(f.peer_json);
+    if (!in) throw InvalidArgument("--peer-json: cannot read '" + f.peer_json + "'");
+    std::string line, last;
+    while (std::getline(in, line))
+      if (!line.empty() && line[0] == '{') last = line;
+    nlohmann::json peer;
+    try {
+      peer = nlohmann::json::parse(last);
+    } catch (const nlohmann::json::exception&) {
+      throw InvalidArgument("--peer-json: '" + f.peer_json + "' holds no JSON line");
+    }
+    out["torch_fsdp2"] = peer;
+    const double peer_reach = peer.value("reach_tokens", 0.0);
+    if (peer_reach > 0 && reach.contains("scheduled")) {
+      out["reach_ratio_vs_torch_fsdp2"] = reach["scheduled"].get<double>() / peer_reach;
+      const double peer_tps = peer.value("tokens_per_second_at_reach", 0.0);
+      if (peer_tps > 0) {
+        Trial s = runner.run("all", static_cast<std::int64_t>(peer_reach), 1 + f.throughput_steps);
+        if (s.fits) {
+          out["throughput_vs_torch_fsdp2"] = {{"context", peer_reach},
+                                              {"scheduled_tokens_per_second", tokens_per_second(s.summary, 1)},
+                                              {"torch_tokens_per_second", peer_tps}};
+          out["throughput_ratio_vs_torch_fsdp2"] = tokens_per_second(s.summary, 1) / peer_tps;
+        }
+      }
+    }
+  }
+  if (f.json) {
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("bench reach: %s on %d ranks (cp %lld), budget %s per rank\n", f.model.c_str(), f.ranks,
+              static_cast<long long>(runner.cp()), format_bytes(double(budget)).c_str());
+  std::printf("%-10s %-10s %12s %10s %12s\n", "config", "schedules", "reach", "binding", "tokens/s");
+  for (const Config& c : configs) {
+    const nlohmann::json& cj = per_config[c.name];
+    std::printf("%-10s %-10s %12lld %10s %12.0f\n", c.name.c_str(), c.schedules.c_str(),
+                static_cast<long long>(cj["reach_tokens"].get<std::int64_t>()),
+                cj.value("binding", std::string("-")).c_str(), cj.value("tokens_per_second", 0.0));
+  }
+  if (out.contains("reach_ratio"))
+    std::printf("reach ratio %.2fx; throughput at the baseline's reach %.2fx\n", out["reach_ratio"].get<double>(),
+                out.value("throughput_ratio_at_baseline_reach", 0.0));
+  if (out.contains("plan_worst_relative_difference"))
+    std::printf("plan vs measured at the scheduled reach: worst component %.1f%%\n",
+                100 * out["plan_worst_relative_difference"].get<double>());
+  if (out.contains("reach_ratio_vs_torch_fsdp2"))
+    std::printf("vs PyTorch FSDP2: reach %.2fx, throughput %.2fx\n", out["reach_ratio_vs_torch_fsdp2"].get<double>(),
+                out.value("throughput_ratio_vs_torch_fsdp2", 0.0));
+  return 0;
+}
+
+Command add_reach(CLI::App& parent) {
+  auto f = std::make_shared<ReachFlags>();
+  Command cmd;
+  CLI::App* app = parent.add_subcommand(
+      "reach", "Largest context within a device budget, by real training steps: baseline, each schedule, all four");
+  cmd.app = app;
+  text_flag(app, "--budget", f->budget, "Device budget per rank (the arena's capacity): 192MiB, 1GiB")
+      ->capture_default_str();
+  int_flag(app, "--ranks", f->ranks, "Ranks every job runs on (mpirun -np)", 1, 1 << 16);
+  text_flag(app, "--model", f->model, "A preset or a Hugging Face config (as train's --model)")->capture_default_str();
+  int_flag(app, "--cp", f->cp, "Context-parallel size (0 = all ranks split every sequence)", 0, 1 << 16);
+  int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = train's default)", 0, 1 << 16);
+  int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head (0 = all)", 0, 1 << 16);
+  text_flag(app, "--configs", f->configs, "Configurations: none, all, or schedules added to none (llep, dtp, sco, adam; several joined by '+': dtp+adam)")
+      ->capture_default_str();
+  int_flag(app, "--start", f->start, "First context tried", 8, std::int64_t{1} << 30);
+  int_flag(app, "--max-context", f->max_context, "Doubling stops here", 8, std::int64_t{1} << 30);
+  int_flag(app, "--multiple", f->multiple, "Every context tried is a multiple of this (>= 2 x cp)", 1, 1 << 20);
+  real_flag(app, "--resolution", f->resolution, "Bisection stops at this fraction of the reach", 1e-4, 0.5);
+  int_flag(app, "--trial-steps", f->trial_steps, "Steps per trial job (the first touches fresh memory)", 1, 100);
+  int_flag(app, "--throughput-steps", f->throughput_steps, "Timed steps per throughput job (after one untimed)", 1,
+           1000);
+  text_flag(app, "--mpirun", f->mpirun, "The launcher")->capture_default_str();
+  text_flag(app, "--peer-json", f->peer_json, "bench/peer_fsdp2.py's output: compare with PyTorch FSDP2");
+  text_flag(app, "--timeline-dir", f->timeline_dir,
+            "Write the memory timelines of none and all at the baseline's reach here (none.rank-R.json, all...)");
+  app->add_flag("--json", f->json, "Print one JSON object instead of the table (progress lines go to stderr)");
+  cmd.validate = [f] {
+    if (launcher_size() > 1)
+      throw InvalidArgument("bench reach launches its own ranks (--ranks); run it without mpirun");
+    (void)parse_configs(f->configs);
+    (void)parse_bytes(f->budget, "--budget");
+    const std::int64_t cp = f->cp > 0 ? f->cp : f->ranks;
+    if (f->ranks % cp != 0) throw InvalidArgument("--cp " + std::to_string(cp) + " does not divide --ranks");
+    if (f->multiple < 2 * cp)
+      throw InvalidArgument("--multiple must be at least 2 x cp (" + std::to_string(2 * cp) + ")");
+    if (f->start < f->multiple) throw InvalidArgument("--start must be at least --multiple");
+    if (f->max_context < f->start) throw InvalidArgument("--max-context is below --start");
+    check_trainable(load_model_spec(f->model));
+  };
+  cmd.run = [f] { return run_reach(*f); };
+  return cmd;
+}
+
+const bool registered = register_command("bench", "reach", add_reach);
+
+}  // namespace
+
+}  // namespace peakbound::cli
