@@ -16,8 +16,8 @@ computes it with output_router_logits=True.
 Allocator: by default (--malloc mmap) the script sets glibc's M_MMAP_THRESHOLD to 128 KiB with
 mallopt at start-up, so every tensor of 128 KiB or more is its own mmap and leaves the resident
 set when freed; with glibc's default dynamic threshold (--malloc default) freed blocks up to
-32 MiB stay in the heap and fragmentation adds ~170 MiB of resident memory per step here that no
-tensor holds. The default gives torch the larger reach (the conservative comparison).
+32 MiB stay in the heap, and fragmentation adds 150-190 MiB of resident memory per step here
+that no tensor holds. The default gives torch the larger reach (the conservative comparison).
 
 Memory: the peak a rank's training step (forward, backward, clip, optimizer step, zero_grad)
 adds = VmHWM after the step - VmRSS just before it; before the step the script runs
@@ -38,7 +38,8 @@ Output: one JSON line on stdout from rank 0 (logs go to stderr):
    "budget_bytes": B or null, "attention": "sdpa", "activation_checkpointing": true,
    "reach_tokens": S* or null, "tokens_per_second_at_reach": float or null,
    "trials": [{"context": S, "added_peak_bytes": int or null, "fits": bool or null,
-               "step_seconds": float or null, "error": str (only on failure)}],
+               "step_seconds": float or null, "loss": float or null (mean over ranks),
+               "error": str (only on failure)}],
    "tokens_per_second_at": {"S": tokens/s, ...},
    plus informational fields: "attention_kernel", "memory_method", "malloc",
    "experts_implementation", "data", "model_params", "contexts_multiple_of", "wall_seconds"}
@@ -77,7 +78,8 @@ def parse_bytes(text):
             "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10**3,
             "mb": 10**6, "gb": 10**9, "tb": 10**12}.get(m.group(2).lower())
     if mult is None:
-        raise SystemExit(f"--budget: unknown unit '{m.group(2)}' (use B, KiB, MiB, GiB, KB, MB, GB)")
+        raise SystemExit(f"--budget: unknown unit '{m.group(2)}' "
+                         "(use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
     return int(float(m.group(1)) * mult)
 
 
@@ -161,14 +163,17 @@ def build(args, torch, dist):
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_cache = False
     torch.manual_seed(0)  # same initial weights on every rank before sharding
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                             dtype=torch.float32)
     for layer in model.model.layers:
         layer.self_attn.q_norm = nn.Identity()
         layer.self_attn.k_norm = nn.Identity()
     params = sum(p.numel() for p in model.parameters())
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for i, layer in enumerate(model.model.layers):
-        wrapped = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        wrapped = layer
+        if not args.no_activation_checkpointing:
+            wrapped = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
         fully_shard(wrapped, mesh=mesh)
         model.model.layers[i] = wrapped
     fully_shard(model, mesh=mesh)
@@ -216,9 +221,11 @@ def main():
     ap.add_argument("--contexts", default="", help="S1,S2,...: measure only these")
     ap.add_argument("--throughput-at", default="", help="S1,S2,...: steady-state tokens/s")
     ap.add_argument("--threads", type=int, default=0, help="per rank; 0 = max(1, cores // ranks)")
+    ap.add_argument("--no-activation-checkpointing", action="store_true",
+                    help="for checking what checkpointing saves; the comparison uses it")
     ap.add_argument("--malloc", choices=["mmap", "default"], default="mmap",
-                    help="mmap: mallopt(M_MMAP_THRESHOLD, 128 KiB), so freed tensors leave the resident "
-                         "set (the default); default: glibc's dynamic threshold")
+                    help="mmap: mallopt(M_MMAP_THRESHOLD, 128 KiB), so freed tensors leave the "
+                         "resident set (the default); default: glibc's dynamic threshold")
     args = ap.parse_args()
     budget = parse_bytes(args.budget) if args.budget else None
     contexts = parse_list(args.contexts)
@@ -257,10 +264,11 @@ def main():
         return t.tolist()
 
     def run_steps(context, steps):
-        """1 warm-up + `steps` timed steps; returns (times, added peak of the first timed step)."""
+        """1 warm-up + `steps` timed steps; returns (times, added peak of the first timed
+        step, error text, the first timed step's loss averaged over ranks), maxima over ranks."""
         ids = batch(torch, vocab, context, rank)
         err = ""
-        times, added = [], 0.0
+        times, added, losses = [], 0.0, []
         try:
             train_step(torch, model, opt, ids)
             for i in range(steps):
@@ -270,7 +278,7 @@ def main():
                     meter.start()
                     base = _status_kib("VmRSS")
                 t0 = time.perf_counter()
-                train_step(torch, model, opt, ids)
+                losses.append(train_step(torch, model, opt, ids))
                 times.append(time.perf_counter() - t0)
                 if i == 0:
                     added = meter.stop() - base
@@ -283,22 +291,24 @@ def main():
         failed = 1.0 if err else 0.0
         red = reduce_max([failed, added] + (times if not err else [0.0] * steps))
         if red[0] > 0:
-            return None, None, err or "failed on another rank"
-        return red[2:], int(red[1]), ""
+            return None, None, err or "failed on another rank", None
+        loss = torch.tensor([losses[0]], dtype=torch.float64)
+        dist.all_reduce(loss)  # mean over ranks of the measured step's loss
+        return red[2:], int(red[1]), "", loss.item() / world
 
     trials = []
 
     def trial(context):
-        times, added, err = run_steps(context, 1)
+        times, added, err, loss = run_steps(context, 1)
         t = {"context": context, "added_peak_bytes": added,
              "fits": (None if budget is None else (not err and added <= budget)),
-             "step_seconds": times[0] if times else None}
+             "step_seconds": times[0] if times else None, "loss": loss}
         if err:
             t["error"] = err
             t["fits"] = False if budget is not None else None
         trials.append(t)
         if rank == 0:
-            log(f"  context {context}: added peak {added if added is None else added / 2**20:.1f} MiB"
+            log(f"  context {context}: added peak {added / 2**20:.1f} MiB"
                 if added is not None else f"  context {context}: {err}",
                 f"step {t['step_seconds']:.2f} s" if t["step_seconds"] else "",
                 "" if t["fits"] is None else ("fits" if t["fits"] else "over budget"))
@@ -341,7 +351,7 @@ def main():
         reach = good
 
     def throughput(context):
-        times, _, err = run_steps(context, 3)
+        times, _, err, _ = run_steps(context, 3)
         if err:
             return None
         return world * context / (sum(times) / len(times))
@@ -357,9 +367,10 @@ def main():
 
     if rank == 0:
         print(json.dumps({
-            "peer": "torch_fsdp2", "torch": torch.__version__, "transformers": transformers.__version__,
+            "peer": "torch_fsdp2", "torch": torch.__version__,
+            "transformers": transformers.__version__,
             "ranks": world, "threads_per_rank": threads, "budget_bytes": budget,
-            "attention": "sdpa", "activation_checkpointing": True,
+            "attention": "sdpa", "activation_checkpointing": not args.no_activation_checkpointing,
             "reach_tokens": reach, "tokens_per_second_at_reach": tps_reach,
             "trials": trials, "tokens_per_second_at": tps_at,
             "attention_kernel": kernel, "memory_method": meter.method, "malloc": malloc,
