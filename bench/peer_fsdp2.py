@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""Peer for `peakbound bench reach`: real PyTorch FSDP2 training of the same model on 4 CPU ranks.
+
+Builds peakbound's `tiny-moe` preset as Hugging Face transformers' Qwen3MoeForCausalLM from
+bench/peer_fsdp2_model.json (q_norm / k_norm replaced by nn.Identity: tiny-moe has no QK-norm),
+fp32 parameters, sdpa attention. Each decoder layer gets non-reentrant activation checkpointing
+(checkpoint_wrapper) and is then wrapped by FSDP2 `fully_shard` on a 1-D "cpu" device mesh over
+the ranks (gloo); the root model is fully_shard-ed last. AdamW (lr 2e-3, betas (0.9, 0.95),
+weight decay 0), grad-norm clip 1.0.
+
+Data: each rank trains on its own sequence of S token ids drawn uniformly from the vocabulary
+(torch.Generator seeded 1234 + 7919 * rank + S); labels = the ids (transformers shifts them):
+loss = mean cross-entropy over the S-1 targets + 0.01 * router aux loss, as transformers
+computes it with output_router_logits=True.
+
+Allocator: by default (--malloc mmap) the script sets glibc's M_MMAP_THRESHOLD to 128 KiB with
+mallopt at start-up, so every tensor of 128 KiB or more is its own mmap and leaves the resident
+set when freed; with glibc's default dynamic threshold (--malloc default) freed blocks up to
+32 MiB stay in the heap, and fragmentation adds 150-190 MiB of resident memory per step here
+that no tensor holds. The default gives torch the larger reach (the conservative comparison).
+
+Memory: the peak a rank's training step (forward, backward, clip, optimizer step, zero_grad)
+adds = VmHWM after the step - VmRSS just before it; before the step the script runs
+gc.collect() and glibc malloc_trim(0), then writes "5" to /proc/self/clear_refs, which resets
+VmHWM to the current VmRSS (if clear_refs is not writable, a thread samples VmRSS every 1 ms
+instead: "memory_method" says which). The value is the max over ranks (all_reduce MAX). Each
+context runs 1 warm-up step first (AdamW states exist from the first step on, and the
+allocator has seen the sizes), then the measured step. Everything the step made is freed
+(and trimmed) before the next context; the model and optimizer are kept.
+
+Launch (4 ranks; bench/peer_fsdp2.sh creates the venv and runs this):
+    torchrun --nproc-per-node 4 bench/peer_fsdp2.py --budget 256MiB [--start 256]
+             [--throughput-at 512,1024] [--config bench/peer_fsdp2_model.json]
+    torchrun --nproc-per-node 4 bench/peer_fsdp2.py --contexts 256,512 [--budget B]
+
+Output: one JSON line on stdout from rank 0 (logs go to stderr):
+  {"peer": "torch_fsdp2", "torch": str, "transformers": str, "ranks": 4, "threads_per_rank": n,
+   "budget_bytes": B or null, "attention": "sdpa", "activation_checkpointing": true,
+   "reach_tokens": S* or null, "tokens_per_second_at_reach": float or null,
+   "trials": [{"context": S, "added_peak_bytes": int or null, "fits": bool or null,
+               "step_seconds": float or null, "loss": float or null (mean over ranks),
+               "error": str (only on failure)}],
+   "tokens_per_second_at": {"S": tokens/s, ...},
+   plus informational fields: "attention_kernel", "memory_method", "malloc",
+   "experts_implementation", "data", "model_params", "contexts_multiple_of", "wall_seconds"}
+  Search mode (--budget without --contexts): contexts double from --start until a step's added
+  peak exceeds B (or raises RuntimeError/MemoryError), then bisection (contexts rounded to a
+  multiple of 4) until the bracket is narrower than max(64, last good doubling context / 16).
+  reach_tokens = the largest fitting context; tokens_per_second_at_reach and every
+  --throughput-at S = 4 * S / (mean wall time of 3 steps after 1 warm-up), the time of a step
+  being the max over ranks. --contexts mode measures just those contexts (fits and
+  reach_tokens only when --budget is given). tokens = ranks x S (every rank its own sequence).
+"""
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(ROOT, "bench", "peer_fsdp2_model.json")
+MULTIPLE = 4
+MMAP_THRESHOLD = 128 << 10
+
+
+def parse_bytes(text):
+    """'256MiB' -> 268435456; units as peakbound's parse_bytes (K/KiB.. x1024, KB.. x1000)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m:
+        raise SystemExit(f"--budget: cannot parse '{text}'")
+    mult = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+            "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10**3,
+            "mb": 10**6, "gb": 10**9, "tb": 10**12}.get(m.group(2).lower())
+    if mult is None:
+        raise SystemExit(f"--budget: unknown unit '{m.group(2)}' "
+                         "(use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
+    return int(float(m.group(1)) * mult)
+
+
+def parse_list(text):
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- resident memory -------------------------------------------------------------------
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+_libc = ctypes.CDLL("libc.so.6")
+
+
+def trim():
+    gc.collect()
+    _libc.malloc_trim(0)
+
+
+def clear_refs_works():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kib("VmHWM") <= _status_kib("VmRSS") + (1 << 20)
+    except OSError:
+        return False
+
+
+class PeakMeter:
+    """Resident high-water mark since start(): VmHWM after clear_refs, or a 1 ms VmRSS sampler."""
+
+    def __init__(self):
+        self.method = "clear_refs+VmHWM" if clear_refs_works() else "VmRSS sampled every 1 ms"
+
+    def start(self):
+        if self.method.startswith("clear_refs"):
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            return
+        self._peak = _status_kib("VmRSS")
+        self._stop = threading.Event()
+
+        def run():
+            while not self._stop.is_set():
+                self._peak = max(self._peak, _status_kib("VmRSS"))
+                time.sleep(0.001)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        if self.method.startswith("clear_refs"):
+            return _status_kib("VmHWM")
+        self._stop.set()
+        self._thread.join()
+        return max(self._peak, _status_kib("VmRSS"))
+
+
+# ---- model -----------------------------------------------------------------------------
+
+def build(args, torch, dist):
+    import torch.nn as nn
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(args.config) as f:
+        fields = json.load(f)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config.use_cache = False
+    torch.manual_seed(0)  # same initial weights on every rank before sharding
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                             dtype=torch.float32)
+    for layer in model.model.layers:
+        layer.self_attn.q_norm = nn.Identity()
+        layer.self_attn.k_norm = nn.Identity()
+    params = sum(p.numel() for p in model.parameters())
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for i, layer in enumerate(model.model.layers):
+        wrapped = layer
+        if not args.no_activation_checkpointing:
+            wrapped = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        fully_shard(wrapped, mesh=mesh)
+        model.model.layers[i] = wrapped
+    fully_shard(model, mesh=mesh)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    return config, model, opt, params
+
+
+def batch(torch, vocab, context, rank):
+    g = torch.Generator().manual_seed(1234 + 7919 * rank + context)
+    return torch.randint(0, vocab, (1, context), generator=g, dtype=torch.long)
+
+
+def train_step(torch, model, opt, ids):
+    out = model(input_ids=ids, labels=ids, output_router_logits=True)
+    loss = out.loss
+    del out
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    value = float(loss.detach())
+    del loss
+    return value
+
+
+def attention_kernel(torch, model, vocab, rank):
+    """Which aten attention op sdpa dispatches to here (one no-grad forward at 64 tokens)."""
+    from torch.profiler import ProfilerActivity, profile
+    ids = batch(torch, vocab, 64, rank)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(input_ids=ids)
+    names = {e.key for e in prof.key_averages()}
+    hits = sorted(n for n in names if "scaled_dot_product" in n or "flash_attention" in n
+                  or "efficient_attention" in n)
+    return ",".join(hits) or "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=DEFAULT_CONFIG)
+    ap.add_argument("--budget", default=None, help="bytes, e.g. 256MiB")
+    ap.add_argument("--start", type=int, default=256)
+    ap.add_argument("--max-context", type=int, default=1 << 20)
+    ap.add_argument("--contexts", default="", help="S1,S2,...: measure only these")
+    ap.add_argument("--throughput-at", default="", help="S1,S2,...: steady-state tokens/s")
+    ap.add_argument("--threads", type=int, default=0, help="per rank; 0 = max(1, cores // ranks)")
+    ap.add_argument("--no-activation-checkpointing", action="store_true",
+                    help="for checking what checkpointing saves; the comparison uses it")
+    ap.add_argument("--malloc", choices=["mmap", "default"], default="mmap",
+                    help="mmap: mallopt(M_MMAP_THRESHOLD, 128 KiB), so freed tensors leave the "
+                         "resident set (the default); default: glibc's dynamic threshold")
+    args = ap.parse_args()
+    budget = parse_bytes(args.budget) if args.budget else None
+    contexts = parse_list(args.contexts)
+    if budget is None and not contexts and not args.throughput_at:
+        raise SystemExit("give --budget B (search), --contexts S1,.. or --throughput-at S1,..")
+
+    wall0 = time.time()
+    malloc = "glibc default (dynamic mmap threshold)"
+    if args.malloc == "mmap":
+        if _libc.mallopt(-3, MMAP_THRESHOLD) != 1:  # M_MMAP_THRESHOLD
+            raise SystemExit("mallopt(M_MMAP_THRESHOLD) failed")
+        malloc = f"mallopt M_MMAP_THRESHOLD={MMAP_THRESHOLD}"
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cores = len(os.sched_getaffinity(0))
+    threads = args.threads or max(1, cores // world)
+    torch.set_num_threads(threads)
+
+    config, model, opt, params = build(args, torch, dist)
+    vocab = config.vocab_size
+    meter = PeakMeter()
+    experts = getattr(model.config, "_experts_implementation_internal", None) or getattr(
+        model.config, "_experts_implementation", None) or "unknown"
+    kernel = attention_kernel(torch, model, vocab, rank)
+    if rank == 0:
+        log(f"peer_fsdp2: {world} ranks x {threads} threads, {params} params, memory by "
+            f"{meter.method}, attention kernel {kernel}")
+
+    def reduce_max(values):
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def run_steps(context, steps):
+        """1 warm-up + `steps` timed steps; returns (times, added peak of the first timed
+        step, error text, the first timed step's loss averaged over ranks), maxima over ranks."""
+        ids = batch(torch, vocab, context, rank)
+        err = ""
+        times, added, losses = [], 0.0, []
+        try:
+            train_step(torch, model, opt, ids)
+            for i in range(steps):
+                trim()
+                dist.barrier()
+                if i == 0:
+                    meter.start()
+                    base = _status_kib("VmRSS")
+                t0 = time.perf_counter()
+                losses.append(train_step(torch, model, opt, ids))
+                times.append(time.perf_counter() - t0)
+                if i == 0:
+                    added = meter.stop() - base
+        except (RuntimeError, MemoryError) as e:
+            err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+            log(f"rank {rank} context {context}: {err}")
+        opt.zero_grad(set_to_none=True)
+        del ids
+        trim()
+        failed = 1.0 if err else 0.0
+        red = reduce_max([failed, added] + (times if not err else [0.0] * steps))
+        if red[0] > 0:
+            return None, None, err or "failed on another rank", None
+        loss = torch.tensor([losses[0]], dtype=torch.float64)
+        dist.all_reduce(loss)  # mean over ranks of the measured step's loss
+        return red[2:], int(red[1]), "", loss.item() / world
+
+    trials = []
+
+    def trial(context):
+        times, added, err, loss = run_steps(context, 1)
+        t = {"context": context, "added_peak_bytes": added,
+             "fits": (None if budget is None else (not err and added <= budget)),
+             "step_seconds": times[0] if times else None, "loss": loss}
+        if err:
+            t["error"] = err
+            t["fits"] = False if budget is not None else None
+        trials.append(t)
+        if rank == 0:
+            log(f"  context {context}: added peak {added / 2**20:.1f} MiB"
+                if added is not None else f"  context {context}: {err}",
+                f"step {t['step_seconds']:.2f} s" if t["step_seconds"] else "",
+                "" if t["fits"] is None else ("fits" if t["fits"] else "over budget"))
+        return bool(t["fits"])
+
+    def round_ctx(x):
+        return max(MULTIPLE, int(round(x / MULTIPLE)) * MULTIPLE)
+
+    reach = None
+    if contexts:
+        for s in contexts:
+            if trial(s):
+                reach = max(reach or 0, s)
+    elif budget is not None:
+        good, bad, s = None, None, round_ctx(args.start)
+        while s <= args.max_context:
+            if trial(s):
+                good, s = s, s * 2
+            else:
+                bad = s
+                break
+        if good is None and bad is not None:  # even --start does not fit: halve down
+            s = bad // 2
+            while s >= MULTIPLE:
+                s = round_ctx(s)
+                if trial(s):
+                    good = s
+                    break
+                bad, s = s, s // 2
+        if good is not None and bad is not None:
+            grain = max(64, good // 16)
+            while bad - good > grain:
+                mid = round_ctx((good + bad) / 2)
+                if mid <= good or mid >= bad:
+                    break
+                if trial(mid):
+                    good = mid
+                else:
+                    bad = mid
+        reach = good
+
+    def throughput(context):
+        times, _, err, _ = run_steps(context, 3)
+        if err:
+            return None
+        return world * context / (sum(times) / len(times))
+
+    tps_at = {}
+    for s in parse_list(args.throughput_at):
+        tps_at[str(s)] = throughput(s)
+        if rank == 0:
+            log(f"  throughput at {s}: {tps_at[str(s)]}")
+    tps_reach = None
+    if reach is not None:
+        tps_reach = tps_at.get(str(reach)) or throughput(reach)
+
+    if rank == 0:
+        print(json.dumps({
+            "peer": "torch_fsdp2", "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "ranks": world, "threads_per_rank": threads, "budget_bytes": budget,
+            "attention": "sdpa", "activation_checkpointing": not args.no_activation_checkpointing,
+            "reach_tokens": reach, "tokens_per_second_at_reach": tps_reach,
+            "trials": trials, "tokens_per_second_at": tps_at,
+            "attention_kernel": kernel, "memory_method": meter.method, "malloc": malloc,
+            "experts_implementation": experts,
+            "data": "uniform random ids, one sequence per rank", "model_params": params,
+            "contexts_multiple_of": MULTIPLE, "wall_seconds": round(time.time() - wall0, 1),
+        }), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
