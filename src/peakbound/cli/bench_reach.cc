@@ -291,10 +291,14 @@ int run_reach(const ReachFlags& f) {
       throw InvalidArgument("--peer-json: '" + f.peer_json + "' holds no JSON line");
     }
     out["torch_fsdp2"] = peer;
-    const double peer_reach = peer.value("reach_tokens", 0.0);
+    // A field the peer left null (nothing fitted) reads as 0.
+    auto number = [&](const char* key) {
+      return peer.contains(key) && peer[key].is_number() ? peer[key].get<double>() : 0.0;
+    };
+    const double peer_reach = number("reach_tokens");
     if (peer_reach > 0 && reach.contains("scheduled")) {
       out["reach_ratio_vs_torch_fsdp2"] = reach["scheduled"].get<double>() / peer_reach;
-      const double peer_tps = peer.value("tokens_per_second_at_reach", 0.0);
+      const double peer_tps = number("tokens_per_second_at_reach");
       if (peer_tps > 0) {
         Trial s = runner.run("all", static_cast<std::int64_t>(peer_reach), 1 + f.throughput_steps);
         if (s.fits) {
