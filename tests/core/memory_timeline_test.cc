@@ -55,7 +55,7 @@ TEST(MemoryTimeline, ReplayingTheEventsGivesTheLedgersLiveBytesAtEveryPoint) {
     if (live.empty() || rng() % 3 != 0) {
       const Component c = kAllComponents[rng() % kNumComponents];
       try {
-        live.push_back(a.allocate(c, 1 + rng() % (512 * 1024)));
+        live.push_back(a.allocate(c, 1 + rng() % (rng() % 2 ? 4096 : 512 * 1024)));  // small and large
       } catch (const OutOfBudget&) {
         continue;  // refused: nothing recorded
       }

@@ -3,8 +3,8 @@
 // `train --memory-timeline` writes, core/memory_timeline.h) drawn as an SVG (hand-written
 // text, no dependency): over one step (default the last recorded), the live device bytes
 // stacked by component (a fixed colour each, a legend), the budget as a dashed line, the
-// phases as alternating bands named at the top (F3 = forward layer 3, R3 = its
-// recomputation, B3 = its backward), and the step's peak marked with its binding
+// phases as alternating bands named at the top (F3 = forward layer 3, B3 = its backward,
+// which holds the layer's recomputation), and the step's peak marked with its binding
 // component, the largest one at that instant. --compare draws two panels side by side
 // on the same byte scale (e.g. schedules none and all at one context).
 // The stacked areas follow every event when there are few; with more than about two
@@ -154,12 +154,12 @@ StepView cut_step(const MemoryTimeline& tl, std::int64_t want, const std::string
   return v;
 }
 
-// "forward layer 3" -> "F3", "backward layer 3" -> "B3", "recompute layer 3" -> "R3".
+// "forward layer 3" -> "F3", "backward layer 3" -> "B3".
 std::string short_name(const std::string& n) {
   struct P {
     const char *prefix, *abbr;
   };
-  for (P p : {P{"forward layer ", "F"}, P{"backward layer ", "B"}, P{"recompute layer ", "R"}})
+  for (P p : {P{"forward layer ", "F"}, P{"backward layer ", "B"}})
     if (n.rfind(p.prefix, 0) == 0) return p.abbr + n.substr(std::char_traits<char>::length(p.prefix));
   if (n == "embedding") return "emb";
   if (n == "embedding backward") return "embB";

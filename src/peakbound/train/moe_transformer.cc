@@ -190,18 +190,13 @@ Tensor MoeTransformer::slot_view(std::int64_t layer, const std::string& name, bo
 class MoeTransformer::FsdpBlock final : public Block {
  public:
   FsdpBlock(MoeTransformer& m, std::int64_t layer, Block& inner) : m_(m), l_(layer), inner_(inner) {}
-  // A pass begins: the next forward is the layer's first (later ones, before its
-  // backward, are the checkpointed stack's recomputation), for the memory timeline.
-  void new_pass() { forwarded_ = false; }
   void forward(const Tensor& x, const Tensor& y) override {
-    mark_phase(m_.dev_.arena(), forwarded_ ? "recompute layer" : "forward layer", l_);
-    forwarded_ = true;
+    mark_phase(m_.dev_.arena(), "forward layer", l_);  // the memory timeline's phase
     m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].as<float>());
     inner_.forward(x, y);
   }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
-    mark_phase(m_.dev_.arena(), "backward layer", l_);
-    forwarded_ = false;
+    mark_phase(m_.dev_.arena(), "backward layer", l_);  // with the layer's recomputation
     const std::size_t u = FsdpUnits::layer(l_);
     float* grads = m_.grad_slots_[l_ % 2].as<float>();
     m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].as<float>());
@@ -216,7 +211,6 @@ class MoeTransformer::FsdpBlock final : public Block {
   MoeTransformer& m_;
   std::int64_t l_;
   Block& inner_;
-  bool forwarded_ = false;
 };
 
 MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& groups, const ModelConfig& config,
@@ -503,7 +497,6 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
                                            std::int64_t sequences, std::int64_t S, float ce_scale, float aux_scale) {
   Pass p;
   mark_phase(dev_.arena(), "embedding");
-  for (auto& l : layers_) static_cast<FsdpBlock*>(l->fsdp.get())->new_pass();
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H);
@@ -595,7 +588,6 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
                                   std::int64_t S) {
   Pass p;
   mark_phase(dev_.arena(), "eval");
-  for (auto& l : layers_) static_cast<FsdpBlock*>(l->fsdp.get())->new_pass();
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H);
