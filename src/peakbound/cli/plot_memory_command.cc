@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,7 +36,7 @@ namespace {
 struct PlotFlags {
   std::string file, out;
   std::vector<std::string> compare;
-  std::int64_t step = -1;  // -1: the last recorded step
+  std::optional<std::int64_t> step;  // unset: the last recorded step
 };
 
 // Tableau 10, in the order of kAllComponents.
@@ -203,7 +204,9 @@ void draw_panel(std::ostringstream& o, const StepView& v, double x0, double ymax
     if (label.size() * 6.0 > room) label = short_name(b.name);
     if (label.empty()) continue;
     if (label.size() * 6.0 <= room) {
-      o << "<text x=\"" << num(bx + bw / 2) << "\" y=\"" << num(T - (i % 2 ? 4 : 16)) << "\" text-anchor=\"middle\" font-size=\"10\" fill=\"#444\">"
+      const double half = static_cast<double>(label.size()) * 3.0;  // kept inside the plot's width
+      const double cx = std::clamp(bx + bw / 2, L + half, std::max(L + half, L + pw - half));
+      o << "<text x=\"" << num(cx) << "\" y=\"" << num(T - (i % 2 ? 4 : 16)) << "\" text-anchor=\"middle\" font-size=\"10\" fill=\"#444\">"
         << esc(label) << "</text>\n";
     } else if (bw >= 9) {
       o << "<text transform=\"translate(" << num(bx + bw / 2 - 3.5) << "," << num(T + 4) << ") rotate(90)\" font-size=\"10\" fill=\"#444\">"
@@ -234,16 +237,25 @@ void draw_panel(std::ostringstream& o, const StepView& v, double x0, double ymax
     if (!v.used[c]) continue;
     std::vector<double> top(pts.size());
     for (std::size_t i = 0; i < pts.size(); ++i) top[i] = below[i] + static_cast<double>(pts[i].live[c]);
-    // A step function: each state holds until the next sample's time.
+    // A step function: each state holds until the next sample's time; a corner only
+    // where the edge's height changes (in pixels, as drawn).
     std::ostringstream d;
-    for (std::size_t i = 0; i < pts.size(); ++i) {
-      const double t1 = i + 1 < pts.size() ? pts[i + 1].t : v.duration;
-      d << (i == 0 ? "M" : "L") << num(X(pts[i].t)) << "," << num(Y(top[i])) << "L" << num(X(t1)) << "," << num(Y(top[i]));
-    }
-    for (std::size_t i = pts.size(); i-- > 0;) {
-      const double t1 = i + 1 < pts.size() ? pts[i + 1].t : v.duration;
-      d << "L" << num(X(t1)) << "," << num(Y(below[i])) << "L" << num(X(pts[i].t)) << "," << num(Y(below[i]));
-    }
+    auto edge = [&](const std::vector<double>& h, bool forward) {
+      const std::size_t n = pts.size();
+      std::string last_y;
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::size_t i = forward ? k : n - 1 - k;
+        const std::string y = num(Y(h[i]));
+        if (y == last_y) continue;  // the same height: the horizontal run goes on
+        const double x = forward ? X(pts[i].t) : X(i + 1 < n ? pts[i + 1].t : v.duration);
+        if (!last_y.empty()) d << "L" << num(x) << "," << last_y;
+        d << (d.tellp() == 0 ? "M" : "L") << num(x) << "," << y;
+        last_y = y;
+      }
+      d << "L" << num(forward ? X(v.duration) : X(pts.front().t)) << "," << last_y;
+    };
+    edge(top, true);
+    edge(below, false);
     o << "<path d=\"" << d.str() << "Z\" fill=\"" << kColours[c] << "\" stroke=\"none\"><title>"
       << component_name(kAllComponents[c]) << "</title></path>\n";
     below = top;
@@ -300,13 +312,13 @@ void draw_panel(std::ostringstream& o, const StepView& v, double x0, double ymax
   for (std::size_t c = 0; c < kNumComponents; ++c) {
     if (!v.used[c]) continue;
     const std::string name(component_name(kAllComponents[c]));
-    const double w = 30 + 7.5 * static_cast<double>(name.size());
+    const double w = 26 + 7.0 * static_cast<double>(name.size());
     if (lx + w > L + pw) {
       lx = L;
       lyy += 18;
     }
     o << "<rect x=\"" << num(lx) << "\" y=\"" << num(lyy - 10) << "\" width=\"12\" height=\"12\" fill=\"" << kColours[c] << "\"/>\n";
-    o << "<text x=\"" << num(lx + 16) << "\" y=\"" << num(lyy) << "\" font-size=\"12\">" << esc(name) << "</text>\n";
+    o << "<text x=\"" << num(lx + 16) << "\" y=\"" << num(lyy) << "\" font-size=\"11\">" << esc(name) << "</text>\n";
     lx += w;
   }
 }
@@ -324,7 +336,7 @@ std::string default_out(const std::string& in) {
 int run_plot(const PlotFlags& f) {
   std::vector<std::string> files = f.compare.empty() ? std::vector<std::string>{f.file} : f.compare;
   std::vector<StepView> views;
-  for (const std::string& p : files) views.push_back(cut_step(read_memory_timeline(p), f.step, p));
+  for (const std::string& p : files) views.push_back(cut_step(read_memory_timeline(p), f.step.value_or(-1), p));
   double ymax = 0;
   for (const StepView& v : views) ymax = std::max(ymax, y_top(v));
   const double W = kPanelW * static_cast<double>(views.size());
@@ -360,7 +372,7 @@ Command add_plot_memory(CLI::App& parent) {
   app->add_option("--compare", f->compare, "Two timelines side by side on the same byte scale (e.g. schedules none and all)")
       ->expected(2);
   text_flag(app, "-o,--out", f->out, "The SVG to write (default: the input's name with .svg)");
-  int_flag(app, "--step", f->step, "The step to draw (default: the last recorded)", 0, std::int64_t{1} << 40);
+  optional_int_flag(app, "--step", f->step, "The step to draw (default: the last recorded)", 0, std::int64_t{1} << 40);
   cmd.validate = [f] {
     if (f->file.empty() == f->compare.empty())
       throw InvalidArgument("plot-memory: give one timeline FILE or --compare A.json B.json");
