@@ -25,6 +25,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/memory_timeline.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/core/units.h"
 #include "peakbound/device/device.h"
@@ -67,6 +68,7 @@ struct TrainFlags {
   int keep = 3;
   std::string on_nonfinite = "stop";
   bool plan_check = true;  // refuse a plan over --device-memory before step 1
+  std::string memory_timeline;  // empty: not recorded
 };
 
 // SIGINT / SIGTERM: finish the current step, save, exit 0 (a second signal while saving
@@ -306,6 +308,7 @@ int run_train(const TrainFlags& f) {
   const double blind = source->blind_loss();
   if (lead && !std::isnan(blind))
     std::printf("a model blind to the context cannot beat %.4f nats on the scored tokens (unigram entropy)\n", blind);
+  if (!f.memory_timeline.empty()) dev->arena().start_timeline(rank, W);
   bench::Stopwatch clock;
   double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0;
   std::vector<double> step_seconds;  // per step (the JSON summary)
@@ -392,6 +395,14 @@ int run_train(const TrainFlags& f) {
   }
   if (writer) finish_save();
   if (lead) progress.finish();
+  if (!f.memory_timeline.empty()) {
+    MemoryTimeline t = dev->arena().take_timeline();
+    t.title = c.name + ", schedules " + s.set.str() + ", seq_len " + std::to_string(f.seq_len) + ", cp " +
+              std::to_string(s.layout.cp) + ", rank " + std::to_string(rank) + "/" + std::to_string(W);
+    t.meta = nlohmann::json{{"model", c.name}, {"schedules", s.set.str()}, {"seq_len", f.seq_len},
+                            {"batch", f.batch}, {"cp", s.layout.cp}, {"ep", s.layout.ep}, {"ranks", W}}.dump();
+    write_memory_timeline(memory_timeline_path(f.memory_timeline, rank, W), t);
+  }
 
   // Measured beside planned, per component (the largest over ranks of each).
   std::vector<std::int64_t> measured(kNumComponents + 1);
@@ -504,6 +515,10 @@ Command add_train(CLI::App& parent) {
             "A non-finite loss or gradient: stop (name the step and the tensor; the last checkpoint stays) or skip "
             "the step's update")
       ->capture_default_str();
+  text_flag(app, "--memory-timeline", f->memory_timeline,
+            "Record every device allocation and release (time, component, bytes, phase) and write them as JSON "
+            "for `peakbound plot-memory`: this file on one rank, else one per rank with .rank-R before the "
+            "extension (t.json -> t.rank-0.json)");
   add_config_flag(app);
   cmd.validate = [f] {
     if (f->on_nonfinite != "stop" && f->on_nonfinite != "skip")

@@ -69,6 +69,7 @@ Buffer Arena::allocate(Component c, std::uint64_t bytes) {
   if (block_size > size + shift) insert_free(offset + size, block_size - size - shift);
   if (offset + size > high_water_) high_water_ = offset + size;
   ++live_allocations_;
+  if (timeline_) record(c, static_cast<std::int64_t>(size));
   Allocation a;
   a.ptr = base_ ? base_ + offset : nullptr;
   a.offset = offset;
@@ -81,6 +82,7 @@ void Arena::release(const Allocation& a) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   ledger_.release(a.component, a.bytes);
   --live_allocations_;
+  if (timeline_) record(a.component, -static_cast<std::int64_t>(a.bytes));
   if (auto sh = shift_at_.find(a.offset); sh != shift_at_.end()) {
     shifted_ -= sh->second;
     shift_at_.erase(sh);
@@ -181,6 +183,76 @@ std::string Arena::report_table() const {
                     std::to_string(free_by_offset_.size()) + " free block(s)\n";
   out += ledger_.table();
   return out;
+}
+
+double Arena::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void Arena::record(Component c, std::int64_t delta) {
+  MemoryTimeline& t = *timeline_;
+  if (t.events.size() >= t.max_events) {
+    t.truncated = true;
+    return;
+  }
+  t.events.push_back(MemoryEvent{seconds(), delta, phase_, static_cast<std::uint8_t>(c)});
+}
+
+void Arena::start_timeline(int rank, int world, std::uint64_t max_events) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeline_ = std::make_unique<MemoryTimeline>();
+  timeline_->rank = rank;
+  timeline_->world = world;
+  timeline_->budget_bytes = capacity_;
+  timeline_->initial = ledger_.live_breakdown();
+  timeline_->max_events = max_events;
+  phase_ = 0;
+  t0_ = std::chrono::steady_clock::now();
+  recording_.store(true, std::memory_order_relaxed);
+}
+
+MemoryTimeline Arena::take_timeline() {
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_.store(false, std::memory_order_relaxed);
+  if (!timeline_) return MemoryTimeline{};
+  MemoryTimeline t = std::move(*timeline_);
+  timeline_.reset();
+  phase_ = 0;
+  return t;
+}
+
+std::uint32_t Arena::set_phase(std::string_view name) {
+  if (!recording()) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!timeline_) return 0;
+  const std::uint32_t previous = phase_;
+  phase_ = timeline_->intern(name);
+  timeline_->phase_marks.push_back({seconds(), phase_, timeline_->events.size()});
+  return previous;
+}
+
+void Arena::restore_phase(std::uint32_t id) {
+  if (!recording()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!timeline_ || id >= timeline_->phases.size()) return;
+  phase_ = id;
+  timeline_->phase_marks.push_back({seconds(), phase_, timeline_->events.size()});
+}
+
+void Arena::begin_step(std::int64_t step) {
+  if (!recording()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!timeline_) return;
+  timeline_->steps.push_back({step, seconds(), -1, timeline_->events.size(), timeline_->events.size()});
+}
+
+void Arena::end_step() {
+  if (!recording()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!timeline_ || timeline_->steps.empty()) return;
+  MemoryStepMark& s = timeline_->steps.back();
+  s.t_end = seconds();
+  s.event_end = timeline_->events.size();
 }
 
 }  // namespace peakbound

@@ -18,10 +18,17 @@
 // offset (how far into the region placement reached: fragmentation made visible).
 // With a null base the Arena only measures: offsets are computed, no memory is
 // touched (the planner uses this to lay out a step before running it).
+// Recording (off by default, one branch when off): between start_timeline() and
+// take_timeline() every allocate and release is appended to a MemoryTimeline
+// (core/memory_timeline.h) with the current phase (set_phase, or MemoryPhase) and the
+// time, so a step's memory can be drawn over time.
 // Thread-safe.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <set>
@@ -32,6 +39,7 @@
 
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/ledger.h"
+#include "peakbound/core/memory_timeline.h"
 
 namespace peakbound {
 
@@ -79,6 +87,20 @@ class Arena final : public Allocator {
   nlohmann::json report_json() const;
   std::string report_table() const;
 
+  // The memory timeline. start_timeline begins recording (again, from an empty
+  // timeline holding what is live now); take_timeline stops and hands it over.
+  void start_timeline(int rank = 0, int world = 1,
+                      std::uint64_t max_events = MemoryTimeline::kDefaultMaxEvents);
+  MemoryTimeline take_timeline();
+  bool recording() const noexcept { return recording_.load(std::memory_order_relaxed); }
+  // The current phase by name (interned); returns the previous phase's id, for
+  // restore_phase. Both do nothing (and return 0) when not recording.
+  std::uint32_t set_phase(std::string_view name);
+  void restore_phase(std::uint32_t id);
+  // Step marks: a step's begin and end (time and event index).
+  void begin_step(std::int64_t step);
+  void end_step();
+
  protected:
   void release(const Allocation& a) noexcept override;
 
@@ -99,6 +121,13 @@ class Arena final : public Allocator {
   std::uint64_t large_placements_ = 0;         // picks the next stagger slot
   std::uint64_t shifted_ = 0;                  // the shifts of live buffers, at most reserve_
   std::map<std::uint64_t, std::uint64_t> shift_at_;  // offset of a shifted live buffer -> shift
+  // The timeline, when recording.
+  void record(Component c, std::int64_t delta);
+  double seconds() const;
+  std::atomic<bool> recording_{false};
+  std::unique_ptr<MemoryTimeline> timeline_;
+  std::uint32_t phase_ = 0;
+  std::chrono::steady_clock::time_point t0_{};
 };
 
 }  // namespace peakbound

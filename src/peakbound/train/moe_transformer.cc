@@ -7,6 +7,7 @@
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/memory_timeline.h"
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/layers/decoder_layer.h"
 #include "peakbound/layers/moe_layer.h"
@@ -190,10 +191,12 @@ class MoeTransformer::FsdpBlock final : public Block {
  public:
   FsdpBlock(MoeTransformer& m, std::int64_t layer, Block& inner) : m_(m), l_(layer), inner_(inner) {}
   void forward(const Tensor& x, const Tensor& y) override {
+    mark_phase(m_.dev_.arena(), "forward layer", l_);  // the memory timeline's phase
     m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].as<float>());
     inner_.forward(x, y);
   }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
+    mark_phase(m_.dev_.arena(), "backward layer", l_);  // with the layer's recomputation
     const std::size_t u = FsdpUnits::layer(l_);
     float* grads = m_.grad_slots_[l_ % 2].as<float>();
     m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].as<float>());
@@ -493,6 +496,7 @@ void MoeTransformer::finish_aux(Pass& p, float aux_scale, bool want_grad) {
 BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::int32_t* targets,
                                            std::int64_t sequences, std::int64_t S, float ce_scale, float aux_scale) {
   Pass p;
+  mark_phase(dev_.arena(), "embedding");
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H);
@@ -516,6 +520,7 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   }
   finish_aux(p, aux_scale, true);
 
+  mark_phase(dev_.arena(), "loss");
   // Final norm (its unit gathered, its gradient reduced once its backward is done) and the head.
   const FsdpBuffers& fb = fsdp_->buffers();
   const std::size_t nu = fsdp_->norm();
@@ -555,6 +560,7 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   } else {
     stack_->backward(dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
   }
+  mark_phase(dev_.arena(), "embedding backward");
   {
     // The embedding's full gradient (no weights needed), then its reduce-scatter.
     Buffer emb_g = dev_.allocate(fb.embed_grads.component, fb.embed_grads.bytes);
@@ -581,6 +587,7 @@ BatchSums MoeTransformer::batch_sums(const LossSum& ls, const Pass& p) const {
 BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
                                   std::int64_t S) {
   Pass p;
+  mark_phase(dev_.arena(), "eval");
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H);

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/memory_timeline.h"
 #include "peakbound/train/fsdp_units.h"
 
 namespace peakbound {
@@ -68,6 +69,13 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
   const auto t0 = std::chrono::steady_clock::now();
   Communicator& world = *model_.groups().world;
   Device& dev = model_.experts().device();
+  // The memory timeline's step marks (nothing when the Arena is not recording).
+  struct StepMark {
+    Arena& arena;
+    ~StepMark() { arena.end_step(); }
+  } step_mark{dev.arena()};
+  dev.arena().begin_step(step_ + 1);
+  mark_phase(dev.arena(), "step start");
   const std::int32_t ignore = model_.schedules().vocab.ignore_index;
   // Every rank must run the same number of micro-batches (the layers are collective).
   std::int64_t counts[3] = {0, 0, static_cast<std::int64_t>(micro.size())};
@@ -99,6 +107,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
   world.all_reduce(sums, 1, DType::f64, ReduceOp::sum);
 
   // Gradients: the FSDP shard as it is; each store's slice summed over its group.
+  mark_phase(dev.arena(), "reduce");
   dev.synchronize();
   FsdpUnits& fsdp = model_.fsdp();
   dev.memcpy_async(grad_shard_.data(), fsdp.grads_shard(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
@@ -139,6 +148,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return st;
   }
+  mark_phase(dev.arena(), "optimizer");
   const OptimizerStepTimes t = opt_->step(lr, clip);
   dev.synchronize();
   dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
