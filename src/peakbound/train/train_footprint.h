@@ -69,7 +69,8 @@ struct TrainFootprintInputs {
   double skew = 1.0;  // routing imbalance used for the dispatch estimate (planning)
   // Measured per-layer maximum sizes (tests: dispatch_sizes_max over the MoE layers'
   // DispatchStats::sizes), used for every MoE layer; unset: dispatch_sizes_estimate
-  // for this rank's tokens at `skew`.
+  // at `skew` for the most tokens a rank of this rank's expert group holds (the group
+  // sizes its exchange for its largest source).
   std::optional<DispatchSizes> dispatch;
   // Measured sizes of each MoE layer, in layer order (tests; overrides `dispatch`).
   // Layers route differently, so the busiest dispatch need not be the last layer's,
