@@ -19,7 +19,7 @@ namespace {
 // does not spill, so it receives its whole load; the reservation at a skew past lambda
 // must cover that too (not only the spilled load of alpha x the mean plus a piece):
 // the estimate never shrinks as the skew grows.
-TEST(DispatchBound, ReservationGrowsWithTheSkew) {
+TEST(DispatchReservation, ReservationGrowsWithTheSkew) {
   const MoeShape shape{8, 8, 16, 2};
   for (std::int64_t T : {16, 100, 1024, 5000})
     for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
