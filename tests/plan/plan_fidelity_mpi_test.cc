@@ -201,7 +201,7 @@ TEST(PlanFidelityMpi, PlannedPeaksMatchMeasuredAndTheWorstSkewBoundsThem) {
   if (world.rank() == 0) {
     std::printf("plan fidelity at %d ranks, %d runs: worst |planned - measured| / measured = %.4f%s%s\n", world.size(),
                 cases, worst, worst_where.empty() ? "" : ": ", worst_where.c_str());
-    if (routed_cases > 0)
+    if (!worst_spilled_where.empty())
       std::printf("  %d runs where LLEP spilled or ran several rounds: dispatch and total bound the measured, "
                   "by up to %.4f: %s\n",
                   routed_cases, worst_spilled, worst_spilled_where.c_str());

@@ -282,9 +282,11 @@ std::string plan_table(const Plan& p) {
   out += "binding      baseline: " + bind(p.baseline) + "; scheduled: " + bind(p.scheduled) + "\n";
   out += std::string("fits         baseline: ") + (p.fits_baseline ? "yes" : "NO") +
          "; scheduled: " + (p.fits_scheduled ? "yes" : "NO") + "\n";
-  out += p.scheduled.trainer_footprint
-             ? std::string("source       the trainer's footprint: what `peakbound train` allocates for this run\n")
-             : "source       an estimate: " + p.scheduled.estimate_reason + "\n";
+  if (p.scheduled.trainer_footprint)
+    out += std::string("source       the trainer's footprint: what `peakbound train` allocates for this run") +
+           (in.comm_reserve > 0 || in.workspace_reserve > 0 ? ", plus the fixed reserves in comm and workspace\n" : "\n");
+  else
+    out += "source       an estimate: " + p.scheduled.estimate_reason + "\n";
   if (p.scheduled.host_bytes > 0 || p.baseline.host_bytes > 0) {
     out += "host memory  baseline: " + bytes(p.baseline.host_bytes) + "; scheduled: " + bytes(p.scheduled.host_bytes) +
            " per device";
