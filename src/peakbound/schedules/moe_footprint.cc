@@ -45,7 +45,10 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
               : ceil_d(busiest);
   s.max_received = std::min(ep * s.max_sent, ceil_div(load, R) + (R > 1 ? ep : 0));
   if (spilled && C > 0) {
-    s.foreign = std::min(shape.experts - local, ceil_div(capacity + o.min_spill, o.min_spill));
+    // A helper takes pieces of at least min_spill copies, except the last piece of each
+    // expert, which can be a single copy: only its load (at most capacity + min_spill
+    // copies, one or more per lent expert) bounds how many experts it holds.
+    s.foreign = std::min(shape.experts - local, capacity + o.min_spill);
     const std::int64_t excess = std::max<std::int64_t>(0, ceil_d(busiest) - capacity);
     s.lent = std::min(local * (ep - 1), ceil_div(excess, o.min_spill) + local);
   }

@@ -48,7 +48,8 @@ DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens)
 // plus one spilled piece, or receives a routing's whole load just under lambda (which
 // does not spill), whichever is more; PipelinedLLEP takes that in R = ceil(copies /
 // cap) rounds, each at most cap copies per source plus up to ep rows of rounding per
-// round. foreign / lent count min_spill-sized pieces.
+// round. lent counts min_spill-sized pieces plus one last piece per expert; foreign is
+// bounded by a helper's load alone (a last piece can be one copy), so at most E - E/EP.
 DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
                                       double imbalance, const DispatchOptions& options);
 
