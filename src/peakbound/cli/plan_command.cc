@@ -67,7 +67,19 @@ struct PlanFlags {
   std::string comm_reserve, workspace_reserve;
   bool reach = false;
   bool json = false;
+  bool trainer_defaults = false;
 };
+
+// --trainer-defaults: the settings of a `peakbound train` run, for each flag not given
+// explicitly: f32 parameters and activations, no fixed reserves, unlimited host
+// memory, and the worst routing skew (train's --plan-skew default).
+void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
+  if (a.count("--param-dtype") == 0) f.param_dtype = "f32";
+  if (a.count("--comm-reserve") == 0) f.comm_reserve = "0";
+  if (a.count("--workspace-reserve") == 0) f.workspace_reserve = "0";
+  if (a.count("--host-memory") == 0) f.host_memory = "0";
+  if (a.count("--skew") == 0) f.skew = "worst";
+}
 
 ModelConfig load_model(const std::string& spec) {
   namespace fs = std::filesystem;
@@ -162,8 +174,12 @@ Command add_plan_command(CLI::App& root) {
   a->add_option("--workspace-reserve", f->workspace_reserve, "Fixed reserve for GEMM workspace and slack")->capture_default_str();
   a->add_flag("--reach", f->reach, "Also search the largest context that fits, baseline and scheduled");
   a->add_flag("--json", f->json, "Print one JSON object");
+  a->add_flag("--trainer-defaults", f->trainer_defaults,
+              "Plan what `peakbound train` runs: f32, no reserves, unlimited host memory, the worst skew (each unless "
+              "given); with a trainable model and --fsdp 0 the peaks are then the trainer's own footprint");
   add_config_flag(a);
-  c.run = [f] {
+  c.run = [f, a] {
+    if (f->trainer_defaults) apply_trainer_defaults(*f, *a);
     Plan p = make_plan(to_inputs(*f), f->reach);
     if (f->json)
       std::printf("%s\n", plan_json(p).dump(2).c_str());

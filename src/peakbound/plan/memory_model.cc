@@ -1,8 +1,10 @@
 #include "peakbound/plan/memory_model.h"
+#include "peakbound/plan/trainer_plan.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "peakbound/core/error.h"
@@ -201,6 +203,8 @@ Footprint optimizer_term(const PlanInputs& in, u64 shard_params, bool adam) {
 PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& sched) {
   const ModelConfig& m = in.model;
   const PlanShapes s = plan_shapes(in, pc);
+  std::optional<std::string> why = not_a_trainer_run(in);
+  if (!why) return trainer_estimate(in, s, sched);
   const u64 H = U(m.hidden_size);
   const u64 a = U(in.activation_bytes), pb = U(in.param_bytes), gb = U(in.grad_bytes);
   const bool has_moe = pc.num_moe_layers > 0;
@@ -232,6 +236,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
 
   // ---- assemble the phases -------------------------------------------------------------
   PeakEstimate e;
+  e.estimate_reason = std::move(*why);
   auto base = [&](Phase p) {
     PhaseBytes ph{p, {}};
     ph.bytes[C(Component::params)] = params_shard;

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -54,10 +55,17 @@ struct PeakEstimate {
   std::uint64_t host_bytes = 0;     // host memory this device's rank needs
   ComponentBytes host{};            // ... per component
   Component host_binding_component = Component::optimizer;  // its largest component
+  // Where the numbers come from: the trainer's own footprint when the inputs describe a
+  // run `peakbound train` executes (plan/trainer_plan.h: exact, measured == footprint),
+  // otherwise this file's analytic estimate; estimate_reason says why it is one.
+  bool trainer_footprint = false;
+  std::string estimate_reason;
 };
 
 PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc);
-// The estimate with `schedules` replacing the baseline rules of their components.
+// The estimate with `schedules` replacing the baseline rules of their components: the
+// trainer's footprint (plan/trainer_plan.h) for a run the trainer executes, else the
+// analytic model below.
 PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& schedules);
 
 }  // namespace peakbound

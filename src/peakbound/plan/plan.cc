@@ -222,6 +222,13 @@ nlohmann::json plan_json(const Plan& p) {
   j["binding_phase"] = {{"baseline", phase_name(p.baseline.binding_phase)},
                         {"scheduled", phase_name(p.scheduled.binding_phase)}};
   j["fits"] = {{"baseline", p.fits_baseline}, {"scheduled", p.fits_scheduled}};
+  // Where the numbers come from: "trainer_footprint" (what `peakbound train` allocates,
+  // plan/trainer_plan.h) or "estimate" (the analytic model), with the reason.
+  auto source = [](const PeakEstimate& e) {
+    return e.trainer_footprint ? nlohmann::json("trainer_footprint") : nlohmann::json("estimate");
+  };
+  j["source"] = {{"baseline", source(p.baseline)}, {"scheduled", source(p.scheduled)}};
+  j["estimate_reason"] = p.scheduled.trainer_footprint ? nlohmann::json(nullptr) : nlohmann::json(p.scheduled.estimate_reason);
   j["host_bytes"] = {{"baseline", p.baseline.host_bytes}, {"scheduled", p.scheduled.host_bytes}};
   j["fits_host"] = {{"baseline", p.fits_host_baseline}, {"scheduled", p.fits_host_scheduled}};
   j["host_binding_component"] = {{"baseline", component_name(p.baseline.host_binding_component)},
@@ -275,6 +282,11 @@ std::string plan_table(const Plan& p) {
   out += "binding      baseline: " + bind(p.baseline) + "; scheduled: " + bind(p.scheduled) + "\n";
   out += std::string("fits         baseline: ") + (p.fits_baseline ? "yes" : "NO") +
          "; scheduled: " + (p.fits_scheduled ? "yes" : "NO") + "\n";
+  if (p.scheduled.trainer_footprint)
+    out += std::string("source       the trainer's footprint: what `peakbound train` allocates for this run") +
+           (in.comm_reserve > 0 || in.workspace_reserve > 0 ? ", plus the fixed reserves in comm and workspace\n" : "\n");
+  else
+    out += "source       an estimate: " + p.scheduled.estimate_reason + "\n";
   if (p.scheduled.host_bytes > 0 || p.baseline.host_bytes > 0) {
     out += "host memory  baseline: " + bytes(p.baseline.host_bytes) + "; scheduled: " + bytes(p.scheduled.host_bytes) +
            " per device";

@@ -36,10 +36,19 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
   s.double_buffered = R > 1;
   const double busiest = std::min(imbalance, static_cast<double>(ep)) * static_cast<double>(C);
   const std::int64_t capacity = ceil_d(std::min(o.alpha, static_cast<double>(ep)) * static_cast<double>(C));
-  const std::int64_t load = spilled ? std::min(ceil_d(busiest), capacity + o.min_spill) : ceil_d(busiest);
+  // A reservation for every routing up to `imbalance`: one below lambda spills nothing
+  // and receives its whole load (just under lambda x the mean), which past lambda can
+  // exceed the spilled load of alpha x the mean plus a piece.
+  const std::int64_t unspilled = ceil_d(std::min(o.lambda, static_cast<double>(ep)) * static_cast<double>(C));
+  const std::int64_t load =
+      spilled ? std::max(std::min(ceil_d(busiest), capacity + o.min_spill), std::min(ceil_d(busiest), unspilled))
+              : ceil_d(busiest);
   s.max_received = std::min(ep * s.max_sent, ceil_div(load, R) + (R > 1 ? ep : 0));
   if (spilled && C > 0) {
-    s.foreign = std::min(shape.experts - local, ceil_div(capacity + o.min_spill, o.min_spill));
+    // A helper takes pieces of at least min_spill copies, except the last piece of each
+    // expert, which can be a single copy: only its load (at most capacity + min_spill
+    // copies, one or more per lent expert) bounds how many experts it holds.
+    s.foreign = std::min(shape.experts - local, capacity + o.min_spill);
     const std::int64_t excess = std::max<std::int64_t>(0, ceil_d(busiest) - capacity);
     s.lent = std::min(local * (ep - 1), ceil_div(excess, o.min_spill) + local);
   }

@@ -42,11 +42,14 @@ DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens)
 
 // Estimated sizes of the busiest rank at model scale, for the planner: every rank routes
 // `tokens` x top_k copies (pass the largest rank's tokens under source skew);
-// `imbalance` is the busiest rank's load over the mean before spilling (1 = uniform).
-// standard EP receives the busiest load at once; LLEP (imbalance >= lambda, ep > 1)
-// caps every rank at alpha x the mean plus one spilled piece; PipelinedLLEP takes
-// that in R = ceil(copies / cap) rounds, each at most cap copies per source plus up to
-// ep rows of rounding per round. foreign / lent count min_spill-sized pieces.
+// `imbalance` is the busiest rank's load over the mean before spilling (1 = uniform),
+// and the sizes reserve for every routing up to it. standard EP receives the busiest
+// load at once; LLEP (imbalance >= lambda, ep > 1) caps every rank at alpha x the mean
+// plus one spilled piece, or receives a routing's whole load just under lambda (which
+// does not spill), whichever is more; PipelinedLLEP takes that in R = ceil(copies /
+// cap) rounds, each at most cap copies per source plus up to ep rows of rounding per
+// round. lent counts min_spill-sized pieces plus one last piece per expert; foreign is
+// bounded by a helper's load alone (a last piece can be one copy), so at most E - E/EP.
 DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
                                       double imbalance, const DispatchOptions& options);
 

@@ -182,6 +182,18 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
     bool dispatch = false;
   };
   std::vector<Mlp> mlps;
+  // The estimate sizes the exchange for the expert group's largest source (every rank of
+  // the group sizes its rounds alike): the most tokens any rank of the group holds
+  // (ProcessGroups::split's consecutive groups; ranks differ under cp or uneven batches).
+  std::int64_t ep_tokens = 0;
+  for (int r = in.rank - g.ep_rank; r < in.rank - g.ep_rank + g.ep; ++r) ep_tokens = std::max(ep_tokens, tokens_of(r));
+  // No routing loads a rank with more than every source's tokens at min(k, E/EP) copies
+  // each: the skew the layout allows at most (the planner's worst, plan_shapes).
+  double skew = in.skew;
+  if (c.num_experts > 0 && c.top_k > 0)
+    skew = std::min(skew, std::max(1.0, static_cast<double>(g.ep) *
+                                            static_cast<double>(std::min<std::int64_t>(c.top_k, c.num_experts / g.ep)) /
+                                            static_cast<double>(c.top_k)));
   for (std::int64_t l = 0, moe_index = 0; l < L; ++l) {
     const bool moe = c.is_moe_layer(l);
     const std::int64_t i = moe ? moe_index++ : -1;
@@ -197,10 +209,11 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
     m.layer_fp = moe_layer_footprint(T, mc, kF32);
     if (moe) {
       const MoeShape shape = moe_layer_dispatch_shape(mc);
-      const DispatchSizes ds = every          ? in.dispatch_layers[static_cast<std::size_t>(i)]
+      DispatchSizes ds = every          ? in.dispatch_layers[static_cast<std::size_t>(i)]
                                : in.dispatch ? *in.dispatch
-                                             : dispatch_sizes_estimate(sch.dispatch, shape, g.ep, T, in.skew,
+                                             : dispatch_sizes_estimate(sch.dispatch, shape, g.ep, ep_tokens, skew,
                                                                        sch.dispatch_options);
+      if (!every && !in.dispatch) ds.tokens = T;  // its host scratch is this rank's own
       m.dispatch_fp = dispatch_footprint(shape, ds, kF32);
       m.dispatch = true;
     }

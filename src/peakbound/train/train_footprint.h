@@ -66,10 +66,13 @@ struct TrainFootprintInputs {
   ModelSchedules schedules;
   std::string optimizer = "device";  // an optimizer_schedule_names() entry
   OptimizerOptions optimizer_options;
-  double skew = 1.0;  // routing imbalance used for the dispatch estimate (planning)
+  // Routing imbalance used for the dispatch estimate (planning), at most what the layout
+  // allows: EP x min(k, E/EP) / k (every source's copies of a token at one rank).
+  double skew = 1.0;
   // Measured per-layer maximum sizes (tests: dispatch_sizes_max over the MoE layers'
   // DispatchStats::sizes), used for every MoE layer; unset: dispatch_sizes_estimate
-  // for this rank's tokens at `skew`.
+  // at `skew` for the most tokens a rank of this rank's expert group holds (the group
+  // sizes its exchange for its largest source).
   std::optional<DispatchSizes> dispatch;
   // Measured sizes of each MoE layer, in layer order (tests; overrides `dispatch`).
   // Layers route differently, so the busiest dispatch need not be the last layer's,

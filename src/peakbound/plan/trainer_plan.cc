@@ -1,0 +1,115 @@
+#include "peakbound/plan/trainer_plan.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "peakbound/core/error.h"
+#include "peakbound/train/moe_transformer.h"
+
+namespace peakbound {
+
+namespace {
+
+constexpr std::int64_t kTrainerBytes = 4;  // the trainer's parameters, activations, gradients, optimizer state
+std::size_t C(Component c) { return static_cast<std::size_t>(c); }
+
+}  // namespace
+
+std::optional<std::string> not_a_trainer_run(const PlanInputs& in) {
+  try {
+    check_trainable(in.model);
+  } catch (const InvalidArgument& e) {
+    return std::string("the trainer cannot train this model (") + e.what() + ")";
+  }
+  if (in.param_bytes != kTrainerBytes || in.activation_bytes != kTrainerBytes)
+    return std::string("parameters and activations of ") + std::to_string(in.param_bytes) +
+           " bytes (the trainer runs f32: --param-dtype f32)";
+  if (in.grad_bytes != kTrainerBytes) return std::string("gradients of ") + std::to_string(in.grad_bytes) + " bytes (the trainer's are f32)";
+  if (in.optimizer_state_bytes != kTrainerBytes) return std::string("optimizer state that is not f32");
+  if (in.fsdp_size() != in.devices) return std::string("an FSDP group smaller than the devices (the trainer shards over all)");
+  if (in.cp > 1 && in.context < 2 * in.cp) return std::string("a context shorter than 2 x cp (the trainer refuses it)");
+  if (in.devices > std::int64_t{1} << 20) return std::string("more devices than the trainer's footprint is evaluated for");
+  return std::nullopt;
+}
+
+TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const ScheduleSet& schedules, double imbalance,
+                                              int rank) {
+  TrainFootprintInputs t;
+  t.model = in.model;
+  t.layout = ParallelLayout{in.ep, in.vocab_group, in.cp};
+  t.world = static_cast<int>(in.devices);
+  t.rank = rank;
+  t.sequences = in.sequences;
+  t.seq_len = in.context;
+  ModelSchedules& s = t.schedules;
+  s.dispatch = schedules.llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep;
+  s.dispatch_options = in.dispatch_options();
+  s.ring_dtp = schedules.dtp;
+  s.vocab.chunk = in.vocab_chunk;
+  s.checkpoint.schedule = schedules.sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+  s.checkpoint.prefetch_depth = in.prefetch_depth;
+  if (schedules.sco) s.checkpoint.resident_layers = in.resident_layers;
+  t.optimizer = schedules.adam ? "offload_stream" : "device";
+  t.optimizer_options.bucket_bytes = in.adam_bucket;
+  t.skew = imbalance;
+  return t;
+}
+
+Phase planner_phase_of(std::string_view p) {
+  if (p.starts_with("optimizer")) return Phase::optimizer;
+  if (p == "embedding forward" || p == "forward attention") return Phase::forward_attention;
+  if (p.starts_with("forward ")) return Phase::forward_mlp;
+  if (p.starts_with("loss ") || p == "final norm backward") return Phase::loss;
+  if (p.starts_with("backward attention") || p == "embedding backward") return Phase::backward_attention;
+  if (p.starts_with("backward ")) return Phase::backward_mlp;
+  throw InvalidArgument("the planner has no phase for the trainer's phase '" + std::string(p) + "'");
+}
+
+PeakEstimate trainer_estimate(const PlanInputs& in, const PlanShapes& shapes, const ScheduleSet& schedules) {
+  PeakEstimate e;
+  e.trainer_footprint = true;
+  for (std::size_t i = 0; i < kNumPhases; ++i) e.phases[i].phase = static_cast<Phase>(i);
+  std::array<std::uint64_t, kNumPhases> phase_total{};
+  std::array<bool, kNumPhases> seen{};
+  ComponentBytes reserve{};
+  reserve[C(Component::comm)] = in.comm_reserve;
+  reserve[C(Component::workspace)] = in.workspace_reserve;
+  auto plus_reserve = [&](ComponentBytes b) {
+    for (std::size_t i = 0; i < kNumComponents; ++i) b[i] = checked_add(b[i], reserve[i], "a planned phase");
+    return b;
+  };
+  // Ranks differ only by their position in the ep, vocabulary and cp groups.
+  const std::int64_t distinct = std::min<std::int64_t>(in.devices, std::lcm(std::lcm(in.ep, in.vocab_group), in.cp));
+  for (std::int64_t r = 0; r < distinct; ++r) {
+    const Footprint f = train_footprint(trainer_footprint_inputs(in, schedules, shapes.imbalance, static_cast<int>(r)));
+    for (const Footprint::Phase& p : f.phases()) {
+      const auto i = static_cast<std::size_t>(planner_phase_of(p.name));
+      const ComponentBytes b = plus_reserve(p.device);
+      std::uint64_t total = 0;
+      for (std::uint64_t x : b) total = checked_add(total, x, "a planned phase");
+      if (!seen[i] || total > phase_total[i]) {
+        seen[i] = true;
+        phase_total[i] = total;
+        e.phases[i].bytes = b;
+      }
+      for (std::size_t c = 0; c < kNumComponents; ++c) e.component_peak[c] = std::max(e.component_peak[c], b[c]);
+      if (total > e.peak) {
+        e.peak = total;
+        e.binding_phase = static_cast<Phase>(i);
+      }
+    }
+    const ComponentBytes host = f.host_peak();
+    for (std::size_t c = 0; c < kNumComponents; ++c) e.host[c] = std::max(e.host[c], host[c]);
+    e.host_bytes = std::max(e.host_bytes, f.host_peak_total());
+  }
+  const PhaseBytes& bind = e.phases[static_cast<std::size_t>(e.binding_phase)];
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < kNumComponents; ++i)
+    if (bind.bytes[i] > bind.bytes[best]) best = i;
+  e.binding_component = kAllComponents[best];
+  for (std::size_t i = 0; i < kNumComponents; ++i)
+    if (e.host[i] > e.host[static_cast<std::size_t>(e.host_binding_component)]) e.host_binding_component = kAllComponents[i];
+  return e;
+}
+
+}  // namespace peakbound
