@@ -33,6 +33,7 @@ struct Sample {
   }
 };
 
+// A phase band: from t0 to t1 (seconds from the step's begin), the phase's name.
 struct Band {
   double t0, t1;
   std::string name;
@@ -54,6 +55,7 @@ struct StepView {
 
 // Step `want` of `tl` (want < 0: the last recorded); `path` names the timeline in errors and
 // is the title when the timeline has none. InvalidArgument when there is no such step.
+// `tl` is what MemoryTimeline::from_json accepts (times and byte counts in its bounds).
 StepView cut_step(const MemoryTimeline& tl, std::int64_t want, const std::string& path);
 
 // The byte scale's top for one view: its peak or budget, whichever is higher, plus 6 %.
