@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes every parser of user input (tests/fuzz: the size parser, config.json importer,
-# --config files, safetensors header, token files): builds the libFuzzer targets with clang
+# --config files, safetensors header, token files, memory timelines): builds the libFuzzer targets with clang
 # and ASan/UBSan in build/fuzz, then runs each for a bounded time over a COPY of its
 # committed seed corpus (tests/fuzz/corpus/<target>; the committed corpus never grows here),
 # with its dictionary (tests/fuzz/dict/<target>.dict), two targets at a time. Prints per

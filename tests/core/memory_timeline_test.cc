@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -187,6 +188,43 @@ TEST(MemoryTimeline, BadJsonNamesTheField) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("component index"), std::string::npos) << e.what();
   }
+}
+
+// Numbers at the ends of their types are refused with the field's name, never wrapped
+// (found by tests/fuzz/fuzz_memory_timeline: signed overflow replaying the events, a
+// step spanning 1e308 - -1e308 = inf seconds that hung the plot's tick loop).
+TEST(MemoryTimeline, ExtremeNumbersAreRefusedNotWrapped) {
+  auto refused = [](const nlohmann::json& j, const std::string& field) {
+    try {
+      (void)MemoryTimeline::from_json(j);
+      ADD_FAILURE() << "accepted " << j.dump();
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  const nlohmann::json base = MemoryTimeline{}.to_json();
+  nlohmann::json j = base;
+  j["events"] = {{0.0, 0, std::numeric_limits<std::int64_t>::min(), 0}};
+  refused(j, "events[0]");
+  j = base;
+  j["initial_live_bytes"][0] = std::numeric_limits<std::int64_t>::max();
+  j["events"] = {{0.0, 0, 5, 0}};
+  refused(j, "initial_live_bytes");
+  j = base;
+  j["initial_live_bytes"][0] = std::uint64_t{1} << 61;
+  j["events"] = {{0.0, 3, std::uint64_t{1} << 61, 0}, {0.0, 4, 1, 0}};
+  refused(j, "events[1]");
+  j = base;
+  j["steps"] = {{{"step", 0}, {"t_begin", -1e308}, {"t_end", 1e308}, {"event_begin", 0}, {"event_end", 0}}};
+  refused(j, "steps[0].t_begin");
+  j = base;
+  j["rank"] = std::uint64_t{1} << 32;
+  j["world"] = (std::uint64_t{1} << 32) + 1;
+  refused(j, "rank");
+  // The largest accepted: 2^62 live bytes in all, released again.
+  j = base;
+  j["events"] = {{0.0, 0, std::uint64_t{1} << 62, 0}, {1e9, 0, -(std::int64_t{1} << 62), 0}};
+  EXPECT_EQ(MemoryTimeline::from_json(j).events.size(), 2u);
 }
 
 TEST(MemoryTimeline, OneFilePerRankWithTheRankBeforeTheExtension) {

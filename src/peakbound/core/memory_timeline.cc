@@ -1,5 +1,6 @@
 #include "peakbound/core/memory_timeline.h"
 
+#include <climits>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,9 +30,23 @@ std::uint64_t to_u64(const nlohmann::json& v, const std::string& name) {
   return v.get<std::uint64_t>();
 }
 
+// Times read: within +-kMaxSeconds (about 31 years), so a step's span and its ticks stay
+// finite (1e308 - -1e308 is inf, and a tick loop over an infinite axis never ends).
+constexpr double kMaxSeconds = 1e9;
+// Live bytes read: each component's and their total at most 2^62 (4 EiB), so the sums in
+// int64/uint64 that replay the events (here and in the plot) cannot overflow.
+constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 62;
+
 double to_time(const nlohmann::json& v, const std::string& name) {
-  if (!v.is_number() || !std::isfinite(v.get<double>())) bad("'" + name + "' must be a number (seconds)");
+  if (!v.is_number() || !(std::fabs(v.get<double>()) <= kMaxSeconds))
+    bad("'" + name + "' must be a number of seconds within +-1e9");
   return v.get<double>();
+}
+
+int to_int(const nlohmann::json& v, const std::string& name) {
+  const std::uint64_t x = to_u64(v, name);
+  if (x > static_cast<std::uint64_t>(INT_MAX)) bad("'" + name + "' is too large");
+  return static_cast<int>(x);
 }
 
 }  // namespace
@@ -77,8 +92,8 @@ nlohmann::json MemoryTimeline::to_json() const {
 MemoryTimeline MemoryTimeline::from_json(const nlohmann::json& j) {
   if (!j.is_object()) bad("not a JSON object");
   MemoryTimeline t;
-  t.rank = static_cast<int>(to_u64(field(j, "rank"), "rank"));
-  t.world = static_cast<int>(to_u64(field(j, "world"), "world"));
+  t.rank = to_int(field(j, "rank"), "rank");
+  t.world = to_int(field(j, "world"), "world");
   if (t.world < 1 || t.rank >= t.world) bad("'rank' must be below 'world' (>= 1)");
   t.budget_bytes = to_u64(field(j, "budget_bytes"), "budget_bytes");
   const nlohmann::json& comps = field(j, "components");
@@ -96,8 +111,12 @@ MemoryTimeline MemoryTimeline::from_json(const nlohmann::json& j) {
   }
   const nlohmann::json& init = field(j, "initial_live_bytes");
   if (!init.is_array() || init.size() != kNumComponents) bad("'initial_live_bytes' must have one entry per component");
-  for (std::size_t i = 0; i < kNumComponents; ++i)
+  std::uint64_t total = 0;  // live bytes of all components, at most kMaxBytes
+  for (std::size_t i = 0; i < kNumComponents; ++i) {
     t.initial[i] = to_u64(init[i], "initial_live_bytes[" + std::to_string(i) + "]");
+    if (t.initial[i] > kMaxBytes - total) bad("'initial_live_bytes' add up to more than 2^62 bytes");
+    total += t.initial[i];
+  }
   const nlohmann::json& ev = field(j, "events");
   if (!ev.is_array()) bad("'events' must be an array");
   t.events.reserve(ev.size());
@@ -116,9 +135,16 @@ MemoryTimeline MemoryTimeline::from_json(const nlohmann::json& j) {
     m.component = static_cast<std::uint8_t>(c);
     m.phase = static_cast<std::uint32_t>(p);
     m.delta = e[2].get<std::int64_t>();
-    if (m.delta < 0 && static_cast<std::uint64_t>(-m.delta) > live[m.component])
+    // |delta| <= kMaxBytes first: -INT64_MIN is not an int64.
+    const bool release = m.delta < 0;
+    const std::uint64_t size = m.delta < -static_cast<std::int64_t>(kMaxBytes) || m.delta > static_cast<std::int64_t>(kMaxBytes)
+                                   ? kMaxBytes + 1
+                                   : static_cast<std::uint64_t>(release ? -m.delta : m.delta);
+    if (release && size > live[m.component])
       bad(name + " releases more " + std::string(component_name(kAllComponents[m.component])) + " bytes than are live");
-    live[m.component] = static_cast<std::uint64_t>(static_cast<std::int64_t>(live[m.component]) + m.delta);
+    if (!release && size > kMaxBytes - total) bad(name + " brings the live bytes past 2^62");
+    live[m.component] = release ? live[m.component] - size : live[m.component] + size;
+    total = release ? total - size : total + size;
     t.events.push_back(m);
   }
   if (j.contains("phase_marks")) {

@@ -72,7 +72,9 @@ struct MemoryTimeline {
   std::uint32_t intern(std::string_view name);
 
   nlohmann::json to_json() const;
-  // Throws InvalidArgument naming the bad field ("memory timeline: events[3] ...").
+  // Throws InvalidArgument naming the bad field ("memory timeline: events[3] ..."). Besides
+  // the shape it requires: times within +-1e9 s; no release of more bytes than are live;
+  // live bytes (all components together) at most 2^62; rank < world <= INT_MAX.
   static MemoryTimeline from_json(const nlohmann::json& j);
 };
 
