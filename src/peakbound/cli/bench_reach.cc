@@ -232,7 +232,14 @@ int run_reach(const ReachFlags& f) {
       binding[c.name] = cj["binding"];
       at_reach[c.name] = t;
     }
-    if (!trials.empty() && r.first_failure > 0) cj["refusal_at_first_refused"] = trials[r.first_failure].refusal;
+    if (!trials.empty() && r.first_failure > 0) {
+      // The component whose allocation the arena refused just past the reach: the peak that
+      // grows into the budget (the largest one at the peak may be constant state).
+      const std::string& why = trials[r.first_failure].refusal;
+      cj["refusal_at_first_refused"] = why;
+      const std::size_t q = why.find(" for '");
+      if (q != std::string::npos) cj["refused_by"] = why.substr(q + 6, why.find('\'', q + 6) - q - 6);
+    }
     reach[c.name] = r.reach;
     per_config[c.name] = cj;
   }
@@ -325,12 +332,13 @@ int run_reach(const ReachFlags& f) {
   }
   std::printf("bench reach: %s on %d ranks (cp %lld), budget %s per rank\n", f.model.c_str(), f.ranks,
               static_cast<long long>(runner.cp()), format_bytes(double(budget)).c_str());
-  std::printf("%-10s %-10s %12s %10s %12s\n", "config", "schedules", "reach", "binding", "tokens/s");
+  std::printf("%-14s %-20s %8s %12s %12s %10s\n", "config", "schedules", "reach", "refused by", "largest", "tokens/s");
   for (const Config& c : configs) {
     const nlohmann::json& cj = per_config[c.name];
-    std::printf("%-10s %-10s %12lld %10s %12.0f\n", c.name.c_str(), c.schedules.c_str(),
+    std::printf("%-14s %-20s %8lld %12s %12s %10.0f\n", c.name.c_str(), c.schedules.c_str(),
                 static_cast<long long>(cj["reach_tokens"].get<std::int64_t>()),
-                cj.value("binding", std::string("-")).c_str(), cj.value("tokens_per_second", 0.0));
+                cj.value("refused_by", std::string("-")).c_str(), cj.value("binding", std::string("-")).c_str(),
+                cj.value("tokens_per_second", 0.0));
   }
   if (out.contains("reach_ratio"))
     std::printf("reach ratio %.2fx; throughput at the baseline's reach %.2fx\n", out["reach_ratio"].get<double>(),
@@ -382,6 +390,8 @@ Command add_reach(CLI::App& parent) {
     if (f->start < f->multiple) throw InvalidArgument("--start must be at least --multiple");
     if (f->max_context < f->start) throw InvalidArgument("--max-context is below --start");
     check_trainable(load_model_spec(f->model));
+    if (!f->peer_json.empty() && !std::ifstream(f->peer_json))
+      throw InvalidArgument("--peer-json: cannot read '" + f->peer_json + "'");
   };
   cmd.run = [f] { return run_reach(*f); };
   return cmd;

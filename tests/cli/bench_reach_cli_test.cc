@@ -1,0 +1,74 @@
+// `peakbound bench reach` end to end on 2 ranks (its own mpirun jobs): the JSON's fields, every
+// trial consistent with the reach it reports (what fitted is at most the reach, what was
+// refused is beyond it), all four reaching at least the baseline's context, the refusal named,
+// and the plan beside the measured peak; bad flags and a launch under mpirun are one-line errors.
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/run_cli.h"
+
+namespace peakbound {
+namespace {
+
+using testing::CliRun;
+
+TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "about 20 training jobs: too slow under the sanitizers (the release suite runs it)";
+#endif
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const CliRun r = testing::run_cli(
+      "bench reach --ranks 2 --cp 2 --budget 300MiB --configs none,all --start 256 --multiple 128 "
+      "--max-context 1024 --trial-steps 2 --resolution 0.25 --json",
+      600);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const std::int64_t base = j.at("reach_tokens").at("baseline"), sched = j.at("reach_tokens").at("scheduled");
+  EXPECT_GT(base, 0);
+  EXPECT_GE(sched, base);
+  EXPECT_DOUBLE_EQ(j.at("reach_ratio").get<double>(), double(sched) / double(base));
+  for (const char* name : {"baseline", "scheduled"}) {
+    const nlohmann::json& c = j.at("configs").at(name);
+    EXPECT_EQ(c.at("reach_tokens").get<std::int64_t>(), j["reach_tokens"][name].get<std::int64_t>());
+    for (const nlohmann::json& t : c.at("trials")) {
+      const std::int64_t ctx = t.at("context");
+      EXPECT_EQ(ctx % 128, 0);
+      if (t.at("fits").get<bool>()) {
+        EXPECT_LE(ctx, c["reach_tokens"].get<std::int64_t>()) << name;
+        EXPECT_LE(t.at("peak_bytes").get<std::int64_t>(), std::int64_t{300} << 20) << name;
+      } else {
+        EXPECT_GT(ctx, c["reach_tokens"].get<std::int64_t>()) << name;
+        EXPECT_NE(t.at("refusal").get<std::string>().find("budget in use"), std::string::npos);
+      }
+    }
+    EXPECT_TRUE(c.contains("binding")) << name;
+    EXPECT_GT(c.at("tokens_per_second").get<double>(), 0) << name;
+  }
+  // The baseline was refused within the range, naming the component.
+  ASSERT_GT(j["configs"]["baseline"]["first_refused_tokens"].get<std::int64_t>(), 0);
+  EXPECT_FALSE(j["configs"]["baseline"].at("refused_by").get<std::string>().empty());
+  // Side by side at the baseline's reach; the plan beside the measured at the scheduled reach.
+  EXPECT_EQ(j.at("throughput_at_baseline_reach").at("context").get<std::int64_t>(), base);
+  EXPECT_GT(j.at("throughput_ratio_at_baseline_reach").get<double>(), 0);
+  const nlohmann::json& total = j.at("plan_vs_measured").at("total");
+  EXPECT_EQ(total.at("measured_bytes"), j["configs"]["scheduled"].at("peak_bytes"));
+  EXPECT_GE(total.at("planned_bytes").get<std::int64_t>(), total.at("measured_bytes").get<std::int64_t>());
+}
+
+TEST(CliBenchReach, BadFlagsAreOneLineErrors) {
+  testing::expect_one_line_error(testing::run_cli("bench reach --configs none,bogus"), "bogus");
+  testing::expect_one_line_error(testing::run_cli("bench reach --configs dtp+nope"), "nope");
+  testing::expect_one_line_error(testing::run_cli("bench reach --ranks 4 --cp 3"), "--cp 3");
+  testing::expect_one_line_error(testing::run_cli("bench reach --cp 4 --multiple 6"), "--multiple");
+  testing::expect_one_line_error(testing::run_cli("bench reach --budget lots"), "--budget");
+  testing::expect_one_line_error(testing::run_cli("bench reach --peer-json /nonexistent/peer.json"), "peer.json");
+}
+
+TEST(CliBenchReach, RefusesToRunUnderMpirun) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const CliRun r = testing::run_mpi("bench reach", 2);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("without mpirun"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace peakbound
