@@ -18,6 +18,7 @@
 
 namespace {
 
+using peakbound::testing::last_json_line;
 using peakbound::testing::CliRun;
 using peakbound::testing::expect_one_line_error;
 using peakbound::testing::run_cli;
@@ -26,14 +27,6 @@ using peakbound::testing::slurp;
 namespace pb = peakbound;
 
 constexpr std::uint64_t MiB = 1024 * 1024;
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') last = line;
-  return nlohmann::json::parse(last);
-}
 
 // A small timeline: two steps; in step 2 the peak is params 4 MiB + vocab 6 MiB (vocab binds, 60%).
 std::string write_small_timeline(const std::string& name, std::uint64_t vocab_bytes) {

@@ -13,20 +13,13 @@
 
 namespace {
 
+using peakbound::testing::last_json_line;
 using peakbound::testing::CliRun;
 using peakbound::testing::run_cli;
 using peakbound::testing::run_mpi;
 
 const char* const kComponents[] = {"params", "grads",  "optimizer", "checkpoints", "dispatch", "vocab",
                                    "attention", "layer", "comm", "workspace"};
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') last = line;
-  return nlohmann::json::parse(last);
-}
 
 // plan's scheduled per-component bytes and peak == train's planned bytes (train lists
 // only the components with bytes).

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace peakbound::testing {
 
 struct CliRun {
@@ -66,6 +68,16 @@ inline bool address_space_limits_apply() {
 inline CliRun run_limited(const std::string& args, long kib, int timeout_seconds = 120) {
   return run_cli("", timeout_seconds,
                  "sh -c 'ulimit -v " + std::to_string(kib) + "; exec " + std::string(PEAKBOUND_CLI_PATH) + " " + args + "'");
+}
+
+// The last line of a command's output that starts with '{', parsed (commands print a JSON
+// summary after their human-readable lines).
+inline nlohmann::json last_json_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') last = line;
+  return nlohmann::json::parse(last);
 }
 
 inline bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }

@@ -16,18 +16,11 @@
 
 namespace {
 
+using peakbound::testing::last_json_line;
 using peakbound::testing::CliRun;
 using peakbound::testing::run_cli;
 
 const std::string kFixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
-
-nlohmann::json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') last = line;
-  return nlohmann::json::parse(last);
-}
 
 TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
   const std::string metrics = ::testing::TempDir() + "/train_metrics.jsonl";
