@@ -1,5 +1,7 @@
 #include "peakbound/bench/harness.h"
 
+#include <fstream>
+
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -20,6 +22,13 @@ nlohmann::json machine_info() {
           {"hardware_threads", std::thread::hardware_concurrency()}};
 }
 
+
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return f ? a + " " + b + " " + c : "unknown";
+}
 
 void share_cores_among_local_ranks() {
   cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launcher_local_size()));

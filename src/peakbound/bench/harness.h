@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <string>
 
 #include <nlohmann/json_fwd.hpp>
 #include <vector>
@@ -40,6 +41,10 @@ double best_seconds(F&& f, int warmup, int reps) {
 
 // {"blas_core", "blas_threads", "hardware_threads", "version"}: printed with every result.
 nlohmann::json machine_info();
+
+// The 1, 5 and 15 minute load averages ("0.52 0.61 0.70"; "unknown" without /proc/loadavg):
+// benches print them beside their timings.
+std::string load_average();
 
 // Gives each rank launched on this host (comm/launcher.h) an equal share of the cores as
 // BLAS threads, so 4 ranks on 2 cores do not fight.

@@ -182,13 +182,6 @@ CpResult run_cp(Communicator& g, const cpu::AttentionDims& a, const AttentionPro
   return res;
 }
 
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  f >> a >> b >> c;
-  return f ? a + " " + b + " " + c : "unknown";
-}
-
 nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   if (!run) return {};
   const BenchAttentionFlags* f = &fl;
@@ -215,7 +208,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   std::optional<ThreadPool> pool;
   if (a.threads > 1) pool.emplace(a.threads);
   ThreadPool* p = pool ? &*pool : nullptr;
-  const std::string load_before = load_average();
+  const std::string load_before = bench::load_average();
   const double fwd = bench::best_seconds(
       [&] { cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), a, ws.data(), p); }, 1,
       f->reps);
@@ -242,7 +235,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"forward_gflops", fwd_flops / fwd * 1e-9},
                       {"backward_gflops", bwd_flops / bwd * 1e-9},
                       {"load_average_before", load_before},
-                      {"load_average_after", load_average()},
+                      {"load_average_after", bench::load_average()},
                       {"machine", bench::machine_info()}};
   return j;
 }
@@ -305,7 +298,7 @@ Command add_bench_attention(CLI::App& parent) {
                    exposed_comm = nlohmann::json::object(), imbalance = nlohmann::json::object();
     std::vector<int> ran;
     double max_rel = 0;
-    const std::string load_before = load_average();
+    const std::string load_before = bench::load_average();
     for (std::int64_t cp64 : int_list(f->cp_sizes, "--cp-sizes", 1, 4096)) {
       const int cp = static_cast<int>(cp64);
       if (w.size() % cp != 0) continue;
@@ -349,7 +342,7 @@ Command add_bench_attention(CLI::App& parent) {
       j["compute_seconds"] = compute;
       j["max_rel_err"] = max_rel;
       j["ring_load_average_before"] = load_before;
-      j["ring_load_average_after"] = load_average();
+      j["ring_load_average_after"] = bench::load_average();
       std::printf("%s\n", j.dump(2).c_str());
     }
     return 0;

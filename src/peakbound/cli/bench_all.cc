@@ -1,0 +1,210 @@
+// `peakbound bench all`: every component benchmark at its default shape, each as its own job
+// (the multi-rank ones under `mpirun -np --ranks`, the others as one process), and one table
+// and one JSON document with every ratio beside its target, the machine and the thread/rank
+// layout. The README's performance table is this table. Run it without mpirun: it launches
+// its own jobs. `--with-reach` adds `bench reach` (tens of minutes on a small machine).
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "peakbound/bench/harness.h"
+#include "peakbound/bench/subprocess.h"
+#include "peakbound/cli/command.h"
+#include "peakbound/cli/flags.h"
+#include "peakbound/core/error.h"
+
+namespace peakbound::cli {
+
+namespace {
+
+struct AllFlags {
+  int ranks = 4;
+  std::string benches = "vocab,dispatch,checkpoint,optimizer,attention";
+  std::string mpirun = "mpirun";
+  bool with_reach = false;
+  std::string reach_budget = "192MiB";
+  bool json = false;
+};
+
+// A benchmark of the suite: whether it runs on --ranks ranks, and where its figures are.
+struct Suite {
+  std::string name;
+  bool multi_rank;
+};
+
+const std::vector<Suite>& suites() {
+  static const std::vector<Suite> s = {{"vocab", true},      {"dispatch", true}, {"checkpoint", false},
+                                       {"optimizer", false}, {"attention", true}, {"reach", false}};
+  return s;
+}
+
+// One figure of the table: a JSON pointer into the bench's document, and the bar it is held
+// to (`at_least`; none for a figure reported without one) with where the bar comes from.
+struct Figure {
+  std::string bench, metric, pointer;
+  double at_least = -1;
+  std::string bar_source;
+};
+
+const std::vector<Figure>& figures() {
+  static const std::vector<Figure> f = {
+      {"vocab", "peak_reduction", "/peak_reduction", 0.866, "published 86.6%"},
+      {"vocab", "throughput_ratio", "/throughput_ratio", 0.72, "4-GEMM limit 0.75 (issue 15)"},
+      {"dispatch", "hot: peak_reduction_vs_standard", "/skews/hot/peak_reduction_vs_standard", 0.593,
+       "published up to 59.3%"},
+      {"dispatch", "hot: peak_reduction_vs_llep", "/skews/hot/peak_reduction_vs_llep", -1, ""},
+      {"dispatch", "uniform: throughput_ratio_vs_llep", "/skews/uniform/throughput_ratio_vs_llep", 0.95,
+       "issue 15"},
+      {"dispatch", "hot: throughput_ratio_vs_llep", "/skews/hot/throughput_ratio_vs_llep", 0.95, "issue 15"},
+      {"dispatch", "hot: throughput_ratio_vs_standard", "/skews/hot/throughput_ratio_vs_standard", -1, ""},
+      {"checkpoint", "checkpoint_peak_reduction", "/checkpoint_peak_reduction", -1, ""},
+      {"checkpoint", "throughput_ratio", "/throughput_ratio", 0.95, "issue 15"},
+      {"optimizer", "speedup_stream_vs_serial", "/speedup_stream_vs_serial", 1.0,
+       "issue 15 here (published 2.05 with PCIe copies)"},
+      {"optimizer", "roofline_fraction", "/roofline_fraction", 0.7, "the bench's own bar"},
+      {"attention", "peak_bytes cp 2 / cp 1", "", -1, ""},
+      {"attention", "peak_bytes cp 4 / cp 1", "", -1, ""},
+      {"attention", "overlap_fraction cp 4", "/overlap_fraction/4", -1, ""},
+      {"reach", "reach_ratio", "/reach_ratio", 8, "issue 14 (published 8-32x)"},
+      {"reach", "throughput_ratio_at_baseline_reach", "/throughput_ratio_at_baseline_reach", 1.0, "issue 14"},
+  };
+  return f;
+}
+
+// The figure's value in the bench's document, or null when the document lacks it.
+nlohmann::json value_of(const Figure& f, const nlohmann::json& doc) {
+  if (f.bench == "attention" && f.pointer.empty()) {
+    const std::string cp = f.metric.find("cp 2") != std::string::npos ? "2" : "4";
+    const nlohmann::json& p = doc.value("peak_bytes", nlohmann::json::object());
+    if (!p.contains("1") || !p.contains(cp) || p["1"].get<double>() <= 0) return nullptr;
+    return p[cp].get<double>() / p["1"].get<double>();
+  }
+  const nlohmann::json::json_pointer ptr(f.pointer);
+  if (!doc.contains(ptr) || !doc[ptr].is_number()) return nullptr;
+  return doc[ptr];
+}
+
+// A bench's output is one JSON document (possibly pretty-printed), maybe after text lines.
+nlohmann::json parse_document(const std::string& out, const std::string& name) {
+  const std::size_t brace = out.find("\n{");
+  const std::string text = out.rfind('{', 0) == 0 ? out : (brace == std::string::npos ? "" : out.substr(brace + 1));
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw Error("bench all: `bench " + name + " --json` printed no JSON document");
+  }
+}
+
+int run_all(const AllFlags& f) {
+  std::vector<std::string> names;
+  std::stringstream ss(f.benches);
+  for (std::string item; std::getline(ss, item, ',');) names.push_back(item);
+  if (f.with_reach) names.push_back("reach");
+  const std::string exe = bench::self_executable();
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+  const unsigned hw = std::thread::hardware_concurrency();
+  nlohmann::json out = {{"bench", "all"},
+                        {"machine", bench::machine_info()},
+                        {"layout",
+                         {{"ranks", f.ranks},
+                          {"hardware_threads", hw},
+                          {"blas_threads_per_rank", std::max(1, static_cast<int>(hw) / f.ranks)},
+                          {"blas_threads_single_process", static_cast<int>(hw)},
+                          {"launcher", f.mpirun + " -np " + std::to_string(f.ranks) + " --oversubscribe"}}},
+                        {"load_average_before", bench::load_average()}};
+  nlohmann::json results = nlohmann::json::object(), seconds = nlohmann::json::object();
+  for (const std::string& name : names) {
+    bool multi = false;
+    for (const Suite& s : suites())
+      if (s.name == name) multi = s.multi_rank;
+    std::vector<std::string> argv;
+    if (multi) {
+      argv = {f.mpirun, "-np", std::to_string(f.ranks), "--oversubscribe"};
+      if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+    }
+    argv.insert(argv.end(), {exe, "bench", name, "--json"});
+    if (name == "reach") argv.insert(argv.end(), {"--budget", f.reach_budget, "--ranks", std::to_string(f.ranks)});
+    std::fprintf(stderr, "bench %s ...\n", name.c_str());
+    bench::Stopwatch w;
+    const bench::ProcessResult p = bench::run_process(argv);
+    seconds[name] = w.seconds();
+    if (p.exit_code != 0) {
+      const std::size_t e = p.err.find("peakbound: error: ");
+      throw Error("bench all: `bench " + name + "` failed (exit " + std::to_string(p.exit_code) +
+                  "): " + (e == std::string::npos ? p.err.substr(0, 300) : p.err.substr(e + 18, p.err.find('\n', e) - e - 18)));
+    }
+    results[name] = parse_document(p.out, name);
+  }
+  out["load_average_after"] = bench::load_average();
+  nlohmann::json table = nlohmann::json::array();
+  for (const Figure& fig : figures()) {
+    if (!results.contains(fig.bench)) continue;
+    const nlohmann::json v = value_of(fig, results[fig.bench]);
+    nlohmann::json row = {{"bench", fig.bench}, {"metric", fig.metric}, {"value", v}};
+    if (fig.at_least >= 0) {
+      row["at_least"] = fig.at_least;
+      row["bar"] = fig.bar_source;
+      row["met"] = v.is_number() && v.get<double>() >= fig.at_least;
+    }
+    table.push_back(row);
+  }
+  out["figures"] = table;
+  out["seconds"] = seconds;
+  out["results"] = results;
+  if (f.json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("peakbound bench all: %d ranks for the multi-rank benches, %u hardware threads, load %s -> %s\n",
+              f.ranks, hw, out["load_average_before"].get<std::string>().c_str(),
+              out["load_average_after"].get<std::string>().c_str());
+  std::printf("%-11s %-36s %10s %10s  %s\n", "bench", "figure", "value", "bar", "");
+  for (const nlohmann::json& r : table) {
+    const std::string value = r["value"].is_number() ? std::to_string(r["value"].get<double>()).substr(0, 6) : "-";
+    const std::string bar = r.contains("at_least") ? ">= " + std::to_string(r["at_least"].get<double>()).substr(0, 5) : "";
+    const std::string met = !r.contains("met") ? "" : r["met"].get<bool>() ? "met" : "NOT met";
+    std::printf("%-11s %-36s %10s %10s  %s\n", r["bench"].get<std::string>().c_str(),
+                r["metric"].get<std::string>().c_str(), value.c_str(), bar.c_str(), met.c_str());
+  }
+  return 0;
+}
+
+Command add_all(CLI::App& parent) {
+  auto f = std::make_shared<AllFlags>();
+  Command cmd;
+  CLI::App* app = parent.add_subcommand(
+      "all", "Every component benchmark at its default shape, each as its own job: one table of every ratio");
+  cmd.app = app;
+  int_flag(app, "--ranks", f->ranks, "Ranks of the multi-rank benches (vocab, dispatch, attention)", 1, 1 << 16);
+  text_flag(app, "--benches", f->benches, "Which benches (vocab, dispatch, checkpoint, optimizer, attention)")
+      ->capture_default_str();
+  text_flag(app, "--mpirun", f->mpirun, "The launcher")->capture_default_str();
+  app->add_flag("--with-reach", f->with_reach, "Also run `bench reach` (tens of minutes on a small machine)");
+  text_flag(app, "--reach-budget", f->reach_budget, "bench reach's --budget")->capture_default_str();
+  app->add_flag("--json", f->json, "Print one JSON document (figures, layout, every bench's own document)");
+  cmd.validate = [f] {
+    if (launcher_size() > 1) throw InvalidArgument("bench all launches its own jobs (--ranks); run it without mpirun");
+    std::stringstream ss(f->benches);
+    for (std::string item; std::getline(ss, item, ',');) {
+      bool known = false;
+      for (const Suite& s : suites()) known = known || (s.name == item && item != "reach");
+      if (!known)
+        throw InvalidArgument("--benches: '" + item + "' is not one of vocab, dispatch, checkpoint, optimizer, attention");
+    }
+  };
+  cmd.run = [f] { return run_all(*f); };
+  return cmd;
+}
+
+const bool registered = register_command("bench", "all", add_all);
+
+}  // namespace
+
+}  // namespace peakbound::cli
