@@ -67,6 +67,22 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
   return r;
 }
 
+std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks) {
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+  std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks), "--oversubscribe"};
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  return argv;
+}
+
+std::string error_line(const std::string& err) {
+  const std::string tag = "peakbound: error: ";
+  const std::size_t e = err.find(tag);
+  if (e == std::string::npos) return "";
+  const std::size_t end = err.find('\n', e);
+  return err.substr(e + tag.size(), end == std::string::npos ? std::string::npos : end - e - tag.size());
+}
+
 std::string self_executable() {
   std::error_code ec;
   const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);

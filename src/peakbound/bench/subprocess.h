@@ -19,4 +19,13 @@ ProcessResult run_process(const std::vector<std::string>& argv);
 // The path of the running executable (/proc/self/exe).
 std::string self_executable();
 
+// The start of a command line running `ranks` ranks under `mpirun`: -np, --oversubscribe
+// (the benches run more ranks than cores on small machines), --allow-run-as-root as root.
+// Also sets, unless the environment has them, OpenMPI's defaults for such jobs: waiting
+// ranks yield their core, shared memory without cross-memory attach (containers).
+std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks);
+
+// The message of the first "peakbound: error: ..." line a child printed ("" if none).
+std::string error_line(const std::string& err);
+
 }  // namespace peakbound::bench

@@ -8,7 +8,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -107,8 +106,6 @@ int run_all(const AllFlags& f) {
   for (std::string item; std::getline(ss, item, ',');) names.push_back(item);
   if (f.with_reach) names.push_back("reach");
   const std::string exe = bench::self_executable();
-  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
   const unsigned hw = std::thread::hardware_concurrency();
   nlohmann::json out = {{"bench", "all"},
                         {"machine", bench::machine_info()},
@@ -125,10 +122,7 @@ int run_all(const AllFlags& f) {
     for (const Suite& s : suites())
       if (s.name == name) multi = s.multi_rank;
     std::vector<std::string> argv;
-    if (multi) {
-      argv = {f.mpirun, "-np", std::to_string(f.ranks), "--oversubscribe"};
-      if (geteuid() == 0) argv.push_back("--allow-run-as-root");
-    }
+    if (multi) argv = bench::mpirun_argv(f.mpirun, f.ranks);
     argv.insert(argv.end(), {exe, "bench", name, "--json"});
     if (name == "reach") argv.insert(argv.end(), {"--budget", f.reach_budget, "--ranks", std::to_string(f.ranks)});
     std::fprintf(stderr, "bench %s ...\n", name.c_str());
@@ -136,9 +130,9 @@ int run_all(const AllFlags& f) {
     const bench::ProcessResult p = bench::run_process(argv);
     seconds[name] = w.seconds();
     if (p.exit_code != 0) {
-      const std::size_t e = p.err.find("peakbound: error: ");
+      const std::string msg = bench::error_line(p.err);
       throw Error("bench all: `bench " + name + "` failed (exit " + std::to_string(p.exit_code) +
-                  "): " + (e == std::string::npos ? p.err.substr(0, 300) : p.err.substr(e + 18, p.err.find('\n', e) - e - 18)));
+                  "): " + (msg.empty() ? p.err.substr(0, 300) : msg));
     }
     results[name] = parse_document(p.out, name);
   }

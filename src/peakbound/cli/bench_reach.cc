@@ -18,7 +18,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -122,8 +121,7 @@ class Runner {
   // One job of `steps` steps at `context` under `schedules`; a refusal by the arena is
   // "does not fit", any other failure ends the benchmark with the job's error.
   Trial run(const std::string& schedules, std::int64_t context, int steps, const std::string& timeline = "") {
-    std::vector<std::string> argv = {f_.mpirun, "-np", std::to_string(f_.ranks), "--oversubscribe"};
-    if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+    std::vector<std::string> argv = bench::mpirun_argv(f_.mpirun, f_.ranks);
     argv.insert(argv.end(), {exe_, "train", "--model", f_.model, "--seq-len", std::to_string(context), "--batch", "1",
                              "--steps", std::to_string(steps), "--cp", std::to_string(cp()), "--ep",
                              std::to_string(f_.ep), "--vocab-group", std::to_string(f_.vocab_group), "--schedules",
@@ -146,8 +144,7 @@ class Runner {
       }
       t.fits = true;
     } else {
-      const std::size_t e = p.err.find("peakbound: error: ");
-      const std::string msg = e == std::string::npos ? "" : p.err.substr(e + 18, p.err.find('\n', e) - e - 18);
+      const std::string msg = bench::error_line(p.err);
       if (msg.find("cannot allocate") == std::string::npos || msg.find("budget in use") == std::string::npos)
         throw Error("bench reach: the job at context " + std::to_string(context) + " (schedules " + schedules +
                     ") failed (exit " + std::to_string(p.exit_code) + "): " +
@@ -183,9 +180,6 @@ int run_reach(const ReachFlags& f) {
   so.max_context = f.max_context;
   so.multiple = f.multiple;
   so.resolution = f.resolution;
-  // Oversubscribed ranks spin less; shared memory without cross-memory attach (containers).
-  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
 
   nlohmann::json out = {{"bench", "reach"},
                         {"model", f.model},
