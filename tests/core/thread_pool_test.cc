@@ -34,6 +34,40 @@ TEST(ThreadPool, RethrowsATaskFailureAndStaysUsable) {
   EXPECT_EQ(sum.load(), 4950);
 }
 
+// Calls far shorter than a worker's wake-up: most workers wake after the call they
+// were woken for has returned, and must take nothing from it or from the next call
+// with the old call's function (each call's function checks it is its own).
+TEST(ThreadPool, BackToBackShortCallsRunOnlyTheirOwnTasks) {
+  for (int threads : {2, 4, 8}) {
+    ThreadPool pool(threads);
+    std::atomic<std::int64_t> wrong{0};
+    for (int call = 0; call < 20000; ++call) {
+      const std::int64_t tasks = 2 + call % 3;
+      std::vector<std::atomic<int>> hits(static_cast<std::size_t>(tasks));
+      pool.parallel_for(tasks, [&, call](std::int64_t i) {
+        if (i < 0 || i >= tasks) ++wrong;
+        else hits[static_cast<std::size_t>(i)]++;
+        (void)call;
+      });
+      for (std::int64_t i = 0; i < tasks; ++i)
+        ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << threads << " threads, call " << call;
+    }
+    EXPECT_EQ(wrong.load(), 0);
+  }
+}
+
+// After a failure the rest of the call's tasks are skipped, not left waiting: the
+// call returns (with the error) even when most tasks were never run.
+TEST(ThreadPool, AFailureSkipsTheRestAndReturns) {
+  ThreadPool pool(4);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.parallel_for(100000, [&](std::int64_t i) {
+    ++ran;
+    if (i == 0) throw std::runtime_error("task 0");
+  }), std::runtime_error);
+  EXPECT_LT(ran.load(), 100000);
+}
+
 TEST(ThreadPool, RefusesZeroThreads) { EXPECT_THROW(ThreadPool(0), InvalidArgument); }
 
 }  // namespace

@@ -39,35 +39,55 @@ void ThreadPool::stop_workers() noexcept {
 
 ThreadPool::~ThreadPool() { stop_workers(); }
 
-void ThreadPool::run_tasks() {
+namespace {
+constexpr std::int64_t kMaxTasks = 0xffffffffll;  // the task index has 32 bits
+std::uint64_t claim_word(std::uint32_t generation, std::int64_t index) {
+  return (static_cast<std::uint64_t>(generation) << 32) | static_cast<std::uint64_t>(index);
+}
+}  // namespace
+
+void ThreadPool::run_tasks(std::uint32_t generation, std::int64_t tasks,
+                           const std::function<void(std::int64_t)>* fn) {
+  std::uint64_t word = next_.load(std::memory_order_relaxed);
   for (;;) {
-    std::int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= tasks_) return;
-    try {
-      (*fn_)(i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!failure_) failure_ = std::current_exception();
-      next_.store(tasks_, std::memory_order_relaxed);  // the others stop taking tasks
+    // A claim is valid only in its own call: a worker that wakes after the call it was
+    // woken for has finished finds a different generation here and takes nothing.
+    if (static_cast<std::uint32_t>(word >> 32) != generation) return;
+    const auto i = static_cast<std::int64_t>(word & 0xffffffffull);
+    if (i >= tasks) return;
+    if (!next_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_relaxed))
+      continue;  // `word` now holds the current value
+    if (!failed_.load(std::memory_order_relaxed)) {
+      try {
+        (*fn)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!failure_) failure_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);  // the others skip what is left
+      }
     }
+    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == tasks) {
+      std::lock_guard<std::mutex> lock(mu_);  // the caller checks under mu_: no lost wake-up
+      done_.notify_one();
+    }
+    word = next_.load(std::memory_order_relaxed);
   }
 }
 
 void ThreadPool::worker_loop() {
-  std::uint64_t seen = 0;
+  std::uint32_t seen = 0;
   for (;;) {
+    std::int64_t tasks = 0;
+    const std::function<void(std::int64_t)>* fn = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
+      tasks = tasks_;
+      fn = fn_;
     }
-    run_tasks();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --busy_;
-    }
-    done_.notify_one();
+    run_tasks(seen, tasks, fn);
   }
 }
 
@@ -78,21 +98,28 @@ void ThreadPool::parallel_for(std::int64_t tasks, const std::function<void(std::
     for (std::int64_t i = 0; i < tasks; ++i) fn(i);
     return;
   }
+  if (tasks > kMaxTasks)
+    throw InvalidArgument("thread pool: " + std::to_string(tasks) + " tasks in one call, at most " +
+                          std::to_string(kMaxTasks));
+  std::uint32_t generation = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    generation = ++generation_;
     fn_ = &fn;
     tasks_ = tasks;
-    next_.store(0, std::memory_order_relaxed);
     failure_ = nullptr;
-    busy_ = static_cast<int>(workers_.size());
-    ++generation_;
+    failed_.store(false, std::memory_order_relaxed);
+    finished_.store(0, std::memory_order_relaxed);
+    next_.store(claim_word(generation, 0), std::memory_order_release);
   }
   wake_.notify_all();
-  run_tasks();
+  run_tasks(generation, tasks, &fn);
   std::exception_ptr f;
   {
+    // Only claimed tasks are waited for: every task is claimed by now, so this waits
+    // for the ones still running on workers, never for a worker still asleep.
     std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return busy_ == 0; });
+    done_.wait(lock, [&] { return finished_.load(std::memory_order_acquire) == tasks; });
     fn_ = nullptr;
     f = std::exchange(failure_, nullptr);
   }

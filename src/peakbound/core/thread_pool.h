@@ -4,8 +4,13 @@
 // caller's thread takes part, so a pool of size K runs K-1 workers. parallel_for
 // hands out task indices dynamically (an atomic counter), so a thread that the OS
 // deschedules (copy engines share the cores) delays only the tasks it holds, not a
-// fixed share of the work. One parallel_for at a time; calls are serialised, so a
-// task must not call parallel_for on its own pool.
+// fixed share of the work. parallel_for returns as soon as every task has run: it
+// waits for the tasks that were claimed, never for a worker that claimed none (one the
+// OS has not yet woken costs the caller nothing; a step that calls parallel_for once
+// per bucket would otherwise pay a scheduling delay per bucket on a loaded machine).
+// A claim carries the call's generation, so a late worker cannot take a task of a
+// later call with an earlier call's function. One parallel_for at a time; calls are
+// serialised, so a task must not call parallel_for on its own pool.
 #pragma once
 
 #include <atomic>
@@ -37,18 +42,21 @@ class ThreadPool {
  private:
   void worker_loop();
   void stop_workers() noexcept;
-  void run_tasks();
+  // Runs tasks of call `generation` (fn over [0, tasks)) until none is left unclaimed.
+  void run_tasks(std::uint32_t generation, std::int64_t tasks, const std::function<void(std::int64_t)>* fn);
 
   std::vector<std::thread> workers_;
   std::mutex call_mu_;  // serialises parallel_for calls
   std::mutex mu_;
   std::condition_variable wake_, done_;
-  std::uint64_t generation_ = 0;
-  int busy_ = 0;  // workers still inside the current generation
+  std::uint32_t generation_ = 0;  // the current call's, under mu_
   bool stop_ = false;
   const std::function<void(std::int64_t)>* fn_ = nullptr;
   std::int64_t tasks_ = 0;
-  std::atomic<std::int64_t> next_{0};
+  // The next unclaimed task: generation in the high 32 bits, task index in the low 32.
+  std::atomic<std::uint64_t> next_{0};
+  std::atomic<std::int64_t> finished_{0};  // tasks of the current call run (or skipped)
+  std::atomic<bool> failed_{false};        // a task threw: the rest are skipped
   std::exception_ptr failure_;
 };
 
