@@ -27,4 +27,8 @@ int launcher_local_size() {
   return n > 0 ? n : 1;
 }
 
+int launcher_local_rank() {
+  return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, 0);
+}
+
 }  // namespace peakbound

@@ -4,6 +4,9 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#ifdef PEAKBOUND_HAVE_CUDA
+#include "peakbound/device/cuda/cuda_device.h"
+#endif
 
 namespace peakbound {
 
@@ -28,7 +31,7 @@ std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_
   if (kind == "cpu") return std::make_unique<CpuDevice>(memory_budget);
   if (kind == "cuda") {
 #ifdef PEAKBOUND_HAVE_CUDA
-    throw Unavailable("the CUDA device is not implemented yet in this build; use --device cpu");
+    return std::make_unique<CudaDevice>(memory_budget);
 #else
     throw Unavailable("this peakbound was built without CUDA (PEAKBOUND_WITH_CUDA=OFF); use --device cpu");
 #endif
