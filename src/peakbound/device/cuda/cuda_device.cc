@@ -1,5 +1,6 @@
 #include "peakbound/device/cuda/cuda_device.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -131,6 +132,7 @@ CudaDevice::~CudaDevice() {
     }
     pending_.clear();
   }
+  if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
   extra_.clear();
   compute_.reset();
   copy_.reset();
@@ -158,6 +160,19 @@ CudaStream& CudaDevice::own(Stream& s) {
 }
 
 void* CudaDevice::native_stream(Stream& s) { return own(s).native(); }
+
+void* CudaDevice::blas_handle() {
+  if (!blas_) {
+    check(cudaSetDevice(ordinal_), "cudaSetDevice");
+    cublasHandle_t h = nullptr;
+    const cublasStatus_t st = cublasCreate(&h);
+    if (st != CUBLAS_STATUS_SUCCESS) throw Error(name_ + ": cublasCreate: " + cublasGetStatusString(st));
+    // f32 means f32: no TF32 inside the f32 GEMMs (the exactness tests compare at f32).
+    cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+    blas_ = h;
+  }
+  return blas_;
+}
 
 void CudaDevice::memcpy_async(void* dst, const void* src, std::uint64_t bytes, CopyKind kind, Stream& s) {
   if (bytes == 0) return;

@@ -56,6 +56,10 @@ class CudaDevice final : public Device {
   // NCCL); InvalidArgument when s belongs to another device.
   void* native_stream(Stream& s);
 
+  // The device's cuBLAS handle (a cublasHandle_t), created on first use; the caller sets
+  // its stream. One op at a time uses it (ops run on the thread that owns the compute).
+  void* blas_handle();
+
   // A failure thrown by a host task, kept for the next synchronize (called from the
   // driver's callback thread).
   void keep_failure(std::exception_ptr e) noexcept;
@@ -81,6 +85,7 @@ class CudaDevice final : public Device {
   mutable std::mutex stats_mu_;
   mutable std::vector<PendingCopy> pending_;
   mutable CopyStats stats_;
+  void* blas_ = nullptr;
   std::mutex failure_mu_;
   std::exception_ptr failure_;
 };
