@@ -49,6 +49,15 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
   // Side by side at the baseline's reach; the plan beside the measured at the scheduled reach.
   EXPECT_EQ(j.at("throughput_at_baseline_reach").at("context").get<std::int64_t>(), base);
   EXPECT_GT(j.at("throughput_ratio_at_baseline_reach").get<double>(), 0);
+  // The same model on the same data under both: the losses agree to f32 rounding (the
+  // first before any update, the last after the trial's updates).
+  const nlohmann::json& losses = j["throughput_at_baseline_reach"].at("losses");
+  ASSERT_FALSE(losses.empty());
+  for (const nlohmann::json& l : losses) {
+    EXPECT_GT(l.at("baseline_first_loss").get<double>(), 0) << l.dump();
+    EXPECT_LT(l.at("first_loss_relative_difference").get<double>(), 1e-5) << l.dump();
+    EXPECT_LT(l.at("last_loss_relative_difference").get<double>(), 1e-4) << l.dump();
+  }
   const nlohmann::json& total = j.at("plan_vs_measured").at("total");
   EXPECT_EQ(total.at("measured_bytes"), j["configs"]["scheduled"].at("peak_bytes"));
   EXPECT_GE(total.at("planned_bytes").get<std::int64_t>(), total.at("measured_bytes").get<std::int64_t>());

@@ -13,17 +13,12 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/device/cuda/cuda_device.h"
+#include "tests/device/gpu_test_util.h"
 
 namespace peakbound {
 namespace {
 
 constexpr std::uint64_t MiB = 1024 * 1024;
-
-#define PB_NEED_GPU()                                                   \
-  do {                                                                  \
-    std::string why;                                                    \
-    if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why; \
-  } while (0)
 
 TEST(CudaDevice, TheBudgetIsOneRegionTheArenaPlacesInto) {
   PB_NEED_GPU();

@@ -11,6 +11,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/device/cuda/cuda_device.h"
 #include "peakbound/ops/gemm.h"
+#include "tests/device/gpu_test_util.h"
 
 namespace peakbound {
 namespace {
@@ -24,8 +25,7 @@ struct Case {
 };
 
 TEST(CudaGemm, MatchesTheCpuBackend) {
-  std::string why;
-  if (cuda_device_count(&why) == 0) GTEST_SKIP() << "no GPU: " << why;
+  PB_NEED_GPU();
   CudaDevice gpu(256 * MiB);
   CpuDevice cpu(256 * MiB);
   std::mt19937 rng(7);

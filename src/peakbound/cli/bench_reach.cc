@@ -250,6 +250,10 @@ int run_reach(const ReachFlags& f) {
     // alternating twice. (The baseline's job repeats its fitting trial; its routing, and so
     // its dispatch peak, may still differ by rounding: a refusal is reported, not hidden.)
     std::vector<double> base_tps, sched_tps;
+    // Exactness on the side: both jobs train the same model on the same data, so their
+    // losses differ only by f32 reduction order; the first step's is before any update,
+    // the last one's after the trial's updates (gradients and the optimizer included).
+    nlohmann::json losses = nlohmann::json::array();
     int refused = 0;
     for (int rep = 0; rep < 2; ++rep) {
       const std::string tl = f.timeline_dir.empty() || rep > 0 ? "" : f.timeline_dir + "/none.json";
@@ -260,6 +264,15 @@ int run_reach(const ReachFlags& f) {
       else ++refused;
       if (s.fits) sched_tps.push_back(tokens_per_second(s.summary, 1));
       else ++refused;
+      if (b.fits && s.fits) {
+        auto rel = [](double x, double y) { return std::fabs(x - y) / std::max(std::fabs(x), 1e-30); };
+        const double b1 = b.summary.value("first_loss", 0.0), s1 = s.summary.value("first_loss", 0.0);
+        const double bl = b.summary.value("last_loss", 0.0), sl = s.summary.value("last_loss", 0.0);
+        losses.push_back({{"baseline_first_loss", b1}, {"scheduled_first_loss", s1},
+                          {"baseline_last_loss", bl}, {"scheduled_last_loss", sl},
+                          {"first_loss_relative_difference", rel(b1, s1)},
+                          {"last_loss_relative_difference", rel(bl, sl)}});
+      }
     }
     auto mean = [](const std::vector<double>& v) {
       double s = 0;
@@ -269,7 +282,8 @@ int run_reach(const ReachFlags& f) {
     out["throughput_at_baseline_reach"] = {{"context", base_reach},
                                            {"baseline_tokens_per_second", base_tps},
                                            {"scheduled_tokens_per_second", sched_tps},
-                                           {"jobs_refused", refused}};
+                                           {"jobs_refused", refused},
+                                           {"losses", losses}};
     if (!base_tps.empty() && !sched_tps.empty())
       out["throughput_ratio_at_baseline_reach"] = mean(sched_tps) / mean(base_tps);
   }

@@ -13,4 +13,26 @@ namespace peakbound::ops {
 // Throws Unavailable: "op 'gemm' has no cuda kernel yet (device cuda:0)".
 [[noreturn]] void no_kernel(const Device& dev, std::string_view op);
 
+#ifdef PEAKBOUND_HAVE_CUDA
+// The cudaStream_t behind s, a stream of the CUDA device dev.
+void* cuda_stream(Device& dev, Stream& s);
+#endif
+
+}  // namespace peakbound::ops
+
+// In an op: on a CUDA device run `call` (which may use `stream`, the cudaStream_t) and
+// return; in a build without CUDA this is nothing, and the op's no_kernel check speaks.
+#ifdef PEAKBOUND_HAVE_CUDA
+#define PB_ON_CUDA(dev, s, call)                                    \
+  if ((dev).backend() == ::peakbound::Backend::cuda) {              \
+    [[maybe_unused]] void* stream = ::peakbound::ops::cuda_stream(dev, s); \
+    call;                                                           \
+    return;                                                         \
+  }
+#else
+#define PB_ON_CUDA(dev, s, call)
+#endif
+
+namespace peakbound::ops {
+
 }  // namespace peakbound::ops

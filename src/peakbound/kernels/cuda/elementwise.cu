@@ -1,0 +1,163 @@
+#include "peakbound/kernels/cuda/elementwise.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaStream_t native(void* s) { return static_cast<cudaStream_t>(s); }
+
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 32 ? b : 65535 * 32);  // grid-stride beyond
+}
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string("cuda kernel ") + what + ": " + cudaGetErrorString(e));
+}
+
+__device__ inline std::int64_t first_index() { return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; }
+__device__ inline std::int64_t stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+
+__global__ void fill_k(float* x, std::int64_t n, float v) {
+  for (std::int64_t i = first_index(); i < n; i += stride()) x[i] = v;
+}
+__global__ void scale_k(float* x, std::int64_t n, float a) {
+  for (std::int64_t i = first_index(); i < n; i += stride()) x[i] *= a;
+}
+__global__ void axpy_k(float* y, const float* x, std::int64_t n, float a) {
+  for (std::int64_t i = first_index(); i < n; i += stride()) y[i] += a * x[i];
+}
+__global__ void add_k(float* out, const float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += stride()) out[i] = a[i] + b[i];
+}
+
+// 1 / (1 + e^-g), as the CPU kernel: expf (not __expf) for the same rounding class.
+__device__ inline float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+__global__ void swiglu_forward_k(float* out, const float* gate, const float* up, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += stride()) {
+    const float g = gate[i];
+    out[i] = g * sigmoid(g) * up[i];
+  }
+}
+__global__ void swiglu_backward_k(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                                  std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += stride()) {
+    const float g = gate[i], u = up[i], d = dout[i];
+    const float s = sigmoid(g);
+    dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
+    dup[i] = d * g * s;
+  }
+}
+
+// A block's sum in double (kThreads threads), returned to every thread.
+__device__ double block_sum(double v) {
+  __shared__ double part[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  double t = 0;
+  for (int w = 0; w < kThreads / 32; ++w) t += part[w];
+  __syncthreads();  // part is reused by the next call
+  return t;
+}
+
+// One block per row.
+__global__ void rmsnorm_forward_k(float* out, float* rstd, const float* x, const float* weight, std::int64_t c,
+                                  float eps) {
+  const std::int64_t row = blockIdx.x;
+  const float* xi = x + row * c;
+  float* oi = out + row * c;
+  double ss = 0;
+  for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) ss += static_cast<double>(xi[j]) * xi[j];
+  ss = block_sum(ss);
+  const float r = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(c) + eps));
+  for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) oi[j] = xi[j] * r * weight[j];
+  if (rstd && threadIdx.x == 0) rstd[row] = r;
+}
+
+__global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float* x, const float* weight,
+                                      const float* rstd, std::int64_t c) {
+  const std::int64_t row = blockIdx.x;
+  const float* xi = x + row * c;
+  const float* gi = dout + row * c;
+  float* dxi = dx + row * c;
+  const float r = rstd[row];
+  double dot = 0;
+  for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x)
+    dot += static_cast<double>(weight[j]) * gi[j] * (xi[j] * r);
+  dot = block_sum(dot);
+  const float mean = static_cast<float>(dot / static_cast<double>(c));
+  for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) dxi[j] += r * (weight[j] * gi[j] - xi[j] * r * mean);
+}
+
+// One thread per column, rows in order (coalesced across the columns of a warp).
+__global__ void rmsnorm_backward_dw_k(float* dweight, const float* dout, const float* x, const float* rstd,
+                                      std::int64_t n, std::int64_t c) {
+  for (std::int64_t j = first_index(); j < c; j += stride()) {
+    float acc = dweight[j];
+    for (std::int64_t i = 0; i < n; ++i) acc += dout[i * c + j] * (x[i * c + j] * rstd[i]);
+    dweight[j] = acc;
+  }
+}
+
+}  // namespace
+
+void fill(void* s, float* x, std::int64_t n, float v) {
+  if (n <= 0) return;
+  fill_k<<<blocks_for(n), kThreads, 0, native(s)>>>(x, n, v);
+  check_launch("fill");
+}
+void scale(void* s, float* x, std::int64_t n, float a) {
+  if (n <= 0) return;
+  scale_k<<<blocks_for(n), kThreads, 0, native(s)>>>(x, n, a);
+  check_launch("scale");
+}
+void axpy(void* s, float* y, const float* x, std::int64_t n, float a) {
+  if (n <= 0) return;
+  axpy_k<<<blocks_for(n), kThreads, 0, native(s)>>>(y, x, n, a);
+  check_launch("axpy");
+}
+void add(void* s, float* out, const float* a, const float* b, std::int64_t n) {
+  if (n <= 0) return;
+  add_k<<<blocks_for(n), kThreads, 0, native(s)>>>(out, a, b, n);
+  check_launch("add");
+}
+void swiglu_forward(void* s, float* out, const float* gate, const float* up, std::int64_t n) {
+  if (n <= 0) return;
+  swiglu_forward_k<<<blocks_for(n), kThreads, 0, native(s)>>>(out, gate, up, n);
+  check_launch("swiglu_forward");
+}
+void swiglu_backward(void* s, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                     std::int64_t n) {
+  if (n <= 0) return;
+  swiglu_backward_k<<<blocks_for(n), kThreads, 0, native(s)>>>(dgate, dup, dout, gate, up, n);
+  check_launch("swiglu_backward");
+}
+void rmsnorm_forward(void* s, float* out, float* rstd, const float* x, const float* weight, std::int64_t n,
+                     std::int64_t c, float eps) {
+  if (n <= 0 || c <= 0) return;
+  if (n > 0x7fffffff) throw InvalidArgument("cuda rmsnorm: " + std::to_string(n) + " rows exceed one grid");
+  rmsnorm_forward_k<<<static_cast<unsigned>(n), kThreads, 0, native(s)>>>(out, rstd, x, weight, c, eps);
+  check_launch("rmsnorm_forward");
+}
+void rmsnorm_backward(void* s, float* dx, float* dweight, const float* dout, const float* x, const float* weight,
+                      const float* rstd, std::int64_t n, std::int64_t c) {
+  if (n <= 0 || c <= 0) return;
+  if (n > 0x7fffffff) throw InvalidArgument("cuda rmsnorm: " + std::to_string(n) + " rows exceed one grid");
+  rmsnorm_backward_dx_k<<<static_cast<unsigned>(n), kThreads, 0, native(s)>>>(dx, dout, x, weight, rstd, c);
+  check_launch("rmsnorm_backward");
+  rmsnorm_backward_dw_k<<<blocks_for(c), kThreads, 0, native(s)>>>(dweight, dout, x, rstd, n, c);
+  check_launch("rmsnorm_backward");
+}
+
+}  // namespace peakbound::cuda
