@@ -1,13 +1,18 @@
 // Helpers of the gpu tests: skip without a GPU (with the runtime's reason), and move a
 // host vector into a device buffer and back on the device's copy stream, ordered
-// against the compute stream by events.
+// against the compute stream by events; run the same ops on the CPU and CUDA devices
+// from the same inputs and compare every buffer.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/device/cuda/cuda_device.h"
 
 #define PB_NEED_GPU()                                                    \
@@ -39,5 +44,37 @@ inline std::vector<float> download(Device& dev, const Buffer& b, std::size_t n) 
 }
 
 inline float* f(Buffer& b) { return static_cast<float*>(b.data()); }
+
+inline std::vector<float> randn(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (float& x : v) x = 2.0f * nd(rng);
+  return v;
+}
+
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rel * (1.0f + std::fabs(want[i]))) << what << " element " << i;
+}
+
+// Runs body on both devices with the same inputs; compares every buffer afterwards.
+inline void same_on_both(const std::vector<std::vector<float>>& inputs,
+                  const std::function<void(Device&, std::vector<Buffer>&)>& body, float rel, const std::string& what) {
+  CudaDevice gpu(256 * kMiB);
+  CpuDevice cpu(256 * kMiB);
+  std::vector<std::vector<float>> outs[2];
+  Device* devs[2] = {&cpu, &gpu};
+  for (int d = 0; d < 2; ++d) {
+    std::vector<Buffer> bufs;
+    for (const auto& v : inputs) bufs.push_back(upload(*devs[d], v));
+    body(*devs[d], bufs);
+    for (std::size_t i = 0; i < inputs.size(); ++i) outs[d].push_back(download(*devs[d], bufs[i], inputs[i].size()));
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) expect_close(outs[1][i], outs[0][i], rel, what + " buffer " + std::to_string(i));
+}
+
+
 
 }  // namespace peakbound::testing

@@ -2,11 +2,6 @@
 // the same inputs through the same ops:: calls: what is written and what is added into
 // must match (the added-into outputs start from non-zero values), at odd sizes (1, a
 // partial block, rows wider than a block). Skips without a GPU.
-#include <cmath>
-#include <functional>
-#include <random>
-
-#include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/swiglu.h"
@@ -15,40 +10,9 @@
 namespace peakbound {
 namespace {
 
-using testing::download;
 using testing::f;
-using testing::kMiB;
-using testing::upload;
-
-std::vector<float> randn(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> v(n);
-  for (float& x : v) x = 2.0f * nd(rng);
-  return v;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t i = 0; i < want.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], rel * (1.0f + std::fabs(want[i]))) << what << " element " << i;
-}
-
-// Runs body on both devices with the same inputs; compares every buffer afterwards.
-void same_on_both(const std::vector<std::vector<float>>& inputs,
-                  const std::function<void(Device&, std::vector<Buffer>&)>& body, float rel, const std::string& what) {
-  CudaDevice gpu(256 * kMiB);
-  CpuDevice cpu(256 * kMiB);
-  std::vector<std::vector<float>> outs[2];
-  Device* devs[2] = {&cpu, &gpu};
-  for (int d = 0; d < 2; ++d) {
-    std::vector<Buffer> bufs;
-    for (const auto& v : inputs) bufs.push_back(upload(*devs[d], v));
-    body(*devs[d], bufs);
-    for (std::size_t i = 0; i < inputs.size(); ++i) outs[d].push_back(download(*devs[d], bufs[i], inputs[i].size()));
-  }
-  for (std::size_t i = 0; i < inputs.size(); ++i) expect_close(outs[1][i], outs[0][i], rel, what + " buffer " + std::to_string(i));
-}
+using testing::randn;
+using testing::same_on_both;
 
 TEST(CudaKernels, ElementwiseMatchCpu) {
   PB_NEED_GPU();

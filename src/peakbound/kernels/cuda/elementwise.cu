@@ -1,74 +1,38 @@
 #include "peakbound/kernels/cuda/elementwise.h"
 
-#include <cuda_runtime.h>
-
-#include <string>
-
-#include "peakbound/core/error.h"
+#include "peakbound/kernels/cuda/launch.cuh"
 
 namespace peakbound::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-cudaStream_t native(void* s) { return static_cast<cudaStream_t>(s); }
-
-unsigned blocks_for(std::int64_t n) {
-  const std::int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 * 32 ? b : 65535 * 32);  // grid-stride beyond
-}
-
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw Error(std::string("cuda kernel ") + what + ": " + cudaGetErrorString(e));
-}
-
-__device__ inline std::int64_t first_index() { return blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; }
-__device__ inline std::int64_t stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
-
 __global__ void fill_k(float* x, std::int64_t n, float v) {
-  for (std::int64_t i = first_index(); i < n; i += stride()) x[i] = v;
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) x[i] = v;
 }
 __global__ void scale_k(float* x, std::int64_t n, float a) {
-  for (std::int64_t i = first_index(); i < n; i += stride()) x[i] *= a;
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) x[i] *= a;
 }
 __global__ void axpy_k(float* y, const float* x, std::int64_t n, float a) {
-  for (std::int64_t i = first_index(); i < n; i += stride()) y[i] += a * x[i];
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] += a * x[i];
 }
 __global__ void add_k(float* out, const float* a, const float* b, std::int64_t n) {
-  for (std::int64_t i = first_index(); i < n; i += stride()) out[i] = a[i] + b[i];
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) out[i] = a[i] + b[i];
 }
 
-// 1 / (1 + e^-g), as the CPU kernel: expf (not __expf) for the same rounding class.
-__device__ inline float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
-
 __global__ void swiglu_forward_k(float* out, const float* gate, const float* up, std::int64_t n) {
-  for (std::int64_t i = first_index(); i < n; i += stride()) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     const float g = gate[i];
     out[i] = g * sigmoid(g) * up[i];
   }
 }
 __global__ void swiglu_backward_k(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                                   std::int64_t n) {
-  for (std::int64_t i = first_index(); i < n; i += stride()) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     const float g = gate[i], u = up[i], d = dout[i];
     const float s = sigmoid(g);
     dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
     dup[i] = d * g * s;
   }
-}
-
-// A block's sum in double (kThreads threads), returned to every thread.
-__device__ double block_sum(double v) {
-  __shared__ double part[kThreads / 32];
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
-  __syncthreads();
-  double t = 0;
-  for (int w = 0; w < kThreads / 32; ++w) t += part[w];
-  __syncthreads();  // part is reused by the next call
-  return t;
 }
 
 // One block per row.
@@ -103,7 +67,7 @@ __global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float*
 // One thread per column, rows in order (coalesced across the columns of a warp).
 __global__ void rmsnorm_backward_dw_k(float* dweight, const float* dout, const float* x, const float* rstd,
                                       std::int64_t n, std::int64_t c) {
-  for (std::int64_t j = first_index(); j < c; j += stride()) {
+  for (std::int64_t j = first_index(); j < c; j += grid_stride()) {
     float acc = dweight[j];
     for (std::int64_t i = 0; i < n; ++i) acc += dout[i * c + j] * (x[i * c + j] * rstd[i]);
     dweight[j] = acc;
@@ -146,15 +110,13 @@ void swiglu_backward(void* s, float* dgate, float* dup, const float* dout, const
 void rmsnorm_forward(void* s, float* out, float* rstd, const float* x, const float* weight, std::int64_t n,
                      std::int64_t c, float eps) {
   if (n <= 0 || c <= 0) return;
-  if (n > 0x7fffffff) throw InvalidArgument("cuda rmsnorm: " + std::to_string(n) + " rows exceed one grid");
-  rmsnorm_forward_k<<<static_cast<unsigned>(n), kThreads, 0, native(s)>>>(out, rstd, x, weight, c, eps);
+  rmsnorm_forward_k<<<row_blocks(n, "rmsnorm"), kThreads, 0, native(s)>>>(out, rstd, x, weight, c, eps);
   check_launch("rmsnorm_forward");
 }
 void rmsnorm_backward(void* s, float* dx, float* dweight, const float* dout, const float* x, const float* weight,
                       const float* rstd, std::int64_t n, std::int64_t c) {
   if (n <= 0 || c <= 0) return;
-  if (n > 0x7fffffff) throw InvalidArgument("cuda rmsnorm: " + std::to_string(n) + " rows exceed one grid");
-  rmsnorm_backward_dx_k<<<static_cast<unsigned>(n), kThreads, 0, native(s)>>>(dx, dout, x, weight, rstd, c);
+  rmsnorm_backward_dx_k<<<row_blocks(n, "rmsnorm"), kThreads, 0, native(s)>>>(dx, dout, x, weight, rstd, c);
   check_launch("rmsnorm_backward");
   rmsnorm_backward_dw_k<<<blocks_for(c), kThreads, 0, native(s)>>>(dweight, dout, x, rstd, n, c);
   check_launch("rmsnorm_backward");
