@@ -55,6 +55,7 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
   ASSERT_FALSE(losses.empty());
   for (const nlohmann::json& l : losses) {
     EXPECT_GT(l.at("baseline_first_loss").get<double>(), 0) << l.dump();
+    EXPECT_GT(l.at("baseline_last_loss").get<double>(), 0) << l.dump();
     EXPECT_LT(l.at("first_loss_relative_difference").get<double>(), 1e-5) << l.dump();
     EXPECT_LT(l.at("last_loss_relative_difference").get<double>(), 1e-4) << l.dump();
   }

@@ -267,7 +267,7 @@ int run_reach(const ReachFlags& f) {
       if (b.fits && s.fits) {
         auto rel = [](double x, double y) { return std::fabs(x - y) / std::max(std::fabs(x), 1e-30); };
         const double b1 = b.summary.value("first_loss", 0.0), s1 = s.summary.value("first_loss", 0.0);
-        const double bl = b.summary.value("last_loss", 0.0), sl = s.summary.value("last_loss", 0.0);
+        const double bl = b.summary.value("final_loss", 0.0), sl = s.summary.value("final_loss", 0.0);
         losses.push_back({{"baseline_first_loss", b1}, {"scheduled_first_loss", s1},
                           {"baseline_last_loss", bl}, {"scheduled_last_loss", sl},
                           {"first_loss_relative_difference", rel(b1, s1)},

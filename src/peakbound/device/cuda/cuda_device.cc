@@ -115,6 +115,9 @@ CudaDevice::CudaDevice(std::uint64_t memory_budget, int ordinal) {
     }
   }
   arena_ = std::make_unique<Arena>(name_, budget, region_, Location::device, reserve);
+  void* slot = nullptr;
+  check(cudaHostAlloc(&slot, 64, cudaHostAllocMapped), "cudaHostAlloc");
+  result_slot_ = static_cast<double*>(slot);
   int lo = 0, hi = 0;  // numerically lower is higher priority
   check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
   compute_ = std::make_unique<CudaStream>(name_ + "/compute", lo);
@@ -133,6 +136,7 @@ CudaDevice::~CudaDevice() {
     pending_.clear();
   }
   if (blas_) cublasDestroy(static_cast<cublasHandle_t>(blas_));
+  if (result_slot_) cudaFreeHost(result_slot_);
   extra_.clear();
   compute_.reset();
   copy_.reset();

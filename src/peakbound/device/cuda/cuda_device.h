@@ -60,6 +60,10 @@ class CudaDevice final : public Device {
   // its stream. One op at a time uses it (ops run on the thread that owns the compute).
   void* blas_handle();
 
+  // 64 bytes of mapped pinned host memory a kernel may write a small result into (a
+  // reduction's sum) and the host read after synchronizing the kernel's stream.
+  double* result_slot() { return result_slot_; }
+
   // A failure thrown by a host task, kept for the next synchronize (called from the
   // driver's callback thread).
   void keep_failure(std::exception_ptr e) noexcept;
@@ -86,6 +90,7 @@ class CudaDevice final : public Device {
   mutable std::vector<PendingCopy> pending_;
   mutable CopyStats stats_;
   void* blas_ = nullptr;
+  double* result_slot_ = nullptr;
   std::mutex failure_mu_;
   std::exception_ptr failure_;
 };
