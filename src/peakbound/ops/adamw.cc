@@ -4,18 +4,31 @@
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/adamw.h"
 #include "peakbound/kernels/cpu/launch.h"
+#include "peakbound/kernels/cuda/adamw.h"
 #include "peakbound/ops/backend.h"
+#ifdef PEAKBOUND_HAVE_CUDA
+#include "peakbound/device/cuda/cuda_device.h"
+#endif
 
 namespace peakbound::ops {
 
 void adamw_update(Device& dev, Stream& s, const AdamWStepScalars& sc, const AdamWTensors& t,
                   const AdamWLaunch& l) {
+  PB_ON_CUDA(dev, s, cuda::adamw_update(stream, sc, t))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "adamw_update");
   PB_CHECK_MSG(l.pool, "adamw_update on the cpu backend needs a thread pool");
   cpu::launch(s, [=] { cpu::adamw_update_parallel(*l.pool, l.simd, sc, t); });
 }
 
 double sum_squares(Device& dev, Stream& s, const void* x, DType dtype, std::int64_t n, const AdamWLaunch& l) {
+#ifdef PEAKBOUND_HAVE_CUDA
+  if (dev.backend() == Backend::cuda) {
+    double* slot = static_cast<CudaDevice&>(dev).result_slot();
+    cuda::sum_squares(cuda_stream(dev, s), x, dtype, n, slot);
+    dev.synchronize(s);
+    return slot[0];
+  }
+#endif
   if (dev.backend() != Backend::cpu) no_kernel(dev, "sum_squares");
   PB_CHECK_MSG(l.pool, "sum_squares on the cpu backend needs a thread pool");
   double out = 0;

@@ -116,7 +116,7 @@ CudaDevice::CudaDevice(std::uint64_t memory_budget, int ordinal) {
   }
   arena_ = std::make_unique<Arena>(name_, budget, region_, Location::device, reserve);
   void* slot = nullptr;
-  check(cudaHostAlloc(&slot, 64, cudaHostAllocMapped), "cudaHostAlloc");
+  check(cudaHostAlloc(&slot, kResultSlotDoubles * sizeof(double), cudaHostAllocMapped), "cudaHostAlloc");
   result_slot_ = static_cast<double*>(slot);
   int lo = 0, hi = 0;  // numerically lower is higher priority
   check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");

@@ -60,8 +60,10 @@ class CudaDevice final : public Device {
   // its stream. One op at a time uses it (ops run on the thread that owns the compute).
   void* blas_handle();
 
-  // 64 bytes of mapped pinned host memory a kernel may write a small result into (a
-  // reduction's sum) and the host read after synchronizing the kernel's stream.
+  // kResultSlotDoubles of mapped pinned host memory a kernel may write a small result
+  // into (a reduction's sum and its blocks' partials) and the host read after
+  // synchronizing the kernel's stream. One op at a time uses it.
+  static constexpr int kResultSlotDoubles = 512;
   double* result_slot() { return result_slot_; }
 
   // A failure thrown by a host task, kept for the next synchronize (called from the
