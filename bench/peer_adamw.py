@@ -1,30 +1,57 @@
 #!/usr/bin/env python3
 """Peer comparison for `peakbound bench optimizer`: the CPU AdamW step of PyTorch
-(torch.optim.AdamW, foreach and fused) and, when it can be built, DeepSpeed's
-DeepSpeedCPUAdam, on the same parameter count and thread count, beside
-peakbound's own update measured by the built binary in the same run.
+(torch.optim.AdamW, fused and foreach) and, when asked and buildable, DeepSpeed's
+DeepSpeedCPUAdam, on the same parameter count and thread count, beside peakbound's
+own update measured by the built binary (the update stage of its offload_serial
+schedule, clipping excluded) in the same run.
+
+Rows (each side labelled with the tensors it reads and writes and its bytes per
+parameter, so the bandwidth comparison is honest):
+  f32   peakbound with f32 gradients and f32 parameters (its parameters are the
+        master weights, as torch's) against torch fused on f32 everything;
+  bf16  peakbound with bf16 gradients in and bf16 parameters out (fp32 master, m, v)
+        against the same torch fused f32 step.
+The machine may be shared, so the sides take turns for --rounds rounds (peakbound
+f32, torch fused, peakbound bf16, torch foreach, then again), each round keeping the
+fastest of its --steps timed steps, and every ratio is reported per round with its
+min, median and max (never only the best).
 
 It creates its own virtual environment (build/peer-venv, ignored by git) with
-`python3 -m venv` and installs torch (and tries deepspeed) from PyPI, then re-runs
-itself inside it. Prints one JSON object with the fields of `peakbound bench
-optimizer` that apply to a CPU-only optimizer (runs[].name, step_seconds,
-optimizer_device_bytes, adam_params_per_second, memory_bandwidth_gbps,
-roofline_fraction) plus the ratios peakbound / peer.
+`python3 -m venv` and installs torch from PyPI, then re-runs itself inside it;
+--venv DIR uses an existing environment that has torch instead (nothing installed).
 
-    python3 bench/peer_adamw.py [--params 64M] [--threads 2] [--steps 5] [--warmup 2] [--rounds 3]
-                                [--peakbound build/release/peakbound] [--no-deepspeed]
+    python3 bench/peer_adamw.py [--params 64M] [--threads 2] [--steps 5] [--warmup 2] [--rounds 5]
+                                [--peakbound build/release/peakbound] [--venv DIR] [--deepspeed]
 """
 import argparse
 import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV = os.path.join(ROOT, "build", "peer-venv")
+DEFAULT_VENV = os.path.join(ROOT, "build", "peer-venv")
+
+# What each side reads and writes per parameter (bytes), for the bandwidth comparison.
+TORCH_F32 = {"reads": {"param": 4, "grad": 4, "exp_avg": 4, "exp_avg_sq": 4},
+             "writes": {"param": 4, "exp_avg": 4, "exp_avg_sq": 4}}
+
+
+def peakbound_traffic(param_dtype, grad_dtype):
+    size = {"f32": 4, "bf16": 2}
+    reads = {"master": 4, "m": 4, "v": 4, "grad_" + grad_dtype: size[grad_dtype]}
+    writes = {"master": 4, "m": 4, "v": 4}
+    if param_dtype != "f32":  # f32 parameters are the master weights: no copy written
+        writes["param_" + param_dtype] = size[param_dtype]
+    return {"reads": reads, "writes": writes}
+
+
+def total_bytes(traffic):
+    return sum(traffic["reads"].values()) + sum(traffic["writes"].values())
 
 
 def parse_count(text):
@@ -34,16 +61,12 @@ def parse_count(text):
     return int(float(text[:-1]) * mult) if mult else int(text)
 
 
-def in_venv():
-    return os.path.realpath(sys.prefix) == os.path.realpath(VENV)
-
-
-def ensure_venv(want_deepspeed):
+def ensure_venv(venv, want_deepspeed):
     """Creates the venv and installs what it needs; returns notes on what failed."""
     notes = {}
-    py = os.path.join(VENV, "bin", "python")
+    py = os.path.join(venv, "bin", "python")
     if not os.path.exists(py):
-        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
 
     def have(mod):
@@ -82,29 +105,21 @@ def measure_bandwidth(torch, nbytes):
     b = torch.empty_like(a)
     copy = best_seconds(lambda: b.copy_(a), 1, 4)
     rmw = best_seconds(lambda: a.mul_(0.5).add_(b), 1, 4)  # two passes: 8 + 12 bytes per element
-    return {"copy_gbps": 8 * n / copy / 1e9, "read_modify_write_gbps": 20 * n / rmw / 1e9, "buffer_bytes": n * 4}
+    return {"copy_gbps": 8 * n / copy / 1e9, "read_modify_write_gbps": 20 * n / rmw / 1e9}
 
 
-def torch_runs(torch, n, warmup, steps, hp):
-    runs = []
-    for name, kw in [("torch_adamw_foreach", {"foreach": True}), ("torch_adamw_fused", {"fused": True})]:
-        p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
-        p.grad = torch.randn(n, dtype=torch.float32) * 1e-3
-        try:
-            opt = torch.optim.AdamW([p], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                                    weight_decay=hp["weight_decay"], **kw)
-            secs = best_seconds(opt.step, warmup, steps)
-        except Exception as e:  # e.g. a torch without the fused CPU kernel
-            runs.append({"name": name, "error": str(e).splitlines()[0]})
-            continue
-        state = opt.state[p]
-        runs.append({"name": name, "step_seconds": secs, "optimizer_device_bytes": 0,
-                     "host_optimizer_bytes": 4 * n + sum(t.numel() * t.element_size() for t in state.values()
-                                                         if torch.is_tensor(t) and t.numel() == n),
-                     "bytes_per_param": 28,  # reads p, g, m, v; writes p, m, v (all fp32)
-                     "adam_params_per_second": n / secs})
-        del opt, p
-    return runs
+class TorchAdamW:
+    """One torch.optim.AdamW over n f32 parameters, kept across rounds (steady state)."""
+
+    def __init__(self, torch, name, n, hp, **kw):
+        self.name = name
+        self.p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
+        self.p.grad = torch.randn(n, dtype=torch.float32) * 1e-3
+        self.opt = torch.optim.AdamW([self.p], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
+                                     weight_decay=hp["weight_decay"], **kw)
+
+    def round(self, warmup, steps):
+        return best_seconds(self.opt.step, warmup, steps)
 
 
 @contextlib.contextmanager
@@ -122,55 +137,65 @@ def stdout_to_stderr():
         os.close(saved)
 
 
-def deepspeed_run(torch, n, warmup, steps, hp):
-    try:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-        p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
-        p.grad = torch.randn(n, dtype=torch.float32) * 1e-3
-        opt = DeepSpeedCPUAdam([p], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                               weight_decay=hp["weight_decay"], adamw_mode=True)
-        secs = best_seconds(opt.step, warmup, steps)
-    except BaseException as e:  # the JIT build of cpu_adam can fail in many ways
-        msg = str(e).strip().splitlines()
-        return {"name": "deepspeed_cpu_adam", "error": (msg[-1] if msg else type(e).__name__)[:600]}
-    return {"name": "deepspeed_cpu_adam", "step_seconds": secs, "optimizer_device_bytes": 0,
-            "bytes_per_param": 28, "adam_params_per_second": n / secs}
+def deepspeed_seconds(torch, n, warmup, steps, hp):
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    p = torch.nn.Parameter(torch.randn(n, dtype=torch.float32))
+    p.grad = torch.randn(n, dtype=torch.float32) * 1e-3
+    opt = DeepSpeedCPUAdam([p], lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
+                           weight_decay=hp["weight_decay"], adamw_mode=True)
+    return best_seconds(opt.step, warmup, steps)
 
 
-def peakbound_run(binary, n, threads, warmup, steps):
-    """peakbound's update on the same sizes (its offload_serial update stage is the update alone)."""
-    if not binary or not os.path.exists(binary):
-        return None
-    cmd = [binary, "bench", "optimizer", "--params", str(n), "--threads", str(threads), "--warmup", str(warmup),
-           "--steps", str(steps), "--json"]
+def peakbound_round(binary, n, threads, warmup, steps, dtype, bandwidth_bytes):
+    """peakbound's update on the same sizes: the offload_serial update stage (the update alone)."""
+    cmd = [binary, "bench", "optimizer", "--schedules", "offload_serial", "--params", str(n),
+           "--threads", str(threads), "--param-dtype", dtype, "--grad-dtype", dtype, "--warmup", str(warmup),
+           "--steps", str(steps), "--bandwidth-bytes", bandwidth_bytes, "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        return {"error": r.stderr.strip()}
+        raise SystemExit("peer_adamw: peakbound failed: " + " ".join(cmd) + "\n" + r.stderr.strip()[-2000:])
     j = json.loads(r.stdout)
     return {"command": " ".join(cmd[1:]), "adam_params_per_second": j["adam_params_per_second"],
-            "roofline_fraction": j["roofline_fraction"], "memory_bandwidth_gbps": j["memory_bandwidth_gbps"],
-            "speedup_stream_vs_serial": j.get("speedup_stream_vs_serial"),
-            "step_roofline_fraction": j.get("step_roofline_fraction"),
-            "pipeline_efficiency": j.get("pipeline_efficiency"),
-            "bytes_per_param": j["bytes_per_param"]["update"]}
+            "memory_bandwidth_gbps": j["memory_bandwidth_gbps"], "bytes_per_param": j["bytes_per_param"]["update"],
+            "bitwise_equal": j["bitwise_equal"]}
+
+
+def spread(xs):
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default="64M")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps a side takes per round (its fastest kept)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of turns (at least 5 for a spread)")
     ap.add_argument("--bandwidth-bytes", default="256M")
     ap.add_argument("--peakbound", default=os.path.join(ROOT, "build", "release", "peakbound"))
-    ap.add_argument("--no-deepspeed", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3, help="peakbound and the peers take turns this many times")
+    ap.add_argument("--venv", default=None, help="an existing environment with torch (nothing is installed)")
+    ap.add_argument("--no-foreach", action="store_true", help="skip torch's foreach AdamW")
+    ap.add_argument("--deepspeed", action="store_true", help="also DeepSpeedCPUAdam (installs and builds it)")
+    ap.add_argument("--no-deepspeed", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit("peer_adamw: --rounds must be at least 1")
+    if not os.path.exists(args.peakbound):
+        raise SystemExit(f"peer_adamw: no peakbound binary at {args.peakbound} (build it or pass --peakbound)")
 
-    if not in_venv():
-        notes = ensure_venv(not args.no_deepspeed)
+    venv = os.path.realpath(args.venv or DEFAULT_VENV)
+    if os.path.realpath(sys.prefix) != venv:
+        notes = {} if args.venv else ensure_venv(venv, args.deepspeed)
         env = dict(os.environ, PEER_ADAMW_NOTES=json.dumps(notes))
-        os.execve(os.path.join(VENV, "bin", "python"), [os.path.join(VENV, "bin", "python")] + sys.argv, env)
+        py = os.path.join(venv, "bin", "python")
+        os.execve(py, [py, os.path.abspath(__file__)] + sys.argv[1:], env)
 
     import torch
 
@@ -179,58 +204,79 @@ def main():
     hp = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
     out = {"benchmark": "optimizer_peers",
            "config": {"params": n, "threads": args.threads, "warmup_steps": args.warmup, "timed_steps": args.steps,
-                      "rounds": args.rounds,
-                      "dtype": "f32 params, grads and states (torch.optim needs grads in the params' dtype)"},
+                      "rounds": args.rounds, "hyper_parameters": hp,
+                      "statistic": "per round each side's fastest timed step; per-round ratios as min/median/max"},
            "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                       "torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                       "hardware_threads": os.cpu_count()},
+                       "torch_threads": torch.get_num_threads(),
+                       "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                       "hardware_threads": os.cpu_count(), "loadavg_start": loadavg()},
            "notes": json.loads(os.environ.get("PEER_ADAMW_NOTES", "{}"))}
-    # The machine is shared: peakbound and the peers take turns for --rounds rounds and
-    # each keeps its best, so one disturbed stretch does not decide a ratio.
-    best = {}
-    pb = None
-    bws = []
 
-    def keep(r):
-        name = r["name"]
-        if "step_seconds" not in r:
-            best.setdefault(name, r)
-        elif "step_seconds" not in best.get(name, {}) or r["step_seconds"] < best[name]["step_seconds"]:
-            best[name] = r
-
+    peers = [TorchAdamW(torch, "torch_adamw_fused", n, hp, fused=True)]
+    if not args.no_foreach:
+        peers.append(TorchAdamW(torch, "torch_adamw_foreach", n, hp, foreach=True))
+    rates = {name: [] for name in ["peakbound_f32", "peakbound_bf16"] + [p.name for p in peers]}
+    bandwidths, pb_info = [], {}
     for _ in range(args.rounds):
-        bws.append(measure_bandwidth(torch, parse_count(args.bandwidth_bytes)))
-        for r in torch_runs(torch, n, args.warmup, args.steps, hp):
-            keep(r)
-        if not args.no_deepspeed:
-            with stdout_to_stderr():
-                try:
-                    import deepspeed  # noqa: F401
-                    keep(deepspeed_run(torch, n, args.warmup, args.steps, hp))
-                except BaseException as e:
-                    keep({"name": "deepspeed_cpu_adam", "error": "deepspeed not importable: " + str(e).splitlines()[0]})
-        r = peakbound_run(args.peakbound, n, args.threads, args.warmup, args.steps)
-        if r and "adam_params_per_second" in r and (pb is None or r["adam_params_per_second"] > pb["adam_params_per_second"]):
-            pb = r
-        elif pb is None:
-            pb = r
-    out["bandwidth_kernels"] = {k: max(b[k] for b in bws) for k in bws[0]}
-    out["memory_bandwidth_gbps"] = max(out["bandwidth_kernels"]["copy_gbps"], out["bandwidth_kernels"]["read_modify_write_gbps"])
-    runs = list(best.values())
-    out["peakbound"] = pb
+        bw = measure_bandwidth(torch, parse_count(args.bandwidth_bytes))
+        bandwidths.append(max(bw.values()))
+        # Turns: peakbound f32, torch fused, peakbound bf16, the other peers.
+        turns = [("peakbound_f32", "f32"), peers[0], ("peakbound_bf16", "bf16")] + peers[1:]
+        for t in turns:
+            if isinstance(t, tuple):
+                r = peakbound_round(args.peakbound, n, args.threads, args.warmup, args.steps, t[1],
+                                    args.bandwidth_bytes)
+                rates[t[0]].append(r["adam_params_per_second"])
+                bandwidths.append(r["memory_bandwidth_gbps"])
+                info = pb_info.setdefault(t[0], {"command": r["command"], "bytes_per_param_bench": r["bytes_per_param"],
+                                                 "bitwise_equal": True})
+                info["bitwise_equal"] = info["bitwise_equal"] and r["bitwise_equal"]
+            else:
+                rates[t.name].append(n / t.round(args.warmup, args.steps))
+    out["machine"]["loadavg_end"] = loadavg()
+    if args.deepspeed:
+        with stdout_to_stderr():
+            try:
+                rates["deepspeed_cpu_adam"] = [n / deepspeed_seconds(torch, n, args.warmup, args.steps, hp)]
+            except BaseException as e:  # the JIT build of cpu_adam can fail in many ways
+                msg = str(e).strip().splitlines()
+                out["notes"]["deepspeed"] = (msg[-1] if msg else type(e).__name__)[:600]
+
     # One denominator for everyone: the best bandwidth either program measured.
-    if pb and "memory_bandwidth_gbps" in pb:
-        out["memory_bandwidth_gbps"] = max(out["memory_bandwidth_gbps"], pb["memory_bandwidth_gbps"])
-        if "adam_params_per_second" in pb:
-            pb["roofline_fraction_common_bandwidth"] = pb["adam_params_per_second"] / (
-                out["memory_bandwidth_gbps"] * 1e9 / pb["bytes_per_param"])
-    for r in runs:
-        if "adam_params_per_second" in r:
-            r["roofline_fraction"] = r["adam_params_per_second"] / (out["memory_bandwidth_gbps"] * 1e9 / r["bytes_per_param"])
-    out["runs"] = runs
-    if pb and "adam_params_per_second" in pb:
-        out["ratios_peakbound_over_peer"] = {r["name"]: pb["adam_params_per_second"] / r["adam_params_per_second"]
-                                             for r in runs if "adam_params_per_second" in r}
+    bandwidth = max(bandwidths)
+    out["memory_bandwidth_gbps"] = bandwidth
+
+    def side(name, traffic, extra=None):
+        b = total_bytes(traffic)
+        s = {"name": name, **traffic, "bytes_per_param": b,
+             "adam_params_per_second": spread(rates[name]),
+             "roofline_fraction": spread([r * b / (bandwidth * 1e9) for r in rates[name]]),
+             "per_round_params_per_second": rates[name]}
+        s.update(extra or {})
+        return s
+
+    fused = side("torch_adamw_fused", TORCH_F32)
+    out["peers"] = [fused] + [side(p.name, TORCH_F32) for p in peers[1:]]
+    if "deepspeed_cpu_adam" in rates:
+        out["peers"].append(side("deepspeed_cpu_adam", TORCH_F32))
+    out["rows"] = []
+    for dtype in ("f32", "bf16"):
+        name = "peakbound_" + dtype
+        traffic = peakbound_traffic(dtype, dtype)
+        pb = side(name, traffic, pb_info[name])
+        if pb["bytes_per_param_bench"] != pb["bytes_per_param"]:
+            raise SystemExit(f"peer_adamw: {name}: the bench counts {pb['bytes_per_param_bench']} bytes a parameter, "
+                             f"this script {pb['bytes_per_param']}")
+        ratios = [a / b for a, b in zip(rates[name], rates["torch_adamw_fused"])]
+        out["rows"].append({
+            "row": f"{dtype} grads in, {dtype} params out (peakbound) vs torch fused f32",
+            "peakbound": pb,
+            "torch_fused_bytes_per_param": fused["bytes_per_param"],
+            "ratio_peakbound_over_torch_fused": {**spread(ratios), "per_round": ratios},
+            # Throughput per byte moved: above 1 when peakbound uses the bandwidth better.
+            "bandwidth_ratio_peakbound_over_torch_fused": spread(
+                [r * pb["bytes_per_param"] / fused["bytes_per_param"] for r in ratios]),
+        })
     print(json.dumps(out, indent=2))
 
 

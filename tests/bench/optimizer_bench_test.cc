@@ -69,6 +69,19 @@ TEST(OptimizerBench, JsonHasEveryFieldAndTheSchedulesAgree) {
   EXPECT_EQ(j["bytes_per_param"]["step"].get<double>(), 38.0);
 }
 
+// f32 parameters: offload_serial's are its master weights, so its update moves 28
+// bytes a parameter (no copy written) against 32 for a separate parameter, and every
+// schedule still ends with the same bits.
+TEST(OptimizerBench, F32ParametersAreTheMasterInTheSerialUpdate) {
+  auto o = small();
+  o.param_dtype = DType::f32;
+  o.grad_dtype = DType::f32;
+  nlohmann::json j = run_optimizer_bench(o);
+  EXPECT_TRUE(j["bitwise_equal"].get<bool>());
+  EXPECT_EQ(j["bytes_per_param"]["update"].get<double>(), 28.0);
+  EXPECT_EQ(j["bytes_per_param"]["stream_update"].get<double>(), 32.0);
+}
+
 TEST(OptimizerBench, BadOptionsAreInvalidArgument) {
   auto o = small();
   o.schedules = {"device", "nvme"};

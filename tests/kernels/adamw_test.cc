@@ -140,6 +140,57 @@ TEST(AdamW, EveryLevelAndThreadCountIsBitwiseTheReference) {
     std::printf("note: this CPU has no AVX-512; the avx512 body was compiled but not run here\n");
 }
 
+// Past kAdamWStreamBytes the bodies write the parameter with streaming stores from
+// its first 64-byte boundary on; the bits must not change, whatever the parameter's
+// alignment (the slices start 0-5 elements into the arrays) and the thread count.
+TEST(AdamW, StreamedParametersAreBitwiseTheReference) {
+  const std::int64_t n = kAdamWStreamBytes / 16 + 37;  // past the threshold for every dtype pair
+  for (DType gd : {DType::f32, DType::bf16})
+    for (DType pd : {DType::f32, DType::bf16}) {
+      State ref(n, gd, pd, 11);
+      ASSERT_TRUE(adamw_streams_param(ref.tensors()));
+      const auto sc = adamw_step_scalars(kConfig, 1, kConfig.lr, 0.5f);
+      adamw_update_reference(sc, ref.tensors());
+      int offset = 0;
+      for (SimdLevel level : {SimdLevel::avx2, SimdLevel::avx512}) {
+        if (!simd_level_supported(level)) continue;
+        for (int threads : {1, 2}) {
+          State got(n, gd, pd, 11);
+          ThreadPool pool(threads);
+          // Elements before `offset` by the reference, the rest by the level under test.
+          adamw_update_reference(sc, got.tensors().slice(0, offset));
+          adamw_update_parallel(pool, level, sc, got.tensors().slice(offset, n - offset));
+          ASSERT_TRUE(same_bits(ref, got)) << simd_level_name(level) << " threads=" << threads << " offset=" << offset
+                                           << " grad " << dtype_name(gd) << " param " << dtype_name(pd);
+          offset = (offset + 3) % 6;
+        }
+      }
+    }
+}
+
+// f32 parameters that are the master weights (param == master, as torch.optim keeps
+// them): the same master, m and v as with a separate parameter, which equals the master.
+TEST(AdamW, ParameterThatIsTheMasterIsTheSameUpdate) {
+  const std::int64_t small = 1000 + 13, large = kAdamWStreamBytes / 16 + 5;
+  for (std::int64_t n : {small, large})
+    for (DType gd : {DType::f32, DType::bf16})
+      for (SimdLevel level : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512}) {
+        if (!simd_level_supported(level)) continue;
+        State ref(n, gd, DType::f32, 13), got(n, gd, DType::f32, 13);
+        ThreadPool pool(2);
+        AdamWTensors aliased = got.tensors();
+        aliased.param = got.master.data();
+        for (std::int64_t t = 1; t <= 2; ++t) {
+          const auto sc = adamw_step_scalars(kConfig, t, kConfig.lr, 1.0f);
+          adamw_update_reference(sc, ref.tensors());
+          adamw_update_parallel(pool, level, sc, aliased);
+        }
+        got.param = ref.param;  // never written: compare the master with it instead
+        ASSERT_TRUE(same_bits(ref, got)) << simd_level_name(level) << " n=" << n;
+        ASSERT_EQ(std::memcmp(ref.param.data(), got.master.data(), got.master.size() * 4), 0) << n;
+      }
+}
+
 TEST(AdamW, UnsupportedLevelIsRefusedNotRun) {
   if (simd_level_supported(SimdLevel::avx512)) GTEST_SKIP() << "this CPU supports every level";
   State s(16, DType::f32, DType::f32, 1);

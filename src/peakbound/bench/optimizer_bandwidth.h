@@ -7,7 +7,8 @@
 //   stream_copy   a copy with non-temporal stores (no read for ownership)
 //   read_modify   x = x * 0.5 + y, in place                    12 bytes per element
 //   adam_pattern  the AdamW update's streams without its arithmetic: three fp32 arrays
-//                 read and written in place, a bf16 array read, one written: 28 bytes
+//                 read and written in place, a bf16 array read, one written (with
+//                 non-temporal stores, as the large update writes its parameter): 28 bytes
 // The arrays are staggered (StaggeredBlock) as the optimizer's own are.
 #pragma once
 

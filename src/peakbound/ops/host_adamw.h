@@ -18,6 +18,9 @@ namespace peakbound::ops {
 
 // Updates t.master, t.m, t.v in place and writes t.param from t.grad, all host
 // memory, over the pool in tasks of kAdamWChunk elements, with the `simd` body.
+// t.param may be t.master itself (f32): then it is not written a second time. A
+// large update writes t.param with streaming stores (kernels/cpu/adamw.h,
+// kAdamWStreamBytes); the bits are the same.
 // Returns when done. Throws InvalidArgument for a dtype other than f32/bf16,
 // Unavailable if this CPU lacks `simd`.
 void host_adamw_update(ThreadPool& pool, SimdLevel simd, const AdamWStepScalars& s, const AdamWTensors& t);

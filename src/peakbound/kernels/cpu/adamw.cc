@@ -76,28 +76,48 @@ void adamw_update_reference(const AdamWStepScalars& s, const AdamWTensors& t) {
   simd::adamw_scalar(s, t);
 }
 
-void adamw_update(SimdLevel level, const AdamWStepScalars& s, const AdamWTensors& t) {
+bool adamw_streams_param(const AdamWTensors& t) {
+  const auto per_element = static_cast<std::int64_t>(12 + dtype_size(t.grad_dtype) + dtype_size(t.param_dtype));
+  return t.n >= kAdamWStreamBytes / per_element;
+}
+
+namespace {
+
+void check_update(SimdLevel level, const AdamWTensors& t) {
   check_dtype(t.grad_dtype, "gradient");
   check_dtype(t.param_dtype, "parameter");
   if (!simd_level_supported(level))
     throw Unavailable("adamw: this CPU does not support " + std::string(simd_level_name(level)));
+}
+
+// Checked by the caller; `stream` as adamw_streams_param of the whole update.
+void run_body(SimdLevel level, const AdamWStepScalars& s, const AdamWTensors& t, bool stream) {
   switch (level) {
     case SimdLevel::scalar: simd::adamw_scalar(s, t); break;
-    case SimdLevel::avx2: simd::adamw_avx2(s, t); break;
-    case SimdLevel::avx512: simd::adamw_avx512(s, t); break;
+    case SimdLevel::avx2: simd::adamw_avx2(s, t, stream); break;
+    case SimdLevel::avx512: simd::adamw_avx512(s, t, stream); break;
   }
+}
+
+}  // namespace
+
+void adamw_update(SimdLevel level, const AdamWStepScalars& s, const AdamWTensors& t) {
+  check_update(level, t);
+  run_body(level, s, t, adamw_streams_param(t));
 }
 
 void adamw_update_parallel(ThreadPool& pool, SimdLevel level, const AdamWStepScalars& s,
                            const AdamWTensors& t) {
+  check_update(level, t);
+  const bool stream = adamw_streams_param(t);
   if (t.n <= kAdamWChunk) {
-    adamw_update(level, s, t);
+    run_body(level, s, t, stream);
     return;
   }
   const std::int64_t tasks = (t.n + kAdamWChunk - 1) / kAdamWChunk;
   pool.parallel_for(tasks, [&](std::int64_t i) {
     const std::int64_t begin = i * kAdamWChunk;
-    adamw_update(level, s, t.slice(begin, std::min(kAdamWChunk, t.n - begin)));
+    run_body(level, s, t.slice(begin, std::min(kAdamWChunk, t.n - begin)), stream);
   });
 }
 

@@ -27,7 +27,19 @@ namespace peakbound::cpu {
 void adamw_update_reference(const AdamWStepScalars& s, const AdamWTensors& t);
 
 // One thread, the given level; throws Unavailable if the CPU lacks it.
+// t.param may be t.master itself (f32 parameters that are the master weights, as
+// torch.optim updates them): then the bodies do not write it a second time.
 void adamw_update(SimdLevel level, const AdamWStepScalars& s, const AdamWTensors& t);
+
+// An update whose working set, n * (12 + gradient + parameter bytes), is at least
+// kAdamWStreamBytes writes the parameter (written, never read) with non-temporal
+// stores: far beyond a last-level cache (32 MiB on the machine measured) the lines
+// would be evicted before anyone reads them, and a plain store first reads each line
+// for ownership (4 bytes more per f32 parameter, 2 per bf16). A smaller update (an
+// offload_stream bucket) keeps plain stores, so its parameters stay in cache for the
+// copy that follows. Same bits either way.
+inline constexpr std::int64_t kAdamWStreamBytes = std::int64_t{64} << 20;
+bool adamw_streams_param(const AdamWTensors& t);
 
 // Spread over the pool in chunks of kAdamWChunk (ops/adamw_types.h); elementwise, so
 // the result does not depend on the thread count or the chunking.

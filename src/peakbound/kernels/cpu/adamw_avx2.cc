@@ -2,6 +2,7 @@
 // reference (adamw.cc), every multiply-add an explicit fma, so the bits agree.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -24,7 +25,7 @@ PB_AVX2 inline __m256 load8(const bf16* p) {
 PB_AVX2 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 
 // f32 -> bf16, round to nearest even, NaN kept quiet (as to_bf16 in core/dtype.h).
-PB_AVX2 inline void store8(bf16* p, __m256 x) {
+PB_AVX2 inline __m128i to_bf16x8(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i hi = _mm256_srli_epi32(u, 16);
   const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
@@ -33,12 +34,20 @@ PB_AVX2 inline void store8(bf16* p, __m256 x) {
   const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                             _mm256_set1_epi32(0x7f800000));
   const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-template <typename G, typename P>
-PB_AVX2 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
+PB_AVX2 inline void store8(bf16* p, __m256 x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16x8(x)); }
+
+// Non-temporal: p aligned to the store's width (32 bytes f32, 16 bytes bf16).
+PB_AVX2 inline void stream8(float* p, __m256 x) { _mm256_stream_ps(p, x); }
+PB_AVX2 inline void stream8(bf16* p, __m256 x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16x8(x)); }
+
+enum class ParamStore { plain, stream, none };
+
+// Elements [begin, end) (end - begin a multiple of 8).
+template <typename G, typename P, ParamStore kStore>
+PB_AVX2 void adamw_vectors(const AdamWStepScalars& s, const AdamWTensors& t, std::int64_t begin, std::int64_t end) {
   const G* grad = static_cast<const G*>(t.grad);
   P* param = static_cast<P*>(t.param);
   const __m256 gs = _mm256_set1_ps(s.grad_scale);
@@ -46,8 +55,7 @@ PB_AVX2 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
   const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2);
   const __m256 eps = _mm256_set1_ps(s.eps), ibc2 = _mm256_set1_ps(s.inv_sqrt_bc2);
   const __m256 nss = _mm256_set1_ps(s.neg_step_size), decay = _mm256_set1_ps(s.decay);
-  const std::int64_t vec_end = t.n - t.n % 8;
-  for (std::int64_t i = 0; i < vec_end; i += 8) {
+  for (std::int64_t i = begin; i < end; i += 8) {
     const __m256 g = _mm256_mul_ps(load8(grad + i), gs);
     const __m256 m = _mm256_fmadd_ps(omb1, g, _mm256_mul_ps(b1, _mm256_loadu_ps(t.m + i)));
     const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(omb2, g), g, _mm256_mul_ps(b2, _mm256_loadu_ps(t.v + i)));
@@ -56,9 +64,26 @@ PB_AVX2 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
     _mm256_storeu_ps(t.m + i, m);
     _mm256_storeu_ps(t.v + i, v);
     _mm256_storeu_ps(t.master + i, w);
-    store8(param + i, w);
+    if constexpr (kStore == ParamStore::plain) store8(param + i, w);
+    else if constexpr (kStore == ParamStore::stream) stream8(param + i, w);
   }
+}
+
+template <typename G, typename P>
+PB_AVX2 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t, bool stream) {
+  const bool write_param = !param_is_master(t);
+  // With streaming stores, the elements before the parameter's first line boundary
+  // go to the scalar body (which computes the same bits).
+  std::int64_t head = stream && write_param ? elements_to_line(t) : -1;
+  stream = head >= 0;
+  head = std::max<std::int64_t>(head, 0);
+  if (head > 0) adamw_scalar(s, t.slice(0, head));
+  const std::int64_t vec_end = t.n - (t.n - head) % 8;
+  if (!write_param) adamw_vectors<G, P, ParamStore::none>(s, t, head, vec_end);
+  else if (stream) adamw_vectors<G, P, ParamStore::stream>(s, t, head, vec_end);
+  else adamw_vectors<G, P, ParamStore::plain>(s, t, head, vec_end);
   if (vec_end < t.n) adamw_scalar(s, t.slice(vec_end, t.n - vec_end));
+  if (stream) _mm_sfence();  // the streamed stores are visible before the task ends
 }
 
 template <typename X>
@@ -79,12 +104,12 @@ PB_AVX2 void squares_typed(const X* x, std::int64_t n, double* lanes) {
 
 }  // namespace
 
-void adamw_avx2(const AdamWStepScalars& s, const AdamWTensors& t) {
+void adamw_avx2(const AdamWStepScalars& s, const AdamWTensors& t, bool stream) {
   const bool gb = t.grad_dtype == DType::bf16, pb = t.param_dtype == DType::bf16;
-  if (gb && pb) adamw_typed<bf16, bf16>(s, t);
-  else if (gb) adamw_typed<bf16, float>(s, t);
-  else if (pb) adamw_typed<float, bf16>(s, t);
-  else adamw_typed<float, float>(s, t);
+  if (gb && pb) adamw_typed<bf16, bf16>(s, t, stream);
+  else if (gb) adamw_typed<bf16, float>(s, t, stream);
+  else if (pb) adamw_typed<float, bf16>(s, t, stream);
+  else adamw_typed<float, float>(s, t, stream);
 }
 
 void squares_avx2(const void* x, DType dtype, std::int64_t n, double* lanes) {

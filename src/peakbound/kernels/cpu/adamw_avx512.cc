@@ -10,6 +10,7 @@
 #endif
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "peakbound/kernels/cpu/adamw_simd.h"
@@ -30,7 +31,7 @@ PB_AVX512 inline __m512 load16(const bf16* p) {
 PB_AVX512 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
 
 // f32 -> bf16, round to nearest even, NaN kept quiet (as to_bf16 in core/dtype.h).
-PB_AVX512 inline void store16(bf16* p, __m512 x) {
+PB_AVX512 inline __m256i to_bf16x16(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i hi = _mm512_srli_epi32(u, 16);
   const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
@@ -39,11 +40,24 @@ PB_AVX512 inline void store16(bf16* p, __m512 x) {
   const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                                    _mm512_set1_epi32(0x7f800000));
   const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  return _mm512_cvtepi32_epi16(r);
 }
 
-template <typename G, typename P>
-PB_AVX512 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
+PB_AVX512 inline void store16(bf16* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16x16(x));
+}
+
+// Non-temporal: p aligned to the store's width (64 bytes f32, 32 bytes bf16).
+PB_AVX512 inline void stream16(float* p, __m512 x) { _mm512_stream_ps(p, x); }
+PB_AVX512 inline void stream16(bf16* p, __m512 x) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16x16(x));
+}
+
+enum class ParamStore { plain, stream, none };
+
+// Elements [begin, end) (end - begin a multiple of 16).
+template <typename G, typename P, ParamStore kStore>
+PB_AVX512 void adamw_vectors(const AdamWStepScalars& s, const AdamWTensors& t, std::int64_t begin, std::int64_t end) {
   const G* grad = static_cast<const G*>(t.grad);
   P* param = static_cast<P*>(t.param);
   const __m512 gs = _mm512_set1_ps(s.grad_scale);
@@ -51,8 +65,7 @@ PB_AVX512 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
   const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
   const __m512 eps = _mm512_set1_ps(s.eps), ibc2 = _mm512_set1_ps(s.inv_sqrt_bc2);
   const __m512 nss = _mm512_set1_ps(s.neg_step_size), decay = _mm512_set1_ps(s.decay);
-  const std::int64_t vec_end = t.n - t.n % 16;
-  for (std::int64_t i = 0; i < vec_end; i += 16) {
+  for (std::int64_t i = begin; i < end; i += 16) {
     const __m512 g = _mm512_mul_ps(load16(grad + i), gs);
     const __m512 m = _mm512_fmadd_ps(omb1, g, _mm512_mul_ps(b1, _mm512_loadu_ps(t.m + i)));
     const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(omb2, g), g, _mm512_mul_ps(b2, _mm512_loadu_ps(t.v + i)));
@@ -61,9 +74,26 @@ PB_AVX512 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t) {
     _mm512_storeu_ps(t.m + i, m);
     _mm512_storeu_ps(t.v + i, v);
     _mm512_storeu_ps(t.master + i, w);
-    store16(param + i, w);
+    if constexpr (kStore == ParamStore::plain) store16(param + i, w);
+    else if constexpr (kStore == ParamStore::stream) stream16(param + i, w);
   }
+}
+
+template <typename G, typename P>
+PB_AVX512 void adamw_typed(const AdamWStepScalars& s, const AdamWTensors& t, bool stream) {
+  const bool write_param = !param_is_master(t);
+  // With streaming stores, the elements before the parameter's first line boundary
+  // go to the scalar body (which computes the same bits).
+  std::int64_t head = stream && write_param ? elements_to_line(t) : -1;
+  stream = head >= 0;
+  head = std::max<std::int64_t>(head, 0);
+  if (head > 0) adamw_scalar(s, t.slice(0, head));
+  const std::int64_t vec_end = t.n - (t.n - head) % 16;
+  if (!write_param) adamw_vectors<G, P, ParamStore::none>(s, t, head, vec_end);
+  else if (stream) adamw_vectors<G, P, ParamStore::stream>(s, t, head, vec_end);
+  else adamw_vectors<G, P, ParamStore::plain>(s, t, head, vec_end);
   if (vec_end < t.n) adamw_scalar(s, t.slice(vec_end, t.n - vec_end));
+  if (stream) _mm_sfence();  // the streamed stores are visible before the task ends
 }
 
 template <typename X>
@@ -85,12 +115,12 @@ PB_AVX512 void squares_typed(const X* x, std::int64_t n, double* lanes) {
 
 }  // namespace
 
-void adamw_avx512(const AdamWStepScalars& s, const AdamWTensors& t) {
+void adamw_avx512(const AdamWStepScalars& s, const AdamWTensors& t, bool stream) {
   const bool gb = t.grad_dtype == DType::bf16, pb = t.param_dtype == DType::bf16;
-  if (gb && pb) adamw_typed<bf16, bf16>(s, t);
-  else if (gb) adamw_typed<bf16, float>(s, t);
-  else if (pb) adamw_typed<float, bf16>(s, t);
-  else adamw_typed<float, float>(s, t);
+  if (gb && pb) adamw_typed<bf16, bf16>(s, t, stream);
+  else if (gb) adamw_typed<bf16, float>(s, t, stream);
+  else if (pb) adamw_typed<float, bf16>(s, t, stream);
+  else adamw_typed<float, float>(s, t, stream);
 }
 
 void squares_avx512(const void* x, DType dtype, std::int64_t n, double* lanes) {
