@@ -1,0 +1,243 @@
+#include "peakbound/kernels/cuda/attention.h"
+
+#include <string>
+
+#include "peakbound/kernels/cuda/launch.cuh"
+
+namespace peakbound::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;                         // warps per block
+constexpr int kPerLane = kMaxHeadDim / 32;        // head-dim values a lane holds
+
+// Plain-data copy of the dims a kernel needs.
+struct Dims {
+  std::int64_t T, Tk, Hq, Hkv, D, Dv, W, q_off, k_off;
+  float scale;
+  bool acc;
+};
+
+Dims dims_of(const cpu::AttentionDims& a) {
+  return Dims{a.tokens, a.key_tokens(), a.q_heads, a.kv_heads, a.qk_dim, a.v_dim, a.window, a.q_offset, a.k_offset,
+              a.effective_scale(), a.accumulate};
+}
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Keys [lo, hi] (inclusive, in key rows) visible to query row i; empty when hi < lo.
+__device__ inline void visible_keys(const Dims& d, std::int64_t i, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t qpos = d.q_off + i;
+  hi = qpos - d.k_off;
+  if (hi > d.Tk - 1) hi = d.Tk - 1;
+  lo = 0;
+  if (d.W > 0 && qpos - d.W + 1 - d.k_off > lo) lo = qpos - d.W + 1 - d.k_off;
+}
+
+// Query rows [lo, hi] that see key row j.
+__device__ inline void seeing_queries(const Dims& d, std::int64_t j, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t kpos = d.k_off + j;
+  lo = kpos - d.q_off;
+  if (lo < 0) lo = 0;
+  hi = d.T - 1;
+  if (d.W > 0 && kpos + d.W - 1 - d.q_off < hi) hi = kpos + d.W - 1 - d.q_off;
+}
+
+// Loads row x [n] into the lane's registers (value c * 32 + lane at r[c]).
+__device__ inline void load_row(float* r, const float* x, std::int64_t n) {
+  const int lane = threadIdx.x % 32;
+  for (int c = 0; c < kPerLane; ++c) {
+    const std::int64_t e = c * 32 + lane;
+    r[c] = e < n ? x[e] : 0.0f;
+  }
+}
+__device__ inline float dot_row(const float* r, const float* x, std::int64_t n) {
+  const int lane = threadIdx.x % 32;
+  float s = 0.0f;
+  for (int c = 0; c < kPerLane; ++c) {
+    const std::int64_t e = c * 32 + lane;
+    if (e < n) s += r[c] * x[e];
+  }
+  return warp_sum(s);
+}
+
+__global__ void forward_k(float* out, float* lse, const float* q, const float* k, const float* v, Dims d) {
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
+  if (w >= d.T * d.Hq) return;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t i = w / d.Hq, h = w % d.Hq, g = h / (d.Hq / d.Hkv);
+  float qr[kPerLane], acc[kPerLane];
+  load_row(qr, q + (i * d.Hq + h) * d.D, d.D);
+  for (int c = 0; c < kPerLane; ++c) acc[c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  std::int64_t lo, hi;
+  visible_keys(d, i, lo, hi);
+  for (std::int64_t j = lo; j <= hi; ++j) {
+    const float s = d.scale * dot_row(qr, k + (j * d.Hkv + g) * d.D, d.D);
+    const float m_new = s > m ? s : m;
+    const float corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+    const float* vr = v + (j * d.Hkv + g) * d.Dv;
+    for (int c = 0; c < kPerLane; ++c) {
+      const std::int64_t e = c * 32 + lane;
+      acc[c] = acc[c] * corr + (e < d.Dv ? p * vr[e] : 0.0f);
+    }
+    m = m_new;
+  }
+  float* o = out + (i * d.Hq + h) * d.Dv;
+  float* L = lse + i * d.Hq + h;
+  const bool empty = l == 0.0f;
+  const float bl = empty ? -INFINITY : m + logf(l);
+  if (d.acc && *L != -INFINITY) {
+    if (empty) return;  // this block adds nothing to the running state
+    const float L0 = *L, M = L0 > bl ? L0 : bl;
+    const float nl = M + logf(expf(L0 - M) + expf(bl - M));
+    const float a0 = expf(L0 - nl), a1 = expf(bl - nl) / l;
+    for (int c = 0; c < kPerLane; ++c) {
+      const std::int64_t e = c * 32 + lane;
+      if (e < d.Dv) o[e] = o[e] * a0 + acc[c] * a1;
+    }
+    if (lane == 0) *L = nl;
+    return;
+  }
+  for (int c = 0; c < kPerLane; ++c) {
+    const std::int64_t e = c * 32 + lane;
+    if (e < d.Dv) o[e] = empty ? 0.0f : acc[c] / l;
+  }
+  if (lane == 0) *L = bl;
+}
+
+__global__ void row_dot_k(float* row_dot, const float* dout, const float* out, Dims d) {
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
+  if (w >= d.T * d.Hq) return;
+  const int lane = threadIdx.x % 32;
+  double s = 0;
+  for (std::int64_t e = lane; e < d.Dv; e += 32) s += static_cast<double>(dout[w * d.Dv + e]) * out[w * d.Dv + e];
+  s = warp_sum_d(s);
+  if (lane == 0) row_dot[w] = static_cast<float>(s);
+}
+
+// dq for one (query row, head).
+__global__ void backward_dq_k(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                              const float* lse, const float* Drow, Dims d) {
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
+  if (w >= d.T * d.Hq) return;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t i = w / d.Hq, h = w % d.Hq, g = h / (d.Hq / d.Hkv);
+  float qr[kPerLane], gr[kPerLane], acc[kPerLane];
+  load_row(qr, q + w * d.D, d.D);
+  load_row(gr, dout + w * d.Dv, d.Dv);
+  for (int c = 0; c < kPerLane; ++c) acc[c] = 0.0f;
+  const float L = lse[w], Di = Drow[w];
+  std::int64_t lo, hi;
+  visible_keys(d, i, lo, hi);
+  if (L == -INFINITY) hi = lo - 1;  // the row saw no key anywhere
+  for (std::int64_t j = lo; j <= hi; ++j) {
+    const float* kr = k + (j * d.Hkv + g) * d.D;
+    const float p = expf(d.scale * dot_row(qr, kr, d.D) - L);
+    const float dp = dot_row(gr, v + (j * d.Hkv + g) * d.Dv, d.Dv);
+    const float ds = p * (dp - Di);
+    for (int c = 0; c < kPerLane; ++c) {
+      const std::int64_t e = c * 32 + lane;
+      if (e < d.D) acc[c] += d.scale * ds * kr[e];
+    }
+  }
+  float* o = dq + w * d.D;
+  for (int c = 0; c < kPerLane; ++c) {
+    const std::int64_t e = c * 32 + lane;
+    if (e < d.D) o[e] = d.acc ? o[e] + acc[c] : acc[c];
+  }
+}
+
+// dk, dv for one (key row, kv head), over the query heads of its group and the query
+// rows that see it.
+__global__ void backward_dkv_k(float* dk, float* dv, const float* dout, const float* q, const float* k,
+                               const float* v, const float* lse, const float* Drow, Dims d) {
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
+  if (w >= d.Tk * d.Hkv) return;
+  const int lane = threadIdx.x % 32;
+  const std::int64_t j = w / d.Hkv, g = w % d.Hkv, group = d.Hq / d.Hkv;
+  float kr[kPerLane], vr[kPerLane], ak[kPerLane], av[kPerLane];
+  load_row(kr, k + w * d.D, d.D);
+  load_row(vr, v + w * d.Dv, d.Dv);
+  for (int c = 0; c < kPerLane; ++c) ak[c] = av[c] = 0.0f;
+  std::int64_t lo, hi;
+  seeing_queries(d, j, lo, hi);
+  for (std::int64_t i = lo; i <= hi; ++i)
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const std::int64_t r = i * d.Hq + h;
+      const float L = lse[r];
+      if (L == -INFINITY) continue;
+      const float* qrow = q + r * d.D;
+      const float* grow = dout + r * d.Dv;
+      const float p = expf(d.scale * dot_row(kr, qrow, d.D) - L);
+      const float dp = dot_row(vr, grow, d.Dv);
+      const float ds = p * (dp - Drow[r]);
+      for (int c = 0; c < kPerLane; ++c) {
+        const std::int64_t e = c * 32 + lane;
+        if (e < d.Dv) av[c] += p * grow[e];
+        if (e < d.D) ak[c] += d.scale * ds * qrow[e];
+      }
+    }
+  float* ok = dk + w * d.D;
+  float* ov = dv + w * d.Dv;
+  for (int c = 0; c < kPerLane; ++c) {
+    const std::int64_t e = c * 32 + lane;
+    if (e < d.D) ok[e] = d.acc ? ok[e] + ak[c] : ak[c];
+    if (e < d.Dv) ov[e] = d.acc ? ov[e] + av[c] : av[c];
+  }
+}
+
+void check(const cpu::AttentionDims& a) {
+  cpu::check_attention_dims(a);
+  if (a.qk_dim > kMaxHeadDim || a.v_dim > kMaxHeadDim)
+    throw InvalidArgument("cuda attention: head dims " + std::to_string(a.qk_dim) + "/" + std::to_string(a.v_dim) +
+                          " above the kernel's " + std::to_string(kMaxHeadDim));
+}
+
+unsigned warp_blocks(std::int64_t warps) {
+  const std::int64_t b = (warps + kWarps - 1) / kWarps;
+  if (b > 0x7fffffff) throw InvalidArgument("cuda attention: " + std::to_string(warps) + " rows exceed one grid");
+  return static_cast<unsigned>(b);
+}
+
+}  // namespace
+
+void attention_forward(void* s, float* out, float* lse, const float* q, const float* k, const float* v,
+                       const cpu::AttentionDims& a) {
+  check(a);
+  forward_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+  check_launch("attention_forward");
+}
+
+void attention_row_dot(void* s, float* row_dot, const float* dout, const float* out, const cpu::AttentionDims& a) {
+  check(a);
+  row_dot_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(row_dot, dout, out, dims_of(a));
+  check_launch("attention_row_dot");
+}
+
+void attention_backward(void* s, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const cpu::AttentionDims& a,
+                        float* workspace, const float* row_dot) {
+  check(a);
+  const Dims d = dims_of(a);
+  if (!row_dot) {
+    row_dot_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(workspace, dout, out, d);
+    check_launch("attention_backward");
+    row_dot = workspace;
+  }
+  backward_dq_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot, d);
+  check_launch("attention_backward");
+  backward_dkv_k<<<warp_blocks(a.key_tokens() * a.kv_heads), kWarps * 32, 0, native(s)>>>(dk, dv, dout, q, k, v, lse,
+                                                                                         row_dot, d);
+  check_launch("attention_backward");
+}
+
+}  // namespace peakbound::cuda

@@ -1,0 +1,73 @@
+// The CUDA backend's attention against the CPU backend's on the same inputs: causal GQA
+// with and without a window, odd sizes, Dv != D; and a sequence split into two key
+// blocks at offsets, folded with accumulate (forward running state, gradients added
+// into), as ring attention calls it. Skips without a GPU.
+#include "peakbound/ops/attention.h"
+#include "tests/device/gpu_test_util.h"
+
+namespace peakbound {
+namespace {
+
+using testing::f;
+using testing::randn;
+using testing::same_on_both;
+
+struct Shape {
+  std::int64_t T, Hq, Hkv, D, Dv, W;
+};
+
+TEST(CudaKernels, AttentionMatchesCpu) {
+  PB_NEED_GPU();
+  for (Shape sh : {Shape{1, 1, 1, 8, 8, 0}, Shape{37, 4, 2, 64, 48, 0}, Shape{70, 6, 2, 32, 32, 5}}) {
+    ops::AttentionDims a;
+    a.tokens = sh.T, a.q_heads = sh.Hq, a.kv_heads = sh.Hkv, a.qk_dim = sh.D, a.v_dim = sh.Dv, a.window = sh.W;
+    a.block_q = 16, a.block_k = 16;
+    const auto nq = static_cast<std::size_t>(sh.T * sh.Hq * sh.D), nk = static_cast<std::size_t>(sh.T * sh.Hkv * sh.D),
+               nv = static_cast<std::size_t>(sh.T * sh.Hkv * sh.Dv), no = static_cast<std::size_t>(sh.T * sh.Hq * sh.Dv),
+               nl = static_cast<std::size_t>(sh.T * sh.Hq),
+               nw = static_cast<std::size_t>(cpu::attention_workspace_floats(a));
+    // q, k, v, out, lse, dout, dq, dk, dv, workspace
+    same_on_both({randn(nq, 1), randn(nk, 2), randn(nv, 3), randn(no, 4), randn(nl, 5), randn(no, 6), randn(nq, 7),
+                  randn(nk, 8), randn(nv, 9), std::vector<float>(nw, 0.0f)},
+                 [&](Device& dev, std::vector<Buffer>& b) {
+                   Stream& s = dev.compute_stream();
+                   ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), f(b[1]), f(b[2]), a, f(b[9]));
+                   ops::attention_backward(dev, s, f(b[6]), f(b[7]), f(b[8]), f(b[5]), f(b[0]), f(b[1]), f(b[2]),
+                                           f(b[3]), f(b[4]), a, f(b[9]));
+                 }, 5e-5f, "attention T " + std::to_string(sh.T) + " W " + std::to_string(sh.W), {9});
+  }
+}
+
+TEST(CudaKernels, AttentionBlocksFoldWithAccumulate) {
+  PB_NEED_GPU();
+  // Queries: rows [20, 50) of a 50-token sequence; keys in two blocks [0, 30) and [30, 50).
+  const std::int64_t H = 2, D = 16, Tq = 30;
+  ops::AttentionDims a;
+  a.tokens = Tq, a.q_heads = H, a.kv_heads = H, a.qk_dim = D, a.v_dim = D, a.q_offset = 20, a.accumulate = true;
+  a.block_q = 8, a.block_k = 8;
+  ops::AttentionDims b1 = a, b2 = a;
+  b1.kv_tokens = 30, b1.k_offset = 0;
+  b2.kv_tokens = 20, b2.k_offset = 30;
+  const auto nq = static_cast<std::size_t>(Tq * H * D), nl = static_cast<std::size_t>(Tq * H);
+  const auto nw = static_cast<std::size_t>(std::max(cpu::attention_workspace_floats(b1), cpu::attention_workspace_floats(b2)));
+  std::vector<float> lse0(nl, -INFINITY);
+  // q, k (50 rows), v, out, lse, dout, dq, dk, dv, workspace, row_dot
+  same_on_both({randn(nq, 1), randn(static_cast<std::size_t>(50 * H * D), 2), randn(static_cast<std::size_t>(50 * H * D), 3),
+                randn(nq, 4), lse0, randn(nq, 6), randn(nq, 7), randn(static_cast<std::size_t>(50 * H * D), 8),
+                randn(static_cast<std::size_t>(50 * H * D), 9), std::vector<float>(nw, 0.0f), randn(nl, 10)},
+               [&](Device& dev, std::vector<Buffer>& b) {
+                 Stream& s = dev.compute_stream();
+                 float* k2 = f(b[1]) + 30 * H * D;
+                 float* v2 = f(b[2]) + 30 * H * D;
+                 ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), f(b[1]), f(b[2]), b1, f(b[9]));
+                 ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), k2, v2, b2, f(b[9]));
+                 ops::attention_row_dot(dev, s, f(b[10]), f(b[5]), f(b[3]), a);
+                 ops::attention_backward(dev, s, f(b[6]), f(b[7]), f(b[8]), f(b[5]), f(b[0]), f(b[1]), f(b[2]), f(b[3]),
+                                         f(b[4]), b1, f(b[9]), nullptr, f(b[10]));
+                 ops::attention_backward(dev, s, f(b[6]), f(b[7]) + 30 * H * D, f(b[8]) + 30 * H * D, f(b[5]), f(b[0]),
+                                         k2, v2, f(b[3]), f(b[4]), b2, f(b[9]), nullptr, f(b[10]));
+               }, 5e-5f, "attention blocks", {9});
+}
+
+}  // namespace
+}  // namespace peakbound
