@@ -3,7 +3,9 @@
 // each path: the dispatch peak from its Arena (max over ranks), the forward+backward
 // time (best of --reps after a warm-up, max over ranks), and the largest relative
 // error of its outputs and gradients against standard EP. --sweep measures the peaks
-// at 1, 2, 4 and 8x the tokens under each requested skew.
+// at 1, 2, 4 and 8x the tokens under each requested skew (with PipelinedLLEP's rounds).
+// --round-budget sizes PipelinedLLEP's rounds from memory instead of --cap; each run
+// reports its rounds and round_cap (copies a source sent per round).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
