@@ -287,7 +287,13 @@ MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std
       too_many(rounds, "round_bytes " + std::to_string(options.round_bytes));
       slice_rounds(p, rounds, c);
       need = 0;
-      for (int r = 0; r < ep; ++r) need = std::max(need, bytes(p.sizes(r, 0)));
+      DispatchSizes z = p.sizes(0, 0);  // the round sizes are the group's; foreign and lent per rank
+      for (int r = 0; r < ep; ++r) {
+        z.foreign = static_cast<std::int64_t>(p.foreign_experts(r).size());
+        z.lent = 0;
+        for (const MoePlan::Spill& sp : p.spills) z.lent += sp.owner == r;
+        need = std::max(need, bytes(z));
+      }
       return need <= options.round_bytes;
     };
     if (!fits(most)) {
