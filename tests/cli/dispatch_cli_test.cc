@@ -64,6 +64,22 @@ TEST(DispatchCli, DeviceBudgetFromTheFootprintOrTheFlag) {
   EXPECT_EQ(v.code, 0) << v.out << v.err;
 }
 
+TEST(DispatchCli, RoundBudgetAndMaxLent) {
+  for (const char* cmd : {"verify dispatch", "bench dispatch"}) {
+    expect_one_line_error(run_timed(std::string(cmd) + " --round-budget 12parsecs", 30), "--round-budget");
+    expect_one_line_error(run_timed(std::string(cmd) + " --round-budget 0", 30), "--round-budget");
+    expect_one_line_error(run_timed(std::string(cmd) + " --round-budget 1KiB", 30), "--round-budget 1KiB is below one copy");
+    expect_one_line_error(run_timed(std::string(cmd) + " --max-lent -1", 30), "--max-lent");
+  }
+  CliRun v = run_timed("verify dispatch --tokens 40 --round-budget 256KiB --max-lent 1 --skew uniform,hot", 60);
+  EXPECT_EQ(v.code, 0) << v.out << v.err;
+  EXPECT_NE(v.out.find("verify dispatch: pass"), std::string::npos) << v.out;
+  CliRun b = run_timed("bench dispatch --tokens 256 --hidden 8 --ffn 8 --reps 1 --round-budget 64KiB --json", 60);
+  ASSERT_EQ(b.code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("\"round_bytes\": 65536"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("\"round_cap\""), std::string::npos) << b.out;
+}
+
 TEST(DispatchCli, HelpSaysWhereDefaultsComeFrom) {
   CliRun b = run_timed("bench dispatch --help", 30);
   EXPECT_EQ(b.code, 0);

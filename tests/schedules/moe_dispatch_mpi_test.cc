@@ -2,7 +2,8 @@
 // launched group size (1 without mpirun; 2, 3, 4 under mpirun), for every routing skew,
 // top-k in {1, 2, 4, 8}, experts with no tokens, a rank with no tokens, and a cap that
 // does not divide the copies. Plus the claims: LLEP spills under skew, the pipelined
-// dispatch peak does not grow with the tokens or the skew, standard EP's does.
+// dispatch peak does not grow with the tokens or the skew, standard EP's does; under a
+// round_bytes budget (and a max_lent bound) PipelinedLLEP stays exact and its peak flat.
 #include <gtest/gtest.h>
 
 #include "peakbound/device/cpu/cpu_device.h"
@@ -34,15 +35,26 @@ DispatchOptions small_knobs() {
   return k;
 }
 
+// PipelinedLLEP under a round budget of a few copies a round, lent copies bounded to 2.
+DispatchOptions budget_knobs() {
+  DispatchOptions k = small_knobs();
+  k.round_bytes = 48 << 10;
+  k.max_lent = 2;
+  return k;
+}
+
 void expect_exact(const MoeProblemSpec& sp) {
   Communicator& g = world();
   MoeProblem p = make_moe_problem(sp);
   MoeReference ref = dense_moe_reference(p);
-  for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
+  for (int run = 0; run < 5; ++run) {
+    const DispatchKind kind = run < 3 ? static_cast<DispatchKind>(run) : run == 3 ? DispatchKind::pipelined_llep
+                                                                                  : DispatchKind::llep;
     CpuDevice dev(256ull << 20);
-    MoeDispatch d(dev, g, sp.shape, kind, small_knobs());
+    MoeDispatch d(dev, g, sp.shape, kind, run < 3 ? small_knobs() : budget_knobs());
     MoeCheck c = check_moe_dispatch(d, g, p, ref);
-    SCOPED_TRACE(std::string(dispatch_kind_name(kind)) + " skew=" + std::string(skew_name(sp.skew)) +
+    SCOPED_TRACE(std::string(dispatch_kind_name(kind)) + (run < 3 ? "" : " round_bytes 48KiB max_lent 2") +
+                 " rounds " + std::to_string(d.stats().rounds) + " skew=" + std::string(skew_name(sp.skew)) +
                  " k=" + std::to_string(sp.shape.top_k) + " EP=" + std::to_string(g.size()));
     EXPECT_LT(c.rel_err_y, 1e-5);
     EXPECT_LT(c.rel_err_dx, 1e-5);
@@ -87,7 +99,7 @@ TEST(MoeDispatch, LlepSpillsUnderHotSkewAndPipelinedBoundsTheRound) {
   }
 }
 
-std::uint64_t dispatch_peak(DispatchKind kind, std::int64_t tokens, Skew skew) {
+std::uint64_t dispatch_peak(DispatchKind kind, std::int64_t tokens, Skew skew, std::uint64_t round_bytes = 0) {
   Communicator& g = world();
   MoeProblemSpec sp = spec(tokens, 2, skew, 9);
   sp.shape.hidden = 32;
@@ -101,6 +113,7 @@ std::uint64_t dispatch_peak(DispatchKind kind, std::int64_t tokens, Skew skew) {
   DispatchOptions kn;
   kn.min_spill = 16;
   kn.cap = 64;
+  kn.round_bytes = round_bytes;
   MoeDispatch d(dev, g, sp.shape, kind, kn);
   const float* params = p.params.data() + g.rank() * local * EF;
   d.forward(p.x.data() + off * H, T, p.ids.data() + off * K, p.weights.data() + off * K, params, y.data());
@@ -128,6 +141,24 @@ TEST(MoeDispatch, PipelinedPeakIsFlatInTokensAndSkew) {
   std::uint64_t std_big = dispatch_peak(DispatchKind::standard_ep, 2048, Skew::uniform);
   EXPECT_GT(std_big, 6 * std_small) << "standard EP grows with the tokens";
   EXPECT_LT(big, std_big);
+}
+
+TEST(MoeDispatch, PipelinedPeakUnderARoundBudgetIsFlatFrom1To8xTheTokens) {
+  // Full rounds sized to the budget: the peak sits just under it whatever the tokens,
+  // uniform or hot, while LLEP's grows with them.
+  Communicator& g = world();
+  if (g.size() < 2) GTEST_SKIP() << "the bound is about the EP exchange";
+  const std::uint64_t budget = 1ull << 20;
+  for (Skew s : {Skew::uniform, Skew::hot}) {
+    std::uint64_t lo = ~0ull, hi = 0;
+    for (std::int64_t t : {512, 1024, 2048, 4096}) {
+      const std::uint64_t peak = dispatch_peak(DispatchKind::pipelined_llep, t, s, budget);
+      EXPECT_LE(peak, budget);
+      lo = std::min(lo, peak), hi = std::max(hi, peak);
+    }
+    EXPECT_LE(static_cast<double>(hi), 1.10 * static_cast<double>(lo)) << skew_name(s) << ": " << lo << " .. " << hi;
+    EXPECT_GT(dispatch_peak(DispatchKind::llep, 4096, s), 2 * budget) << "LLEP holds a whole round of 4096 tokens";
+  }
 }
 
 TEST(MoeDispatch, BadExpertIdIsAnErrorOnEveryRank) {

@@ -2,7 +2,9 @@
 // ranks), for every kind, skew, top-k in {1, 2, 4}, caps that divide nothing (7) or are
 // larger than any round, and ranks with no tokens, the Arena's measured peak of
 // Component::dispatch in forward, and (after reset_peaks) in backward, equals the
-// footprint's "forward" / "backward" phase computed from the problem alone.
+// footprint's "forward" / "backward" phase computed from the problem alone; under a
+// round_bytes budget (with and without a max_lent bound) too, and PipelinedLLEP's
+// footprint then stays within the budget.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -21,7 +23,8 @@ std::uint64_t phase_bytes(const Footprint& f, const char* phase) {
   return f.phase(phase).device[static_cast<std::size_t>(Component::dispatch)];
 }
 
-void expect_footprint(Skew skew, std::int64_t top_k, std::int64_t cap, std::int64_t tokens) {
+void expect_footprint(Skew skew, std::int64_t top_k, std::int64_t cap, std::int64_t tokens,
+                      std::uint64_t round_bytes = 0, std::int64_t max_lent = 0) {
   Communicator& g = world();
   const int r = g.rank();
   MoeProblemSpec sp;
@@ -36,9 +39,12 @@ void expect_footprint(Skew skew, std::int64_t top_k, std::int64_t cap, std::int6
   DispatchOptions o;
   o.cap = cap;
   o.min_spill = 3;
+  o.round_bytes = round_bytes;
+  o.max_lent = max_lent;
   for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
     SCOPED_TRACE(std::string(dispatch_kind_name(kind)) + " skew " + std::string(skew_name(skew)) + " k " +
                  std::to_string(top_k) + " cap " + std::to_string(cap) + " tokens " + std::to_string(tokens) +
+                 " round_bytes " + std::to_string(round_bytes) + " max_lent " + std::to_string(max_lent) +
                  " EP " + std::to_string(g.size()) + " rank " + std::to_string(r));
     const Footprint fp = moe_problem_footprint(p, r, kind, o, sizeof(float));
     CpuDevice dev(64ull << 20);
@@ -61,6 +67,9 @@ void expect_footprint(Skew skew, std::int64_t top_k, std::int64_t cap, std::int6
     EXPECT_EQ(phase_bytes(mine, "forward"), phase_bytes(fp, "forward"));
     EXPECT_EQ(phase_bytes(mine, "backward"), phase_bytes(fp, "backward"));
     EXPECT_EQ(fp.device_peak(Component::dispatch), std::max(phase_bytes(fp, "forward"), phase_bytes(fp, "backward")));
+    EXPECT_EQ(fp.device_peak(Component::dispatch), dispatch_peak_bytes(sp.shape, d.stats().sizes, sizeof(float)));
+    // The budget bounds what PipelinedLLEP holds.
+    if (round_bytes && kind == DispatchKind::pipelined_llep) EXPECT_LE(fp.device_peak(Component::dispatch), round_bytes);
   }
 }
 
@@ -68,6 +77,16 @@ TEST(MoeDispatchFootprint, MeasuredPeakEqualsFootprintForEverySkewTopKAndCap) {
   for (Skew s : {Skew::uniform, Skew::zipf, Skew::hot, Skew::all_to_one_rank, Skew::one_expert, Skew::source})
     for (std::int64_t k : {1, 2, 4})
       for (std::int64_t cap : {7, 1024}) expect_footprint(s, k, cap, 29);
+}
+
+TEST(MoeDispatchFootprint, MeasuredPeakEqualsFootprintUnderARoundBudget) {
+  // Budgets from a few copies a round to all at once, with and without a lent-copy bound.
+  for (Skew s : {Skew::uniform, Skew::hot, Skew::one_expert, Skew::source})
+    for (std::uint64_t budget : {40000ull, 90000ull, 1ull << 24}) {
+      expect_footprint(s, 2, 1024, 61, budget);
+      expect_footprint(s, 4, 1024, 29, budget, 1);
+    }
+  expect_footprint(Skew::uniform, 2, 7, 0, 40000);  // no tokens
 }
 
 TEST(MoeDispatchFootprint, MeasuredPeakEqualsFootprintWithoutTokens) {

@@ -104,5 +104,45 @@ TEST(MoeDispatchFootprint, EstimateBoundsThePlannedSizes) {
         }
 }
 
+// Under round_bytes the plan and the planner's estimate both fill the budget: the plan's
+// footprint never exceeds it, the estimate's comes within a few copies a round of it,
+// and a budget below one copy a round is refused by name.
+TEST(MoeDispatchFootprint, RoundBytesBoundPlanAndEstimate) {
+  const MoeShape shape{16, 24, 12, 2};
+  for (int P : {2, 4})
+    for (Skew skew : {Skew::uniform, Skew::hot, Skew::one_expert}) {
+      MoeProblemSpec sp;
+      sp.shape = shape;
+      sp.ranks = P;
+      sp.tokens = 700;
+      sp.skew = skew;
+      const MoeProblem p = make_moe_problem(sp);
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(P * 12), 0);
+      for (int q = 0; q < P; ++q)
+        for (std::int64_t c = 0; c < p.tokens[static_cast<std::size_t>(q)] * 2; ++c)
+          ++counts[static_cast<std::size_t>(q * 12 + p.ids[static_cast<std::size_t>(p.offset(q) * 2 + c)])];
+      for (std::uint64_t budget : {200000ull, 500000ull, 2000000ull}) {
+        SCOPED_TRACE("P " + std::to_string(P) + " " + std::string(skew_name(skew)) + " budget " + std::to_string(budget));
+        DispatchOptions o;
+        o.round_bytes = budget;
+        const MoePlan plan = dispatch_plan(DispatchKind::pipelined_llep, shape, P, counts, o, 4);
+        for (int r = 0; r < P; ++r) EXPECT_LE(dispatch_peak_bytes(shape, plan.sizes(r, 0), 4), budget);
+        const DispatchSizes est =
+            dispatch_sizes_estimate(DispatchKind::pipelined_llep, shape, P, 700, plan.imbalance, o, 4);
+        const std::uint64_t e = dispatch_peak_bytes(shape, est, 4);
+        EXPECT_LE(e, budget);
+        if (plan.rounds > 1) EXPECT_GE(e + 4 * (P + 4) * (10 * 16 + 3 * 24) * 4, budget) << "fills the budget";
+      }
+    }
+  DispatchOptions o;
+  o.round_bytes = 1000;
+  try {
+    dispatch_sizes_estimate(DispatchKind::pipelined_llep, shape, 4, 700, 1.0, o, 4);
+    ADD_FAILURE() << "accepted 1000 bytes";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("moe dispatch round_bytes 1000 is too small"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace peakbound

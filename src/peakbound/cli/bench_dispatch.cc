@@ -3,7 +3,9 @@
 // each path: the dispatch peak from its Arena (max over ranks), the forward+backward
 // time (best of --reps after a warm-up, max over ranks), and the largest relative
 // error of its outputs and gradients against standard EP. --sweep measures the peaks
-// at 1, 2, 4 and 8x the tokens under each requested skew.
+// at 1, 2, 4 and 8x the tokens under each requested skew (with PipelinedLLEP's rounds).
+// --round-budget sizes PipelinedLLEP's rounds from memory instead of --cap; each run
+// reports its rounds and round_cap (copies a source sent per round).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +37,7 @@ struct PathResult {
   std::uint64_t peak = 0, budget = 0;  // max over ranks
   double seconds = 0;
   int rounds = 0;
+  std::int64_t round_cap = 0;
   bool spilled = false;
   std::int64_t max_round_rows = 0, foreign_experts = 0;  // max over ranks
   std::vector<float> y, dx, dw, dparams;
@@ -71,6 +74,7 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
   out.peak = static_cast<std::uint64_t>(peak[0]);
   out.budget = static_cast<std::uint64_t>(peak[1]);
   out.rounds = d.stats().rounds;
+  out.round_cap = d.stats().round_cap;
   std::int64_t mx[2] = {d.stats().max_received_rows, d.stats().foreign_experts};
   g.all_reduce(mx, 2, DType::i64, ReduceOp::max);
   out.max_round_rows = mx[0];
@@ -116,7 +120,7 @@ Command add_bench_dispatch(CLI::App& parent) {
         runs.push_back({{"name", res[i].name}, {"skew", skew_name(s)}, {"dispatch_peak_bytes", res[i].peak},
                         {"device_budget_bytes", res[i].budget},
                         {"seconds", res[i].seconds}, {"tokens_per_second", static_cast<double>(all_tokens) / res[i].seconds},
-                        {"rounds", res[i].rounds}, {"spilled", res[i].spilled},
+                        {"rounds", res[i].rounds}, {"round_cap", res[i].round_cap}, {"spilled", res[i].spilled},
                         {"max_round_rows", res[i].max_round_rows}, {"lent_experts_held", res[i].foreign_experts}, {"max_rel_err_vs_standard", err}});
       }
       auto red = [](std::uint64_t a, std::uint64_t b) { return 1.0 - static_cast<double>(a) / static_cast<double>(b); };
@@ -127,7 +131,8 @@ Command add_bench_dispatch(CLI::App& parent) {
     }
     nlohmann::json out = {{"bench", "dispatch"}, {"ranks", g.size()}, {"tokens_per_rank", f->tokens},
                           {"hidden", f->hidden}, {"ffn", f->ffn}, {"experts", f->experts}, {"topk", f->top_k},
-                          {"cap", f->cap}, {"alpha", f->alpha}, {"lambda", f->lambda}, {"min_spill", f->min_spill},
+                          {"cap", f->cap}, {"round_budget", f->round_budget}, {"round_bytes", f->round_bytes()},
+                          {"max_lent", f->max_lent}, {"alpha", f->alpha}, {"lambda", f->lambda}, {"min_spill", f->min_spill},
                           {"overlap", "pipelined_llep: round i+1 dispatch and round i-1 combine on a communication thread during round i compute"},
                           {"runs", runs}, {"skews", per_skew}, {"max_rel_err", worst_err},
                           {"machine", bench::machine_info()}};
@@ -144,6 +149,7 @@ Command add_bench_dispatch(CLI::App& parent) {
             row[std::string(dispatch_kind_name(k)) + "_peak_bytes"] = pr.peak;
             if (k == DispatchKind::pipelined_llep) {
               row["pipelined_llep_max_round_rows"] = pr.max_round_rows;
+              row["pipelined_llep_rounds"] = pr.rounds;
               row["pipelined_llep_lent_experts_held"] = pr.foreign_experts;
               lo = std::min(lo, static_cast<double>(pr.peak));
               hi = std::max(hi, static_cast<double>(pr.peak));

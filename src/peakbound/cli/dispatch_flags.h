@@ -12,6 +12,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/core/values.h"
+#include "peakbound/schedules/moe_footprint.h"
 #include "peakbound/verify/moe_reference.h"
 
 namespace peakbound::cli {
@@ -28,6 +29,8 @@ struct DispatchFlags {
   double alpha = DispatchOptions{}.alpha;
   double lambda = DispatchOptions{}.lambda;
   std::int64_t min_spill = DispatchOptions{}.min_spill;
+  std::string round_budget = "off";  // off: DispatchOptions{}.round_bytes == 0, --cap decides
+  std::int64_t max_lent = DispatchOptions{}.max_lent;
   std::uint64_t seed = 1;
   std::string device_memory = "auto";  // auto: sized from the dispatch footprints
   bool json = false;
@@ -44,6 +47,11 @@ struct DispatchFlags {
     int_flag(&app, "--cap", cap, "PipelinedLLEP: copies per source rank per round" + cap_help, 1, kInt64Max);
     real_flag(&app, "--alpha", alpha, "LLEP capacity factor over the mean load", 1.0, 1e6);
     real_flag(&app, "--lambda", lambda, "LLEP: imbalance below which standard EP runs", 0.0, 1e6);
+    app.add_option("--round-budget", round_budget,
+                   "PipelinedLLEP: device memory the dispatch may use (e.g. 16MiB); its rounds are the fewest "
+                   "that fit, replacing --cap; off: --cap decides")
+        ->capture_default_str();
+    int_flag(&app, "--max-lent", max_lent, "LLEP: most lent experts a rank holds (0: no bound)", 0, kInt64Max);
     int_flag(&app, "--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies" + min_spill_help, 1, kInt64Max);
     seed_flag(&app, "--seed", seed, "Data seed");
     app.add_option("--device-memory", device_memory,
@@ -61,6 +69,25 @@ struct DispatchFlags {
     // The knobs' ranges (--cap, --alpha, --lambda, --min-spill, --zipf-s) are the flags'
     // own (cli/flags.h): only what depends on several flags or on the ranks is checked here.
     if (device_memory != "auto") parse_bytes(device_memory, "--device-memory");
+    if (round_budget != "off") {
+      // Below one copy sent and received per round no routing can run.
+      const std::uint64_t b = round_bytes();
+      DispatchSizes one;
+      one.max_sent = one.max_received = 1;
+      one.double_buffered = true;
+      const std::uint64_t least = dispatch_peak_bytes(MoeShape{hidden, ffn, experts, top_k}, one, sizeof(float));
+      if (b < least)
+        throw InvalidArgument("--round-budget " + round_budget + " is below one copy per round (" +
+                              std::to_string(least) + " bytes at this --hidden/--ffn)");
+    }
+  }
+
+  // --round-budget in bytes, 0 for off.
+  std::uint64_t round_bytes() const {
+    if (round_budget == "off") return 0;
+    const std::uint64_t b = parse_bytes(round_budget, "--round-budget");
+    if (b == 0) throw InvalidArgument("--round-budget must be positive or off (got " + round_budget + ")");
+    return b;
   }
 
   DispatchOptions options() const {
@@ -69,6 +96,8 @@ struct DispatchFlags {
     o.lambda = lambda;
     o.min_spill = min_spill;
     o.cap = cap;
+    o.round_bytes = round_bytes();
+    o.max_lent = max_lent;
     return o;
   }
 

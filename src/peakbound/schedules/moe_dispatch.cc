@@ -117,7 +117,7 @@ void MoeDispatch::run(Pass& p) {
   std::vector<std::int64_t> mine(static_cast<std::size_t>(E)), all(static_cast<std::size_t>(P * E));
   for (std::int64_t e = 0; e < E; ++e) mine[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(by_expert[static_cast<std::size_t>(e)].size());
   g_.all_gather(mine.data(), all.data(), static_cast<std::size_t>(E), DType::i64);
-  const MoePlan plan = make_moe_plan(kind_, P, E, all, options_);
+  const MoePlan plan = dispatch_plan(kind_, s_, P, all, options_, sizeof(float));
 
   // 2. This rank's copies per destination, in (expert, local order) order.
   std::vector<std::vector<std::int64_t>> to(static_cast<std::size_t>(P));
@@ -358,6 +358,7 @@ void MoeDispatch::run(Pass& p) {
   dev_.synchronize(cs);
 
   stats_.rounds = plan.rounds;
+  stats_.round_cap = plan.round_cap;
   stats_.spilled = plan.spilled;
   stats_.imbalance = plan.imbalance;
   stats_.spills = static_cast<std::int64_t>(plan.spills.size());

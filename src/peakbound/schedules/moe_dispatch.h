@@ -28,6 +28,7 @@ namespace peakbound {
 
 struct DispatchStats {
   int rounds = 0;
+  std::int64_t round_cap = 0;          // pipelined: most copies a source sent per round
   bool spilled = false;
   double imbalance = 1.0;
   std::int64_t spills = 0;

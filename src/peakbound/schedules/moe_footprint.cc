@@ -2,24 +2,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "peakbound/core/error.h"
 
 namespace peakbound {
 
-DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens) {
-  DispatchSizes s;
-  s.max_sent = plan.max_sent();
-  s.max_received = plan.max_received();
-  s.double_buffered = plan.kind == DispatchKind::pipelined_llep && plan.rounds > 1;
-  s.foreign = static_cast<std::int64_t>(plan.foreign_experts(rank).size());
-  for (const MoePlan::Spill& sp : plan.spills) s.lent += sp.owner == rank;
-  s.tokens = tokens;
-  return s;
+DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens) { return plan.sizes(rank, tokens); }
+
+MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
+                      const DispatchOptions& options, std::uint64_t elem_bytes) {
+  return make_moe_plan(kind, ep, shape.experts, counts, options,
+                       [&](const DispatchSizes& z) { return dispatch_peak_bytes(shape, z, elem_bytes); });
 }
 
 DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
-                                      double imbalance, const DispatchOptions& o) {
+                                      double imbalance, const DispatchOptions& o, std::uint64_t elem_bytes) {
   check_dispatch_options(o);
   if (ep < 1 || tokens < 0 || !(imbalance >= 1.0) || !std::isfinite(imbalance))
     throw InvalidArgument("moe dispatch estimate: ep >= 1, tokens >= 0 and a finite imbalance >= 1 are required");
@@ -29,11 +27,8 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
                                                                static_cast<std::uint64_t>(shape.top_k), "moe copies"));
   const std::int64_t local = shape.experts / ep;
   const bool spilled = kind != DispatchKind::standard_ep && ep > 1 && imbalance >= o.lambda;
-  const std::int64_t R = kind == DispatchKind::pipelined_llep ? std::max<std::int64_t>(1, ceil_div(C, o.cap)) : 1;
   DispatchSizes s;
   s.tokens = tokens;
-  s.max_sent = R > 1 ? ceil_div(C, R) : C;
-  s.double_buffered = R > 1;
   const double busiest = std::min(imbalance, static_cast<double>(ep)) * static_cast<double>(C);
   const std::int64_t capacity = ceil_d(std::min(o.alpha, static_cast<double>(ep)) * static_cast<double>(C));
   // A reservation for every routing up to `imbalance`: one below lambda spills nothing
@@ -43,14 +38,51 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
   const std::int64_t load =
       spilled ? std::max(std::min(ceil_d(busiest), capacity + o.min_spill), std::min(ceil_d(busiest), unspilled))
               : ceil_d(busiest);
-  s.max_received = std::min(ep * s.max_sent, ceil_div(load, R) + (R > 1 ? ep : 0));
   if (spilled && C > 0) {
     // A helper takes pieces of at least min_spill copies, except the last piece of each
     // expert, which can be a single copy: only its load (at most capacity + min_spill
     // copies, one or more per lent expert) bounds how many experts it holds.
     s.foreign = std::min(shape.experts - local, capacity + o.min_spill);
+    if (o.max_lent > 0) s.foreign = std::min(s.foreign, o.max_lent);
     const std::int64_t excess = std::max<std::int64_t>(0, ceil_d(busiest) - capacity);
     s.lent = std::min(local * (ep - 1), ceil_div(excess, o.min_spill) + local);
+  }
+  // Rows of R rounds of at most `per` copies a source: a destination receives its share
+  // of the load, plus up to ep rows of rounding when there are several rounds.
+  // (By cap the rounds are even, ceil(load / R); by round_bytes full but the last.)
+  auto rows = [&](std::int64_t per) {
+    const std::int64_t R = std::max<std::int64_t>(1, ceil_div(C, per));
+    s.max_sent = R > 1 ? per : C;
+    s.double_buffered = R > 1;
+    const std::int64_t share =
+        R == 1 ? load
+        : o.round_bytes == 0
+            ? ceil_div(load, R)
+            : ceil_d(static_cast<double>(load) * static_cast<double>(per) / static_cast<double>(C));
+    s.max_received = std::min(ep * s.max_sent, share + (R > 1 ? ep : 0));
+  };
+  if (kind != DispatchKind::pipelined_llep || C == 0) {
+    rows(std::max<std::int64_t>(C, 1));
+  } else if (o.round_bytes == 0) {
+    const std::int64_t R = std::max<std::int64_t>(1, ceil_div(C, o.cap));
+    rows(ceil_div(C, R));
+  } else {
+    // The largest per-source cap whose sizes fit round_bytes (bisection, as make_moe_plan).
+    auto fits = [&](std::int64_t per) {
+      rows(per);
+      return dispatch_peak_bytes(shape, s, elem_bytes) <= o.round_bytes;
+    };
+    if (!fits(C)) {
+      std::int64_t lo = 0, hi = C;
+      while (hi - lo > 1) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+      }
+      if (lo == 0)
+        throw InvalidArgument("moe dispatch round_bytes " + std::to_string(o.round_bytes) +
+                              " is too small for one copy per source per round");
+      rows(lo);
+    }
   }
   return s;
 }
@@ -107,6 +139,15 @@ DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sz,
   b.out_grouped = rows(mr, H, elem_bytes);
   b.grad_return = rows(bwd ? sz.lent : 0, EF, elem_bytes);
   return b;
+}
+
+std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {
+  std::uint64_t peak = 0;
+  for (DispatchPass pass : {DispatchPass::forward, DispatchPass::backward}) {
+    const DispatchBuffers b = dispatch_buffers(shape, sizes, pass, elem_bytes);
+    peak = std::max({peak, b.lend_bytes(), b.rounds_bytes()});  // a phase is the larger live set
+  }
+  return peak;
 }
 
 Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {

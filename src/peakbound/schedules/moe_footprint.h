@@ -1,7 +1,7 @@
 // The device memory of one MoE dispatch pass (standard EP, LLEP, PipelinedLLEP), as a
 // pure function of the shapes and of a few sizes that the routing plan determines.
 //
-//   DispatchSizes   what the plan decides for one rank: the most rows sent and received
+//   DispatchSizes   (moe_plan.h) what the plan decides for one rank: the most rows sent and received
 //                   in one round, whether rounds are double-buffered, how many
 //                   lent experts it holds (foreign) and lends out (lent), its tokens.
 //                   The runtime fills it from its MoePlan (dispatch_sizes); the planner
@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "peakbound/core/footprint.h"
 #include "peakbound/schedules/moe_plan.h"
@@ -26,19 +27,14 @@ namespace peakbound {
 
 enum class DispatchPass : std::uint8_t { forward, backward };
 
-struct DispatchSizes {
-  // Every rank sizes its exchange for the group's largest round (the plan is the same
-  // on all ranks), so these are maxima over ranks and rounds.
-  std::int64_t max_sent = 0;      // rows a source sends in one round
-  std::int64_t max_received = 0;  // rows a destination receives in one round
-  bool double_buffered = false;   // pipelined with > 1 round: exchange buffers x2
-  std::int64_t foreign = 0;       // lent experts whose weights this rank holds
-  std::int64_t lent = 0;          // (expert, helper) lendings by this rank: weight copies sent
-  std::int64_t tokens = 0;        // this rank's tokens (host scratch only)
-};
-
+// (DispatchSizes, what the plan decides for one rank, is in moe_plan.h.)
 // This rank's sizes under `plan` (kind, rounds and pieces already decided).
 DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens);
+
+// The plan the runtime runs: make_moe_plan with the rounds' byte cost taken from
+// dispatch_footprint (so options.round_bytes bounds exactly what MoeDispatch allocates).
+MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
+                      const DispatchOptions& options, std::uint64_t elem_bytes);
 
 // Estimated sizes of the busiest rank at model scale, for the planner: every rank routes
 // `tokens` x top_k copies (pass the largest rank's tokens under source skew);
@@ -49,9 +45,12 @@ DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens)
 // does not spill), whichever is more; PipelinedLLEP takes that in R = ceil(copies /
 // cap) rounds, each at most cap copies per source plus up to ep rows of rounding per
 // round. lent counts min_spill-sized pieces plus one last piece per expert; foreign is
-// bounded by a helper's load alone (a last piece can be one copy), so at most E - E/EP.
+// bounded by a helper's load alone (a last piece can be one copy), so at most E - E/EP,
+// and by max_lent when set. With round_bytes, PipelinedLLEP's per-source cap is the
+// largest whose estimated sizes' footprint fits the budget (as make_moe_plan does).
 DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
-                                      double imbalance, const DispatchOptions& options);
+                                      double imbalance, const DispatchOptions& options,
+                                      std::uint64_t elem_bytes = sizeof(float));
 
 struct DispatchBuffers {
   // Lent weights: held for the whole pass; their gradients in backward.
@@ -79,5 +78,7 @@ DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& siz
 // Phases "forward" and "backward", Component::dispatch on the device, each the larger
 // of the pass's two live sets (lend exchange, rounds).
 Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes);
+// Its device peak (the larger phase): what options.round_bytes bounds.
+std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes);
 
 }  // namespace peakbound

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 
 #include "peakbound/core/error.h"
 
@@ -25,6 +26,8 @@ void check_dispatch_options(const DispatchOptions& o) {
     throw InvalidArgument("moe dispatch lambda must be a finite number >= 0 (got " + std::to_string(o.lambda) + ")");
   if (o.min_spill < 1)
     throw InvalidArgument("moe dispatch min_spill must be positive (got " + std::to_string(o.min_spill) + ")");
+  if (o.max_lent < 0)
+    throw InvalidArgument("moe dispatch max_lent must be >= 0, 0 for no bound (got " + std::to_string(o.max_lent) + ")");
 }
 
 int MoePlan::dest_of(int s, std::int64_t e, std::int64_t j) const {
@@ -70,9 +73,22 @@ std::vector<std::int64_t> MoePlan::foreign_experts(int r) const {
   return out;
 }
 
+DispatchSizes MoePlan::sizes(int r, std::int64_t tokens) const {
+  DispatchSizes s;
+  s.max_sent = max_sent();
+  s.max_received = max_received();
+  s.double_buffered = kind == DispatchKind::pipelined_llep && rounds > 1;
+  s.foreign = static_cast<std::int64_t>(foreign_experts(r).size());
+  for (const Spill& sp : spills) s.lent += sp.owner == r;
+  s.tokens = tokens;
+  return s;
+}
+
 namespace {
 
 __extension__ typedef __int128 i128;
+
+std::int64_t ceil_div_pos(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); }
 
 // The least-loaded expert parallelism assignment (largest experts first).
 void assign_llep(MoePlan& p, const DispatchOptions& k) {
@@ -89,6 +105,7 @@ void assign_llep(MoePlan& p, const DispatchOptions& k) {
   std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
     return p.load[static_cast<std::size_t>(a)] > p.load[static_cast<std::size_t>(b)];
   });
+  std::vector<std::int64_t> held(static_cast<std::size_t>(p.ep), 0);  // lent experts each rank holds
   for (std::int64_t e : order) {
     const std::int64_t load = p.load[static_cast<std::size_t>(e)];
     const int o = p.owner(e);
@@ -101,8 +118,14 @@ void assign_llep(MoePlan& p, const DispatchOptions& k) {
     assigned[static_cast<std::size_t>(o)] += keep;
     std::int64_t pos = keep;
     while (pos < load) {
-      // The currently least-loaded rank (lowest index on ties) takes the next piece.
-      int h = static_cast<int>(std::min_element(assigned.begin(), assigned.end()) - assigned.begin());
+      // The currently least-loaded rank (lowest index on ties) that may hold e takes the
+      // next piece: its owner, a rank already holding it, or one under max_lent.
+      int h = -1;
+      for (int q = 0; q < p.ep; ++q) {
+        const bool may = q == o || k.max_lent == 0 || held[static_cast<std::size_t>(q)] < k.max_lent ||
+                         std::any_of(pcs.begin(), pcs.end(), [&](const MoePlan::Piece& x) { return x.dest == q; });
+        if (may && (h < 0 || assigned[static_cast<std::size_t>(q)] < assigned[static_cast<std::size_t>(h)])) h = q;
+      }
       std::int64_t rest = load - pos;
       std::int64_t fit = capacity - assigned[static_cast<std::size_t>(h)];
       std::int64_t piece = std::min(rest, std::max(fit, std::min(k.min_spill, rest)));
@@ -112,8 +135,12 @@ void assign_llep(MoePlan& p, const DispatchOptions& k) {
       if (h != o) {
         auto it = std::find_if(p.spills.begin(), p.spills.end(),
                                [&](const MoePlan::Spill& s) { return s.expert == e && s.helper == h; });
-        if (it == p.spills.end()) p.spills.push_back({e, o, h, piece});
-        else it->copies += piece;
+        if (it == p.spills.end()) {
+          p.spills.push_back({e, o, h, piece});
+          ++held[static_cast<std::size_t>(h)];
+        } else {
+          it->copies += piece;
+        }
       }
       assigned[static_cast<std::size_t>(h)] += piece;
       pos += piece;
@@ -158,10 +185,35 @@ void prefix_counts(const std::vector<std::int64_t>& n, std::int64_t N, std::int6
   }
 }
 
+// Slices every (s, d) block over `rounds` rounds into p.bounds: proportional
+// (floor(N i / R) of a source's N copies by round i) when fill == 0, else min(N, fill i).
+void slice_rounds(MoePlan& p, std::int64_t rounds, std::int64_t fill) {
+  const int ep = p.ep;
+  p.rounds = static_cast<int>(rounds);
+  std::int64_t most = 0;
+  const std::size_t R1 = static_cast<std::size_t>(rounds) + 1;
+  p.bounds.assign(static_cast<std::size_t>(ep) * static_cast<std::size_t>(ep) * R1, 0);
+  std::vector<std::int64_t> n(static_cast<std::size_t>(ep)), c(static_cast<std::size_t>(ep));
+  for (int s = 0; s < ep; ++s) {
+    std::int64_t N = 0;
+    for (int d = 0; d < ep; ++d) N += n[static_cast<std::size_t>(d)] = p.block_size(s, d);
+    most = std::max(most, N);
+    for (std::int64_t i = 0; i <= rounds; ++i) {
+      const auto b = fill ? static_cast<std::int64_t>(std::min<i128>(N, static_cast<i128>(fill) * i))
+                          : static_cast<std::int64_t>(static_cast<i128>(N) * i / rounds);
+      prefix_counts(n, N, b, c);
+      for (int d = 0; d < ep; ++d)
+        p.bounds[(static_cast<std::size_t>(s) * static_cast<std::size_t>(ep) + static_cast<std::size_t>(d)) * R1 +
+                 static_cast<std::size_t>(i)] = c[static_cast<std::size_t>(d)];
+    }
+  }
+  p.round_cap = fill ? std::min(fill, most) : ceil_div_pos(most, rounds);
+}
+
 }  // namespace
 
 MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std::vector<std::int64_t>& counts,
-                      const DispatchOptions& options) {
+                      const DispatchOptions& options, const RoundBytes& bytes) {
   check_dispatch_options(options);
   PB_CHECK(ep >= 1 && experts >= 1 && experts % ep == 0);
   PB_CHECK(counts.size() == static_cast<std::size_t>(ep * experts));
@@ -204,33 +256,56 @@ MoePlan make_moe_plan(DispatchKind kind, int ep, std::int64_t experts, const std
     }
   }
 
-  // Rounds: the fewest with every source sending at most `cap` copies per round. Round i
-  // of a source with N copies carries floor(N (i+1) / R) - floor(N i / R) <= ceil(N / R)
-  // <= cap of them, however they split among destinations.
+  // Rounds. By cap: the fewest with every source sending at most `cap` copies per round;
+  // round i of a source with N copies carries floor(N (i+1) / R) - floor(N i / R) <=
+  // ceil(N / R) <= cap of them, however they split among destinations. By round_bytes:
+  // the largest per-source cap c whose rounds (each source sending min(c, what is left))
+  // fit the budget on every rank, found by bisection over c (the sizes grow with c up
+  // to a few rows of rounding; every c tried is checked exactly, so the plan fits).
   std::int64_t most = 0;
   for (int s = 0; s < ep; ++s) {
     std::int64_t n = 0;
     for (int d = 0; d < ep; ++d) n += p.block_size(s, d);
     most = std::max(most, n);
   }
-  std::int64_t rounds = 1;
-  if (kind == DispatchKind::pipelined_llep) rounds = std::max<std::int64_t>(1, most / options.cap + (most % options.cap != 0));
-  if (rounds > (std::int64_t{1} << 30))
-    throw InvalidArgument("moe dispatch cap " + std::to_string(options.cap) + " would need " + std::to_string(rounds) +
-                          " rounds; raise the cap");
-  p.rounds = static_cast<int>(rounds);
-  const std::size_t R1 = static_cast<std::size_t>(rounds) + 1;
-  p.bounds.assign(static_cast<std::size_t>(ep) * static_cast<std::size_t>(ep) * R1, 0);
-  std::vector<std::int64_t> n(static_cast<std::size_t>(ep)), c(static_cast<std::size_t>(ep));
-  for (int s = 0; s < ep; ++s) {
-    std::int64_t N = 0;
-    for (int d = 0; d < ep; ++d) N += n[static_cast<std::size_t>(d)] = p.block_size(s, d);
-    for (std::int64_t i = 0; i <= rounds; ++i) {
-      const auto b = static_cast<std::int64_t>(static_cast<i128>(N) * i / rounds);
-      prefix_counts(n, N, b, c);
-      for (int d = 0; d < ep; ++d)
-        p.bounds[(static_cast<std::size_t>(s) * static_cast<std::size_t>(ep) + static_cast<std::size_t>(d)) * R1 +
-                 static_cast<std::size_t>(i)] = c[static_cast<std::size_t>(d)];
+  auto ceil_div = [](std::int64_t a, std::int64_t b) { return a / b + (a % b != 0); };
+  auto too_many = [&](std::int64_t rounds, const std::string& what) {
+    if (rounds > (std::int64_t{1} << 30))
+      throw InvalidArgument("moe dispatch " + what + " would need " + std::to_string(rounds) + " rounds; raise it");
+  };
+  if (kind != DispatchKind::pipelined_llep || most == 0) {
+    slice_rounds(p, 1, 0);
+  } else if (options.round_bytes == 0) {
+    const std::int64_t rounds = std::max<std::int64_t>(1, ceil_div(most, options.cap));
+    too_many(rounds, "cap " + std::to_string(options.cap));
+    slice_rounds(p, rounds, 0);
+  } else {
+    PB_CHECK_MSG(static_cast<bool>(bytes), "round_bytes needs the rounds' byte cost (see dispatch_plan)");
+    std::uint64_t need = 0;  // the largest rank's bytes at the last c tried
+    auto fits = [&](std::int64_t c) {
+      const std::int64_t rounds = ceil_div(most, c);
+      too_many(rounds, "round_bytes " + std::to_string(options.round_bytes));
+      slice_rounds(p, rounds, c);
+      need = 0;
+      DispatchSizes z = p.sizes(0, 0);  // the round sizes are the group's; foreign and lent per rank
+      for (int r = 0; r < ep; ++r) {
+        z.foreign = static_cast<std::int64_t>(p.foreign_experts(r).size());
+        z.lent = 0;
+        for (const MoePlan::Spill& sp : p.spills) z.lent += sp.owner == r;
+        need = std::max(need, bytes(z));
+      }
+      return need <= options.round_bytes;
+    };
+    if (!fits(most)) {
+      std::int64_t lo = 0, hi = most;  // fits(lo) (0: none tried yet), !fits(hi)
+      while (hi - lo > 1) {
+        const std::int64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+      }
+      if (lo == 0)  // the last c tried was 1
+        throw InvalidArgument("moe dispatch round_bytes " + std::to_string(options.round_bytes) +
+                              " is too small: one copy per source per round needs " + std::to_string(need) + " bytes");
+      fits(lo);
     }
   }
   return p;

@@ -152,7 +152,7 @@ Footprint moe_problem_footprint(const MoeProblem& p, int rank, DispatchKind kind
     const std::int64_t off = p.offset(q), T = p.tokens[static_cast<std::size_t>(q)];
     for (std::int64_t c = 0; c < T * K; ++c) ++counts[static_cast<std::size_t>(q * E + p.ids[static_cast<std::size_t>(off * K + c)])];
   }
-  const MoePlan plan = make_moe_plan(kind, P, E, counts, options);
+  const MoePlan plan = dispatch_plan(kind, s, P, counts, options, elem_bytes);
   return dispatch_footprint(s, dispatch_sizes(plan, rank, p.tokens[static_cast<std::size_t>(rank)]), elem_bytes);
 }
 
