@@ -55,6 +55,9 @@ const std::vector<Figure>& figures() {
   static const std::vector<Figure> f = {
       {"vocab", "peak_reduction", "/peak_reduction", 0.866, "published 86.6%"},
       {"vocab", "throughput_ratio", "/throughput_ratio", 0.72, "4-GEMM limit 0.75 (issue 15)"},
+      {"vocab", "gemm_gflops ring / baseline", "/gemm_gflops_ratio", -1, ""},
+      {"vocab_1rank", "fused throughput_ratio (1 rank)", "/throughput_ratio", 1.0, "issue 15 (3 GEMMs, no recompute)"},
+      {"vocab_1rank", "fused peak_reduction (1 rank)", "/peak_reduction", -1, ""},
       {"dispatch", "hot: peak_reduction_vs_standard", "/skews/hot/peak_reduction_vs_standard", 0.593,
        "published up to 59.3%"},
       {"dispatch", "hot: peak_reduction_vs_llep", "/skews/hot/peak_reduction_vs_llep", -1, ""},
@@ -135,6 +138,20 @@ int run_all(const AllFlags& f) {
                   "): " + (msg.empty() ? p.err.substr(0, 300) : msg));
     }
     results[name] = parse_document(p.out, name);
+    if (name == "vocab") {  // Ring-DTP's fused form is the one-rank group's: a 1-rank run too
+      if (f.ranks == 1) {
+        results["vocab_1rank"] = results[name];
+      } else {
+        std::fprintf(stderr, "bench vocab (1 rank) ...\n");
+        bench::Stopwatch w1;
+        const bench::ProcessResult p1 = bench::run_process({exe, "bench", "vocab", "--json"});
+        seconds["vocab_1rank"] = w1.seconds();
+        if (p1.exit_code != 0)
+          throw Error("bench all: `bench vocab` on 1 rank failed (exit " + std::to_string(p1.exit_code) +
+                      "): " + bench::error_line(p1.err));
+        results["vocab_1rank"] = parse_document(p1.out, name);
+      }
+    }
   }
   out["load_average_after"] = bench::load_average();
   nlohmann::json table = nlohmann::json::array();

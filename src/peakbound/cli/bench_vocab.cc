@@ -2,7 +2,11 @@
 // on the same inputs in one run (under mpirun, P = the group size): each one's vocab
 // peak from its Arena, its step time (forward + backward, best of --reps after a
 // warm-up, max over ranks), and how far Ring-DTP's loss and gradients are from the
-// baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens.
+// baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens. Ring-DTP runs
+// through forward_backward (the fused 3-GEMM form at P = 1, forward + backward with
+// the recomputing 4-GEMM backward at P > 1), the baseline through forward + backward.
+// Each run also reports its GEMMs' FLOPs and seconds (VocabLoss::gemm_stats over the
+// timed reps) beside its total seconds, so a gap is explained by numbers.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -36,6 +40,9 @@ struct RunResult {
   std::uint64_t vocab_peak = 0;  // max over ranks
   std::uint64_t footprint_peak = 0;  // the footprint's, max over ranks
   double seconds = 0;            // best rep, max over ranks
+  double mean_seconds = 0;       // mean rep, max over ranks (total time / reps)
+  double gemm_flops = 0;         // per step, summed over ranks
+  double gemm_seconds = 0;       // per step, mean over ranks
   double loss = 0;               // the group's summed loss
   std::vector<float> dh, dw;
 };
@@ -79,7 +86,8 @@ RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, 
   shape.tokens = gather_token_counts(g, tokens);
   shape.dims = f.dims();
   shape.rank = g.rank();
-  const Footprint fp = ring ? ring_dtp_footprint(shape, o, sizeof(float)) : materialized_vocab_footprint(shape, o, sizeof(float));
+  const Footprint fp =
+      ring ? ring_dtp_step_footprint(shape, o, sizeof(float)) : materialized_vocab_footprint(shape, o, sizeof(float));
   CpuDevice dev(f.device_budget({fp}));
   auto impl = ring ? make_ring_dtp_vocab_loss(dev, g, f.dims(), o) : make_materialized_vocab_loss(dev, g, f.dims(), o);
   RunResult r;
@@ -88,13 +96,30 @@ RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, 
   r.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
   r.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
   LossSum ls;
+  int steps = 0;
   auto step = [&] {
     std::fill(r.dw.begin(), r.dw.end(), 0.0f);
-    ls = impl->forward(d.hidden.data(), d.targets.data(), tokens, d.weight.data());
-    impl->backward(1.0f, r.dh.data(), r.dw.data());
+    if (ring) {
+      ls = impl->forward_backward(d.hidden.data(), d.targets.data(), tokens, d.weight.data(), 1.0f, r.dh.data(),
+                                  r.dw.data());
+    } else {
+      ls = impl->forward(d.hidden.data(), d.targets.data(), tokens, d.weight.data());
+      impl->backward(1.0f, r.dh.data(), r.dw.data());
+    }
+    ++steps;
   };
   step();  // warm-up: first touch of fresh memory is many times slower here
+  impl->reset_stats();
+  steps = 0;
+  bench::Stopwatch total;
   r.seconds = bench::best_group_seconds(g, step, f.reps);
+  double mean = total.seconds() / std::max(steps, 1);
+  g.all_reduce(&mean, 1, DType::f64, ReduceOp::max);
+  r.mean_seconds = mean;
+  double gemm[2] = {impl->gemm_stats().flops / std::max(steps, 1), impl->gemm_stats().seconds / std::max(steps, 1)};
+  g.all_reduce(gemm, 2, DType::f64, ReduceOp::sum);
+  r.gemm_flops = gemm[0];
+  r.gemm_seconds = gemm[1] / g.size();
   std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
   g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
   r.vocab_peak = static_cast<std::uint64_t>(peak);
@@ -115,12 +140,24 @@ nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t t
   for (const RunResult* r : {&base, &ring})
     runs.push_back({{"name", r->name}, {"mode", r->mode}, {"vocab_peak_bytes", r->vocab_peak},
                     {"footprint_vocab_peak_bytes", r->footprint_peak},
-                    {"seconds", r->seconds}, {"tokens_per_second", total_tokens / r->seconds}});
+                    {"seconds", r->seconds}, {"mean_seconds", r->mean_seconds},
+                    {"tokens_per_second", total_tokens / r->seconds},
+                    // per step: the group's GEMM FLOPs, each rank's mean seconds in GEMMs
+                    {"gemm_flops", r->gemm_flops}, {"gemm_seconds_per_rank", r->gemm_seconds},
+                    {"other_seconds", r->mean_seconds - r->gemm_seconds}});
   nlohmann::json j;
   j["tokens_per_rank"] = tokens;
   j["runs"] = runs;
   j["peak_reduction"] = 1.0 - static_cast<double>(ring.vocab_peak) / static_cast<double>(base.vocab_peak);
   j["throughput_ratio"] = base.seconds / ring.seconds;
+  // GFLOP/s of one rank's GEMMs (the group's FLOPs per rank over a rank's GEMM seconds).
+  auto gflops = [&](const RunResult& r) { return r.gemm_flops / g.size() / std::max(r.gemm_seconds, 1e-30) / 1e9; };
+  j["gemm_gflops_baseline"] = gflops(base);
+  j["gemm_gflops_ring"] = gflops(ring);
+  j["gemm_gflops_ratio"] = gflops(ring) / std::max(gflops(base), 1e-30);
+  j["gemm_flops_ratio"] = ring.gemm_flops / std::max(base.gemm_flops, 1.0);
+  j["seconds_baseline"] = base.seconds;
+  j["seconds_ring"] = ring.seconds;
   j["max_rel_err_loss"] = std::fabs(ring.loss - base.loss) / std::max(std::fabs(base.loss), 1e-30);
   j["max_rel_err_dhidden"] = bench::group_relative_error(g, ring.dh, base.dh);
   j["max_rel_err_dweight"] = bench::group_relative_error(g, ring.dw, base.dw);
@@ -143,7 +180,7 @@ Command add_bench_vocab(CLI::App& parent) {
     for (double m : f->sweep ? std::vector<double>{0.25, 0.5, 1.0, 2.0, 4.0} : std::vector<double>{1.0})
       for (int r = 0; r < P; ++r) {
         const auto shape = VocabLossShape::uniform(static_cast<std::int64_t>(static_cast<double>(f->tokens) * m), f->dims(), P, r);
-        f->check_budget({materialized_vocab_footprint(shape, o, sizeof(float)), ring_dtp_footprint(shape, o, sizeof(float))}, r);
+        f->check_budget({materialized_vocab_footprint(shape, o, sizeof(float)), ring_dtp_step_footprint(shape, o, sizeof(float))}, r);
       }
   };
   c.run = [f] {
@@ -173,7 +210,9 @@ Command add_bench_vocab(CLI::App& parent) {
                             {"chunk", f->chunk},
                             {"mode_requested", f->mode},
                             {"z_loss", f->z_loss},
-                            {"backward", "recompute (4 GEMMs per token block; the fused 3-GEMM form is not built)"},
+                            {"backward", g.size() == 1 ? "fused (3 GEMMs per token block, forward_backward)"
+                                                       : "recompute (4 GEMMs per token block)"},
+                            {"load_average", bench::load_average()},
                             {"machine", bench::machine_info()}};
       out.update(j);
       std::printf("%s\n", out.dump(2).c_str());

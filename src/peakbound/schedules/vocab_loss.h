@@ -59,6 +59,16 @@ struct LossSum {
   std::int64_t count = 0;  // this rank's valid tokens
 };
 
+// What an implementation's GEMMs did since the last reset_stats(): their FLOPs (2 m n k
+// each, counted from the shapes) and the steady-clock seconds spent inside ops::gemm.
+// The clock brackets each call on the compute stream; on the CPU device that stream
+// runs inline, so the seconds are the GEMMs' own (about 50 ns of clock reads per call).
+struct VocabGemmStats {
+  double flops = 0;
+  double seconds = 0;
+  std::int64_t calls = 0;
+};
+
 class VocabLoss {
  public:
   virtual ~VocabLoss() = default;
@@ -69,11 +79,30 @@ class VocabLoss {
                           const float* weight) = 0;
   // Gradient of scale x (summed loss): writes d_hidden [T, H], adds into d_weight.
   virtual void backward(float scale, float* d_hidden, float* d_weight) = 0;
+  // forward then backward in one call, for a caller that knows the scale up front:
+  // reads hidden, targets, weight; writes d_hidden [T, H]; adds into d_weight; keeps
+  // nothing afterwards. The default is exactly forward + backward; Ring-DTP overrides
+  // it at P = 1 with the fused form (each [chunk, V] logits block becomes its gradient
+  // at once: 3 GEMMs a block instead of 4, no saved state, a peak of one block).
+  virtual LossSum forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
+                                   const float* weight, float scale, float* d_hidden, float* d_weight);
   // Frees what the last forward keeps for its backward (an evaluation forward has no
   // backward: without this its buffers would stay held through whatever runs next).
   virtual void discard() = 0;
   // The mode Ring-DTP chose for the last forward ("activations"/"weights"); "" otherwise.
   virtual std::string mode_used() const { return ""; }
+  // GEMM work since the last reset_stats() (both implementations count every GEMM).
+  const VocabGemmStats& gemm_stats() const { return gemm_stats_; }
+  void reset_stats() { gemm_stats_ = {}; }
+
+ protected:
+  // ops::gemm, counted and timed into gemm_stats() (same arguments as ops::gemm).
+  void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+            float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+            std::int64_t ldc);
+
+ private:
+  VocabGemmStats gemm_stats_;
 };
 
 std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,

@@ -54,7 +54,7 @@ class MaterializedVocabLoss final : public VocabLoss {
     gather(targets, tg_.as<std::int32_t>(), 1, DType::i32);
 
     logits_ = alloc(b_.logits);
-    ops::gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
+    gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
 
     // Row statistics over the whole vocabulary: max, then sum of exp, then target logit.
     lse_ = alloc(b_.lse);
@@ -91,9 +91,9 @@ class MaterializedVocabLoss final : public VocabLoss {
     ops::cross_entropy_grad(dev_, s_, G, N_, rows, rows, lse_.as<float>(), tg_.as<std::int32_t>(), shard_.offset,
                             o_.ignore_index, o_.z_loss, scale);
     // dW (this shard) += G^T Hg; dHg = G W, partial over the vocabulary shards.
-    ops::gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
+    gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
     Buffer dhg = alloc(b_.d_hidden_all);
-    ops::gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
+    gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
     dev_.synchronize(s_);
     logits_.reset();
     bool uniform = std::all_of(counts_.begin(), counts_.end(), [&](std::int64_t c) { return c == counts_[0]; });
