@@ -137,7 +137,7 @@ void run_step_case(const Case& c) {
     if (g.size() == 1) {
       EXPECT_EQ(ring->mode_used(), "fused");
       const std::int64_t blocks = (c.base_tokens + c.chunk - 1) / c.chunk;
-      EXPECT_EQ(ring->gemm_stats().calls, blocks * (c.ignore < 1.0 ? 3 : 1))
+      EXPECT_EQ(ring->stats().gemm_calls, blocks * (c.ignore < 1.0 ? 3 : 1))
           << "3 GEMMs a block (only the logits when every target is ignored)";
     } else {
       EXPECT_NE(ring->mode_used(), "fused") << "a group of several ranks keeps the ring";

@@ -5,7 +5,7 @@
 // baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens. Ring-DTP runs
 // through forward_backward (the fused 3-GEMM form at P = 1, forward + backward with
 // the recomputing 4-GEMM backward at P > 1), the baseline through forward + backward.
-// Each run also reports its GEMMs' FLOPs and seconds (VocabLoss::gemm_stats over the
+// Each run also reports its GEMMs' FLOPs and seconds (VocabLoss::stats over the
 // timed reps) beside its total seconds, so a gap is explained by numbers.
 #include <algorithm>
 #include <cmath>
@@ -43,6 +43,7 @@ struct RunResult {
   double mean_seconds = 0;       // mean rep, max over ranks (total time / reps)
   double gemm_flops = 0;         // per step, summed over ranks
   double gemm_seconds = 0;       // per step, mean over ranks
+  double comm_seconds = 0;       // per step, mean over ranks
   double loss = 0;               // the group's summed loss
   std::vector<float> dh, dw;
 };
@@ -116,10 +117,12 @@ RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, 
   double mean = total.seconds() / std::max(steps, 1);
   g.all_reduce(&mean, 1, DType::f64, ReduceOp::max);
   r.mean_seconds = mean;
-  double gemm[2] = {impl->gemm_stats().flops / std::max(steps, 1), impl->gemm_stats().seconds / std::max(steps, 1)};
-  g.all_reduce(gemm, 2, DType::f64, ReduceOp::sum);
-  r.gemm_flops = gemm[0];
-  r.gemm_seconds = gemm[1] / g.size();
+  const double n = std::max(steps, 1);
+  double st[3] = {impl->stats().gemm_flops / n, impl->stats().gemm_seconds / n, impl->stats().comm_seconds / n};
+  g.all_reduce(st, 3, DType::f64, ReduceOp::sum);
+  r.gemm_flops = st[0];
+  r.gemm_seconds = st[1] / g.size();
+  r.comm_seconds = st[2] / g.size();
   std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
   g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
   r.vocab_peak = static_cast<std::uint64_t>(peak);
@@ -142,9 +145,11 @@ nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t t
                     {"footprint_vocab_peak_bytes", r->footprint_peak},
                     {"seconds", r->seconds}, {"mean_seconds", r->mean_seconds},
                     {"tokens_per_second", total_tokens / r->seconds},
-                    // per step: the group's GEMM FLOPs, each rank's mean seconds in GEMMs
+                    // per step: the group's GEMM FLOPs; a rank's mean seconds in GEMMs, in
+                    // communication calls (waits included) and in the rest (elementwise work)
                     {"gemm_flops", r->gemm_flops}, {"gemm_seconds_per_rank", r->gemm_seconds},
-                    {"other_seconds", r->mean_seconds - r->gemm_seconds}});
+                    {"comm_seconds_per_rank", r->comm_seconds},
+                    {"other_seconds", r->mean_seconds - r->gemm_seconds - r->comm_seconds}});
   nlohmann::json j;
   j["tokens_per_rank"] = tokens;
   j["runs"] = runs;

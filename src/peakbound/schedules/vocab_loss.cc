@@ -61,9 +61,9 @@ void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::in
                      float beta, float* c, std::int64_t ldc) {
   const auto t0 = std::chrono::steady_clock::now();
   ops::gemm(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  gemm_stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  gemm_stats_.flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  ++gemm_stats_.calls;
+  stats_.gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  ++stats_.gemm_calls;
 }
 
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens) {

@@ -11,6 +11,7 @@
 // from the BufferSpecs of vocab_footprint.h (the same functions the planner calls).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,14 +60,17 @@ struct LossSum {
   std::int64_t count = 0;  // this rank's valid tokens
 };
 
-// What an implementation's GEMMs did since the last reset_stats(): their FLOPs (2 m n k
-// each, counted from the shapes) and the steady-clock seconds spent inside ops::gemm.
-// The clock brackets each call on the compute stream; on the CPU device that stream
-// runs inline, so the seconds are the GEMMs' own (about 50 ns of clock reads per call).
-struct VocabGemmStats {
-  double flops = 0;
-  double seconds = 0;
-  std::int64_t calls = 0;
+// Where an implementation's time went since the last reset_stats(): its GEMMs' FLOPs
+// (2 m n k each, counted from the shapes) and the steady-clock seconds spent inside
+// ops::gemm, and the seconds spent in communication calls (the baseline's collectives,
+// Ring-DTP's ring begin/progress/wait/end/finish: waiting for data and for the slowest
+// rank). The clock brackets each call; on the CPU device the compute stream runs inline,
+// so the seconds are the calls' own (about 50 ns of clock reads per call).
+struct VocabLossStats {
+  double gemm_flops = 0;
+  double gemm_seconds = 0;
+  std::int64_t gemm_calls = 0;
+  double comm_seconds = 0;
 };
 
 class VocabLoss {
@@ -91,18 +95,29 @@ class VocabLoss {
   virtual void discard() = 0;
   // The mode Ring-DTP chose for the last forward ("activations"/"weights"); "" otherwise.
   virtual std::string mode_used() const { return ""; }
-  // GEMM work since the last reset_stats() (both implementations count every GEMM).
-  const VocabGemmStats& gemm_stats() const { return gemm_stats_; }
-  void reset_stats() { gemm_stats_ = {}; }
+  // GEMM and communication time since the last reset_stats() (both implementations
+  // count every GEMM and every communication call).
+  const VocabLossStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
 
  protected:
-  // ops::gemm, counted and timed into gemm_stats() (same arguments as ops::gemm).
+  // ops::gemm, counted and timed into stats() (same arguments as ops::gemm).
   void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
             float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
             std::int64_t ldc);
+  // Runs f (a communication call), its seconds counted in stats().comm_seconds.
+  template <typename F>
+  decltype(auto) comm(F&& f) {
+    struct Clock {
+      double& into;
+      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      ~Clock() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } clock{stats_.comm_seconds};
+    return f();
+  }
 
  private:
-  VocabGemmStats gemm_stats_;
+  VocabLossStats stats_;
 };
 
 std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,
