@@ -1,8 +1,8 @@
 // `peakbound bench vocab`: the materialized vocab-parallel cross-entropy and Ring-DTP
 // on the same inputs in one run (under mpirun, P = the group size): each one's vocab
 // peak from its Arena, its step time (forward + backward, best of --reps after a
-// warm-up, max over ranks), and how far Ring-DTP's loss and gradients are from the
-// baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens. Ring-DTP runs
+// warm-up, max over ranks; the two alternate rep by rep), and how far Ring-DTP's loss
+// and gradients are from the baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens. Ring-DTP runs
 // through forward_backward (the fused 3-GEMM form at P = 1, forward + backward with
 // the recomputing 4-GEMM backward at P > 1), the baseline through forward + backward.
 // Each run also reports its GEMMs' FLOPs and seconds (VocabLoss::stats over the
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -80,64 +81,105 @@ double group_sum(Communicator& g, double v) {
   return s;
 }
 
-RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring) {
-  VocabLossOptions o = f.options();
-  // The device holds only the loss's own buffers (the inputs stay in host vectors).
-  VocabLossShape shape;
-  shape.tokens = gather_token_counts(g, tokens);
-  shape.dims = f.dims();
-  shape.rank = g.rank();
-  const Footprint fp =
-      ring ? ring_dtp_step_footprint(shape, o, sizeof(float)) : materialized_vocab_footprint(shape, o, sizeof(float));
-  CpuDevice dev(f.device_budget({fp}));
-  auto impl = ring ? make_ring_dtp_vocab_loss(dev, g, f.dims(), o) : make_materialized_vocab_loss(dev, g, f.dims(), o);
-  RunResult r;
-  r.name = impl->name();
-  VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
-  r.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
-  r.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
-  LossSum ls;
-  int steps = 0;
-  auto step = [&] {
-    std::fill(r.dw.begin(), r.dw.end(), 0.0f);
-    if (ring) {
-      ls = impl->forward_backward(d.hidden.data(), d.targets.data(), tokens, d.weight.data(), 1.0f, r.dh.data(),
-                                  r.dw.data());
+// One implementation on its own device, stepped by measure(): the two take turns rep
+// by rep, so a change of load on a shared machine falls on both alike.
+class Runner {
+ public:
+  Runner(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring)
+      : g_(g), d_(d), tokens_(tokens), ring_(ring), fp_(footprint(f, g, tokens, ring)), dev_(f.device_budget({fp_})),
+        impl_(ring ? make_ring_dtp_vocab_loss(dev_, g, f.dims(), f.options())
+                   : make_materialized_vocab_loss(dev_, g, f.dims(), f.options())) {
+    VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
+    r_.name = impl_->name();
+    r_.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
+    r_.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
+    r_.seconds = std::numeric_limits<double>::infinity();
+  }
+
+  // The untimed warm-up: first touch of fresh memory is many times slower here.
+  void warm_up() {
+    step();
+    impl_->reset_stats();
+    steps_ = 0;
+    busy_ = 0;
+  }
+
+  // One rep, timed across the group (as long as its slowest rank).
+  void timed_rep() {
+    bench::Stopwatch w;
+    r_.seconds = std::min(r_.seconds, bench::best_group_seconds(g_, [&] { step(); }, 1));
+    busy_ += w.seconds();
+  }
+
+  RunResult finish() {
+    const double n = std::max(steps_, 1);
+    double mean = busy_ / n;
+    g_.all_reduce(&mean, 1, DType::f64, ReduceOp::max);
+    r_.mean_seconds = mean;
+    double st[3] = {impl_->stats().gemm_flops / n, impl_->stats().gemm_seconds / n, impl_->stats().comm_seconds / n};
+    g_.all_reduce(st, 3, DType::f64, ReduceOp::sum);
+    r_.gemm_flops = st[0];
+    r_.gemm_seconds = st[1] / g_.size();
+    r_.comm_seconds = st[2] / g_.size();
+    std::int64_t peak = static_cast<std::int64_t>(dev_.arena().peak(Component::vocab));
+    g_.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
+    r_.vocab_peak = static_cast<std::uint64_t>(peak);
+    std::int64_t fp_peak = static_cast<std::int64_t>(fp_.device_peak(Component::vocab));
+    g_.all_reduce(&fp_peak, 1, DType::i64, ReduceOp::max);
+    r_.footprint_peak = static_cast<std::uint64_t>(fp_peak);
+    r_.mode = impl_->mode_used();
+    r_.loss = group_sum(g_, ls_.loss);
+    return r_;
+  }
+
+ private:
+  // Ring-DTP runs through forward_backward (fused at P = 1), the baseline through
+  // forward + backward. The device holds only the loss's own buffers.
+  static Footprint footprint(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens, bool ring) {
+    VocabLossShape shape;
+    shape.tokens = gather_token_counts(g, tokens);
+    shape.dims = f.dims();
+    shape.rank = g.rank();
+    return ring ? ring_dtp_step_footprint(shape, f.options(), sizeof(float))
+                : materialized_vocab_footprint(shape, f.options(), sizeof(float));
+  }
+
+  void step() {
+    std::fill(r_.dw.begin(), r_.dw.end(), 0.0f);
+    if (ring_) {
+      ls_ = impl_->forward_backward(d_.hidden.data(), d_.targets.data(), tokens_, d_.weight.data(), 1.0f,
+                                    r_.dh.data(), r_.dw.data());
     } else {
-      ls = impl->forward(d.hidden.data(), d.targets.data(), tokens, d.weight.data());
-      impl->backward(1.0f, r.dh.data(), r.dw.data());
+      ls_ = impl_->forward(d_.hidden.data(), d_.targets.data(), tokens_, d_.weight.data());
+      impl_->backward(1.0f, r_.dh.data(), r_.dw.data());
     }
-    ++steps;
-  };
-  step();  // warm-up: first touch of fresh memory is many times slower here
-  impl->reset_stats();
-  steps = 0;
-  bench::Stopwatch total;
-  r.seconds = bench::best_group_seconds(g, step, f.reps);
-  double mean = total.seconds() / std::max(steps, 1);
-  g.all_reduce(&mean, 1, DType::f64, ReduceOp::max);
-  r.mean_seconds = mean;
-  const double n = std::max(steps, 1);
-  double st[3] = {impl->stats().gemm_flops / n, impl->stats().gemm_seconds / n, impl->stats().comm_seconds / n};
-  g.all_reduce(st, 3, DType::f64, ReduceOp::sum);
-  r.gemm_flops = st[0];
-  r.gemm_seconds = st[1] / g.size();
-  r.comm_seconds = st[2] / g.size();
-  std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
-  g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
-  r.vocab_peak = static_cast<std::uint64_t>(peak);
-  std::int64_t fp_peak = static_cast<std::int64_t>(fp.device_peak(Component::vocab));
-  g.all_reduce(&fp_peak, 1, DType::i64, ReduceOp::max);
-  r.footprint_peak = static_cast<std::uint64_t>(fp_peak);
-  r.mode = impl->mode_used();
-  r.loss = group_sum(g, ls.loss);
-  return r;
-}
+    ++steps_;
+  }
+
+  Communicator& g_;
+  const RankData& d_;
+  std::int64_t tokens_;
+  bool ring_;
+  Footprint fp_;
+  CpuDevice dev_;
+  std::unique_ptr<VocabLoss> impl_;
+  RunResult r_;
+  LossSum ls_;
+  int steps_ = 0;
+  double busy_ = 0;  // seconds of the timed reps (barriers included)
+};
 
 nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens) {
   RankData d = make_rank_data(f, g, tokens, VocabLossOptions{}.ignore_index);
-  RunResult base = run_one(f, g, d, tokens, false);
-  RunResult ring = run_one(f, g, d, tokens, true);
+  Runner base_run(f, g, d, tokens, false), ring_run(f, g, d, tokens, true);
+  base_run.warm_up();
+  ring_run.warm_up();
+  for (int i = 0; i < f.reps; ++i) {  // alternating, so both see the same load
+    base_run.timed_rep();
+    ring_run.timed_rep();
+  }
+  const RunResult base = base_run.finish();
+  const RunResult ring = ring_run.finish();
   const double total_tokens = static_cast<double>(tokens) * g.size();
   nlohmann::json runs = nlohmann::json::array();
   for (const RunResult* r : {&base, &ring})
@@ -155,6 +197,7 @@ nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t t
   j["runs"] = runs;
   j["peak_reduction"] = 1.0 - static_cast<double>(ring.vocab_peak) / static_cast<double>(base.vocab_peak);
   j["throughput_ratio"] = base.seconds / ring.seconds;
+  j["throughput_ratio_mean"] = base.mean_seconds / ring.mean_seconds;  // of the mean reps: less luck, more load
   // GFLOP/s of one rank's GEMMs (the group's FLOPs per rank over a rank's GEMM seconds).
   auto gflops = [&](const RunResult& r) { return r.gemm_flops / g.size() / std::max(r.gemm_seconds, 1e-30) / 1e9; };
   j["gemm_gflops_baseline"] = gflops(base);
