@@ -2,7 +2,8 @@
 // P ranks. Each rank brings its own tokens (hidden [T, H], targets [T]; T may differ
 // between ranks) and holds one vocabulary shard of the head weight W [rows, H]
 // (vocab_shard() says which). forward returns this rank's summed loss and valid-token
-// count; backward gives dHidden for its tokens and adds into dW for its shard.
+// count; backward gives dHidden for its tokens and adds into dW for its shard;
+// forward_backward does both for a caller that knows the gradient's scale up front.
 // Two implementations behind this interface, measured side by side:
 //   materialized  Megatron-style vocab-parallel cross-entropy (the baseline)
 //   ring_dtp      Ring-DTP: the smaller of activations and weight shards circulates,
@@ -93,7 +94,8 @@ class VocabLoss {
   // Frees what the last forward keeps for its backward (an evaluation forward has no
   // backward: without this its buffers would stay held through whatever runs next).
   virtual void discard() = 0;
-  // The mode Ring-DTP chose for the last forward ("activations"/"weights"); "" otherwise.
+  // The mode Ring-DTP chose for the last step ("activations"/"weights", "fused" for a
+  // fused forward_backward); "" otherwise.
   virtual std::string mode_used() const { return ""; }
   // GEMM and communication time since the last reset_stats() (both implementations
   // count every GEMM and every communication call).
