@@ -101,6 +101,54 @@ void check_grid(std::int64_t vocab, std::int64_t hidden, const std::vector<std::
   }
 }
 
+// Ring-DTP through forward_backward: the measured peak of the whole step equals
+// ring_dtp_step_footprint's (the fused form's one block at P = 1, the ring's phases at
+// P > 1), nothing stays held, and the result matches the reference.
+void check_step_grid(std::int64_t vocab, std::int64_t hidden, const std::vector<std::int64_t>& chunks) {
+  Communicator& g = world();
+  const int P = g.size(), r = g.rank();
+  for (std::int64_t base : {0, 1, 37}) {
+    VocabProblemSpec spec;
+    for (int i = 0; i < P; ++i) spec.tokens.push_back(base + 3 * i);
+    spec.hidden = hidden;
+    spec.vocab = vocab;
+    spec.ignore_fraction = 0.1;
+    spec.seed = 11 + static_cast<std::uint64_t>(vocab);
+    VocabLossOptions o;
+    o.z_loss = 1e-3f;
+    VocabProblem p = make_vocab_problem(spec, o.ignore_index);
+    const float scale = 0.5f;
+    VocabReference ref = naive_vocab_reference(p, o, scale);
+    VocabLossShape shape;
+    shape.tokens = spec.tokens;
+    shape.dims = VocabDims{vocab, hidden};
+    shape.rank = r;
+    for (std::int64_t chunk : chunks) {
+      o.chunk = chunk;
+      SCOPED_TRACE("step P=" + std::to_string(P) + " rank=" + std::to_string(r) + " V=" + std::to_string(vocab) +
+                   " chunk=" + std::to_string(chunk) + " base tokens=" + std::to_string(base));
+      const Footprint fp = ring_dtp_step_footprint(shape, o, sizeof(float));
+      EXPECT_EQ(fp.has_phase("forward_backward"), P == 1);
+      CpuDevice dev(64ull << 20);
+      auto loss = make_ring_dtp_vocab_loss(dev, g, shape.dims, o);
+      dev.arena().reset_peaks();
+      VocabCheck chk = check_vocab_loss_step(*loss, g, p, ref, scale);
+      EXPECT_EQ(dev.arena().peak(Component::vocab), fp.device_peak(Component::vocab));
+      EXPECT_EQ(dev.arena().live(Component::vocab), 0u);
+      EXPECT_EQ(loss->mode_used() == "fused", P == 1);
+      EXPECT_TRUE(chk.count_matches) << chk.count << " vs " << ref.count;
+      EXPECT_LT(chk.rel_err_loss, 1e-5);
+      EXPECT_LT(chk.rel_err_dhidden, 1e-5);
+      EXPECT_LT(chk.rel_err_dweight, 1e-5);
+    }
+  }
+}
+
+TEST(VocabFootprint, MeasuredEqualsStepFootprint) {
+  check_step_grid(97, 12, {5, 8, 1000});
+  check_step_grid(2, 8, {3});
+}
+
 // 97 is prime: not divisible by 2, 3 or 4; chunks 5 and 8 divide none of the counts.
 TEST(VocabFootprint, MeasuredEqualsFootprintOddVocab) { check_grid(97, 12, {5, 8, 1000}); }
 

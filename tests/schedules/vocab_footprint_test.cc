@@ -41,6 +41,26 @@ TEST(VocabFootprint, RingWeightsBackwardHoldsFiveShardBuffers) {
   EXPECT_EQ(f.device_peak(Component::vocab), vocab_in(f, "backward"));
 }
 
+TEST(VocabFootprint, FusedStepIsOneBlockAtOneRank) {
+  VocabLossOptions o;  // chunk 256
+  for (std::int64_t T : {1000, 4000}) {
+    const auto s = VocabLossShape::uniform(T, {1001, 64}, 1, 0);
+    EXPECT_TRUE(ring_dtp_fuses(s));
+    const Footprint f = ring_dtp_step_footprint(s, o, 4);
+    ASSERT_EQ(f.phases().size(), 1u);
+    EXPECT_EQ(vocab_in(f, "forward_backward"), R(256 * 1001 * 4)) << "no lse, no statistics: one block";
+    EXPECT_EQ(f.device_peak(Component::vocab), R(256 * 1001 * 4)) << T << " tokens";
+  }
+  // Fewer tokens than a chunk: a smaller block.
+  EXPECT_EQ(ring_dtp_step_footprint(VocabLossShape::uniform(3, {1001, 64}, 1, 0), o, 4).device_peak(Component::vocab),
+            R(3 * 1001 * 4));
+  // Several ranks: forward_backward is forward + backward, the ring's footprint.
+  const auto s4 = VocabLossShape::uniform(512, {1000, 64}, 4, 1);
+  EXPECT_FALSE(ring_dtp_fuses(s4));
+  EXPECT_EQ(ring_dtp_step_footprint(s4, o, 4).device_peak(Component::vocab),
+            ring_dtp_footprint(s4, o, 4).device_peak(Component::vocab));
+}
+
 TEST(VocabFootprint, RingActivationsTravellingSets) {
   // Few tokens, big shards: activations. Uneven: this rank 10 tokens, the largest 30.
   VocabLossShape s;

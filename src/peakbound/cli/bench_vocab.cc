@@ -1,12 +1,17 @@
 // `peakbound bench vocab`: the materialized vocab-parallel cross-entropy and Ring-DTP
 // on the same inputs in one run (under mpirun, P = the group size): each one's vocab
 // peak from its Arena, its step time (forward + backward, best of --reps after a
-// warm-up, max over ranks), and how far Ring-DTP's loss and gradients are from the
-// baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens.
+// warm-up, max over ranks; the two alternate rep by rep), and how far Ring-DTP's loss
+// and gradients are from the baseline's. --sweep repeats at 1/4, 1/2, 1, 2 and 4x the tokens. Ring-DTP runs
+// through forward_backward (the fused 3-GEMM form at P = 1, forward + backward with
+// the recomputing 4-GEMM backward at P > 1), the baseline through forward + backward.
+// Each run also reports its GEMMs' FLOPs and seconds (VocabLoss::stats over the
+// timed reps) beside its total seconds, so a gap is explained by numbers.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -36,6 +41,10 @@ struct RunResult {
   std::uint64_t vocab_peak = 0;  // max over ranks
   std::uint64_t footprint_peak = 0;  // the footprint's, max over ranks
   double seconds = 0;            // best rep, max over ranks
+  double mean_seconds = 0;       // mean rep, max over ranks (total time / reps)
+  double gemm_flops = 0;         // per step, summed over ranks
+  double gemm_seconds = 0;       // per step, mean over ranks
+  double comm_seconds = 0;       // per step, mean over ranks
   double loss = 0;               // the group's summed loss
   std::vector<float> dh, dw;
 };
@@ -72,55 +81,131 @@ double group_sum(Communicator& g, double v) {
   return s;
 }
 
-RunResult run_one(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring) {
-  VocabLossOptions o = f.options();
-  // The device holds only the loss's own buffers (the inputs stay in host vectors).
-  VocabLossShape shape;
-  shape.tokens = gather_token_counts(g, tokens);
-  shape.dims = f.dims();
-  shape.rank = g.rank();
-  const Footprint fp = ring ? ring_dtp_footprint(shape, o, sizeof(float)) : materialized_vocab_footprint(shape, o, sizeof(float));
-  CpuDevice dev(f.device_budget({fp}));
-  auto impl = ring ? make_ring_dtp_vocab_loss(dev, g, f.dims(), o) : make_materialized_vocab_loss(dev, g, f.dims(), o);
-  RunResult r;
-  r.name = impl->name();
-  VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
-  r.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
-  r.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
-  LossSum ls;
-  auto step = [&] {
-    std::fill(r.dw.begin(), r.dw.end(), 0.0f);
-    ls = impl->forward(d.hidden.data(), d.targets.data(), tokens, d.weight.data());
-    impl->backward(1.0f, r.dh.data(), r.dw.data());
-  };
-  step();  // warm-up: first touch of fresh memory is many times slower here
-  r.seconds = bench::best_group_seconds(g, step, f.reps);
-  std::int64_t peak = static_cast<std::int64_t>(dev.arena().peak(Component::vocab));
-  g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
-  r.vocab_peak = static_cast<std::uint64_t>(peak);
-  std::int64_t fp_peak = static_cast<std::int64_t>(fp.device_peak(Component::vocab));
-  g.all_reduce(&fp_peak, 1, DType::i64, ReduceOp::max);
-  r.footprint_peak = static_cast<std::uint64_t>(fp_peak);
-  r.mode = impl->mode_used();
-  r.loss = group_sum(g, ls.loss);
-  return r;
-}
+// One implementation on its own device, stepped by measure(): the two take turns rep
+// by rep, so a change of load on a shared machine falls on both alike.
+class Runner {
+ public:
+  Runner(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring)
+      : g_(g), d_(d), tokens_(tokens), ring_(ring), fp_(footprint(f, g, tokens, ring)), dev_(f.device_budget({fp_})),
+        impl_(ring ? make_ring_dtp_vocab_loss(dev_, g, f.dims(), f.options())
+                   : make_materialized_vocab_loss(dev_, g, f.dims(), f.options())) {
+    VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
+    r_.name = impl_->name();
+    r_.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
+    r_.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
+    r_.seconds = std::numeric_limits<double>::infinity();
+  }
+
+  // The untimed warm-up: first touch of fresh memory is many times slower here.
+  void warm_up() {
+    step();
+    impl_->reset_stats();
+    steps_ = 0;
+    busy_ = 0;
+  }
+
+  // One rep, timed across the group (as long as its slowest rank).
+  void timed_rep() {
+    bench::Stopwatch w;
+    r_.seconds = std::min(r_.seconds, bench::best_group_seconds(g_, [&] { step(); }, 1));
+    busy_ += w.seconds();
+  }
+
+  RunResult finish() {
+    const double n = std::max(steps_, 1);
+    double mean = busy_ / n;
+    g_.all_reduce(&mean, 1, DType::f64, ReduceOp::max);
+    r_.mean_seconds = mean;
+    double st[3] = {impl_->stats().gemm_flops / n, impl_->stats().gemm_seconds / n, impl_->stats().comm_seconds / n};
+    g_.all_reduce(st, 3, DType::f64, ReduceOp::sum);
+    r_.gemm_flops = st[0];
+    r_.gemm_seconds = st[1] / g_.size();
+    r_.comm_seconds = st[2] / g_.size();
+    std::int64_t peak = static_cast<std::int64_t>(dev_.arena().peak(Component::vocab));
+    g_.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
+    r_.vocab_peak = static_cast<std::uint64_t>(peak);
+    std::int64_t fp_peak = static_cast<std::int64_t>(fp_.device_peak(Component::vocab));
+    g_.all_reduce(&fp_peak, 1, DType::i64, ReduceOp::max);
+    r_.footprint_peak = static_cast<std::uint64_t>(fp_peak);
+    r_.mode = impl_->mode_used();
+    r_.loss = group_sum(g_, ls_.loss);
+    return r_;
+  }
+
+ private:
+  // Ring-DTP runs through forward_backward (fused at P = 1), the baseline through
+  // forward + backward. The device holds only the loss's own buffers.
+  static Footprint footprint(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens, bool ring) {
+    VocabLossShape shape;
+    shape.tokens = gather_token_counts(g, tokens);
+    shape.dims = f.dims();
+    shape.rank = g.rank();
+    return ring ? ring_dtp_step_footprint(shape, f.options(), sizeof(float))
+                : materialized_vocab_footprint(shape, f.options(), sizeof(float));
+  }
+
+  void step() {
+    std::fill(r_.dw.begin(), r_.dw.end(), 0.0f);
+    if (ring_) {
+      ls_ = impl_->forward_backward(d_.hidden.data(), d_.targets.data(), tokens_, d_.weight.data(), 1.0f,
+                                    r_.dh.data(), r_.dw.data());
+    } else {
+      ls_ = impl_->forward(d_.hidden.data(), d_.targets.data(), tokens_, d_.weight.data());
+      impl_->backward(1.0f, r_.dh.data(), r_.dw.data());
+    }
+    ++steps_;
+  }
+
+  Communicator& g_;
+  const RankData& d_;
+  std::int64_t tokens_;
+  bool ring_;
+  Footprint fp_;
+  CpuDevice dev_;
+  std::unique_ptr<VocabLoss> impl_;
+  RunResult r_;
+  LossSum ls_;
+  int steps_ = 0;
+  double busy_ = 0;  // seconds of the timed reps (barriers included)
+};
 
 nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens) {
   RankData d = make_rank_data(f, g, tokens, VocabLossOptions{}.ignore_index);
-  RunResult base = run_one(f, g, d, tokens, false);
-  RunResult ring = run_one(f, g, d, tokens, true);
+  Runner base_run(f, g, d, tokens, false), ring_run(f, g, d, tokens, true);
+  base_run.warm_up();
+  ring_run.warm_up();
+  for (int i = 0; i < f.reps; ++i) {  // alternating, so both see the same load
+    base_run.timed_rep();
+    ring_run.timed_rep();
+  }
+  const RunResult base = base_run.finish();
+  const RunResult ring = ring_run.finish();
   const double total_tokens = static_cast<double>(tokens) * g.size();
   nlohmann::json runs = nlohmann::json::array();
   for (const RunResult* r : {&base, &ring})
     runs.push_back({{"name", r->name}, {"mode", r->mode}, {"vocab_peak_bytes", r->vocab_peak},
                     {"footprint_vocab_peak_bytes", r->footprint_peak},
-                    {"seconds", r->seconds}, {"tokens_per_second", total_tokens / r->seconds}});
+                    {"seconds", r->seconds}, {"mean_seconds", r->mean_seconds},
+                    {"tokens_per_second", total_tokens / r->seconds},
+                    // per step: the group's GEMM FLOPs; a rank's mean seconds in GEMMs, in
+                    // communication calls (waits included) and in the rest (elementwise work)
+                    {"gemm_flops", r->gemm_flops}, {"gemm_seconds_per_rank", r->gemm_seconds},
+                    {"comm_seconds_per_rank", r->comm_seconds},
+                    {"other_seconds", r->mean_seconds - r->gemm_seconds - r->comm_seconds}});
   nlohmann::json j;
   j["tokens_per_rank"] = tokens;
   j["runs"] = runs;
   j["peak_reduction"] = 1.0 - static_cast<double>(ring.vocab_peak) / static_cast<double>(base.vocab_peak);
   j["throughput_ratio"] = base.seconds / ring.seconds;
+  j["throughput_ratio_mean"] = base.mean_seconds / ring.mean_seconds;  // of the mean reps: less luck, more load
+  // GFLOP/s of one rank's GEMMs (the group's FLOPs per rank over a rank's GEMM seconds).
+  auto gflops = [&](const RunResult& r) { return r.gemm_flops / g.size() / std::max(r.gemm_seconds, 1e-30) / 1e9; };
+  j["gemm_gflops_baseline"] = gflops(base);
+  j["gemm_gflops_ring"] = gflops(ring);
+  j["gemm_gflops_ratio"] = gflops(ring) / std::max(gflops(base), 1e-30);
+  j["gemm_flops_ratio"] = ring.gemm_flops / std::max(base.gemm_flops, 1.0);
+  j["seconds_baseline"] = base.seconds;
+  j["seconds_ring"] = ring.seconds;
   j["max_rel_err_loss"] = std::fabs(ring.loss - base.loss) / std::max(std::fabs(base.loss), 1e-30);
   j["max_rel_err_dhidden"] = bench::group_relative_error(g, ring.dh, base.dh);
   j["max_rel_err_dweight"] = bench::group_relative_error(g, ring.dw, base.dw);
@@ -143,7 +228,7 @@ Command add_bench_vocab(CLI::App& parent) {
     for (double m : f->sweep ? std::vector<double>{0.25, 0.5, 1.0, 2.0, 4.0} : std::vector<double>{1.0})
       for (int r = 0; r < P; ++r) {
         const auto shape = VocabLossShape::uniform(static_cast<std::int64_t>(static_cast<double>(f->tokens) * m), f->dims(), P, r);
-        f->check_budget({materialized_vocab_footprint(shape, o, sizeof(float)), ring_dtp_footprint(shape, o, sizeof(float))}, r);
+        f->check_budget({materialized_vocab_footprint(shape, o, sizeof(float)), ring_dtp_step_footprint(shape, o, sizeof(float))}, r);
       }
   };
   c.run = [f] {
@@ -173,7 +258,9 @@ Command add_bench_vocab(CLI::App& parent) {
                             {"chunk", f->chunk},
                             {"mode_requested", f->mode},
                             {"z_loss", f->z_loss},
-                            {"backward", "recompute (4 GEMMs per token block; the fused 3-GEMM form is not built)"},
+                            {"backward", g.size() == 1 ? "fused (3 GEMMs per token block, forward_backward)"
+                                                       : "recompute (4 GEMMs per token block)"},
+                            {"load_average", bench::load_average()},
                             {"machine", bench::machine_info()}};
       out.update(j);
       std::printf("%s\n", out.dump(2).c_str());

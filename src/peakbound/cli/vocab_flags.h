@@ -75,15 +75,18 @@ struct VocabFlags {
   }
 
   // The device budget for runs with these footprints: --device-memory, or room for every
-  // buffer of one step of the largest (its forward and backward phases' totals, the
-  // saved state counted twice), so best-fit placement never runs short however it
-  // fragments; at least 1 MiB.
+  // buffer of one step of the largest (the totals of its phases but "saved": forward +
+  // backward, the saved state counted twice; the fused form's one phase), so best-fit
+  // placement never runs short however it fragments; at least 1 MiB.
   std::uint64_t device_budget(const std::vector<Footprint>& fps) const {
     if (device_memory != "auto") return parse_bytes(device_memory, "--device-memory");
     std::uint64_t need = 0;
-    for (const Footprint& f : fps)
-      need = std::max(need, checked_add(f.phase("forward").device_total(), f.phase("backward").device_total(),
-                                        "the vocab device budget"));
+    for (const Footprint& f : fps) {
+      std::uint64_t step = 0;
+      for (const Footprint::Phase& ph : f.phases())
+        if (ph.name != "saved") step = checked_add(step, ph.device_total(), "the vocab device budget");
+      need = std::max(need, step);
+    }
     return std::max<std::uint64_t>(need, std::uint64_t{1} << 20);
   }
 };

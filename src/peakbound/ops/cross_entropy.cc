@@ -63,4 +63,15 @@ double cross_entropy_finish(Device& dev, Stream& s, const float* run_max, const 
   return loss;
 }
 
+double cross_entropy_fused_grad(Device& dev, Stream& s, float* logits, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, const std::int32_t* targets, std::int32_t ignore_index, float z_loss,
+                                float scale, std::int64_t* count) {
+  if (dev.backend() != Backend::cpu) no_kernel(dev, "cross_entropy_fused_grad");
+  double loss = 0;
+  cpu::launch_and_wait(s, [&] {
+    loss = cpu::cross_entropy_fused_grad(logits, rows, cols, ld, targets, ignore_index, z_loss, scale, count);
+  });
+  return loss;
+}
+
 }  // namespace peakbound::ops

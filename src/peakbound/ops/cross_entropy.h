@@ -22,5 +22,10 @@ void lse_merge(Device& dev, Stream& s, float* max_a, float* sum_a, float* target
 double cross_entropy_finish(Device& dev, Stream& s, const float* run_max, const float* run_sum,
                             const float* target_logit, const std::int32_t* targets, std::int64_t rows,
                             std::int32_t ignore_index, float z_loss, float* lse, std::int64_t* count);
+// The fused form over a block holding the whole vocabulary: logits -> gradient in place;
+// returns the summed loss over non-ignored rows and their count (waits for s).
+double cross_entropy_fused_grad(Device& dev, Stream& s, float* logits, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ld, const std::int32_t* targets, std::int32_t ignore_index, float z_loss,
+                                float scale, std::int64_t* count);
 
 }  // namespace peakbound::ops

@@ -144,7 +144,8 @@ Footprint vocab_term(const PlanInputs& in, const PlanShapes& s, bool dtp) {
   VocabLossOptions o;
   o.chunk = in.vocab_chunk;
   const u64 a = U(in.activation_bytes);
-  return dtp ? ring_dtp_footprint(shape, o, a) : materialized_vocab_footprint(shape, o, a);
+  // Ring-DTP as the trainer runs it: the fused forward_backward in a one-rank group.
+  return dtp ? ring_dtp_step_footprint(shape, o, a) : materialized_vocab_footprint(shape, o, a);
 }
 
 // Expert dispatch: the dispatch's own footprint at the sizes the busiest rank sees

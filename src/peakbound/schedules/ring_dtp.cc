@@ -7,6 +7,13 @@
 // tokens and dW stays at the shard's owner. The movement is RingExchange's: the next
 // hop's transfer is posted before the current hop's compute and progressed between
 // chunks, so it overlaps. Every buffer comes from ring_dtp_buffers (vocab_footprint.h).
+//
+// forward_backward at P = 1 is the fused form (Liger's fused linear cross-entropy, Cut
+// Cross-Entropy): a token chunk's [chunk, V] block holds the whole vocabulary, so its
+// log-sum-exp, loss and gradient G = scale (softmax (1 + 2 z lse) - onehot) follow at
+// once, then dX_chunk = G W and dW += G^T X_chunk: 3 GEMMs a block instead of 4, no lse
+// saved, a peak of one block whatever the token count. The scale must be known before
+// the forward, hence the separate entry point (forward + backward keep the 4-GEMM form).
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -37,17 +44,52 @@ class RingDtp final : public VocabLoss {
         shard_(vocab_shard(d.vocab, P_, r_)) {}
 
   std::string name() const override { return "ring_dtp"; }
-  std::string mode_used() const override { return std::string(ring_mode_name(b_.mode)); }
+  std::string mode_used() const override { return fused_ ? "fused" : std::string(ring_mode_name(b_.mode)); }
+
+  LossSum forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens, const float* weight,
+                           float scale, float* d_hidden, float* d_weight) override {
+    if (P_ > 1) {
+      fused_ = false;
+      return VocabLoss::forward_backward(hidden, targets, tokens, weight, scale, d_hidden, d_weight);
+    }
+    comm([&] { check_targets(g_, targets, tokens, d_.vocab, o_); });
+    discard();
+    fused_ = true;
+    shape_.tokens = {tokens};
+    shape_.dims = d_;
+    shape_.rank = r_;
+    b_ = ring_dtp_buffers(shape_, o_, kElemBytes);
+    const std::int64_t H = d_.hidden, V = d_.vocab;
+    Buffer block = alloc(b_.fused_block);
+    LossSum out;
+    for (std::int64_t c0 = 0; c0 < tokens; c0 += o_.chunk) {
+      const std::int64_t n = std::min(o_.chunk, tokens - c0);
+      float* G = block.as<float>();
+      logits(hidden + c0 * H, n, weight, V, G);
+      std::int64_t valid = 0;
+      out.loss += ops::cross_entropy_fused_grad(dev_, s_, G, n, V, V, targets + c0, o_.ignore_index, o_.z_loss, scale,
+                                                &valid);
+      out.count += valid;
+      if (valid == 0) {  // every target ignored: a zero gradient, no GEMM needed
+        ops::fill(dev_, s_, d_hidden + c0 * H, n * H, 0.0f);
+        continue;
+      }
+      gemm(dev_, s_, false, false, n, H, V, 1.0f, G, V, weight, H, 0.0f, d_hidden + c0 * H, H);
+      gemm(dev_, s_, true, false, V, H, n, 1.0f, G, V, hidden + c0 * H, H, 1.0f, d_weight, H);
+    }
+    return out;
+  }
 
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
-    check_targets(g_, targets, tokens, d_.vocab, o_);
+    comm([&] { check_targets(g_, targets, tokens, d_.vocab, o_); });
     discard();  // a forward without a backward held its state: never two at once
+    fused_ = false;
     hidden_ = hidden;
     targets_ = targets;
     T_ = tokens;
     weight_ = weight;
-    shape_.tokens = gather_token_counts(g_, tokens);
+    shape_.tokens = comm([&] { return gather_token_counts(g_, tokens); });
     shape_.dims = d_;
     shape_.rank = r_;
     b_ = ring_dtp_buffers(shape_, o_, kElemBytes);
@@ -87,7 +129,7 @@ class RingDtp final : public VocabLoss {
 
   // Logits of `n` token rows against a shard, into the block buffer.
   void logits(const float* h, std::int64_t n, const float* w, std::int64_t rows, float* block) {
-    ops::gemm(dev_, s_, false, true, n, rows, d_.hidden, 1.0f, h, d_.hidden, w, d_.hidden, 0.0f, block, rows);
+    gemm(dev_, s_, false, true, n, rows, d_.hidden, 1.0f, h, d_.hidden, w, d_.hidden, 0.0f, block, rows);
   }
 
   // ---- weights mode: shards travel, tokens stay ------------------------------------
@@ -109,16 +151,16 @@ class RingDtp final : public VocabLoss {
     }
     for (int hop = 0; hop < P_; ++hop) {
       VocabShard sh = vocab_shard(d_.vocab, P_, ring.origin(hop));
-      ring.begin(hop);
+      comm([&] { ring.begin(hop); });
       const float* cur = static_cast<const float*>(ring.carried(RingDtpBuffers::kWeight));
       for (std::int64_t c0 = 0; c0 < T_ && sh.rows > 0; c0 += chunk) {
         std::int64_t n = std::min(chunk, T_ - c0);
         logits(hidden_ + c0 * H, n, cur, sh.rows, block.as<float>());
         ops::lse_update(dev_, s_, block.as<float>(), n, sh.rows, sh.rows, mx + c0, sm + c0);
         ops::gather_target_logit(dev_, s_, block.as<float>(), n, sh.rows, sh.rows, targets_ + c0, sh.offset, tl + c0);
-        ring.progress();
+        comm([&] { ring.progress(); });
       }
-      ring.end(hop);
+      comm([&] { ring.end(hop); });
     }
     LossSum out;
     out.loss = ops::cross_entropy_finish(dev_, s_, mx, sm, tl, targets_, T_, o_.ignore_index, o_.z_loss,
@@ -145,7 +187,7 @@ class RingDtp final : public VocabLoss {
     for (int hop = 0; hop < P_; ++hop) {
       VocabShard sh = vocab_shard(d_.vocab, P_, ring.origin(hop));
       const std::int64_t n_sh = sh.rows * H;
-      ring.begin(hop);
+      comm([&] { ring.begin(hop); });
       const float* cur = static_cast<const float*>(ring.carried(RingDtpBuffers::kWeight));
       // Our tokens' contribution to dW of this shard: straight into the travelling
       // accumulator at hop 0, into `partial` later (added once the accumulator is in).
@@ -159,24 +201,24 @@ class RingDtp final : public VocabLoss {
         logits(hidden_ + c0 * H, n, cur, sh.rows, G);
         ops::cross_entropy_grad(dev_, s_, G, n, sh.rows, sh.rows, lse_.as<float>() + c0, targets_ + c0, sh.offset,
                                 o_.ignore_index, o_.z_loss, scale);
-        ops::gemm(dev_, s_, true, false, sh.rows, H, n, 1.0f, G, sh.rows, hidden_ + c0 * H, H, c0 == 0 ? beta0 : 1.0f,
+        gemm(dev_, s_, true, false, sh.rows, H, n, 1.0f, G, sh.rows, hidden_ + c0 * H, H, c0 == 0 ? beta0 : 1.0f,
                   dw, H);
-        ops::gemm(dev_, s_, false, false, n, H, sh.rows, 1.0f, G, sh.rows, cur, H, 1.0f, d_hidden + c0 * H, H);
-        ring.progress();
+        gemm(dev_, s_, false, false, n, H, sh.rows, 1.0f, G, sh.rows, cur, H, 1.0f, d_hidden + c0 * H, H);
+        comm([&] { ring.progress(); });
       }
       if (P_ > 1) {
         if (hop > 0) {
-          ring.wait_accumulated();
+          comm([&] { ring.wait_accumulated(); });
           ops::axpy(dev_, s_, static_cast<float*>(ring.accumulator(0)), partial.as<float>(), n_sh, 1.0f);
         }
         // After the last hop this goes to the shard's owner (our next rank).
-        ring.send_accumulated();
+        comm([&] { ring.send_accumulated(); });
       }
-      ring.end(hop);
+      comm([&] { ring.end(hop); });
     }
     if (P_ > 1) {
       // Our own shard's complete gradient comes back from the previous rank.
-      const float* mine = static_cast<const float*>(ring.finish(0));
+      const float* mine = static_cast<const float*>(comm([&] { return ring.finish(0); }));
       ops::axpy(dev_, s_, d_weight, mine, shard_.rows * H, 1.0f);
     }
   }
@@ -201,7 +243,7 @@ class RingDtp final : public VocabLoss {
     Buffer part = alloc(b_.fwd_stats);  // this rank's partial stats for the current block
     for (int hop = 0; hop < P_; ++hop) {
       const std::int64_t n = shape_.tokens[Z(ring.origin(hop))];
-      ring.begin(hop);
+      comm([&] { ring.begin(hop); });
       const float* h = static_cast<const float*>(ring.carried(RingDtpBuffers::kHidden));
       const std::int32_t* t = static_cast<const std::int32_t*>(ring.carried(RingDtpBuffers::kTargets));
       // At hop 0 the block's statistics start in the travelling slot itself.
@@ -215,7 +257,7 @@ class RingDtp final : public VocabLoss {
         logits(h + c0 * H, m, weight_, rows, block.as<float>());
         ops::lse_update(dev_, s_, block.as<float>(), m, rows, rows, mx + c0, sm + c0);
         ops::gather_target_logit(dev_, s_, block.as<float>(), m, rows, rows, t + c0, shard_.offset, tl + c0);
-        ring.progress();
+        comm([&] { ring.progress(); });
       }
       if (P_ == 1) {
         LossSum out;
@@ -225,15 +267,15 @@ class RingDtp final : public VocabLoss {
       }
       // Merge with the statistics the block brought from earlier ranks, pass them on.
       if (hop > 0) {
-        ring.wait_accumulated();
+        comm([&] { ring.wait_accumulated(); });
         float* st = static_cast<float*>(ring.accumulator(0));
         ops::lse_merge(dev_, s_, st, st + n, st + 2 * n, mx, sm, tl, n);
       }
-      ring.send_accumulated();
-      ring.end(hop);
+      comm([&] { ring.send_accumulated(); });
+      comm([&] { ring.end(hop); });
     }
     // Our block's complete statistics return from the previous rank.
-    float* st = static_cast<float*>(ring.finish(0, part.data()));
+    float* st = static_cast<float*>(comm([&] { return ring.finish(0, part.data()); }));
     LossSum out;
     out.loss = ops::cross_entropy_finish(dev_, s_, st, st + T_, st + 2 * T_, targets_, T_, o_.ignore_index, o_.z_loss,
                                          lse_.as<float>(), &out.count);
@@ -263,7 +305,7 @@ class RingDtp final : public VocabLoss {
     }
     for (int hop = 0; hop < P_; ++hop) {
       const std::int64_t n = shape_.tokens[Z(ring.origin(hop))];
-      ring.begin(hop);
+      comm([&] { ring.begin(hop); });
       const float* h = static_cast<const float*>(ring.carried(RingDtpBuffers::kHidden));
       const std::int32_t* t = static_cast<const std::int32_t*>(ring.carried(RingDtpBuffers::kTargets));
       const float* lse = static_cast<const float*>(ring.carried(RingDtpBuffers::kLse));
@@ -277,21 +319,21 @@ class RingDtp final : public VocabLoss {
         logits(h + c0 * H, m, weight_, rows, G);
         ops::cross_entropy_grad(dev_, s_, G, m, rows, rows, lse + c0, t + c0, shard_.offset, o_.ignore_index,
                                 o_.z_loss, scale);
-        ops::gemm(dev_, s_, true, false, rows, H, m, 1.0f, G, rows, h + c0 * H, H, 1.0f, d_weight, H);
-        ops::gemm(dev_, s_, false, false, m, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dx + c0 * H, H);
-        ring.progress();
+        gemm(dev_, s_, true, false, rows, H, m, 1.0f, G, rows, h + c0 * H, H, 1.0f, d_weight, H);
+        gemm(dev_, s_, false, false, m, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dx + c0 * H, H);
+        comm([&] { ring.progress(); });
       }
       if (P_ > 1) {
         if (hop > 0) {
-          ring.wait_accumulated();
+          comm([&] { ring.wait_accumulated(); });
           ops::axpy(dev_, s_, static_cast<float*>(ring.accumulator(0)), partial.as<float>(), n * H, 1.0f);
         }
-        ring.send_accumulated();
+        comm([&] { ring.send_accumulated(); });
       }
-      ring.end(hop);
+      comm([&] { ring.end(hop); });
     }
     // Our tokens' complete dX returns from the previous rank.
-    if (P_ > 1) ring.finish(0, d_hidden);
+    if (P_ > 1) comm([&] { ring.finish(0, d_hidden); });
   }
 
   Device& dev_;
@@ -308,6 +350,7 @@ class RingDtp final : public VocabLoss {
   const float* weight_ = nullptr;
   std::int64_t T_ = 0;
   Buffer lse_;
+  bool fused_ = false;  // the last step took the fused form
 };
 
 }  // namespace

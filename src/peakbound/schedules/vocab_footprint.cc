@@ -96,6 +96,7 @@ RingDtpBuffers ring_dtp_buffers(const VocabLossShape& s, const VocabLossOptions&
   RingDtpBuffers b;
   b.mode = ring_dtp_mode(s, o);
   b.lse = vocab(T, kStatBytes);
+  if (ring_dtp_fuses(s)) b.fused_block = vocab(mul(std::min(chunk, T), U(s.dims.vocab)), kStatBytes);
   if (b.mode == RingMode::weights) {
     b.fwd_block = vocab(mul(std::min(chunk, T), rows_max), kStatBytes);
     b.fwd_stats = vocab(mul(3, T), kStatBytes);
@@ -130,6 +131,16 @@ Footprint ring_dtp_footprint(const VocabLossShape& s, const VocabLossOptions& o,
   f.device("saved", b.lse);
   f.device("backward", b.lse).device("backward", b.bwd_block).device("backward", b.bwd_partial);
   for (const BufferSpec& l : b.bwd_lanes) f.device("backward", l, 2);
+  return f;
+}
+
+bool ring_dtp_fuses(const VocabLossShape& s) { return s.ranks() == 1; }
+
+Footprint ring_dtp_step_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes) {
+  if (!ring_dtp_fuses(s)) return ring_dtp_footprint(s, o, elem_bytes);
+  const RingDtpBuffers b = ring_dtp_buffers(s, o, elem_bytes);
+  Footprint f("ring_dtp/fused");
+  f.device("forward_backward", b.fused_block);
   return f;
 }
 

@@ -13,6 +13,8 @@
 //   forward   everything live at the end of forward (the forward peak)
 //   saved     what forward leaves allocated for backward
 //   backward  saved + backward's scratch (the backward peak)
+// and for a step through VocabLoss::forward_backward (ring_dtp_step_footprint):
+//   forward_backward  the fused form's one phase (P = 1), or the three above (P > 1)
 #pragma once
 
 #include <cstdint>
@@ -76,6 +78,9 @@ struct RingDtpBuffers {
   // weights: {W shard, dW accumulator [rows_max, H]}; activations: {hidden, targets,
   // lse [Tmax], dX accumulator [Tmax, H]}. Each held twice.
   std::vector<BufferSpec> bwd_lanes;
+  // The fused forward_backward (P = 1 only; empty otherwise): one [min(chunk, T), V]
+  // fp32 block, turned into its gradient in place; nothing else, nothing saved.
+  BufferSpec fused_block;
 
   // Lane indices.
   static constexpr int kWeight = 0, kWeightGrad = 1;                         // weights mode
@@ -84,5 +89,10 @@ struct RingDtpBuffers {
 RingDtpBuffers ring_dtp_buffers(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
 // Ring-DTP in the mode ring_dtp_mode() picks for o.mode (force one by setting o.mode).
 Footprint ring_dtp_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+// Whether Ring-DTP's forward_backward takes the fused form for this shape (P = 1).
+bool ring_dtp_fuses(const VocabLossShape& s);
+// Ring-DTP through forward_backward: the fused form's phase "forward_backward" where it
+// fuses, else ring_dtp_footprint (forward_backward is then forward + backward).
+Footprint ring_dtp_step_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
 
 }  // namespace peakbound

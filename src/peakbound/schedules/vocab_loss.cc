@@ -1,10 +1,12 @@
 #include "peakbound/schedules/vocab_loss.h"
 
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/ops/gemm.h"
 
 namespace peakbound {
 
@@ -45,6 +47,23 @@ void validate(const VocabDims& d) {
   if (d.hidden < 1) throw InvalidArgument("vocab loss hidden must be positive (got " + std::to_string(d.hidden) + ")");
   if (d.vocab > std::int64_t{1} << 31)
     throw InvalidArgument("vocab loss vocab " + std::to_string(d.vocab) + " does not fit the int32 targets");
+}
+
+LossSum VocabLoss::forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
+                                   const float* weight, float scale, float* d_hidden, float* d_weight) {
+  const LossSum out = forward(hidden, targets, tokens, weight);
+  backward(scale, d_hidden, d_weight);
+  return out;
+}
+
+void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                     std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                     float beta, float* c, std::int64_t ldc) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ops::gemm(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  stats_.gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  ++stats_.gemm_calls;
 }
 
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens) {

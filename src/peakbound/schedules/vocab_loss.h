@@ -2,7 +2,8 @@
 // P ranks. Each rank brings its own tokens (hidden [T, H], targets [T]; T may differ
 // between ranks) and holds one vocabulary shard of the head weight W [rows, H]
 // (vocab_shard() says which). forward returns this rank's summed loss and valid-token
-// count; backward gives dHidden for its tokens and adds into dW for its shard.
+// count; backward gives dHidden for its tokens and adds into dW for its shard;
+// forward_backward does both for a caller that knows the gradient's scale up front.
 // Two implementations behind this interface, measured side by side:
 //   materialized  Megatron-style vocab-parallel cross-entropy (the baseline)
 //   ring_dtp      Ring-DTP: the smaller of activations and weight shards circulates,
@@ -11,6 +12,7 @@
 // from the BufferSpecs of vocab_footprint.h (the same functions the planner calls).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,6 +61,19 @@ struct LossSum {
   std::int64_t count = 0;  // this rank's valid tokens
 };
 
+// Where an implementation's time went since the last reset_stats(): its GEMMs' FLOPs
+// (2 m n k each, counted from the shapes) and the steady-clock seconds spent inside
+// ops::gemm, and the seconds spent in communication calls (the baseline's collectives,
+// Ring-DTP's ring begin/progress/wait/end/finish: waiting for data and for the slowest
+// rank). The clock brackets each call; on the CPU device the compute stream runs inline,
+// so the seconds are the calls' own (about 50 ns of clock reads per call).
+struct VocabLossStats {
+  double gemm_flops = 0;
+  double gemm_seconds = 0;
+  std::int64_t gemm_calls = 0;
+  double comm_seconds = 0;
+};
+
 class VocabLoss {
  public:
   virtual ~VocabLoss() = default;
@@ -69,11 +84,42 @@ class VocabLoss {
                           const float* weight) = 0;
   // Gradient of scale x (summed loss): writes d_hidden [T, H], adds into d_weight.
   virtual void backward(float scale, float* d_hidden, float* d_weight) = 0;
+  // forward then backward in one call, for a caller that knows the scale up front:
+  // reads hidden, targets, weight; writes d_hidden [T, H]; adds into d_weight; keeps
+  // nothing afterwards. The default is exactly forward + backward; Ring-DTP overrides
+  // it at P = 1 with the fused form (each [chunk, V] logits block becomes its gradient
+  // at once: 3 GEMMs a block instead of 4, no saved state, a peak of one block).
+  virtual LossSum forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
+                                   const float* weight, float scale, float* d_hidden, float* d_weight);
   // Frees what the last forward keeps for its backward (an evaluation forward has no
   // backward: without this its buffers would stay held through whatever runs next).
   virtual void discard() = 0;
-  // The mode Ring-DTP chose for the last forward ("activations"/"weights"); "" otherwise.
+  // The mode Ring-DTP chose for the last step ("activations"/"weights", "fused" for a
+  // fused forward_backward); "" otherwise.
   virtual std::string mode_used() const { return ""; }
+  // GEMM and communication time since the last reset_stats() (both implementations
+  // count every GEMM and every communication call).
+  const VocabLossStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  // ops::gemm, counted and timed into stats() (same arguments as ops::gemm).
+  void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+            float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+            std::int64_t ldc);
+  // Runs f (a communication call), its seconds counted in stats().comm_seconds.
+  template <typename F>
+  decltype(auto) comm(F&& f) {
+    struct Clock {
+      double& into;
+      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+      ~Clock() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    } clock{stats_.comm_seconds};
+    return f();
+  }
+
+ private:
+  VocabLossStats stats_;
 };
 
 std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,

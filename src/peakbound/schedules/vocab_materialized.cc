@@ -29,14 +29,14 @@ class MaterializedVocabLoss final : public VocabLoss {
 
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
-    check_targets(g_, targets, tokens, d_.vocab, o_);
+    comm([&] { check_targets(g_, targets, tokens, d_.vocab, o_); });
     // A forward without a backward leaves its state held: drop it before allocating
     // this pass's, so two passes never hold their buffers at once.
     discard();
     hidden_tokens_ = tokens;
     weight_ = weight;
     VocabLossShape shape;
-    shape.tokens = gather_token_counts(g_, tokens);
+    shape.tokens = comm([&] { return gather_token_counts(g_, tokens); });
     shape.dims = d_;
     shape.rank = g_.rank();
     counts_ = shape.tokens;
@@ -50,11 +50,11 @@ class MaterializedVocabLoss final : public VocabLoss {
     // Gather hidden states and targets of the whole group (the same block to every rank).
     hg_ = alloc(b_.hidden_all);
     tg_ = alloc(b_.targets_all);
-    gather(hidden, hg_.as<float>(), H, DType::f32);
-    gather(targets, tg_.as<std::int32_t>(), 1, DType::i32);
+    comm([&] { gather(hidden, hg_.as<float>(), H, DType::f32); });
+    comm([&] { gather(targets, tg_.as<std::int32_t>(), 1, DType::i32); });
 
     logits_ = alloc(b_.logits);
-    ops::gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
+    gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
 
     // Row statistics over the whole vocabulary: max, then sum of exp, then target logit.
     lse_ = alloc(b_.lse);
@@ -66,13 +66,13 @@ class MaterializedVocabLoss final : public VocabLoss {
     const float* L = logits_.as<float>();
     ops::vocab_row_max(dev_, s_, L, N_, rows, rows, mx);
     ops::fill(dev_, s_, tl, N_, 0.0f);
-    dev_.synchronize(s_);  // the collectives read what the compute stream wrote
-    g_.all_reduce(mx, static_cast<std::size_t>(N_), DType::f32, ReduceOp::max);
+    comm([&] { dev_.synchronize(s_); });  // the collectives read what the compute stream wrote
+    comm([&] { g_.all_reduce(mx, static_cast<std::size_t>(N_), DType::f32, ReduceOp::max); });
     ops::vocab_row_sum_exp(dev_, s_, L, N_, rows, rows, mx, sm);
     ops::gather_target_logit(dev_, s_, L, N_, rows, rows, tg_.as<std::int32_t>(), shard_.offset, tl);
-    dev_.synchronize(s_);
-    g_.all_reduce(sm, static_cast<std::size_t>(N_), DType::f32, ReduceOp::sum);
-    g_.all_reduce(tl, static_cast<std::size_t>(N_), DType::f32, ReduceOp::sum);
+    comm([&] { dev_.synchronize(s_); });
+    comm([&] { g_.all_reduce(sm, static_cast<std::size_t>(N_), DType::f32, ReduceOp::sum); });
+    comm([&] { g_.all_reduce(tl, static_cast<std::size_t>(N_), DType::f32, ReduceOp::sum); });
     // The max becomes the lse in place: this rank's rows as their loss is summed, the
     // other ranks' rows after (both max + log(sum), the same float arithmetic).
     const std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
@@ -91,22 +91,24 @@ class MaterializedVocabLoss final : public VocabLoss {
     ops::cross_entropy_grad(dev_, s_, G, N_, rows, rows, lse_.as<float>(), tg_.as<std::int32_t>(), shard_.offset,
                             o_.ignore_index, o_.z_loss, scale);
     // dW (this shard) += G^T Hg; dHg = G W, partial over the vocabulary shards.
-    ops::gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
+    gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
     Buffer dhg = alloc(b_.d_hidden_all);
-    ops::gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
-    dev_.synchronize(s_);
+    gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
+    comm([&] { dev_.synchronize(s_); });
     logits_.reset();
     bool uniform = std::all_of(counts_.begin(), counts_.end(), [&](std::int64_t c) { return c == counts_[0]; });
     if (uniform) {
-      g_.reduce_scatter(dhg.as<float>(), d_hidden, static_cast<std::size_t>(hidden_tokens_ * H), DType::f32,
-                        ReduceOp::sum);
+      comm([&] {
+        g_.reduce_scatter(dhg.as<float>(), d_hidden, static_cast<std::size_t>(hidden_tokens_ * H), DType::f32,
+                          ReduceOp::sum);
+      });
     } else {
       // Uneven token counts: MPI's reduce-scatter-block needs equal blocks.
-      g_.all_reduce(dhg.as<float>(), static_cast<std::size_t>(N_ * H), DType::f32, ReduceOp::sum);
+      comm([&] { g_.all_reduce(dhg.as<float>(), static_cast<std::size_t>(N_ * H), DType::f32, ReduceOp::sum); });
       std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
       dev_.memcpy_async(d_hidden, dhg.as<float>() + off * H, static_cast<std::uint64_t>(hidden_tokens_ * H) * sizeof(float),
                         CopyKind::device_to_device, s_);
-      dev_.synchronize(s_);  // dhg is released below
+      comm([&] { dev_.synchronize(s_); });  // dhg is released below
     }
     hg_.reset();
     tg_.reset();

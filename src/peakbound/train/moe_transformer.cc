@@ -534,9 +534,19 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<float>(), rstd.as<float>(), y.as<float>(), w_norm, T, H, eps);
   const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
   float* d_head = head_->contains("lm_head.weight") ? head_->grad("lm_head.weight") : nullptr;
-  const LossSum ls = vocab_loss_->forward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head);
-  Buffer d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
-  vocab_loss_->backward(ce_scale, d_hn.as<float>(), d_head);
+  // The scale is known up front (the trainer counted the valid targets): a one-rank
+  // vocabulary group takes Ring-DTP's fused form (no recompute, one logits block).
+  LossSum ls;
+  Buffer d_hn;
+  if (schedules_.ring_dtp && groups_.vocab->size() == 1) {
+    d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
+    ls = vocab_loss_->forward_backward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head, ce_scale,
+                                       d_hn.as<float>(), d_head);
+  } else {
+    ls = vocab_loss_->forward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head);
+    d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
+    vocab_loss_->backward(ce_scale, d_hn.as<float>(), d_head);
+  }
   hn.reset();
   Buffer dy = dev_.allocate(bb.dy.component, bb.dy.bytes);
   {

@@ -235,21 +235,28 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
   vs.rank = g.vocab_rank;
   const int first = in.rank - g.vocab_rank;
   for (int r = first; r < first + g.vocab; ++r) vs.tokens.push_back(tokens_of(r));
-  const Footprint voc = sch.ring_dtp ? ring_dtp_footprint(vs, sch.vocab, kF32)
-                                     : materialized_vocab_footprint(vs, sch.vocab, kF32);
+  // A one-rank group under Ring-DTP runs the fused forward_backward: d_hn is allocated
+  // first and one phase of the loss holds it with the fused block (both phases below).
+  const bool fused = sch.ring_dtp && ring_dtp_fuses(vs);
+  const Footprint voc = fused         ? ring_dtp_step_footprint(vs, sch.vocab, kF32)
+                        : sch.ring_dtp ? ring_dtp_footprint(vs, sch.vocab, kF32)
+                                       : materialized_vocab_footprint(vs, sch.vocab, kF32);
   {
     const std::string ph = "loss forward";
     persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, fb.norm_params});
+    if (fused)
+      batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn, fb.norm_params});
+    else
+      batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, fb.norm_params});
     residents(ph, L);
-    add_phase(f, ph, voc.phase("forward"));
+    add_phase(f, ph, voc.phase(fused ? "forward_backward" : "forward"));
   }
   {
     const std::string ph = "loss backward";
     persistent(ph, true);
     batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn, fb.norm_params});
     residents(ph, L);
-    add_phase(f, ph, voc.phase("backward"));
+    add_phase(f, ph, voc.phase(fused ? "forward_backward" : "backward"));
   }
   {
     const std::string ph = "final norm backward";

@@ -82,18 +82,27 @@ VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptio
   return ref;
 }
 
-VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref,
-                            float scale, const std::function<void()>& between) {
+namespace {
+
+VocabCheck check_run(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref, float scale,
+                     bool step, const std::function<void()>& between, float dw_start) {
   const int r = g.rank();
   const std::int64_t H = p.spec.hidden, T = p.spec.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
   VocabShard sh = vocab_shard(p.spec.vocab, g.size(), r);
   const float* hidden = p.hidden.data() + off * H;
   const std::int32_t* targets = p.targets.data() + off;
   const float* weight = p.weight.data() + sh.offset * H;
-  std::vector<float> dh(static_cast<std::size_t>(T * H), -1.0f), dw(static_cast<std::size_t>(sh.rows * H), 0.0f);
-  LossSum ls = impl.forward(hidden, targets, T, weight);
-  if (between) between();
-  impl.backward(scale, dh.data(), dw.data());
+  std::vector<float> dh(static_cast<std::size_t>(T * H), -1.0f), dw(static_cast<std::size_t>(sh.rows * H), dw_start);
+  LossSum ls;
+  if (step) {
+    ls = impl.forward_backward(hidden, targets, T, weight, scale, dh.data(), dw.data());
+  } else {
+    ls = impl.forward(hidden, targets, T, weight);
+    if (between) between();
+    impl.backward(scale, dh.data(), dw.data());
+  }
+  if (dw_start != 0.0f)
+    for (float& x : dw) x -= dw_start;
 
   // The group's loss in double precision, summed in rank order (the same bits everywhere).
   const double both[2] = {ls.loss, static_cast<double>(ls.count)};
@@ -113,6 +122,18 @@ VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem
   c.rel_err_dhidden = verify::group_relative_error(g, dh.data(), ref.d_hidden.data() + off * H, T * H);
   c.rel_err_dweight = verify::group_relative_error(g, dw.data(), ref.d_weight.data() + sh.offset * H, sh.rows * H);
   return c;
+}
+
+}  // namespace
+
+VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref,
+                            float scale, const std::function<void()>& between) {
+  return check_run(impl, g, p, ref, scale, false, between, 0.0f);
+}
+
+VocabCheck check_vocab_loss_step(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref,
+                                 float scale, float dw_start) {
+  return check_run(impl, g, p, ref, scale, true, {}, dw_start);
 }
 
 }  // namespace peakbound

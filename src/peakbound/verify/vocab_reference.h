@@ -50,5 +50,10 @@ struct VocabCheck {
 };
 VocabCheck check_vocab_loss(VocabLoss& impl, Communicator& group, const VocabProblem& p,
                             const VocabReference& ref, float scale, const std::function<void()>& between = {});
+// The same through impl.forward_backward (the fused form where Ring-DTP takes it). dW
+// starts at `dw_start` everywhere and the start is taken off before comparing, so a
+// form that writes dW instead of adding into it fails.
+VocabCheck check_vocab_loss_step(VocabLoss& impl, Communicator& group, const VocabProblem& p,
+                                 const VocabReference& ref, float scale, float dw_start = 0.125f);
 
 }  // namespace peakbound

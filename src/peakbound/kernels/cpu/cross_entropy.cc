@@ -60,6 +60,39 @@ double cross_entropy_finish(const float* run_max, const float* run_sum, const fl
   return loss;
 }
 
+double cross_entropy_fused_grad(float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                                const std::int32_t* targets, std::int32_t ignore_index, float z_loss, float scale,
+                                std::int64_t* count) {
+  double loss = 0;
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* l = logits + r * ld;
+    const std::int32_t t = targets[r];
+    if (t == ignore_index || cols == 0) {
+      for (std::int64_t j = 0; j < cols; ++j) l[j] = 0.0f;
+      continue;
+    }
+    float m = l[0];
+    for (std::int64_t j = 1; j < cols; ++j) m = l[j] > m ? l[j] : m;
+    const float target_logit = l[t];
+    float s = 0.0f;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float e = std::exp(l[j] - m);
+      l[j] = e;
+      s += e;
+    }
+    const float lse = m + std::log(s);
+    loss += static_cast<double>(lse) - target_logit + static_cast<double>(z_loss) * lse * lse;
+    ++n;
+    // softmax = e / s; gradient = scale (1 + 2 z lse) softmax - scale onehot.
+    const float a = scale * (1.0f + 2.0f * z_loss * lse) / s;
+    for (std::int64_t j = 0; j < cols; ++j) l[j] *= a;
+    l[t] -= scale;
+  }
+  *count = n;
+  return loss;
+}
+
 }  // namespace peakbound::cpu
 
 namespace peakbound::cpu {

@@ -29,6 +29,16 @@ double cross_entropy_finish(const float* run_max, const float* run_sum, const fl
                             const std::int32_t* targets, std::int64_t rows, std::int32_t ignore_index,
                             float z_loss, float* lse, std::int64_t* count);
 
+// The fused form, for a block that holds the WHOLE vocabulary (cols = V, ids 0..V-1):
+// in place, logits -> scale * (softmax * (1 + 2 z lse) - onehot) (zero for ignored
+// rows), in three passes per row (max; exp(l - max) stored and summed; scaled) with one
+// exp per element. Returns the summed loss (lse - logit[target] + z lse^2, double) over
+// non-ignored rows and counts them in *count. The same math as lse_update +
+// gather_target_logit + cross_entropy_finish + cross_entropy_grad over one block.
+double cross_entropy_fused_grad(float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                                const std::int32_t* targets, std::int32_t ignore_index, float z_loss, float scale,
+                                std::int64_t* count);
+
 }  // namespace peakbound::cpu
 
 namespace peakbound::cpu {
