@@ -54,5 +54,26 @@ TEST(CudaKernels, CrossEntropyBlocksMatchCpu) {
   EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::fabs(loss[0]));
 }
 
+TEST(CudaKernels, FusedCrossEntropyGradMatchesCpu) {
+  PB_NEED_GPU();
+  // 300 rows: two launches of the CUDA op's row chunks; targets ignored every 7th row.
+  const std::int64_t rows = 300, cols = 1001, ld = 1003;
+  std::vector<float> targets(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t t = r % 7 == 3 ? -100 : static_cast<std::int32_t>((r * 131) % cols);
+    std::memcpy(&targets[static_cast<std::size_t>(r)], &t, sizeof t);
+  }
+  std::vector<double> loss(2);
+  std::vector<std::int64_t> count(2);
+  int which = 0;
+  same_on_both({randn(static_cast<std::size_t>(rows * ld), 1), targets}, [&](Device& dev, std::vector<Buffer>& b) {
+    const auto i = static_cast<std::size_t>(which++);
+    loss[i] = ops::cross_entropy_fused_grad(dev, dev.compute_stream(), f(b[0]), rows, cols, ld,
+                                            static_cast<const std::int32_t*>(b[1].data()), -100, 1e-4f, 0.25f, &count[i]);
+  }, 2e-5f, "fused cross-entropy");
+  EXPECT_EQ(count[1], count[0]);
+  EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::fabs(loss[0]));
+}
+
 }  // namespace
 }  // namespace peakbound

@@ -1,5 +1,7 @@
 #include "peakbound/ops/cross_entropy.h"
 
+#include <algorithm>
+
 #include "peakbound/kernels/cpu/cross_entropy.h"
 #include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cuda/cross_entropy.h"
@@ -66,6 +68,26 @@ double cross_entropy_finish(Device& dev, Stream& s, const float* run_max, const 
 double cross_entropy_fused_grad(Device& dev, Stream& s, float* logits, std::int64_t rows, std::int64_t cols,
                                 std::int64_t ld, const std::int32_t* targets, std::int32_t ignore_index, float z_loss,
                                 float scale, std::int64_t* count) {
+#ifdef PEAKBOUND_HAVE_CUDA
+  if (dev.backend() == Backend::cuda) {
+    // Row chunks that fit the device's result slot, summed here in row order.
+    double* slot = static_cast<CudaDevice&>(dev).result_slot();
+    double loss = 0;
+    std::int64_t n = 0;
+    for (std::int64_t r0 = 0; r0 < rows; r0 += cuda::kFusedRowsPerLaunch) {
+      const std::int64_t m = std::min(cuda::kFusedRowsPerLaunch, rows - r0);
+      cuda::cross_entropy_fused_grad(cuda_stream(dev, s), logits + r0 * ld, m, cols, ld, targets + r0, ignore_index,
+                                     z_loss, scale, slot);
+      dev.synchronize(s);
+      for (std::int64_t r = 0; r < m; ++r) {
+        loss += slot[r];
+        n += static_cast<std::int64_t>(slot[cuda::kFusedRowsPerLaunch + r]);
+      }
+    }
+    *count = n;
+    return loss;
+  }
+#endif
   if (dev.backend() != Backend::cpu) no_kernel(dev, "cross_entropy_fused_grad");
   double loss = 0;
   cpu::launch_and_wait(s, [&] {

@@ -1,6 +1,7 @@
 #include "peakbound/kernels/cuda/cross_entropy.h"
 
 #include <cmath>
+#include <string>
 
 #include "peakbound/kernels/cuda/launch.cuh"
 
@@ -92,6 +93,37 @@ __global__ void cross_entropy_finish_k(const float* run_max, const float* run_su
   }
 }
 
+__global__ void fused_grad_k(float* logits, std::int64_t cols, std::int64_t ld, const std::int32_t* targets,
+                             std::int32_t ignore_index, float z_loss, float scale, double* result) {
+  const std::int64_t r = blockIdx.x;
+  float* l = logits + r * ld;
+  const std::int32_t t = targets[r];
+  if (t == ignore_index || cols == 0) {
+    for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) l[j] = 0.0f;
+    if (threadIdx.x == 0) result[r] = 0.0, result[kFusedRowsPerLaunch + r] = 0.0;
+    return;
+  }
+  float m = -INFINITY;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, l[j]);
+  m = block_max(m);
+  const float target_logit = l[t];
+  __syncthreads();  // every thread has read l[t] before it is overwritten
+  double s = 0;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float e = expf(l[j] - m);
+    l[j] = e;
+    s += e;
+  }
+  const float sf = static_cast<float>(block_sum(s));
+  const float lse = m + logf(sf);
+  const float a = scale * (1.0f + 2.0f * z_loss * lse) / sf;
+  for (std::int64_t j = threadIdx.x; j < cols; j += blockDim.x) l[j] = l[j] * a - (j == t ? scale : 0.0f);
+  if (threadIdx.x == 0) {
+    result[r] = static_cast<double>(lse) - target_logit + static_cast<double>(z_loss) * lse * lse;
+    result[kFusedRowsPerLaunch + r] = 1.0;
+  }
+}
+
 __global__ void row_max_k(const float* logits, std::int64_t cols, std::int64_t ld, float* out) {
   const std::int64_t r = blockIdx.x;
   float m = -INFINITY;
@@ -152,6 +184,18 @@ void cross_entropy_finish(void* s, const float* run_max, const float* run_sum, c
   cross_entropy_finish_k<<<1, kThreads, 0, native(s)>>>(run_max, run_sum, target_logit, targets, rows, ignore_index,
                                                         z_loss, lse, result);
   check_launch("cross_entropy_finish");
+}
+
+void cross_entropy_fused_grad(void* s, float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                              const std::int32_t* targets, std::int32_t ignore_index, float z_loss, float scale,
+                              double* result) {
+  if (rows <= 0) return;
+  if (rows > kFusedRowsPerLaunch)
+    throw InvalidArgument("cuda cross_entropy_fused_grad: " + std::to_string(rows) + " rows in one launch, at most " +
+                          std::to_string(kFusedRowsPerLaunch));
+  fused_grad_k<<<static_cast<unsigned>(rows), kThreads, 0, native(s)>>>(logits, cols, ld, targets, ignore_index, z_loss,
+                                                                       scale, result);
+  check_launch("cross_entropy_fused_grad");
 }
 
 void row_max(void* s, const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld, float* out) {

@@ -26,6 +26,15 @@ void cross_entropy_finish(void* stream, const float* run_max, const float* run_s
                           const std::int32_t* targets, std::int64_t rows, std::int32_t ignore_index, float z_loss,
                           float* lse, double* result);
 
+// The fused form over a block holding the whole vocabulary (kernels/cpu/cross_entropy.h):
+// logits -> the gradient in place, one block per row; row r's loss goes to result[r] and
+// 1 or 0 (ignored) to result[kFusedRowsPerLaunch + r], for rows <= kFusedRowsPerLaunch:
+// the op launches it over row chunks and sums on the host in row order (deterministic).
+inline constexpr std::int64_t kFusedRowsPerLaunch = 256;
+void cross_entropy_fused_grad(void* stream, float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
+                              const std::int32_t* targets, std::int32_t ignore_index, float z_loss, float scale,
+                              double* result);
+
 void row_max(void* stream, const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld, float* row_max);
 void row_sum_exp(void* stream, const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                  const float* row_max, float* row_sum);
