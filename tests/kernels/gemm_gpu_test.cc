@@ -16,8 +16,6 @@
 namespace peakbound {
 namespace {
 
-constexpr std::uint64_t MiB = 1024 * 1024;
-
 struct Case {
   bool ta, tb;
   std::int64_t m, n, k, pad;
@@ -26,8 +24,8 @@ struct Case {
 
 TEST(CudaGemm, MatchesTheCpuBackend) {
   PB_NEED_GPU();
-  CudaDevice gpu(256 * MiB);
-  CpuDevice cpu(256 * MiB);
+  CudaDevice gpu(256 * testing::kMiB);
+  CpuDevice cpu(256 * testing::kMiB);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   for (Case c : {Case{false, false, 1, 1, 1, 0, 0}, Case{false, true, 33, 17, 65, 0, 0}, Case{true, false, 7, 129, 3, 2, 1},
@@ -40,20 +38,10 @@ TEST(CudaGemm, MatchesTheCpuBackend) {
     for (auto* v : {&a, &b, &c0})
       for (float& x : *v) x = nd(rng);
     auto run = [&](Device& dev) {
-      Buffer da = dev.allocate(Component::workspace, a.size() * 4 + 4), db = dev.allocate(Component::workspace, b.size() * 4 + 4),
-             dc = dev.allocate(Component::workspace, c0.size() * 4 + 4);
-      Stream& s = dev.copy_stream();
-      dev.memcpy_async(da.data(), a.data(), a.size() * 4, CopyKind::host_to_device, s);
-      dev.memcpy_async(db.data(), b.data(), b.size() * 4, CopyKind::host_to_device, s);
-      dev.memcpy_async(dc.data(), c0.data(), c0.size() * 4, CopyKind::host_to_device, s);
-      dev.wait(dev.compute_stream(), dev.record(s));
-      ops::gemm(dev, dev.compute_stream(), c.ta, c.tb, c.m, c.n, c.k, 0.75f, static_cast<float*>(da.data()), ac,
-                static_cast<float*>(db.data()), bc, c.beta, static_cast<float*>(dc.data()), ldc);
-      dev.wait(s, dev.record(dev.compute_stream()));
-      std::vector<float> out(c0.size());
-      dev.memcpy_async(out.data(), dc.data(), out.size() * 4, CopyKind::device_to_host, s);
-      dev.synchronize(s);
-      return out;
+      Buffer da = testing::upload(dev, a), db = testing::upload(dev, b), dc = testing::upload(dev, c0);
+      ops::gemm(dev, dev.compute_stream(), c.ta, c.tb, c.m, c.n, c.k, 0.75f, testing::f(da), ac, testing::f(db), bc,
+                c.beta, testing::f(dc), ldc);
+      return testing::download(dev, dc, c0.size());
     };
     const std::vector<float> want = run(cpu), got = run(gpu);
     for (std::size_t i = 0; i < want.size(); ++i)
