@@ -90,12 +90,14 @@ TEST(MemoryModel, BaselineEveryComponentByHand) {
   EXPECT_EQ(at(b, Phase::forward_mlp, Component::layer), 131072u + 8192u + 8192u);
   EXPECT_EQ(at(b, Phase::backward_attention, Component::layer), 3 * 65536u);  // + the incoming gradient
   // dispatch_footprint, standard EP, balanced: 1024 copies sent and received in one round;
-  // rows of H + 1 floats go out (x, expert id), H come back: send and recv 1024 x 65 x 2,
-  // back, out, x_grouped, out_grouped 1024 x 64 x 2, gate/up/act 1024 x 32 x 2.
-  EXPECT_EQ(at(b, Phase::forward_mlp, Component::dispatch), 2 * 133120u + 4 * 131072u + 3 * 65536u);
-  // backward: rows of 2H + 2 out (x, dy, gate weight, id), H + 1 back (dx, d weight); + dy_grouped.
+  // rows of H go out and come back: send, recv, back, out, x_grouped, out_grouped
+  // 1024 x 64 x 2, gate/up/act 1024 x 32 x 2, and the round's i64 indices
+  // (4 x 1024 + 1024 + 1) x 8 = 40968 -> 41216.
+  EXPECT_EQ(at(b, Phase::forward_mlp, Component::dispatch), 6 * 131072u + 3 * 65536u + 41216u);
+  // backward: rows of 2H + 1 out (x, dy, gate weight), H + 1 back (dx, d weight); + dy_grouped
+  // and the grouped gate weights and their gradients 2 x 1024 x 2.
   EXPECT_EQ(at(b, Phase::backward_mlp, Component::dispatch),
-            2 * 1024u * 130 * 2 + 2 * 1024u * 65 * 2 + 3 * 131072u + 3 * 65536u);
+            2 * 1024u * 129 * 2 + 2 * 1024u * 65 * 2 + 3 * 131072u + 3 * 65536u + 41216u + 4096u);
   // materialized_vocab_footprint, Megatron CE over P = 2 (N = 1024 gathered tokens, V/P = 500):
   // backward holds hidden [N, H] bf16, targets [N], fp32 logits [N, 500], lse [N], dHidden [N, H].
   EXPECT_EQ(at(b, Phase::loss, Component::vocab), 131072u + 4096u + 2048000u + 4096u + 131072u);
@@ -118,10 +120,11 @@ TEST(MemoryModel, ScheduledEveryComponentByHand) {
   EXPECT_EQ(at(s, Phase::backward_mlp, Component::checkpoints), 3 * 65536u);
   // dispatch_footprint at dispatch_sizes_estimate, cap 128: 1024 copies a source -> 8 rounds
   // of 128 sent, at most 128 + EP = 130 received (balanced: nothing spills), double-buffered:
-  // 2 (send 128 x 65 x 2 + recv 130 x 65 x 2 (16900 -> 17152) + back 128 x 64 x 2 + out 130 x 64 x 2)
-  // + x_grouped and out_grouped 130 x 64 x 2 + gate/up/act 130 x 32 x 2 (8320 -> 8448).
+  // 2 (send 128 x 64 x 2 + recv 130 x 64 x 2 + back 128 x 64 x 2 + out 130 x 64 x 2 + the i64
+  // indices (4 x 128 + 130 + 1) x 8 = 5144 -> 5376) + x_grouped and out_grouped 130 x 64 x 2
+  // + gate/up/act 130 x 32 x 2 (8320 -> 8448).
   EXPECT_EQ(at(s, Phase::forward_mlp, Component::dispatch),
-            2 * (16640u + 17152u + 16384u + 16640u) + 2 * 16640u + 3 * 8448u);
+            2 * (16384u + 16640u + 16384u + 16640u + 5376u) + 2 * 16640u + 3 * 8448u);
   // ring_dtp_footprint, weights mode (T = 512 >= V/P = 500 rows), chunk 64, backward: lse [T]
   // fp32, a [64, 500] fp32 block, the partial dW [500, 64] bf16, and the travelling shard and
   // dW accumulator, each double-buffered.

@@ -22,10 +22,13 @@ TEST(MoeDispatchFootprint, PhasesFromTheBuffers) {
   DispatchSizes z;
   z.max_sent = 300, z.max_received = 500, z.foreign = 1;
   const Footprint f = dispatch_footprint(s, z, 4);
-  // forward: x | id rows out and in, results back, 3 FFN intermediates and x/out grouped.
-  const std::uint64_t fwd = arena_reserved(300 * 65 * 4) + arena_reserved(500 * 65 * 4) + arena_reserved(300 * 64 * 4) +
-                            arena_reserved(500 * 64 * 4) + 2 * arena_reserved(500 * 64 * 4) +
-                            3 * arena_reserved(500 * 96 * 4) + arena_reserved(3 * 64 * 96 * 4);
+  // forward: x rows out and in, results back, the round's i64 indices (300 packed, 500
+  // grouped, 300 unpacked with their order and 301 segment starts), 3 FFN intermediates
+  // and x/out grouped.
+  const std::uint64_t fwd = arena_reserved(300 * 64 * 4) + arena_reserved(500 * 64 * 4) + arena_reserved(300 * 64 * 4) +
+                            arena_reserved(500 * 64 * 4) + arena_reserved((4 * 300 + 500 + 1) * 8) +
+                            2 * arena_reserved(500 * 64 * 4) + 3 * arena_reserved(500 * 96 * 4) +
+                            arena_reserved(3 * 64 * 96 * 4);
   EXPECT_EQ(dispatch_of(f, "forward"), fwd);
   EXPECT_GT(dispatch_of(f, "backward"), dispatch_of(f, "forward"));
   EXPECT_EQ(f.device_peak(Component::dispatch), dispatch_of(f, "backward"));
@@ -37,12 +40,15 @@ TEST(MoeDispatchFootprint, ElementSizeAndDoubleBuffering) {
   DispatchSizes z;
   z.max_sent = 1024, z.max_received = 1280;  // every buffer a multiple of 256 bytes at 2 and 4
   const Footprint f4 = dispatch_footprint(s, z, 4), f2 = dispatch_footprint(s, z, 2);
-  EXPECT_EQ(dispatch_of(f4, "forward"), 2 * dispatch_of(f2, "forward"));  // all multiples of 256 here
+  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
+  // Every float buffer halves at 2 bytes (all multiples of 256 here); the i64 indices do not.
+  const std::uint64_t idx = b.indices.reserved();
+  EXPECT_EQ(idx, arena_reserved((4 * 1024 + 1280 + 1) * 8));
+  EXPECT_EQ(dispatch_of(f4, "forward") - idx, 2 * (dispatch_of(f2, "forward") - idx));
   DispatchSizes zz = z;
   zz.double_buffered = true;
-  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
   EXPECT_EQ(dispatch_of(dispatch_footprint(s, zz, 4), "forward") - dispatch_of(f4, "forward"),
-            b.send.reserved() + b.recv.reserved() + b.back.reserved() + b.out.reserved());
+            b.send.reserved() + b.recv.reserved() + b.back.reserved() + b.out.reserved() + idx);
 }
 
 TEST(MoeDispatchFootprint, LendExchangeCanBeThePeak) {
@@ -51,7 +57,8 @@ TEST(MoeDispatchFootprint, LendExchangeCanBeThePeak) {
   z.max_sent = 2, z.max_received = 2, z.lent = 10;  // lends 10 experts, holds none, few rows
   const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::forward, 4);
   ASSERT_GT(b.lend_bytes(), b.rounds_bytes());
-  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "forward"), arena_reserved(10ull * 3 * 128 * 256 * 4));
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "forward"),
+            arena_reserved(10ull * 3 * 128 * 256 * 4) + arena_reserved(10 * 8));  // the weights and their slots
   // Backward holds the returning gradients with the rounds: never the lend exchange alone.
   const DispatchBuffers bb = dispatch_buffers(s, z, DispatchPass::backward, 4);
   EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "backward"), bb.rounds_bytes());

@@ -97,11 +97,17 @@ void MoeDispatch::run(Pass& p) {
   const std::int64_t EF = s_.expert_floats();
   Stream& cs = dev_.compute_stream();
 
-  // 1. Counts per (source, expert), gathered so every rank derives the same plan.
+  // 1. Counts per (source, expert), gathered so every rank derives the same plan. The
+  //    router wrote the expert ids on the device; the plan is made on the host.
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T * K));
+  if (T) {
+    dev_.memcpy_async(ids.data(), p.ids, ids.size() * sizeof(std::int32_t), CopyKind::device_to_host, cs);
+    dev_.synchronize(cs);
+  }
   std::int64_t bad = -1;
   std::vector<std::vector<std::int64_t>> by_expert(static_cast<std::size_t>(E));
   for (std::int64_t c = 0; c < T * K; ++c) {
-    std::int32_t e = p.ids[c];
+    std::int32_t e = ids[static_cast<std::size_t>(c)];
     if (e < 0 || e >= E) {
       bad = c;
       break;
@@ -111,7 +117,7 @@ void MoeDispatch::run(Pass& p) {
   std::int64_t any_bad = bad >= 0;
   g_.all_reduce(&any_bad, 1, DType::i64, ReduceOp::max);
   if (bad >= 0)
-    throw InvalidArgument("moe dispatch: expert id " + std::to_string(p.ids[bad]) + " of token " +
+    throw InvalidArgument("moe dispatch: expert id " + std::to_string(ids[static_cast<std::size_t>(bad)]) + " of token " +
                           std::to_string(bad / K) + " is outside [0, " + std::to_string(E) + ")");
   if (any_bad) throw InvalidArgument("moe dispatch: an expert id on another rank is out of range");
   std::vector<std::int64_t> mine(static_cast<std::size_t>(E)), all(static_cast<std::size_t>(P * E));
@@ -157,8 +163,10 @@ void MoeDispatch::run(Pass& p) {
   for (const auto& sp : plan.spills)
     if (sp.helper == r) wrc[static_cast<std::size_t>(sp.owner)] += static_cast<std::size_t>(EF);
   if (!plan.spills.empty()) {
-    Buffer wsend = alloc(bufs.lend_send);
-    ops::moe_gather_rows(dev_, cs, wsend.as<float>(), p.params, lent.data(), static_cast<std::int64_t>(lent.size()), EF);
+    Buffer wsend = alloc(bufs.lend_send), windex = alloc(bufs.lend_index);
+    dev_.memcpy_async(windex.data(), lent.data(), lent.size() * sizeof(std::int64_t), CopyKind::host_to_device, cs);
+    ops::moe_gather_rows(dev_, cs, wsend.as<float>(), p.params, windex.as<std::int64_t>(),
+                         static_cast<std::int64_t>(lent.size()), EF);
     dev_.synchronize(cs);
     g_.all_to_all_v(wsend.data(), wsc, prefix(wsc), fweights.data(), wrc, prefix(wrc), DType::f32);
   }
@@ -179,25 +187,53 @@ void MoeDispatch::run(Pass& p) {
   // 4. Round buffers, sized once for the largest round and reused. Pipelined rounds
   //    double-buffer the exchange so round i+1's dispatch and round i-1's combine run on
   //    the communication stream while round i's experts compute.
-  const std::int64_t win = p.backward ? 2 * H + 2 : H + 1;  // x [, dy, w], expert id
+  const std::int64_t win = p.backward ? 2 * H + 1 : H;  // x [, dy, w]
   const std::int64_t wout = p.backward ? H + 1 : H;          // dx, dw | out
   const std::int64_t mr = sizes.max_received;
   const bool overlap = sizes.double_buffered;
   const int nbuf = bufs.exchange_copies;
-  Buffer sendbuf[2], recvbuf[2], backbuf[2], outbuf[2];
+  Buffer sendbuf[2], recvbuf[2], backbuf[2], outbuf[2], idxbuf[2];
   for (int b = 0; b < nbuf; ++b) {
     sendbuf[b] = alloc(bufs.send);
     recvbuf[b] = alloc(bufs.recv);
     backbuf[b] = alloc(bufs.back);
     outbuf[b] = alloc(bufs.out);
+    idxbuf[b] = alloc(bufs.indices);
   }
-  Buffer xg = alloc(bufs.x_grouped), dyg = alloc(bufs.dy_grouped), gate = alloc(bufs.gate), up = alloc(bufs.up),
-         act = alloc(bufs.act), outg = alloc(bufs.out_grouped);
-  // Host scratch: the grouping permutation, slot boundaries, gate weights and their
-  // gradients of one round, and the copies a packed / unpacked round carries.
-  std::vector<std::int64_t> perm(static_cast<std::size_t>(mr)), slot_rows(static_cast<std::size_t>(slots + 1));
-  std::vector<float> wg(static_cast<std::size_t>(mr)), dwg(static_cast<std::size_t>(mr));
-  std::vector<std::int64_t> pack_copies, unpack_copies;
+  Buffer xg = alloc(bufs.x_grouped), dyg = alloc(bufs.dy_grouped), gw = alloc(bufs.gate_weights),
+         gate = alloc(bufs.gate), up = alloc(bufs.up), act = alloc(bufs.act), outg = alloc(bufs.out_grouped);
+  float* wg = p.backward ? gw.as<float>() : nullptr;  // grouped gate weights [mr], then their gradients [mr]
+  float* dwg = p.backward ? gw.as<float>() + mr : nullptr;
+  // A round's indices, built on the host and staged into idxbuf[b] (same layout): the
+  // copies packed [ms] | the grouping permutation [mr] | the copies unpacked [ms], their
+  // order by token [ms] and its segment starts [ms + 1]. A host region is rebuilt only
+  // after the copy that staged it last has completed (the same round's exchange has).
+  const std::int64_t ms = sizes.max_sent;
+  const std::int64_t at_perm = ms, at_unpack = ms + mr, at_order = 2 * ms + mr, at_starts = 3 * ms + mr;
+  std::vector<std::int64_t> host_idx[2];
+  for (int b = 0; b < nbuf; ++b) host_idx[b].resize(static_cast<std::size_t>(4 * ms + mr + 1));
+  auto stage = [&](int b, std::int64_t at, std::int64_t n) {
+    std::int64_t* dst = idxbuf[b].as<std::int64_t>() + at;
+    dev_.memcpy_async(dst, host_idx[b].data() + at, static_cast<std::uint64_t>(n) * sizeof(std::int64_t),
+                      CopyKind::host_to_device, cs);
+    return static_cast<const std::int64_t*>(dst);
+  };
+  std::vector<std::int64_t> slot_rows(static_cast<std::size_t>(slots + 1));
+  std::vector<std::int64_t> round_slot(static_cast<std::size_t>(mr));
+
+  // from[q * E + e]: copies of expert e that source q sends this rank over the pass. A
+  // source's block to d is in expert order, so with the round slices these give the
+  // expert of every received row without reading the rows.
+  std::vector<std::int64_t> from(static_cast<std::size_t>(P * E), 0);
+  for (std::int64_t e = 0; e < E; ++e) {
+    std::int64_t g0 = 0;
+    for (int q = 0; q < P; ++q) {
+      const std::int64_t g1 = g0 + plan.count(q, e);
+      for (const MoePlan::Piece& pc : plan.pieces[static_cast<std::size_t>(e)])
+        if (pc.dest == r) from[static_cast<std::size_t>(q * E + e)] += std::max<std::int64_t>(0, std::min(g1, pc.end) - std::max(g0, pc.begin));
+      g0 = g1;
+    }
+  }
 
   if (T) ops::fill(dev_, cs, p.backward ? p.dx : p.y, T * H, 0.0f);
 
@@ -218,38 +254,57 @@ void MoeDispatch::run(Pass& p) {
     auto [sc, rc] = counts(i, true);
     g_.all_to_all_v(outbuf[i % nbuf].data(), sc, prefix(sc), backbuf[i % nbuf].data(), rc, prefix(rc), DType::f32);
   };
-  // The copies of this round's slice of every (this rank, d) block, in send order.
-  auto round_copies = [&](int i, std::vector<std::int64_t>& out) {
-    out.clear();
+  // This round's slice of every (this rank, d) block, in send order, into dst; returns its length.
+  auto round_copies = [&](int i, std::int64_t* dst) {
+    std::int64_t n = 0;
     for (int d = 0; d < P; ++d) {
       const auto& list = to[static_cast<std::size_t>(d)];
-      out.insert(out.end(), list.begin() + plan.slice_begin(r, d, i), list.begin() + plan.slice_begin(r, d, i + 1));
+      for (std::int64_t j = plan.slice_begin(r, d, i); j < plan.slice_begin(r, d, i + 1); ++j)
+        dst[n++] = list[static_cast<std::size_t>(j)];
     }
+    PB_CHECK(n <= ms);
+    return n;
   };
 
   // a. Pack this round's slice of every (this rank, d) block.
   auto pack = [&](int i) {
-    round_copies(i, pack_copies);
-    ops::moe_pack_rows(dev_, cs, sendbuf[i % nbuf].as<float>(), win, pack_copies.data(),
-                       static_cast<std::int64_t>(pack_copies.size()), K, H, p.x, p.backward ? p.dy : nullptr, p.w, p.ids);
+    const int b = i % nbuf;
+    const std::int64_t n = round_copies(i, host_idx[b].data());
+    ops::moe_pack_rows(dev_, cs, sendbuf[b].as<float>(), win, stage(b, 0, n), n, K, H, p.x,
+                       p.backward ? p.dy : nullptr, p.w);
   };
 
   // b. The experts of this rank on one round's received rows.
   auto compute = [&](int i) {
-    // Group the received rows by expert slot (counting sort, stable).
+    const int b = i % nbuf;
+    // The expert slot of every received row (sources in rank order, each source's slice
+    // in expert order), then the rows grouped by slot (counting sort, stable).
     const std::int64_t n = plan.received(r, i);
-    const float* rb = recvbuf[i % nbuf].as<float>();
-    std::fill(slot_rows.begin(), slot_rows.end(), 0);
-    std::vector<std::int64_t> slot(static_cast<std::size_t>(n));
-    for (std::int64_t q = 0; q < n; ++q) {
-      slot[static_cast<std::size_t>(q)] = slot_of(static_cast<std::int64_t>(rb[q * win + win - 1]));
-      ++slot_rows[static_cast<std::size_t>(slot[static_cast<std::size_t>(q)] + 1)];
+    std::int64_t q = 0;
+    for (int src = 0; src < P; ++src) {
+      const std::int64_t a = plan.slice_begin(src, r, i), z = plan.slice_begin(src, r, i + 1);
+      std::int64_t at = 0;
+      for (std::int64_t e = 0; e < E && at < z; ++e) {
+        const std::int64_t k = from[static_cast<std::size_t>(src * E + e)];
+        const std::int64_t lo = std::max(a, at), hi = std::min(z, at + k);
+        if (hi > lo) {
+          const std::int64_t sl = slot_of(e);
+          PB_CHECK(q + (hi - lo) <= n);
+          for (std::int64_t j = lo; j < hi; ++j) round_slot[static_cast<std::size_t>(q++)] = sl;
+        }
+        at += k;
+      }
     }
+    PB_CHECK_MSG(q == n, "moe dispatch: the plan's received rows do not match its slices");
+    std::fill(slot_rows.begin(), slot_rows.end(), 0);
+    for (std::int64_t j = 0; j < n; ++j) ++slot_rows[static_cast<std::size_t>(round_slot[static_cast<std::size_t>(j)] + 1)];
     std::partial_sum(slot_rows.begin(), slot_rows.end(), slot_rows.begin());
     std::vector<std::int64_t> fill(slot_rows.begin(), slot_rows.end() - 1);
-    for (std::int64_t q = 0; q < n; ++q) perm[static_cast<std::size_t>(fill[static_cast<std::size_t>(slot[static_cast<std::size_t>(q)])]++)] = q;
-    ops::moe_group_rows(dev_, cs, xg.as<float>(), p.backward ? dyg.as<float>() : nullptr, wg.data(), rb, win, perm.data(),
-                        n, H);
+    std::int64_t* perm = host_idx[b].data() + at_perm;
+    for (std::int64_t j = 0; j < n; ++j) perm[fill[static_cast<std::size_t>(round_slot[static_cast<std::size_t>(j)])]++] = j;
+    const std::int64_t* dperm = stage(b, at_perm, n);
+    const float* rb = recvbuf[b].as<float>();
+    ops::moe_group_rows(dev_, cs, xg.as<float>(), p.backward ? dyg.as<float>() : nullptr, wg, rb, win, dperm, n, H);
     // Expert FFNs, one contiguous segment per slot.
     for (std::int64_t sl = 0; sl < slots; ++sl) {
       const std::int64_t a = slot_rows[static_cast<std::size_t>(sl)], m = slot_rows[static_cast<std::size_t>(sl + 1)] - a;
@@ -263,21 +318,32 @@ void MoeDispatch::run(Pass& p) {
       if (!p.backward) continue;
       // dw = dy . out; dout = w dy (in place over dy); then the FFN's backward, dx into O.
       float* DY = dyg.as<float>() + a * H;
-      ops::moe_dot_scale_rows(dev_, cs, dwg.data() + a, DY, O, wg.data() + a, m, H);
+      ops::moe_dot_scale_rows(dev_, cs, dwg + a, DY, O, wg + a, m, H);
       float* dW = grads_of(sl);
       swiglu_ffn_backward(dev_, cs, m, H, F, X, w, DY, G, U, A, SwigluFfnGrads{dW, dW + F * H, dW + 2 * F * H}, O,
                           false);
     }
     // Results back into arrival order, ready to go home.
-    ops::moe_ungroup_rows(dev_, cs, outbuf[i % nbuf].as<float>(), wout, outg.as<float>(),
-                          p.backward ? dwg.data() : nullptr, perm.data(), n, H);
+    ops::moe_ungroup_rows(dev_, cs, outbuf[b].as<float>(), wout, outg.as<float>(), dwg, dperm, n, H);
   };
 
-  // c. Combine at the source.
+  // c. Combine at the source, token by token (the rows of one token in arrival order).
   auto unpack = [&](int i) {
-    round_copies(i, unpack_copies);
-    ops::moe_unpack_rows(dev_, cs, backbuf[i % nbuf].as<float>(), wout, unpack_copies.data(),
-                         static_cast<std::int64_t>(unpack_copies.size()), K, H, p.backward ? nullptr : p.y, p.w,
+    const int b = i % nbuf;
+    std::int64_t* copies = host_idx[b].data() + at_unpack;
+    std::int64_t* order = host_idx[b].data() + at_order;
+    std::int64_t* starts = host_idx[b].data() + at_starts;
+    const std::int64_t n = round_copies(i, copies);
+    std::iota(order, order + n, std::int64_t{0});
+    std::stable_sort(order, order + n, [&](std::int64_t u, std::int64_t v) { return copies[u] / K < copies[v] / K; });
+    std::int64_t segments = 0;
+    for (std::int64_t j = 0; j < n; ++j)
+      if (j == 0 || copies[order[j]] / K != copies[order[j - 1]] / K) starts[segments++] = j;
+    starts[segments] = n;
+    // One staging copy for the three adjacent regions (copies, order, starts).
+    const std::int64_t* dcopies = stage(b, at_unpack, at_starts + segments + 1 - at_unpack);
+    ops::moe_unpack_rows(dev_, cs, backbuf[b].as<float>(), wout, dcopies, dcopies + (at_order - at_unpack),
+                         dcopies + (at_starts - at_unpack), segments, K, H, p.backward ? nullptr : p.y, p.w,
                          p.backward ? p.dx : nullptr, p.dw);
   };
 

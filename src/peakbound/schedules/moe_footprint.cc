@@ -100,16 +100,17 @@ BufferSpec rows(std::int64_t n, std::int64_t width, std::uint64_t elem_bytes) {
 
 std::uint64_t DispatchBuffers::lend_bytes() const {
   std::uint64_t t = 0;
-  for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &lend_send}) t = checked_add(t, b->reserved());
+  for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &lend_send, &lend_index})
+    t = checked_add(t, b->reserved());
   return t;
 }
 
 std::uint64_t DispatchBuffers::rounds_bytes() const {
   std::uint64_t t = 0;
-  for (const BufferSpec* b : {&send, &recv, &back, &out})
+  for (const BufferSpec* b : {&send, &recv, &back, &out, &indices})
     t = checked_add(t, checked_mul(b->reserved(), static_cast<std::uint64_t>(exchange_copies)));
-  for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &x_grouped, &dy_grouped, &gate, &up, &act,
-                              &out_grouped, &grad_return})
+  for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &x_grouped, &dy_grouped, &gate_weights, &gate, &up,
+                              &act, &out_grouped, &grad_return})
     t = checked_add(t, b->reserved());
   return t;
 }
@@ -119,18 +120,21 @@ DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sz,
   PB_CHECK(shape.hidden >= 1 && shape.ffn >= 1 && elem_bytes >= 1);
   const bool bwd = pass == DispatchPass::backward;
   const std::int64_t H = shape.hidden, F = shape.ffn, EF = shape.expert_floats();
-  const std::int64_t win = bwd ? 2 * H + 2 : H + 1;  // x [, dy, gate weight], expert id
+  const std::int64_t win = bwd ? 2 * H + 1 : H;  // x [, dy, gate weight]
   const std::int64_t wout = bwd ? H + 1 : H;         // dx, d gate weight | out
   const std::int64_t ms = sz.max_sent, mr = sz.max_received;
   DispatchBuffers b;
   b.foreign_weights = rows(sz.foreign, EF, elem_bytes);
   b.foreign_grads = rows(bwd ? sz.foreign : 0, EF, elem_bytes);
   b.lend_send = rows(sz.lent, EF, elem_bytes);
+  b.lend_index = rows(sz.lent, 1, sizeof(std::int64_t));
   b.exchange_copies = sz.double_buffered ? 2 : 1;
   b.send = rows(ms, win, elem_bytes);
   b.recv = rows(mr, win, elem_bytes);
   b.back = rows(ms, wout, elem_bytes);
   b.out = rows(mr, wout, elem_bytes);
+  b.indices = rows(4 * ms + mr + 1, 1, sizeof(std::int64_t));
+  b.gate_weights = rows(bwd ? 2 * mr : 0, 1, elem_bytes);
   b.x_grouped = rows(mr, H, elem_bytes);
   b.dy_grouped = rows(bwd ? mr : 0, H, elem_bytes);
   b.gate = rows(mr, F, elem_bytes);
@@ -157,12 +161,13 @@ Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, 
     const DispatchBuffers b = dispatch_buffers(shape, sizes, pass, elem_bytes);
     f.device(phase, b.foreign_weights).device(phase, b.foreign_grads);
     if (b.lend_bytes() > b.rounds_bytes()) {
-      f.device(phase, b.lend_send);
+      f.device(phase, b.lend_send).device(phase, b.lend_index);
       continue;
     }
-    for (const BufferSpec* x : {&b.send, &b.recv, &b.back, &b.out})
+    for (const BufferSpec* x : {&b.send, &b.recv, &b.back, &b.out, &b.indices})
       f.device(phase, *x, static_cast<std::uint64_t>(b.exchange_copies));
-    for (const BufferSpec* x : {&b.x_grouped, &b.dy_grouped, &b.gate, &b.up, &b.act, &b.out_grouped, &b.grad_return})
+    for (const BufferSpec* x :
+         {&b.x_grouped, &b.dy_grouped, &b.gate_weights, &b.gate, &b.up, &b.act, &b.out_grouped, &b.grad_return})
       f.device(phase, *x);
   }
   return f;

@@ -11,9 +11,11 @@
 //   dispatch_footprint  phases "forward" and "backward": what is live together at each
 //                   pass's peak (a pass first exchanges lent weights, then runs its rounds).
 //
-// Host scratch (plain std::vector, not device memory, not in the footprint): the copy
-// lists per expert and per destination (~ tokens x top-k indices), the slot permutation
-// and gate weights of a round (~ max_received), the plan itself (ep^2 x rounds slices).
+// Host scratch (plain std::vector, not device memory, not in the footprint): the expert
+// ids read back from the device and the copy lists per expert and per destination
+// (~ tokens x top-k), the staging of each round's indices (the size of `indices`), the
+// plan itself (ep^2 x rounds slices). Everything a kernel reads, the indices included,
+// is one of the device buffers below.
 #pragma once
 
 #include <cstdint>
@@ -55,15 +57,22 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
 struct DispatchBuffers {
   // Lent weights: held for the whole pass; their gradients in backward.
   BufferSpec foreign_weights, foreign_grads;
-  // The owner's staging of the weights it lends (freed before the rounds start).
-  BufferSpec lend_send;
+  // The owner's staging of the weights it lends and their local slots (i64), freed
+  // before the rounds start.
+  BufferSpec lend_send, lend_index;
   // Round exchange, `exchange_copies` of each (2 when double-buffered). Rows carry
-  // [x | expert id] forward, [x | dy | gate weight | expert id] backward, and come
-  // back as [out] forward, [dx | d gate weight] backward.
+  // [x] forward, [x | dy | gate weight] backward, and come back as [out] forward,
+  // [dx | d gate weight] backward. No row carries its expert id: the receiver derives
+  // every row's expert from the plan.
   BufferSpec send, recv, back, out;
+  // A round's indices (i64), one per exchange copy: the copies packed (max_sent), the
+  // grouping permutation (max_received), the copies unpacked with their order by token
+  // and its segment starts (3 x max_sent + 1).
+  BufferSpec indices;
   int exchange_copies = 1;
-  // Expert compute on one round's rows grouped by expert.
-  BufferSpec x_grouped, dy_grouped, gate, up, act, out_grouped;
+  // Expert compute on one round's rows grouped by expert; backward also the grouped
+  // gate weights and their gradients (2 x max_received).
+  BufferSpec x_grouped, dy_grouped, gate_weights, gate, up, act, out_grouped;
   // Backward: the helpers' weight gradients arriving back at the owner.
   BufferSpec grad_return;
 

@@ -13,7 +13,7 @@ void moe_gather_rows(float* dst, const float* src, const std::int64_t* rows, std
 }
 
 void moe_pack_rows(float* dst, std::int64_t width, const std::int64_t* copies, std::int64_t n, std::int64_t K,
-                   std::int64_t H, const float* x, const float* dy, const float* w, const std::int32_t* ids) {
+                   std::int64_t H, const float* x, const float* dy, const float* w) {
   for (std::int64_t q = 0; q < n; ++q) {
     const std::int64_t c = copies[q], t = c / K;
     float* row = dst + q * width;
@@ -22,7 +22,6 @@ void moe_pack_rows(float* dst, std::int64_t width, const std::int64_t* copies, s
       std::memcpy(row + H, dy + t * H, bytes(H));
       row[2 * H] = w[c];
     }
-    row[width - 1] = static_cast<float>(ids[c]);
   }
 }
 
@@ -57,19 +56,22 @@ void moe_dot_scale_rows(float* dw, float* dy, const float* o, const float* w, st
   }
 }
 
-void moe_unpack_rows(const float* src, std::int64_t width, const std::int64_t* copies, std::int64_t n, std::int64_t K,
-                     std::int64_t H, float* y, const float* w, float* dx, float* dw) {
-  for (std::int64_t q = 0; q < n; ++q) {
-    const std::int64_t c = copies[q], t = c / K;
-    const float* row = src + q * width;
-    if (dx) {
-      float* d = dx + t * H;
-      for (std::int64_t k = 0; k < H; ++k) d[k] += row[k];
-      dw[c] = row[H];
-    } else {
-      float* yt = y + t * H;
-      const float wc = w[c];
-      for (std::int64_t k = 0; k < H; ++k) yt[k] += wc * row[k];
+void moe_unpack_rows(const float* src, std::int64_t width, const std::int64_t* copies, const std::int64_t* order,
+                     const std::int64_t* starts, std::int64_t segments, std::int64_t K, std::int64_t H, float* y,
+                     const float* w, float* dx, float* dw) {
+  for (std::int64_t sg = 0; sg < segments; ++sg) {
+    for (std::int64_t j = starts[sg]; j < starts[sg + 1]; ++j) {
+      const std::int64_t q = order[j], c = copies[q], t = c / K;
+      const float* row = src + q * width;
+      if (dx) {
+        float* d = dx + t * H;
+        for (std::int64_t k = 0; k < H; ++k) d[k] += row[k];
+        dw[c] = row[H];
+      } else {
+        float* yt = y + t * H;
+        const float wc = w[c];
+        for (std::int64_t k = 0; k < H; ++k) yt[k] += wc * row[k];
+      }
     }
   }
 }
