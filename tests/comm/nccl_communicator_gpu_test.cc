@@ -2,7 +2,7 @@
 // NCCL initialises, and the collectives move device buffers with the single-rank
 // semantics (all_reduce leaves the data, all_gather and all_to_all_v copy it, a split
 // gives a working sub-communicator). Multi-rank NCCL needs several GPUs; these run on
-// one. Skips without a GPU (or in a build without NCCL).
+// one; host buffers go over the bootstrap. Skips without a GPU (or in a build without NCCL).
 #include <numeric>
 
 #include "tests/device/gpu_test_util.h"
@@ -39,6 +39,13 @@ TEST(NcclCommunicator, OneRankCollectivesMoveDeviceBuffers) {
   sub->broadcast(a.data(), 1000, DType::f32, 0);
   EXPECT_EQ(testing::download(dev, a, 1000), v);
   EXPECT_THROW(comm.broadcast(a.data(), 10, DType::f32, 3), InvalidArgument);
+  // Host buffers (a schedule's counts) go over the bootstrap; a host/GPU mix is refused.
+  std::int64_t counts_host[2] = {7, 9}, gathered[2] = {0, 0};
+  comm.all_reduce(counts_host, 2, DType::i64, ReduceOp::max);
+  comm.all_gather(counts_host, gathered, 2, DType::i64);
+  EXPECT_EQ(gathered[0], 7);
+  EXPECT_EQ(gathered[1], 9);
+  EXPECT_THROW(comm.all_gather(a.data(), v.data(), 10, DType::f32), InvalidArgument);
 #endif
 }
 

@@ -7,7 +7,6 @@
 #include "peakbound/bench/harness.h"
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
-#include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/bench/optimizer_bandwidth.h"
 #include "peakbound/schedules/optimizer_offload.h"
 #include "peakbound/schedules/optimizer_footprint.h"
@@ -48,12 +47,14 @@ struct Inputs {
   Buffer grads;    // host, grad dtype [n]
 };
 
-// One schedule on its own CPU device (so its Arena measures only its own peaks),
-// with its own copy of the parameters and gradients.
+// One schedule on its own device (so its Arena measures only its own peaks), with its
+// own copy of the parameters and gradients, and its host memory on the device's pages
+// (pinned on a GPU).
 struct Case {
   std::string name;
-  std::unique_ptr<CpuDevice> dev;
-  HostMemory host;
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<HostMemory> host_memory;  // after dev: released before it
+  HostMemory& host() { return *host_memory; }
   SingleRankCommunicator comm;
   Buffer params, grads;
   std::unique_ptr<OptimizerSchedule> sched;
@@ -70,7 +71,7 @@ std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOpt
   const auto n = static_cast<std::uint64_t>(o.params);
   const std::uint64_t pbytes = n * dtype_size(o.param_dtype), gbytes = n * dtype_size(o.grad_dtype);
   // The device holds the shard's parameters and gradients plus the schedule's own
-  // footprint (the CpuDevice adds the Arena's stagger reserve on top).
+  // footprint (the device adds the Arena's stagger reserve on top).
   const OptimizerShape shape{n, dtype_size(o.param_dtype), dtype_size(o.grad_dtype), 4, 4, 4};
   OptimizerOptions so;
   so.adam.max_grad_norm = o.max_grad_norm;
@@ -78,11 +79,13 @@ std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOpt
   so.simd = o.simd;
   const Footprint fp = optimizer_footprint(name, shape, so);
   const std::uint64_t budget = arena_reserved(pbytes) + arena_reserved(gbytes) + fp.device_peak_total();
-  c->dev = std::make_unique<CpuDevice>(budget, "cpu:" + name);
+  c->dev = make_device(o.device, budget, "cpu:" + name);
+  c->host_memory = std::make_unique<HostMemory>(MemoryLedger::kUnlimited, "host", c->dev->host_pages());
   c->params = c->dev->allocate(Component::params, pbytes);
   c->grads = c->dev->allocate(Component::grads, gbytes);
-  std::memcpy(c->grads.data(), in.grads.data(), gbytes);
-  c->sched = make_optimizer_schedule(name, {*c->dev, c->host, pool, c->comm},
+  c->dev->memcpy_async(c->grads.data(), in.grads.data(), gbytes, CopyKind::host_to_device, c->dev->copy_stream());
+  c->dev->synchronize(c->dev->copy_stream());
+  c->sched = make_optimizer_schedule(name, {*c->dev, c->host(), pool, c->comm},
                                      {c->params.data(), o.param_dtype, c->grads.data(), o.grad_dtype, o.params}, so);
   c->sched->load(in.master0.as<float>());
   return c;
@@ -108,17 +111,21 @@ json finish(Case& c) {
   }
   std::sort(secs.begin(), secs.end());
   {
-    Buffer master = c.host.allocate(Component::workspace, n * 4), m = c.host.allocate(Component::workspace, n * 4),
-           v = c.host.allocate(Component::workspace, n * 4);
+    const std::uint64_t pbytes = n * dtype_size(sh.param_dtype);
+    Buffer master = c.host().allocate(Component::workspace, n * 4), m = c.host().allocate(Component::workspace, n * 4),
+           v = c.host().allocate(Component::workspace, n * 4), params = c.host().allocate(Component::workspace, pbytes);
     c.sched->read_state(master.as<float>(), m.as<float>(), v.as<float>());
-    c.state_hash = fnv1a(c.params.data(), n * dtype_size(sh.param_dtype),
+    c.dev->memcpy_async(params.data(), c.params.data(), pbytes, CopyKind::device_to_host, c.dev->copy_stream());
+    c.dev->synchronize(c.dev->copy_stream());
+    c.state_hash = fnv1a(params.data(), pbytes,
                          fnv1a(v.data(), n * 4, fnv1a(m.data(), n * 4, fnv1a(master.data(), n * 4))));
   }
   json j = {{"name", c.name},
             {"optimizer_device_bytes", c.dev->arena().peak(Component::optimizer)},
             {"device_peak_bytes", c.dev->arena().peak()},
-            {"host_optimizer_bytes", c.host.peak(Component::optimizer)},
-            {"host_staging_bytes", c.host.peak(Component::comm)},
+            {"host_optimizer_bytes", c.host().peak(Component::optimizer)},
+            {"host_staging_bytes", c.host().peak(Component::comm)},
+            {"host_pages", c.host().pages_kind()},
             {"step_seconds", c.best.step_seconds},
             {"step_seconds_median", secs[secs.size() / 2]},
             {"clip_seconds", c.best.clip_seconds},
@@ -171,7 +178,8 @@ json run_optimizer_bench(const OptimizerBenchOptions& o) {
                    {"simd", simd_level_name(o.simd)},
                    {"max_grad_norm", o.max_grad_norm},
                    {"warmup_steps", o.warmup},
-                   {"timed_steps", o.steps}};
+                   {"timed_steps", o.steps},
+                   {"device", o.device}};
   out["machine"] = bench::machine_info();
   out["machine"]["simd_best"] = simd_level_name(best_simd_level());
 

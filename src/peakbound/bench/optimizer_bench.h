@@ -35,6 +35,9 @@ struct OptimizerBenchOptions {
   int steps = 10;
   std::vector<std::string> schedules = optimizer_schedule_names();
   std::uint64_t bandwidth_bytes = 512ull << 20;  // working set of the bandwidth kernels
+  // Where each schedule's device side lives: "cpu" (the CPU device: its copies are
+  // memcpy), or "cuda" (a GPU: real PCIe copies from pinned host memory).
+  std::string device = "cpu";
 };
 
 // Throws InvalidArgument for options out of range (a message naming the option).

@@ -31,6 +31,7 @@ struct Flags {
   int warmup = 2, steps = 10;
   std::string schedules = "all";
   std::string bandwidth_bytes = "512MiB";
+  std::string device = OptimizerBenchOptions{}.device;
   bool json = false;
 };
 
@@ -51,6 +52,7 @@ OptimizerBenchOptions to_options(const Flags& f) {
     for (std::string item; std::getline(ss, item, ',');) o.schedules.push_back(item);
   }
   o.bandwidth_bytes = parse_bytes(f.bandwidth_bytes, "--bandwidth-bytes");
+  o.device = f.device;
   return o;
 }
 
@@ -90,6 +92,7 @@ Command add_bench_optimizer(CLI::App& parent) {
   int_flag(a, "--steps", f->steps, "Timed steps per schedule, the fastest reported (a bench size)", 1, 1000);
   a->add_option("--schedules", f->schedules, "all, or a comma list of device, offload_serial, offload_stream")->capture_default_str();
   a->add_option("--bandwidth-bytes", f->bandwidth_bytes, "Working set of the bandwidth kernels, far above the last-level cache (a bench size)")->capture_default_str();
+  device_flag(a, f->device);
   a->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] {
     nlohmann::json j = run_optimizer_bench(to_options(*f));

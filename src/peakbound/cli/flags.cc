@@ -104,6 +104,18 @@ CLI::Option* seed_flag(CLI::App* app, const std::string& name, std::uint64_t& ta
   return o;
 }
 
+CLI::Option* device_flag(CLI::App* app, std::string& target) {
+  return app
+      ->add_option_function<std::string>(
+          "--device",
+          [&target](const std::string& s) {
+            if (s != "cpu" && s != "cuda") throw CLI::ValidationError("--device: '" + s + "' is not a device (use cpu or cuda)");
+            target = s;
+          },
+          "Where the work runs: cpu, or cuda (an NVIDIA GPU; a CUDA build)")
+      ->default_str(target);
+}
+
 CLI::Option* text_flag(CLI::App* app, const std::string& name, std::string& target, const std::string& help) {
   const std::string flag = flag_name(name);
   auto* o = app->add_option_function<std::string>(

@@ -32,6 +32,10 @@ CLI::Option* seed_flag(CLI::App* app, const std::string& name, std::uint64_t& ta
 // A non-empty string flag ("" is refused: it would silently mean a default).
 CLI::Option* text_flag(CLI::App* app, const std::string& name, std::string& target, const std::string& help);
 
+// --device: where a command's work runs, cpu or cuda (make_device; cuda needs a CUDA
+// build and a GPU, and says which is missing).
+CLI::Option* device_flag(CLI::App* app, std::string& target);
+
 // A shard dtype given to a flag: bf16 or f32, the only ones a parameter or gradient
 // shard takes; anything else is "<flag>: 'f16' is not a dtype it takes (use bf16 or f32)".
 DType shard_dtype(const std::string& text, const std::string& flag);

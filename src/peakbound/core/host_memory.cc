@@ -9,7 +9,8 @@
 
 namespace peakbound {
 
-HostMemory::HostMemory(std::uint64_t budget, std::string name) : ledger_(std::move(name), budget) {}
+HostMemory::HostMemory(std::uint64_t budget, std::string name, HostPages* pages)
+    : ledger_(std::move(name), budget), pages_(pages) {}
 
 Buffer HostMemory::allocate(Component c, std::uint64_t bytes) {
   if (bytes == 0) return Buffer();
@@ -18,7 +19,7 @@ Buffer HostMemory::allocate(Component c, std::uint64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     ledger_.reserve(c, size);
   }
-  void* p = std::aligned_alloc(Arena::kAlignment, size);
+  void* p = pages_ ? pages_->allocate(size) : std::aligned_alloc(Arena::kAlignment, size);
   if (!p) {
     std::lock_guard<std::mutex> lock(mu_);
     ledger_.release(c, size);
@@ -32,7 +33,10 @@ Buffer HostMemory::allocate(Component c, std::uint64_t bytes) {
 }
 
 void HostMemory::release(const Allocation& a) noexcept {
-  std::free(a.ptr);
+  if (pages_)
+    pages_->release(a.ptr);
+  else
+    std::free(a.ptr);
   std::lock_guard<std::mutex> lock(mu_);
   ledger_.release(a.component, a.bytes);
 }

@@ -27,8 +27,8 @@ std::string_view backend_name(Backend b) {
   PB_CHECK_MSG(false, "unknown backend");
 }
 
-std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget) {
-  if (kind == "cpu") return std::make_unique<CpuDevice>(memory_budget);
+std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget, const std::string& name) {
+  if (kind == "cpu") return std::make_unique<CpuDevice>(memory_budget, name);
   if (kind == "cuda") {
 #ifdef PEAKBOUND_HAVE_CUDA
     return std::make_unique<CudaDevice>(memory_budget);

@@ -18,6 +18,8 @@
 
 namespace peakbound {
 
+class HostPages;  // core/host_memory.h
+
 enum class CopyKind : std::uint8_t { host_to_device, device_to_host, device_to_device };
 
 // Which kernels a device runs: ops/ dispatches on it (kernels/cpu, kernels/cuda).
@@ -71,10 +73,17 @@ class Device {
   virtual void synchronize() = 0;
 
   virtual CopyStats copy_stats() const = 0;
+
+  // The pages a HostMemory beside this device should use (its host side: offloaded
+  // optimizer state, checkpoint slots, staging): nullptr for the system allocator (the
+  // CPU device), page-locked memory on CUDA. Owned by the device.
+  virtual HostPages* host_pages() { return nullptr; }
 };
 
 // "cpu" or "cuda"; the budget fixes the Arena's size for the whole run.
 // Throws InvalidArgument for an unknown kind, Unavailable for cuda in a CPU-only build.
-std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget);
+// `name` labels a CPU device (its Arena's errors and reports); a GPU is named cuda:N.
+std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget,
+                                    const std::string& name = "cpu:0");
 
 }  // namespace peakbound

@@ -39,6 +39,26 @@ ncclDataType_t nccl_type(DType t) {
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
 ncclComm_t C(void* c) { return static_cast<ncclComm_t>(c); }
+
+// Whether p is memory a GPU owns (device or managed), which NCCL moves; pageable or
+// pinned host memory (a schedule's counts and plan metadata) goes over the bootstrap.
+bool on_gpu(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an unknown host pointer on an old runtime: clear it
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+// Both buffers of a collective on one side; a mix is a caller's bug, said by name.
+bool both_on_gpu(const void* a, const void* b, const char* what) {
+  const bool ga = on_gpu(a), gb = on_gpu(b);
+  if (a && b && ga != gb)
+    throw InvalidArgument(std::string("nccl ") + what + ": one buffer is in GPU memory and the other in host memory");
+  return ga || gb;
+}
 cudaStream_t S(void* s) { return static_cast<cudaStream_t>(s); }
 
 // A request over an event recorded after the operation on its stream.
@@ -102,15 +122,17 @@ void NcclCommunicator::recv(void* buf, std::size_t count, DType t, int src, int 
   irecv(buf, count, t, src, tag).wait();
 }
 
-Request NcclCommunicator::isend(const void* buf, std::size_t count, DType t, int dst, int) {
+Request NcclCommunicator::isend(const void* buf, std::size_t count, DType t, int dst, int tag) {
   check_peer(dst, "send");
+  if (!on_gpu(buf)) return bootstrap_->isend(buf, count, t, dst, tag);
   dev_.wait(*send_, dev_.record(dev_.compute_stream()));
   check(ncclSend(buf, count, nccl_type(t), dst, C(comm_), S(dev_.native_stream(*send_))), "ncclSend");
   return Request(std::make_unique<EventRequest>(dev_.record(*send_)));
 }
 
-Request NcclCommunicator::irecv(void* buf, std::size_t count, DType t, int src, int) {
+Request NcclCommunicator::irecv(void* buf, std::size_t count, DType t, int src, int tag) {
   check_peer(src, "recv");
+  if (!on_gpu(buf)) return bootstrap_->irecv(buf, count, t, src, tag);
   dev_.wait(*recv_, dev_.record(dev_.compute_stream()));
   check(ncclRecv(buf, count, nccl_type(t), src, C(comm_), S(dev_.native_stream(*recv_))), "ncclRecv");
   return Request(std::make_unique<EventRequest>(dev_.record(*recv_)));
@@ -120,6 +142,8 @@ void NcclCommunicator::sendrecv(const void* sendbuf, std::size_t send_count, int
                                 std::size_t recv_count, int src, DType t, int) {
   check_peer(dst, "sendrecv");
   check_peer(src, "sendrecv");
+  if (!both_on_gpu(sendbuf, recvbuf, "sendrecv"))
+    return bootstrap_->sendrecv(sendbuf, send_count, dst, recvbuf, recv_count, src, t, 0);
   void* s = begin();
   check(ncclGroupStart(), "ncclGroupStart");
   check(ncclSend(sendbuf, send_count, nccl_type(t), dst, C(comm_), S(s)), "ncclSend");
@@ -129,18 +153,21 @@ void NcclCommunicator::sendrecv(const void* sendbuf, std::size_t send_count, int
 }
 
 void NcclCommunicator::all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) {
+  if (!on_gpu(buf)) return bootstrap_->all_reduce(buf, count, t, op);
   void* s = begin();
   check(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), C(comm_), S(s)), "ncclAllReduce");
   finish(s);
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType t) {
+  if (!both_on_gpu(send, recv, "all_gather")) return bootstrap_->all_gather(send, recv, count, t);
   void* s = begin();
   check(ncclAllGather(send, recv, count, nccl_type(t), C(comm_), S(s)), "ncclAllGather");
   finish(s);
 }
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op) {
+  if (!both_on_gpu(send, recv, "reduce_scatter")) return bootstrap_->reduce_scatter(send, recv, recv_count, t, op);
   void* s = begin();
   check(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), C(comm_), S(s)), "ncclReduceScatter");
   finish(s);
@@ -148,6 +175,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
 
 void NcclCommunicator::broadcast(void* buf, std::size_t count, DType t, int root) {
   check_peer(root, "broadcast");
+  if (!on_gpu(buf)) return bootstrap_->broadcast(buf, count, t, root);
   void* s = begin();
   check(ncclBroadcast(buf, buf, count, nccl_type(t), root, C(comm_), S(s)), "ncclBroadcast");
   finish(s);
@@ -160,6 +188,8 @@ void NcclCommunicator::all_to_all_v(const void* send, std::span<const std::size_
   const auto n = static_cast<std::size_t>(size());
   if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n || recv_displs.size() != n)
     throw InvalidArgument("nccl all_to_all_v: counts and displacements need one entry per rank (" + std::to_string(n) + ")");
+  if (!both_on_gpu(send, recv, "all_to_all_v"))
+    return bootstrap_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
   const std::size_t es = dtype_size(t);
   void* s = begin();
   check(ncclGroupStart(), "ncclGroupStart");

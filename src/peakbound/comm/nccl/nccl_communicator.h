@@ -9,7 +9,10 @@
 // split is ncclCommSplit (with the bootstrap communicator split the same way). Tags are
 // not NCCL's: point-to-point messages between two ranks match in posting order, which
 // is how the schedules use them. Every NCCL return code is checked: CommError with
-// NCCL's own message.
+// NCCL's own message. Buffers in host memory (a schedule's counts, plan metadata, the
+// dispatch's routing counts) go over the bootstrap communicator instead, so the same
+// schedule code runs on the CPU and on GPUs; a collective with one buffer on each side
+// is refused by name.
 #pragma once
 
 #include <memory>

@@ -14,6 +14,21 @@ namespace peakbound {
 
 namespace {
 
+// HostMemory's pages on a CUDA device: page-locked, visible to every device (portable).
+class PinnedPages final : public HostPages {
+ public:
+  void* allocate(std::uint64_t bytes) noexcept override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;  // HostMemory reports the refusal with its ledger
+    }
+    return p;  // page-aligned
+  }
+  void release(void* p) noexcept override { cudaFreeHost(p); }
+  const char* kind() const override { return "pinned"; }
+};
+
 // "cudaMemcpyAsync: invalid argument (cudaErrorInvalidValue)"
 std::string cuda_message(const char* what, cudaError_t e) {
   return std::string(what) + ": " + cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + ")";
@@ -118,6 +133,7 @@ CudaDevice::CudaDevice(std::uint64_t memory_budget, int ordinal) {
   void* slot = nullptr;
   check(cudaHostAlloc(&slot, kResultSlotDoubles * sizeof(double), cudaHostAllocMapped), "cudaHostAlloc");
   result_slot_ = static_cast<double*>(slot);
+  pinned_ = std::make_unique<PinnedPages>();
   int lo = 0, hi = 0;  // numerically lower is higher priority
   check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
   compute_ = std::make_unique<CudaStream>(name_ + "/compute", lo);

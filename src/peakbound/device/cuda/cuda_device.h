@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/core/host_memory.h"
 #include "peakbound/device/device.h"
 
 namespace peakbound {
@@ -51,6 +52,9 @@ class CudaDevice final : public Device {
   void synchronize(Stream& s) override;
   void synchronize() override;
   CopyStats copy_stats() const override;
+  // Page-locked host memory (cudaHostAlloc, portable): copies from and to it are DMA at
+  // PCIe speed and run beside compute.
+  HostPages* host_pages() override { return pinned_.get(); }
 
   // The raw CUDA stream behind s (a cudaStream_t), for kernels and libraries (cuBLAS,
   // NCCL); InvalidArgument when s belongs to another device.
@@ -93,6 +97,7 @@ class CudaDevice final : public Device {
   mutable CopyStats stats_;
   void* blas_ = nullptr;
   double* result_slot_ = nullptr;
+  std::unique_ptr<HostPages> pinned_;
   std::mutex failure_mu_;
   std::exception_ptr failure_;
 };
