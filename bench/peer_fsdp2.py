@@ -51,7 +51,7 @@ on one GPU. No CUDA device: one line "peer_fsdp2: CUDA is not available" and exi
 transformers: one line and exit 2.
 
 Launch (4 ranks; bench/peer_fsdp2.sh creates the venv and runs this):
-    torchrun --nproc-per-node 4 bench/peer_fsdp2.py --budget 256MiB [--start 256]
+    torchrun --nproc-per-node 4 bench/peer_fsdp2.py --budget 256MiB [--start-context 256]
              [--throughput-at 512,1024] [--config bench/peer_fsdp2_model.json]
     torchrun --nproc-per-node 4 bench/peer_fsdp2.py --contexts 256,512 [--budget B]
     torchrun --standalone --nproc-per-node 1 bench/peer_fsdp2.py --device cuda --budget 16GiB
@@ -94,6 +94,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(ROOT, "bench", "peer_fsdp2_model.json")
+DEFAULT_PARAMS = 19276032  # tiny-moe, as built from DEFAULT_CONFIG
 MULTIPLE = 4
 MMAP_THRESHOLD = 128 << 10
 
@@ -231,17 +232,33 @@ def build(args, torch, dist):
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    import transformers
     with open(args.config) as f:
         fields = json.load(f)
+    if int(transformers.__version__.split(".")[0]) < 5:
+        # transformers 4 (a GPU image may have one) names two fields the old way: without
+        # this its Qwen3MoeConfig would keep its own defaults (128 experts, its rope_theta).
+        if "num_local_experts" in fields:
+            fields.setdefault("num_experts", fields["num_local_experts"])
+        if "rope_theta" in fields.get("rope_parameters", {}):
+            fields.setdefault("rope_theta", fields["rope_parameters"]["rope_theta"])
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     config.use_cache = False
     torch.manual_seed(0)  # same initial weights on every rank before sharding
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
-                                             dtype=torch.float32)
+    try:
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                 dtype=torch.float32)
+    except TypeError:  # transformers < 4.56 calls it torch_dtype
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                 torch_dtype=torch.float32)
     for layer in model.model.layers:
         layer.self_attn.q_norm = nn.Identity()
         layer.self_attn.k_norm = nn.Identity()
     params = sum(p.numel() for p in model.parameters())
+    if args.config == DEFAULT_CONFIG and params != DEFAULT_PARAMS and dist.get_rank() == 0:
+        log(f"peer_fsdp2: WARNING: {params} parameters, not tiny-moe's {DEFAULT_PARAMS}: this "
+            f"transformers ({transformers.__version__}) reads bench/peer_fsdp2_model.json "
+            "differently, so the model is not peakbound's")
     mesh = init_device_mesh(args.device, (dist.get_world_size(),))
     shard_kw = {"mesh": mesh}
     if args.cpu_offload:
@@ -307,7 +324,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=DEFAULT_CONFIG)
     ap.add_argument("--budget", default=None, help="bytes, e.g. 256MiB")
-    ap.add_argument("--start", type=int, default=256)
+    ap.add_argument("--start", "--start-context", dest="start", type=int, default=256,
+                    help="first context of the search (under torchrun write --start-context: "
+                         "torchrun 2.15 takes --start as an abbreviation of its own options)")
     ap.add_argument("--max-context", type=int, default=1 << 20)
     ap.add_argument("--contexts", default="", help="S1,S2,...: measure only these")
     ap.add_argument("--throughput-at", default="", help="S1,S2,...: steady-state tokens/s")
@@ -443,7 +462,7 @@ def main():
         opt.zero_grad(set_to_none=True)
         del ids
         trim()
-        if cuda:
+        if err and cuda:  # an OOM: hand the cached blocks back before the next context
             torch.cuda.empty_cache()
         failed = 1.0 if err else 0.0
         red = reduce_max([failed, added, host_added] + (times if not err else [0.0] * steps))
