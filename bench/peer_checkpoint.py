@@ -30,7 +30,8 @@ Check: the two variants' y, dx and parameter gradients are compared ("max_abs_di
 "bitwise_equal"); checkpointing recomputes the same ops, so they should agree.
 
 Output: one JSON line on stdout (logs on stderr):
-  {"peer": "torch_checkpoint", "device", "device_name", "torch", "dtype": "f32", "layers": L,
+  {"peer": "torch_checkpoint", "device", "device_name", "torch", "float32_matmul_precision",
+   "dtype": "f32", "layers": L,
    "tokens": T, "hidden": H, "ffn": F, "boundary_bytes": T H 4 (one block's input),
    "peak_added_bytes", "step_seconds": [..], "step_seconds_median", "tokens_per_second"
    (all of the checkpoint variant), "runs": [{"name": "checkpoint"|"no_checkpoint",
@@ -51,7 +52,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_fsdp2 import MMAP_THRESHOLD, CudaPeakMeter, PeakMeter, _libc, cpu_name, log, trim  # noqa: E402
+from peer_fsdp2 import (MMAP_THRESHOLD, CudaPeakMeter, PeakMeter, _libc, cpu_name,  # noqa: E402
+                        error_text, log, trim)
 
 
 def resolved_ffn(hidden, ffn):
@@ -104,7 +106,8 @@ def main():
     if args.ffn < 0 or args.warmup < 0:
         ap.error("--ffn and --warmup must be >= 0")
 
-    if _libc.mallopt(-3, MMAP_THRESHOLD) != 1:  # M_MMAP_THRESHOLD, before torch allocates
+    # M_MMAP_THRESHOLD before torch allocates, for the resident-set figure (cpu only)
+    if args.device == "cpu" and _libc.mallopt(-3, MMAP_THRESHOLD) != 1:
         raise SystemExit("mallopt(M_MMAP_THRESHOLD) failed")
     import torch
     from torch.utils.checkpoint import checkpoint
@@ -123,7 +126,9 @@ def main():
 
     result = {"peer": "torch_checkpoint", "device": args.device,
               "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
-              "torch": torch.__version__, "dtype": args.dtype, "layers": args.layers,
+              "torch": torch.__version__,
+              "float32_matmul_precision": torch.get_float32_matmul_precision(),
+              "dtype": args.dtype, "layers": args.layers,
               "tokens": T, "hidden": H, "ffn": ffn, "boundary_bytes": T * H * 4,
               "memory_method": meter.method}
     errors = []
@@ -134,7 +139,7 @@ def main():
         dy = (torch.randn(T, H, generator=g) / T).to(device)
         params = [p for p in blocks.parameters()] + [x]
     except Exception as e:
-        result["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
+        result["error"] = error_text(e)
         print(json.dumps(result), flush=True)
         sys.exit(1)
 
@@ -179,7 +184,7 @@ def main():
             outputs[name] = [y.clone()] + [p.grad.detach().clone() for p in params]
             del y
         except Exception as e:  # CUDA OOM is a RuntimeError
-            r["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:400]
+            r["error"] = error_text(e)
             errors.append(f"{name}: {r['error']}")
         trim()
         if cuda:
@@ -192,13 +197,13 @@ def main():
             try:
                 times[name].append(step(use_ckpt)[0])
             except Exception as e:
-                runs[name]["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
+                runs[name]["error"] = error_text(e)
                 errors.append(f"{name}: {runs[name]['error']}")
     for name, _ in variants:
         r, ts = runs[name], times[name]
         if ts and "error" not in r:
-            r.update({"seconds": min(ts), "seconds_median": statistics.median(ts), "seconds_all": ts,
-                      "tokens_per_second": T / min(ts)})
+            r.update({"seconds": min(ts), "seconds_median": statistics.median(ts),
+                      "seconds_all": ts, "tokens_per_second": T / min(ts)})
     ck, nc = runs["checkpoint"], runs["no_checkpoint"]
     result["peak_added_bytes"] = ck.get("peak_added_bytes")
     result["step_seconds"] = ck.get("seconds_all")

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Peer for `peakbound bench reach`: real PyTorch FSDP2 training of the same model (4 CPU ranks or GPUs).
+"""Peer for `peakbound bench reach`: real PyTorch FSDP2 training of the same model (CPU or GPU).
 
 Builds peakbound's `tiny-moe` preset as Hugging Face transformers' Qwen3MoeForCausalLM from
 bench/peer_fsdp2_model.json (q_norm / k_norm replaced by nn.Identity: tiny-moe has no QK-norm),
 fp32 parameters, sdpa attention. Each decoder layer gets non-reentrant activation checkpointing
 (checkpoint_wrapper) and is then wrapped by FSDP2 `fully_shard` on a 1-D "cpu" device mesh over
-the ranks (gloo; on a GPU see "On a GPU" below); the root model is fully_shard-ed last. AdamW (lr 2e-3, betas (0.9, 0.95),
-weight decay 0), grad-norm clip 1.0.
+the ranks (gloo; for GPUs see "On a GPU" below); the root model is fully_shard-ed last. AdamW
+(lr 2e-3, betas (0.9, 0.95), weight decay 0), grad-norm clip 1.0.
 
 Data: each rank trains on its own sequence of S token ids drawn uniformly from the vocabulary
 (torch.Generator seeded 1234 + 7919 * rank + S); labels = the ids (transformers shifts them):
@@ -18,6 +18,8 @@ mallopt at start-up, so every tensor of 128 KiB or more is its own mmap and leav
 set when freed; with glibc's default dynamic threshold (--malloc default) freed blocks up to
 32 MiB stay in the heap, and fragmentation adds 150-190 MiB of resident memory per step here
 that no tensor holds. The default gives torch the larger reach (the conservative comparison).
+On cuda the default is --malloc default: the device figure does not depend on it, and mmap'ing
+every temporary of the CPU optimizer step would only slow torch down.
 
 Memory (--device cpu): the peak a rank's training step (forward, backward, clip, optimizer
 step, zero_grad) adds = VmHWM after the step - VmRSS just before it; before the step the script runs
@@ -68,11 +70,13 @@ Output: one JSON line on stdout from rank 0 (logs go to stderr):
    plus informational fields: "attention_kernel", "memory_method", "malloc",
    "experts_implementation", "data", "model_params", "contexts_multiple_of", "wall_seconds",
    "device" ("cpu" or "cuda"), "device_name", "cpu_offload", "backend", "trial_warmup_steps",
+   "float32_matmul_precision" (torch's default "highest": fp32 GEMMs without TF32),
    "search_stopped" (null, or why the search stopped early); on cuda each trial also
    has "host_added_peak_bytes" and the top level "host_memory_method"}
   Search mode (--budget without --contexts): contexts double from --start until a step's added
-  peak exceeds B (or raises RuntimeError/MemoryError, CUDA OOM included), then bisection (contexts rounded to a
-  multiple of 4) until the bracket is narrower than max(64, last good doubling context / 16).
+  peak exceeds B (or raises RuntimeError/MemoryError, CUDA OOM included), then bisection
+  (contexts rounded to a multiple of 4) until the bracket is narrower than
+  max(64, last good doubling context / 16).
   --time-limit T: no trial starts once T seconds have passed since start-up (reach_tokens is
   then the largest fitting context so far, a lower bound, and "search_stopped" says so; else it
   is null). reach_tokens = the largest fitting context; tokens_per_second_at_reach and every
@@ -211,6 +215,12 @@ def env_defaults():
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 
 
+def error_text(e, limit=400):
+    """'Type: first line of the message', for the JSON."""
+    msg = str(e).strip()
+    return f"{type(e).__name__}: {msg.splitlines()[0] if msg else ''}"[:limit]
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -346,10 +356,13 @@ def main():
     ap.add_argument("--time-limit", type=float, default=0,
                     help="seconds since start after which no new trial starts (the reach found "
                          "so far is reported, \"search_stopped\" says so); 0 = none")
-    ap.add_argument("--malloc", choices=["mmap", "default"], default="mmap",
+    ap.add_argument("--malloc", choices=["mmap", "default"], default=None,
                     help="mmap: mallopt(M_MMAP_THRESHOLD, 128 KiB), so freed tensors leave the "
-                         "resident set (the default); default: glibc's dynamic threshold")
+                         "resident set (the default on cpu); default: glibc's dynamic threshold "
+                         "(the default on cuda)")
     args = ap.parse_args()
+    if args.malloc is None:
+        args.malloc = "default" if args.device == "cuda" else "mmap"
     budget = parse_bytes(args.budget) if args.budget else None
     contexts = parse_list(args.contexts)
     if budget is None and not contexts and not args.throughput_at:
@@ -574,6 +587,7 @@ def main():
             "contexts_multiple_of": MULTIPLE, "wall_seconds": round(time.time() - wall0, 1),
             "device": args.device, "device_name": device_name, "cpu_offload": args.cpu_offload,
             "backend": backend, "trial_warmup_steps": trial_warmup,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "search_stopped": stopped[0] if stopped else None,
             **({"host_memory_method": host_meter.method} if cuda else {}),
         }), flush=True)

@@ -33,6 +33,7 @@ only the compiled one (then also under "compiled", the top level is null).
 
 Output: one JSON line on stdout (logs on stderr):
   {"peer": "torch_materialized_ce", "device": "cpu"|"cuda", "device_name": str, "torch": str,
+   "float32_matmul_precision": torch's setting ("highest" by default: no TF32),
    "dtype": "f32"|"bf16", "tokens": T, "hidden": H, "vocab": V, "compile": false,
    "peak_added_bytes": int, "grad_bytes": int, "logits_bytes": T V 4,
    "step_seconds": [s, ...], "step_seconds_median": s, "tokens_per_second": T / median,
@@ -52,7 +53,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peer_fsdp2 import MMAP_THRESHOLD, CudaPeakMeter, PeakMeter, _libc, cpu_name, log, trim  # noqa: E402
+from peer_fsdp2 import (MMAP_THRESHOLD, CudaPeakMeter, PeakMeter, _libc, cpu_name,  # noqa: E402
+                        error_text, log, trim)
 
 
 def make_inputs(torch, args, device, dtype):
@@ -108,8 +110,7 @@ def measure(torch, args, fn, inputs, meter, sync):
         out["step_seconds_median"] = statistics.median(times)
         out["tokens_per_second"] = args.tokens / out["step_seconds_median"]
     except Exception as e:  # CUDA OOM (a RuntimeError), compile failures (many kinds)
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        out = {"error": f"{type(e).__name__}: {msg}"[:400]}
+        out = {"error": error_text(e)}
     hidden.grad = None
     weight.grad = None
     trim()
@@ -143,7 +144,8 @@ def main():
     if args.warmup < 0:
         ap.error("--warmup must be >= 0")
 
-    if _libc.mallopt(-3, MMAP_THRESHOLD) != 1:  # M_MMAP_THRESHOLD, before torch allocates
+    # M_MMAP_THRESHOLD before torch allocates, for the resident-set figure (cpu only)
+    if args.device == "cpu" and _libc.mallopt(-3, MMAP_THRESHOLD) != 1:
         raise SystemExit("mallopt(M_MMAP_THRESHOLD) failed")
     import torch
     cuda = args.device == "cuda"
@@ -161,7 +163,9 @@ def main():
 
     result = {"peer": "torch_materialized_ce", "device": args.device,
               "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
-              "torch": torch.__version__, "dtype": args.dtype, "tokens": args.tokens,
+              "torch": torch.__version__,
+              "float32_matmul_precision": torch.get_float32_matmul_precision(),
+              "dtype": args.dtype, "tokens": args.tokens,
               "hidden": args.hidden, "vocab": args.vocab, "compile": False,
               "grad_bytes": (args.tokens + args.vocab) * args.hidden * elem,
               "logits_bytes": args.tokens * args.vocab * 4, "memory_method": meter.method}
@@ -169,7 +173,7 @@ def main():
     try:
         inputs = make_inputs(torch, args, device, dtype)
     except Exception as e:
-        result["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]
+        result["error"] = error_text(e)
         print(json.dumps(result), flush=True)
         sys.exit(1)
     keys = ("peak_added_bytes", "step_seconds", "step_seconds_median", "tokens_per_second", "loss")
@@ -187,7 +191,7 @@ def main():
         try:
             compiled = torch.compile(loss_fn)
         except Exception as e:
-            r = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"[:400]}
+            r = {"error": error_text(e)}
         else:
             r = measure(torch, args, compiled, inputs, meter, sync)
         r["compile"] = True
