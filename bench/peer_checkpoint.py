@@ -52,6 +52,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no bench/__pycache__ from importing peer_fsdp2
 from peer_fsdp2 import (MMAP_THRESHOLD, CudaPeakMeter, PeakMeter, _libc, cpu_name,  # noqa: E402
                         error_text, log, trim)
 
