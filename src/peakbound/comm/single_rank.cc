@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "peakbound/core/device_access.h"
 #include "peakbound/core/error.h"
 
 namespace peakbound {
@@ -14,6 +15,7 @@ void SingleRankCommunicator::check_peer(int peer, const char* what) const {
 }
 
 void SingleRankCommunicator::send(const void* buf, std::size_t count, DType t, int dst, int tag) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   check_peer(dst, "send");
   std::size_t n = count * dtype_size(t);
   Message m{tag, std::vector<unsigned char>(n)};
@@ -22,6 +24,7 @@ void SingleRankCommunicator::send(const void* buf, std::size_t count, DType t, i
 }
 
 void SingleRankCommunicator::recv(void* buf, std::size_t count, DType t, int src, int tag) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   check_peer(src, "recv");
   for (auto it = mailbox_.begin(); it != mailbox_.end(); ++it) {
     if (it->tag != tag) continue;
@@ -65,11 +68,13 @@ struct SelfRecv final : Request::Impl {
 
 Request SingleRankCommunicator::isend(const void* buf, std::size_t count, DType t, int dst,
                                       int tag) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   send(buf, count, t, dst, tag);
   return Request(std::make_unique<DoneRequest>());
 }
 
 Request SingleRankCommunicator::irecv(void* buf, std::size_t count, DType t, int src, int tag) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   check_peer(src, "irecv");
   return Request(std::make_unique<SelfRecv>(this, buf, count, t, tag));
 }
@@ -77,6 +82,7 @@ Request SingleRankCommunicator::irecv(void* buf, std::size_t count, DType t, int
 void SingleRankCommunicator::sendrecv(const void* sendbuf, std::size_t send_count, int dst,
                                       void* recvbuf, std::size_t recv_count, int src, DType t,
                                       int) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   check_peer(dst, "sendrecv");
   check_peer(src, "sendrecv");
   if (send_count != recv_count)
@@ -88,15 +94,18 @@ void SingleRankCommunicator::sendrecv(const void* sendbuf, std::size_t send_coun
 void SingleRankCommunicator::all_reduce(void*, std::size_t, DType, ReduceOp) {}
 
 void SingleRankCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType t) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   if (count && send != recv) std::memmove(recv, send, count * dtype_size(t));
 }
 
 void SingleRankCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
                                             DType t, ReduceOp) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   if (recv_count && send != recv) std::memmove(recv, send, recv_count * dtype_size(t));
 }
 
 void SingleRankCommunicator::broadcast(void*, std::size_t, DType, int root) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   check_peer(root, "broadcast");
 }
 
@@ -104,6 +113,7 @@ void SingleRankCommunicator::all_to_all_v(const void* send, std::span<const std:
                                           std::span<const std::size_t> send_displs, void* recv,
                                           std::span<const std::size_t> recv_counts,
                                           std::span<const std::size_t> recv_displs, DType t) {
+  DeviceAccess open;  // the buffers may be device memory (strict mode)
   if (send_counts.size() != 1 || send_displs.size() != 1 || recv_counts.size() != 1 ||
       recv_displs.size() != 1)
     throw CommError("all_to_all_v: counts and displacements must have one entry per rank (1)");

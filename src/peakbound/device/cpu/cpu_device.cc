@@ -1,5 +1,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 
+#include "peakbound/core/device_access.h"
+
 #include <sys/mman.h>
 
 #include <chrono>
@@ -31,6 +33,7 @@ CpuDevice::CpuDevice(std::uint64_t memory_budget, std::string name)
     }
   }
   arena_ = std::make_unique<Arena>(name_, budget, region_, Location::device, reserve);
+  strict_region_add(region_, region_bytes_);  // PEAKBOUND_STRICT_DEVICE=1: closed to host code
 }
 
 CpuDevice::~CpuDevice() {
@@ -41,6 +44,7 @@ CpuDevice::~CpuDevice() {
   }
   extra_.clear();
   arena_.reset();
+  strict_region_remove(region_);
   if (region_) munmap(region_, region_bytes_);
 }
 

@@ -1,5 +1,7 @@
 #include "peakbound/device/cpu/cpu_stream.h"
 
+#include "peakbound/core/device_access.h"
+
 #include "peakbound/core/error.h"
 
 namespace peakbound {
@@ -48,6 +50,7 @@ CpuStream::~CpuStream() {
 
 void CpuStream::submit(std::function<void()> work) {
   if (mode_ == Mode::inline_on_caller) {
+    DeviceAccess open;  // device work may touch device memory (strict mode)
     work();
     return;
   }
@@ -70,6 +73,7 @@ void CpuStream::run() {
       queue_.pop_front();
     }
     try {
+      DeviceAccess open;  // device work may touch device memory (strict mode)
       work();
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);

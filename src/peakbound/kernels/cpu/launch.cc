@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "peakbound/core/device_access.h"
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_stream.h"
 
@@ -20,6 +21,7 @@ CpuStream& cpu_stream(Stream& s) {
 void launch(Stream& s, std::function<void()> fn) {
   CpuStream& cs = cpu_stream(s);
   if (cs.mode() == CpuStream::Mode::inline_on_caller) {
+    DeviceAccess open;  // a kernel touches device memory (strict mode)
     fn();
     return;
   }
@@ -29,6 +31,7 @@ void launch(Stream& s, std::function<void()> fn) {
 void launch_and_wait(Stream& s, std::function<void()> fn) {
   CpuStream& cs = cpu_stream(s);
   if (cs.mode() == CpuStream::Mode::inline_on_caller) {
+    DeviceAccess open;  // a kernel touches device memory (strict mode)
     fn();
     return;
   }
