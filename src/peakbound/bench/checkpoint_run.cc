@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/core/error.h"
@@ -65,8 +66,9 @@ CheckpointRun::CheckpointRun(const CheckpointRunConfig& config) : config_(config
   const CheckpointRunBuffers b = checkpoint_run_buffers(config_, dtype_size(DType::f32));  // validates
   const std::int64_t L = config_.layers, T = config_.tokens, H = config_.hidden, F = config_.resolved_ffn();
   const std::uint64_t budget = config_.device_memory ? *config_.device_memory : auto_device_memory(config_);
-  dev_ = std::make_unique<CpuDevice>(budget, std::string("cpu:") + std::string(checkpoint_schedule_name(config_.options.schedule)));
-  host_ = std::make_unique<HostMemory>();
+  dev_ = make_device(config_.device, budget,
+                     std::string("cpu:") + std::string(checkpoint_schedule_name(config_.options.schedule)));
+  host_ = std::make_unique<HostMemory>(MemoryLedger::kUnlimited, "host", dev_->host_pages());
   std::vector<Block*> raw;
   for (std::int64_t l = 0; l < L; ++l) {
     blocks_.push_back(std::make_unique<ResidualMlpBlock>(*dev_, H, F, config_.seed + 1000 + static_cast<std::uint64_t>(l)));
@@ -75,9 +77,12 @@ CheckpointRun::CheckpointRun(const CheckpointRunConfig& config) : config_(config
   for (Buffer* io : {&x_, &y_, &dy_, &dx_}) *io = dev_->allocate(b.io.component, b.io.bytes);
   std::mt19937_64 rng(config_.seed);
   std::normal_distribution<float> unit(0.0f, 1.0f);
-  for (std::int64_t i = 0; i < T * H; ++i) x_.as<float>()[i] = unit(rng);
+  std::vector<float> x(static_cast<std::size_t>(T * H)), dy(x.size());
+  for (float& v : x) v = unit(rng);
   const float dscale = 1.0f / static_cast<float>(T);
-  for (std::int64_t i = 0; i < T * H; ++i) dy_.as<float>()[i] = dscale * unit(rng);
+  for (float& v : dy) v = dscale * unit(rng);
+  copy_to_device(*dev_, x_.data(), x.data(), x.size() * sizeof(float));
+  copy_to_device(*dev_, dy_.data(), dy.data(), dy.size() * sizeof(float));
   stack_ = std::make_unique<CheckpointedStack>(*dev_, *host_, raw, Shape{T, H}, DType::f32, config_.options);
 }
 
@@ -119,21 +124,24 @@ Tensor CheckpointRun::output_grad() const {
 }
 
 std::vector<float> CheckpointRun::output() const {
-  const auto n = static_cast<std::size_t>(config_.tokens * config_.hidden);
-  return {y_.as<float>(), y_.as<float>() + n};
+  std::vector<float> out(static_cast<std::size_t>(config_.tokens * config_.hidden));
+  copy_to_host(*dev_, out.data(), y_.data(), out.size() * sizeof(float));
+  return out;
 }
 
 std::vector<float> CheckpointRun::input_grad() const {
-  const auto n = static_cast<std::size_t>(config_.tokens * config_.hidden);
-  return {dx_.as<float>(), dx_.as<float>() + n};
+  std::vector<float> out(static_cast<std::size_t>(config_.tokens * config_.hidden));
+  copy_to_host(*dev_, out.data(), dx_.data(), out.size() * sizeof(float));
+  return out;
 }
 
 std::vector<float> CheckpointRun::param_grads() const {
   std::vector<float> out;
   for (const auto& b : blocks_)
     for (const Parameter& p : b->parameters()) {
-      const float* g = p.grad.data<float>();
-      out.insert(out.end(), g, g + p.grad.numel());
+      const std::size_t at = out.size();
+      out.resize(at + static_cast<std::size_t>(p.grad.numel()));
+      copy_to_host(*dev_, out.data() + at, p.grad.data<float>(), static_cast<std::uint64_t>(p.grad.numel()) * sizeof(float));
     }
   return out;
 }

@@ -8,11 +8,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/host_memory.h"
-#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/device/device.h"
 #include "peakbound/schedules/checkpoint_offload.h"
 #include "peakbound/layers/residual_mlp_block.h"
 
@@ -28,6 +29,7 @@ struct CheckpointRunConfig {
   // resident baseline.
   std::optional<std::uint64_t> device_memory;
   CheckpointOptions options;
+  std::string device = "cpu";  // make_device's kind: cpu, or cuda (real PCIe copies)
 
   std::int64_t resolved_ffn() const;
   // Throws InvalidArgument for non-positive sizes, a device_memory of 0, bad options.
@@ -82,14 +84,14 @@ class CheckpointRun {
   Tensor output_grad() const;
 
   const CheckpointRunConfig& config() const { return config_; }
-  CpuDevice& device() { return *dev_; }
+  Device& device() { return *dev_; }
   HostMemory& host() { return *host_; }
   CheckpointedStack& stack() { return *stack_; }
   std::vector<std::unique_ptr<ResidualMlpBlock>>& blocks() { return blocks_; }
 
  private:
   CheckpointRunConfig config_;
-  std::unique_ptr<CpuDevice> dev_;
+  std::unique_ptr<Device> dev_;
   std::unique_ptr<HostMemory> host_;
   std::vector<std::unique_ptr<ResidualMlpBlock>> blocks_;
   Buffer x_, y_, dy_, dx_;

@@ -35,6 +35,7 @@ struct BenchFlags {
   double link_gbps = CheckpointOptions{}.link_gbps;
   int warmup = 1, reps = 5;
   std::uint64_t seed = CheckpointRunConfig{}.seed;
+  std::string device = CheckpointRunConfig{}.device;
   bool sweep = false, json = false;
 };
 
@@ -45,6 +46,7 @@ CheckpointRunConfig make_config(const BenchFlags& f, CheckpointSchedule s, std::
   c.hidden = f.hidden;
   c.ffn = f.ffn;
   c.seed = f.seed;
+  c.device = f.device;
   c.options.schedule = s;
   c.options.prefetch_depth = f.prefetch;
   c.options.resident_layers = f.resident_layers;
@@ -178,7 +180,8 @@ int run_bench(const BenchFlags& f) {
 
   nlohmann::json j;
   j["benchmark"] = "checkpoint";
-  j["config"] = {{"layers", f.layers},
+  j["config"] = {{"device", f.device},
+                 {"layers", f.layers},
                  {"tokens", f.tokens},
                  {"hidden", f.hidden},
                  {"ffn", base.config().resolved_ffn()},
@@ -260,6 +263,7 @@ Command add_bench_checkpoint(CLI::App& parent) {
   int_flag(a, "--reps", f->reps, "Timed steps per schedule (interleaved; the fastest is reported)", 1, 1000);
   seed_flag(a, "--seed", f->seed, "Seed of parameters and inputs");
   a->add_flag("--sweep", f->sweep, "Also measure the checkpoint peak reduction for L = 1, 2, 3, 4, 8, 16, 32");
+  device_flag(a, f->device);
   a->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] { return run_bench(*f); };
   return c;

@@ -39,4 +39,22 @@ std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_
   throw InvalidArgument("unknown device '" + std::string(kind) + "' (use cpu or cuda)");
 }
 
+namespace {
+void copy_and_wait(Device& dev, void* dst, const void* src, std::uint64_t bytes, CopyKind kind) {
+  if (bytes == 0) return;
+  Stream& s = dev.copy_stream();
+  dev.wait(s, dev.record(dev.compute_stream()));
+  dev.memcpy_async(dst, src, bytes, kind, s);
+  dev.synchronize(s);
+}
+}  // namespace
+
+void copy_to_device(Device& dev, void* dst, const void* src, std::uint64_t bytes) {
+  copy_and_wait(dev, dst, src, bytes, CopyKind::host_to_device);
+}
+
+void copy_to_host(Device& dev, void* dst, const void* src, std::uint64_t bytes) {
+  copy_and_wait(dev, dst, src, bytes, CopyKind::device_to_host);
+}
+
 }  // namespace peakbound

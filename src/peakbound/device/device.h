@@ -86,4 +86,11 @@ class Device {
 std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget,
                                     const std::string& name = "cpu:0");
 
+// Blocking copies for set-up and read-back, not for hot paths: on the copy stream,
+// after the work submitted to the compute stream so far; they return once complete.
+// Host code never touches device memory directly (a GPU's is not mapped; see
+// core/device_access.h for the CPU device's strict mode that checks it).
+void copy_to_device(Device& dev, void* dst, const void* src, std::uint64_t bytes);
+void copy_to_host(Device& dev, void* dst, const void* src, std::uint64_t bytes);
+
 }  // namespace peakbound

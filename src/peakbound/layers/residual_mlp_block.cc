@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
@@ -68,13 +69,16 @@ ResidualMlpBlock::ResidualMlpBlock(Device& dev, std::int64_t hidden, std::int64_
   params_ = allocate(dev_, b.params);
   grads_ = allocate(dev_, b.grads);
 
+  // Drawn on the host, then copied to the device in one piece.
+  std::vector<float> init(static_cast<std::size_t>(off_down_ + H * F));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> unit(0.0f, 1.0f);
-  for (std::int64_t i = 0; i < H; ++i) param(0)[i] = 1.0f + 0.1f * unit(rng);
+  for (std::int64_t i = 0; i < H; ++i) init[static_cast<std::size_t>(i)] = 1.0f + 0.1f * unit(rng);
   const float in_h = 1.0f / std::sqrt(static_cast<float>(H));
   const float in_f = 1.0f / std::sqrt(static_cast<float>(F));
-  for (std::int64_t i = 0; i < 2 * F * H; ++i) param(off_gate_)[i] = in_h * unit(rng);
-  for (std::int64_t i = 0; i < H * F; ++i) param(off_down_)[i] = in_f * unit(rng);
+  for (std::int64_t i = 0; i < 2 * F * H; ++i) init[static_cast<std::size_t>(off_gate_ + i)] = in_h * unit(rng);
+  for (std::int64_t i = 0; i < H * F; ++i) init[static_cast<std::size_t>(off_down_ + i)] = in_f * unit(rng);
+  copy_to_device(dev_, param(0), init.data(), init.size() * sizeof(float));
   zero_grad();
 }
 
