@@ -52,7 +52,7 @@ class RingDtp final : public VocabLoss {
       fused_ = false;
       return VocabLoss::forward_backward(hidden, targets, tokens, weight, scale, d_hidden, d_weight);
     }
-    comm([&] { check_targets(g_, targets, tokens, d_.vocab, o_); });
+    comm([&] { check_targets(dev_, g_, targets, tokens, d_.vocab, o_); });
     discard();
     fused_ = true;
     shape_.tokens = {tokens};
@@ -82,7 +82,7 @@ class RingDtp final : public VocabLoss {
 
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
-    comm([&] { check_targets(g_, targets, tokens, d_.vocab, o_); });
+    comm([&] { check_targets(dev_, g_, targets, tokens, d_.vocab, o_); });
     discard();  // a forward without a backward held its state: never two at once
     fused_ = false;
     hidden_ = hidden;

@@ -1,5 +1,6 @@
 #include "peakbound/schedules/vocab_loss.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -72,11 +73,13 @@ std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t 
   return counts;
 }
 
-void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens, std::int64_t vocab,
-                   const VocabLossOptions& o) {
+void check_targets(Device& dev, Communicator& group, const std::int32_t* device_targets, std::int64_t tokens,
+                   std::int64_t vocab, const VocabLossOptions& o) {
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(std::max<std::int64_t>(tokens, 0)));
+  copy_to_host(dev, targets.data(), device_targets, targets.size() * sizeof(std::int32_t));
   std::int64_t bad = -1;
   for (std::int64_t i = 0; i < tokens; ++i) {
-    std::int32_t t = targets[i];
+    std::int32_t t = targets[static_cast<std::size_t>(i)];
     if (t != o.ignore_index && (t < 0 || t >= vocab)) {
       bad = i;
       break;
@@ -85,7 +88,7 @@ void check_targets(Communicator& group, const std::int32_t* targets, std::int64_
   std::int64_t any = bad >= 0 ? 1 : 0;
   group.all_reduce(&any, 1, DType::i64, ReduceOp::max);
   if (bad >= 0)
-    throw InvalidArgument("target " + std::to_string(targets[bad]) + " of token " + std::to_string(bad) +
+    throw InvalidArgument("target " + std::to_string(targets[static_cast<std::size_t>(bad)]) + " of token " + std::to_string(bad) +
                           " on rank " + std::to_string(group.rank()) + " is outside the vocabulary [0, " +
                           std::to_string(vocab) + ") and is not ignore_index " + std::to_string(o.ignore_index));
   if (any) throw InvalidArgument("a target on another rank of the vocabulary group is outside the vocabulary");

@@ -128,9 +128,10 @@ std::unique_ptr<VocabLoss> make_ring_dtp_vocab_loss(Device& dev, Communicator& g
                                                     const VocabLossOptions& o);
 
 // Shared by both: every rank's token count (collective), and a check that every target
-// is in [0, V) or ignore_index, agreed on by all ranks so none is left waiting.
+// is in [0, V) or ignore_index, agreed on by all ranks so none is left waiting (the
+// targets, device memory, are read back with one copy).
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens);
-void check_targets(Communicator& group, const std::int32_t* targets, std::int64_t tokens, std::int64_t vocab,
-                   const VocabLossOptions& o);
+void check_targets(Device& dev, Communicator& group, const std::int32_t* targets, std::int64_t tokens,
+                   std::int64_t vocab, const VocabLossOptions& o);
 
 }  // namespace peakbound

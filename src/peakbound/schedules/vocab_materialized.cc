@@ -29,7 +29,7 @@ class MaterializedVocabLoss final : public VocabLoss {
 
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {
-    comm([&] { check_targets(g_, targets, tokens, d_.vocab, o_); });
+    comm([&] { check_targets(dev_, g_, targets, tokens, d_.vocab, o_); });
     // A forward without a backward leaves its state held: drop it before allocating
     // this pass's, so two passes never hold their buffers at once.
     discard();

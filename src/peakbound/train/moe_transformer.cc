@@ -590,7 +590,11 @@ BatchSums MoeTransformer::batch_sums(const LossSum& ls, const Pass& p) const {
   BatchSums out;
   out.ce = ls.loss;
   out.tokens = ls.count;
-  if (moe_layers_ > 0 && p.world_tokens > 0) out.aux = config_.router_aux_loss_coef * aux_loss_.as<float>()[0];
+  if (moe_layers_ > 0 && p.world_tokens > 0) {
+    float aux = 0.0f;
+    copy_to_host(dev_, &aux, aux_loss_.data(), sizeof aux);
+    out.aux = config_.router_aux_loss_coef * aux;
+  }
   return out;
 }
 
