@@ -14,6 +14,7 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/cli/command.h"
+#include "peakbound/comm/device_communicator.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/cli/model_spec.h"
 #include "peakbound/core/error.h"
@@ -28,6 +29,7 @@ namespace peakbound::cli {
 namespace {
 
 struct EvalFlags {
+  std::string device = "cpu";  // --device
   std::string model = "tiny-moe";
   std::string data;
   std::int64_t context = 256;
@@ -70,8 +72,9 @@ int run_eval(const EvalFlags& f) {
   const TokenFile file = TokenFile::open(f.data);
   const std::int64_t N = window_count(f, file);  // its tokens were checked by validate()
 
-  auto dev = make_device("cpu", parse_bytes(f.device_memory, "--device-memory"));
-  HostMemory host;
+  auto dev = make_device(f.device, parse_bytes(f.device_memory, "--device-memory"));
+  HostMemory host(MemoryLedger::kUnlimited, "host", dev->host_pages());
+  world = device_communicator(*dev, std::move(world));
   ProcessGroups groups = ProcessGroups::split(*world, layout);
   ModelSchedules sched;  // the forward's math is the same under every schedule
   MoeTransformer model(*dev, host, groups, c, sched);
@@ -128,6 +131,7 @@ Command add_eval(CLI::App& parent) {
   int_flag(app, "--cp", f->cp, "Context-parallel size: consecutive ranks splitting every window (ring attention)", 1,
            1 << 24);
   seed_flag(app, "--seed", f->seed, "Initialisation seed of a preset model");
+  device_flag(app, f->device);
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank")->capture_default_str();
   app->add_flag("--json", f->json, "Print {\"loss\", \"tokens\", ...} as JSON");
   cmd.validate = [f] {

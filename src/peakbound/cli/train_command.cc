@@ -19,6 +19,7 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/cli/command.h"
+#include "peakbound/comm/device_communicator.h"
 #include "peakbound/cli/config_file.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/cli/model_spec.h"
@@ -42,6 +43,7 @@ namespace peakbound::cli {
 namespace {
 
 struct TrainFlags {
+  std::string device = "cpu";  // --device
   std::string model = "tiny-moe";
   std::string data;  // empty: the built-in task
   std::string task = "copy";
@@ -193,8 +195,9 @@ int run_train(const TrainFlags& f) {
   if (planned_total > budget && f.plan_check)
     throw InvalidArgument(over_budget(planned_i, planned_total, budget, s.set));
 
-  auto dev = make_device("cpu", budget);
-  HostMemory host;
+  auto dev = make_device(f.device, budget);
+  HostMemory host(MemoryLedger::kUnlimited, "host", dev->host_pages());
+  world = device_communicator(*dev, std::move(world));
   ThreadPool pool(std::max(1, default_thread_count() / std::max(1, launcher_local_size())));
   ProcessGroups groups = ProcessGroups::split(*world, s.layout);
   MoeTransformer model(*dev, host, groups, c, s.schedules);
@@ -488,6 +491,7 @@ Command add_train(CLI::App& parent) {
   int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head by vocabulary (0 = all)", 0, 1 << 24);
   int_flag(app, "--cp", f->cp, "Context-parallel size: consecutive ranks splitting every sequence (ring attention)", 1,
            1 << 24);
+  device_flag(app, f->device);
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank (auto = the plan plus headroom)")
       ->capture_default_str();
   int_flag(app, "--eval-every", f->eval_every, "Held-out loss every N steps (0 = at the end only)", 0,

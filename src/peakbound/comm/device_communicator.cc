@@ -1,0 +1,20 @@
+#include "peakbound/comm/device_communicator.h"
+
+#include "peakbound/core/error.h"
+
+#ifdef PEAKBOUND_HAVE_NCCL
+#include "peakbound/comm/nccl/nccl_communicator.h"
+#endif
+
+namespace peakbound {
+
+std::unique_ptr<Communicator> device_communicator(Device& dev, std::unique_ptr<Communicator> world) {
+  if (dev.backend() == Backend::cpu) return world;
+#ifdef PEAKBOUND_HAVE_NCCL
+  return std::make_unique<NcclCommunicator>(static_cast<CudaDevice&>(dev), std::move(world));
+#else
+  throw Unavailable("device " + dev.name() + " needs NCCL to move its buffers, and this peakbound was built without it");
+#endif
+}
+
+}  // namespace peakbound
