@@ -36,6 +36,12 @@ bool Request::test() {
   return false;
 }
 
+void Communicator::all_to_all_v_on(Device&, Stream&, const void*, std::span<const std::size_t>,
+                                   std::span<const std::size_t>, void*, std::span<const std::size_t>,
+                                   std::span<const std::size_t>, DType) {
+  throw Unavailable("communicator '" + backend() + "' cannot enqueue a collective on a device stream");
+}
+
 void Communicator::ring_shift(const void* sendbuf, void* recvbuf, std::size_t count, DType t,
                               int step) {
   int n = size();

@@ -13,6 +13,9 @@
 
 namespace peakbound {
 
+class Device;
+class Stream;
+
 enum class ReduceOp : std::uint8_t { sum, max };
 
 // A pending non-blocking send or receive; wait() completes it. Move-only.
@@ -69,6 +72,21 @@ class Communicator {
                             std::span<const std::size_t> recv_counts,
                             std::span<const std::size_t> recv_displs, DType t) = 0;
   virtual void barrier() = 0;
+
+  // Whether the collectives below can be enqueued on a device stream (NCCL: the
+  // stream's own CUDA stream) instead of being called from a host thread. A CUDA host
+  // task may make no CUDA call, so on a GPU a schedule that overlaps its exchanges
+  // with compute enqueues them; on the CPU device it runs blocking calls on a stream's
+  // thread (Device::host_task).
+  virtual bool enqueues_on_streams() const { return false; }
+  // all_to_all_v in stream s's order on dev: after the work submitted to s before it,
+  // before the work after it. Counts and displacements are read before it returns; the
+  // buffers must stay valid until s has run it. Unavailable where enqueues_on_streams()
+  // is false.
+  virtual void all_to_all_v_on(Device& dev, Stream& s, const void* send,
+                               std::span<const std::size_t> send_counts, std::span<const std::size_t> send_displs,
+                               void* recv, std::span<const std::size_t> recv_counts,
+                               std::span<const std::size_t> recv_displs, DType t);
 
   // Ranks with equal color form a sub-group, ordered by key (then by rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

@@ -379,6 +379,21 @@ void MoeDispatch::run(Pass& p) {
     std::vector<Event> dispatched(static_cast<std::size_t>(plan.rounds)), combined(static_cast<std::size_t>(plan.rounds));
     auto submit = [&](std::vector<Event>& done, int i, bool is_combine) {
       dev_.wait(comm, dev_.record(cs));  // the packed or computed rows are ready
+      if (g_.enqueues_on_streams()) {
+        // NCCL: the exchange goes on the communication stream itself (a CUDA host task
+        // may not call NCCL); an enqueue failure throws here, an asynchronous one at
+        // the stream's synchronize.
+        const int b = i % nbuf;
+        auto [sc, rc] = counts(i, is_combine);
+        if (is_combine)
+          g_.all_to_all_v_on(dev_, comm, outbuf[b].data(), sc, prefix(sc), backbuf[b].data(), rc, prefix(rc),
+                             DType::f32);
+        else
+          g_.all_to_all_v_on(dev_, comm, sendbuf[b].data(), sc, prefix(sc), recvbuf[b].data(), rc, prefix(rc),
+                             DType::f32);
+        done[static_cast<std::size_t>(i)] = dev_.record(comm);
+        return;
+      }
       dev_.host_task(comm, [&, i, is_combine] {
         if (failure.failed()) return;
         try {

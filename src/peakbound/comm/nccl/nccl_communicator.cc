@@ -181,17 +181,20 @@ void NcclCommunicator::broadcast(void* buf, std::size_t count, DType t, int root
   finish(s);
 }
 
-void NcclCommunicator::all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
-                                    std::span<const std::size_t> send_displs, void* recv,
-                                    std::span<const std::size_t> recv_counts,
-                                    std::span<const std::size_t> recv_displs, DType t) {
-  const auto n = static_cast<std::size_t>(size());
-  if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n || recv_displs.size() != n)
+namespace {
+void check_counts(std::size_t n, std::span<const std::size_t> a, std::span<const std::size_t> b,
+                  std::span<const std::size_t> c, std::span<const std::size_t> d) {
+  if (a.size() != n || b.size() != n || c.size() != n || d.size() != n)
     throw InvalidArgument("nccl all_to_all_v: counts and displacements need one entry per rank (" + std::to_string(n) + ")");
-  if (!both_on_gpu(send, recv, "all_to_all_v"))
-    return bootstrap_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+}
+}  // namespace
+
+void NcclCommunicator::enqueue_all_to_all_v(void* s, const void* send, std::span<const std::size_t> send_counts,
+                                            std::span<const std::size_t> send_displs, void* recv,
+                                            std::span<const std::size_t> recv_counts,
+                                            std::span<const std::size_t> recv_displs, DType t) {
+  const auto n = static_cast<std::size_t>(size());
   const std::size_t es = dtype_size(t);
-  void* s = begin();
   check(ncclGroupStart(), "ncclGroupStart");
   for (std::size_t j = 0; j < n; ++j) {
     const int peer = static_cast<int>(j);
@@ -204,7 +207,31 @@ void NcclCommunicator::all_to_all_v(const void* send, std::span<const std::size_
             "ncclRecv");
   }
   check(ncclGroupEnd(), "ncclGroupEnd");
+}
+
+void NcclCommunicator::all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
+                                    std::span<const std::size_t> send_displs, void* recv,
+                                    std::span<const std::size_t> recv_counts,
+                                    std::span<const std::size_t> recv_displs, DType t) {
+  check_counts(static_cast<std::size_t>(size()), send_counts, send_displs, recv_counts, recv_displs);
+  if (!both_on_gpu(send, recv, "all_to_all_v"))
+    return bootstrap_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  void* s = begin();
+  enqueue_all_to_all_v(s, send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
   finish(s);
+}
+
+void NcclCommunicator::all_to_all_v_on(Device& dev, Stream& st, const void* send,
+                                       std::span<const std::size_t> send_counts,
+                                       std::span<const std::size_t> send_displs, void* recv,
+                                       std::span<const std::size_t> recv_counts,
+                                       std::span<const std::size_t> recv_displs, DType t) {
+  check_counts(static_cast<std::size_t>(size()), send_counts, send_displs, recv_counts, recv_displs);
+  if (&dev != static_cast<Device*>(&dev_))
+    throw InvalidArgument("nccl all_to_all_v_on: the stream's device is not this communicator's");
+  if (!both_on_gpu(send, recv, "all_to_all_v_on"))
+    throw InvalidArgument("nccl all_to_all_v_on: the buffers must be GPU memory");
+  enqueue_all_to_all_v(dev_.native_stream(st), send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
 }
 
 void NcclCommunicator::barrier() { bootstrap_->barrier(); }

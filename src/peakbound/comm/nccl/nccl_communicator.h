@@ -48,6 +48,12 @@ class NcclCommunicator final : public Communicator {
                     std::span<const std::size_t> send_displs, void* recv, std::span<const std::size_t> recv_counts,
                     std::span<const std::size_t> recv_displs, DType t) override;
   void barrier() override;
+  bool enqueues_on_streams() const override { return true; }
+  // The group of sends and receives on s's own CUDA stream (s a stream of this
+  // communicator's device), without waiting for it.
+  void all_to_all_v_on(Device& dev, Stream& s, const void* send, std::span<const std::size_t> send_counts,
+                       std::span<const std::size_t> send_displs, void* recv, std::span<const std::size_t> recv_counts,
+                       std::span<const std::size_t> recv_displs, DType t) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
@@ -56,6 +62,11 @@ class NcclCommunicator final : public Communicator {
   void* begin();             // the stream of a collective, ordered after the compute stream
   void finish(void* stream);  // waits for it; rethrows an asynchronous NCCL error
   void check_peer(int peer, const char* what) const;
+  // Enqueues all_to_all_v's group of sends and receives on the CUDA stream `stream`.
+  void enqueue_all_to_all_v(void* stream, const void* send, std::span<const std::size_t> send_counts,
+                            std::span<const std::size_t> send_displs, void* recv,
+                            std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                            DType t);
 
   CudaDevice& dev_;
   std::unique_ptr<Communicator> bootstrap_;
