@@ -68,6 +68,11 @@ class Arena final : public Allocator {
   Location location() const override { return loc_; }
 
   std::uint64_t capacity() const { return capacity_; }
+  // Whether p lies in the region (capacity plus the stagger reserve).
+  bool holds(const void* p) const {
+    const char* c = static_cast<const char*>(p);
+    return base_ && c >= base_ && c < base_ + capacity_ + reserve_;
+  }
   std::uint64_t stagger_reserve() const { return reserve_; }
   std::uint64_t high_water_offset() const;
   // The largest free block, at most the unspent budget.

@@ -14,6 +14,7 @@ namespace peakbound::ops {
 
 void adamw_update(Device& dev, Stream& s, const AdamWStepScalars& sc, const AdamWTensors& t,
                   const AdamWLaunch& l) {
+  check_device_pointers(dev, "adamw_update", {t.master, t.m, t.v, t.grad, t.param});
   PB_ON_CUDA(dev, s, cuda::adamw_update(stream, sc, t))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "adamw_update");
   PB_CHECK_MSG(l.pool, "adamw_update on the cpu backend needs a thread pool");
@@ -21,6 +22,7 @@ void adamw_update(Device& dev, Stream& s, const AdamWStepScalars& sc, const Adam
 }
 
 double sum_squares(Device& dev, Stream& s, const void* x, DType dtype, std::int64_t n, const AdamWLaunch& l) {
+  check_device_pointers(dev, "sum_squares", {x});
 #ifdef PEAKBOUND_HAVE_CUDA
   if (dev.backend() == Backend::cuda) {
     double* slot = static_cast<CudaDevice&>(dev).result_slot();

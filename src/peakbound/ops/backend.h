@@ -4,6 +4,7 @@
 // build without CUDA always links and says clearly what is missing (mlx's no_gpu).
 #pragma once
 
+#include <initializer_list>
 #include <string_view>
 
 #include "peakbound/device/device.h"
@@ -12,6 +13,11 @@ namespace peakbound::ops {
 
 // Throws Unavailable: "op 'gemm' has no cuda kernel yet (device cuda:0)".
 [[noreturn]] void no_kernel(const Device& dev, std::string_view op);
+
+// Under strict device memory (PEAKBOUND_STRICT_DEVICE=1, core/device_access.h) on the
+// CPU device: throws InternalError when a non-null pointer an op is given lies outside
+// the device's memory (host memory a GPU kernel could not read). Otherwise nothing.
+void check_device_pointers(Device& dev, std::string_view op, std::initializer_list<const void*> ptrs);
 
 #ifdef PEAKBOUND_HAVE_CUDA
 // The cudaStream_t behind s, a stream of the CUDA device dev.

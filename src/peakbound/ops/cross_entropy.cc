@@ -14,6 +14,7 @@ namespace peakbound::ops {
 
 void lse_update(Device& dev, Stream& s, const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                 float* run_max, float* run_sum) {
+  check_device_pointers(dev, "lse_update", {logits, run_max, run_sum});
   PB_ON_CUDA(dev, s, cuda::lse_update(stream, logits, rows, cols, ld, run_max, run_sum))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "lse_update");
   cpu::launch(s, [=] { cpu::lse_update(logits, rows, cols, ld, run_max, run_sum); });
@@ -21,6 +22,7 @@ void lse_update(Device& dev, Stream& s, const float* logits, std::int64_t rows, 
 
 void gather_target_logit(Device& dev, Stream& s, const float* logits, std::int64_t rows, std::int64_t cols,
                          std::int64_t ld, const std::int32_t* targets, std::int64_t vocab_offset, float* target_logit) {
+  check_device_pointers(dev, "gather_target_logit", {logits, targets, target_logit});
   PB_ON_CUDA(dev, s, cuda::gather_target_logit(stream, logits, rows, cols, ld, targets, vocab_offset, target_logit))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "gather_target_logit");
   cpu::launch(s, [=] { cpu::gather_target_logit(logits, rows, cols, ld, targets, vocab_offset, target_logit); });
@@ -29,6 +31,7 @@ void gather_target_logit(Device& dev, Stream& s, const float* logits, std::int64
 void cross_entropy_grad(Device& dev, Stream& s, float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
                         const float* lse, const std::int32_t* targets, std::int64_t vocab_offset,
                         std::int32_t ignore_index, float z_loss, float scale) {
+  check_device_pointers(dev, "cross_entropy_grad", {logits, lse, targets});
   PB_ON_CUDA(dev, s, cuda::cross_entropy_grad(stream, logits, rows, cols, ld, lse, targets, vocab_offset, ignore_index, z_loss, scale))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "cross_entropy_grad");
   cpu::launch(s, [=] {
@@ -38,6 +41,7 @@ void cross_entropy_grad(Device& dev, Stream& s, float* logits, std::int64_t rows
 
 void lse_merge(Device& dev, Stream& s, float* max_a, float* sum_a, float* target_a, const float* max_b,
                const float* sum_b, const float* target_b, std::int64_t rows) {
+  check_device_pointers(dev, "lse_merge", {max_a, sum_a, target_a, max_b, sum_b, target_b});
   PB_ON_CUDA(dev, s, cuda::lse_merge(stream, max_a, sum_a, target_a, max_b, sum_b, target_b, rows))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "lse_merge");
   cpu::launch(s, [=] { cpu::lse_merge(max_a, sum_a, target_a, max_b, sum_b, target_b, rows); });
@@ -46,6 +50,7 @@ void lse_merge(Device& dev, Stream& s, float* max_a, float* sum_a, float* target
 double cross_entropy_finish(Device& dev, Stream& s, const float* run_max, const float* run_sum,
                             const float* target_logit, const std::int32_t* targets, std::int64_t rows,
                             std::int32_t ignore_index, float z_loss, float* lse, std::int64_t* count) {
+  check_device_pointers(dev, "cross_entropy_finish", {run_max, run_sum, target_logit, targets, lse});  // count: host
 #ifdef PEAKBOUND_HAVE_CUDA
   if (dev.backend() == Backend::cuda) {
     // The sums land in the device's mapped result slot once the stream reaches them.
@@ -68,6 +73,7 @@ double cross_entropy_finish(Device& dev, Stream& s, const float* run_max, const 
 double cross_entropy_fused_grad(Device& dev, Stream& s, float* logits, std::int64_t rows, std::int64_t cols,
                                 std::int64_t ld, const std::int32_t* targets, std::int32_t ignore_index, float z_loss,
                                 float scale, std::int64_t* count) {
+  check_device_pointers(dev, "cross_entropy_fused_grad", {logits, targets});  // count: host
 #ifdef PEAKBOUND_HAVE_CUDA
   if (dev.backend() == Backend::cuda) {
     // Row chunks that fit the device's result slot, summed here in row order.

@@ -9,6 +9,7 @@ namespace peakbound::ops {
 
 void embedding_forward(Device& dev, Stream& s, float* out, const std::int32_t* ids, const float* table,
                        std::int64_t T, std::int64_t H, std::int64_t row_offset, std::int64_t rows) {
+  check_device_pointers(dev, "embedding_forward", {out, ids, table});
   PB_ON_CUDA(dev, s, cuda::embedding_forward(stream, out, ids, table, T, H, row_offset, rows))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "embedding_forward");
   cpu::launch(s, [=] { cpu::embedding_forward(out, ids, table, T, H, row_offset, rows); });
@@ -16,6 +17,7 @@ void embedding_forward(Device& dev, Stream& s, float* out, const std::int32_t* i
 
 void embedding_backward(Device& dev, Stream& s, float* dtable, const std::int32_t* ids, const float* dout,
                         std::int64_t T, std::int64_t H, std::int64_t row_offset, std::int64_t rows) {
+  check_device_pointers(dev, "embedding_backward", {dtable, ids, dout});
   PB_ON_CUDA(dev, s, cuda::embedding_backward(stream, dtable, ids, dout, T, H, row_offset, rows))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "embedding_backward");
   cpu::launch(s, [=] { cpu::embedding_backward(dtable, ids, dout, T, H, row_offset, rows); });

@@ -27,6 +27,7 @@ std::int64_t rope_table_elems(std::int64_t t, std::int64_t d) {
 
 void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t, std::int64_t d,
                  std::int64_t offset, double theta) {
+  check_device_pointers(dev, "rope_tables", {cos, sin});
   cpu::rope_check(t, d, offset, theta);
   PB_ON_CUDA(dev, s, cuda::rope_tables(stream, cos, sin, t, d, offset, theta))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_tables");
@@ -35,6 +36,7 @@ void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t,
 
 void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, const float* sin,
                   std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  check_device_pointers(dev, "rope_forward", {q, k, cos, sin});
   cpu::rope_check(t, d, 0, 1.0);
   check_heads(q_heads, kv_heads);
   PB_ON_CUDA(dev, s, (cuda::rope_rotate(stream, q, cos, sin, t, q_heads, d, 1.0f),
@@ -48,6 +50,7 @@ void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, 
 
 void rope_backward(Device& dev, Stream& s, float* dq, float* dk, const float* cos, const float* sin,
                    std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  check_device_pointers(dev, "rope_backward", {dq, dk, cos, sin});
   cpu::rope_check(t, d, 0, 1.0);
   check_heads(q_heads, kv_heads);
   PB_ON_CUDA(dev, s, (cuda::rope_rotate(stream, dq, cos, sin, t, q_heads, d, -1.0f),

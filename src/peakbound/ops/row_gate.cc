@@ -9,6 +9,7 @@ namespace peakbound::ops {
 
 void row_gate_forward(Device& dev, Stream& s, float* out, const float* x, const float* z, std::int64_t m,
                       std::int64_t n, bool accumulate) {
+  check_device_pointers(dev, "row_gate_forward", {out, x, z});
   PB_ON_CUDA(dev, s, cuda::row_gate_forward(stream, out, x, z, m, n, accumulate))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "row_gate_forward");
   cpu::launch(s, [=] { cpu::row_gate_forward(out, x, z, m, n, accumulate); });
@@ -16,6 +17,7 @@ void row_gate_forward(Device& dev, Stream& s, float* out, const float* x, const 
 
 void row_gate_backward(Device& dev, Stream& s, float* dx, float* dz, const float* dout, const float* x,
                        const float* z, std::int64_t m, std::int64_t n) {
+  check_device_pointers(dev, "row_gate_backward", {dx, dz, dout, x, z});
   PB_ON_CUDA(dev, s, cuda::row_gate_backward(stream, dx, dz, dout, x, z, m, n))
   if (dev.backend() != Backend::cpu) no_kernel(dev, "row_gate_backward");
   cpu::launch(s, [=] { cpu::row_gate_backward(dx, dz, dout, x, z, m, n); });
