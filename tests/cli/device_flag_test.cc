@@ -13,7 +13,7 @@ using testing::expect_one_line_error;
 using testing::run_cli;
 
 TEST(DeviceFlag, AnUnknownDeviceIsAOneLineError) {
-  for (const char* cmd : {"train", "eval --data x.bin", "bench optimizer", "bench checkpoint"}) {
+  for (const char* cmd : {"train", "eval --data x.bin", "bench optimizer", "bench checkpoint", "bench dispatch", "verify dispatch"}) {
     SCOPED_TRACE(cmd);
     const auto r = run_cli(std::string(cmd) + " --device tpu");
     expect_one_line_error(r, "--device: 'tpu' is not a device (use cpu or cuda)");
@@ -32,7 +32,9 @@ TEST(DeviceFlag, TrainAndBenchesKeepHostCodeOffDeviceMemory) {
   for (const std::string args :
        {"train --steps 1 --seq-len 64",
         "bench checkpoint --layers 2 --tokens 128 --hidden 64 --warmup 0 --reps 1",
-        "bench optimizer --params 64K --steps 1 --warmup 0 --bandwidth-bytes 1MiB"}) {
+        "bench optimizer --params 64K --steps 1 --warmup 0 --bandwidth-bytes 1MiB",
+        "bench dispatch --tokens 128 --cap 32 --hidden 32 --ffn 48 --experts 4 --reps 1",
+        "verify dispatch --tokens 64 --cap 16 --hidden 16 --ffn 24 --experts 4"}) {
     SCOPED_TRACE(args);
     const auto r = run_cli("", 300, strict(args));
     EXPECT_EQ(r.code, 0) << r.err;

@@ -21,7 +21,7 @@
 #include "peakbound/cli/dispatch_flags.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
-#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/comm/device_communicator.h"
 
 namespace peakbound::cli {
 
@@ -44,31 +44,27 @@ struct PathResult {
 };
 
 PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, DispatchKind kind, bool timed) {
-  const MoeShape& s = p.spec.shape;
   const int r = g.rank();
-  const std::int64_t H = s.hidden, K = s.top_k, EF = s.expert_floats(), local = s.experts / g.size();
-  const std::int64_t T = p.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
   const std::uint64_t budget = f.budget(p, r, kind);
-  CpuDevice dev(budget);
-  MoeDispatch d(dev, g, s, kind, f.options());
+  std::unique_ptr<Device> dev = f.make_path_device(p, r, kind);
+  std::unique_ptr<Communicator> gpu_group =
+      dev->backend() == Backend::cpu ? nullptr : device_communicator(*dev, g.split(0, r));
+  MoeDispatch d(*dev, gpu_group ? *gpu_group : g, p.spec.shape, kind, f.options());
+  MoeRankOnDevice on(*dev, p, r, g.size());
   PathResult out;
   out.name = d.name();
-  out.y.resize(static_cast<std::size_t>(T * H));
-  out.dx.resize(static_cast<std::size_t>(T * H));
-  out.dw.resize(static_cast<std::size_t>(T * K));
-  out.dparams.resize(static_cast<std::size_t>(local * EF));
-  const float* x = p.x.data() + off * H;
-  const std::int32_t* ids = p.ids.data() + off * K;
-  const float* w = p.weights.data() + off * K;
-  const float* params = p.params.data() + r * local * EF;
   auto step = [&] {
-    std::fill(out.dparams.begin(), out.dparams.end(), 0.0f);
-    d.forward(x, T, ids, w, params, out.y.data());
-    d.backward(x, T, ids, w, params, p.dy.data() + off * H, out.dx.data(), out.dw.data(), out.dparams.data());
+    on.forward(d);
+    on.backward(d);
+    dev->synchronize();
   };
   step();  // warm-up (and the run the peak is read from)
   if (timed) out.seconds = bench::best_group_seconds(g, step, f.reps);
-  std::int64_t peak[2] = {static_cast<std::int64_t>(dev.arena().peak(Component::dispatch)),
+  out.y = on.y();
+  out.dx = on.dx();
+  out.dw = on.dw();
+  out.dparams = on.dparams();
+  std::int64_t peak[2] = {static_cast<std::int64_t>(dev->arena().peak(Component::dispatch)),
                          static_cast<std::int64_t>(budget)};
   g.all_reduce(peak, 2, DType::i64, ReduceOp::max);
   out.peak = static_cast<std::uint64_t>(peak[0]);
@@ -129,7 +125,7 @@ Command add_bench_dispatch(CLI::App& parent) {
                                              {"throughput_ratio_vs_llep", res[1].seconds / res[2].seconds},
                                              {"throughput_ratio_vs_standard", res[0].seconds / res[2].seconds}};
     }
-    nlohmann::json out = {{"bench", "dispatch"}, {"ranks", g.size()}, {"tokens_per_rank", f->tokens},
+    nlohmann::json out = {{"bench", "dispatch"}, {"device", f->device}, {"ranks", g.size()}, {"tokens_per_rank", f->tokens},
                           {"hidden", f->hidden}, {"ffn", f->ffn}, {"experts", f->experts}, {"topk", f->top_k},
                           {"cap", f->cap}, {"round_budget", f->round_budget}, {"round_bytes", f->round_bytes()},
                           {"max_lent", f->max_lent}, {"alpha", f->alpha}, {"lambda", f->lambda}, {"min_spill", f->min_spill},

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +13,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/core/values.h"
+#include "peakbound/device/device.h"
 #include "peakbound/schedules/moe_footprint.h"
 #include "peakbound/verify/moe_reference.h"
 
@@ -33,6 +35,7 @@ struct DispatchFlags {
   std::int64_t max_lent = DispatchOptions{}.max_lent;
   std::uint64_t seed = 1;
   std::string device_memory = "auto";  // auto: sized from the dispatch footprints
+  std::string device = "cpu";
   bool json = false;
 
   // `cap_help` / `min_spill_help` say where a command's own default comes from.
@@ -55,8 +58,10 @@ struct DispatchFlags {
     int_flag(&app, "--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies" + min_spill_help, 1, kInt64Max);
     seed_flag(&app, "--seed", seed, "Data seed");
     app.add_option("--device-memory", device_memory,
-                   "Device budget of each path (e.g. 64MiB), or auto: its dispatch footprint plus 1 MiB")
+                   "Device budget of each path (e.g. 64MiB), or auto: its dispatch footprint plus the rank's "
+                   "inputs and outputs plus 1 MiB")
         ->capture_default_str();
+    device_flag(&app, device);
     app.add_flag("--json", json, "Print one JSON object");
   }
 
@@ -101,10 +106,18 @@ struct DispatchFlags {
     return o;
   }
 
-  // The Arena budget of one path: --device-memory, or its footprint plus 1 MiB of slack.
+  // The Arena budget of one path: --device-memory, or its footprint plus the rank's
+  // slice of the problem on the device (MoeRankOnDevice) plus 1 MiB of slack.
   std::uint64_t budget(const MoeProblem& p, int rank, DispatchKind kind) const {
     if (device_memory != "auto") return parse_bytes(device_memory, "--device-memory");
-    return moe_problem_footprint(p, rank, kind, options(), sizeof(float)).device_peak_total() + (std::uint64_t{1} << 20);
+    return moe_problem_footprint(p, rank, kind, options(), sizeof(float)).device_peak_total() +
+           MoeRankOnDevice::bytes(p, rank, p.spec.ranks) + (std::uint64_t{1} << 20);
+  }
+
+  // The device of one path, and the communicator its buffers move over (the group
+  // itself on the CPU; NCCL bootstrapped over a duplicate of it on a GPU).
+  std::unique_ptr<Device> make_path_device(const MoeProblem& p, int rank, DispatchKind kind) const {
+    return make_device(device, budget(p, rank, kind));
   }
 
   std::vector<Skew> skews() const {

@@ -8,8 +8,8 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/dispatch_flags.h"
 #include "peakbound/comm/communicator.h"
+#include "peakbound/comm/device_communicator.h"
 #include "peakbound/core/error.h"
-#include "peakbound/device/cpu/cpu_device.h"
 
 namespace peakbound::cli {
 
@@ -49,8 +49,10 @@ Command add_verify_dispatch(CLI::App& parent) {
       MoeProblem p = make_moe_problem(f->spec(g.size(), s, f->tokens));
       MoeReference ref = dense_moe_reference(p);
       for (DispatchKind k : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
-        CpuDevice dev(f->budget(p, g.rank(), k));
-        MoeDispatch d(dev, g, p.spec.shape, k, f->options());
+        std::unique_ptr<Device> dev = f->make_path_device(p, g.rank(), k);
+        std::unique_ptr<Communicator> gpu_group =
+            dev->backend() == Backend::cpu ? nullptr : device_communicator(*dev, g.split(0, g.rank()));
+        MoeDispatch d(*dev, gpu_group ? *gpu_group : g, p.spec.shape, k, f->options());
         MoeCheck chk = check_moe_dispatch(d, g, p, ref);
         bool pass = chk.max() < kTolerance;
         ok = ok && pass;

@@ -51,6 +51,7 @@ class MoeDispatch {
   void backward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                 const float* expert_params, const float* dy, float* dx, float* d_weights, float* d_expert_params);
   const DispatchStats& stats() const { return stats_; }
+  Device& device() const { return dev_; }
 
  private:
   struct Pass;

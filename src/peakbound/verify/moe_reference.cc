@@ -7,6 +7,7 @@
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/ops/elementwise.h"
 #include "peakbound/verify/relative_error.h"
 
 namespace peakbound {
@@ -223,19 +224,75 @@ MoeReference dense_moe_reference(const MoeProblem& p) {
 
 double MoeCheck::max() const { return std::max({rel_err_y, rel_err_dx, rel_err_dw, rel_err_dparams}); }
 
+namespace {
+
+struct RankSlice {
+  std::int64_t T, H, K, off, local, EF;
+};
+
+RankSlice slice_of(const MoeProblem& p, int rank, int ranks) {
+  const MoeShape& s = p.spec.shape;
+  return {p.tokens[static_cast<std::size_t>(rank)], s.hidden, s.top_k, p.offset(rank), s.experts / ranks,
+          s.expert_floats()};
+}
+
+std::uint64_t floats(std::int64_t n) { return static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1)) * 4; }
+
+}  // namespace
+
+std::uint64_t MoeRankOnDevice::bytes(const MoeProblem& p, int rank, int ranks) {
+  const RankSlice r = slice_of(p, rank, ranks);
+  // x, dy, y, dx [T, H]; ids, weights, d weights [T, K]; experts and their gradients.
+  return 4 * arena_reserved(floats(r.T * r.H)) + 3 * arena_reserved(floats(r.T * r.K)) +
+         2 * arena_reserved(floats(r.local * r.EF));
+}
+
+MoeRankOnDevice::MoeRankOnDevice(Device& dev, const MoeProblem& p, int rank, int ranks) : dev_(dev) {
+  const RankSlice r = slice_of(p, rank, ranks);
+  T_ = r.T, H_ = r.H, K_ = r.K, expert_floats_ = r.local * r.EF;
+  auto put = [&](Component c, const void* src, std::int64_t n) {
+    Buffer b = dev_.allocate(c, floats(n));
+    copy_to_device(dev_, b.data(), src, static_cast<std::uint64_t>(n) * 4);
+    return b;
+  };
+  static_assert(sizeof(std::int32_t) == sizeof(float));
+  x_ = put(Component::layer, p.x.data() + r.off * r.H, r.T * r.H);
+  ids_ = put(Component::layer, p.ids.data() + r.off * r.K, r.T * r.K);
+  w_ = put(Component::layer, p.weights.data() + r.off * r.K, r.T * r.K);
+  dy_ = put(Component::layer, p.dy.data() + r.off * r.H, r.T * r.H);
+  params_ = put(Component::params, p.params.data() + rank * r.local * r.EF, expert_floats_);
+  y_ = dev_.allocate(Component::layer, floats(r.T * r.H));
+  dx_ = dev_.allocate(Component::layer, floats(r.T * r.H));
+  dw_ = dev_.allocate(Component::layer, floats(r.T * r.K));
+  dparams_ = dev_.allocate(Component::grads, floats(expert_floats_));
+}
+
+void MoeRankOnDevice::forward(MoeDispatch& d) {
+  d.forward(x_.as<float>(), T_, ids_.as<std::int32_t>(), w_.as<float>(), params_.as<float>(), y_.as<float>());
+}
+
+void MoeRankOnDevice::backward(MoeDispatch& d) {
+  if (expert_floats_ > 0) ops::fill(dev_, dev_.compute_stream(), dparams_.as<float>(), expert_floats_, 0.0f);
+  d.backward(x_.as<float>(), T_, ids_.as<std::int32_t>(), w_.as<float>(), params_.as<float>(), dy_.as<float>(),
+             dx_.as<float>(), dw_.as<float>(), dparams_.as<float>());
+}
+
+std::vector<float> MoeRankOnDevice::read(const Buffer& b, std::int64_t n) const {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  copy_to_host(dev_, out.data(), b.data(), out.size() * sizeof(float));
+  return out;
+}
+
 MoeCheck check_moe_dispatch(MoeDispatch& d, Communicator& g, const MoeProblem& p, const MoeReference& ref) {
   const MoeShape& s = p.spec.shape;
   const int r = g.rank();
   const std::int64_t H = s.hidden, K = s.top_k, EF = s.expert_floats(), local = s.experts / g.size();
   const std::int64_t T = p.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
-  const float* x = p.x.data() + off * H;
-  const std::int32_t* ids = p.ids.data() + off * K;
-  const float* w = p.weights.data() + off * K;
-  const float* params = p.params.data() + r * local * EF;
-  std::vector<float> y(static_cast<std::size_t>(T * H)), dx(static_cast<std::size_t>(T * H)),
-      dw(static_cast<std::size_t>(T * K)), dparams(static_cast<std::size_t>(local * EF), 0.0f);
-  d.forward(x, T, ids, w, params, y.data());
-  d.backward(x, T, ids, w, params, p.dy.data() + off * H, dx.data(), dw.data(), dparams.data());
+  MoeRankOnDevice on(d.device(), p, r, g.size());
+  on.forward(d);
+  const std::vector<float> y = on.y();
+  on.backward(d);
+  const std::vector<float> dx = on.dx(), dw = on.dw(), dparams = on.dparams();
   MoeCheck c;
   c.rel_err_y = verify::group_relative_error(g, y.data(), ref.y.data() + off * H, T * H);
   c.rel_err_dx = verify::group_relative_error(g, dx.data(), ref.dx.data() + off * H, T * H);

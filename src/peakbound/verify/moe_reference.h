@@ -49,11 +49,36 @@ struct MoeReference {
 };
 MoeReference dense_moe_reference(const MoeProblem& p);
 
+// One rank's slice of a problem in device memory, as a model holds it: x, the routing
+// (expert ids and weights) and dy under Component::layer, its experts under params; the
+// outputs y, dx, d weights (layer) and the experts' gradients (grads). forward and
+// backward run a dispatch on them (backward zeroes the expert gradients it adds into
+// first); the outputs come back with copies.
+class MoeRankOnDevice {
+ public:
+  MoeRankOnDevice(Device& dev, const MoeProblem& p, int rank, int ranks);
+  // The device bytes it allocates (each buffer as the Arena reserves it).
+  static std::uint64_t bytes(const MoeProblem& p, int rank, int ranks);
+
+  void forward(MoeDispatch& d);
+  void backward(MoeDispatch& d);
+  std::vector<float> y() const { return read(y_, T_ * H_); }
+  std::vector<float> dx() const { return read(dx_, T_ * H_); }
+  std::vector<float> dw() const { return read(dw_, T_ * K_); }
+  std::vector<float> dparams() const { return read(dparams_, expert_floats_); }
+
+ private:
+  std::vector<float> read(const Buffer& b, std::int64_t n) const;
+  Device& dev_;
+  std::int64_t T_, H_, K_, expert_floats_;
+  Buffer x_, ids_, w_, params_, dy_, y_, dx_, dw_, dparams_;
+};
+
 struct MoeCheck {
   double rel_err_y = 0, rel_err_dx = 0, rel_err_dw = 0, rel_err_dparams = 0;  // max over ranks
   double max() const;
 };
-// Forward + backward of `d` on this rank's slice against the reference.
+// Forward + backward of `d` on this rank's slice (moved to d's device) against the reference.
 MoeCheck check_moe_dispatch(MoeDispatch& d, Communicator& group, const MoeProblem& p, const MoeReference& ref);
 
 }  // namespace peakbound
