@@ -54,7 +54,9 @@ TEST(VocabCli, TinyShapesRunUnderASmallAddressSpace) {
 TEST(VocabCli, DeviceMemoryCanBeSetAndBinds) {
   CliRun ok = run("verify vocab --tokens 20 --vocab 77 --device-memory 64MiB");
   EXPECT_EQ(ok.code, 0) << ok.err;
-  expect_one_line_error(run("verify vocab --tokens 20 --vocab 77 --device-memory 4KiB"), "vocab");
+  // The budget binds: it is refused by the first allocation it cannot hold (now the
+  // rank's inputs, which live on the device too).
+  expect_one_line_error(run("verify vocab --tokens 20 --vocab 77 --device-memory 4KiB"), "budget");
   expect_one_line_error(run("bench vocab --device-memory 12parsecs"), "--device-memory");
 }
 

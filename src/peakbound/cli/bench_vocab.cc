@@ -25,7 +25,10 @@
 #include "peakbound/cli/vocab_flags.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/units.h"
-#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/comm/device_communicator.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/device/device.h"
+#include "peakbound/ops/elementwise.h"
 
 namespace peakbound::cli {
 
@@ -86,13 +89,31 @@ double group_sum(Communicator& g, double v) {
 class Runner {
  public:
   Runner(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring)
-      : g_(g), d_(d), tokens_(tokens), ring_(ring), fp_(footprint(f, g, tokens, ring)), dev_(f.device_budget({fp_})),
-        impl_(ring ? make_ring_dtp_vocab_loss(dev_, g, f.dims(), f.options())
-                   : make_materialized_vocab_loss(dev_, g, f.dims(), f.options())) {
-    VocabShard sh = vocab_shard(f.vocab, g.size(), g.rank());
+      : g_(g), tokens_(tokens), ring_(ring), fp_(footprint(f, g, tokens, ring)) {
+    // The loss's own buffers (the budget from its footprint) plus this rank's inputs and
+    // gradients, which live on the device as in a model.
+    const auto floats = [](std::size_t n) { return arena_reserved(std::max<std::size_t>(n, 1) * 4); };
+    const std::uint64_t io = 2 * floats(d.hidden.size()) + 2 * floats(d.weight.size()) + floats(d.targets.size());
+    dev_ = make_device(f.device, f.device_memory == "auto" ? f.device_budget({fp_}) + io : f.device_budget({fp_}),
+                       std::string("cpu:") + (ring ? "ring" : "materialized"));
+    if (dev_->backend() != Backend::cpu) gpu_group_ = device_communicator(*dev_, g.split(0, g.rank()));
+    Communicator& group = gpu_group_ ? *gpu_group_ : g;
+    impl_ = ring ? make_ring_dtp_vocab_loss(*dev_, group, f.dims(), f.options())
+                 : make_materialized_vocab_loss(*dev_, group, f.dims(), f.options());
+    auto put = [&](Component c, const void* src, std::size_t n) {
+      Buffer b = dev_->allocate(c, std::max<std::size_t>(n, 1) * 4);
+      copy_to_device(*dev_, b.data(), src, n * 4);
+      return b;
+    };
+    hidden_ = put(Component::layer, d.hidden.data(), d.hidden.size());
+    targets_ = put(Component::layer, d.targets.data(), d.targets.size());
+    weight_ = put(Component::params, d.weight.data(), d.weight.size());
+    dh_ = dev_->allocate(Component::layer, std::max<std::size_t>(d.hidden.size(), 1) * 4);
+    dw_ = dev_->allocate(Component::grads, std::max<std::size_t>(d.weight.size(), 1) * 4);
+    dw_floats_ = static_cast<std::int64_t>(d.weight.size());
     r_.name = impl_->name();
-    r_.dh.assign(static_cast<std::size_t>(tokens * f.hidden), 0.0f);
-    r_.dw.assign(static_cast<std::size_t>(sh.rows * f.hidden), 0.0f);
+    r_.dh.assign(d.hidden.size(), 0.0f);
+    r_.dw.assign(d.weight.size(), 0.0f);
     r_.seconds = std::numeric_limits<double>::infinity();
   }
 
@@ -121,7 +142,9 @@ class Runner {
     r_.gemm_flops = st[0];
     r_.gemm_seconds = st[1] / g_.size();
     r_.comm_seconds = st[2] / g_.size();
-    std::int64_t peak = static_cast<std::int64_t>(dev_.arena().peak(Component::vocab));
+    copy_to_host(*dev_, r_.dh.data(), dh_.data(), r_.dh.size() * 4);
+    copy_to_host(*dev_, r_.dw.data(), dw_.data(), r_.dw.size() * 4);
+    std::int64_t peak = static_cast<std::int64_t>(dev_->arena().peak(Component::vocab));
     g_.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
     r_.vocab_peak = static_cast<std::uint64_t>(peak);
     std::int64_t fp_peak = static_cast<std::int64_t>(fp_.device_peak(Component::vocab));
@@ -145,24 +168,29 @@ class Runner {
   }
 
   void step() {
-    std::fill(r_.dw.begin(), r_.dw.end(), 0.0f);
+    if (dw_floats_) ops::fill(*dev_, dev_->compute_stream(), dw_.as<float>(), dw_floats_, 0.0f);
+    const float* h = hidden_.as<float>();
+    const std::int32_t* t = targets_.as<std::int32_t>();
+    const float* w = weight_.as<float>();
     if (ring_) {
-      ls_ = impl_->forward_backward(d_.hidden.data(), d_.targets.data(), tokens_, d_.weight.data(), 1.0f,
-                                    r_.dh.data(), r_.dw.data());
+      ls_ = impl_->forward_backward(h, t, tokens_, w, 1.0f, dh_.as<float>(), dw_.as<float>());
     } else {
-      ls_ = impl_->forward(d_.hidden.data(), d_.targets.data(), tokens_, d_.weight.data());
-      impl_->backward(1.0f, r_.dh.data(), r_.dw.data());
+      ls_ = impl_->forward(h, t, tokens_, w);
+      impl_->backward(1.0f, dh_.as<float>(), dw_.as<float>());
     }
+    dev_->synchronize();
     ++steps_;
   }
 
   Communicator& g_;
-  const RankData& d_;
   std::int64_t tokens_;
   bool ring_;
   Footprint fp_;
-  CpuDevice dev_;
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<Communicator> gpu_group_;  // NCCL over a duplicate of g_ on a GPU
   std::unique_ptr<VocabLoss> impl_;
+  Buffer hidden_, targets_, weight_, dh_, dw_;
+  std::int64_t dw_floats_ = 0;
   RunResult r_;
   LossSum ls_;
   int steps_ = 0;
@@ -250,7 +278,7 @@ Command add_bench_vocab(CLI::App& parent) {
       j["sweep"] = sweep;
     }
     if (g.rank() == 0) {
-      nlohmann::json out = {{"bench", "vocab"},
+      nlohmann::json out = {{"bench", "vocab"}, {"device", f->device},
                             {"ranks", g.size()},
                             {"tokens_per_rank", f->tokens},
                             {"hidden", f->hidden},

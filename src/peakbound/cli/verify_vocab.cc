@@ -9,7 +9,9 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/vocab_flags.h"
 #include "peakbound/comm/communicator.h"
-#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/comm/device_communicator.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/device/device.h"
 #include "peakbound/verify/vocab_reference.h"
 
 namespace peakbound::cli {
@@ -57,14 +59,25 @@ Command add_verify_vocab(CLI::App& parent) {
       om.mode = m;
       fps.push_back(ring_dtp_footprint(shape, om, sizeof(float)));
     }
-    CpuDevice dev(f->device_budget(fps));
+    // Plus this rank's slice of the problem (check_vocab_loss puts it on the device).
+    const VocabShard vs = vocab_shard(f->vocab, g.size(), g.rank());
+    const std::int64_t T = spec.tokens[static_cast<std::size_t>(g.rank())];
+    const std::uint64_t io = 3 * arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(T * f->hidden, 1)) * 4) +
+                             arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(T, 1)) * 4) +
+                             2 * arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(vs.rows * f->hidden, 1)) * 4);
+    std::unique_ptr<Device> device =
+        make_device(f->device, f->device_memory == "auto" ? f->device_budget(fps) + io : f->device_budget(fps));
+    std::unique_ptr<Communicator> gpu_group =
+        device->backend() == Backend::cpu ? nullptr : device_communicator(*device, g.split(0, g.rank()));
+    Communicator& group = gpu_group ? *gpu_group : g;
+    Device& dev = *device;
     nlohmann::json runs = nlohmann::json::array();
     bool ok = true;
     for (auto [name, mode] : {std::pair{"materialized", RingMode::automatic}, {"ring_dtp", RingMode::automatic},
                               {"ring_dtp", RingMode::activations}, {"ring_dtp", RingMode::weights}}) {
       VocabLossOptions oo = o;
       if (std::string(name) == "ring_dtp" && f->mode == "auto") oo.mode = mode;
-      auto impl = std::string(name) == "ring_dtp" ? make_ring_dtp_vocab_loss(dev, g, f->dims(), oo) : make_materialized_vocab_loss(dev, g, f->dims(), oo);
+      auto impl = std::string(name) == "ring_dtp" ? make_ring_dtp_vocab_loss(dev, group, f->dims(), oo) : make_materialized_vocab_loss(dev, group, f->dims(), oo);
       VocabCheck chk = check_vocab_loss(*impl, g, p, ref, scale);
       bool pass = chk.count_matches && chk.rel_err_loss < kTolerance && chk.rel_err_dhidden < kTolerance &&
                   chk.rel_err_dweight < kTolerance;

@@ -30,6 +30,7 @@ struct VocabFlags {
   double ignore_fraction = 0.0;
   std::uint64_t seed = 1;
   std::string device_memory = "auto";
+  std::string device = "cpu";
   bool json = false;
 
   void add_to(CLI::App& app) {
@@ -44,6 +45,7 @@ struct VocabFlags {
     app.add_option("--device-memory", device_memory,
                    "Per-rank device budget; auto: room for every buffer one step allocates, from the footprints")
         ->capture_default_str();
+    device_flag(&app, device);
     app.add_flag("--json", json, "Print one JSON object");
   }
 

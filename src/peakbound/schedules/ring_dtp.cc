@@ -44,6 +44,7 @@ class RingDtp final : public VocabLoss {
         shard_(vocab_shard(d.vocab, P_, r_)) {}
 
   std::string name() const override { return "ring_dtp"; }
+  Device& device() const override { return dev_; }
   std::string mode_used() const override { return fused_ ? "fused" : std::string(ring_mode_name(b_.mode)); }
 
   LossSum forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens, const float* weight,

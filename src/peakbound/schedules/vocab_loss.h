@@ -78,6 +78,8 @@ class VocabLoss {
  public:
   virtual ~VocabLoss() = default;
   virtual std::string name() const = 0;
+  // The device whose memory every pointer argument is in.
+  virtual Device& device() const = 0;
   // hidden [T, H], targets [T], weight [vocab_shard(...).rows, H]; they must stay
   // valid until backward. Collective over the group.
   virtual LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,

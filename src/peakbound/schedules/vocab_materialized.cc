@@ -26,6 +26,7 @@ class MaterializedVocabLoss final : public VocabLoss {
       : dev_(dev), s_(dev.compute_stream()), g_(g), d_(d), o_(o), shard_(vocab_shard(d.vocab, g.size(), g.rank())) {}
 
   std::string name() const override { return "materialized"; }
+  Device& device() const override { return dev_; }
 
   LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                   const float* weight) override {

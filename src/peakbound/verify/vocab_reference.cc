@@ -89,18 +89,31 @@ VocabCheck check_run(VocabLoss& impl, Communicator& g, const VocabProblem& p, co
   const int r = g.rank();
   const std::int64_t H = p.spec.hidden, T = p.spec.tokens[static_cast<std::size_t>(r)], off = p.offset(r);
   VocabShard sh = vocab_shard(p.spec.vocab, g.size(), r);
-  const float* hidden = p.hidden.data() + off * H;
-  const std::int32_t* targets = p.targets.data() + off;
-  const float* weight = p.weight.data() + sh.offset * H;
   std::vector<float> dh(static_cast<std::size_t>(T * H), -1.0f), dw(static_cast<std::size_t>(sh.rows * H), dw_start);
+  // This rank's slice on the loss's device, as a model holds it (dh starts as garbage,
+  // dw at dw_start: the loss writes the one and adds into the other).
+  Device& dev = impl.device();
+  auto put = [&](Component c, const void* src, std::int64_t n) {
+    Buffer b = dev.allocate(c, static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1)) * 4);
+    copy_to_device(dev, b.data(), src, static_cast<std::uint64_t>(n) * 4);
+    return b;
+  };
+  Buffer hidden = put(Component::layer, p.hidden.data() + off * H, T * H);
+  Buffer targets = put(Component::layer, p.targets.data() + off, T);
+  Buffer weight = put(Component::params, p.weight.data() + sh.offset * H, sh.rows * H);
+  Buffer d_hidden = put(Component::layer, dh.data(), T * H);
+  Buffer d_weight = put(Component::grads, dw.data(), sh.rows * H);
   LossSum ls;
   if (step) {
-    ls = impl.forward_backward(hidden, targets, T, weight, scale, dh.data(), dw.data());
+    ls = impl.forward_backward(hidden.as<float>(), targets.as<std::int32_t>(), T, weight.as<float>(), scale,
+                               d_hidden.as<float>(), d_weight.as<float>());
   } else {
-    ls = impl.forward(hidden, targets, T, weight);
+    ls = impl.forward(hidden.as<float>(), targets.as<std::int32_t>(), T, weight.as<float>());
     if (between) between();
-    impl.backward(scale, dh.data(), dw.data());
+    impl.backward(scale, d_hidden.as<float>(), d_weight.as<float>());
   }
+  copy_to_host(dev, dh.data(), d_hidden.data(), dh.size() * 4);
+  copy_to_host(dev, dw.data(), d_weight.data(), dw.size() * 4);
   if (dw_start != 0.0f)
     for (float& x : dw) x -= dw_start;
 
