@@ -134,7 +134,9 @@ CpResult run_cp(Communicator& g, const cpu::AttentionDims& a, const AttentionPro
   Buffer q = alloc(wq), k = alloc(wk), v = alloc(wv), dout = alloc(wo), out = alloc(wo), lse = alloc(wl), dq = alloc(wq),
          dk = alloc(wk), dv = alloc(wv);
   auto fill_rows = [&](Buffer& b, const std::vector<float>& x, std::int64_t w) {
-    for (std::int64_t t = 0; t < T; ++t) std::copy_n(x.begin() + sh.position(t) * w, w, b.as<float>() + t * w);
+    std::vector<float> rows(static_cast<std::size_t>(T * w));
+    for (std::int64_t t = 0; t < T; ++t) std::copy_n(x.begin() + sh.position(t) * w, w, rows.begin() + t * w);
+    copy_to_device(dev, b.data(), rows.data(), rows.size() * sizeof(float));
   };
   fill_rows(q, p.q, wq);
   fill_rows(k, p.k, wk);
