@@ -13,7 +13,7 @@ using testing::expect_one_line_error;
 using testing::run_cli;
 
 TEST(DeviceFlag, AnUnknownDeviceIsAOneLineError) {
-  for (const char* cmd : {"train", "eval --data x.bin", "bench optimizer", "bench checkpoint", "bench dispatch", "verify dispatch", "bench vocab", "verify vocab"}) {
+  for (const char* cmd : {"train", "eval --data x.bin", "bench optimizer", "bench checkpoint", "bench dispatch", "verify dispatch", "bench vocab", "verify vocab", "verify checkpoint", "verify attention", "bench reach"}) {
     SCOPED_TRACE(cmd);
     const auto r = run_cli(std::string(cmd) + " --device tpu");
     expect_one_line_error(r, "--device: 'tpu' is not a device (use cpu or cuda)");
@@ -36,7 +36,8 @@ TEST(DeviceFlag, TrainAndBenchesKeepHostCodeOffDeviceMemory) {
         "bench dispatch --tokens 128 --cap 32 --hidden 32 --ffn 48 --experts 4 --reps 1",
         "verify dispatch --tokens 64 --cap 16 --hidden 16 --ffn 24 --experts 4",
         "bench vocab --tokens 64 --vocab 500 --hidden 32 --chunk 16 --reps 1",
-        "verify vocab --tokens 40 --vocab 333 --hidden 16"}) {
+        "verify vocab --tokens 40 --vocab 333 --hidden 16",
+        "verify checkpoint --tokens 16 --hidden 8"}) {
     SCOPED_TRACE(args);
     const auto r = run_cli("", 300, strict(args));
     EXPECT_EQ(r.code, 0) << r.err;

@@ -39,6 +39,7 @@ namespace {
 
 struct ReachFlags {
   std::string budget = "192MiB";
+  std::string device = "cpu";  // passed to every train job
   int ranks = 4;
   std::string model = "tiny-moe";
   std::int64_t cp = 0, ep = 0, vocab_group = 0;
@@ -127,6 +128,7 @@ class Runner {
                              std::to_string(f_.ep), "--vocab-group", std::to_string(f_.vocab_group), "--schedules",
                              schedules, "--device-memory", std::to_string(budget_), "--no-plan-check",
                              "--eval-batches", "0", "--warmup", "0", "--json"});
+    argv.insert(argv.end(), {"--device", f_.device});
     if (!timeline.empty()) argv.insert(argv.end(), {"--memory-timeline", timeline});
     bench::Stopwatch w;
     const bench::ProcessResult p = bench::run_process(argv);
@@ -186,6 +188,7 @@ int run_reach(const ReachFlags& f) {
                         {"ranks", f.ranks},
                         {"layout", {{"cp", runner.cp()}, {"ep", f.ep}, {"vocab_group", f.vocab_group}}},
                         {"budget_bytes", budget},
+                        {"device", f.device},
                         {"method",
                          "largest context (tokens per sequence, one sequence per cp group) at which a full training "
                          "step completes within the budget: doubling from " +
@@ -385,6 +388,7 @@ Command add_reach(CLI::App& parent) {
   text_flag(app, "--peer-json", f->peer_json, "bench/peer_fsdp2.py's output: compare with PyTorch FSDP2");
   text_flag(app, "--timeline-dir", f->timeline_dir,
             "Write the memory timelines of none and all at the baseline's reach here (none.rank-R.json, all...)");
+  device_flag(app, f->device);
   app->add_flag("--json", f->json, "Print one JSON object instead of the table (progress lines go to stderr)");
   cmd.validate = [f] {
     if (launcher_size() > 1)

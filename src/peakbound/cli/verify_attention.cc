@@ -17,7 +17,8 @@
 #include "peakbound/cli/flags.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/footprint.h"
-#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/comm/device_communicator.h"
+#include "peakbound/device/device.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/attention_reference.h"
@@ -29,6 +30,7 @@ namespace {
 constexpr double kTolerance = 1e-5;
 
 struct VerifyAttentionFlags {
+  std::string device = "cpu";
   std::string lengths = "37,130", ratios = "1,2,4", windows = "0,5";
   std::int64_t heads = 4, dim = 16, v_dim = 8, block_q = 7, block_k = 5;
   std::uint64_t seed = 1;
@@ -74,6 +76,7 @@ Command add_verify_attention(CLI::App& parent) {
   int_flag(c.app, "--block-q", f->block_q, "Query rows per kernel tile", 1, 4096);
   int_flag(c.app, "--block-k", f->block_k, "Keys per kernel tile", 1, 4096);
   seed_flag(c.app, "--seed", f->seed, "Seed of the random problem");
+  device_flag(c.app, f->device);
   c.app->add_flag("--json", f->json, "Print one JSON object");
   c.validate = [f] {
     f->length_list();
@@ -114,8 +117,10 @@ Command add_verify_attention(CLI::App& parent) {
             RingAttentionConfig cfg;
             cfg.dims = a;
             cfg.seq_len = S;
-            CpuDevice dev(budget(cfg, cp));
-            RingAttentionCheck chk = verify_ring_attention(dev, *g, p, naive, kernel);
+            std::unique_ptr<Device> dev = make_device(f->device, budget(cfg, cp));
+            std::unique_ptr<Communicator> gpu_group =
+                dev->backend() == Backend::cpu ? nullptr : device_communicator(*dev, g->split(0, g->rank()));
+            RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel);
             // The worst over the groups (each ran the same sequence).
             w.all_reduce(chk.naive, 5, DType::f64, ReduceOp::max);
             w.all_reduce(chk.kernel, 5, DType::f64, ReduceOp::max);

@@ -24,6 +24,7 @@ namespace {
 struct VerifyFlags {
   std::int64_t tokens = 64, hidden = 32, ffn = 0;
   double link_gbps = CheckpointOptions{}.link_gbps;
+  std::string device = CheckpointRunConfig{}.device;
   bool json = false;
 };
 
@@ -47,6 +48,7 @@ int run_verify(const VerifyFlags& f) {
     c.tokens = f.tokens;
     c.hidden = f.hidden;
     c.ffn = f.ffn;
+    c.device = f.device;
     c.options.schedule = CheckpointSchedule::resident;
     CheckpointRun base(c);
     base.step();
@@ -109,6 +111,7 @@ Command add_verify_checkpoint(CLI::App& parent) {
             "Emulate a host link of this many GB/s (at least " + CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) +
                 ") on the copy engine (slow copies stress ordering); 0 = off",
             0.0, 1e6);
+  device_flag(c.app, f->device);
   c.app->add_flag("--json", f->json, "Print one JSON object");
   c.run = [f] { return run_verify(*f); };
   return c;
