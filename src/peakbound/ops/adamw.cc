@@ -6,9 +6,6 @@
 #include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cuda/adamw.h"
 #include "peakbound/ops/backend.h"
-#ifdef PEAKBOUND_HAVE_CUDA
-#include "peakbound/device/cuda/cuda_device.h"
-#endif
 
 namespace peakbound::ops {
 
@@ -25,7 +22,7 @@ double sum_squares(Device& dev, Stream& s, const void* x, DType dtype, std::int6
   check_device_pointers(dev, "sum_squares", {x});
 #ifdef PEAKBOUND_HAVE_CUDA
   if (dev.backend() == Backend::cuda) {
-    double* slot = static_cast<CudaDevice&>(dev).result_slot();
+    double* slot = cuda_result_slot(dev);
     cuda::sum_squares(cuda_stream(dev, s), x, dtype, n, slot);
     dev.synchronize(s);
     return slot[0];

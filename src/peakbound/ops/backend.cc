@@ -33,6 +33,12 @@ void* cuda_stream(Device& dev, Stream& s) {
   if (!d) throw InvalidArgument("device " + dev.name() + " says cuda but is not a CudaDevice");
   return d->native_stream(s);
 }
+
+double* cuda_result_slot(Device& dev) {
+  auto* d = dynamic_cast<CudaDevice*>(&dev);
+  if (!d) throw InvalidArgument("device " + dev.name() + " says cuda but is not a CudaDevice");
+  return d->result_slot();
+}
 #endif
 
 }  // namespace peakbound::ops

@@ -22,6 +22,9 @@ void check_device_pointers(Device& dev, std::string_view op, std::initializer_li
 #ifdef PEAKBOUND_HAVE_CUDA
 // The cudaStream_t behind s, a stream of the CUDA device dev.
 void* cuda_stream(Device& dev, Stream& s);
+// The CUDA device's mapped pinned result slot (CudaDevice::result_slot), where a kernel
+// leaves a small result the host reads after synchronizing.
+double* cuda_result_slot(Device& dev);
 #endif
 
 }  // namespace peakbound::ops

@@ -6,9 +6,6 @@
 #include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cuda/cross_entropy.h"
 #include "peakbound/ops/backend.h"
-#ifdef PEAKBOUND_HAVE_CUDA
-#include "peakbound/device/cuda/cuda_device.h"
-#endif
 
 namespace peakbound::ops {
 
@@ -54,7 +51,7 @@ double cross_entropy_finish(Device& dev, Stream& s, const float* run_max, const 
 #ifdef PEAKBOUND_HAVE_CUDA
   if (dev.backend() == Backend::cuda) {
     // The sums land in the device's mapped result slot once the stream reaches them.
-    double* slot = static_cast<CudaDevice&>(dev).result_slot();
+    double* slot = cuda_result_slot(dev);
     cuda::cross_entropy_finish(cuda_stream(dev, s), run_max, run_sum, target_logit, targets, rows, ignore_index, z_loss,
                                lse, slot);
     dev.synchronize(s);
@@ -77,7 +74,7 @@ double cross_entropy_fused_grad(Device& dev, Stream& s, float* logits, std::int6
 #ifdef PEAKBOUND_HAVE_CUDA
   if (dev.backend() == Backend::cuda) {
     // Row chunks that fit the device's result slot, summed here in row order.
-    double* slot = static_cast<CudaDevice&>(dev).result_slot();
+    double* slot = cuda_result_slot(dev);
     double loss = 0;
     std::int64_t n = 0;
     for (std::int64_t r0 = 0; r0 < rows; r0 += cuda::kFusedRowsPerLaunch) {
