@@ -53,7 +53,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no bench/__pycache__ from importing peer_fsdp2
-from peer_fsdp2 import (MMAP_THRESHOLD, CudaPeakMeter, PeakMeter, _libc, cpu_name,  # noqa: E402
+from peer_fsdp2 import (cpu_name, open_torch,  # noqa: E402
                         error_text, log, trim)
 
 
@@ -107,21 +107,9 @@ def main():
     if args.ffn < 0 or args.warmup < 0:
         ap.error("--ffn and --warmup must be >= 0")
 
-    # M_MMAP_THRESHOLD before torch allocates, for the resident-set figure (cpu only)
-    if args.device == "cpu" and _libc.mallopt(-3, MMAP_THRESHOLD) != 1:
-        raise SystemExit("mallopt(M_MMAP_THRESHOLD) failed")
-    import torch
-    from torch.utils.checkpoint import checkpoint
+    torch, device, meter, sync = open_torch(args.device, args.threads, "peer_checkpoint")
     cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("peer_checkpoint: CUDA is not available (--device cuda); torch "
-              f"{torch.__version__}, built with CUDA {torch.version.cuda}", file=sys.stderr)
-        sys.exit(2)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    meter = CudaPeakMeter(torch) if cuda else PeakMeter()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    from torch.utils.checkpoint import checkpoint
     ffn = resolved_ffn(args.hidden, args.ffn)
     T, H = args.tokens, args.hidden
 

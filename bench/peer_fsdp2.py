@@ -202,6 +202,27 @@ class CudaPeakMeter:
         return self.torch.cuda.max_memory_allocated() - self._base
 
 
+def open_torch(device_kind, threads, who):
+    """The single-device peers' start-up (peer_vocab, peer_checkpoint): the mmap threshold
+    for the resident-set figure (cpu only, before torch allocates), torch, the CUDA check
+    (a clear line and exit 2 without a GPU), the thread count. Returns (torch, device,
+    meter, sync)."""
+    if device_kind == "cpu" and _libc.mallopt(-3, MMAP_THRESHOLD) != 1:
+        raise SystemExit("mallopt(M_MMAP_THRESHOLD) failed")
+    import torch
+    cuda = device_kind == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print(f"{who}: CUDA is not available (--device cuda); torch "
+              f"{torch.__version__}, built with CUDA {torch.version.cuda}", file=sys.stderr)
+        sys.exit(2)
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    meter = CudaPeakMeter(torch) if cuda else PeakMeter()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    return torch, device, meter, sync
+
+
 def env_defaults():
     """Plain `python` (no torchrun): one rank, env:// rendezvous on a free local port."""
     if "RANK" in os.environ:
