@@ -47,8 +47,7 @@ PathResult run_path(const BenchFlags& f, Communicator& g, const MoeProblem& p, D
   const int r = g.rank();
   const std::uint64_t budget = f.budget(p, r, kind);
   std::unique_ptr<Device> dev = f.make_path_device(p, r, kind);
-  std::unique_ptr<Communicator> gpu_group =
-      dev->backend() == Backend::cpu ? nullptr : device_communicator(*dev, g.split(0, r));
+  std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, g);
   MoeDispatch d(*dev, gpu_group ? *gpu_group : g, p.spec.shape, kind, f.options());
   MoeRankOnDevice on(*dev, p, r, g.size());
   PathResult out;

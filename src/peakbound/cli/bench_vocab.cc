@@ -96,7 +96,7 @@ class Runner {
     const std::uint64_t io = 2 * floats(d.hidden.size()) + 2 * floats(d.weight.size()) + floats(d.targets.size());
     dev_ = make_device(f.device, f.device_memory == "auto" ? f.device_budget({fp_}) + io : f.device_budget({fp_}),
                        std::string("cpu:") + (ring ? "ring" : "materialized"));
-    if (dev_->backend() != Backend::cpu) gpu_group_ = device_communicator(*dev_, g.split(0, g.rank()));
+    gpu_group_ = device_group_for(*dev_, g);
     Communicator& group = gpu_group_ ? *gpu_group_ : g;
     impl_ = ring ? make_ring_dtp_vocab_loss(*dev_, group, f.dims(), f.options())
                  : make_materialized_vocab_loss(*dev_, group, f.dims(), f.options());

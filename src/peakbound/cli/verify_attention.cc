@@ -118,8 +118,7 @@ Command add_verify_attention(CLI::App& parent) {
             cfg.dims = a;
             cfg.seq_len = S;
             std::unique_ptr<Device> dev = make_device(f->device, budget(cfg, cp));
-            std::unique_ptr<Communicator> gpu_group =
-                dev->backend() == Backend::cpu ? nullptr : device_communicator(*dev, g->split(0, g->rank()));
+            std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, *g);
             RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel);
             // The worst over the groups (each ran the same sequence).
             w.all_reduce(chk.naive, 5, DType::f64, ReduceOp::max);

@@ -50,8 +50,7 @@ Command add_verify_dispatch(CLI::App& parent) {
       MoeReference ref = dense_moe_reference(p);
       for (DispatchKind k : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
         std::unique_ptr<Device> dev = f->make_path_device(p, g.rank(), k);
-        std::unique_ptr<Communicator> gpu_group =
-            dev->backend() == Backend::cpu ? nullptr : device_communicator(*dev, g.split(0, g.rank()));
+        std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, g);
         MoeDispatch d(*dev, gpu_group ? *gpu_group : g, p.spec.shape, k, f->options());
         MoeCheck chk = check_moe_dispatch(d, g, p, ref);
         bool pass = chk.max() < kTolerance;

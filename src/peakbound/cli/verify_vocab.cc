@@ -67,8 +67,7 @@ Command add_verify_vocab(CLI::App& parent) {
                              2 * arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(vs.rows * f->hidden, 1)) * 4);
     std::unique_ptr<Device> device =
         make_device(f->device, f->device_memory == "auto" ? f->device_budget(fps) + io : f->device_budget(fps));
-    std::unique_ptr<Communicator> gpu_group =
-        device->backend() == Backend::cpu ? nullptr : device_communicator(*device, g.split(0, g.rank()));
+    std::unique_ptr<Communicator> gpu_group = device_group_for(*device, g);
     Communicator& group = gpu_group ? *gpu_group : g;
     Device& dev = *device;
     nlohmann::json runs = nlohmann::json::array();

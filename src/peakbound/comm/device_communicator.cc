@@ -17,4 +17,9 @@ std::unique_ptr<Communicator> device_communicator(Device& dev, std::unique_ptr<C
 #endif
 }
 
+std::unique_ptr<Communicator> device_group_for(Device& dev, Communicator& g) {
+  if (dev.backend() == Backend::cpu) return nullptr;
+  return device_communicator(dev, g.split(0, g.rank()));
+}
+
 }  // namespace peakbound

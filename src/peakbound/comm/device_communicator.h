@@ -14,4 +14,9 @@ namespace peakbound {
 // Throws Unavailable for a CUDA device in a build without NCCL.
 std::unique_ptr<Communicator> device_communicator(Device& dev, std::unique_ptr<Communicator> world);
 
+// For a device used beside a group g that stays the host-side group (a bench's paths):
+// nullptr on the CPU device (use g itself), on a GPU NCCL bootstrapped over a duplicate
+// of g. Collective over g.
+std::unique_ptr<Communicator> device_group_for(Device& dev, Communicator& g);
+
 }  // namespace peakbound
