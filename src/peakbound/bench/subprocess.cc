@@ -68,6 +68,7 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
 }
 
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks) {
+  if (ranks == 1) return {};  // one process needs no launcher (a machine with one GPU may have no MPI)
   setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
   setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
   std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks), "--oversubscribe"};

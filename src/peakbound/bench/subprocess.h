@@ -23,6 +23,7 @@ std::string self_executable();
 // (the benches run more ranks than cores on small machines), --allow-run-as-root as root.
 // Also sets, unless the environment has them, OpenMPI's defaults for such jobs: waiting
 // ranks yield their core, shared memory without cross-memory attach (containers).
+// One rank needs no launcher: empty (the job runs directly).
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks);
 
 // The message of the first "peakbound: error: ..." line a child printed ("" if none).
