@@ -83,8 +83,7 @@ std::unique_ptr<Case> make_case(const std::string& name, const OptimizerBenchOpt
   c->host_memory = std::make_unique<HostMemory>(MemoryLedger::kUnlimited, "host", c->dev->host_pages());
   c->params = c->dev->allocate(Component::params, pbytes);
   c->grads = c->dev->allocate(Component::grads, gbytes);
-  c->dev->memcpy_async(c->grads.data(), in.grads.data(), gbytes, CopyKind::host_to_device, c->dev->copy_stream());
-  c->dev->synchronize(c->dev->copy_stream());
+  copy_to_device(*c->dev, c->grads.data(), in.grads.data(), gbytes);
   c->sched = make_optimizer_schedule(name, {*c->dev, c->host(), pool, c->comm},
                                      {c->params.data(), o.param_dtype, c->grads.data(), o.grad_dtype, o.params}, so);
   c->sched->load(in.master0.as<float>());
@@ -115,8 +114,7 @@ json finish(Case& c) {
     Buffer master = c.host().allocate(Component::workspace, n * 4), m = c.host().allocate(Component::workspace, n * 4),
            v = c.host().allocate(Component::workspace, n * 4), params = c.host().allocate(Component::workspace, pbytes);
     c.sched->read_state(master.as<float>(), m.as<float>(), v.as<float>());
-    c.dev->memcpy_async(params.data(), c.params.data(), pbytes, CopyKind::device_to_host, c.dev->copy_stream());
-    c.dev->synchronize(c.dev->copy_stream());
+    copy_to_host(*c.dev, params.data(), c.params.data(), pbytes);
     c.state_hash = fnv1a(params.data(), pbytes,
                          fnv1a(v.data(), n * 4, fnv1a(m.data(), n * 4, fnv1a(master.data(), n * 4))));
   }

@@ -29,6 +29,7 @@
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
 #include "peakbound/ops/elementwise.h"
+#include "peakbound/verify/vocab_reference.h"
 
 namespace peakbound::cli {
 
@@ -92,24 +93,16 @@ class Runner {
       : g_(g), tokens_(tokens), ring_(ring), fp_(footprint(f, g, tokens, ring)) {
     // The loss's own buffers (the budget from its footprint) plus this rank's inputs and
     // gradients, which live on the device as in a model.
-    const auto floats = [](std::size_t n) { return arena_reserved(std::max<std::size_t>(n, 1) * 4); };
-    const std::uint64_t io = 2 * floats(d.hidden.size()) + 2 * floats(d.weight.size()) + floats(d.targets.size());
+    const std::int64_t H = f.hidden, rows = vocab_shard(f.vocab, g.size(), g.rank()).rows;
+    const std::uint64_t io = VocabRankOnDevice::bytes(tokens, H, rows);
     dev_ = make_device(f.device, f.device_memory == "auto" ? f.device_budget({fp_}) + io : f.device_budget({fp_}),
                        std::string("cpu:") + (ring ? "ring" : "materialized"));
     gpu_group_ = device_group_for(*dev_, g);
     Communicator& group = gpu_group_ ? *gpu_group_ : g;
     impl_ = ring ? make_ring_dtp_vocab_loss(*dev_, group, f.dims(), f.options())
                  : make_materialized_vocab_loss(*dev_, group, f.dims(), f.options());
-    auto put = [&](Component c, const void* src, std::size_t n) {
-      Buffer b = dev_->allocate(c, std::max<std::size_t>(n, 1) * 4);
-      copy_to_device(*dev_, b.data(), src, n * 4);
-      return b;
-    };
-    hidden_ = put(Component::layer, d.hidden.data(), d.hidden.size());
-    targets_ = put(Component::layer, d.targets.data(), d.targets.size());
-    weight_ = put(Component::params, d.weight.data(), d.weight.size());
-    dh_ = dev_->allocate(Component::layer, std::max<std::size_t>(d.hidden.size(), 1) * 4);
-    dw_ = dev_->allocate(Component::grads, std::max<std::size_t>(d.weight.size(), 1) * 4);
+    on_ = std::make_unique<VocabRankOnDevice>(*dev_, d.hidden.data(), d.targets.data(), tokens, H, d.weight.data(),
+                                              rows);
     dw_floats_ = static_cast<std::int64_t>(d.weight.size());
     r_.name = impl_->name();
     r_.dh.assign(d.hidden.size(), 0.0f);
@@ -142,8 +135,8 @@ class Runner {
     r_.gemm_flops = st[0];
     r_.gemm_seconds = st[1] / g_.size();
     r_.comm_seconds = st[2] / g_.size();
-    copy_to_host(*dev_, r_.dh.data(), dh_.data(), r_.dh.size() * 4);
-    copy_to_host(*dev_, r_.dw.data(), dw_.data(), r_.dw.size() * 4);
+    copy_to_host(*dev_, r_.dh.data(), on_->d_hidden.data(), r_.dh.size() * 4);
+    copy_to_host(*dev_, r_.dw.data(), on_->d_weight.data(), r_.dw.size() * 4);
     std::int64_t peak = static_cast<std::int64_t>(dev_->arena().peak(Component::vocab));
     g_.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
     r_.vocab_peak = static_cast<std::uint64_t>(peak);
@@ -168,15 +161,17 @@ class Runner {
   }
 
   void step() {
-    if (dw_floats_) ops::fill(*dev_, dev_->compute_stream(), dw_.as<float>(), dw_floats_, 0.0f);
-    const float* h = hidden_.as<float>();
-    const std::int32_t* t = targets_.as<std::int32_t>();
-    const float* w = weight_.as<float>();
+    float* dh = on_->d_hidden.as<float>();
+    float* dw = on_->d_weight.as<float>();
+    if (dw_floats_) ops::fill(*dev_, dev_->compute_stream(), dw, dw_floats_, 0.0f);
+    const float* h = on_->hidden.as<float>();
+    const std::int32_t* t = on_->targets.as<std::int32_t>();
+    const float* w = on_->weight.as<float>();
     if (ring_) {
-      ls_ = impl_->forward_backward(h, t, tokens_, w, 1.0f, dh_.as<float>(), dw_.as<float>());
+      ls_ = impl_->forward_backward(h, t, tokens_, w, 1.0f, dh, dw);
     } else {
       ls_ = impl_->forward(h, t, tokens_, w);
-      impl_->backward(1.0f, dh_.as<float>(), dw_.as<float>());
+      impl_->backward(1.0f, dh, dw);
     }
     dev_->synchronize();
     ++steps_;
@@ -189,7 +184,7 @@ class Runner {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Communicator> gpu_group_;  // NCCL over a duplicate of g_ on a GPU
   std::unique_ptr<VocabLoss> impl_;
-  Buffer hidden_, targets_, weight_, dh_, dw_;
+  std::unique_ptr<VocabRankOnDevice> on_;  // this rank's inputs and gradients
   std::int64_t dw_floats_ = 0;
   RunResult r_;
   LossSum ls_;

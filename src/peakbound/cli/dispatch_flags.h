@@ -114,8 +114,7 @@ struct DispatchFlags {
            MoeRankOnDevice::bytes(p, rank, p.spec.ranks) + (std::uint64_t{1} << 20);
   }
 
-  // The device of one path, and the communicator its buffers move over (the group
-  // itself on the CPU; NCCL bootstrapped over a duplicate of it on a GPU).
+  // The device of one path (--device), with the budget above.
   std::unique_ptr<Device> make_path_device(const MoeProblem& p, int rank, DispatchKind kind) const {
     return make_device(device, budget(p, rank, kind));
   }

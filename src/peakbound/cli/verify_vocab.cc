@@ -62,9 +62,7 @@ Command add_verify_vocab(CLI::App& parent) {
     // Plus this rank's slice of the problem (check_vocab_loss puts it on the device).
     const VocabShard vs = vocab_shard(f->vocab, g.size(), g.rank());
     const std::int64_t T = spec.tokens[static_cast<std::size_t>(g.rank())];
-    const std::uint64_t io = 3 * arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(T * f->hidden, 1)) * 4) +
-                             arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(T, 1)) * 4) +
-                             2 * arena_reserved(static_cast<std::uint64_t>(std::max<std::int64_t>(vs.rows * f->hidden, 1)) * 4);
+    const std::uint64_t io = VocabRankOnDevice::bytes(T, f->hidden, vs.rows);
     std::unique_ptr<Device> device =
         make_device(f->device, f->device_memory == "auto" ? f->device_budget(fps) + io : f->device_budget(fps));
     std::unique_ptr<Communicator> gpu_group = device_group_for(*device, g);

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <vector>
 
 #include "peakbound/core/error.h"
 
@@ -18,23 +17,23 @@ namespace peakbound {
 
 namespace {
 
-struct Region {
-  void* p;
-  std::size_t bytes;
-};
-
 std::atomic<bool> g_any{false};  // a strict region exists
-std::mutex g_mu;
-std::vector<Region> g_regions;
-int g_open = 0;  // live DeviceAccess scopes
-// The regions as plain arrays for the fault handler (no locks, no allocation there).
+std::mutex g_mu;                 // guards g_open and changes to the regions
+int g_open = 0;                  // live DeviceAccess scopes
+// The regions [g_lo[i], g_hi[i]) (g_hi[i] == 0: a free slot). Plain atomics, so the
+// fault handler reads them without a lock or an allocation.
 constexpr int kMaxRegions = 64;
 std::atomic<std::uintptr_t> g_lo[kMaxRegions], g_hi[kMaxRegions];
 struct sigaction g_previous;
 
+void protect(int i, int prot) {
+  if (mprotect(reinterpret_cast<void*>(g_lo[i].load()), g_hi[i].load() - g_lo[i].load(), prot) != 0)
+    PB_CHECK_MSG(false, "strict device memory: mprotect failed");
+}
+
 void protect_all(int prot) {
-  for (const Region& r : g_regions)
-    if (mprotect(r.p, r.bytes, prot) != 0) PB_CHECK_MSG(false, "strict device memory: mprotect failed");
+  for (int i = 0; i < kMaxRegions; ++i)
+    if (g_hi[i].load() != 0) protect(i, prot);
 }
 
 void write_str(const char* s) { (void)!write(2, s, std::strlen(s)); }
@@ -92,30 +91,27 @@ void strict_region_add(void* p, std::size_t bytes) {
   if (!strict_device_memory() || !p || bytes == 0) return;
   install_handler();
   std::lock_guard<std::mutex> lock(g_mu);
-  PB_CHECK_MSG(g_regions.size() < kMaxRegions, "strict device memory: too many devices");
-  for (int i = 0; i < kMaxRegions; ++i)
-    if (g_hi[i].load() == 0) {
-      g_lo[i] = reinterpret_cast<std::uintptr_t>(p);
-      g_hi[i] = reinterpret_cast<std::uintptr_t>(p) + bytes;
-      break;
-    }
-  g_regions.push_back({p, bytes});
-  if (g_open == 0 && mprotect(p, bytes, PROT_NONE) != 0) PB_CHECK_MSG(false, "strict device memory: mprotect failed");
+  int i = 0;
+  while (i < kMaxRegions && g_hi[i].load() != 0) ++i;
+  PB_CHECK_MSG(i < kMaxRegions, "strict device memory: too many devices");
+  g_lo[i] = reinterpret_cast<std::uintptr_t>(p);
+  g_hi[i] = reinterpret_cast<std::uintptr_t>(p) + bytes;
+  if (g_open == 0) protect(i, PROT_NONE);
   g_any = true;
 }
 
 void strict_region_remove(void* p) {
   if (!strict_device_memory() || !p) return;
   std::lock_guard<std::mutex> lock(g_mu);
-  for (auto it = g_regions.begin(); it != g_regions.end(); ++it)
-    if (it->p == p) {
-      mprotect(it->p, it->bytes, PROT_READ | PROT_WRITE);
-      for (int i = 0; i < kMaxRegions; ++i)
-        if (g_lo[i].load() == reinterpret_cast<std::uintptr_t>(p)) g_lo[i] = 0, g_hi[i] = 0;
-      g_regions.erase(it);
-      break;
+  bool any = false;
+  for (int i = 0; i < kMaxRegions; ++i) {
+    if (g_hi[i].load() != 0 && g_lo[i].load() == reinterpret_cast<std::uintptr_t>(p)) {
+      protect(i, PROT_READ | PROT_WRITE);
+      g_hi[i] = 0, g_lo[i] = 0;
     }
-  g_any = !g_regions.empty();
+    any = any || g_hi[i].load() != 0;
+  }
+  g_any = any;
 }
 
 DeviceAccess::DeviceAccess() {

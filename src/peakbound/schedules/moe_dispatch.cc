@@ -100,10 +100,7 @@ void MoeDispatch::run(Pass& p) {
   // 1. Counts per (source, expert), gathered so every rank derives the same plan. The
   //    router wrote the expert ids on the device; the plan is made on the host.
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T * K));
-  if (T) {
-    dev_.memcpy_async(ids.data(), p.ids, ids.size() * sizeof(std::int32_t), CopyKind::device_to_host, cs);
-    dev_.synchronize(cs);
-  }
+  copy_to_host(dev_, ids.data(), p.ids, ids.size() * sizeof(std::int32_t));
   std::int64_t bad = -1;
   std::vector<std::vector<std::int64_t>> by_expert(static_cast<std::size_t>(E));
   for (std::int64_t c = 0; c < T * K; ++c) {

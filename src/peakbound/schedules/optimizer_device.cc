@@ -16,10 +16,10 @@ DeviceAdamW::DeviceAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOption
 
 void DeviceAdamW::load_state(const float* master, const float* m, const float* v) {
   if (shard_.n == 0) return;
-  copy_and_wait(master_.data(), master, buffers_.master.bytes, CopyKind::host_to_device);
+  copy_to_device(ctx_.device, master_.data(), master, buffers_.master.bytes);
   if (m != nullptr) {
-    copy_and_wait(m_.data(), m, buffers_.m.bytes, CopyKind::host_to_device);
-    copy_and_wait(v_.data(), v, buffers_.v.bytes, CopyKind::host_to_device);
+    copy_to_device(ctx_.device, m_.data(), m, buffers_.m.bytes);
+    copy_to_device(ctx_.device, v_.data(), v, buffers_.v.bytes);
     return;
   }
   Device& dev = ctx_.device;
@@ -42,9 +42,9 @@ void DeviceAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
 
 void DeviceAdamW::read_state(float* master, float* m, float* v) {
   if (shard_.n == 0) return;
-  copy_and_wait(master, master_.data(), buffers_.master.bytes, CopyKind::device_to_host);
-  copy_and_wait(m, m_.data(), buffers_.m.bytes, CopyKind::device_to_host);
-  copy_and_wait(v, v_.data(), buffers_.v.bytes, CopyKind::device_to_host);
+  copy_to_host(ctx_.device, master, master_.data(), buffers_.master.bytes);
+  copy_to_host(ctx_.device, m, m_.data(), buffers_.m.bytes);
+  copy_to_host(ctx_.device, v, v_.data(), buffers_.v.bytes);
 }
 
 }  // namespace peakbound

@@ -39,12 +39,6 @@ OptimizerSchedule::OptimizerSchedule(std::string_view schedule, OptimizerContext
   buffers_ = optimizer_buffers(schedule, optimizer_shape(shard_), options_);
 }
 
-void OptimizerSchedule::copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) {
-  Stream& s = ctx_.device.copy_stream();
-  ctx_.device.memcpy_async(dst, src, bytes, kind, s);
-  ctx_.device.synchronize(s);
-}
-
 void OptimizerSchedule::load(const float* master) { restore(master, nullptr, nullptr, 0); }
 
 void OptimizerSchedule::restore(const float* master, const float* m, const float* v, std::int64_t steps) {
@@ -59,7 +53,7 @@ void OptimizerSchedule::restore(const float* master, const float* m, const float
   // Host compute on host memory (the staging): a host op, not a device op.
   if (shard_.param_dtype == DType::bf16) ops::host_to_bf16(staged.as<bf16>(), master, n);
   else std::memcpy(staged.data(), master, bytes);
-  copy_and_wait(shard_.params, staged.data(), bytes, CopyKind::host_to_device);
+  copy_to_device(ctx_.device, shard_.params, staged.data(), bytes);
 }
 
 GradClip OptimizerSchedule::clip() {

@@ -109,9 +109,6 @@ class OptimizerSchedule {
   // Applies the update with the step's scalars; fills the stage times.
   virtual void apply(const AdamWStepScalars& s, OptimizerStepTimes& times) = 0;
 
-  // Copies between device and host on a copy stream and waits: setup and readback.
-  void copy_and_wait(void* dst, const void* src, std::uint64_t bytes, CopyKind kind);
-
   OptimizerContext ctx_;
   ParamShard shard_;
   OptimizerOptions options_;

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
 #include "peakbound/verify/relative_error.h"
 
 namespace peakbound {
@@ -83,6 +84,30 @@ VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptio
 }
 
 namespace {
+std::uint64_t float_bytes(std::int64_t n) { return static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1)) * 4; }
+}  // namespace
+
+VocabRankOnDevice::VocabRankOnDevice(Device& dev, const float* h, const std::int32_t* t, std::int64_t tokens,
+                                     std::int64_t H, const float* w, std::int64_t rows) {
+  auto put = [&](Component c, const void* src, std::int64_t n) {
+    Buffer b = dev.allocate(c, float_bytes(n));
+    copy_to_device(dev, b.data(), src, static_cast<std::uint64_t>(n) * 4);
+    return b;
+  };
+  static_assert(sizeof(std::int32_t) == sizeof(float));
+  hidden = put(Component::layer, h, tokens * H);
+  targets = put(Component::layer, t, tokens);
+  weight = put(Component::params, w, rows * H);
+  d_hidden = dev.allocate(Component::layer, float_bytes(tokens * H));
+  d_weight = dev.allocate(Component::grads, float_bytes(rows * H));
+}
+
+std::uint64_t VocabRankOnDevice::bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows) {
+  return 2 * arena_reserved(float_bytes(tokens * H)) + arena_reserved(float_bytes(tokens)) +
+         2 * arena_reserved(float_bytes(rows * H));
+}
+
+namespace {
 
 VocabCheck check_run(VocabLoss& impl, Communicator& g, const VocabProblem& p, const VocabReference& ref, float scale,
                      bool step, const std::function<void()>& between, float dw_start) {
@@ -93,27 +118,21 @@ VocabCheck check_run(VocabLoss& impl, Communicator& g, const VocabProblem& p, co
   // This rank's slice on the loss's device, as a model holds it (dh starts as garbage,
   // dw at dw_start: the loss writes the one and adds into the other).
   Device& dev = impl.device();
-  auto put = [&](Component c, const void* src, std::int64_t n) {
-    Buffer b = dev.allocate(c, static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1)) * 4);
-    copy_to_device(dev, b.data(), src, static_cast<std::uint64_t>(n) * 4);
-    return b;
-  };
-  Buffer hidden = put(Component::layer, p.hidden.data() + off * H, T * H);
-  Buffer targets = put(Component::layer, p.targets.data() + off, T);
-  Buffer weight = put(Component::params, p.weight.data() + sh.offset * H, sh.rows * H);
-  Buffer d_hidden = put(Component::layer, dh.data(), T * H);
-  Buffer d_weight = put(Component::grads, dw.data(), sh.rows * H);
+  VocabRankOnDevice on(dev, p.hidden.data() + off * H, p.targets.data() + off, T, H, p.weight.data() + sh.offset * H,
+                       sh.rows);
+  copy_to_device(dev, on.d_hidden.data(), dh.data(), dh.size() * 4);
+  copy_to_device(dev, on.d_weight.data(), dw.data(), dw.size() * 4);
   LossSum ls;
   if (step) {
-    ls = impl.forward_backward(hidden.as<float>(), targets.as<std::int32_t>(), T, weight.as<float>(), scale,
-                               d_hidden.as<float>(), d_weight.as<float>());
+    ls = impl.forward_backward(on.hidden.as<float>(), on.targets.as<std::int32_t>(), T, on.weight.as<float>(), scale,
+                               on.d_hidden.as<float>(), on.d_weight.as<float>());
   } else {
-    ls = impl.forward(hidden.as<float>(), targets.as<std::int32_t>(), T, weight.as<float>());
+    ls = impl.forward(on.hidden.as<float>(), on.targets.as<std::int32_t>(), T, on.weight.as<float>());
     if (between) between();
-    impl.backward(scale, d_hidden.as<float>(), d_weight.as<float>());
+    impl.backward(scale, on.d_hidden.as<float>(), on.d_weight.as<float>());
   }
-  copy_to_host(dev, dh.data(), d_hidden.data(), dh.size() * 4);
-  copy_to_host(dev, dw.data(), d_weight.data(), dw.size() * 4);
+  copy_to_host(dev, dh.data(), on.d_hidden.data(), dh.size() * 4);
+  copy_to_host(dev, dw.data(), on.d_weight.data(), dw.size() * 4);
   if (dw_start != 0.0f)
     for (float& x : dw) x -= dw_start;
 

@@ -8,6 +8,8 @@
 #include <functional>
 #include <vector>
 
+#include "peakbound/core/buffer.h"
+#include "peakbound/device/device.h"
 #include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound {
@@ -38,6 +40,19 @@ struct VocabReference {
   std::vector<float> d_hidden, d_weight;
 };
 VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptions& o, float scale);
+
+// One rank's vocabulary-loss inputs and gradients in device memory, as a model holds
+// them: hidden [T, H] and targets [T] (Component::layer), its weight shard [rows, H]
+// (params), d_hidden [T, H] (layer, uninitialised) and d_weight [rows, H] (grads,
+// uninitialised). Every buffer holds at least one element, so no pointer is null.
+struct VocabRankOnDevice {
+  VocabRankOnDevice(Device& dev, const float* hidden, const std::int32_t* targets, std::int64_t tokens,
+                    std::int64_t H, const float* weight, std::int64_t rows);
+  // The device bytes it allocates (each buffer as the Arena reserves it).
+  static std::uint64_t bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows);
+
+  Buffer hidden, targets, weight, d_hidden, d_weight;
+};
 
 // One forward + backward of `impl` on this rank's slice, compared with the reference;
 // `between` (if set) runs after forward and before backward (tests measure there).
