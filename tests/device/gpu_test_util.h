@@ -27,10 +27,11 @@ namespace peakbound::testing {
 
 constexpr std::uint64_t kMiB = 1024 * 1024;
 
-// A device copy of v (at least 4 bytes, so an empty vector still has an address).
-inline Buffer upload(Device& dev, const std::vector<float>& v) {
-  Buffer b = dev.allocate(Component::workspace, v.size() * sizeof(float) + sizeof(float));
-  dev.memcpy_async(b.data(), v.data(), v.size() * sizeof(float), CopyKind::host_to_device, dev.copy_stream());
+// A device copy of v (4 bytes more, so an empty vector still has an address).
+template <typename T>
+inline Buffer upload(Device& dev, const std::vector<T>& v) {
+  Buffer b = dev.allocate(Component::workspace, v.size() * sizeof(T) + sizeof(float));
+  dev.memcpy_async(b.data(), v.data(), v.size() * sizeof(T), CopyKind::host_to_device, dev.copy_stream());
   dev.wait(dev.compute_stream(), dev.record(dev.copy_stream()));
   return b;
 }

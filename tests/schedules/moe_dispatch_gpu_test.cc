@@ -24,33 +24,22 @@ struct Outputs {
   std::vector<float> y, dx, dw, dparams;
 };
 
-template <typename T>
-Buffer to_device(Device& dev, const std::vector<T>& v) {
-  Buffer b = dev.allocate(Component::workspace, v.size() * sizeof(T) + 4);
-  copy_to_device(dev, b.data(), v.data(), v.size() * sizeof(T));
-  return b;
-}
-
-std::vector<float> from_device(Device& dev, const Buffer& b, std::size_t n) {
-  std::vector<float> out(n);
-  copy_to_host(dev, out.data(), b.data(), n * sizeof(float));
-  return out;
-}
-
 Outputs run(Device& dev, Communicator& comm, const MoeProblem& p, DispatchKind kind, const DispatchOptions& o) {
   const MoeShape& s = p.spec.shape;
   const std::int64_t T = p.tokens[0], H = s.hidden;
-  Buffer x = to_device(dev, p.x), ids = to_device(dev, p.ids), w = to_device(dev, p.weights),
-         params = to_device(dev, p.params), dy = to_device(dev, p.dy);
-  Buffer y = to_device(dev, std::vector<float>(static_cast<std::size_t>(T * H))), dx = to_device(dev, std::vector<float>(static_cast<std::size_t>(T * H))),
-         dw = to_device(dev, std::vector<float>(p.weights.size())), dparams = to_device(dev, std::vector<float>(p.params.size()));
+  Buffer x = testing::upload(dev, p.x), ids = testing::upload(dev, p.ids), w = testing::upload(dev, p.weights),
+         params = testing::upload(dev, p.params), dy = testing::upload(dev, p.dy);
+  const std::vector<float> rows(static_cast<std::size_t>(T * H));
+  Buffer y = testing::upload(dev, rows), dx = testing::upload(dev, rows),
+         dw = testing::upload(dev, std::vector<float>(p.weights.size())),
+         dparams = testing::upload(dev, std::vector<float>(p.params.size()));
   MoeDispatch d(dev, comm, s, kind, o);
   d.forward(x.as<float>(), T, ids.as<std::int32_t>(), w.as<float>(), params.as<float>(), y.as<float>());
   d.backward(x.as<float>(), T, ids.as<std::int32_t>(), w.as<float>(), params.as<float>(), dy.as<float>(),
              dx.as<float>(), dw.as<float>(), dparams.as<float>());
   dev.synchronize();
-  return {from_device(dev, y, static_cast<std::size_t>(T * H)), from_device(dev, dx, static_cast<std::size_t>(T * H)),
-          from_device(dev, dw, p.weights.size()), from_device(dev, dparams, p.params.size())};
+  return {testing::download(dev, y, static_cast<std::size_t>(T * H)), testing::download(dev, dx, static_cast<std::size_t>(T * H)),
+          testing::download(dev, dw, p.weights.size()), testing::download(dev, dparams, p.params.size())};
 }
 
 TEST(CudaMoeDispatch, MatchesTheCpuDeviceInEveryKindAndSkew) {
