@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin   # MPI communicator and mpirun
   nlohmann-json3-dev     # JSON reports, HF config.json import
   libcli11-dev           # command-line parsing
+  libtomlplusplus-dev    # --config files: a real TOML parser (toml++ 3.x)
   libgtest-dev libgmock-dev    # unit tests
   libbenchmark-dev       # micro-benchmarks of kernels
   python3-venv           # scripts/tokenize_text.sh: a venv for the tokenizers wheel

@@ -175,16 +175,21 @@ TEST(ConfigFile, MissingOrMalformedFileIsOneLineNamingIt) {
       one_line_naming(e.what(), "--config must not be empty");
     }
   }
+  // TOML is read by toml++: its message, after the file and the line it names.
   const std::string noeq = write("noeq.toml", "steps = 2\n\nsteps 3\n");
-  one_line_naming(error_of("--config " + noeq), noeq + ":3: expected 'key = value'");
+  one_line_naming(error_of("--config " + noeq), noeq + ":3: malformed TOML: ");
   const std::string twice = write("twice.toml", "steps = 2\nsteps = 3\n");
-  one_line_naming(error_of("--config " + twice), twice + ":2: 'steps' given twice (first on line 1)");
+  one_line_naming(error_of("--config " + twice), twice + ":2: malformed TOML: ");
+  one_line_naming(error_of("--config " + twice), "'steps'");
   const std::string unterminated = write("unterminated.toml", "files = [\"a\",\n  \"b\"\n");
-  one_line_naming(error_of("--config " + unterminated), unterminated + ":1: unterminated array");
+  one_line_naming(error_of("--config " + unterminated), unterminated + ":2: malformed TOML: ");
   const std::string quote = write("quote.toml", "schedules = \"all\n");
-  one_line_naming(error_of("--config " + quote), quote + ":1: 'schedules': unterminated string");
-  const std::string hash = write("hash.toml", "schedules = \"a#b\"\n");
-  one_line_naming(error_of("--config " + hash), hash + ":1: '#' inside a string");
+  one_line_naming(error_of("--config " + quote), quote + ":1: malformed TOML: ");
+  {
+    TestCli c;  // '#' inside a string is part of the string, not a comment
+    c.parse("--config " + write("hash.toml", "schedules = \"a#b\"  # a comment\n"));
+    EXPECT_EQ(c.v.schedules, "a#b");
+  }
   const std::string json = write("bad.json", "{\"steps\": 2,\n \"lr\": }\n");
   one_line_naming(error_of("--config " + json), json + ": malformed JSON: parse error at line 2");
   const std::string dup = write("dup.json", R"({"steps": 2, "lr": 0.1, "steps": 3})");
@@ -192,22 +197,21 @@ TEST(ConfigFile, MissingOrMalformedFileIsOneLineNamingIt) {
   const std::string list = write("list.json", "[1, 2]");
   one_line_naming(error_of("--config " + list), list + ": a JSON config file must be one object");
   // Found by tests/fuzz: a number past double's range leaked nlohmann's out_of_range (not a
-  // ConfigError); a key holding a newline split the error; a vertical tab before '=' made
-  // the line check and CLI11 read different keys (CLI11 trims it, leaving an empty key).
+  // ConfigError); a key holding a newline split the error; a vertical tab before '=' is
+  // not TOML.
   const std::string big = write("big.json", R"({"lr": 6e7111111})");
   one_line_naming(error_of("--config " + big), big + ": malformed JSON: number overflow parsing '6e7111111'");
   const std::string newline = write("newline.json", R"({"st\neps": 1})");
   one_line_naming(error_of("--config " + newline), newline + ": unknown key 'st\\neps'");
   const std::string vtab = write("vtab.toml", "\v= 1\n");
-  one_line_naming(error_of("--config " + vtab), vtab + ":1: '' is not a flag name");
-  // Found running the fuzz target on large inputs: CLI11's TOML reader splits an array in
-  // quadratic time (a 4 MB array of "a" ran for minutes), and /dev/zero never ends. A
-  // config file is refused past 64 KiB, read no further.
+  one_line_naming(error_of("--config " + vtab), vtab + ":1: malformed TOML: ");
+  // A config file is refused past 64 KiB, read no further; /dev/zero (which never ends) is
+  // not a regular file and is not opened.
   std::string big_array = "files = [";
   while (big_array.size() < (64 << 10)) big_array += "\"a\",";
   const std::string large = write("large.toml", big_array + "\"b\"]\n");
   one_line_naming(error_of("--config " + large), large + ": larger than 64 KiB");
-  one_line_naming(error_of("--config /dev/zero"), "/dev/zero: larger than 64 KiB");
+  one_line_naming(error_of("--config /dev/zero"), "--config /dev/zero is not a regular file (a character device)");
 }
 
 TEST(ConfigFile, NestedTablesAndObjectsAreRefused) {

@@ -1,4 +1,5 @@
-// Fuzz target: `--config FILE` (cli/config_file.h), TOML or JSON. The first byte chooses
+// Fuzz target: `--config FILE` (cli/config_file.h), TOML (toml++, compiled into the target
+// with the fuzzer's coverage) or JSON. The first byte chooses
 // the file's name (.json or .toml, which with the text decides the format); the rest is
 // the text. Its entries are then applied to a command with one flag of every kind the
 // commands use (integer, real, seed, text, switch, list), each through its own parser.

@@ -1,11 +1,18 @@
 #include "peakbound/cli/config_file.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+// toml++ header-only (the parser is compiled here, with this build's flags and sanitizers).
+#define TOML_HEADER_ONLY 1
+#define TOML_ENABLE_FORMATTERS 0
+#include <toml++/toml.h>
 
 #include "peakbound/core/error.h"
 
@@ -18,22 +25,42 @@ namespace {
   throw CLI::ConfigError(one_line(path + (line > 0 ? ":" + std::to_string(line) : "") + ": " + what));
 }
 
-// The blanks CLI11's TOML reader trims (std::isspace), so that a key this check reads
-// is the key CLI11 reads.
-constexpr const char* kBlanks = " \t\r\v\f";
-
 std::string trim(const std::string& s) {
+  constexpr const char* kBlanks = " \t\r\v\f";
   const auto b = s.find_first_not_of(kBlanks);
   if (b == std::string::npos) return "";
   return s.substr(b, s.find_last_not_of(kBlanks) - b + 1);
 }
 
-// A config file holds a few flags: past 64 KiB it is refused, and read no further (a device
-// such as /dev/zero never ends; CLI11's TOML reader splits an array in quadratic time, so a
-// megabyte array would take minutes).
+// A config file holds a few flags: past 64 KiB it is refused, and read no further.
 constexpr std::size_t kMaxConfigBytes = 64 << 10;
 
+// What a path that is not a regular file is, for the error (nothing is opened: a FIFO
+// would block in open until a writer came, a device may never end).
+std::string file_kind(const std::filesystem::file_status& st) {
+  namespace fs = std::filesystem;
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    default: return "not a file";
+  }
+}
+
 std::string read_text(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);  // follows a symbolic link
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    refuse(path, 0, "cannot read the config file (" + ec.message() + ")");
+  if (fs::exists(st) && !fs::is_regular_file(st)) {
+    const std::string kind = file_kind(st);
+    throw CLI::ConfigError(one_line("--config " + path +
+                                    (fs::is_directory(st) ? " is a directory, not a config file"
+                                                          : " is not a regular file (" + kind + ")")));
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) refuse(path, 0, std::string("cannot read the config file (") + std::strerror(errno) + ")");
   std::string text(kMaxConfigBytes + 1, '\0');
@@ -49,79 +76,70 @@ bool is_json(const std::string& path, const std::string& text) {
   return b != std::string::npos && text[b] == '{';
 }
 
-// The text before a '#' that is outside quotes, and whether a '#' sat inside quotes
-// (CLI11's reader cuts at any '#', so such a string would silently lose its tail).
-std::string strip_comment(const std::string& s, bool& hash_in_string) {
-  char quote = 0;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (quote) {
-      if (c == quote) quote = 0;
-      if (c == '#') hash_in_string = true;
-    } else if (c == '"' || c == '\'') {
-      quote = c;
-    } else if (c == '#') {
-      return s.substr(0, i);
-    }
+// Line `n` (1-based) of `text`, trimmed.
+std::string line_of(const std::string& text, std::uint32_t n) {
+  std::size_t b = 0;
+  for (std::uint32_t i = 1; i < n && b != std::string::npos; ++i) {
+    b = text.find('\n', b);
+    if (b != std::string::npos) ++b;
   }
-  return s;
+  if (b == std::string::npos || b > text.size()) return "";
+  const std::size_t e = text.find('\n', b);
+  return trim(text.substr(b, e == std::string::npos ? std::string::npos : e - b));
 }
 
-std::string unquote(std::string s) {
-  if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) return s.substr(1, s.size() - 2);
-  return s;
+// Shortest text that reads back the same double ("inf", "nan" as the flag parsers spell them).
+std::string real_text(double d) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d);
+  return std::string(buf, r.ptr);
 }
 
-// The line check: every line is blank, a comment, "key = value", or the continuation of
-// a multi-line array. Returns each key's line; refuses what CLI11's lenient reader would
-// take silently (a line without '=', a table, a dotted or inline-table key).
-std::map<std::string, int> check_toml_lines(const std::string& path, const std::string& text) {
-  std::map<std::string, int> lines;
-  std::istringstream in(text);
-  int n = 0, array_from = 0;
-  for (std::string raw; std::getline(in, raw);) {
-    ++n;
-    bool hash_in_string = false;
-    const std::string t = trim(strip_comment(raw, hash_in_string));
-    if (hash_in_string) refuse(path, n, "'#' inside a string is not supported (CLI11's TOML reader cuts there)");
-    if (t.empty() || t.front() == ';') continue;
-    if (array_from) {
-      if (t.back() == ']') array_from = 0;
-      continue;
-    }
-    if (t.front() == '[')
-      refuse(path, n, "tables (" + t + ") are not taken: write each flag as a top-level 'key = value'");
-    const auto eq = t.find('=');
-    if (eq == std::string::npos) refuse(path, n, "expected 'key = value' (got '" + t + "')");
-    const std::string key = unquote(trim(t.substr(0, eq)));
-    const std::string value = trim(t.substr(eq + 1));
-    if (key.empty() || key.find_first_of(kBlanks) != std::string::npos)
-      refuse(path, n, "'" + trim(t.substr(0, eq)) + "' is not a flag name");
-    if (key.find('.') != std::string::npos)
-      refuse(path, n, "dotted key '" + key + "' (a nested table) is not taken: write the flag's own name");
-    if (value.empty()) refuse(path, n, "'" + key + "' has no value");
-    if (value.front() == '{') refuse(path, n, "'" + key + "' is an inline table: nested tables are not taken");
-    if ((value.front() == '"' || value.front() == '\'') && (value.size() < 2 || value.back() != value.front()))
-      refuse(path, n, "'" + key + "': unterminated string");
-    if (value.front() == '[' && value.back() != ']') array_from = n;
-    if (value.front() == '[' && value.find('{') != std::string::npos)
-      refuse(path, n, "'" + key + "' holds an inline table: nested tables are not taken");
-    auto [it, fresh] = lines.emplace(key, n);
-    if (!fresh) refuse(path, n, "'" + key + "' given twice (first on line " + std::to_string(it->second) + ")");
-  }
-  if (array_from) refuse(path, array_from, "unterminated array");
-  return lines;
+// One TOML value as the command line would give it; `key` and `line` for errors.
+std::string toml_scalar(const std::string& path, const std::string& key, int line, const toml::node& v) {
+  if (const auto* s = v.as_string()) return s->get();
+  if (const auto* i = v.as_integer()) return std::to_string(i->get());
+  if (const auto* d = v.as_floating_point()) return real_text(d->get());
+  if (const auto* b = v.as_boolean()) return b->get() ? "true" : "false";
+  if (v.is_array()) refuse(path, line, "'" + key + "' holds an array inside an array");
+  if (v.is_table()) refuse(path, line, "'" + key + "' holds a table: nested tables are not taken");
+  refuse(path, line, "'" + key + "' holds a date or time, which no flag takes: quote it as a string");
 }
 
+// TOML by toml++ (TOML 1.0: multi-line and literal strings, escapes, comments anywhere
+// outside strings). Only top-level keys are flags: a [table], a dotted key or an inline
+// table is refused rather than flattened.
 std::vector<ConfigEntry> read_toml(const std::string& path, const std::string& text) {
-  const std::map<std::string, int> lines = check_toml_lines(path, text);
-  std::istringstream in(text);
-  std::vector<ConfigEntry> out;
-  for (CLI::ConfigItem& item : CLI::ConfigTOML().from_config(in)) {
-    if (!item.parents.empty()) refuse(path, 0, "'" + item.fullname() + "' is nested: tables are not taken");
-    const auto it = lines.find(item.name);
-    out.push_back({item.name, std::move(item.inputs), it == lines.end() ? 0 : it->second});
+  toml::table doc;
+  try {
+    doc = toml::parse(std::string_view(text), path);
+  } catch (const toml::parse_error& e) {
+    const int line = static_cast<int>(std::min<std::uint32_t>(e.source().begin.line, 1u << 30));
+    refuse(path, line, "malformed TOML: " + std::string(e.description()));
   }
+  std::vector<ConfigEntry> out;
+  for (const auto& [k, v] : doc) {
+    const std::string key(k.str());
+    const int line = static_cast<int>(std::min<std::uint32_t>(k.source().begin.line, 1u << 30));
+    if (const toml::table* t = v.as_table()) {
+      if (t->is_inline()) refuse(path, line, "'" + key + "' is an inline table: nested tables are not taken");
+      const std::string where = line_of(text, static_cast<std::uint32_t>(line));
+      if (!where.empty() && where.front() == '[')
+        refuse(path, line, "tables (" + where + ") are not taken: write each flag as a top-level 'key = value'");
+      std::string dotted = key;
+      if (!t->empty()) dotted += "." + std::string(t->begin()->first.str());
+      refuse(path, line, "dotted key '" + dotted + "' (a nested table) is not taken: write the flag's own name");
+    }
+    ConfigEntry e{key, {}, line};
+    if (const toml::array* a = v.as_array()) {
+      for (const toml::node& x : *a) e.values.push_back(toml_scalar(path, key, line, x));
+    } else {
+      e.values.push_back(toml_scalar(path, key, line, v));
+    }
+    out.push_back(std::move(e));
+  }
+  // toml::table orders keys by name: apply (and report) them in the file's order.
+  std::stable_sort(out.begin(), out.end(), [](const ConfigEntry& a, const ConfigEntry& b) { return a.line < b.line; });
   return out;
 }
 

@@ -2,18 +2,19 @@
 // command's long flag names without the dashes ("steps = 20", "schedules = \"all\"",
 // "device-memory = \"512MiB\"", "reach = true" for a switch); values are scalars,
 // strings, or arrays where a flag takes several. The file is JSON when its name ends in
-// .json or its first non-space character is '{', TOML otherwise (read by CLI11's own
-// ConfigTOML, after a line check that gives line numbers).
+// .json or its first non-space character is '{', TOML 1.0 otherwise (read by toml++:
+// basic, literal and multi-line strings with their escapes, integers in any base,
+// comments after values).
 //
 // Semantics are CLI11's config semantics: a flag given on the command line wins over
 // the file (the file's value is not parsed at all then); a value from the file goes
 // through the flag's own parser, so an out-of-range value is refused with the flag's own
 // message. Refused, each as one line naming the file (and the line for TOML): a missing
-// or unreadable file, malformed TOML or JSON, an unknown key, a key given twice, a
-// nested table or object (TOML "[section]", dotted "a.b" keys, inline tables, JSON
-// objects: nothing is flattened; CLI11 would route "section.key" to a subcommand named
-// "section", which is not what a command's file means), an array to a one-value flag,
-// "config"/"help" as keys, and a file over 64 KiB.
+// or unreadable file, a path that is not a regular file (a directory, a FIFO, a device:
+// never opened), malformed TOML (toml++'s message: a key given twice among them) or JSON,
+// an unknown key, a nested table or object (TOML "[section]", dotted "a.b" keys, inline
+// tables, JSON objects: nothing is flattened), a date or time value, an array to a
+// one-value flag, "config"/"help" as keys, and a file over 64 KiB.
 #pragma once
 
 #include <string>
