@@ -74,6 +74,38 @@ void batch(std::int64_t step, std::vector<std::int32_t>& ids, std::vector<std::i
   }
 }
 
+// Every gradient of `b` against `a`, to 1e-5 relative over each whole tensor: the FSDP
+// units' shards (already summed over the world) and every tensor of the stores (whose
+// gradients must be summed over their groups first). Returns the worst error.
+double expect_same_gradients(MoeTransformer& a_model, MoeTransformer& b_model) {
+  Communicator& world = testing::world();
+  double worst = 0;
+  // The FSDP units: every rank holds its shard of each unit (gradients already summed).
+  for (std::size_t u = 0; u < a_model.fsdp().size(); ++u) {
+    FsdpUnits& a = a_model.fsdp();
+    FsdpUnits& b = b_model.fsdp();
+    const double e = verify::group_relative_error(world, b.grads_shard() + b.shard_offset(u),
+                                                  a.grads_shard() + a.shard_offset(u),
+                                                  static_cast<std::int64_t>(a.shard_len(u)));
+    EXPECT_LT(e, 1e-5) << "fsdp unit " << u;
+    worst = std::max(worst, e);
+  }
+  for (std::size_t i = 0; i < a_model.stores().size(); ++i) {
+    ParameterStore& a = *a_model.stores()[i];
+    ParameterStore& b = *b_model.stores()[i];
+    EXPECT_EQ(a.size(), b.size());
+    if (a.size() != b.size()) return 1.0;
+    for (std::size_t v = 0; v < a.size(); ++v) {
+      const ParameterView& va = a.views()[v];
+      // Every rank holds its part of the tensor: the error is over the whole tensor.
+      const double e = verify::group_relative_error(world, b.grad(b.views()[v]), a.grad(va), va.numel());
+      EXPECT_LT(e, 1e-5) << va.name();
+      worst = std::max(worst, e);
+    }
+  }
+  return worst;
+}
+
 TEST(SchedulesExact, OneStepLossAndEveryGradient) {
   Communicator& world = testing::world();
   std::vector<std::int32_t> ids, tgt;
@@ -100,29 +132,7 @@ TEST(SchedulesExact, OneStepLossAndEveryGradient) {
     runs[k]->model->forward(ids.data(), tgt.data(), 2, 24);
     EXPECT_EQ(runs[k]->dev->arena().live(Component::vocab), 0u) << (k ? "all" : "none");
   }
-  double worst = 0;
-  // The FSDP units: every rank holds its shard of each unit (gradients already summed).
-  for (std::size_t u = 0; u < runs[0]->model->fsdp().size(); ++u) {
-    FsdpUnits& a = runs[0]->model->fsdp();
-    FsdpUnits& b = runs[1]->model->fsdp();
-    const double e = verify::group_relative_error(world, b.grads_shard() + b.shard_offset(u),
-                                                  a.grads_shard() + a.shard_offset(u),
-                                                  static_cast<std::int64_t>(a.shard_len(u)));
-    EXPECT_LT(e, 1e-5) << "fsdp unit " << u;
-    worst = std::max(worst, e);
-  }
-  for (std::size_t i = 0; i < runs[0]->model->stores().size(); ++i) {
-    ParameterStore& a = *runs[0]->model->stores()[i];
-    ParameterStore& b = *runs[1]->model->stores()[i];
-    ASSERT_EQ(a.size(), b.size());
-    for (std::size_t v = 0; v < a.size(); ++v) {
-      const ParameterView& va = a.views()[v];
-      // Every rank holds its part of the tensor: the error is over the whole tensor.
-      const double e = verify::group_relative_error(world, b.grad(b.views()[v]), a.grad(va), va.numel());
-      EXPECT_LT(e, 1e-5) << va.name();
-      worst = std::max(worst, e);
-    }
-  }
+  const double worst = expect_same_gradients(*runs[0]->model, *runs[1]->model);
   if (world.rank() == 0)
     std::printf("all vs none, one step at %d ranks: loss %.8f vs %.8f, worst gradient rel err %.3g\n", world.size(),
                 loss[0], loss[1], worst);
@@ -162,29 +172,37 @@ TEST(SchedulesExact, TwentyStepsSameLossCurve) {
 // Gradient accumulation: two micro-batches of one sequence per rank make the same step
 // as one micro-batch of two (the cross-entropy is normalised over the whole step). The
 // aux loss is per micro-batch (as transformers computes it per forward), so it is off here.
+// What is compared is what accumulation produces: the loss and the step's gradients as
+// the trainer accumulated them (the trainer leaves them in the model after the step).
+// Not the parameters after AdamW: a first Adam step moves each element by about
+// lr * g / (|g| + eps), a sign function of g, so an element whose gradient is at the
+// rounding level of the GEMMs (which differ in the last bits between the AVX2 and the
+// AVX-512 OpenBLAS kernels, and between M = 24 and M = 48) moves by +lr on one side and
+// -lr on the other; that measured the BLAS kernel (3.1e-5 relative on Zen 4), not the
+// accumulation.
 TEST(SchedulesExact, AccumulationEqualsOneLargerMicroBatch) {
-  Communicator& world = testing::world();
   std::vector<std::int32_t> ids, tgt;
   batch(0, ids, tgt);
   std::vector<double> loss;
-  std::vector<std::vector<float>> params;
+  std::unique_ptr<ModelRun> runs[2];
   for (int accumulate = 0; accumulate < 2; ++accumulate) {
-    Communicator& w = world;
+    Communicator& w = testing::world();
     ParallelLayout layout;
     layout.ep = w.size();
     while (8 % layout.ep != 0 || w.size() % layout.ep != 0) --layout.ep;
     layout.vocab = w.size();
-    CpuDevice dev(128 << 20);
-    HostMemory host;
-    ProcessGroups groups = ProcessGroups::split(w, layout);
+    auto& r = runs[accumulate];
+    r = std::make_unique<ModelRun>();
+    r->dev = std::make_unique<CpuDevice>(128 << 20);
+    r->groups = ProcessGroups::split(w, layout);
     ModelConfig c = small_config();
     c.router_aux_loss_coef = 0;
-    MoeTransformer model(dev, host, groups, c, schedules(false));
-    model.init_parameters(3);
+    r->model = std::make_unique<MoeTransformer>(*r->dev, r->host, r->groups, c, schedules(false));
+    r->model->init_parameters(3);
     ThreadPool pool(1);
     TrainerOptions o;
     o.optimizer_options.adam.lr = 1e-2f;
-    Trainer trainer(model, host, pool, o);
+    Trainer trainer(*r->model, r->host, pool, o);
     std::vector<MicroBatch> mb;
     if (accumulate) {
       mb.push_back({ids.data(), tgt.data(), 1, 24});
@@ -193,13 +211,18 @@ TEST(SchedulesExact, AccumulationEqualsOneLargerMicroBatch) {
       mb.push_back({ids.data(), tgt.data(), 2, 24});
     }
     loss.push_back(trainer.step(mb).loss);
-    const FsdpUnits& d = model.fsdp();
-    params.emplace_back(d.params_shard(), d.params_shard() + d.shard_elements());
+    // The stores hold each rank's own sums (the trainer reduce-scatters from them into
+    // its shard): summed over each group here, as the trainer's shard holds them.
+    std::vector<ParameterStore*> st = r->model->stores();
+    std::vector<Communicator*> g = r->model->store_groups();
+    for (std::size_t i = 0; i < st.size(); ++i)
+      g[i]->all_reduce(st[i]->grads_data(), st[i]->elements(), DType::f32, ReduceOp::sum);
   }
   EXPECT_LT(std::abs(loss[1] - loss[0]) / loss[0], 1e-6) << loss[0] << " vs " << loss[1];
-  const double e = verify::group_relative_error(world, params[1].data(), params[0].data(),
-                                                static_cast<std::int64_t>(params[0].size()));
-  EXPECT_LT(e, 1e-5);
+  const double worst = expect_same_gradients(*runs[0]->model, *runs[1]->model);
+  if (testing::world().rank() == 0)
+    std::printf("2 micro-batches vs 1 of twice the size at %d ranks: worst gradient rel err %.3g\n",
+                testing::world().size(), worst);
 }
 
 }  // namespace
