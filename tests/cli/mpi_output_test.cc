@@ -37,6 +37,31 @@ TEST(MpiOutput, AgreedUserErrorsArePrintedOnceWithoutAbort) {
   expect_once_without_abort(run_mpi("plan --devices 0", 2), "--devices");
 }
 
+// mpirun ends the job when the first rank exits non-zero. Under load a non-lead rank
+// used to get there before rank 0 had written its line, and the user saw mpirun's box
+// and no reason. Rank 0 is made the last here (a testing hook delays its line by 1.5 s):
+// the other ranks must wait for it. A bad flag, a failed check before communication, and
+// a refusal every rank reaches in the run (the plan over --device-memory).
+TEST(MpiOutput, AgreedErrorsReachTheUserWhenRankZeroIsTheLastToPrint) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const std::string late = "PEAKBOUND_TEST_DELAY_LEAD_ERROR_MS=1500";
+  expect_once_without_abort(run_mpi("train --steps 0", 2, 120, late), "--steps");
+  expect_once_without_abort(run_mpi("train --seq-len 30 --cp 4", 2, 120, late), "--cp");
+  expect_once_without_abort(run_mpi("train --steps 1 --seq-len 32 --device-memory 1MiB", 2, 120, late),
+                            "over the 1.00 MiB budget");
+  expect_once_without_abort(run_mpi("verify vocab --z-loss nan", 3, 120, late), "--z-loss");
+}
+
+// The device's arena refusing the model's parameters (--no-plan-check lets the run start)
+// fails on every rank in setup: agreed there, so one line and no MPI_Abort.
+TEST(MpiOutput, ASetupRefusalOnEveryRankIsOneLine) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  // --no-plan-check: the device's arena refuses the first allocation past the budget on
+  // every rank, each a rank-local failure agreed at setup: one line.
+  CliRun r = run_mpi("train --steps 1 --seq-len 32 --device-memory 1MiB --no-plan-check", 2);
+  expect_once_without_abort(r, "params");
+}
+
 TEST(MpiOutput, OneProcessCommandsReportOnce) {
   if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
   CliRun r = run_mpi("plan --model tiny-moe --json", 2);

@@ -48,8 +48,10 @@ inline CliRun run_cli(const std::string& args, int timeout_seconds = 120, const 
 
 // The binary under mpirun with `ranks` processes (shared memory without CMA, waiting
 // ranks yield their core), all under the same timeout.
-inline CliRun run_mpi(const std::string& args, int ranks, int timeout_seconds = 120) {
-  return run_cli("", timeout_seconds, "env OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1 "
+// `env`: more NAME=VALUE words for the launcher's environment (which every rank inherits).
+inline CliRun run_mpi(const std::string& args, int ranks, int timeout_seconds = 120, const std::string& env = "") {
+  return run_cli("", timeout_seconds, "env " + (env.empty() ? "" : env + " ") +
+                                          "OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1 "
                                       "OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --allow-run-as-root --oversubscribe -np " +
                                           std::to_string(ranks) + " " + std::string(PEAKBOUND_CLI_PATH) + " " + args);
 }

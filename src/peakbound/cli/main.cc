@@ -1,8 +1,11 @@
 // peakbound: the command-line entry point. Parses flags with CLI11, runs the chosen
 // subcommand, and turns every error into one line on stderr and a non-zero exit.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
+#include <thread>
 
 #include "peakbound/build_info.h"
 #include "peakbound/cli/command.h"
@@ -31,21 +34,45 @@ void abort_peers_if_mpi(int code) {
 }
 
 void print_error(const std::string& message) {
+  // What was printed before the failure (the banner, the plan) comes before the error
+  // line also when stdout is a file (fully buffered) and stderr is not.
+  std::fflush(stdout);
   std::fprintf(stderr, "peakbound: error: %s\n", message.c_str());
   std::fflush(stderr);
 }
 
-// A failure only this rank may have seen: print it and end the whole job.
+// A failure only this rank may have seen: print it, naming the rank when there are
+// several (every rank's device is cpu:0 or cuda:0 of its own process), and end the job.
 int fail(int code, const std::string& message) {
-  print_error(message);
+  const int size = peakbound::launcher_size();
+  print_error(size > 1 ? "rank " + std::to_string(peakbound::launcher_rank()) + " of " + std::to_string(size) +
+                             ": " + message
+                       : message);
   abort_peers_if_mpi(code);
   return code;
 }
 
 // A failure every rank reaches alike (bad flags, a failed check before any
-// communication): printed once, by rank 0; every rank exits with the code, nothing aborts.
-int fail_everywhere(int code, const std::string& message) {
-  if (peakbound::launcher_rank() == 0) print_error(message);
+// communication, an AgreedError): printed once, by rank 0; every rank exits with the
+// code, nothing aborts. Under a launcher the ranks wait for rank 0 to have written its
+// line: mpirun ends the job when the first rank exits non-zero, and a rank that got there
+// before rank 0 had printed would leave the user with no reason at all.
+// `all_ranks` false: only rank 0 runs (a one-process command), so nobody is waited for.
+int fail_everywhere(int code, const std::string& message, bool all_ranks = true) {
+  const bool lead = peakbound::launcher_rank() == 0;
+  if (lead) {
+    // Testing hook: delays rank 0's line, the order that lost it under load.
+    if (const char* ms = std::getenv("PEAKBOUND_TEST_DELAY_LEAD_ERROR_MS"))
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
+    print_error(message);
+  }
+  if (all_ranks && peakbound::launcher_size() > 1) {
+    try {
+      peakbound::world_communicator()->barrier();
+    } catch (const std::exception&) {
+      // No MPI to wait with (a build without it): exit as before.
+    }
+  }
   return code;
 }
 
@@ -69,6 +96,27 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
+    // An option given more often than it takes (CLI11: "At Most 1 required but received
+    // 2"): name it and the values given, "--steps given twice (10 and 20); give it once".
+    if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+      std::function<std::string(const CLI::App&)> repeated = [&](const CLI::App& a) -> std::string {
+        for (const CLI::Option* o : a.get_options()) {
+          const std::vector<std::string>& given = o->results();
+          if (o->get_multi_option_policy() != CLI::MultiOptionPolicy::Throw || o->get_items_expected_max() != 1 ||
+              given.size() < 2)
+            continue;
+          std::string values;
+          for (std::size_t i = 0; i < given.size(); ++i)
+            values += (i == 0 ? "" : i + 1 == given.size() ? " and " : ", ") + (given[i].empty() ? "''" : given[i]);
+          return o->get_name() + " given " + (given.size() == 2 ? "twice" : std::to_string(given.size()) + " times") +
+                 " (" + values + "); give it once";
+        }
+        for (const CLI::App* sub : a.get_subcommands())
+          if (std::string m = repeated(*sub); !m.empty()) return m;
+        return "";
+      };
+      if (std::string m = repeated(app); !m.empty()) return fail_everywhere(2, m);
+    }
     // A group (bench, verify) without a known case: name what was given and the choices.
     for (CLI::App* group : app.get_subcommands()) {
       auto cases = group->get_subcommands({});
@@ -90,13 +138,15 @@ int main(int argc, char** argv) {
         try {
           it->validate();
         } catch (const Error& e) {
-          return fail_everywhere(1, e.what());
+          return fail_everywhere(1, e.what(), it->collective);
         }
       }
       return it->run();
     }
     std::fputs(app.help().c_str(), stdout);
     return 0;
+  } catch (const AgreedError& e) {
+    return fail_everywhere(1, e.what());
   } catch (const Error& e) {
     return fail(1, e.what());
   } catch (const std::bad_alloc&) {

@@ -50,6 +50,14 @@ class NonFinite : public Error {
   using Error::Error;
 };
 
+// A failure every rank of the job knows of, with the same message (one rank may have
+// seen it first; see agree() in comm/agree.h): the CLI prints it once, from rank 0, and
+// every rank exits non-zero without aborting the job.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An internal invariant does not hold: a bug in peakbound, not in the input.
 class InternalError : public Error {
  public:
