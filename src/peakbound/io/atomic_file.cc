@@ -36,6 +36,17 @@ void write_file_atomic(const std::string& path, std::span<const std::span<const 
   tmp_name += target.filename().string();
   tmp_name += ".tmpXXXXXX";
   std::string tmpl = (dir / tmp_name).string();
+  // The rename would replace whatever the name holds: a device (/dev/full, as root), a
+  // FIFO or a socket is refused before anything is written, and so is a folder.
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode))
+    throw Error(path + ": " +
+                (S_ISDIR(sb.st_mode) ? std::string("is a directory")
+                                     : S_ISFIFO(sb.st_mode) ? std::string("is a FIFO")
+                                     : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? std::string("is a device")
+                                     : S_ISSOCK(sb.st_mode) ? std::string("is a socket")
+                                                            : std::string("is not a regular file")) +
+                ": not replaced; give the path of a regular file (or of one that does not exist yet)");
   const int fd = mkstemp(tmpl.data());
   if (fd < 0) throw Error(path + ": cannot create a temporary file in " + dir.string() + ": " + std::strerror(errno));
   // mkstemp makes the file 0600; give it the mode an ordinary create would (0666 & ~umask).

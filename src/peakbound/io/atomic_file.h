@@ -3,7 +3,9 @@
 // folder flushed so that the rename itself is durable. A killed writer leaves the old
 // file (or none) and at worst a stray ".NAME.tmpXXXXXX" beside it. Errors are peakbound
 // Errors naming the path and the system's reason ("No space left on device",
-// "Permission denied"), and the temporary file is removed.
+// "Permission denied"), and the temporary file is removed. A target that
+// exists and is not a regular file (a device, FIFO, socket or folder) is refused before
+// anything is written: the rename would replace it.
 #pragma once
 
 #include <cstddef>
