@@ -1,6 +1,10 @@
 // MappedFile: a regular file mapped read-only for its whole life (model weights, token
 // corpora). Opening checks it is a regular file; every failure is an InvalidArgument
 // that names the path and the system's reason.
+// A mapped file truncated while it is read makes the read fault with SIGBUS: every live
+// mapping is registered (address range and path) and a SIGBUS handler, installed at the
+// first open, prints `peakbound: error: <file> was truncated or changed while it was
+// read (...)` and exits with code 1 instead of a bare "Bus error" that names nothing.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +26,7 @@ class MappedFile {
   struct Mapping {
     void* addr = nullptr;
     std::size_t size = 0;
+    int slot = -1;  // its entry in the SIGBUS handler's registry (-1: none)
     ~Mapping();
   };
   std::string path_;
