@@ -14,6 +14,27 @@ namespace peakbound {
 
 namespace {
 [[noreturn]] void bad(const std::string& path, const std::string& what) { throw InvalidArgument(path + ": " + what); }
+
+// An llm.c-style header whatever its magic: at least 1024 bytes, a small version (1 to
+// 255) in the second int32, and either int32s 4..255 all zero (llm.c writes its headers
+// from np.zeros: the data files use words 0..2, the tokenizer file 0..3) or a token count
+// that matches the file's size for 2- or 4-byte tokens. Every header llm.c's writers make
+// has this shape, so a file with a wrong magic is refused by name, never read as flat
+// tokens (its header would become 512 tokens). A flat token file has this shape only if
+// tokens 2..3 (uint16) encode a version of 1..255 and then either 504 zero tokens follow
+// or tokens 4..5 encode the file's own token count exactly: such a file is refused,
+// never misread.
+bool looks_like_header(const std::int32_t* head, std::uint64_t size) {
+  if (size < static_cast<std::uint64_t>(TokenFile::kHeaderInts) * 4) return false;
+  if (head[1] < 1 || head[1] > 255) return false;
+  bool zeros = true;
+  for (std::int64_t i = 4; i < TokenFile::kHeaderInts && zeros; ++i) zeros = head[i] == 0;
+  if (zeros) return true;
+  if (head[2] < 0) return false;
+  const std::uint64_t body = size - static_cast<std::uint64_t>(TokenFile::kHeaderInts) * 4;
+  const auto n = static_cast<std::uint64_t>(head[2]);
+  return body == 2 * n || body == 4 * n;
+}
 }  // namespace
 
 TokenFile TokenFile::open(const std::string& path, int flat_token_bytes) {
@@ -24,9 +45,18 @@ TokenFile TokenFile::open(const std::string& path, int flat_token_bytes) {
   f.file_ = MappedFile::open(path);
   const std::uint64_t size = f.file_.size();
   const auto* base = reinterpret_cast<const unsigned char*>(f.file_.data());
-  std::int32_t head[3] = {0, 0, 0};
-  if (size >= kHeaderInts * 4) std::memcpy(head, base, sizeof head);
-  if (head[0] == kMagicU16 || head[0] == kMagicU32) {
+  std::int32_t head[kHeaderInts] = {};
+  std::memcpy(head, base, std::min<std::uint64_t>(size, sizeof head));
+  const bool known_magic = size >= 4 && (head[0] == kMagicU16 || head[0] == kMagicU32);
+  if (known_magic && size < kHeaderInts * 4)
+    bad(path, "starts with llm.c's magic " + std::to_string(head[0]) + " but is " + std::to_string(size) +
+                  " bytes, shorter than its 1024-byte header (a truncated file?)");
+  if (!known_magic && looks_like_header(head, size))
+    bad(path, "its first 1024 bytes are shaped like an llm.c header (version " + std::to_string(head[1]) + ", " +
+                  std::to_string(head[2]) + " tokens) but its magic is " + std::to_string(head[0]) +
+                  ", not 20240520 (uint16 tokens) or 20240801 (uint32); it is not read as flat tokens (llm.c's "
+                  "tokenizer files have magic 20240328: pass the tokenized .bin, not the tokenizer)");
+  if (known_magic) {
     f.header_ = true;
     f.width_ = head[0] == kMagicU16 ? 2 : 4;
     if (head[1] != 1) bad(path, "llm.c header version " + std::to_string(head[1]) + " (this reader knows version 1)");

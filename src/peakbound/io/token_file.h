@@ -1,7 +1,10 @@
 // TokenFile: a tokenized corpus in the nanoGPT / llm.c convention, mapped read-only.
 // With llm.c's header (256 int32: magic 20240520 for uint16 tokens or 20240801 for
 // uint32, version 1, token count) the token width and count come from it; without one
-// the file is flat tokens of `flat_token_bytes` (2 as nanoGPT writes them, or 4).
+// the file is flat tokens of `flat_token_bytes` (2 as nanoGPT writes them, or 4). A file
+// whose first KiB is shaped like an llm.c header (a small version, then zeros or a count
+// that matches the size) but whose magic is another is refused, never read flat; so is
+// a known magic in a file shorter than the header.
 // Windows follow llm.c's loader: window i reads tokens [i S, i S + S] (S + 1 tokens),
 // inputs the first S, targets the last S, so consecutive windows advance by S.
 #pragma once
@@ -21,7 +24,8 @@ class TokenFile {
   static constexpr std::int64_t kHeaderInts = 256;
 
   // Throws InvalidArgument naming the file: unreadable, a header that disagrees with the
-  // file's size, a flat file whose size is not a whole number of tokens, no tokens.
+  // file's size or has an unknown magic, a flat file whose size is not a whole number of
+  // tokens, no tokens.
   static TokenFile open(const std::string& path, int flat_token_bytes = 2);
 
   const std::string& path() const { return path_; }
