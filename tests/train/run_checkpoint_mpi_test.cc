@@ -5,7 +5,7 @@
 //  - a checkpoint taken on one layout loads on another (EP, vocabulary group, CP and the
 //    optimizer schedule changed): the same parameters, and the next step's loss to 1e-5;
 //  - a truncated, corrupted or missing file, a damaged `latest` or manifest: one
-//    InvalidArgument naming the file, on every rank;
+//    AgreedError naming the file, on every rank;
 //  - a save that cannot write (a file-size limit standing in for a full disk): an Error,
 //    `latest` and the previous checkpoint intact and loadable.
 #include <gtest/gtest.h>
@@ -26,6 +26,7 @@
 #include "peakbound/core/host_memory.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/io/atomic_file.h"
 #include "peakbound/model/hf_config.h"
 #include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/kv_retrieval_task.h"
@@ -244,7 +245,7 @@ void expect_refused(const std::string& dir, const std::function<void()>& damage,
   try {
     load_checkpoint(resolve_checkpoint(dir), *r.trainer);
     ADD_FAILURE() << "loaded a damaged checkpoint (" << needle << ")";
-  } catch (const InvalidArgument& e) {
+  } catch (const Error& e) {  // AgreedError from the load, InvalidArgument from `latest`
     const std::string what = e.what();
     EXPECT_NE(what.find(needle), std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
@@ -297,6 +298,47 @@ TEST(RunCheckpoint, DamagedCheckpointsAreRefusedNamingTheFile) {
   TrainRun ok(default_setup(true));
   EXPECT_EQ(load_checkpoint(resolve_checkpoint(dir), *ok.trainer).step, 1);
   EXPECT_THROW(resolve_checkpoint(dir + "/nothing-here"), InvalidArgument);
+}
+
+// The last rank's file damaged: every rank throws the same AgreedError (the CLI prints
+// it once, from rank 0, and no rank aborts the job).
+TEST(RunCheckpoint, ALoadFailureIsTheSameAgreedErrorOnEveryRank) {
+  Communicator& world = testing::world();
+  const std::string dir = test_dir("agreed");
+  fresh(dir);
+  {
+    TrainRun a(default_setup(true));
+    a.step(1);
+    RunState st;
+    st.step = 1;
+    save_checkpoint(dir, *a.trainer, st, ck_config(), a.setup.layout);
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "rank-%05d.optim.safetensors", world.size() - 1);
+  const fs::path optim = fs::path(dir) / "step-00000001" / name;
+  if (world.rank() == 0) {
+    std::fstream f(optim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(optim) / 2));
+    f.put('\x5a');
+  }
+  world.barrier();
+  TrainRun r(default_setup(true));
+  std::string what;
+  try {
+    load_checkpoint(resolve_checkpoint(dir), *r.trainer);
+    ADD_FAILURE() << "loaded a damaged checkpoint";
+  } catch (const AgreedError& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find(name), std::string::npos) << what;
+  // The same message everywhere: its length and CRC agree over the ranks.
+  std::int64_t sig[2] = {static_cast<std::int64_t>(what.size()), static_cast<std::int64_t>(crc32(what.data(), what.size()))};
+  std::int64_t lo[2] = {-sig[0], -sig[1]};
+  world.all_reduce(sig, 2, DType::i64, ReduceOp::max);
+  world.all_reduce(lo, 2, DType::i64, ReduceOp::max);
+  EXPECT_EQ(sig[0], -lo[0]);
+  EXPECT_EQ(sig[1], -lo[1]);
+  world.barrier();
 }
 
 // A full disk, simulated by a file-size limit (writes past it fail with EFBIG, as they

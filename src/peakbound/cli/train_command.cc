@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <signal.h>
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -19,17 +21,22 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/cli/command.h"
+#include "peakbound/cli/command_paths.h"
+#include "peakbound/comm/agree.h"
 #include "peakbound/comm/device_communicator.h"
 #include "peakbound/cli/config_file.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/cli/model_spec.h"
+#include "peakbound/cli/train_resume.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/host_memory.h"
 #include "peakbound/core/memory_timeline.h"
+#include "peakbound/core/system_memory.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/core/units.h"
 #include "peakbound/device/device.h"
+#include "peakbound/model/describe.h"
 #include "peakbound/plan/plan_inputs.h"
 #include "peakbound/train/moe_transformer.h"
 #include "peakbound/train/progress.h"
@@ -73,10 +80,29 @@ struct TrainFlags {
   std::string memory_timeline;  // empty: not recorded
 };
 
-// SIGINT / SIGTERM: finish the current step, save, exit 0 (a second signal while saving
-// is ignored; SIGKILL is what stops a run at once).
+// SIGINT / SIGTERM / SIGUSR1 (what mpirun forwards): stop at the next micro-batch
+// boundary, save the last complete step, exit 0. A second SIGINT or SIGTERM exits at
+// once (checkpoints are atomic: a save in progress is simply not committed); a SIGUSR1
+// only ever asks for the graceful stop.
 volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0 && sig != SIGUSR1) {
+    static const char kLine[] = "peakbound: second signal, exiting at once; the last complete checkpoint stays\n";
+    ssize_t ignored = ::write(2, kLine, sizeof kLine - 1);
+    (void)ignored;
+    ::_exit(128 + sig);
+  }
+  if (g_stop_signal == 0) g_stop_signal = sig;
+}
+// The three signals share one handler, each blocking the others while it runs.
+void install_stop_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&sa.sa_mask, sig);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+}
 
 struct Setup {
   ModelConfig config;
@@ -114,6 +140,7 @@ TrainFootprintInputs footprint_inputs(const TrainFlags& f, const Setup& s, int w
   in.seq_len = f.seq_len;
   in.schedules = s.schedules;
   in.optimizer = s.optimizer;
+  in.evaluates = f.eval_batches > 0;  // the held-out loss's forward is a moment of the run too
   // The dispatch's memory depends on the routing, which the run decides: the plan
   // reserves for the skew given, by default the worst (every token-copy to one rank).
   in.skew = f.plan_skew > 0 ? std::min(f.plan_skew, static_cast<double>(s.layout.ep))
@@ -152,9 +179,65 @@ std::string over_budget(const std::vector<std::int64_t>& planned, std::uint64_t 
          "shorten --seq-len or --batch, or raise --device-memory";
 }
 
+// The plan against the machine's memory (core/system_memory.h), before anything large is
+// allocated: on the CPU device the arena's budget is RAM; on every device the host side
+// (the footprint's host peak: offloaded optimizer state and boundaries, staging; the
+// batches' token arrays; with --save-dir the checkpoint's copy of the optimizer state).
+// The ranks on this machine each plan as much as the largest rank. Collective.
+void check_machine_memory(const TrainFlags& f, const Setup& s, const Footprint& plan, std::uint64_t budget,
+                          Communicator& world) {
+  const double tokens = static_cast<double>(f.batch) * static_cast<double>(f.seq_len);
+  const double batches = 2.0 * 4.0 * tokens * static_cast<double>(f.accumulation + f.eval_batches);
+  const std::uint64_t optimizer_state = plan.device_peak(Component::optimizer) + plan.host_peak(Component::optimizer);
+  const double host = static_cast<double>(plan.host_peak_total()) + batches +
+                      (f.save_dir.empty() ? 0.0 : static_cast<double>(optimizer_state));
+  std::int64_t host_i = host >= 9.2e18 ? std::int64_t{9200000000000000000} : static_cast<std::int64_t>(host);
+  world.all_reduce(&host_i, 1, DType::i64, ReduceOp::max);
+  MachineNeed need;
+  need.device_bytes = f.device == "cpu" ? budget : 0;
+  need.host_bytes = static_cast<std::uint64_t>(host_i);
+  need.local_ranks = launcher_local_size();
+  std::string fix = f.device == "cpu" && f.device_memory != "auto"
+                        ? "lower --device-memory (or omit it: automatic is the plan plus headroom), shorten --seq-len or --batch"
+                        : "shorten --seq-len or --batch";
+  if (batches > static_cast<double>(need.host_bytes) / 2) fix += ", lower --accumulation";
+  if (!(s.set.llep && s.set.dtp && s.set.sco && s.set.adam)) fix += ", turn on more --schedules";
+  fix += ", or spread the run over more machines (more ranks, fewer per machine)";
+  // Machines may differ (several nodes): one line, from the lowest rank whose machine is short.
+  agree(world, [&] { check_fits_machine(need, machine_memory(), fix); });
+}
+
 std::string pad(std::string s, std::size_t w) {
   if (s.size() < w) s.insert(0, w - s.size(), ' ');
   return s;
+}
+
+// The run's record in its checkpoints (RunState.run): what defines it and what a resume
+// may change (cli/train_resume.h).
+nlohmann::json run_record(const TrainFlags& f, const Setup& s, std::int64_t world) {
+  return {{"model", f.model}, {"schedules", s.set.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
+          {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
+          {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", world},
+          {"data", f.data.empty() ? nlohmann::json(nullptr) : data_identity(f.data)},
+          {"task", f.data.empty() ? nlohmann::json(f.task) : nlohmann::json(nullptr)}, {"symbols", f.symbols},
+          {"seed", f.seed}, {"save_every", f.save_every}, {"eval_every", f.eval_every}};
+}
+
+// Collective: --save-dir becomes this run's (its lock, its identity; run_checkpoint.h)
+// before anything is built. A resumed run is the run its checkpoint names; a checkpoint
+// from before run ids makes the folder it was resumed from this run's.
+void claim_save_dir(CheckpointWriter& writer, const TrainFlags& f, const nlohmann::json& record, Communicator& world) {
+  std::string id;
+  bool adopt = false;
+  if (!f.resume.empty()) {
+    const std::string from = resolve_checkpoint(f.resume);
+    const nlohmann::json m = read_checkpoint_manifest(from);
+    if (m.contains("run_id") && m["run_id"].is_string()) id = m["run_id"].get<std::string>();
+    std::error_code ec;
+    if (id.empty()) adopt = std::filesystem::equivalent(std::filesystem::path(from).parent_path(), f.save_dir, ec);
+  }
+  if (id.empty()) id = new_run_id();
+  writer.claim(world, id, record, adopt);
 }
 
 int run_train(const TrainFlags& f) {
@@ -164,6 +247,15 @@ int run_train(const TrainFlags& f) {
   const bool lead = rank == 0;
   const Setup s = make_setup(f, W);
   const ModelConfig& c = s.config;
+  const nlohmann::json record = run_record(f, s, W);
+  // Saves overlap training: the state is copied at the step, the files are written by a
+  // thread, and the checkpoint is committed at the first step boundary where every rank's
+  // files are written (or at once when the run stops).
+  std::optional<CheckpointWriter> writer;
+  if (!f.save_dir.empty()) {
+    writer.emplace(f.save_dir, SaveOptions{f.keep});
+    claim_save_dir(*writer, f, record, *world);
+  }
 
   // The plan: this rank's footprint, the largest over ranks (vocabulary shards differ).
   const Footprint plan = train_footprint(footprint_inputs(f, s, W, rank));
@@ -192,17 +284,26 @@ int run_train(const TrainFlags& f) {
     std::printf("%s%s\n", row.c_str(),
                 c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "");
   }
+  // Every rank holds the same figures (all-reduced): one line, from rank 0.
   if (planned_total > budget && f.plan_check)
-    throw InvalidArgument(over_budget(planned_i, planned_total, budget, s.set));
+    throw AgreedError(over_budget(planned_i, planned_total, budget, s.set));
+  check_machine_memory(f, s, plan, budget, *world);
 
-  auto dev = make_device(f.device, budget);
+  // Setup that can fail on one rank and not another (its device, its weights' shard):
+  // agreed, so a failure is one line and the job ends without MPI_Abort.
+  std::unique_ptr<Device> dev;
+  agree(*world, [&] { dev = make_device(f.device, budget); });
   HostMemory host(MemoryLedger::kUnlimited, "host", dev->host_pages());
   world = device_communicator(*dev, std::move(world));
   ThreadPool pool(std::max(1, default_thread_count() / std::max(1, launcher_local_size())));
   ProcessGroups groups = ProcessGroups::split(*world, s.layout);
-  MoeTransformer model(*dev, host, groups, c, s.schedules);
-  if (model_is_path(f.model)) model.load_hf(f.model);
-  else model.init_parameters(f.seed);
+  std::optional<MoeTransformer> model_holder;
+  agree(*world, [&] {
+    model_holder.emplace(*dev, host, groups, c, s.schedules);
+    if (model_is_path(f.model)) model_holder->load_hf(f.model);
+    else model_holder->init_parameters(f.seed);
+  });
+  MoeTransformer& model = *model_holder;
 
   const std::int32_t ignore = s.schedules.vocab.ignore_index;
   std::unique_ptr<SequenceSource> source =
@@ -228,6 +329,9 @@ int run_train(const TrainFlags& f) {
     last_saved = from;
     resumed = load_checkpoint(from, trainer);
     if (lead) std::printf("resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(resumed.step));
+    // What this command changes (refusals were made before any step, in validate).
+    const std::string changes = check_resume(read_checkpoint_manifest(from), record, to_json(c), f.seed);
+    if (lead && !changes.empty()) std::printf("%s\n", changes.c_str());
     if (resumed.step >= f.steps) {
       if (lead)
         std::printf("the checkpoint is at step %lld, --steps is %lld: nothing to train\n",
@@ -235,9 +339,7 @@ int run_train(const TrainFlags& f) {
       return 0;
     }
   }
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);  // what mpirun forwards without killing the job
+  install_stop_signals();
 
   const std::int64_t B = f.batch, S = f.seq_len, M = f.accumulation;
   // Data parallel over the cp groups: the ranks of one hold the same sequences (each
@@ -255,11 +357,6 @@ int run_train(const TrainFlags& f) {
     hf_config_text = text.str();
   }
   std::int64_t skipped = 0;  // steps skipped for a non-finite loss or gradient (--on-nonfinite skip)
-  // Saves overlap training: the state is copied at the step, the files are written by a
-  // thread, and the checkpoint is committed at the first step boundary where every rank's
-  // files are written (or at once when the run stops).
-  std::optional<CheckpointWriter> writer;
-  if (!f.save_dir.empty()) writer.emplace(f.save_dir, SaveOptions{f.keep});
   bench::Stopwatch save_clock;
   auto start_save = [&](std::int64_t step) {
     RunState st;
@@ -267,9 +364,7 @@ int run_train(const TrainFlags& f) {
     st.sequences_consumed = consumed0 + (step - s0) * per_step;
     st.seed = f.seed;
     st.hf_config = hf_config_text;
-    st.run = {{"model", f.model}, {"schedules", s.set.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
-              {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
-              {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", W}};
+    st.run = record;
     save_clock = bench::Stopwatch();
     writer->start(trainer, st, c, s.layout);
   };
@@ -304,14 +399,39 @@ int run_train(const TrainFlags& f) {
   };
 
   std::unique_ptr<MetricsWriter> metrics;
-  if (lead && !f.metrics.empty()) metrics = std::make_unique<MetricsWriter>(f.metrics);
+  if (lead && !f.metrics.empty()) metrics = std::make_unique<MetricsWriter>(f.metrics, !f.resume.empty());  // a resume continues the history
   // One line refreshed in place on a terminal; under mpirun the launcher hands every
   // rank a pseudo-terminal even when the job's output goes to a file, so plain lines.
   Progress progress(stdout, lead && !launched_by_mpi() && Progress::is_terminal(stdout));
   const double blind = source->blind_loss();
   if (lead && !std::isnan(blind))
     std::printf("a model blind to the context cannot beat %.4f nats on the scored tokens (unigram entropy)\n", blind);
+  if (lead) std::fflush(stdout);  // the start-up lines reach a log (a file) before step 1's long work
   if (!f.memory_timeline.empty()) dev->arena().start_timeline(rank, W);
+  // A signal between two micro-batches (Trainer::step's stop check): the step is abandoned
+  // on every rank, so the state is that of the last complete step, which is saved (unless
+  // it is already, or none completed) with its data position: the resume is exact.
+  auto stopped_during_step = [&](const StepStats& st, std::int64_t step) {
+    const std::int64_t done = step - 1;
+    std::string tail = "no --save-dir, nothing saved";
+    if (writer) {
+      if (writer->pending()) finish_save();
+      if (done > s0 && !(f.save_every > 0 && done % f.save_every == 0)) {
+        start_save(done);
+        finish_save();
+      }
+      tail = done > s0        ? "resume with --resume " + f.save_dir
+             : f.resume.empty() ? std::string("no step completed, nothing saved")
+                                : "resume with --resume " + f.resume;
+    }
+    if (lead) {
+      std::printf("\nstopped by signal %lld during step %lld (its micro-batches discarded: %lld of %lld run); %s\n",
+                  static_cast<long long>(st.stopped), static_cast<long long>(step),
+                  static_cast<long long>(st.micro_batches_done), static_cast<long long>(M), tail.c_str());
+      std::fflush(stdout);
+    }
+    return writer ? 0 : 130;
+  };
   bench::Stopwatch clock;
   double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0;
   std::vector<double> step_seconds;  // per step (the JSON summary)
@@ -324,7 +444,7 @@ int run_train(const TrainFlags& f) {
     }
     StepStats st;
     try {
-      st = trainer.step(micro);
+      st = trainer.step(micro, [] { return static_cast<std::int64_t>(g_stop_signal); });
     } catch (const NonFinite& e) {
       // Every rank holds the same message: printed once, every rank exits 1, no abort.
       if (lead) {
@@ -334,6 +454,7 @@ int run_train(const TrainFlags& f) {
       }
       return 1;
     }
+    if (st.stopped != 0) return stopped_during_step(st, step);
     if (st.skipped) {
       ++skipped;
       if (lead) std::printf("\nskipped: %s\n", st.nonfinite.c_str());
@@ -380,8 +501,6 @@ int run_train(const TrainFlags& f) {
       }
     }
     if (vitals[1] != 0) {
-      std::signal(SIGINT, SIG_IGN);
-      std::signal(SIGTERM, SIG_IGN);
       if (!writer) {
         if (lead)
           std::printf("\nstopped by signal %lld after step %lld; no --save-dir, nothing saved\n",
@@ -524,16 +643,26 @@ Command add_train(CLI::App& parent) {
             "for `peakbound plot-memory`: this file on one rank, else one per rank with .rank-R before the "
             "extension (t.json -> t.rank-0.json)");
   add_config_flag(app);
-  cmd.validate = [f] {
+  cmd.validate = [f, app] {
+    if (!f->data.empty() && app->get_option("--task")->count() > 0)
+      throw InvalidArgument("--task " + f->task + " and --data " + f->data +
+                            ": a run trains on the built-in task or on the token file, not both; drop one");
     if (f->on_nonfinite != "stop" && f->on_nonfinite != "skip")
       throw InvalidArgument("--on-nonfinite must be stop or skip, got '" + f->on_nonfinite + "'");
     if (f->plan_skew > 0 && f->plan_skew < 1) throw InvalidArgument("--plan-skew must be 0 (worst case) or >= 1");
     if (f->min_lr > f->lr) throw InvalidArgument("--min-lr " + std::to_string(f->min_lr) + " exceeds --lr");
+    // The paths first (cli/command_paths.h): no output over an input, no FIFO or device.
+    check_command_paths(app, {.inputs = {{"--data", f->data}}, .model = f->model, .outputs = {{"--metrics", f->metrics}},
+                              .memory_timeline = f->memory_timeline, .world = launcher_size()});
     const Setup s = make_setup(*f, launcher_size());
     // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
     if (!f->data.empty()) (void)token_file_source(f->data, f->seq_len, f->eval_fraction, s.config.vocab_size);
     if (f->device_memory != "auto") (void)parse_bytes(f->device_memory, "--device-memory");
-    if (!f->resume.empty()) (void)read_checkpoint_manifest(resolve_checkpoint(f->resume));
+    if (!f->save_dir.empty()) prepare_save_folder(f->save_dir);  // found before step 1, not at the first save
+    // A resume that changes what defines the run is refused (cli/train_resume.h).
+    if (!f->resume.empty())
+      (void)check_resume(read_checkpoint_manifest(resolve_checkpoint(f->resume)), run_record(*f, s, launcher_size()),
+                         to_json(s.config), f->seed);
     if (f->save_every > 0 && f->save_dir.empty()) throw InvalidArgument("--save-every needs --save-dir");
   };
   cmd.run = [f] { return run_train(*f); };

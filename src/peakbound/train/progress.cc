@@ -9,6 +9,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
+#include "peakbound/io/path_check.h"
 
 namespace peakbound {
 
@@ -112,9 +113,36 @@ void Progress::finish() {
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  // A FIFO would block the open until a reader comes, a device or folder is not a log.
+  require_output_file(path, "metrics file");
+  f_ = std::fopen(path.c_str(), append ? "a+" : "w");  // a+: the partial-line check reads
   if (f_ == nullptr)
     throw InvalidArgument("metrics file '" + path + "': cannot create it (" + std::strerror(errno) + ")");
+  if (append) drop_partial_line();
+}
+
+// A run killed in the middle of a row leaves a partial last line: cut it, so the rows
+// appended after it (a resumed run) stay one JSON object per line.
+void MetricsWriter::drop_partial_line() {
+  const int fd = ::fileno(f_);
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size <= 0) return;
+  off_t keep = size;
+  char buf[4096];
+  while (keep > 0) {
+    const off_t from = keep > static_cast<off_t>(sizeof buf) ? keep - static_cast<off_t>(sizeof buf) : 0;
+    const ssize_t n = ::pread(fd, buf, static_cast<std::size_t>(keep - from), from);
+    if (n != keep - from) return;  // unreadable (a write-only file): leave it as it is
+    ssize_t i = n;
+    while (i > 0 && buf[i - 1] != '\n') --i;
+    if (i > 0) {
+      keep = from + i;
+      break;
+    }
+    keep = from;
+  }
+  if (keep != size && ::ftruncate(fd, keep) != 0)
+    throw InvalidArgument("metrics file '" + path_ + "': cannot cut its partial last line (" + std::strerror(errno) + ")");
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -73,7 +73,8 @@ class Progress {
 class MetricsWriter {
  public:
   // Creates (or truncates; with append, extends) the file. Throws InvalidArgument, one
-  // line naming the path and the system's reason, when it cannot.
+  // line naming the path and the system's reason, when it cannot. Appending drops a
+  // partial last line (a run killed mid-row), so every line stays one JSON object.
   explicit MetricsWriter(const std::string& path, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
@@ -85,6 +86,8 @@ class MetricsWriter {
   const std::string& path() const { return path_; }
 
  private:
+  void drop_partial_line();
+
   std::string path_;
   std::FILE* f_ = nullptr;
 };

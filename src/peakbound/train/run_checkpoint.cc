@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,9 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
+#include "peakbound/comm/agree.h"
 #include "peakbound/core/error.h"
 #include "peakbound/io/atomic_file.h"
 #include "peakbound/io/safetensors.h"
@@ -66,14 +70,29 @@ FileSum write_pieces(const std::string& path, const std::vector<ShardSegment>& s
   return sum;
 }
 
-// Every rank's verdict on a step that may fail on some: throws on every rank when any failed.
-void agree(Communicator& world, const std::string& own_error, const std::string& others) {
-  std::int64_t failed = own_error.empty() ? 0 : 1;
-  world.all_reduce(&failed, 1, DType::i64, ReduceOp::max);
-  if (failed == 0) return;
-  if (!own_error.empty()) throw Error(own_error);
-  throw Error(others);
+// Every rank's verdict on a step that may fail on some: when any failed, every rank
+// throws the same AgreedError, the lowest failing rank's message (comm/agree.h).
+void agree_on(Communicator& world, const std::string& own_error) {
+  agree(world, [&] {
+    if (!own_error.empty()) throw Error(own_error);
+  });
 }
+
+// What `latest` holds, fit to quote: short printable text as it is, else its size.
+std::string quote_name(const std::string& name) {
+  bool printable = name.size() <= 64;
+  for (unsigned char ch : name) printable = printable && ch >= 0x20 && ch < 0x7f;
+  if (printable) return "'" + name + "'";
+  return "not a step name (" + std::to_string(name.size()) + " bytes of binary)";
+}
+
+// The run id a manifest names; nullopt when it predates run ids.
+std::optional<std::string> manifest_run_id(const nlohmann::json& j) {
+  if (j.contains("run_id") && j["run_id"].is_string()) return j["run_id"].get<std::string>();
+  return std::nullopt;
+}
+
+bool hidden_temporary(const std::string& name) { return !name.empty() && name[0] == '.' && name.find(".tmp") != std::string::npos; }
 
 void bad_checkpoint(const std::string& what) { throw InvalidArgument("checkpoint " + what); }
 
@@ -104,6 +123,112 @@ CheckpointWriter::CheckpointWriter(std::string dir, SaveOptions options) : dir_(
 CheckpointWriter::~CheckpointWriter() {
   // An unfinished save is abandoned: its temporary folder never becomes a checkpoint.
   if (pending_ && pending_->thread.joinable()) pending_->thread.join();
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the folder's lock
+}
+
+bool CheckpointWriter::ours(const std::string& step_dir) const {
+  try {
+    const nlohmann::json j = read_checkpoint_manifest(step_dir);
+    const std::optional<std::string> id = manifest_run_id(j);
+    return id ? *id == run_id_ : adopt_;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+void CheckpointWriter::claim(Communicator& world, const std::string& run_id, const nlohmann::json& identity, bool adopt) {
+  run_id_ = run_id;
+  identity_ = identity;
+  adopt_ = adopt;
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      const fs::path root(dir_);
+      prepare_save_folder(dir_);
+      // The lock: held by this process (rank 0) until the writer goes; the holder's pid
+      // and host in the file name it to a second run.
+      const std::string lock = (root / ".lock").string();
+      const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) throw Error("checkpoint folder '" + dir_ + "': cannot create " + lock + ": " + std::strerror(errno));
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        char buf[128] = {};
+        const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+        ::close(fd);
+        std::string holder = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+        if (err != EWOULDBLOCK)
+          throw Error("checkpoint folder '" + dir_ + "': cannot lock " + lock + ": " + std::strerror(err));
+        bool printable = !holder.empty();
+        for (unsigned char ch : holder) printable = printable && ch >= 0x20 && ch < 0x7f;
+        throw Error("checkpoint folder '" + dir_ + "' is in use by another run (" +
+                    (printable ? holder : std::string("its pid unknown")) +
+                    "); one folder holds one run: choose another --save-dir, or stop that run first");
+      }
+      lock_fd_ = fd;
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+        // The lock holds without the note; a second run just cannot name this one.
+      }
+      // Whose folder it is: run.json, else what it holds.
+      const fs::path run_json = root / "run.json";
+      std::error_code ec;
+      if (fs::exists(run_json, ec)) {
+        nlohmann::json j;
+        try {
+          std::ifstream in(run_json);
+          in >> j;
+        } catch (const nlohmann::json::exception&) {
+          j = nullptr;
+        }
+        if (!j.is_object() || !j.contains("run_id") || !j["run_id"].is_string())
+          throw Error("checkpoint folder '" + dir_ + "': its run.json is damaged; choose another --save-dir");
+        if (j["run_id"].get<std::string>() != run_id_) {
+          std::string who;
+          for (const char* k : {"model", "seed", "seq_len", "schedules"})
+            if (j.contains("identity") && j["identity"].is_object() && j["identity"].contains(k))
+              who += std::string(who.empty() ? "" : ", ") + k + " " +
+                     (j["identity"][k].is_string() ? j["identity"][k].get<std::string>() : j["identity"][k].dump());
+          throw Error("checkpoint folder '" + dir_ + "' holds the checkpoints of another run" +
+                      (who.empty() ? std::string() : " (" + who + ")") +
+                      "; choose another --save-dir, or --resume " + dir_ + " to continue that run");
+        }
+        identity_written_ = true;
+      } else {
+        std::string foreign, other_run;
+        for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+          const std::string name = e.path().filename().string();
+          if (name == ".lock" || hidden_temporary(name)) continue;
+          if (name == "latest") continue;
+          if (name.rfind("step-", 0) == 0 && e.is_directory()) {
+            bool mine = false, peakbound = true;
+            try {
+              const std::optional<std::string> id = manifest_run_id(read_checkpoint_manifest(e.path().string()));
+              mine = id ? *id == run_id_ : adopt_;
+            } catch (const Error&) {
+              peakbound = false;
+            }
+            if (!peakbound) foreign = name;
+            else if (!mine) other_run = name;
+            continue;
+          }
+          foreign = name;
+        }
+        if (!foreign.empty() && !adopt_)
+          throw Error("checkpoint folder '" + dir_ + "' is not empty and was not made by peakbound (it holds " +
+                      quote_name(foreign) + "); choose a new or empty --save-dir");
+        if (!other_run.empty())
+          throw Error("checkpoint folder '" + dir_ + "' holds the checkpoints of another run (" + other_run +
+                      "); choose another --save-dir, or --resume " + dir_ + " to continue that run");
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  agree_on(world, error);
+  claimed_ = true;
 }
 
 bool CheckpointWriter::writing() const { return pending_ && !pending_->written.load(); }
@@ -112,6 +237,7 @@ void CheckpointWriter::start(const Trainer& trainer, const RunState& state, cons
                              const ParallelLayout& layout) {
   Communicator& world = *trainer.model().groups().world;
   if (pending_) (void)finish(world);
+  if (!claimed_) claim(world, state.run_id, state.run);
   const int r = world.rank();
   auto p = std::make_unique<Pending>();
   const std::string name = step_name(state.step);
@@ -131,6 +257,11 @@ void CheckpointWriter::start(const Trainer& trainer, const RunState& state, cons
       std::error_code ec;
       fs::create_directories(root, ec);
       if (ec) throw Error(dir_ + ": cannot create the checkpoint folder: " + ec.message());
+      // A step folder in the way that is not this run's (a user's look-alike) is kept.
+      if (fs::exists(p->final_dir, ec) && !ours(p->final_dir.string()))
+        throw Error("'" + p->final_dir.string() +
+                    "' is in the way of this run's checkpoint and is not one of its checkpoints; move it out of "
+                    "the folder (it is left as it is)");
       fs::remove_all(p->tmp, ec);
       fs::create_directory(p->tmp, ec);
       if (ec) throw Error(p->tmp.string() + ": cannot create: " + ec.message());
@@ -138,7 +269,7 @@ void CheckpointWriter::start(const Trainer& trainer, const RunState& state, cons
       error = e.what();
     }
   }
-  agree(world, error, dir_ + ": rank 0 could not prepare the checkpoint folder");
+  agree_on(world, error);
 
   // The host copies are taken now (the next step may change the state); the files are
   // written by a thread while training goes on.
@@ -182,7 +313,7 @@ std::string CheckpointWriter::finish(Communicator& world) {
     }
   };
   try {
-    agree(world, error, dir_ + ": another rank could not write its checkpoint files; the previous checkpoint is intact");
+    agree_on(world, error.empty() ? error : error + "; the previous checkpoint is intact");
   } catch (...) {
     world.barrier();
     cleanup();
@@ -217,10 +348,17 @@ std::string CheckpointWriter::finish(Communicator& world) {
           {"layout", {{"world", W}, {"cp", l.cp}, {"ep", l.ep}, {"vocab_group", l.vocab}}},
           {"optimizer", p->optimizer},
           {"optimizer_steps", p->optimizer_steps},
+          {"run_id", run_id_},
           {"run", p->state.run},
           {"files", files}};
       write_text_atomic((p->tmp / "manifest.json").string(), manifest.dump(2) + "\n");
       fsync_directory(p->tmp.string());
+      // The folder's owner, before its first checkpoint appears in it.
+      if (!identity_written_) {
+        const nlohmann::json run = {{"format", "peakbound-run"}, {"run_id", run_id_}, {"identity", identity_}};
+        write_text_atomic((root / "run.json").string(), run.dump(2) + "\n");
+        identity_written_ = true;
+      }
       std::error_code ec;
       if (fs::exists(p->final_dir)) {
         // The same step saved again: swap the folders in one step (`latest` may name the
@@ -234,10 +372,13 @@ std::string CheckpointWriter::finish(Communicator& world) {
       }
       fsync_directory(root.string());
       write_text_atomic((root / "latest").string(), p->final_dir.filename().string() + "\n");
-      // Keep the newest `keep` step folders (names sort by step).
+      // Keep the newest `keep` of this run's checkpoints (names sort by step); a folder
+      // that only looks like one (no manifest of this run) is not the run's to remove.
       std::vector<fs::path> steps;
       for (const fs::directory_entry& e : fs::directory_iterator(root, ec))
-        if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0) steps.push_back(e.path());
+        if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0 &&
+            (e.path() == p->final_dir || ours(e.path().string())))
+          steps.push_back(e.path());
       std::sort(steps.begin(), steps.end());
       for (std::size_t i = 0; i + static_cast<std::size_t>(options_.keep) < steps.size(); ++i)
         if (steps[i] != p->final_dir) fs::remove_all(steps[i], ec);
@@ -247,7 +388,7 @@ std::string CheckpointWriter::finish(Communicator& world) {
     }
   }
   try {
-    agree(world, error, dir_ + ": rank 0 could not finish the checkpoint; the previous checkpoint is intact");
+    agree_on(world, error.empty() ? error : error + "; the previous checkpoint is intact");
   } catch (...) {
     cleanup();
     throw;
@@ -271,19 +412,48 @@ bool has_checkpoint(const std::string& dir) {
   }
 }
 
+void prepare_save_folder(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  if (fs::exists(root, ec) && !fs::is_directory(root, ec))
+    throw InvalidArgument("checkpoint folder '" + dir + "' exists and is not a folder (a file or a device); choose a folder for --save-dir");
+  fs::create_directories(root, ec);
+  if (!fs::is_directory(root)) {
+    if (!ec) ec = std::make_error_code(std::errc::not_a_directory);
+    throw InvalidArgument("checkpoint folder '" + dir + "' cannot be created: " + ec.message() +
+                          "; choose another --save-dir");
+  }
+  // Whether files can be made in it (a read-only mount, no permission): a probe.
+  const std::string probe = (root / (".probe-" + std::to_string(::getpid()) + ".tmp")).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw InvalidArgument("checkpoint folder '" + dir + "' cannot be written: " + std::strerror(errno) +
+                          "; choose another --save-dir");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 std::string resolve_checkpoint(const std::string& dir) {
   const fs::path root(dir);
   std::error_code ec;
   if (fs::is_regular_file(root / "manifest.json", ec)) return root.string();
+  if (fs::exists(root, ec) && !fs::is_directory(root, ec))
+    bad_checkpoint("'" + dir + "' is a file, not a checkpoint folder (the folder given to `train --save-dir`, "
+                   "holding `latest` and step-N folders, or one of its step-N folders, holding manifest.json)");
   if (!fs::is_directory(root, ec)) bad_checkpoint("folder '" + dir + "' does not exist");
-  std::ifstream in(root / "latest");
+  std::ifstream in(root / "latest", std::ios::binary);
   if (!in) bad_checkpoint("folder '" + dir + "' holds no checkpoint (no 'latest' file, no manifest.json)");
-  std::string name;
-  std::getline(in, name);
-  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
-    bad_checkpoint("'" + (root / "latest").string() + "' is damaged: it names '" + name + "', not a step folder");
+  std::string name(256, '\0');
+  in.read(name.data(), static_cast<std::streamsize>(name.size()));
+  name.resize(static_cast<std::size_t>(in.gcount()));
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  const std::string latest = (root / "latest").string();
+  bool printable = !name.empty();
+  for (unsigned char ch : name) printable = printable && ch > 0x20 && ch < 0x7f;
+  if (!printable || name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
+    bad_checkpoint("'" + latest + "' is damaged: it holds " + quote_name(name) + ", not a step folder's name");
   if (!fs::is_regular_file(root / name / "manifest.json", ec))
-    bad_checkpoint("'" + (root / "latest").string() + "' names " + name + ", which holds no manifest.json");
+    bad_checkpoint("'" + latest + "' names " + name + ", which holds no manifest.json");
   return (root / name).string();
 }
 
@@ -391,6 +561,7 @@ std::uint64_t fill(const PieceIndex& index, const std::string& name, const Shard
     const std::span<const std::byte> bytes = p.file->bytes(p.stored);
     const auto* src = reinterpret_cast<const float*>(bytes.data());
     std::copy(src + (a - p.begin), src + (b - p.begin), dst + seg.shard_offset + (a - seg.begin));
+    check_finite_weights(dst + seg.shard_offset + (a - seg.begin), b - a, name, p.file->path(), a);  // NaN / inf
     filled += b - a;
   }
   return filled;
@@ -411,6 +582,7 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
     st.sequences_consumed = j["sequences_consumed"].get<std::int64_t>();
     st.seed = j.value("seed", std::uint64_t{0});
     if (j.contains("run")) st.run = j["run"];
+    st.run_id = manifest_run_id(j).value_or("");
     optimizer_steps = j["optimizer_steps"].get<std::int64_t>();
     const std::vector<SafeTensorsFile> files = open_checked(step_dir, j);
     PieceIndex index;
@@ -428,9 +600,8 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
   } catch (const Error& e) {
     error = e.what();
   }
-  std::int64_t failed = error.empty() ? 0 : 1;
-  world.all_reduce(&failed, 1, DType::i64, ReduceOp::max);
-  if (failed != 0) throw InvalidArgument(error.empty() ? "checkpoint '" + step_dir + "' could not be loaded on another rank" : error);
+  // Agreed: every rank throws the lowest failing rank's message (printed once).
+  agree_on(world, error);
   trainer.restore(master.data(), m.data(), v.data(), optimizer_steps, st.step);
   return st;
 }

@@ -28,6 +28,15 @@
 // sizes loads as well (resharding on load), and a piece missing or of another shape is a
 // one-line error naming the tensor. All ranks must see the same folder (a shared file
 // system across nodes).
+//
+// A save folder belongs to one run. CheckpointWriter::claim (before the first step) takes
+// an exclusive lock on DIR/.lock, held by rank 0 for the writer's life (every rank of the
+// run writes into the folder only after rank 0 has claimed it, so one lock covers the run;
+// flock works across nodes on NFS), and refuses a folder that holds another run's
+// identity (DIR/run.json: the run id and the settings that define the run, written
+// atomically at the first save) or anything not made by peakbound. A run that resumes
+// from a checkpoint carries that checkpoint's run id: it is the same run. Pruning (keep)
+// removes only step folders whose manifest names this run's id, never a look-alike.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +60,9 @@ struct RunState {
   // The config.json of a model started from a Hugging Face directory, verbatim (empty for
   // a preset): kept in the checkpoint as config.json, so export can write it back.
   std::string hf_config;
+  // The run's identity (random, made at the run's start, kept across resumes); "" in a
+  // checkpoint written before run ids were recorded.
+  std::string run_id;
 };
 
 struct SaveOptions {
@@ -71,6 +83,14 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
+  // Collective, before the first save (start() claims with the state's run_id and run
+  // when it was not called): creates DIR, takes its lock, and checks that DIR is this
+  // run's (or empty, or holds only what an interrupted start of this run left). `adopt`:
+  // this run resumed from DIR's checkpoints written before run ids, which makes them its
+  // own. AgreedError (one line naming DIR: another live run holds it, with that run's pid;
+  // it holds another run's checkpoints; it holds files not made by peakbound).
+  void claim(Communicator& world, const std::string& run_id, const nlohmann::json& identity, bool adopt = false);
+
   // Finishes a save still in flight first.
   void start(const Trainer& trainer, const RunState& state, const ModelConfig& config, const ParallelLayout& layout);
   // The committed step folder ("" when no save was in flight); Error as save_checkpoint.
@@ -81,19 +101,35 @@ class CheckpointWriter {
 
  private:
   struct Pending;
+  // Whether step_dir holds a checkpoint of this run (a valid manifest naming its id).
+  bool ours(const std::string& step_dir) const;
+
   std::string dir_;
   SaveOptions options_;
   std::unique_ptr<Pending> pending_;
+  bool claimed_ = false;
+  int lock_fd_ = -1;  // rank 0: DIR/.lock, flock-ed while the writer lives
+  std::string run_id_;
+  nlohmann::json identity_;
+  bool adopt_ = false;
+  bool identity_written_ = false;  // rank 0: DIR/run.json names this run
 };
 
 // Collective over the trainer's world: start() and finish() at once. Writes
-// DIR/step-<state.step> as above and returns its path. Error (naming the path and the system's reason) when a file cannot be written
-// (disk full, no permission): on every rank, the previous checkpoint and `latest` intact.
+// DIR/step-<state.step> as above and returns its path. AgreedError (naming the path and
+// the system's reason) when a file cannot be written (disk full, no permission): on every
+// rank, the previous checkpoint and `latest` intact.
 std::string save_checkpoint(const std::string& dir, const Trainer& trainer, const RunState& state,
                             const ModelConfig& config, const ParallelLayout& layout, const SaveOptions& options = {});
 
+// Creates DIR (and its parents) when missing and checks that it is a folder this process
+// can write into (a probe file created and removed): what a save needs, found before the
+// run trains. InvalidArgument naming DIR and the system's reason.
+void prepare_save_folder(const std::string& dir);
+
 // The step folder DIR names: DIR itself when it holds manifest.json, else the folder
-// DIR/latest names. InvalidArgument (one line) when there is none or `latest` is damaged.
+// DIR/latest names. InvalidArgument (one line) when there is none, DIR is a file, or
+// `latest` is damaged (quoted only when it is short printable text).
 std::string resolve_checkpoint(const std::string& dir);
 // Whether DIR holds a checkpoint (resolve_checkpoint would succeed).
 bool has_checkpoint(const std::string& dir);
@@ -102,9 +138,10 @@ bool has_checkpoint(const std::string& dir);
 nlohmann::json read_checkpoint_manifest(const std::string& step_dir);
 
 // Collective. Loads the step folder into the trainer (Trainer::restore) and returns the
-// run state. InvalidArgument naming the file when a file is missing, truncated or
-// corrupted (size or CRC-32 differs from the manifest), or when the checkpoint does not
-// hold every element of this rank's shard (another model).
+// run state. AgreedError (every rank, the lowest failing rank's message) naming the file
+// when a file is missing, truncated or corrupted (size or CRC-32 differs from the
+// manifest), or when the checkpoint does not hold every element of this rank's shard
+// (another model).
 RunState load_checkpoint(const std::string& step_dir, Trainer& trainer);
 
 // Writes OUT/config.json (the checkpoint's own) and OUT/model.safetensors (every tensor
