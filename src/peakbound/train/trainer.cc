@@ -65,7 +65,7 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
 
 Trainer::~Trainer() = default;
 
-StepStats Trainer::step(std::span<const MicroBatch> micro) {
+StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop) {
   const auto t0 = std::chrono::steady_clock::now();
   Communicator& world = *model_.groups().world;
   Device& dev = model_.experts().device();
@@ -99,10 +99,27 @@ StepStats Trainer::step(std::span<const MicroBatch> micro) {
 
   model_.zero_grads();
   double sums[2] = {0, 0};  // ce, aux
-  for (const MicroBatch& b : micro) {
+  for (std::size_t i = 0; i < micro.size(); ++i) {
+    const MicroBatch& b = micro[i];
     const BatchSums s = model_.forward_backward(b.ids, b.targets, b.sequences, b.seq_len, ce_scale, aux_scale);
     sums[0] += s.ce;
     sums[1] += s.aux;  // the same on every rank
+    // Stop between micro-batches: every rank must agree (the next micro-batch's layers
+    // are collective), so the flag is all-reduced. The gradients so far are abandoned
+    // (the next step zeroes them); nothing else has changed.
+    if (stop && i + 1 < micro.size()) {
+      std::int64_t flag = stop();
+      world.all_reduce(&flag, 1, DType::i64, ReduceOp::max);
+      if (flag != 0) {
+        dev.synchronize();
+        StepStats st;
+        st.step = step_ + 1;
+        st.stopped = flag;
+        st.micro_batches_done = static_cast<std::int64_t>(i + 1);
+        st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return st;
+      }
+    }
   }
   world.all_reduce(sums, 1, DType::f64, ReduceOp::sum);
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -70,7 +71,17 @@ struct StepStats {
   double seconds = 0;       // wall time of the step
   bool skipped = false;     // non-finite loss or gradient norm: no update (skip_nonfinite)
   std::string nonfinite;    // what was non-finite, when skipped
+  // A stop the ranks agreed on between micro-batches (the largest value any rank's
+  // StopCheck returned): the step was abandoned after `micro_batches_done` of its
+  // micro-batches, with no update and not counted (steps_taken() is unchanged); only
+  // step, stopped, micro_batches_done and seconds are set.
+  std::int64_t stopped = 0;
+  std::int64_t micro_batches_done = 0;
 };
+
+// Asked between micro-batches whether to stop: 0 to go on, anything else (a signal
+// number, say) to abandon the step. Must be cheap; called on every rank.
+using StopCheck = std::function<std::int64_t()>;
 
 // The shard buffers (f32, held for the trainer's life): this rank's slice of every
 // store side by side, `shard_elements` = the sum over stores of elements / group size;
@@ -90,8 +101,10 @@ class Trainer {
 
   // One step over this rank's micro-batches (every rank the same number). Collective.
   // Throws NonFinite (on every rank, the same message) on a non-finite loss or gradient
-  // norm unless options.skip_nonfinite.
-  StepStats step(std::span<const MicroBatch> micro);
+  // norm unless options.skip_nonfinite. With `stop`, after each micro-batch but the last
+  // the ranks all-reduce (max) what it returns, one int64: nonzero abandons the step on
+  // every rank together (StepStats::stopped), the model and optimizer as before it.
+  StepStats step(std::span<const MicroBatch> micro, const StopCheck& stop = {});
   std::int64_t steps_skipped() const { return skipped_; }
   // Mean cross-entropy (no aux) of the given batches over the world. Collective.
   double evaluate(std::span<const MicroBatch> batches, std::int64_t* tokens = nullptr);
