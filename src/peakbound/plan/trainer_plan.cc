@@ -52,6 +52,7 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   t.optimizer = schedules.adam ? "offload_stream" : "device";
   t.optimizer_options.bucket_bytes = in.adam_bucket;
   t.skew = imbalance;
+  t.evaluates = true;  // a `train` run evaluates its held-out loss unless --eval-batches 0
   return t;
 }
 

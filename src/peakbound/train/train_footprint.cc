@@ -258,6 +258,17 @@ Footprint train_footprint(const TrainFootprintInputs& in) {
     residents(ph, L);
     add_phase(f, ph, voc.phase(fused ? "forward_backward" : "backward"));
   }
+  // The held-out loss (Trainer::evaluate -> MoeTransformer::forward): after the layers'
+  // forward, x, y (the normed hidden) and rstd beside the vocabulary loss's plain forward,
+  // which a one-rank Ring-DTP group runs unfused (its block, lse and running statistics:
+  // more than the fused block of a training step).
+  if (in.evaluates) {
+    const std::string ph = "loss eval";
+    persistent(ph, true);
+    batch(ph, {bb.x, bb.y, bb.rstd});
+    const Footprint plain = fused ? ring_dtp_footprint(vs, sch.vocab, kF32) : voc;
+    add_phase(f, ph, plain.phase("forward"));
+  }
   {
     const std::string ph = "final norm backward";
     persistent(ph, true);

@@ -29,6 +29,9 @@
 //   backward attention recompute / backward attention   the last layer's attention
 //                              forward (recomputing mid) / backward, beside the same
 //   optimizer                  the persistent buffers (the step allocates nothing)
+//   loss eval                  with `evaluates`: the held-out loss's forward (x, y,
+//                              rstd and the vocabulary loss's plain forward, which a
+//                              one-rank Ring-DTP group runs unfused)
 // Forward-order resident counts grow with the layer index and backward-order ones
 // shrink, so the last layer of each kind is that kind's worst moment: every phase is
 // one real moment, and device_peak_total() is the true simultaneous peak as long as
@@ -80,6 +83,10 @@ struct TrainFootprintInputs {
   // phases ("forward mlp (layer l)", the last MoE layer's staying "forward mlp"), and
   // the total is exact.
   std::vector<DispatchSizes> dispatch_layers;
+  // Whether the run also evaluates a held-out loss (`train` with --eval-batches > 0):
+  // adds the "loss eval" phase (one-rank Ring-DTP's unfused forward holds more vocab
+  // memory than its fused training step).
+  bool evaluates = false;
 };
 
 // Throws InvalidArgument for a model the trainer refuses (check_trainable), a layout
