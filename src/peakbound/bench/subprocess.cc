@@ -84,6 +84,53 @@ std::string error_line(const std::string& err) {
   return err.substr(e + tag.size(), end == std::string::npos ? std::string::npos : end - e - tag.size());
 }
 
+namespace {
+
+// The last line with something on it, at most 300 characters.
+std::string last_line(const std::string& text) {
+  std::size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  const std::size_t begin = text.rfind('\n', end);
+  std::string line = text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+  if (line.size() > 300) line = line.substr(0, 300) + "...";
+  return line;
+}
+
+}  // namespace
+
+void require_program(const std::string& program, const std::string& flag) {
+  auto runnable = [](const std::string& p) {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (!runnable(program)) throw InvalidArgument(flag + ": '" + program + "' is not an executable program");
+    return;
+  }
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path ? path : "";
+  for (std::size_t b = 0;;) {
+    const std::size_t e = dirs.find(':', b);
+    const std::string d = dirs.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (runnable((d.empty() ? std::string(".") : d) + "/" + program)) return;
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  throw InvalidArgument(flag + ": '" + program +
+                        "' is not a program on PATH (install an MPI launcher, give its path, or run with --ranks 1)");
+}
+
+std::string failure_reason(const std::vector<std::string>& argv, const ProcessResult& p) {
+  if (std::string m = error_line(p.err); !m.empty()) return m;
+  if (std::string m = last_line(p.err); !m.empty()) return m;
+  if (std::string m = last_line(p.out); !m.empty()) return m;
+  std::string cmd;
+  for (const std::string& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+  const std::string how = p.exit_code > 128 ? "was killed by signal " + std::to_string(p.exit_code - 128)
+                                            : "exited with status " + std::to_string(p.exit_code);
+  return "`" + cmd + "` " + how + " and printed nothing";
+}
+
 std::string self_executable() {
   std::error_code ec;
   const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);

@@ -26,7 +26,16 @@ std::string self_executable();
 // One rank needs no launcher: empty (the job runs directly).
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks);
 
+// Refuses (InvalidArgument naming `flag`) a `program` that run_process could not start:
+// neither a path to an executable file nor an executable found on PATH.
+void require_program(const std::string& program, const std::string& flag);
+
 // The message of the first "peakbound: error: ..." line a child printed ("" if none).
 std::string error_line(const std::string& err);
+
+// Why a child that exited non-zero failed, in one line: its "peakbound: error:" line, else
+// the last line it printed on stderr (or stdout), else the command line and its exit
+// status (a launcher such as `--mpirun false` that fails without a word).
+std::string failure_reason(const std::vector<std::string>& argv, const ProcessResult& p);
 
 }  // namespace peakbound::bench

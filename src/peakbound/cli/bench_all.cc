@@ -17,10 +17,13 @@
 #include <nlohmann/json.hpp>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/bench/reach_budget.h"
 #include "peakbound/bench/subprocess.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"
+#include "peakbound/cli/model_spec.h"
 #include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
 
 namespace peakbound::cli {
 
@@ -151,15 +154,14 @@ int run_all(const AllFlags& f) {
     if (su.multi_rank) argv = bench::mpirun_argv(f.mpirun, f.ranks);
     argv.insert(argv.end(), {exe, "bench", su.command.empty() ? name : su.command, "--json"});
     argv.insert(argv.end(), su.args.begin(), su.args.end());
-    if (name == "reach") argv.insert(argv.end(), {"--budget", f.reach_budget, "--ranks", std::to_string(f.ranks)});
+    if (name == "reach")
+      argv.insert(argv.end(), {"--budget", f.reach_budget, "--ranks", std::to_string(f.ranks), "--mpirun", f.mpirun});
     bench::Stopwatch w;
     const bench::ProcessResult p = bench::run_process(argv);
     seconds[name] = seconds.value(name, 0.0) + w.seconds();
-    if (p.exit_code != 0) {
-      const std::string msg = bench::error_line(p.err);
+    if (p.exit_code != 0)
       throw Error("bench all: `bench " + name + "` failed (exit " + std::to_string(p.exit_code) +
-                  "): " + (msg.empty() ? p.err.substr(0, 300) : msg));
-    }
+                  "): " + bench::failure_reason(argv, p));
     return parse_document(p.out, name);
   };
   nlohmann::json args = nlohmann::json::object();
@@ -258,6 +260,19 @@ Command add_all(CLI::App& parent) {
       if (item == "reach")  // a search, not a component bench: --with-reach adds it
         throw InvalidArgument("--benches: 'reach' is not one of vocab, dispatch, checkpoint, optimizer, attention (use --with-reach)");
       suite(item);  // throws for a name it does not know
+    }
+    if (f->ranks > 1) bench::require_program(f->mpirun, "--mpirun");
+    // --with-reach: bench reach's budget checked now, not after the whole suite (its
+    // own flags at their defaults: tiny-moe, cp over every rank, contexts from 64).
+    const std::uint64_t reach_budget = parse_bytes(f->reach_budget, "--reach-budget");
+    if (f->with_reach) {
+      if (f->ranks > 32)
+        throw InvalidArgument("--with-reach: bench reach splits every context over --ranks " + std::to_string(f->ranks) +
+                              " and starts at 64 tokens, which needs --ranks at most 32");
+      const ModelConfig model = load_model_spec("tiny-moe");
+      const ParallelLayout layout = resolve_layout(0, 0, f->ranks, model, f->ranks);
+      bench::check_reach_budget(reach_budget, "--reach-budget", model, layout, f->ranks, 64,
+                                {"none", "llep", "dtp", "sco", "adam", "all"});
     }
   };
   cmd.run = [f] { return run_all(*f); };

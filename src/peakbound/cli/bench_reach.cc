@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "peakbound/bench/harness.h"
+#include "peakbound/bench/reach_budget.h"
 #include "peakbound/bench/reach_search.h"
 #include "peakbound/bench/subprocess.h"
 #include "peakbound/cli/command.h"
@@ -32,6 +34,8 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/train/moe_transformer.h"
+
+#include <unistd.h>
 
 namespace peakbound::cli {
 
@@ -149,8 +153,7 @@ class Runner {
       const std::string msg = bench::error_line(p.err);
       if (msg.find("cannot allocate") == std::string::npos || msg.find("budget in use") == std::string::npos)
         throw Error("bench reach: the job at context " + std::to_string(context) + " (schedules " + schedules +
-                    ") failed (exit " + std::to_string(p.exit_code) + "): " +
-                    (msg.empty() ? p.err.substr(0, 400) : msg));
+                    ") failed (exit " + std::to_string(p.exit_code) + "): " + bench::failure_reason(argv, p));
       t.refusal = msg;
     }
     std::fprintf(stderr, "  %-9s context %8lld: %s (%.1f s)\n", schedules.c_str(), static_cast<long long>(context),
@@ -171,6 +174,55 @@ nlohmann::json trial_json(const Trial& t) {
   if (t.fits) j["peak_bytes"] = t.summary["peaks"]["total"]["measured_bytes"];
   else j["refusal"] = t.refusal;
   return j;
+}
+
+// The last JSON line of bench/peer_fsdp2.py's output, with the fields the comparison reads
+// (each a number, or null when nothing fitted); InvalidArgument naming the file otherwise.
+nlohmann::json read_peer_json(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw InvalidArgument("--peer-json: '" + path + "' is a folder, not bench/peer_fsdp2.py's output file");
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument("--peer-json: cannot read '" + path + "'");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') last = line;
+  nlohmann::json peer;
+  try {
+    peer = nlohmann::json::parse(last);
+  } catch (const nlohmann::json::exception&) {
+    throw InvalidArgument("--peer-json: '" + path + "' holds no JSON line (bench/peer_fsdp2.py prints one)");
+  }
+  for (const char* key : {"reach_tokens", "tokens_per_second_at_reach"}) {
+    if (!peer.contains(key))
+      throw InvalidArgument("--peer-json: '" + path + "' has no \"" + key +
+                            "\" (bench/peer_fsdp2.py's output line has reach_tokens and tokens_per_second_at_reach)");
+    if (!peer[key].is_null() && !(peer[key].is_number() && peer[key].get<double>() >= 0))
+      throw InvalidArgument("--peer-json: '" + path + "': \"" + key + "\" is " + peer[key].dump() +
+                            ", not a non-negative number or null");
+  }
+  return peer;
+}
+
+// --timeline-dir: a folder (made when missing) the jobs can write their timelines into.
+void check_timeline_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw InvalidArgument("--timeline-dir: '" + dir +
+                          "' exists and is not a folder (the timelines none.json and all.json are written into it)");
+  if (!fs::exists(st) && !fs::create_directories(dir, ec) && ec)
+    throw InvalidArgument("--timeline-dir: cannot create the folder '" + dir + "': " + ec.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw InvalidArgument("--timeline-dir: cannot write into '" + dir + "'");
+}
+
+// The reach's configurations as schedule lists.
+std::vector<std::string> schedule_lists(const std::vector<Config>& configs) {
+  std::vector<std::string> out;
+  for (const Config& c : configs) out.push_back(c.schedules);
+  return out;
 }
 
 int run_reach(const ReachFlags& f) {
@@ -240,6 +292,23 @@ int run_reach(const ReachFlags& f) {
     reach[c.name] = r.reach;
     per_config[c.name] = cj;
   }
+  // Not one job fitted: a table of zeros says nothing; the smallest job's refusal says why.
+  bool any_fit = false;
+  std::int64_t smallest = 0;
+  std::string smallest_refusal, smallest_schedules;
+  for (const Config& c : configs) {
+    const nlohmann::json& cj = per_config[c.name];
+    if (cj["reach_tokens"].get<std::int64_t>() > 0) any_fit = true;
+    for (const nlohmann::json& t : cj["trials"])
+      if (!t["fits"].get<bool>() && (smallest == 0 || t["context"].get<std::int64_t>() < smallest)) {
+        smallest = t["context"].get<std::int64_t>();
+        smallest_refusal = t.value("refusal", std::string());
+        smallest_schedules = c.schedules;
+      }
+  }
+  if (!any_fit)
+    throw Error("bench reach: every job was refused, down to context " + std::to_string(smallest) + " (schedules " +
+                smallest_schedules + "): " + smallest_refusal);
   out["reach_tokens"] = reach;
   out["binding"] = binding;
   out["configs"] = per_config;
@@ -306,17 +375,7 @@ int run_reach(const ReachFlags& f) {
     out["plan_worst_relative_difference"] = worst;
   }
   if (!f.peer_json.empty()) {
-    std::ifstream in(f.peer_json);
-    if (!in) throw InvalidArgument("--peer-json: cannot read '" + f.peer_json + "'");
-    std::string line, last;
-    while (std::getline(in, line))
-      if (!line.empty() && line[0] == '{') last = line;
-    nlohmann::json peer;
-    try {
-      peer = nlohmann::json::parse(last);
-    } catch (const nlohmann::json::exception&) {
-      throw InvalidArgument("--peer-json: '" + f.peer_json + "' holds no JSON line");
-    }
+    const nlohmann::json peer = read_peer_json(f.peer_json);  // checked by validate() already
     out["torch_fsdp2"] = peer;
     // A field the peer left null (nothing fitted) reads as 0.
     auto number = [&](const char* key) {
@@ -393,17 +452,25 @@ Command add_reach(CLI::App& parent) {
   cmd.validate = [f] {
     if (launcher_size() > 1)
       throw InvalidArgument("bench reach launches its own ranks (--ranks); run it without mpirun");
-    (void)parse_configs(f->configs);
-    (void)parse_bytes(f->budget, "--budget");
+    // Everything a job or the comparison reads, checked before the first job (the search
+    // takes minutes to hours).
+    const std::vector<Config> configs = parse_configs(f->configs);
+    const std::uint64_t budget = parse_bytes(f->budget, "--budget");
     const std::int64_t cp = f->cp > 0 ? f->cp : f->ranks;
     if (f->ranks % cp != 0) throw InvalidArgument("--cp " + std::to_string(cp) + " does not divide --ranks");
     if (f->multiple < 2 * cp)
       throw InvalidArgument("--multiple must be at least 2 x cp (" + std::to_string(2 * cp) + ")");
     if (f->start < f->multiple) throw InvalidArgument("--start must be at least --multiple");
     if (f->max_context < f->start) throw InvalidArgument("--max-context is below --start");
-    check_trainable(load_model_spec(f->model));
-    if (!f->peer_json.empty() && !std::ifstream(f->peer_json))
-      throw InvalidArgument("--peer-json: cannot read '" + f->peer_json + "'");
+    const ModelConfig model = load_model_spec(f->model);
+    check_trainable(model);
+    const ParallelLayout layout = resolve_layout(f->ep, f->vocab_group, cp, model, f->ranks);
+    if (!f->peer_json.empty()) (void)read_peer_json(f->peer_json);
+    if (!f->timeline_dir.empty()) check_timeline_dir(f->timeline_dir);
+    if (f->ranks > 1) bench::require_program(f->mpirun, "--mpirun");
+    // The smallest context the search tries is at least --multiple: below every
+    // configuration's fixed state there, no job can fit.
+    bench::check_reach_budget(budget, "--budget", model, layout, f->ranks, f->multiple, schedule_lists(configs));
   };
   cmd.run = [f] { return run_reach(*f); };
   return cmd;

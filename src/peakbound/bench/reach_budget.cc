@@ -1,0 +1,57 @@
+#include "peakbound/bench/reach_budget.h"
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/units.h"
+#include "peakbound/plan/plan_inputs.h"
+#include "peakbound/train/train_footprint.h"
+
+namespace peakbound::bench {
+
+ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout& layout, int world,
+                                  std::int64_t context, const std::string& schedules) {
+  // The schedules as `train` sets them (train_command's make_setup).
+  const ScheduleSet set = ScheduleSet::parse(schedules);
+  TrainFootprintInputs in;
+  in.model = model;
+  in.layout = layout;
+  in.world = world;
+  in.sequences = 1;
+  in.seq_len = context;
+  in.schedules.dispatch = set.llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep;
+  in.schedules.ring_dtp = set.dtp;
+  in.schedules.checkpoint.schedule = set.sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+  in.optimizer = set.adam ? "offload_stream" : "device";
+  in.skew = static_cast<double>(layout.ep);
+  ReachFixedState worst;
+  for (int r = 0; r < world; ++r) {
+    in.rank = r;
+    const Footprint f = train_footprint(in);
+    // The trainer's construction, and the step's persistent buffers with the stack's ring:
+    // both held before and through every step, whatever the routing.
+    for (const char* phase : {"optimizer load", "optimizer"}) {
+      const std::uint64_t b = f.phase(phase).device_total();
+      if (b > worst.bytes) worst = {b, r, phase};
+    }
+  }
+  return worst;
+}
+
+void check_reach_budget(std::uint64_t budget, const std::string& flag, const ModelConfig& model,
+                        const ParallelLayout& layout, int world, std::int64_t smallest_context,
+                        const std::vector<std::string>& schedules) {
+  if (schedules.empty()) return;
+  ReachFixedState least;
+  std::string leanest;
+  for (const std::string& s : schedules) {
+    const ReachFixedState st = reach_fixed_state(model, layout, world, smallest_context, s);
+    if (leanest.empty() || st.bytes < least.bytes) least = st, leanest = s;
+  }
+  if (budget >= least.bytes) return;
+  throw InvalidArgument(flag + " " + format_bytes(static_cast<double>(budget)) + " cannot hold even the smallest job: " +
+                        model.name + "'s fixed state (parameters, gradients, optimizer state, checkpoint ring) at " +
+                        std::to_string(smallest_context) + " tokens needs " + std::to_string(least.bytes) + " bytes (" +
+                        format_bytes(static_cast<double>(least.bytes)) + ") per rank under the leanest configuration (" +
+                        leanest + "); give at least that");
+}
+
+}  // namespace peakbound::bench
