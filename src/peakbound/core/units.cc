@@ -42,6 +42,9 @@ void split_number(std::string_view text, std::string& number, std::string& suffi
   std::size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
   std::size_t start = i;
+  // "-1", "-1GiB": a sign before a number is a negative size, not "not a number".
+  if (i + 1 < s.size() && s[i] == '-' && (std::isdigit(static_cast<unsigned char>(s[i + 1])) || s[i + 1] == '.'))
+    throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is negative (sizes and counts cannot be negative)");
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   if (i == start)
     throw InvalidArgument(std::string(what) + ": '" + std::string(text) + "' is not a number");
