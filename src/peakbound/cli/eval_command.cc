@@ -43,6 +43,13 @@ struct EvalFlags {
 // The windows to read; InvalidArgument when the file is short of them.
 std::int64_t window_count(const EvalFlags& f, const TokenFile& file) {
   const std::int64_t available = TokenFile::windows(0, file.tokens(), f.context);
+  // Not even one window: the file is too short for the context (whatever --windows says).
+  if (available < 1)
+    throw InvalidArgument("'" + f.data + "' holds " + std::to_string(file.tokens()) +
+                          " tokens, too few for one window of --context " + std::to_string(f.context) + " (" +
+                          std::to_string(f.context) + " + 1 tokens)" +
+                          (file.tokens() >= 2 ? "; lower --context to at most " + std::to_string(file.tokens() - 1)
+                                              : std::string("")));
   const std::int64_t N = f.windows ? *f.windows : available;
   if (N < 1 || N > available)
     throw InvalidArgument("--windows " + std::to_string(N) + ": '" + f.data + "' holds " + std::to_string(available) +
