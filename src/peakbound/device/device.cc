@@ -3,6 +3,8 @@
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/system_memory.h"
+#include "peakbound/core/units.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #ifdef PEAKBOUND_HAVE_CUDA
 #include "peakbound/device/cuda/cuda_device.h"
@@ -28,7 +30,17 @@ std::string_view backend_name(Backend b) {
 }
 
 std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget, const std::string& name) {
-  if (kind == "cpu") return std::make_unique<CpuDevice>(memory_budget, name);
+  if (kind == "cpu") {
+    // The CPU device's arena is RAM, committed page by page as it fills: a budget over
+    // the machine's memory would not be refused by any allocation, the OOM killer would
+    // end the process instead. A GPU's budget is checked by its cudaMalloc.
+    const MachineMemory m = machine_memory();
+    if (m.bytes > 0 && memory_budget > m.bytes)
+      throw OutOfBudget("cpu device: a budget of " + format_bytes(static_cast<double>(memory_budget)) +
+                        " is over this machine's memory, " + format_bytes(static_cast<double>(m.bytes)) + " (" +
+                        m.source + "; the cpu device's arena is RAM); lower --device-memory");
+    return std::make_unique<CpuDevice>(memory_budget, name);
+  }
   if (kind == "cuda") {
 #ifdef PEAKBOUND_HAVE_CUDA
     return std::make_unique<CudaDevice>(memory_budget);

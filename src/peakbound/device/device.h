@@ -81,7 +81,9 @@ class Device {
 };
 
 // "cpu" or "cuda"; the budget fixes the Arena's size for the whole run.
-// Throws InvalidArgument for an unknown kind, Unavailable for cuda in a CPU-only build.
+// Throws InvalidArgument for an unknown kind, Unavailable for cuda in a CPU-only build,
+// OutOfBudget for a cpu budget over the machine's memory (core/system_memory.h: the CPU
+// device's arena is RAM, and the OOM killer, not an allocation, would refuse it).
 // `name` labels a CPU device (its Arena's errors and reports); a GPU is named cuda:N.
 std::unique_ptr<Device> make_device(std::string_view kind, std::uint64_t memory_budget,
                                     const std::string& name = "cpu:0");
