@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@
 
 #include "peakbound/bench/harness.h"
 #include "peakbound/cli/command.h"
+#include "peakbound/cli/command_paths.h"
+#include "peakbound/comm/agree.h"
 #include "peakbound/comm/device_communicator.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/cli/model_spec.h"
@@ -79,14 +82,20 @@ int run_eval(const EvalFlags& f) {
   const TokenFile file = TokenFile::open(f.data);
   const std::int64_t N = window_count(f, file);  // its tokens were checked by validate()
 
-  auto dev = make_device(f.device, parse_bytes(f.device_memory, "--device-memory"));
+  // Setup that can fail on one rank and not another: agreed, one line (comm/agree.h).
+  std::unique_ptr<Device> dev;
+  agree(*world, [&] { dev = make_device(f.device, parse_bytes(f.device_memory, "--device-memory")); });
   HostMemory host(MemoryLedger::kUnlimited, "host", dev->host_pages());
   world = device_communicator(*dev, std::move(world));
   ProcessGroups groups = ProcessGroups::split(*world, layout);
   ModelSchedules sched;  // the forward's math is the same under every schedule
-  MoeTransformer model(*dev, host, groups, c, sched);
-  if (model_is_path(f.model)) model.load_hf(f.model);
-  else model.init_parameters(f.seed);
+  std::optional<MoeTransformer> model_holder;
+  agree(*world, [&] {
+    model_holder.emplace(*dev, host, groups, c, sched);
+    if (model_is_path(f.model)) model_holder->load_hf(f.model);
+    else model_holder->init_parameters(f.seed);
+  });
+  MoeTransformer& model = *model_holder;
 
   const std::int64_t DP = W / layout.cp, drank = rank / layout.cp;
   const std::int64_t S = f.context, rounds = (N + DP - 1) / DP;
@@ -142,6 +151,7 @@ Command add_eval(CLI::App& parent) {
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank")->capture_default_str();
   app->add_flag("--json", f->json, "Print {\"loss\", \"tokens\", ...} as JSON");
   cmd.validate = [f] {
+    check_command_paths(nullptr, {.inputs = {{"--data", f->data}}, .model = f->model});  // a FIFO, a folder
     const ModelConfig c = load_model_spec(f->model);
     check_trainable(c);
     (void)resolve_layout(f->ep, f->vocab_group, f->cp, c, launcher_size());

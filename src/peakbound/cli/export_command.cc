@@ -2,12 +2,14 @@
 // as a Hugging Face model directory, config.json + model.safetensors, that transformers'
 // from_pretrained loads (and `--model OUT` starts a run from).
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/core/error.h"
+#include "peakbound/io/path_check.h"
 #include "peakbound/train/run_checkpoint.h"
 
 namespace peakbound::cli {
@@ -27,7 +29,23 @@ Command add_export(CLI::App& parent) {
   text_flag(app, "--checkpoint", f->checkpoint, "A --save-dir folder (its latest checkpoint) or a step folder")
       ->required();
   text_flag(app, "--hf", f->hf, "The folder to write (created if needed)")->required();
-  cmd.validate = [f] { (void)read_checkpoint_manifest(resolve_checkpoint(f->checkpoint)); };
+  cmd.validate = [f] {
+    const std::string step = resolve_checkpoint(f->checkpoint);
+    (void)read_checkpoint_manifest(step);
+    // --hf: a folder (made if absent), not the checkpoint's own, and its two files
+    // regular ones where they exist (the atomic writer would replace a device or FIFO).
+    std::error_code ec;
+    if (std::filesystem::exists(f->hf, ec)) {
+      require_input_dir(f->hf, "--hf", "a folder to write the model into");
+      if (same_file(f->hf, step))
+        throw InvalidArgument("--hf '" + f->hf + "' is the checkpoint's own folder ('" + step +
+                              "'): give a new folder for the exported model");
+      for (const char* name : {"config.json", "model.safetensors"}) {
+        const std::string file = (std::filesystem::path(f->hf) / name).string();
+        if (std::filesystem::exists(std::filesystem::symlink_status(file, ec))) require_output_file(file, "--hf");
+      }
+    }
+  };
   cmd.run = [f] {
     const std::string step = resolve_checkpoint(f->checkpoint);
     export_hf(step, f->hf);

@@ -24,6 +24,7 @@
 #include "peakbound/core/memory_timeline.h"
 #include "peakbound/core/units.h"
 #include "peakbound/io/atomic_file.h"
+#include "peakbound/io/path_check.h"
 
 namespace peakbound::cli {
 
@@ -75,6 +76,16 @@ Command add_plot_memory(CLI::App& parent) {
   cmd.validate = [f] {
     if (f->file.empty() == f->compare.empty())
       throw InvalidArgument("plot-memory: give one timeline FILE or --compare A.json B.json");
+    // Before any read or write: inputs regular files, the SVG a regular file or new and
+    // none of the inputs (t.svg's default output would be t.svg itself).
+    std::vector<FlagPath> inputs;
+    if (f->compare.empty()) inputs.push_back({"plot-memory", f->file});
+    for (const std::string& p : f->compare) inputs.push_back({"--compare", p});
+    for (const FlagPath& in : inputs) require_input_file(in.path, in.flag, "the JSON written by --memory-timeline");
+    const FlagPath out{f->out.empty() ? "plot-memory's output (the input's name with .svg)" : "--out",
+                       f->out.empty() ? default_out(inputs.front().path) : f->out};
+    require_output_file(out.path, out.flag);
+    refuse_same_file({out}, inputs);
   };
   cmd.run = [f] { return run_plot(*f); };
   return cmd;

@@ -9,6 +9,7 @@
 #include "peakbound/core/arena.h"
 #include "peakbound/core/error.h"
 #include "peakbound/io/atomic_file.h"
+#include "peakbound/io/path_check.h"
 
 namespace peakbound {
 
@@ -210,6 +211,8 @@ void write_memory_timeline(const std::string& path, const MemoryTimeline& t) {
 }
 
 MemoryTimeline read_memory_timeline(const std::string& path) {
+  // A folder would fail inside the stream ("basic_filebuf::underflow"), a FIFO block.
+  require_input_file(path, "memory timeline", "the JSON written by --memory-timeline");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument("memory timeline: cannot read '" + path + "'");
   nlohmann::json j;
@@ -217,6 +220,8 @@ MemoryTimeline read_memory_timeline(const std::string& path) {
     j = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception&) {
     throw InvalidArgument("memory timeline: '" + path + "' is not valid JSON");
+  } catch (const std::ios_base::failure& e) {  // a read error inside the stream (EIO)
+    throw InvalidArgument("memory timeline: cannot read '" + path + "' (" + e.code().message() + ")");
   }
   try {
     return MemoryTimeline::from_json(j);
