@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <filesystem>
 #include <string>
 
 #include "tests/cli/run_cli.h"
@@ -60,6 +61,22 @@ TEST(MpiOutput, ASetupRefusalOnEveryRankIsOneLine) {
   // every rank, each a rank-local failure agreed at setup: one line.
   CliRun r = run_mpi("train --steps 1 --seq-len 32 --device-memory 1MiB --no-plan-check", 2);
   expect_once_without_abort(r, "params");
+}
+
+// Weights every rank reads alike and finds broken (a truncated safetensors file): one
+// line under mpirun, from train and from eval, not one per rank with MPI_Abort's banner.
+TEST(MpiOutput, ABrokenWeightFileIsOneLine) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "pb_mpi_output_broken_hf";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path src = fs::path(PEAKBOUND_SOURCE_DIR) / "tests/fixtures/hf/qwen3_moe";
+  fs::copy_file(src / "config.json", dir / "config.json");
+  fs::copy_file(src / "model.safetensors", dir / "model.safetensors");
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") / 2);
+  expect_once_without_abort(run_mpi("train --steps 1 --seq-len 32 --model " + dir.string(), 2), "model.safetensors");
+  fs::remove_all(dir);
 }
 
 TEST(MpiOutput, OneProcessCommandsReportOnce) {
