@@ -69,6 +69,10 @@ TEST(PathsCli, OutputsOntoInputsOrEachOtherAreRefused) {
   expect_one_line_error(
       run_cli(kTrain + "--model " + (s / "model") + " --memory-timeline " + (s / "model/model.safetensors"), kTimeout),
       "is the same file as --model's model.safetensors");
+  std::ofstream(s / "c.toml") << "steps = 1\n";
+  expect_one_line_error(run_cli(kTrain + "--config " + (s / "c.toml") + " --metrics " + (s / "c.toml"), kTimeout),
+                        "--metrics '" + (s / "c.toml") + "' is the same file as --config");
+  EXPECT_EQ(peakbound::testing::slurp(s / "c.toml"), "steps = 1\n");
   expect_one_line_error(run_cli(kTrain + "--metrics " + (s / "m.json") + " --memory-timeline " + (s / "sub/../m.json"), kTimeout),
                         "--memory-timeline '" + (s / "sub/../m.json") + "' is the same file as --metrics '" +
                             (s / "m.json") + "': each output needs a file of its own");
@@ -105,7 +109,7 @@ TEST(PathsCli, FifosAreRefusedNotWaitedOn) {
   for (const std::string& args :
        {kTrain + "--metrics " + fifo, kTrain + "--memory-timeline " + fifo, kTrain + "--data " + fifo,
         kTrain + "--config " + fifo, "eval --data " + fifo, "plot-memory " + fifo,
-        "plot-memory " + (s / "t.json") + " -o " + fifo}) {
+        "plot-memory " + (s / "t.json") + " -o " + fifo, "bench reach --peer-json " + fifo}) {
     SCOPED_TRACE(args);
     const CliRun r = run_cli(args, 30);
     expect_one_line_error(r, fifo);

@@ -33,6 +33,7 @@
 #include "peakbound/core/component.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
+#include "peakbound/io/path_check.h"
 #include "peakbound/train/moe_transformer.h"
 
 #include <unistd.h>
@@ -182,6 +183,7 @@ nlohmann::json read_peer_json(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw InvalidArgument("--peer-json: '" + path + "' is a folder, not bench/peer_fsdp2.py's output file");
+  require_input_file(path, "--peer-json", "bench/peer_fsdp2.py's output file");  // a FIFO would block the open
   std::ifstream in(path);
   if (!in) throw InvalidArgument("--peer-json: cannot read '" + path + "'");
   std::string line, last;
