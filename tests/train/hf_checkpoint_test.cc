@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -242,6 +243,56 @@ TEST_F(HfCheckpointDir, ShardedCheckpointsFollowTheIndex) {
   index["weight_map"]["lm_head.weight"] = "../elsewhere.safetensors";
   std::ofstream(dir_ + "/model.safetensors.index.json") << index.dump();
   EXPECT_HAS(load_error(), "not a file inside the model directory");
+}
+
+// A NaN or infinity in the weights is refused at load, on the host copy, naming the
+// tensor, the file and the element (before, step 1 blamed the embedding and advised a lower
+// --lr). F32 is read from the mapping, BF16 through its widened copy: both are checked.
+TEST_F(HfCheckpointDir, NonFiniteWeightsAreNamedWithFileAndElement) {
+  Tensor* gate = find("model.layers.0.mlp.gate.weight");
+  ASSERT_NE(gate, nullptr);
+  ASSERT_EQ(gate->dtype, "F32");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&gate->data[17 * 4], &nan, 4);
+  write("model.safetensors");
+  EXPECT_EQ(load_error(), "model.layers.0.mlp.gate.weight in " + dir_ +
+                              "/model.safetensors holds NaN at element 17: the weights are corrupt (re-download, "
+                              "re-export or pick another checkpoint)");
+  // An infinity in an expert's tensor of a BF16 checkpoint, held by expert-parallel rank 3 only.
+  const float finite = 0.5f;
+  std::memcpy(&gate->data[17 * 4], &finite, 4);
+  for (Tensor& t : tensors_) {
+    std::vector<std::byte> half(t.data.size() / 2);
+    for (std::size_t i = 0; i < half.size() / 2; ++i) std::memcpy(&half[2 * i], &t.data[4 * i + 2], 2);
+    t.data = std::move(half);
+    t.dtype = "BF16";
+  }
+  Tensor* up = find("model.layers.1.mlp.experts.7.up_proj.weight");
+  ASSERT_NE(up, nullptr);
+  const std::uint16_t neg_inf = 0xff80;
+  std::memcpy(&up->data[2 * 5], &neg_inf, 2);
+  write("model.safetensors");
+  EXPECT_HAS(load_error(), "model.layers.1.mlp.experts.7.up_proj.weight in " + dir_ +
+                               "/model.safetensors holds -inf at element 5");
+  CpuDevice dev(16 * MiB);
+  EXPECT_NO_THROW(load_hf_model(dev, dir_, 4, 0));  // rank 0 holds experts 0 and 1 only
+  EXPECT_THROW(load_hf_model(dev, dir_, 4, 3), InvalidArgument);
+}
+
+TEST(HfCheckpointFinite, CheckFiniteWeightsFindsTheFirstBadElementAnywhere) {
+  std::vector<float> v(10000, 1.0f);
+  EXPECT_NO_THROW(check_finite_weights(v.data(), v.size(), "t", "f"));
+  v[9999] = std::numeric_limits<float>::infinity();
+  v[8191] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    check_finite_weights(v.data() + 100, v.size() - 100, "t", "f", 100);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_HAS(std::string(e.what()), "t in f holds NaN at element 8191:");
+  }
+  v[8191] = std::numeric_limits<float>::max();  // large but finite
+  EXPECT_THROW(check_finite_weights(v.data(), v.size(), "t", "f"), InvalidArgument);  // the +inf
+  EXPECT_NO_THROW(check_finite_weights(v.data(), 9999, "t", "f"));
 }
 
 }  // namespace

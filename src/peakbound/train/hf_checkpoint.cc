@@ -1,7 +1,10 @@
 #include "peakbound/train/hf_checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <set>
@@ -96,6 +99,25 @@ bool hf_ignored_tensor(const ModelConfig& config, const std::string& name) {
   return false;
 }
 
+void check_finite_weights(const float* data, std::uint64_t n, const std::string& tensor, const std::string& file,
+                          std::uint64_t first) {
+  // Blocks of a branch-free test (vectorised), then the first bad element of a bad block.
+  constexpr std::uint64_t kBlock = 4096;
+  for (std::uint64_t b = 0; b < n; b += kBlock) {
+    const std::uint64_t e = std::min(n, b + kBlock);
+    bool ok = true;
+    for (std::uint64_t i = b; i < e; ++i) ok &= std::fabs(data[i]) <= std::numeric_limits<float>::max();
+    if (ok) continue;
+    for (std::uint64_t i = b; i < e; ++i) {
+      const float x = data[i];
+      if (std::isfinite(x)) continue;
+      const std::string what = std::isnan(x) ? "NaN" : (x > 0 ? "+inf" : "-inf");
+      throw InvalidArgument(tensor + " in " + file + " holds " + what + " at element " + std::to_string(first + i) +
+                            ": the weights are corrupt (re-download, re-export or pick another checkpoint)");
+    }
+  }
+}
+
 void load_hf_weights(const std::string& dir, ParameterStore& store) {
   const TensorTable& table = store.table();
   std::vector<SafeTensorsFile> files;
@@ -151,13 +173,21 @@ void load_hf_weights(const std::string& dir, ParameterStore& store) {
     const auto count = static_cast<std::uint64_t>(v.numel());
     if (count == 0) continue;
     std::vector<float> staged;
-    const void* src = nullptr;
+    const float* src = nullptr;
     if (t.dtype == "F32") {
-      src = f.bytes(v.name()).data() + first * sizeof(float);
+      const std::byte* at = f.bytes(v.name()).data() + first * sizeof(float);
+      if (reinterpret_cast<std::uintptr_t>(at) % alignof(float) == 0) {
+        src = reinterpret_cast<const float*>(at);
+      } else {  // a header length that is not a multiple of 4: read through an aligned copy
+        staged.resize(count);
+        std::memcpy(staged.data(), at, count * sizeof(float));
+        src = staged.data();
+      }
     } else {
       staged = f.read_f32(v.name());
       src = staged.data() + first;
     }
+    check_finite_weights(src, count, v.name(), f.path(), first);  // on the host copy, before the upload
     dev.memcpy_async(store.param(v), src, count * sizeof(float), CopyKind::host_to_device, s);
     if (!staged.empty()) dev.synchronize(s);
   }

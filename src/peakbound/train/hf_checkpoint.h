@@ -13,8 +13,8 @@
 //   model.layers.{L..L+mtp-1}.*      (DeepSeek's multi-token-prediction layers)
 //   lm_head.weight                   (when tie_word_embeddings: the embedding is used)
 // Then each tensor this rank holds (its rows, under expert / other sharding) is
-// converted to f32 (from F32, BF16, F16 or F64) and copied to the device. Errors are one
-// InvalidArgument line naming the file and the tensor.
+// converted to f32 (from F32, BF16, F16 or F64), checked for NaN and infinity, and copied
+// to the device. Errors are one InvalidArgument line naming the file and the tensor.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +36,15 @@ std::vector<std::string> hf_weight_files(const std::string& dir);
 // True for a checkpoint tensor that transformers drops on load (see above).
 bool hf_ignored_tensor(const ModelConfig& config, const std::string& name);
 
+// Throws InvalidArgument when data[0, n) holds a NaN or an infinity, naming the tensor,
+// the file and the element's index in the whole tensor (first + i): "model.norm.weight in
+// /x/model.safetensors holds NaN at element 17". One pass over the host copy.
+void check_finite_weights(const float* data, std::uint64_t n, const std::string& tensor, const std::string& file,
+                          std::uint64_t first = 0);
+
 // Checks the directory's weights against store.table() and copies in this rank's
-// tensors; waits for the copies before returning.
+// tensors, each checked for NaN and infinity on the host before its upload
+// (check_finite_weights); waits for the copies before returning.
 void load_hf_weights(const std::string& dir, ParameterStore& store);
 
 // A model directory loaded for one rank: config.json, its table, and the store filled.
