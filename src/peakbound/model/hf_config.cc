@@ -275,6 +275,95 @@ void read_training_fields(const json& config, const HfFields& r, ModelConfig& c)
   c.initializer_range = number_or(config, r, "initializer_range", 0.02);
 }
 
+// A value as an unmodelled entry quotes it: JSON text, cut at 60 characters.
+std::string quoted(const json& v) {
+  if (v.is_array()) return "a list";
+  if (v.is_object()) return "an object";
+  std::string s = v.dump();
+  if (s.size() > 60) {
+    std::size_t cut = 57;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80) --cut;
+    s = s.substr(0, cut) + "...";
+  }
+  return s;
+}
+
+// The RoPE settings of one rope_scaling / rope_parameters object (`where` is its field
+// name): a rope_type (or the legacy "type") other than "default", and a partial rotary
+// factor other than 1, change the rotary embedding the trainer computes.
+void audit_rope_object(const json& o, const std::string& where, std::vector<std::string>& out) {
+  for (const char* key : {"rope_type", "type"}) {
+    if (!o.contains(key) || o.at(key).is_null()) continue;
+    const json& t = o.at(key);
+    if (!t.is_string() || t.get<std::string>() != "default")
+      out.push_back(where + "." + key + " = " + quoted(t) +
+                    ": the trainer implements only the unscaled RoPE (rope_type \"default\"; yarn, linear, "
+                    "dynamic, llama3 and longrope are not)");
+    break;  // rope_type wins over type, as transformers reads them
+  }
+  if (o.contains("partial_rotary_factor") && !o.at("partial_rotary_factor").is_null() &&
+      !(o.at("partial_rotary_factor").is_number() && o.at("partial_rotary_factor").get<double>() == 1.0))
+    out.push_back(where + ".partial_rotary_factor = " + quoted(o.at("partial_rotary_factor")) +
+                  ": the trainer rotates the whole head (1.0)");
+}
+
+// Fields that change what the model computes but not its shape, each compared with what
+// the trainer implements (see ModelConfig::unmodelled). Absent or null fields, and values
+// equal to the implemented behaviour, are accepted.
+void audit_unmodelled(const json& config, ModelConfig& c) {
+  std::vector<std::string>& out = c.unmodelled;
+  auto present = [&](const char* key) { return config.contains(key) && !config.at(key).is_null(); };
+  // The MLP activation: SiLU ("swish" is transformers' other name for it).
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    if (!present(key)) continue;
+    const json& v = config.at(key);
+    if (!v.is_string() || (v.get<std::string>() != "silu" && v.get<std::string>() != "swish"))
+      out.push_back(std::string(key) + " = " + quoted(v) + ": the trainer implements SiLU (\"silu\") only");
+  }
+  // RoPE scaling: transformers 4's rope_scaling, transformers 5's rope_parameters (one
+  // object, or one per attention type), and a top-level partial_rotary_factor.
+  if (present("rope_scaling")) {
+    const json& v = config.at("rope_scaling");
+    if (v.is_object())
+      audit_rope_object(v, "rope_scaling", out);
+    else
+      out.push_back("rope_scaling = " + quoted(v) + ": the trainer implements only the unscaled RoPE (null)");
+  }
+  if (present("rope_parameters") && config.at("rope_parameters").is_object()) {
+    const json& v = config.at("rope_parameters");
+    audit_rope_object(v, "rope_parameters", out);
+    for (const auto& [k, sub] : v.items())
+      if (sub.is_object()) audit_rope_object(sub, "rope_parameters." + k, out);
+  }
+  if (present("partial_rotary_factor") &&
+      !(config.at("partial_rotary_factor").is_number() && config.at("partial_rotary_factor").get<double>() == 1.0))
+    out.push_back("partial_rotary_factor = " + quoted(config.at("partial_rotary_factor")) +
+                  ": the trainer rotates the whole head (1.0)");
+  // Numbers whose implemented value is fixed: dropout and router jitter (training-time
+  // noise transformers applies) 0, DeepSeek's routed_scaling_factor and Granite's
+  // multipliers 1.
+  struct Fixed {
+    const char* key;
+    double value;
+    const char* what;
+  };
+  for (const Fixed& f : {Fixed{"attention_dropout", 0.0, "the trainer implements no attention dropout (0.0)"},
+                         Fixed{"hidden_dropout", 0.0, "the trainer implements no dropout (0.0)"},
+                         Fixed{"router_jitter_noise", 0.0, "the trainer implements no router jitter (0.0)"},
+                         Fixed{"routed_scaling_factor", 1.0, "the trainer does not scale the routed experts (1.0)"},
+                         Fixed{"embedding_multiplier", 1.0, "the trainer does not scale the embedding (1.0)"},
+                         Fixed{"residual_multiplier", 1.0, "the trainer does not scale the residual (1.0)"},
+                         Fixed{"logits_scaling", 1.0, "the trainer does not scale the logits (1.0)"}}) {
+    if (!present(f.key)) continue;
+    const json& v = config.at(f.key);
+    if (!v.is_number() || v.get<double>() != f.value) out.push_back(std::string(f.key) + " = " + quoted(v) + ": " + f.what);
+  }
+  // Features with no neutral value: any non-null value changes the model.
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping", "attention_multiplier",
+                          "query_pre_attn_scalar", "swiglu_limit"})
+    if (present(key)) out.push_back(std::string(key) + " = " + quoted(config.at(key)) + ": not implemented by the trainer (null)");
+}
+
 }  // namespace
 
 ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
@@ -312,6 +401,7 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
   read_sliding_window(r, c);
   read_rope_theta(config, r, c);
   read_training_fields(config, r, c);
+  audit_unmodelled(config, c);
 
   try {
     c.validate();

@@ -79,9 +79,17 @@ struct ModelConfig {
   std::int64_t v_head_dim = 0;
 
   // RoPE base (Hugging Face rope_theta): inv_freq[i] = rope_theta^(-2i / rotary dim).
-  // Only the plain ("default") rotary embedding is modelled; rope_scaling (YaRN,
-  // DeepSeek and gpt-oss) is not read.
+  // Only the plain ("default") rotary embedding is modelled; a scaled one (YaRN, linear,
+  // dynamic...) is recorded in `unmodelled` below.
   double rope_theta = 10000.0;
+
+  // Settings of an imported config.json that change what the model computes without
+  // changing its shape, and that the trainer does not implement: each one line naming the
+  // field, its value and what is implemented ("hidden_act = \"gelu\": the trainer implements
+  // SiLU (\"silu\") only"). A value equal to the implemented behaviour, or null, is not
+  // listed. Planning and parameter counts ignore them; check_trainable refuses a model with
+  // any, so a run never trains a different model than its config.json describes.
+  std::vector<std::string> unmodelled;
 
   // RMSNorm epsilon (rms_norm_eps), every norm of the model.
   double rms_norm_eps = 1e-6;

@@ -72,6 +72,10 @@ Shape shape_of(const std::vector<std::int64_t>& d) {
 
 void check_trainable(const ModelConfig& c) {
   c.validate();
+  // A config.json setting that changes the computed model (activation, RoPE scaling...).
+  if (!c.unmodelled.empty())
+    throw InvalidArgument("model '" + c.name + "': config.json sets " + c.unmodelled.front() +
+                          "; refusing to train a different model than the config describes");
   if (c.attention != AttentionKind::gqa) unsupported(c, "MLA attention");
   if (c.attention_qkv_bias || c.attention_out_bias) unsupported(c, "attention biases");
   if (c.attention_sinks) unsupported(c, "attention sinks");

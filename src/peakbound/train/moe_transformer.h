@@ -110,8 +110,9 @@ struct ModelBatchBuffers {
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden);
 
 // Throws InvalidArgument naming the first feature of `c` the trainer does not
-// implement (MLA, biases, attention sinks, sliding windows, sigmoid routing, fused
-// experts, tied embeddings, several unmerged shared experts).
+// implement (a config.json setting in c.unmodelled, such as a non-SiLU hidden_act or RoPE
+// scaling; MLA, biases, attention sinks, sliding windows, sigmoid routing, fused experts,
+// tied embeddings, several unmerged shared experts).
 void check_trainable(const ModelConfig& c);
 
 class MoeTransformer {

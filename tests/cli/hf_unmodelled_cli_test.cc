@@ -1,0 +1,59 @@
+// `peakbound train --model DIR` refuses a config.json that describes a model the trainer
+// would compute differently (an activation other than SiLU, RoPE scaling), naming the
+// field and its value, and a weight file holding a NaN, naming the tensor, file and element;
+// `--config FIFO` is refused at once instead of blocking.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/run_cli.h"
+
+namespace peakbound::testing {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kFixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
+
+// A copy of the fixture with `edit` applied to its config.json.
+std::string edited_copy(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string dir = ::testing::TempDir() + "/pb_unmodelled_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kFixture + "/model.safetensors", dir + "/model.safetensors");
+  nlohmann::json j;
+  std::ifstream(kFixture + "/config.json") >> j;
+  edit(j);
+  std::ofstream(dir + "/config.json") << j.dump(2);
+  return dir;
+}
+
+TEST(HfUnmodelledCli, TrainRefusesGeluAndYarnNamingTheField) {
+  const std::string gelu = edited_copy("gelu", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; });
+  CliRun r = run_cli("train --model " + gelu + " --steps 1 --seq-len 16 --symbols 8 --schedules none", 60);
+  expect_one_line_error(r, "hidden_act = \"gelu\": the trainer implements SiLU (\"silu\") only");
+  const std::string yarn = edited_copy("yarn", [](nlohmann::json& j) {
+    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 10000.0}};
+  });
+  r = run_cli("train --model " + yarn + " --steps 1 --seq-len 16 --symbols 8 --schedules none", 60);
+  expect_one_line_error(r, "rope_parameters.rope_type = \"yarn\"");
+  fs::remove_all(gelu);
+  fs::remove_all(yarn);
+}
+
+TEST(HfUnmodelledCli, ConfigFifoIsRefusedAtOnce) {
+  const std::string fifo = ::testing::TempDir() + "/pb_cli_fifo_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const CliRun r = run_cli("train --config " + fifo + " --steps 1", 30);  // a hang would exit 124
+  ::unlink(fifo.c_str());
+  expect_one_line_error(r, "--config " + fifo + " is not a regular file (a FIFO)");
+}
+
+}  // namespace
+}  // namespace peakbound::testing
