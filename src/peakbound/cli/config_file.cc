@@ -106,10 +106,63 @@ std::string toml_scalar(const std::string& path, const std::string& key, int lin
   refuse(path, line, "'" + key + "' holds a date or time, which no flag takes: quote it as a string");
 }
 
+// The line of the first non-ASCII byte outside a string or comment, or 0. TOML allows
+// none there, and toml++ 3.3 reaches __builtin_unreachable (undefined behaviour) on some
+// (U+00A1..U+0499 and others, in is_non_ascii_horizontal_whitespace), so such a file is
+// refused before toml++ sees it. Strings: "..." and '...' end at their quote or the line's
+// end, """...""" and '''...''' at three quotes (up to two more belong to the string).
+int non_ascii_outside_strings(const std::string& t) {
+  int line = 1;
+  std::size_t i = t.rfind("\xef\xbb\xbf", 0) == 0 ? 3 : 0;  // a UTF-8 byte-order mark, which toml++ skips
+  const std::size_t n = t.size();
+  auto run = [&](std::size_t at, char q) {
+    std::size_t k = at;
+    while (k < n && t[k] == q) ++k;
+    return k - at;
+  };
+  while (i < n) {
+    const char c = t[i];
+    if (c == '\n') {
+      ++line;
+      ++i;
+    } else if (static_cast<unsigned char>(c) >= 0x80) {
+      return line;
+    } else if (c == '#') {
+      while (i < n && t[i] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {
+      const bool basic = c == '"';
+      if (run(i, c) >= 3) {  // multi-line: to the first run of three quotes, which takes up to five
+        i += 3;
+        while (i < n) {
+          if (basic && t[i] == '\\') {
+            if (i + 1 < n && t[i + 1] == '\n') ++line;
+            i += 2;
+          } else if (t[i] == c && run(i, c) >= 3) {
+            i += std::min<std::size_t>(run(i, c), 5);
+            break;
+          } else {
+            if (t[i] == '\n') ++line;
+            ++i;
+          }
+        }
+      } else {
+        ++i;
+        while (i < n && t[i] != c && t[i] != '\n') i += (basic && t[i] == '\\' && i + 1 < n && t[i + 1] != '\n') ? 2 : 1;
+        if (i < n && t[i] == c) ++i;
+      }
+    } else {
+      ++i;
+    }
+  }
+  return 0;
+}
+
 // TOML by toml++ (TOML 1.0: multi-line and literal strings, escapes, comments anywhere
 // outside strings). Only top-level keys are flags: a [table], a dotted key or an inline
 // table is refused rather than flattened.
 std::vector<ConfigEntry> read_toml(const std::string& path, const std::string& text) {
+  if (const int bad = non_ascii_outside_strings(text))
+    refuse(path, bad, "malformed TOML: a non-ASCII character outside a string or comment");
   toml::table doc;
   try {
     doc = toml::parse(std::string_view(text), path);
