@@ -14,6 +14,11 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <fstream>
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "peakbound/core/system_memory.h"
 #include "tests/cli/run_cli.h"
@@ -133,6 +138,51 @@ TEST(TrainStop, RepeatedSigusr1StaysAGracefulStopAndSavesNothingUnfinished) {
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "latest")) << "an abandoned step was saved";
   std::filesystem::remove_all(dir);
   std::remove(log.c_str());
+}
+
+std::vector<std::string> losses(const std::string& metrics) {
+  std::vector<std::string> out;
+  std::ifstream m(metrics);
+  for (std::string line; std::getline(m, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line)["loss"].dump());
+  return out;
+}
+
+// A stop during a step saves the last complete step with its data position: the resumed
+// run's losses continue the interrupted run's exactly as an uninterrupted run's do. (The
+// signal is sent just after a step's metrics line appears, so it lands in the next step's
+// micro-batches; should it land in the last one, the run stops after that step instead,
+// which must resume as exactly.)
+TEST(TrainStop, AStopDuringAStepSavesTheLastCompleteStepAndTheResumeIsExact) {
+  const std::string dir = log_path("resume_dir"), log = log_path("resume"), a = dir + "_a.jsonl",
+                    b = dir + "_b.jsonl", c = dir + "_c.jsonl";
+  std::filesystem::remove_all(dir);
+  const std::string run = "train --seq-len 16 --accumulation 8 --steps 4 --eval-every 0 --eval-batches 0";
+  const pid_t pid = spawn(run + " --save-dir " + dir + " --metrics " + a, log);
+  for (int i = 0; i < 3000 && losses(a).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const pid_t pb = peakbound_pid(pid);
+  ASSERT_GT(pb, 0);
+  kill(pb, SIGINT);
+  ASSERT_EQ(wait_exit(pid), 0) << testing::slurp(log);
+  const std::string out = testing::slurp(log);
+  ASSERT_NE(out.find("stopped by signal 2"), std::string::npos) << out;
+  const std::vector<std::string> first = losses(a);
+  ASSERT_FALSE(first.empty());
+  ASSERT_LT(first.size(), 4u) << "the run finished before the signal";
+  if (out.find("during step") != std::string::npos) {
+    EXPECT_NE(out.find("resume with --resume " + dir), std::string::npos) << out;
+    EXPECT_NE(out.find("during step " + std::to_string(first.size() + 1) + " "), std::string::npos) << out;
+  }
+  std::printf("stopped %s\n", out.find("during step") != std::string::npos ? "during a step" : "after a step");
+  CliRun rest = run_cli(run + " --resume " + dir + " --metrics " + b, 300);
+  ASSERT_EQ(rest.code, 0) << rest.err;
+  CliRun straight = run_cli(run + " --metrics " + c, 300);
+  ASSERT_EQ(straight.code, 0) << straight.err;
+  std::vector<std::string> joined = first;
+  for (const std::string& l : losses(b)) joined.push_back(l);
+  EXPECT_EQ(joined, losses(c)) << "stopped after " << first.size() << " steps: " << out;
+  for (const std::string& p : {a, b, c, log}) std::remove(p.c_str());
+  std::filesystem::remove_all(dir);
 }
 
 // The built-in model at --batch 100000 planned about 26 GiB on a 23 GiB machine and the
