@@ -68,7 +68,9 @@ TEST(RunCheckpointCli, SigkillAtRandomMomentsLeavesALoadableCheckpoint) {
   int mid_write = 0, trials = 4;
   for (int t = 0; t < trials; ++t) {
     // Saves every step: most of the run's time is spent writing, so most kills land in a write.
-    const pid_t pid = spawn(kArgs + " --steps 100000 --save-every 1 --keep 2 --save-dir " + dir, dir + ".log");
+    // The folder is the run's: after the first checkpoint each trial continues it.
+    const std::string resume = fs::exists(fs::path(dir) / "latest") ? " --resume " + dir : "";
+    const pid_t pid = spawn(kArgs + " --steps 100000 --save-every 1 --keep 2 --save-dir " + dir + resume, dir + ".log");
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     kill(pid, SIGKILL);
     EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);

@@ -110,6 +110,21 @@ TEST(SaveDirCli, AnotherRunsFolderOrAUsersFolderIsRefused) {
   fs::remove_all(mine);
 }
 
+// A run killed during its first save leaves run.json and no checkpoint: nothing to guard,
+// so the next run takes the folder.
+TEST(SaveDirCli, AFolderWithoutCheckpointsIsTakenOver) {
+  const std::string dir = fresh_dir("stale");
+  fs::create_directories(dir);
+  std::ofstream(fs::path(dir) / "run.json") << R"({"format": "peakbound-run", "run_id": "dead", "identity": {}})";
+  std::ofstream(fs::path(dir) / ".lock") << "pid 1 on nowhere\n";
+  fs::create_directories(fs::path(dir) / ".step-00000001.tmp");
+  CliRun r = run_cli(kArgs + " --steps 1 --save-dir " + dir, 120);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(latest(dir), "step-00000001");
+  EXPECT_EQ(testing::slurp(dir + "/run.json").find("dead"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // --keep prunes only this run's checkpoints: a look-alike step folder a user put into the
 // run's folder stays, and one in the way of a save is not overwritten.
 TEST(SaveDirCli, KeepPrunesOnlyThisRunsCheckpoints) {

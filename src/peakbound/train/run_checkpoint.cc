@@ -172,36 +172,27 @@ void CheckpointWriter::claim(Communicator& world, const std::string& run_id, con
       if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
         // The lock holds without the note; a second run just cannot name this one.
       }
-      // Whose folder it is: run.json, else what it holds.
+      // Whose folder it is: run.json names its run; a run.json whose run left no
+      // checkpoint here (killed during its first save) guards nothing and is replaced.
       const fs::path run_json = root / "run.json";
       std::error_code ec;
+      nlohmann::json owner;
       if (fs::exists(run_json, ec)) {
-        nlohmann::json j;
         try {
           std::ifstream in(run_json);
-          in >> j;
+          in >> owner;
         } catch (const nlohmann::json::exception&) {
-          j = nullptr;
+          owner = nullptr;
         }
-        if (!j.is_object() || !j.contains("run_id") || !j["run_id"].is_string())
+        if (!owner.is_object() || !owner.contains("run_id") || !owner["run_id"].is_string())
           throw Error("checkpoint folder '" + dir_ + "': its run.json is damaged; choose another --save-dir");
-        if (j["run_id"].get<std::string>() != run_id_) {
-          std::string who;
-          for (const char* k : {"model", "seed", "seq_len", "schedules"})
-            if (j.contains("identity") && j["identity"].is_object() && j["identity"].contains(k))
-              who += std::string(who.empty() ? "" : ", ") + k + " " +
-                     (j["identity"][k].is_string() ? j["identity"][k].get<std::string>() : j["identity"][k].dump());
-          throw Error("checkpoint folder '" + dir_ + "' holds the checkpoints of another run" +
-                      (who.empty() ? std::string() : " (" + who + ")") +
-                      "; choose another --save-dir, or --resume " + dir_ + " to continue that run");
-        }
-        identity_written_ = true;
-      } else {
+        identity_written_ = owner["run_id"].get<std::string>() == run_id_;
+      }
+      if (!identity_written_) {
         std::string foreign, other_run;
         for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
           const std::string name = e.path().filename().string();
-          if (name == ".lock" || hidden_temporary(name)) continue;
-          if (name == "latest") continue;
+          if (name == ".lock" || name == "run.json" || name == "latest" || hidden_temporary(name)) continue;
           if (name.rfind("step-", 0) == 0 && e.is_directory()) {
             bool mine = false, peakbound = true;
             try {
@@ -216,12 +207,21 @@ void CheckpointWriter::claim(Communicator& world, const std::string& run_id, con
           }
           foreign = name;
         }
+        if (!other_run.empty()) {
+          std::string who;
+          for (const char* k : {"model", "seed", "seq_len", "schedules"})
+            if (owner.is_object() && owner.contains("identity") && owner["identity"].is_object() &&
+                owner["identity"].contains(k))
+              who += std::string(who.empty() ? "" : ", ") + k + " " +
+                     (owner["identity"][k].is_string() ? owner["identity"][k].get<std::string>()
+                                                       : owner["identity"][k].dump());
+          throw Error("checkpoint folder '" + dir_ + "' holds the checkpoints of another run (" +
+                      (who.empty() ? other_run : who) + "); choose another --save-dir, or --resume " + dir_ +
+                      " to continue that run");
+        }
         if (!foreign.empty() && !adopt_)
           throw Error("checkpoint folder '" + dir_ + "' is not empty and was not made by peakbound (it holds " +
                       quote_name(foreign) + "); choose a new or empty --save-dir");
-        if (!other_run.empty())
-          throw Error("checkpoint folder '" + dir_ + "' holds the checkpoints of another run (" + other_run +
-                      "); choose another --save-dir, or --resume " + dir_ + " to continue that run");
       }
     } catch (const Error& e) {
       error = e.what();
