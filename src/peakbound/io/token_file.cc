@@ -46,7 +46,7 @@ TokenFile TokenFile::open(const std::string& path, int flat_token_bytes) {
   const std::uint64_t size = f.file_.size();
   const auto* base = reinterpret_cast<const unsigned char*>(f.file_.data());
   std::int32_t head[kHeaderInts] = {};
-  std::memcpy(head, base, std::min<std::uint64_t>(size, sizeof head));
+  if (size > 0) std::memcpy(head, base, std::min<std::uint64_t>(size, sizeof head));  // empty: no mapping
   const bool known_magic = size >= 4 && (head[0] == kMagicU16 || head[0] == kMagicU32);
   if (known_magic && size < kHeaderInts * 4)
     bad(path, "starts with llm.c's magic " + std::to_string(head[0]) + " but is " + std::to_string(size) +
