@@ -132,7 +132,7 @@ TEST(PathsCli, FoldersWhereAFileIsExpectedAreOneLine) {
   EXPECT_TRUE(fs::is_directory(s / "sub"));
 }
 
-TEST(PathsCli, ExportRefusesTheCheckpointsOwnFolderAndAFifo) {
+TEST(PathsCli, CheckpointFilesAreInputsOfExportAndResume) {
   Scratch s("export");
   const CliRun t = run_cli(kTrain + "--model " + (s / "model") + " --save-dir " + (s / "ck"), 120);
   ASSERT_EQ(t.code, 0) << t.err;
@@ -148,6 +148,13 @@ TEST(PathsCli, ExportRefusesTheCheckpointsOwnFolderAndAFifo) {
                         "--hf '" + (s / "out/config.json") + "' is a FIFO");
   EXPECT_FALSE(fs::exists(s / "out/model.safetensors"));
   EXPECT_TRUE(fs::is_fifo(s / "out/config.json"));
+  // A resumed run reads (maps) the checkpoint's files: none of them is an output.
+  const auto weights = fs::file_size(step + "/rank-00000.model.safetensors");
+  expect_one_line_error(run_cli("train --steps 2 --seq-len 16 --eval-every 0 --model " + (s / "model") + " --resume " +
+                                    (s / "ck") + " --metrics " + step + "/rank-00000.model.safetensors",
+                                kTimeout),
+                        "is the same file as --resume's checkpoint file");
+  EXPECT_EQ(fs::file_size(step + "/rank-00000.model.safetensors"), weights);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/memory_timeline.h"
 #include "peakbound/train/hf_checkpoint.h"
+#include "peakbound/train/run_checkpoint.h"
 
 namespace peakbound::cli {
 
@@ -41,6 +42,17 @@ void check_command_paths(const CLI::App* app, const CommandPaths& p) {
   }
   for (const FlagPath& in : inputs) require_input_file(in.path, in.flag);
   for (const FlagPath& m : model_input_files(p.model)) inputs.push_back(m);
+  if (!p.checkpoint.empty()) {
+    // The step folder it resolves to (its manifest, weights and optimizer state are mapped
+    // while the run loads them); an unusable one is named by the checkpoint's own check.
+    try {
+      const std::string step = resolve_checkpoint(p.checkpoint);
+      std::error_code ec;
+      for (const fs::directory_entry& e : fs::directory_iterator(step, ec))
+        if (e.is_regular_file(ec)) inputs.push_back({"--resume's checkpoint file", e.path().string()});
+    } catch (const Error&) {
+    }
+  }
 
   std::vector<FlagPath> outputs;
   for (const FlagPath& o : p.outputs)

@@ -17,6 +17,7 @@ namespace peakbound::cli {
 struct CommandPaths {
   std::vector<FlagPath> inputs;   // files read (entries with an empty path are skipped)
   std::string model;              // --model: when a path, the files read from it are inputs
+  std::string checkpoint;         // --resume: the files of the checkpoint it names are inputs
   std::vector<FlagPath> outputs;  // files written (empty: skipped)
   std::string memory_timeline;    // --memory-timeline: one file per rank of `world` (empty: none)
   int world = 1;

@@ -652,8 +652,9 @@ Command add_train(CLI::App& parent) {
     if (f->plan_skew > 0 && f->plan_skew < 1) throw InvalidArgument("--plan-skew must be 0 (worst case) or >= 1");
     if (f->min_lr > f->lr) throw InvalidArgument("--min-lr " + std::to_string(f->min_lr) + " exceeds --lr");
     // The paths first (cli/command_paths.h): no output over an input, no FIFO or device.
-    check_command_paths(app, {.inputs = {{"--data", f->data}}, .model = f->model, .outputs = {{"--metrics", f->metrics}},
-                              .memory_timeline = f->memory_timeline, .world = launcher_size()});
+    check_command_paths(app, {.inputs = {{"--data", f->data}}, .model = f->model, .checkpoint = f->resume,
+                              .outputs = {{"--metrics", f->metrics}}, .memory_timeline = f->memory_timeline,
+                              .world = launcher_size()});
     const Setup s = make_setup(*f, launcher_size());
     // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
     if (!f->data.empty()) (void)token_file_source(f->data, f->seq_len, f->eval_fraction, s.config.vocab_size);
