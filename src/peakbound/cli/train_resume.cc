@@ -64,15 +64,18 @@ std::string check_resume(const nlohmann::json& manifest, const nlohmann::json& r
     throw InvalidArgument("--resume: " + flag + " changes the run: the checkpoint's run has " + theirs +
                           ", this command gives " + given + "; " + fix);
   };
-  // The model: its config as trained (a path spelled otherwise, or a copy, is the same model).
-  if (manifest.contains("model") && manifest["model"].is_object() && manifest["model"] != model) {
+  // The model: its config as trained (a path spelled otherwise, or a copy, is the same
+  // model, and so is a Hugging Face folder renamed: the name is not compared). Fields one
+  // side does not record (another version's config) are not compared.
+  std::string field;
+  if (manifest.contains("model") && manifest["model"].is_object())
+    for (auto it = manifest["model"].begin(); it != manifest["model"].end() && field.empty(); ++it)
+      if (it.key() != "name" && model.contains(it.key()) && model[it.key()] != it.value()) field = it.key();
+  if (!field.empty()) {
     const nlohmann::json& m = manifest["model"];
-    std::string field;
-    for (auto it = m.begin(); it != m.end() && field.empty(); ++it)
-      if (!model.contains(it.key()) || model[it.key()] != it.value()) field = it.key();
     const std::string name = shown(m.value("name", nlohmann::json("?"))), now = shown(model.value("name", nlohmann::json("?")));
-    refuse("--model", "model " + name + (name == now && !field.empty() ? " (" + field + " " + shown(m[field]) + ")" : ""),
-           now + (name == now && !field.empty() && model.contains(field) ? " (" + field + " " + shown(model[field]) + ")" : ""),
+    refuse("--model", "model " + name + " (" + field + " " + shown(m[field]) + ")",
+           now + " (" + field + " " + shown(model[field]) + ")",
            "give the checkpoint's model");
   }
   if (manifest.contains("seed") && manifest["seed"].is_number_unsigned() && manifest["seed"].get<std::uint64_t>() != seed)
