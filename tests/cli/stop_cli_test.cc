@@ -140,6 +140,32 @@ TEST(TrainStop, RepeatedSigusr1StaysAGracefulStopAndSavesNothingUnfinished) {
   std::remove(log.c_str());
 }
 
+// Under mpirun: SIGUSR1 to mpirun (which forwards it to every rank) stops the ranks
+// together between micro-batches, no rank left waiting in a collective.
+TEST(TrainStop, RanksUnderMpirunStopTogetherBetweenMicroBatches) {
+  if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  const std::string log = log_path("mpi");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string cmd = "exec timeout -k 5 240 env OMPI_MCA_btl_vader_single_copy_mechanism=none "
+                            "OMPI_MCA_mpi_yield_when_idle=1 mpirun --allow-run-as-root --oversubscribe -np 2 " +
+                            std::string(PEAKBOUND_CLI_PATH) + " " + kLongStep + " >" + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(wait_started(pid, log)) << testing::slurp(log);
+  const pid_t mpirun = peakbound_pid(pid);  // timeout's child: env exec'd mpirun
+  ASSERT_GT(mpirun, 0);
+  kill(mpirun, SIGUSR1);
+  const int code = wait_exit(pid);
+  const std::string out = testing::slurp(log);
+  EXPECT_NE(code, 124) << "the ranks ignored SIGUSR1 until the timeout: " << out;
+  EXPECT_EQ(code, 130) << out;  // no --save-dir
+  EXPECT_NE(out.find("stopped by signal 10 during step 1 (its micro-batches discarded"), std::string::npos) << out;
+  std::remove(log.c_str());
+}
+
 std::vector<std::string> losses(const std::string& metrics) {
   std::vector<std::string> out;
   std::ifstream m(metrics);
