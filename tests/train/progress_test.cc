@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -137,6 +138,41 @@ TEST(MetricsWriter, EveryLineIsOneJsonObject) {
   int lines = 0;
   for (std::string l; std::getline(g, l);) ++lines;
   EXPECT_EQ(lines, 4);
+}
+
+// Appending (a resumed run) cuts a partial last row left by a killed run, so every line
+// stays one JSON object; without append the file starts anew.
+TEST(MetricsWriter, AppendCutsAPartialLastRow) {
+  const auto file_text = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  const std::string path = ::testing::TempDir() + "/pb_metrics_partial.jsonl";
+  {
+    std::ofstream f(path);
+    f << "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3, \"lo";
+  }
+  {
+    MetricsWriter w(path, /*append=*/true);
+    w.write({{"step", 3}});
+  }
+  std::vector<nlohmann::json> rows;
+  std::ifstream f(path);
+  for (std::string l; std::getline(f, l);) {
+    ASSERT_TRUE(nlohmann::json::accept(l)) << l;
+    rows.push_back(nlohmann::json::parse(l));
+  }
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[2]["step"], 3);
+  {
+    // A file of one partial line: nothing of it kept.
+    std::ofstream g(path);
+    g << "{\"st";
+  }
+  { MetricsWriter w(path, /*append=*/true); w.write({{"step", 1}}); }
+  EXPECT_EQ(file_text(path), "{\"step\":1}\n");
+  { MetricsWriter w(path); }
+  EXPECT_EQ(file_text(path), "");
 }
 
 TEST(MetricsWriter, UnwritablePathIsOneLineNamingIt) {

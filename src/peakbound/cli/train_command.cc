@@ -255,6 +255,9 @@ int run_train(const TrainFlags& f) {
   if (!f.save_dir.empty()) {
     writer.emplace(f.save_dir, SaveOptions{f.keep});
     claim_save_dir(*writer, f, record, *world);
+    if (lead && !writer->locked())
+      std::printf("note: %s is on a file system without locks: a second run on it is not detected while this one "
+                  "runs\n", f.save_dir.c_str());
   }
 
   // The plan: this rank's footprint, the largest over ranks (vocabulary shards differ).

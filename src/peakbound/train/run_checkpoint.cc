@@ -150,8 +150,14 @@ void CheckpointWriter::claim(Communicator& world, const std::string& run_id, con
       const std::string lock = (root / ".lock").string();
       const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       if (fd < 0) throw Error("checkpoint folder '" + dir_ + "': cannot create " + lock + ": " + std::strerror(errno));
-      if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        const int err = errno;
+      const int locked = ::flock(fd, LOCK_EX | LOCK_NB);
+      const int err = locked != 0 ? errno : 0;
+      const bool no_locks = locked != 0 && (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL);
+      // A file system without locks (Lustre mounted without flock, some NFS): the run
+      // goes on with the identity checks only, and says so (locked()).
+      if (no_locks) {
+        ::close(fd);
+      } else if (locked != 0) {
         char buf[128] = {};
         const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
         ::close(fd);
@@ -165,12 +171,14 @@ void CheckpointWriter::claim(Communicator& world, const std::string& run_id, con
                     (printable ? holder : std::string("its pid unknown")) +
                     "); one folder holds one run: choose another --save-dir, or stop that run first");
       }
-      lock_fd_ = fd;
-      char host[256] = {};
-      ::gethostname(host, sizeof host - 1);
-      const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
-      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
-        // The lock holds without the note; a second run just cannot name this one.
+      if (!no_locks) {
+        lock_fd_ = fd;
+        char host[256] = {};
+        ::gethostname(host, sizeof host - 1);
+        const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+        if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+          // The lock holds without the note; a second run just cannot name this one.
+        }
       }
       // Whose folder it is: run.json names its run; a run.json whose run left no
       // checkpoint here (killed during its first save) guards nothing and is replaced.

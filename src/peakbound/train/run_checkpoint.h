@@ -90,6 +90,9 @@ class CheckpointWriter {
   // own. AgreedError (one line naming DIR: another live run holds it, with that run's pid;
   // it holds another run's checkpoints; it holds files not made by peakbound).
   void claim(Communicator& world, const std::string& run_id, const nlohmann::json& identity, bool adopt = false);
+  // Rank 0 holds DIR's lock (false elsewhere, and where DIR's file system has no locks:
+  // then a second live run on DIR is not detected, the identity checks still hold).
+  bool locked() const { return lock_fd_ >= 0; }
 
   // Finishes a save still in flight first.
   void start(const Trainer& trainer, const RunState& state, const ModelConfig& config, const ParallelLayout& layout);
