@@ -662,12 +662,13 @@ Command add_train(CLI::App& parent) {
     // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
     if (!f->data.empty()) (void)token_file_source(f->data, f->seq_len, f->eval_fraction, s.config.vocab_size);
     if (f->device_memory != "auto") (void)parse_bytes(f->device_memory, "--device-memory");
-    if (!f->save_dir.empty()) prepare_save_folder(f->save_dir);  // found before step 1, not at the first save
     // A resume that changes what defines the run is refused (cli/train_resume.h).
     if (!f->resume.empty())
       (void)check_resume(read_checkpoint_manifest(resolve_checkpoint(f->resume)), run_record(*f, s, launcher_size()),
                          to_json(s.config), f->seed);
     if (f->save_every > 0 && f->save_dir.empty()) throw InvalidArgument("--save-every needs --save-dir");
+    // Last (it creates the folder): found before step 1, not at the first save.
+    if (!f->save_dir.empty()) prepare_save_folder(f->save_dir);
   };
   cmd.run = [f] { return run_train(*f); };
   return cmd;
