@@ -5,13 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "peakbound/io/safetensors.h"
 #include "tests/cli/run_cli.h"
 
 namespace peakbound::testing {
@@ -44,6 +48,35 @@ TEST(HfUnmodelledCli, TrainRefusesGeluAndYarnNamingTheField) {
   expect_one_line_error(r, "rope_parameters.rope_type = \"yarn\"");
   fs::remove_all(gelu);
   fs::remove_all(yarn);
+}
+
+// A NaN in the weights: named at load with its tensor, file and element (step 1 used to
+// blame model.embed_tokens.weight and advise a lower --lr).
+TEST(HfUnmodelledCli, TrainNamesANanWeightAtLoad) {
+  const std::string dir = edited_copy("nan", [](nlohmann::json&) {});
+  const std::string file = dir + "/model.safetensors";
+  {
+    std::vector<std::vector<std::byte>> data;
+    std::vector<SafeTensorOut> out;
+    {
+      const SafeTensorsFile f = SafeTensorsFile::open(file);
+      data.reserve(f.tensors().size());
+      for (const SafeTensorInfo& t : f.tensors()) {
+        const auto b = f.bytes(t.name);
+        data.emplace_back(b.begin(), b.end());
+        if (t.name == "model.layers.0.mlp.gate.weight") {
+          const float nan = std::numeric_limits<float>::quiet_NaN();
+          std::memcpy(data.back().data() + 17 * sizeof(float), &nan, sizeof nan);
+        }
+        out.push_back({t.name, t.dtype, t.shape, nullptr, b.size()});
+      }
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) out[i].data = data[i].data();
+    write_safetensors(file, out);
+  }
+  const CliRun r = run_cli("train --model " + dir + " --steps 1 --seq-len 16 --symbols 8 --schedules none", 60);
+  expect_one_line_error(r, "model.layers.0.mlp.gate.weight in " + file + " holds NaN at element 17");
+  fs::remove_all(dir);
 }
 
 TEST(HfUnmodelledCli, ConfigFifoIsRefusedAtOnce) {

@@ -187,7 +187,12 @@ void load_hf_weights(const std::string& dir, ParameterStore& store) {
       staged = f.read_f32(v.name());
       src = staged.data() + first;
     }
-    check_finite_weights(src, count, v.name(), f.path(), first);  // on the host copy, before the upload
+    try {
+      check_finite_weights(src, count, v.name(), f.path(), first);  // on the host copy, before the upload
+    } catch (...) {
+      dev.synchronize(s);  // earlier copies still read the mapping and write the store that unwinding frees
+      throw;
+    }
     dev.memcpy_async(store.param(v), src, count * sizeof(float), CopyKind::host_to_device, s);
     if (!staged.empty()) dev.synchronize(s);
   }
