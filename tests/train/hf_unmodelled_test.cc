@@ -110,6 +110,9 @@ TEST(HfUnmodelled, OtherModelChangingFieldsAreReadOrRefused) {
   j["use_sliding_window"] = true;
   j["sliding_window"] = 16;
   EXPECT_HAS(refusal(j), "sliding-window");
+  j.erase("use_sliding_window");  // absent: false, as transformers' Qwen configs default it
+  EXPECT_EQ(parse_hf_config(j, "m").num_sliding_layers, 0);
+  EXPECT_EQ(refusal(j), "");
   j = fixture("mixtral");
   j["sliding_window"] = 16;  // Mixtral slides whenever sliding_window is set
   EXPECT_HAS(refusal(j), "sliding-window");

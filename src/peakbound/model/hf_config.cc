@@ -56,10 +56,13 @@ void read_gqa(const HfFields& r, ModelConfig& c, bool head_dim_required) {
 }
 
 // Window and how many layers use it. Qwen gates the window with
-// use_sliding_window and slides only layers >= max_window_layers; gpt-oss lists
-// layer_types (alternating when absent); Mistral-style configs slide everywhere.
+// use_sliding_window (false when absent, as transformers' Qwen configs default it) and
+// slides only layers >= max_window_layers; gpt-oss lists layer_types (alternating when
+// absent); Mistral-style configs slide everywhere.
 void read_sliding_window(const HfFields& r, ModelConfig& c) {
-  if (!r.has("sliding_window") || !r.boolean_or("use_sliding_window", true)) return;
+  const std::string& t = r.model_type();
+  const bool qwen = t == "qwen3_moe" || t == "qwen2_moe" || t == "qwen3" || t == "qwen2";
+  if (!r.has("sliding_window") || !r.boolean_or("use_sliding_window", !qwen)) return;
   c.sliding_window = r.integer("sliding_window");
   if (c.sliding_window == 0) return;
   if (r.has("layer_types")) {
