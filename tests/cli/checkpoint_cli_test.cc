@@ -164,33 +164,48 @@ TEST(RunCheckpointCli, ACheckpointResumesOnOtherWorldSizes) {
 // A model whose weights hold a NaN (the fixture with one element poisoned): step 1 stops
 // with the step and the first non-finite gradient named, exit 1; with
 // --on-nonfinite skip the run finishes, every step skipped and counted.
-TEST(RunCheckpointCli, ANanInTheWeightsStopsTheRunNamingTheTensor) {
+// A copy of the qwen3_moe fixture whose model.norm.weight starts with `value`.
+std::string fixture_with_norm_weight(const std::string& name, float value) {
   const std::string src = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
-  const std::string dst = fresh_dir("nan");
+  const std::string dst = fresh_dir(name);
   fs::create_directories(dst);
   for (const fs::directory_entry& e : fs::directory_iterator(src)) fs::copy(e.path(), fs::path(dst) / e.path().filename());
+  const std::string st = dst + "/model.safetensors";
+  std::vector<std::vector<std::byte>> data;
+  std::vector<SafeTensorOut> out;
   {
-    const std::string st = dst + "/model.safetensors";
-    std::vector<std::vector<std::byte>> data;
-    std::vector<SafeTensorOut> out;
-    {
-      const SafeTensorsFile f = SafeTensorsFile::open(st);
-      for (const SafeTensorInfo& t : f.tensors()) {
-        const auto b = f.bytes(t.name);
-        data.emplace_back(b.begin(), b.end());
-      }
-      std::size_t i = 0;
-      for (const SafeTensorInfo& t : f.tensors()) {
-        std::vector<std::byte>& d = data[i++];
-        if (t.name == "model.norm.weight" && t.dtype == "F32") {
-          const float nan = std::numeric_limits<float>::quiet_NaN();
-          std::memcpy(d.data(), &nan, sizeof nan);
-        }
-        out.push_back({t.name, t.dtype, t.shape, d.data(), d.size()});
-      }
+    const SafeTensorsFile f = SafeTensorsFile::open(st);
+    for (const SafeTensorInfo& t : f.tensors()) {
+      const auto b = f.bytes(t.name);
+      data.emplace_back(b.begin(), b.end());
     }
-    write_safetensors(st, out);
+    std::size_t i = 0;
+    for (const SafeTensorInfo& t : f.tensors()) {
+      std::vector<std::byte>& d = data[i++];
+      if (t.name == "model.norm.weight" && t.dtype == "F32") std::memcpy(d.data(), &value, sizeof value);
+      out.push_back({t.name, t.dtype, t.shape, d.data(), d.size()});
+    }
   }
+  write_safetensors(st, out);
+  return dst;
+}
+
+// A NaN in the weights is refused at load, naming the tensor (step 1 used to blame
+// model.embed_tokens.weight and advise a lower --lr).
+TEST(RunCheckpointCli, ANanInTheWeightsIsRefusedAtLoadNamingTheTensor) {
+  const std::string dst = fixture_with_norm_weight("nan", std::numeric_limits<float>::quiet_NaN());
+  CliRun r = run_cli("train --model " + dst + " --seq-len 16 --steps 3 --eval-every 0", 300);
+  testing::expect_one_line_error(r, "model.norm.weight");
+  EXPECT_NE(r.err.find("NaN"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("step 1"), std::string::npos) << r.err;
+  fs::remove_all(dst);
+}
+
+// Finite weights whose forward overflows (a final-norm weight of 3e38) make a non-finite
+// loss at step 1: the run stops naming the step and the first non-finite gradient, or
+// with --on-nonfinite skip skips every step and ends normally.
+TEST(RunCheckpointCli, ANonFiniteLossStopsTheRunNamingTheTensor) {
+  const std::string dst = fixture_with_norm_weight("overflow", 3e38f);
   const std::string args = "train --model " + dst + " --seq-len 16 --steps 3 --eval-every 0";
   CliRun r = run_cli(args, 300);
   testing::expect_one_line_error(r, "step 1: the loss is ");

@@ -5,6 +5,7 @@
 // and a damaged file of rank 1 under mpirun (one line, printed once, no abort).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -272,6 +273,27 @@ TEST(SaveDirCli, ResumeOfAFileOrABinaryLatestIsExplained) {
   for (char c : b.err) EXPECT_TRUE(c == '\n' || (c >= 0x20 && c < 0x7f)) << "raw byte " << int(c) << " in " << b.err;
   EXPECT_LT(b.err.size(), 400u) << b.err;
   fs::remove_all(dir);
+}
+
+// A checkpoint folder's `latest` or manifest.json that is a FIFO: refused by name at once
+// (reading `latest` blocked forever in open; a FIFO manifest was reported missing).
+TEST(SaveDirCli, FifosInACheckpointFolderAreRefusedNotWaitedOn) {
+  const std::string dir = fresh_dir("fifo_latest");
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((fs::path(dir) / "latest").c_str(), 0600), 0);
+  CliRun r = run_cli(kArgs + " --steps 2 --resume " + dir, 20);
+  EXPECT_NE(r.code, 124) << "hung on the FIFO";
+  expect_one_line_error(r, "a FIFO");
+  EXPECT_NE(r.err.find("latest"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+  const std::string step = fresh_dir("fifo_manifest");
+  fs::create_directories(step);
+  ASSERT_EQ(::mkfifo((fs::path(step) / "manifest.json").c_str(), 0600), 0);
+  CliRun m = run_cli(kArgs + " --steps 2 --resume " + step, 20);
+  EXPECT_NE(m.code, 124) << "hung on the FIFO";
+  expect_one_line_error(m, "a FIFO");
+  EXPECT_NE(m.err.find("manifest.json"), std::string::npos) << m.err;
+  fs::remove_all(step);
 }
 
 // Rank 1's file damaged: every rank agrees, rank 0 prints the one line, no MPI_Abort.

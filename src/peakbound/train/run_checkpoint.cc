@@ -20,6 +20,7 @@
 
 #include "peakbound/comm/agree.h"
 #include "peakbound/core/error.h"
+#include "peakbound/io/path_check.h"
 #include "peakbound/io/atomic_file.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/describe.h"
@@ -95,6 +96,14 @@ std::optional<std::string> manifest_run_id(const nlohmann::json& j) {
 bool hidden_temporary(const std::string& name) { return !name.empty() && name[0] == '.' && name.find(".tmp") != std::string::npos; }
 
 void bad_checkpoint(const std::string& what) { throw InvalidArgument("checkpoint " + what); }
+
+// A file of a checkpoint folder that exists but is not a regular file (a FIFO would
+// block the read forever): refused by name before it is opened.
+void refuse_special_file(const fs::path& p, const char* expected) {
+  std::error_code ec;
+  if (!fs::exists(p, ec) || fs::is_regular_file(p, ec)) return;
+  bad_checkpoint(input_file_problem(p.string(), "", expected));
+}
 
 std::string dir_error(const std::string& where, const char* what) { return where + ": " + what; }
 
@@ -186,6 +195,7 @@ void CheckpointWriter::claim(Communicator& world, const std::string& run_id, con
       std::error_code ec;
       nlohmann::json owner;
       if (fs::exists(run_json, ec)) {
+        refuse_special_file(run_json, "the run's identity (run.json)");
         try {
           std::ifstream in(run_json);
           in >> owner;
@@ -444,11 +454,13 @@ void prepare_save_folder(const std::string& dir) {
 std::string resolve_checkpoint(const std::string& dir) {
   const fs::path root(dir);
   std::error_code ec;
+  refuse_special_file(root / "manifest.json", "the checkpoint's manifest (manifest.json)");
   if (fs::is_regular_file(root / "manifest.json", ec)) return root.string();
   if (fs::exists(root, ec) && !fs::is_directory(root, ec))
     bad_checkpoint("'" + dir + "' is a file, not a checkpoint folder (the folder given to `train --save-dir`, "
                    "holding `latest` and step-N folders, or one of its step-N folders, holding manifest.json)");
   if (!fs::is_directory(root, ec)) bad_checkpoint("folder '" + dir + "' does not exist");
+  refuse_special_file(root / "latest", "the name of the newest step folder (latest)");
   std::ifstream in(root / "latest", std::ios::binary);
   if (!in) bad_checkpoint("folder '" + dir + "' holds no checkpoint (no 'latest' file, no manifest.json)");
   std::string name(256, '\0');
@@ -460,6 +472,7 @@ std::string resolve_checkpoint(const std::string& dir) {
   for (unsigned char ch : name) printable = printable && ch > 0x20 && ch < 0x7f;
   if (!printable || name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos)
     bad_checkpoint("'" + latest + "' is damaged: it holds " + quote_name(name) + ", not a step folder's name");
+  refuse_special_file(root / name / "manifest.json", "the checkpoint's manifest (manifest.json)");
   if (!fs::is_regular_file(root / name / "manifest.json", ec))
     bad_checkpoint("'" + latest + "' names " + name + ", which holds no manifest.json");
   return (root / name).string();
@@ -467,6 +480,7 @@ std::string resolve_checkpoint(const std::string& dir) {
 
 nlohmann::json read_checkpoint_manifest(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  refuse_special_file(path, "the checkpoint's manifest (manifest.json)");
   std::ifstream in(path);
   if (!in) bad_checkpoint("manifest '" + path + "' cannot be read");
   nlohmann::json j;
