@@ -43,23 +43,8 @@ std::vector<std::string> losses(const std::string& metrics) {
   return out;
 }
 
-// Starts `peakbound args` in the background (its own process group) and returns its pid.
-pid_t spawn(const std::string& args, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    const std::string cmd = "exec " + std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+pid_t spawn(const std::string& args, const std::string& log) { return testing::spawn_cli(args, log); }
+using testing::wait_exit;
 
 TEST(RunCheckpointCli, SigkillAtRandomMomentsLeavesALoadableCheckpoint) {
   const std::string dir = fresh_dir("kill");

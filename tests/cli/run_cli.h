@@ -46,6 +46,28 @@ inline CliRun run_cli(const std::string& args, int timeout_seconds = 120, const 
   return r;
 }
 
+// `peakbound args` in the background, in its own process group (so a test can signal
+// it and its children), output to `log`. With `timeout_seconds` > 0 it runs under
+// coreutils `timeout`, so a run that ignores signals still ends (exit 124).
+inline pid_t spawn_cli(const std::string& args, const std::string& log, int timeout_seconds = 0) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    const std::string limit = timeout_seconds > 0 ? "timeout -k 5 " + std::to_string(timeout_seconds) + " " : "";
+    const std::string cmd = "exec " + limit + std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit code of a spawned run (128 + the signal when a signal ended it).
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // The binary under mpirun with `ranks` processes (shared memory without CMA, waiting
 // ranks yield their core), all under the same timeout.
 // `env`: more NAME=VALUE words for the launcher's environment (which every rank inherits).

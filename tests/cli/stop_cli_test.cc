@@ -33,24 +33,10 @@ std::string log_path(const std::string& name) {
   return ::testing::TempDir() + "/pb_stop_" + name + "_" + std::to_string(::getpid()) + ".log";
 }
 
-// `peakbound args` in the background (its own process group), under a generous `timeout`
-// so a run that ignores the signals ends anyway (exit 124) and fails the test.
-pid_t spawn(const std::string& args, const std::string& log) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    const std::string cmd = "exec timeout -k 5 240 " + std::string(PEAKBOUND_CLI_PATH) + " " + args + " >" + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+// Under a generous `timeout`, so a run that ignores the signals ends anyway (exit 124)
+// and fails the test.
+pid_t spawn(const std::string& args, const std::string& log) { return testing::spawn_cli(args, log, 240); }
+using testing::wait_exit;
 
 // Waits until the run has printed its start-up (the signal handlers are installed by
 // then and step 1 is under way); false if it exited or took minutes.
