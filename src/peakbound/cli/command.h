@@ -11,7 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "peakbound/comm/launcher.h"
+#include "peakbound/core/launcher.h"
 
 namespace peakbound::cli {
 

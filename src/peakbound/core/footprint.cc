@@ -136,4 +136,10 @@ nlohmann::json Footprint::to_json() const {
   return j;
 }
 
+std::uint64_t auto_device_budget(std::uint64_t planned_peak, std::uint64_t unplanned) {
+  const std::uint64_t need = checked_add(planned_peak, unplanned, "the automatic device budget");
+  return checked_add(checked_add(need, need / 16, "the automatic device budget"), std::uint64_t{8} << 20,
+                     "the automatic device budget");
+}
+
 }  // namespace peakbound

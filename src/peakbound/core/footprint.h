@@ -82,6 +82,11 @@ class Footprint {
   std::vector<Phase> phases_;
 };
 
+// The device budget `--device-memory auto` means, everywhere: a footprint's planned
+// device peak plus `unplanned` (bytes a command holds outside every footprint, such as a
+// benchmark's inputs), plus 1/16 headroom and the Arena's 8 MiB placement reserve.
+std::uint64_t auto_device_budget(std::uint64_t planned_peak, std::uint64_t unplanned = 0);
+
 // Overflow-checked arithmetic on sizes; throws InvalidArgument naming `what`.
 std::uint64_t checked_add(std::uint64_t a, std::uint64_t b, std::string_view what = "a size");
 std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, std::string_view what = "a size");

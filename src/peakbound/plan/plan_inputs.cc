@@ -10,39 +10,6 @@
 
 namespace peakbound {
 
-ScheduleSet ScheduleSet::parse(std::string_view text) {
-  if (text == "none") return none();
-  if (text == "all") return all();
-  ScheduleSet s;
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    std::size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    if (item == "llep") s.llep = true;
-    else if (item == "dtp") s.dtp = true;
-    else if (item == "sco") s.sco = true;
-    else if (item == "adam") s.adam = true;
-    else
-      throw InvalidArgument("--schedules: unknown schedule '" + std::string(item) +
-                            "' (use none, all, or a comma list of llep, dtp, sco, adam)");
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
-  }
-  return s;
-}
-
-std::string ScheduleSet::str() const {
-  if (!any()) return "none";
-  if (llep && dtp && sco && adam) return "all";
-  std::string s;
-  for (auto [on, name] : {std::pair{llep, "llep"}, {dtp, "dtp"}, {sco, "sco"}, {adam, "adam"}})
-    if (on) {
-      if (!s.empty()) s += ',';
-      s += name;
-    }
-  return s;
-}
-
 namespace {
 void require(bool ok, const std::string& message) {
   if (!ok) throw InvalidArgument(message);

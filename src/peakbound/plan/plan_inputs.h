@@ -14,6 +14,7 @@
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_plan.h"
 #include "peakbound/schedules/optimizer_options.h"
+#include "peakbound/schedules/schedule_set.h"
 #include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound {
@@ -24,21 +25,6 @@ inline constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;    // 16M dev
 inline constexpr std::int64_t kMaxSequences = std::int64_t{1} << 20;
 inline constexpr std::int64_t kMaxContext = std::int64_t{1} << 40;    // 1T tokens
 inline constexpr std::int64_t kMaxRows = std::int64_t{1} << 40;       // knobs counted in tokens or copies
-
-// Which of the four peak-bounding schedules replace their baseline rule.
-struct ScheduleSet {
-  bool llep = false;  // PipelinedLLEP for expert dispatch
-  bool dtp = false;   // Ring-DTP for the vocabulary projection
-  bool sco = false;   // Selective Checkpoint Offload for checkpoint boundaries
-  bool adam = false;  // OffloadStreamAdamW for the optimizer state
-
-  static ScheduleSet none() { return {}; }
-  static ScheduleSet all() { return {true, true, true, true}; }
-  bool any() const { return llep || dtp || sco || adam; }
-  // "none", "all", or a comma list of llep, dtp, sco, adam; throws InvalidArgument.
-  static ScheduleSet parse(std::string_view text);
-  std::string str() const;  // "none", "all" or "llep,sco"
-};
 
 struct PlanInputs {
   ModelConfig model;

@@ -6,6 +6,14 @@
 
 namespace peakbound {
 
+void check_context_split(std::int64_t cp, std::int64_t seq_len, std::string_view setting) {
+  if (cp < 1) throw InvalidArgument("cp must be at least 1, got " + std::to_string(cp));
+  if (cp > 1 && seq_len < 2 * cp)
+    throw InvalidArgument("cp " + std::to_string(cp) + " splits every sequence into " + std::to_string(2 * cp) +
+                          " chunks: " + std::string(setting) + " must be at least " + std::to_string(2 * cp) +
+                          ", got " + std::to_string(seq_len));
+}
+
 CpChunk zigzag_chunk(std::int64_t S, int cp, int c) {
   if (S < 0) throw InvalidArgument("context layout: sequence length must be >= 0, got " + std::to_string(S));
   if (cp < 1) throw InvalidArgument("context layout: cp must be >= 1, got " + std::to_string(cp));

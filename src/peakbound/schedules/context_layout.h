@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace peakbound {
 
@@ -29,6 +30,11 @@ struct CpShard {
   std::int64_t tokens() const { return first.len + second.len; }
   std::int64_t position(std::int64_t t) const { return t < first.len ? first.begin + t : second.begin + t - first.len; }
 };
+
+// The one rule of the split: with cp > 1 every sequence must hold at least 2 cp tokens
+// (every zigzag chunk non-empty). InvalidArgument naming `setting` (how the caller spells
+// the sequence length: "seq_len", "--seq-len") otherwise; cp < 1 is refused too.
+void check_context_split(std::int64_t cp, std::int64_t seq_len, std::string_view setting = "seq_len");
 
 // Chunk c (0 <= c < 2 cp) of an S-token sequence. Throws InvalidArgument for S < 0,
 // cp < 1 or c outside [0, 2 cp).

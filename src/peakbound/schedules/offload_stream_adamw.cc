@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "peakbound/bench/harness.h"
+#include "peakbound/core/stopwatch.h"
 #include "peakbound/ops/host_adamw.h"
 
 namespace peakbound {
@@ -46,7 +46,7 @@ void OffloadStreamAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& ti
     if (i + 1 < buckets) fetch(i + 1);
     grads_landed[slot].synchronize();
     params_sent[slot].synchronize();  // bucket i-2's parameters have left this slot
-    bench::Stopwatch w;
+    Stopwatch w;
     // Host compute on host memory: a host op, not a device op.
     ops::host_adamw_update(ctx_.pool, options_.simd, s,
                            host_tensors(first(i), count(i), grads_slot_[slot], params_slot_[slot]));

@@ -1,6 +1,6 @@
 #include "peakbound/schedules/optimizer_device.h"
 
-#include "peakbound/bench/harness.h"
+#include "peakbound/core/stopwatch.h"
 #include "peakbound/ops/adamw.h"
 #include "peakbound/ops/elementwise.h"
 
@@ -30,7 +30,7 @@ void DeviceAdamW::load_state(const float* master, const float* m, const float* v
 }
 
 void DeviceAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
-  bench::Stopwatch w;
+  Stopwatch w;
   Device& dev = ctx_.device;
   AdamWTensors t{master_.as<float>(), m_.as<float>(), v_.as<float>(), shard_.grads, shard_.grad_dtype,
                       shard_.params, shard_.param_dtype, shard_.n};

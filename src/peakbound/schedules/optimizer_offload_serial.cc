@@ -1,6 +1,6 @@
 #include "peakbound/schedules/optimizer_offload_serial.h"
 
-#include "peakbound/bench/harness.h"
+#include "peakbound/core/stopwatch.h"
 #include "peakbound/ops/host_adamw.h"
 
 namespace peakbound {
@@ -21,7 +21,7 @@ void OffloadSerialAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& ti
   dev.memcpy_async(grads_host_, shard_.grads, n * dtype_size(shard_.grad_dtype),
                    CopyKind::device_to_host, copy);
   dev.synchronize(copy);
-  bench::Stopwatch w;
+  Stopwatch w;
   // f32 parameters are the master weights themselves: the update writes no copy of
   // them (4 bytes less per parameter to move) and the master goes to the device.
   void* params = shard_.param_dtype == DType::f32 ? static_cast<void*>(master_) : params_host_;

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "peakbound/bench/harness.h"
+#include "peakbound/core/stopwatch.h"
 #include "peakbound/core/error.h"
 #include "peakbound/ops/adamw.h"
 #include "peakbound/ops/host_convert.h"
@@ -71,7 +71,7 @@ GradClip OptimizerSchedule::clip() {
 }
 
 OptimizerStepTimes OptimizerSchedule::step(float lr) {
-  bench::Stopwatch w;
+  Stopwatch w;
   const GradClip c = clip();
   OptimizerStepTimes t = step(lr, c);
   t.clip_seconds = w.seconds() - t.step_seconds;
@@ -80,7 +80,7 @@ OptimizerStepTimes OptimizerSchedule::step(float lr) {
 }
 
 OptimizerStepTimes OptimizerSchedule::step(float lr, const GradClip& clip) {
-  bench::Stopwatch step_watch;
+  Stopwatch step_watch;
   OptimizerStepTimes t;
   t.clip = clip;
   const AdamWStepScalars s = adamw_step_scalars(options_.adam, steps_ + 1, lr, t.clip.scale);

@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "peakbound/comm/launcher.h"
+#include "peakbound/core/launcher.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 

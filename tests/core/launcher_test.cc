@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "peakbound/comm/launcher.h"
+#include "peakbound/core/launcher.h"
 
 namespace peakbound {
 namespace {

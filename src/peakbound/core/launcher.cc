@@ -1,4 +1,4 @@
-#include "peakbound/comm/launcher.h"
+#include "peakbound/core/launcher.h"
 
 #include <cstdlib>
 #include <initializer_list>

@@ -1,0 +1,38 @@
+// ScheduleSet: which of the four peak-bounding schedules replace their baseline rule, and
+// the one mapping from that choice to the runtime's choices (the dispatch kind, the
+// vocabulary loss, the checkpoint schedule, the optimizer schedule). The planner, the
+// trainer and `bench reach` all read the set through here; its names are parsed once.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "peakbound/schedules/checkpoint_policy.h"
+#include "peakbound/schedules/moe_plan.h"
+
+namespace peakbound {
+
+struct ScheduleSet {
+  bool llep = false;  // PipelinedLLEP for expert dispatch
+  bool dtp = false;   // Ring-DTP for the vocabulary projection
+  bool sco = false;   // Selective Checkpoint Offload for checkpoint boundaries
+  bool adam = false;  // OffloadStreamAdamW for the optimizer state
+
+  static ScheduleSet none() { return {}; }
+  static ScheduleSet all() { return {true, true, true, true}; }
+  bool any() const { return llep || dtp || sco || adam; }
+  bool every() const { return llep && dtp && sco && adam; }
+  // "none", "all", or a list of llep, dtp, sco, adam separated by ',' or '+'; throws
+  // InvalidArgument naming `setting` (e.g. "schedules") and the unknown item.
+  static ScheduleSet parse(std::string_view text, std::string_view setting = "schedules");
+  std::string str() const;  // "none", "all" or "llep,sco"
+
+  // The runtime's choice for each peak under this set.
+  DispatchKind dispatch() const { return llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep; }
+  bool ring_dtp() const { return dtp; }  // false: the materialized vocab-parallel baseline
+  CheckpointSchedule checkpoint() const { return sco ? CheckpointSchedule::sco : CheckpointSchedule::resident; }
+  // The optimizer schedule's name (optimizer_schedule.h make_optimizer).
+  std::string_view optimizer() const { return adam ? "offload_stream" : "device"; }
+};
+
+}  // namespace peakbound
