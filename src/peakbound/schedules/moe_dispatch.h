@@ -54,8 +54,24 @@ class MoeDispatch {
   Device& device() const { return dev_; }
 
  private:
-  struct Pass;
-  void run(Pass& pass);
+  // One pass's tensors; backward selects the pass's mode (dy, dx, dw, dparams are its own).
+  struct Io {
+    bool backward = false;
+    const float* x = nullptr;
+    std::int64_t tokens = 0;
+    const std::int32_t* ids = nullptr;
+    const float* w = nullptr;
+    const float* params = nullptr;
+    const float* dy = nullptr;
+    float* y = nullptr;
+    float* dx = nullptr;
+    float* dw = nullptr;
+    float* dparams = nullptr;
+  };
+  // The pass as an object with named stages: plan, lend, rounds (stage, exchange,
+  // compute, combine), return (moe_dispatch_pass.cc).
+  class Pass;
+  void run(const Io& io);
 
   Device& dev_;
   Communicator& g_;
