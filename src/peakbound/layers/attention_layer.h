@@ -28,7 +28,7 @@
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
-#include "peakbound/layers/block.h"
+#include "peakbound/nn/block.h"
 
 namespace peakbound {
 

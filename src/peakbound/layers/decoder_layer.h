@@ -15,7 +15,7 @@
 
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
-#include "peakbound/layers/block.h"
+#include "peakbound/nn/block.h"
 
 namespace peakbound {
 

@@ -31,9 +31,9 @@
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
-#include "peakbound/layers/block.h"
+#include "peakbound/nn/block.h"
 #include "peakbound/layers/moe_router.h"
-#include "peakbound/layers/swiglu_ffn.h"
+#include "peakbound/nn/swiglu_ffn.h"
 #include "peakbound/model/model_config.h"
 #include "peakbound/schedules/moe_dispatch.h"
 

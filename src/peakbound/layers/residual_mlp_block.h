@@ -3,7 +3,7 @@
 // realistic shape, f32, computed through ops:: on the device's compute stream:
 //   y = x + W_down (silu(W_gate n) * (W_up n)),  n = rmsnorm(x) * w_norm
 // x, y [T, H]; w_norm [H]; W_gate, W_up [F, H]; W_down [H, F] (nn.Linear layout: out x in).
-// The FFN is layers/swiglu_ffn.h. Backward recomputes n, the gate/up projections and
+// The FFN is nn/swiglu_ffn.h. Backward recomputes n, the gate/up projections and
 // the activation from x. Every buffer comes from the footprint functions below.
 #pragma once
 
@@ -13,8 +13,8 @@
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
-#include "peakbound/layers/block.h"
-#include "peakbound/layers/swiglu_ffn.h"
+#include "peakbound/nn/block.h"
+#include "peakbound/nn/swiglu_ffn.h"
 
 namespace peakbound {
 

@@ -23,7 +23,7 @@
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/host_memory.h"
 #include "peakbound/device/device.h"
-#include "peakbound/layers/block.h"
+#include "peakbound/nn/block.h"
 #include "peakbound/schedules/checkpoint_link.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 

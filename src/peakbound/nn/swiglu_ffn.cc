@@ -1,4 +1,4 @@
-#include "peakbound/layers/swiglu_ffn.h"
+#include "peakbound/nn/swiglu_ffn.h"
 
 #include "peakbound/core/error.h"
 #include "peakbound/ops/gemm.h"

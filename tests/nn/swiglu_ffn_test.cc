@@ -1,6 +1,6 @@
-// The SwiGLU FFN written once (layers/swiglu_ffn.h): forward and backward against a
+// The SwiGLU FFN written once (nn/swiglu_ffn.h): forward and backward against a
 // naive double reference, write vs add-into semantics, dx aliasing x, and m = 0.
-#include "peakbound/layers/swiglu_ffn.h"
+#include "peakbound/nn/swiglu_ffn.h"
 
 #include <gtest/gtest.h>
 
