@@ -13,7 +13,7 @@
 #include <string>
 
 #include "peakbound/core/arena.h"
-#include "peakbound/core/memory_timeline.h"
+#include "peakbound/io/memory_timeline_file.h"
 #include "tests/cli/run_cli.h"
 
 namespace {

@@ -3,7 +3,7 @@
 // the initial live bytes gives the ledger's live bytes per component after every one;
 // phases (sequential marks and the RAII MemoryPhase) and step marks; the event cap; the
 // JSON round trip, its validation and the per-rank file naming.
-#include "peakbound/core/memory_timeline.h"
+#include "peakbound/io/memory_timeline_file.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // Fuzz target: the memory-timeline reader `peakbound plot-memory` runs on a user's file
-// (core/memory_timeline.h: read_memory_timeline, i.e. the JSON parser then
+// (io/memory_timeline_file.h: read_memory_timeline, i.e. the JSON parser then
 // MemoryTimeline::from_json), then its consumer, the picture (cli/memory_plot.h): the last
 // step and the first step cut out and drawn as an SVG. On success the timeline survives a
 // round trip through to_json/from_json, and the picture is one SVG document.
@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "peakbound/cli/memory_plot.h"
-#include "peakbound/core/memory_timeline.h"
+#include "peakbound/io/memory_timeline_file.h"
 #include "fuzz_check.h"
 
 using namespace peakbound;

@@ -4,7 +4,7 @@
 
 #include "peakbound/cli/model_spec.h"
 #include "peakbound/core/error.h"
-#include "peakbound/core/memory_timeline.h"
+#include "peakbound/io/memory_timeline_file.h"
 #include "peakbound/train/hf_checkpoint.h"
 #include "peakbound/train/run_checkpoint.h"
 

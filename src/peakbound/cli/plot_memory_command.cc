@@ -21,7 +21,7 @@
 #include "peakbound/cli/flags.h"
 #include "peakbound/cli/memory_plot.h"
 #include "peakbound/core/error.h"
-#include "peakbound/core/memory_timeline.h"
+#include "peakbound/io/memory_timeline_file.h"
 #include "peakbound/core/units.h"
 #include "peakbound/io/atomic_file.h"
 #include "peakbound/io/path_check.h"

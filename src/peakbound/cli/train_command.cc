@@ -31,7 +31,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/host_memory.h"
-#include "peakbound/core/memory_timeline.h"
+#include "peakbound/io/memory_timeline_file.h"
 #include "peakbound/core/system_memory.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/core/units.h"

@@ -17,6 +17,7 @@
 //    "phase_marks": [[t, phase, event_index], ...],
 //    "steps": [{"step", "t_begin", "t_end", "event_begin", "event_end"}], "truncated",
 //    "title" (optional text), "meta" (optional object)}
+// Files (naming per rank, atomic write, checked read) are io/memory_timeline_file.h.
 // Not thread-safe: the Arena that owns one locks.
 #pragma once
 
@@ -77,16 +78,6 @@ struct MemoryTimeline {
   // live bytes (all components together) at most 2^62; rank < world <= INT_MAX.
   static MemoryTimeline from_json(const nlohmann::json& j);
 };
-
-// The file one rank writes for `--memory-timeline FILE`: FILE itself when world == 1,
-// otherwise ".rank-R" before the extension (timeline.json -> timeline.rank-0.json; a
-// name without an extension gets it at the end).
-std::string memory_timeline_path(const std::string& file, int rank, int world);
-
-// Writes the timeline's JSON to `path` (whole or not at all); Error naming the path.
-void write_memory_timeline(const std::string& path, const MemoryTimeline& t);
-// Reads one; InvalidArgument naming the path and the bad field.
-MemoryTimeline read_memory_timeline(const std::string& path);
 
 // Sets the Arena's current phase until the next one is set (phases in sequence: the
 // forward's layers one after another). One branch when the Arena is not recording.
