@@ -25,7 +25,7 @@ TEST(CudaKernels, AttentionMatchesCpu) {
     const auto nq = static_cast<std::size_t>(sh.T * sh.Hq * sh.D), nk = static_cast<std::size_t>(sh.T * sh.Hkv * sh.D),
                nv = static_cast<std::size_t>(sh.T * sh.Hkv * sh.Dv), no = static_cast<std::size_t>(sh.T * sh.Hq * sh.Dv),
                nl = static_cast<std::size_t>(sh.T * sh.Hq),
-               nw = static_cast<std::size_t>(cpu::attention_workspace_floats(a));
+               nw = static_cast<std::size_t>(attention_workspace_floats(a));
     // q, k, v, out, lse, dout, dq, dk, dv, workspace
     same_on_both({randn(nq, 1), randn(nk, 2), randn(nv, 3), randn(no, 4), randn(nl, 5), randn(no, 6), randn(nq, 7),
                   randn(nk, 8), randn(nv, 9), std::vector<float>(nw, 0.0f)},
@@ -49,7 +49,7 @@ TEST(CudaKernels, AttentionBlocksFoldWithAccumulate) {
   b1.kv_tokens = 30, b1.k_offset = 0;
   b2.kv_tokens = 20, b2.k_offset = 30;
   const auto nq = static_cast<std::size_t>(Tq * H * D), nl = static_cast<std::size_t>(Tq * H);
-  const auto nw = static_cast<std::size_t>(std::max(cpu::attention_workspace_floats(b1), cpu::attention_workspace_floats(b2)));
+  const auto nw = static_cast<std::size_t>(std::max(attention_workspace_floats(b1), attention_workspace_floats(b2)));
   std::vector<float> lse0(nl, -INFINITY);
   // q, k (50 rows), v, out, lse, dout, dq, dk, dv, workspace, row_dot
   same_on_both({randn(nq, 1), randn(static_cast<std::size_t>(50 * H * D), 2), randn(static_cast<std::size_t>(50 * H * D), 3),

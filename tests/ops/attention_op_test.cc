@@ -8,6 +8,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/attention.h"
 
 namespace peakbound {
 namespace {
@@ -28,7 +29,7 @@ TEST(AttentionOp, RunsTheCpuKernelOnEveryStream) {
   for (std::size_t i = 0; i < k.size(); ++i) k[i] = 0.02f * static_cast<float>(i % 23) - 0.2f;
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.03f * static_cast<float>(i % 11) - 0.15f;
   for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = 0.05f * static_cast<float>(i % 7) - 0.1f;
-  std::vector<float> ws(static_cast<std::size_t>(cpu::attention_workspace_floats(a)));
+  std::vector<float> ws(static_cast<std::size_t>(attention_workspace_floats(a)));
 
   struct Result {
     std::vector<float> out, lse, dq, dk, dv;

@@ -59,7 +59,7 @@ double run_shapes(Communicator& g) {
   double worst = 0, worst_kernel = 0;
   for (const Shape& s : shapes(cp)) {
     SCOPED_TRACE(name(s, cp));
-    cpu::AttentionDims a;
+    AttentionDims a;
     a.tokens = s.S;
     a.q_heads = s.hq;
     a.kv_heads = s.hkv;
@@ -109,7 +109,7 @@ TEST(RingAttention, KernelSharesOnAThreadPool) {
   Communicator& g = world();
   ThreadPool pool(3);
   for (std::int64_t W : {0, 70}) {
-    cpu::AttentionDims a;
+    AttentionDims a;
     a.tokens = 301;
     a.q_heads = 8;
     a.kv_heads = 2;

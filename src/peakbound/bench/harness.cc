@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "peakbound/build_info.h"
-#include "peakbound/comm/launcher.h"
+#include "peakbound/core/launcher.h"
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/ops/gemm.h"
 #include "peakbound/verify/relative_error.h"
 
 namespace peakbound::bench {
@@ -17,8 +17,8 @@ namespace peakbound::bench {
 nlohmann::json machine_info() {
   return {{"version", PEAKBOUND_VERSION},
           {"build_type", PEAKBOUND_BUILD_TYPE},
-          {"blas_core", cpu::blas_core_name()},
-          {"blas_threads", cpu::blas_num_threads()},
+          {"blas_core", ops::blas_core_name()},
+          {"blas_threads", ops::blas_num_threads()},
           {"hardware_threads", std::thread::hardware_concurrency()}};
 }
 
@@ -30,9 +30,7 @@ std::string load_average() {
   return f ? a + " " + b + " " + c : "unknown";
 }
 
-void share_cores_among_local_ranks() {
-  cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launcher_local_size()));
-}
+void share_cores_among_local_ranks() { ops::share_host_cores_among_local_ranks(); }
 
 double group_relative_error(Communicator& g, const std::vector<float>& a, const std::vector<float>& ref) {
   PB_CHECK_MSG(a.size() == ref.size(), "group_relative_error: result and reference differ in size");

@@ -12,18 +12,11 @@
 #include <vector>
 
 #include "peakbound/comm/communicator.h"
+#include "peakbound/core/stopwatch.h"
 
 namespace peakbound::bench {
 
-class Stopwatch {
- public:
-  Stopwatch() : t0_(std::chrono::steady_clock::now()) {}
-  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
-  void restart() { t0_ = std::chrono::steady_clock::now(); }
-
- private:
-  std::chrono::steady_clock::time_point t0_;
-};
+using peakbound::Stopwatch;  // core/stopwatch.h
 
 // Runs f `warmup` times untimed, then `reps` times; returns the fastest run's seconds
 // (the least disturbed by other work on a shared machine).

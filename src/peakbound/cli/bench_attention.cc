@@ -1,4 +1,4 @@
-// `peakbound bench attention`: the CPU flash attention kernel (kernels/cpu/attention.h)
+// `peakbound bench attention`: the CPU flash attention kernel (ops/host_attention.h)
 // alone on one sequence, forward and backward timed separately (best of --reps after a
 // warm-up), as GFLOP/s of the causal block products: forward 2 P Hq (D + Dv), backward
 // 2 P Hq (3 D + 2 Dv) (S recomputed, dP, dV, dK, dQ), P = T (T + 1) / 2 visible pairs.
@@ -49,7 +49,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/ops/host_attention.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/attention_reference.h"
@@ -104,7 +104,7 @@ struct CpResult {
 };
 
 // One CP size on group g (the ranks 0..CP-1 of the world): see the file comment.
-CpResult run_cp(Communicator& g, const cpu::AttentionDims& a, const AttentionProblem& p, const AttentionResult& ref,
+CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem& p, const AttentionResult& ref,
                 int reps, ThreadPool* pool) {
   const int cp = g.size();
   RingAttentionConfig cfg;
@@ -187,7 +187,7 @@ CpResult run_cp(Communicator& g, const cpu::AttentionDims& a, const AttentionPro
 nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   if (!run) return {};
   const BenchAttentionFlags* f = &fl;
-  cpu::AttentionDims a;
+  AttentionDims a;
   a.tokens = f->tokens;
   a.q_heads = f->heads;
   a.kv_heads = f->kv_heads;
@@ -206,18 +206,18 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   const auto q = rnd(T * a.q_heads * a.qk_dim), k = rnd(T * a.kv_heads * a.qk_dim), v = rnd(T * a.kv_heads * a.v_dim),
              dout = rnd(T * a.q_heads * a.v_dim);
   std::vector<float> out(dout.size()), lse(T * a.q_heads), dq(q.size()), dk(k.size()), dv(v.size()),
-      ws(static_cast<std::size_t>(cpu::attention_workspace_floats(a)));
+      ws(static_cast<std::size_t>(attention_workspace_floats(a)));
   std::optional<ThreadPool> pool;
   if (a.threads > 1) pool.emplace(a.threads);
   ThreadPool* p = pool ? &*pool : nullptr;
   const std::string load_before = bench::load_average();
   const double fwd = bench::best_seconds(
-      [&] { cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), a, ws.data(), p); }, 1,
-      f->reps);
+      [&] { ops::host_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), a, ws.data(), p); },
+      1, f->reps);
   const double bwd = bench::best_seconds(
       [&] {
-        cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                out.data(), lse.data(), a, ws.data(), p);
+        ops::host_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                     out.data(), lse.data(), a, ws.data(), p);
       },
       1, f->reps);
   const double pairs = static_cast<double>(a.tokens) * static_cast<double>(a.tokens + 1) / 2.0;
@@ -231,7 +231,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"block_q", a.block_q},
                       {"block_k", a.block_k},
                       {"threads", a.threads},
-                      {"workspace_floats", cpu::attention_workspace_floats(a)},
+                      {"workspace_floats", attention_workspace_floats(a)},
                       {"forward_seconds", fwd},
                       {"backward_seconds", bwd},
                       {"forward_gflops", fwd_flops / fwd * 1e-9},
@@ -281,7 +281,7 @@ Command add_bench_attention(CLI::App& parent) {
     sleepy_barrier(w);
     if (w.size() > 1) bench::share_cores_among_local_ranks();
     // The ring part.
-    cpu::AttentionDims a;
+    AttentionDims a;
     a.tokens = f->tokens;
     a.q_heads = f->heads;
     a.kv_heads = f->kv_heads;

@@ -5,7 +5,7 @@
 #include "peakbound/build_info.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/comm/communicator.h"
-#include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/ops/gemm.h"
 
 namespace peakbound::cli {
 
@@ -22,8 +22,8 @@ std::string build_description() {
 #else
   s += "  cuda: off (built without the CUDA toolkit)\n";
 #endif
-  s += "  blas: OpenBLAS, " + cpu::blas_core_name() + " kernels, " +
-       std::to_string(cpu::blas_num_threads()) + " thread(s)";
+  s += "  blas: OpenBLAS, " + ops::blas_core_name() + " kernels, " +
+       std::to_string(ops::blas_num_threads()) + " thread(s)";
   return s;
 }
 

@@ -50,7 +50,7 @@ struct VerifyAttentionFlags {
 // The case's device: the ring's footprint and the caller's nine tensors, each sized
 // for the largest shard.
 std::uint64_t budget(const RingAttentionConfig& c, int cp) {
-  const cpu::AttentionDims& a = c.dims;
+  const AttentionDims& a = c.dims;
   std::int64_t T = 0;
   for (int r = 0; r < cp; ++r) T = std::max(T, zigzag_shard(c.seq_len, cp, r).tokens());
   std::uint64_t b = ring_attention_footprint(c, cp).device_peak_total();
@@ -103,7 +103,7 @@ Command add_verify_attention(CLI::App& parent) {
         if (S < 2 * cp) continue;  // every zigzag chunk must hold a token
         for (std::int64_t ratio : f->ratio_list())
           for (std::int64_t window : f->window_list()) {
-            cpu::AttentionDims a;
+            AttentionDims a;
             a.tokens = S;
             a.q_heads = f->heads;
             a.kv_heads = f->heads / ratio;

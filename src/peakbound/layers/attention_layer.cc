@@ -25,8 +25,8 @@ const Component kC = Component::attention;
 u64 U(std::int64_t v) { return static_cast<u64>(v); }
 u64 mul(u64 a, u64 b) { return checked_mul(a, b, "attention layer buffer size"); }
 
-cpu::AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
-  cpu::AttentionDims d;
+AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
+  AttentionDims d;
   d.tokens = T;
   d.q_heads = c.q_heads;
   d.kv_heads = c.kv_heads;
@@ -107,10 +107,10 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.lse = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
   // The kernel checks T >= 1; with no tokens there is no call and no workspace.
   // Under cp > 1 the ring attention call allocates its own (ring_attention_footprint).
-  const cpu::AttentionDims d = dims_of(S, c);
+  const AttentionDims d = dims_of(S, c);
   const bool kernel = T > 0 && c.cp == 1;
-  b.workspace_forward = buffer_spec(kC, kernel ? U(cpu::attention_forward_workspace_floats(d)) : 0, kF32);
-  b.workspace_backward = buffer_spec(kC, kernel ? U(cpu::attention_backward_workspace_floats(d)) : 0, kF32);
+  b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d)) : 0, kF32);
+  b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d)) : 0, kF32);
   b.d_o = b.dq = b.q;
   b.dk = b.dv = b.k;
   return b;

@@ -3,13 +3,13 @@
 // lse [T, Hq]; backward WRITES dq, dk, dv (dims.accumulate: the forward reads out/lse as
 // a running state and writes it back merged, the backward ADDS INTO dq, dk, dv; blocks at
 // global offsets, as the kernel's header says). The caller passes the workspace, sized by
-// cpu::attention_{forward,backward}_workspace_floats(dims) from its footprint. The dims
+// attention_{forward,backward}_workspace_floats(dims) (kernels/attention_dims.h). The dims
 // struct is plain data, shared with any later backend. attention_row_dot WRITES row_dot
 // [T, Hq] = rowsum(dout * out), which the backward then READS instead of computing it.
 #pragma once
 
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/kernels/attention_dims.h"
 
 namespace peakbound {
 class ThreadPool;
@@ -17,7 +17,7 @@ class ThreadPool;
 
 namespace peakbound::ops {
 
-using AttentionDims = cpu::AttentionDims;
+using AttentionDims = ::peakbound::AttentionDims;  // kernels/attention_dims.h
 
 // pool: the CPU backend runs dims.threads shares on it (null: on the stream's thread).
 void attention_forward(Device& dev, Stream& s, float* out, float* lse, const float* q, const float* k,

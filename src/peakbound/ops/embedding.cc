@@ -1,7 +1,6 @@
 #include "peakbound/ops/embedding.h"
 
 #include "peakbound/kernels/cpu/embedding.h"
-#include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cuda/layers.h"
 #include "peakbound/ops/backend.h"
 
@@ -9,18 +8,16 @@ namespace peakbound::ops {
 
 void embedding_forward(Device& dev, Stream& s, float* out, const std::int32_t* ids, const float* table,
                        std::int64_t T, std::int64_t H, std::int64_t row_offset, std::int64_t rows) {
-  check_device_pointers(dev, "embedding_forward", {out, ids, table});
-  PB_ON_CUDA(dev, s, cuda::embedding_forward(stream, out, ids, table, T, H, row_offset, rows))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "embedding_forward");
-  cpu::launch(s, [=] { cpu::embedding_forward(out, ids, table, T, H, row_offset, rows); });
+  dispatch(dev, s, "embedding_forward", {out, ids, table},
+           [&](void* stream) { cuda::embedding_forward(stream, out, ids, table, T, H, row_offset, rows); },
+           [=] { cpu::embedding_forward(out, ids, table, T, H, row_offset, rows); });
 }
 
 void embedding_backward(Device& dev, Stream& s, float* dtable, const std::int32_t* ids, const float* dout,
                         std::int64_t T, std::int64_t H, std::int64_t row_offset, std::int64_t rows) {
-  check_device_pointers(dev, "embedding_backward", {dtable, ids, dout});
-  PB_ON_CUDA(dev, s, cuda::embedding_backward(stream, dtable, ids, dout, T, H, row_offset, rows))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "embedding_backward");
-  cpu::launch(s, [=] { cpu::embedding_backward(dtable, ids, dout, T, H, row_offset, rows); });
+  dispatch(dev, s, "embedding_backward", {dtable, ids, dout},
+           [&](void* stream) { cuda::embedding_backward(stream, dtable, ids, dout, T, H, row_offset, rows); },
+           [=] { cpu::embedding_backward(dtable, ids, dout, T, H, row_offset, rows); });
 }
 
 }  // namespace peakbound::ops

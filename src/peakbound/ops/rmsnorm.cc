@@ -1,6 +1,5 @@
 #include "peakbound/ops/rmsnorm.h"
 
-#include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cpu/rmsnorm.h"
 #include "peakbound/kernels/cuda/elementwise.h"
 #include "peakbound/ops/backend.h"
@@ -9,18 +8,16 @@ namespace peakbound::ops {
 
 void rmsnorm_forward(Device& dev, Stream& s, float* out, float* rstd, const float* x, const float* weight,
                      std::int64_t n, std::int64_t c, float eps) {
-  check_device_pointers(dev, "rmsnorm_forward", {out, rstd, x, weight});
-  PB_ON_CUDA(dev, s, cuda::rmsnorm_forward(stream, out, rstd, x, weight, n, c, eps))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "rmsnorm_forward");
-  cpu::launch(s, [=] { cpu::rmsnorm_forward(out, rstd, x, weight, n, c, eps); });
+  dispatch(dev, s, "rmsnorm_forward", {out, rstd, x, weight},
+           [&](void* stream) { cuda::rmsnorm_forward(stream, out, rstd, x, weight, n, c, eps); },
+           [=] { cpu::rmsnorm_forward(out, rstd, x, weight, n, c, eps); });
 }
 
 void rmsnorm_backward(Device& dev, Stream& s, float* dx, float* dweight, const float* dout, const float* x,
                       const float* weight, const float* rstd, std::int64_t n, std::int64_t c) {
-  check_device_pointers(dev, "rmsnorm_backward", {dx, dweight, dout, x, weight, rstd});
-  PB_ON_CUDA(dev, s, cuda::rmsnorm_backward(stream, dx, dweight, dout, x, weight, rstd, n, c))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "rmsnorm_backward");
-  cpu::launch(s, [=] { cpu::rmsnorm_backward(dx, dweight, dout, x, weight, rstd, n, c); });
+  dispatch(dev, s, "rmsnorm_backward", {dx, dweight, dout, x, weight, rstd},
+           [&](void* stream) { cuda::rmsnorm_backward(stream, dx, dweight, dout, x, weight, rstd, n, c); },
+           [=] { cpu::rmsnorm_backward(dx, dweight, dout, x, weight, rstd, n, c); });
 }
 
 }  // namespace peakbound::ops

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "peakbound/core/error.h"
-#include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cpu/rope.h"
 #include "peakbound/kernels/cuda/layers.h"
 #include "peakbound/ops/backend.h"
@@ -27,39 +26,38 @@ std::int64_t rope_table_elems(std::int64_t t, std::int64_t d) {
 
 void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t, std::int64_t d,
                  std::int64_t offset, double theta) {
-  check_device_pointers(dev, "rope_tables", {cos, sin});
-  cpu::rope_check(t, d, offset, theta);
-  PB_ON_CUDA(dev, s, cuda::rope_tables(stream, cos, sin, t, d, offset, theta))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_tables");
-  cpu::launch(s, [=] { cpu::rope_tables(cos, sin, t, d, offset, theta); });
+  dispatch(dev, s, "rope_tables", {cos, sin},
+           [&] { cpu::rope_check(t, d, offset, theta); },
+           [&](void* stream) { cuda::rope_tables(stream, cos, sin, t, d, offset, theta); },
+           [=] { cpu::rope_tables(cos, sin, t, d, offset, theta); });
 }
 
 void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, const float* sin,
                   std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
-  check_device_pointers(dev, "rope_forward", {q, k, cos, sin});
-  cpu::rope_check(t, d, 0, 1.0);
-  check_heads(q_heads, kv_heads);
-  PB_ON_CUDA(dev, s, (cuda::rope_rotate(stream, q, cos, sin, t, q_heads, d, 1.0f),
-                      cuda::rope_rotate(stream, k, cos, sin, t, kv_heads, d, 1.0f)))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_forward");
-  cpu::launch(s, [=] {
-    cpu::rope_forward(q, cos, sin, t, q_heads, d);
-    cpu::rope_forward(k, cos, sin, t, kv_heads, d);
-  });
+  dispatch(dev, s, "rope_forward", {q, k, cos, sin},
+           [&] { cpu::rope_check(t, d, 0, 1.0); check_heads(q_heads, kv_heads); },
+           [&](void* stream) {
+             cuda::rope_rotate(stream, q, cos, sin, t, q_heads, d, 1.0f);
+             cuda::rope_rotate(stream, k, cos, sin, t, kv_heads, d, 1.0f);
+           },
+           [=] {
+             cpu::rope_forward(q, cos, sin, t, q_heads, d);
+             cpu::rope_forward(k, cos, sin, t, kv_heads, d);
+           });
 }
 
 void rope_backward(Device& dev, Stream& s, float* dq, float* dk, const float* cos, const float* sin,
                    std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
-  check_device_pointers(dev, "rope_backward", {dq, dk, cos, sin});
-  cpu::rope_check(t, d, 0, 1.0);
-  check_heads(q_heads, kv_heads);
-  PB_ON_CUDA(dev, s, (cuda::rope_rotate(stream, dq, cos, sin, t, q_heads, d, -1.0f),
-                      cuda::rope_rotate(stream, dk, cos, sin, t, kv_heads, d, -1.0f)))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "rope_backward");
-  cpu::launch(s, [=] {
-    cpu::rope_backward(dq, cos, sin, t, q_heads, d);
-    cpu::rope_backward(dk, cos, sin, t, kv_heads, d);
-  });
+  dispatch(dev, s, "rope_backward", {dq, dk, cos, sin},
+           [&] { cpu::rope_check(t, d, 0, 1.0); check_heads(q_heads, kv_heads); },
+           [&](void* stream) {
+             cuda::rope_rotate(stream, dq, cos, sin, t, q_heads, d, -1.0f);
+             cuda::rope_rotate(stream, dk, cos, sin, t, kv_heads, d, -1.0f);
+           },
+           [=] {
+             cpu::rope_backward(dq, cos, sin, t, q_heads, d);
+             cpu::rope_backward(dk, cos, sin, t, kv_heads, d);
+           });
 }
 
 }  // namespace peakbound::ops

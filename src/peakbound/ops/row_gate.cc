@@ -1,6 +1,5 @@
 #include "peakbound/ops/row_gate.h"
 
-#include "peakbound/kernels/cpu/launch.h"
 #include "peakbound/kernels/cpu/row_gate.h"
 #include "peakbound/kernels/cuda/layers.h"
 #include "peakbound/ops/backend.h"
@@ -9,18 +8,16 @@ namespace peakbound::ops {
 
 void row_gate_forward(Device& dev, Stream& s, float* out, const float* x, const float* z, std::int64_t m,
                       std::int64_t n, bool accumulate) {
-  check_device_pointers(dev, "row_gate_forward", {out, x, z});
-  PB_ON_CUDA(dev, s, cuda::row_gate_forward(stream, out, x, z, m, n, accumulate))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "row_gate_forward");
-  cpu::launch(s, [=] { cpu::row_gate_forward(out, x, z, m, n, accumulate); });
+  dispatch(dev, s, "row_gate_forward", {out, x, z},
+           [&](void* stream) { cuda::row_gate_forward(stream, out, x, z, m, n, accumulate); },
+           [=] { cpu::row_gate_forward(out, x, z, m, n, accumulate); });
 }
 
 void row_gate_backward(Device& dev, Stream& s, float* dx, float* dz, const float* dout, const float* x,
                        const float* z, std::int64_t m, std::int64_t n) {
-  check_device_pointers(dev, "row_gate_backward", {dx, dz, dout, x, z});
-  PB_ON_CUDA(dev, s, cuda::row_gate_backward(stream, dx, dz, dout, x, z, m, n))
-  if (dev.backend() != Backend::cpu) no_kernel(dev, "row_gate_backward");
-  cpu::launch(s, [=] { cpu::row_gate_backward(dx, dz, dout, x, z, m, n); });
+  dispatch(dev, s, "row_gate_backward", {dx, dz, dout, x, z},
+           [&](void* stream) { cuda::row_gate_backward(stream, dx, dz, dout, x, z, m, n); },
+           [=] { cpu::row_gate_backward(dx, dz, dout, x, z, m, n); });
 }
 
 }  // namespace peakbound::ops

@@ -41,9 +41,9 @@ double now() {
 Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
 
 // The config's dims for one kernel call: Tq rows at q_offset against Tk keys at k_offset.
-cpu::AttentionDims call_dims(const RingAttentionConfig& c, std::int64_t tq, std::int64_t q_off, std::int64_t tk,
+AttentionDims call_dims(const RingAttentionConfig& c, std::int64_t tq, std::int64_t q_off, std::int64_t tk,
                              std::int64_t k_off, bool accumulate) {
-  cpu::AttentionDims d = c.dims;
+  AttentionDims d = c.dims;
   d.tokens = tq;
   d.kv_tokens = tk;
   d.q_offset = q_off;
@@ -53,7 +53,7 @@ cpu::AttentionDims call_dims(const RingAttentionConfig& c, std::int64_t tq, std:
 }
 
 // The whole sequence on one rank (CP == 1): the plain kernel.
-cpu::AttentionDims whole_dims(const RingAttentionConfig& c) { return call_dims(c, c.seq_len, 0, 0, 0, false); }
+AttentionDims whole_dims(const RingAttentionConfig& c) { return call_dims(c, c.seq_len, 0, 0, 0, false); }
 
 // Elements origin rank o's set of a lane holds: its shard's tokens x `width`, per rank.
 std::vector<std::size_t> lane_counts(std::int64_t S, int cp, std::int64_t width) {
@@ -181,19 +181,19 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
   if (c.seq_len < 2 * static_cast<std::int64_t>(cp))
     throw InvalidArgument("ring attention: seq_len " + std::to_string(c.seq_len) + " must be >= 2 x CP = " +
                           std::to_string(2 * cp) + " (every zigzag chunk non-empty)");
-  cpu::check_attention_dims(whole_dims(c));
+  check_attention_dims(whole_dims(c));
 }
 
 RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp) {
   check_ring_attention(c, cp);
-  const cpu::AttentionDims& d = c.dims;
+  const AttentionDims& d = c.dims;
   RingAttentionBuffers b;
   b.kv_ring = b.dkv_ring = b.row_dot = buffer_spec(kC, 0, kF32);
   if (cp == 1) {
     // Nothing moves: the single-rank kernel, D_i in its own workspace.
-    const cpu::AttentionDims w = whole_dims(c);
-    b.workspace_forward = buffer_spec(kC, U(cpu::attention_forward_workspace_floats(w)), kF32);
-    b.workspace_backward = buffer_spec(kC, U(cpu::attention_backward_workspace_floats(w)), kF32);
+    const AttentionDims w = whole_dims(c);
+    b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(w)), kF32);
+    b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(w)), kF32);
     return b;
   }
   const std::uint64_t T = U(zigzag_widest_tokens(c.seq_len, cp));
@@ -202,8 +202,8 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
   b.kv_ring = buffer_spec(kC, checked_mul(2, block, "ring attention"), kF32);
   b.dkv_ring = buffer_spec(kC, checked_mul(3, block, "ring attention"), kF32);
   b.row_dot = buffer_spec(kC, checked_mul(T, U(d.q_heads), "ring attention"), kF32);
-  b.workspace_forward = buffer_spec(kC, U(cpu::attention_forward_workspace_floats(d)), kF32);
-  b.workspace_backward = buffer_spec(kC, U(cpu::attention_backward_workspace_floats(d, true)), kF32);
+  b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d)), kF32);
+  b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true)), kF32);
   return b;
 }
 
@@ -253,7 +253,7 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
     for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
       for (const LocalChunk& kch : chunks_of(blk)) {
         if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
-        const cpu::AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
+        const AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
         timer.start();
         if (!timer.skip())
           ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
@@ -320,7 +320,7 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
     for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
       for (const LocalChunk& kch : chunks_of(blk)) {
         if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
-        const cpu::AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
+        const AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
         timer.start();
         if (!timer.skip())
           ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,

@@ -29,7 +29,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/ops/attention.h"
 
 namespace peakbound {
 
@@ -38,7 +38,7 @@ class ThreadPool;
 struct RingAttentionConfig {
   // Heads, head dims, scale, window, tiling and threads; dims.tokens is ignored (each call
   // takes its rank's shard length).
-  cpu::AttentionDims dims;
+  AttentionDims dims;
   std::int64_t seq_len = 0;  // S: the whole sequence's tokens, >= 2 * CP (every chunk non-empty)
 };
 

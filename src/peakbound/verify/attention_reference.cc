@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "peakbound/ops/host_attention.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/relative_error.h"
@@ -23,12 +24,12 @@ std::size_t Z(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 }  // namespace
 
-AttentionProblem make_attention_problem(const cpu::AttentionDims& dims, std::uint64_t seed) {
+AttentionProblem make_attention_problem(const AttentionDims& dims, std::uint64_t seed) {
   AttentionProblem p;
   p.dims = dims;
   p.dims.kv_tokens = p.dims.q_offset = p.dims.k_offset = 0;
   p.dims.accumulate = false;
-  cpu::check_attention_dims(p.dims);
+  check_attention_dims(p.dims);
   std::mt19937 rng(static_cast<std::mt19937::result_type>(seed));
   const std::int64_t S = dims.tokens;
   p.q = uniform(Z(S * dims.q_heads * dims.qk_dim), rng, -2.0f, 2.0f);
@@ -39,7 +40,7 @@ AttentionProblem make_attention_problem(const cpu::AttentionDims& dims, std::uin
 }
 
 AttentionResult naive_attention(const AttentionProblem& p) {
-  const cpu::AttentionDims& a = p.dims;
+  const AttentionDims& a = p.dims;
   const std::int64_t T = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const double scale = a.effective_scale();
   std::vector<double> out(Z(T * Hq * Dv), 0.0), lse(Z(T * Hq)), dq(Z(T * Hq * D), 0.0), dk(Z(T * Hkv * D), 0.0),
@@ -86,17 +87,17 @@ AttentionResult naive_attention(const AttentionProblem& p) {
 }
 
 AttentionResult kernel_attention(const AttentionProblem& p, ThreadPool* pool) {
-  const cpu::AttentionDims& a = p.dims;
+  const AttentionDims& a = p.dims;
   AttentionResult r;
   r.out.resize(p.dout.size());
   r.lse.resize(Z(a.tokens * a.q_heads));
   r.dq.resize(p.q.size());
   r.dk.resize(p.k.size());
   r.dv.resize(p.v.size());
-  std::vector<float> ws(Z(cpu::attention_workspace_floats(a)));
-  cpu::attention_forward(r.out.data(), r.lse.data(), p.q.data(), p.k.data(), p.v.data(), a, ws.data(), pool);
-  cpu::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), p.dout.data(), p.q.data(), p.k.data(), p.v.data(),
-                          r.out.data(), r.lse.data(), a, ws.data(), pool);
+  std::vector<float> ws(Z(attention_workspace_floats(a)));
+  ops::host_attention_forward(r.out.data(), r.lse.data(), p.q.data(), p.k.data(), p.v.data(), a, ws.data(), pool);
+  ops::host_attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), p.dout.data(), p.q.data(), p.k.data(),
+                               p.v.data(), r.out.data(), r.lse.data(), a, ws.data(), pool);
   return r;
 }
 
@@ -106,7 +107,7 @@ double RingAttentionCheck::worst_kernel() const { return *std::max_element(kerne
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel, Component io,
                                          ThreadPool* pool) {
-  const cpu::AttentionDims& a = p.dims;
+  const AttentionDims& a = p.dims;
   RingAttentionConfig cfg;
   cfg.dims = a;
   cfg.seq_len = a.tokens;

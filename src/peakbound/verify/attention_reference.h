@@ -12,7 +12,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/component.h"
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/ops/attention.h"
 
 namespace peakbound {
 
@@ -21,10 +21,10 @@ class ThreadPool;
 // dims.tokens is the sequence length S (offsets, kv_tokens and accumulate unset).
 // q, k in [-2, 2], v, dout in [-1, 1], uniform, from mt19937(seed).
 struct AttentionProblem {
-  cpu::AttentionDims dims;
+  AttentionDims dims;
   std::vector<float> q, k, v, dout;  // [S, Hq, D], [S, Hkv, D], [S, Hkv, Dv], [S, Hq, Dv]
 };
-AttentionProblem make_attention_problem(const cpu::AttentionDims& dims, std::uint64_t seed);
+AttentionProblem make_attention_problem(const AttentionDims& dims, std::uint64_t seed);
 
 // out [S, Hq, Dv], lse [S, Hq], dq, dk, dv of loss = sum(dout * out).
 struct AttentionResult {
@@ -32,7 +32,7 @@ struct AttentionResult {
 };
 // The textbook attention in double (full score rows, two-pass softmax), rounded once.
 AttentionResult naive_attention(const AttentionProblem& p);
-// cpu::attention_forward / attention_backward on the whole sequence (host vectors).
+// The CPU kernel (ops::host_attention_forward / _backward) on the whole sequence (host vectors).
 AttentionResult kernel_attention(const AttentionProblem& p, ThreadPool* pool = nullptr);
 
 // Relative errors (max|a - ref| / max|ref| over the group's whole tensor, rows at the

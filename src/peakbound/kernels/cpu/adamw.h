@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "peakbound/core/dtype.h"
-#include "peakbound/ops/adamw_types.h"
+#include "peakbound/kernels/adamw_types.h"
 
 namespace peakbound {
 class ThreadPool;

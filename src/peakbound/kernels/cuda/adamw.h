@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "peakbound/ops/adamw_types.h"
+#include "peakbound/kernels/adamw_types.h"
 
 namespace peakbound::cuda {
 

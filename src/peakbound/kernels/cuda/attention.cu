@@ -18,7 +18,7 @@ struct Dims {
   bool acc;
 };
 
-Dims dims_of(const cpu::AttentionDims& a) {
+Dims dims_of(const AttentionDims& a) {
   return Dims{a.tokens, a.key_tokens(), a.q_heads, a.kv_heads, a.qk_dim, a.v_dim, a.window, a.q_offset, a.k_offset,
               a.effective_scale(), a.accumulate};
 }
@@ -195,8 +195,8 @@ __global__ void backward_dkv_k(float* dk, float* dv, const float* dout, const fl
   }
 }
 
-void check(const cpu::AttentionDims& a) {
-  cpu::check_attention_dims(a);
+void check(const AttentionDims& a) {
+  check_attention_dims(a);
   if (a.qk_dim > kMaxHeadDim || a.v_dim > kMaxHeadDim)
     throw InvalidArgument("cuda attention: head dims " + std::to_string(a.qk_dim) + "/" + std::to_string(a.v_dim) +
                           " above the kernel's " + std::to_string(kMaxHeadDim));
@@ -211,20 +211,20 @@ unsigned warp_blocks(std::int64_t warps) {
 }  // namespace
 
 void attention_forward(void* s, float* out, float* lse, const float* q, const float* k, const float* v,
-                       const cpu::AttentionDims& a) {
+                       const AttentionDims& a) {
   check(a);
   forward_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
   check_launch("attention_forward");
 }
 
-void attention_row_dot(void* s, float* row_dot, const float* dout, const float* out, const cpu::AttentionDims& a) {
+void attention_row_dot(void* s, float* row_dot, const float* dout, const float* out, const AttentionDims& a) {
   check(a);
   row_dot_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(row_dot, dout, out, dims_of(a));
   check_launch("attention_row_dot");
 }
 
 void attention_backward(void* s, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* out, const float* lse, const cpu::AttentionDims& a,
+                        const float* v, const float* out, const float* lse, const AttentionDims& a,
                         float* workspace, const float* row_dot) {
   check(a);
   const Dims d = dims_of(a);

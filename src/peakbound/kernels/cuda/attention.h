@@ -16,17 +16,17 @@
 
 #include <cstdint>
 
-#include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/kernels/attention_dims.h"
 
 namespace peakbound::cuda {
 
 inline constexpr std::int64_t kMaxHeadDim = 256;
 
 void attention_forward(void* stream, float* out, float* lse, const float* q, const float* k, const float* v,
-                       const cpu::AttentionDims& a);
+                       const AttentionDims& a);
 void attention_backward(void* stream, float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const cpu::AttentionDims& a, float* workspace, const float* row_dot);
-void attention_row_dot(void* stream, float* row_dot, const float* dout, const float* out, const cpu::AttentionDims& a);
+                        const AttentionDims& a, float* workspace, const float* row_dot);
+void attention_row_dot(void* stream, float* row_dot, const float* dout, const float* out, const AttentionDims& a);
 
 }  // namespace peakbound::cuda

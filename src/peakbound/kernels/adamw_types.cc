@@ -1,4 +1,4 @@
-#include "peakbound/ops/adamw_types.h"
+#include "peakbound/kernels/adamw_types.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,50 @@
+#include "peakbound/kernels/attention_dims.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound {
+namespace {
+
+void bad(const std::string& what) { throw InvalidArgument("attention: " + what); }
+
+}  // namespace
+
+float AttentionDims::effective_scale() const {
+  return scale != 0.0f ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk_dim)));
+}
+
+void check_attention_dims(const AttentionDims& a) {
+  if (a.tokens < 1) bad("tokens must be >= 1, got " + std::to_string(a.tokens));
+  if (a.q_heads < 1 || a.kv_heads < 1)
+    bad("q_heads and kv_heads must be >= 1, got " + std::to_string(a.q_heads) + ", " + std::to_string(a.kv_heads));
+  if (a.q_heads % a.kv_heads != 0)
+    bad("q_heads " + std::to_string(a.q_heads) + " is not a multiple of kv_heads " + std::to_string(a.kv_heads));
+  if (a.qk_dim < 1 || a.v_dim < 1)
+    bad("qk_dim and v_dim must be >= 1, got " + std::to_string(a.qk_dim) + ", " + std::to_string(a.v_dim));
+  if (a.block_q < 1 || a.block_k < 1)
+    bad("block_q and block_k must be >= 1, got " + std::to_string(a.block_q) + ", " + std::to_string(a.block_k));
+  if (a.window < 0) bad("window must be >= 0 (0: none), got " + std::to_string(a.window));
+  if (a.threads < 1) bad("threads must be >= 1, got " + std::to_string(a.threads));
+  if (!std::isfinite(a.scale)) bad("scale must be finite");
+  if (a.kv_tokens < 0) bad("kv_tokens must be >= 0 (0: tokens), got " + std::to_string(a.kv_tokens));
+  if (a.q_offset < 0 || a.k_offset < 0)
+    bad("q_offset and k_offset must be >= 0, got " + std::to_string(a.q_offset) + ", " + std::to_string(a.k_offset));
+}
+
+std::int64_t attention_forward_workspace_floats(const AttentionDims& a) {
+  return static_cast<std::int64_t>(a.threads) * (a.block_q * a.block_k + 2 * a.block_q);
+}
+
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given) {
+  return (row_dot_given ? 0 : a.tokens * a.q_heads) + static_cast<std::int64_t>(a.threads) * 2 * a.block_q * a.block_k;
+}
+
+std::int64_t attention_workspace_floats(const AttentionDims& a) {
+  return std::max(attention_forward_workspace_floats(a), attention_backward_workspace_floats(a));
+}
+
+}  // namespace peakbound

@@ -1,0 +1,50 @@
+// The dimensions of one causal GQA attention call and what follows from them alone:
+// their check and the workspace each pass needs. Backend-neutral plain data: the
+// kernels of every backend (kernels/cpu/attention.h has the shapes and the math,
+// kernels/cuda/attention.h), the op (ops/attention.h) and the footprints above it
+// (layers/attention_layer, schedules/ring_attention) share it, so it sits at the
+// kernels' level without belonging to one backend.
+#pragma once
+
+#include <cstdint>
+
+namespace peakbound {
+
+// One call's dimensions and tiling.
+struct AttentionDims {
+  std::int64_t tokens = 0;    // T (Tq): query rows
+  std::int64_t q_heads = 0;   // Hq
+  std::int64_t kv_heads = 0;  // Hkv, divides Hq
+  std::int64_t qk_dim = 0;    // D
+  std::int64_t v_dim = 0;     // Dv
+  float scale = 0.0f;         // score scale; 0 means 1 / sqrt(D)
+  std::int64_t window = 0;    // sliding window in keys; 0: none (full causal)
+  std::int64_t block_q = 64;  // Bq: query rows per tile
+  std::int64_t block_k = 64;  // Bk: keys per tile
+  // Workspace slots: the most tasks that run at once (a pool's size). The workspace
+  // holds one slot each, and the work is split into this many fixed strided shares.
+  int threads = 1;
+  // Blocks of a longer sequence (defaults: one whole sequence, outputs written).
+  std::int64_t kv_tokens = 0;  // Tk: key rows; 0 means tokens
+  std::int64_t q_offset = 0;   // global position of query row 0
+  std::int64_t k_offset = 0;   // global position of key row 0
+  bool accumulate = false;     // forward: out/lse are a running state; backward: dq, dk, dv ADDED INTO
+
+  float effective_scale() const;
+  std::int64_t key_tokens() const { return kv_tokens > 0 ? kv_tokens : tokens; }
+};
+
+// Throws InvalidArgument naming the first bad field (T, heads, dims, blocks >= 1;
+// Hq % Hkv == 0; window >= 0; threads >= 1; kv_tokens, q_offset, k_offset >= 0).
+void check_attention_dims(const AttentionDims& a);
+
+// Workspace floats each pass needs: pure functions of the dims, so a caller allocates
+// them from a footprint. Forward: threads * (Bq * Bk + 2 Bq) (one score tile and the
+// running max and sum per row). Backward: T * Hq (D_i = rowsum(dout * out); not when
+// the caller passes it, row_dot_given) + threads * 2 * Bq * Bk (the P and dS tiles).
+// attention_workspace_floats is the max of the two: one buffer serving both passes.
+std::int64_t attention_forward_workspace_floats(const AttentionDims& a);
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given = false);
+std::int64_t attention_workspace_floats(const AttentionDims& a);
+
+}  // namespace peakbound
