@@ -89,6 +89,7 @@ class MoeDispatch::Pass {
     plan();
     lend();
     allocate_rounds();
+    // Every round's combine adds into the output: a token's copies may come home in different rounds.
     if (T_) ops::fill(dev_, cs_, backward_ ? io_.dx : io_.y, T_ * H_, 0.0f);
     if (sizes_.double_buffered)
       run_pipelined();
