@@ -29,7 +29,7 @@
 #include "peakbound/bench/subprocess.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"
-#include "peakbound/cli/model_spec.h"
+#include "peakbound/train/model_spec.h"
 #include "peakbound/core/component.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"

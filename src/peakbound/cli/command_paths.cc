@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "peakbound/cli/model_spec.h"
+#include "peakbound/train/model_spec.h"
 #include "peakbound/core/error.h"
 #include "peakbound/io/memory_timeline_file.h"
 #include "peakbound/train/hf_checkpoint.h"

@@ -3,7 +3,9 @@
 // i*S .. i*S+S (inputs the first S, targets the last S), stride S. Under mpirun the
 // windows are dealt round-robin over the data-parallel ranks (the --cp groups: the
 // ranks of one read the same window, each its zigzag shard), in the same layout flags
-// as train.
+// as train. The model is built by the run's setup (train/run.h RunModel). The window's
+// length is --seq-len, the name of the sequence length in every command; --context is
+// its alias.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -13,19 +15,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "peakbound/bench/harness.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/command_paths.h"
-#include "peakbound/comm/agree.h"
-#include "peakbound/comm/device_communicator.h"
 #include "peakbound/cli/flags.h"
-#include "peakbound/cli/model_spec.h"
 #include "peakbound/core/error.h"
-#include "peakbound/core/host_memory.h"
+#include "peakbound/core/launcher.h"
 #include "peakbound/core/units.h"
-#include "peakbound/device/device.h"
 #include "peakbound/io/token_file.h"
-#include "peakbound/train/moe_transformer.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/train/model_spec.h"
+#include "peakbound/train/run.h"
 
 namespace peakbound::cli {
 
@@ -35,7 +35,8 @@ struct EvalFlags {
   std::string device = "cpu";  // --device
   std::string model = "tiny-moe";
   std::string data;
-  std::int64_t context = 256;
+  std::int64_t seq_len = 256;   // --seq-len, or its alias --context
+  std::string seq_name = "--seq-len";  // how the command line spelled it (the errors say the same)
   std::optional<std::int64_t> windows;  // unset: every window of the file
   std::int64_t ep = 0, vocab_group = 0, cp = 1;
   std::uint64_t seed = 1;
@@ -45,18 +46,18 @@ struct EvalFlags {
 
 // The windows to read; InvalidArgument when the file is short of them.
 std::int64_t window_count(const EvalFlags& f, const TokenFile& file) {
-  const std::int64_t available = TokenFile::windows(0, file.tokens(), f.context);
+  const std::int64_t available = TokenFile::windows(0, file.tokens(), f.seq_len);
   // Not even one window: the file is too short for the context (whatever --windows says).
   if (available < 1)
     throw InvalidArgument("'" + f.data + "' holds " + std::to_string(file.tokens()) +
-                          " tokens, too few for one window of --context " + std::to_string(f.context) + " (" +
-                          std::to_string(f.context) + " + 1 tokens)" +
-                          (file.tokens() >= 2 ? "; lower --context to at most " + std::to_string(file.tokens() - 1)
+                          " tokens, too few for one window of " + f.seq_name + " " + std::to_string(f.seq_len) + " (" +
+                          std::to_string(f.seq_len) + " + 1 tokens)" +
+                          (file.tokens() >= 2 ? "; lower " + f.seq_name + " to at most " + std::to_string(file.tokens() - 1)
                                               : std::string("")));
   const std::int64_t N = f.windows ? *f.windows : available;
   if (N < 1 || N > available)
     throw InvalidArgument("--windows " + std::to_string(N) + ": '" + f.data + "' holds " + std::to_string(available) +
-                          " windows of " + std::to_string(f.context) + " + 1 tokens");
+                          " windows of " + std::to_string(f.seq_len) + " + 1 tokens");
   return N;
 }
 
@@ -65,7 +66,7 @@ std::int64_t window_count(const EvalFlags& f, const TokenFile& file) {
 // collective; run_eval then only needs the count.
 void check_windows(const EvalFlags& f, const ModelConfig& c, const TokenFile& file) {
   const std::int64_t N = window_count(f, file);
-  for (std::int64_t i = 0; i < std::min(file.tokens(), N * f.context + 1); ++i)
+  for (std::int64_t i = 0; i < std::min(file.tokens(), N * f.seq_len + 1); ++i)
     if (file.at(i) >= static_cast<std::uint32_t>(c.vocab_size))
       throw InvalidArgument("token file '" + f.data + "': token " + std::to_string(file.at(i)) + " at position " +
                             std::to_string(i) + " is outside the model's vocabulary of " +
@@ -73,32 +74,23 @@ void check_windows(const EvalFlags& f, const ModelConfig& c, const TokenFile& fi
 }
 
 int run_eval(const EvalFlags& f) {
-  bench::share_cores_among_local_ranks();
-  auto world = world_communicator();
-  const int W = world->size(), rank = world->rank();
+  ops::share_host_cores_among_local_ranks();
+  std::unique_ptr<Communicator> world_in = world_communicator();
+  const int W = world_in->size(), rank = world_in->rank();
   const ModelConfig c = load_model_spec(f.model);
   check_trainable(c);
   const ParallelLayout layout = resolve_layout(f.ep, f.vocab_group, f.cp, c, W);
   const TokenFile file = TokenFile::open(f.data);
   const std::int64_t N = window_count(f, file);  // its tokens were checked by validate()
 
-  // Setup that can fail on one rank and not another: agreed, one line (comm/agree.h).
-  std::unique_ptr<Device> dev;
-  agree(*world, [&] { dev = make_device(f.device, parse_bytes(f.device_memory, "--device-memory")); });
-  HostMemory host(MemoryLedger::kUnlimited, "host", dev->host_pages());
-  world = device_communicator(*dev, std::move(world));
-  ProcessGroups groups = ProcessGroups::split(*world, layout);
-  ModelSchedules sched;  // the forward's math is the same under every schedule
-  std::optional<MoeTransformer> model_holder;
-  agree(*world, [&] {
-    model_holder.emplace(*dev, host, groups, c, sched);
-    if (model_is_path(f.model)) model_holder->load_hf(f.model);
-    else model_holder->init_parameters(f.seed);
-  });
-  MoeTransformer& model = *model_holder;
+  // The run's setup (device, groups, model); the forward's math is the same under every schedule.
+  RunModel run(std::move(world_in), f.device, parse_bytes(f.device_memory, "--device-memory"), f.model, c, layout,
+               ModelSchedules{}, f.seed);
+  Communicator* world = run.world.get();
+  MoeTransformer& model = *run.model;
 
   const std::int64_t DP = W / layout.cp, drank = rank / layout.cp;
-  const std::int64_t S = f.context, rounds = (N + DP - 1) / DP;
+  const std::int64_t S = f.seq_len, rounds = (N + DP - 1) / DP;
   std::vector<std::int32_t> in(static_cast<std::size_t>(S)), tg(static_cast<std::size_t>(S));
   double sum = 0;
   std::int64_t count = 0;
@@ -118,7 +110,7 @@ int run_eval(const EvalFlags& f) {
     std::printf("%s\n", nlohmann::json{{"loss", loss},
                                        {"tokens", count},
                                        {"windows", N},
-                                       {"context", S},
+                                       {"context", S},  // the window's length (--seq-len)
                                        {"model", c.name},
                                        {"ranks", W},
                                        {"cp", layout.cp}}
@@ -139,7 +131,8 @@ Command add_eval(CLI::App& parent) {
   cmd.app = app;
   text_flag(app, "--model", f->model, "A preset name or a Hugging Face directory")->capture_default_str();
   text_flag(app, "--data", f->data, "The token file (llm.c / nanoGPT format)")->required();
-  int_flag(app, "--context", f->context, "Tokens per window (S)", 1, std::int64_t{1} << 24);
+  int_flag(app, "--seq-len", f->seq_len, "Tokens per window (S)", 1, std::int64_t{1} << 24);
+  int_flag(app, "--context", f->seq_len, "Alias of --seq-len", 1, std::int64_t{1} << 24);
   optional_int_flag(app, "--windows", f->windows, "Windows to read from the start (default: all)", 1,
                     std::int64_t{1} << 40);
   int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = the largest that divides ranks and experts)", 0, 1 << 24);
@@ -150,12 +143,15 @@ Command add_eval(CLI::App& parent) {
   device_flag(app, f->device);
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank")->capture_default_str();
   app->add_flag("--json", f->json, "Print {\"loss\", \"tokens\", ...} as JSON");
-  cmd.validate = [f] {
+  cmd.validate = [f, app] {
+    if (app->count("--context") > 0 && app->count("--seq-len") > 0)
+      throw InvalidArgument("--context is an alias of --seq-len: give one");
+    if (app->count("--context") > 0) f->seq_name = "--context";
     check_command_paths(nullptr, {.inputs = {{"--data", f->data}}, .model = f->model});  // a FIFO, a folder
     const ModelConfig c = load_model_spec(f->model);
     check_trainable(c);
     (void)resolve_layout(f->ep, f->vocab_group, f->cp, c, launcher_size());
-    check_cp_seq_len(f->cp, f->context, "--context");
+    check_context_split(f->cp, f->seq_len, f->seq_name);
     check_windows(*f, c, TokenFile::open(f->data));
     (void)parse_bytes(f->device_memory, "--device-memory");
   };

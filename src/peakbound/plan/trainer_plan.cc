@@ -4,7 +4,9 @@
 #include <numeric>
 
 #include "peakbound/core/error.h"
+#include "peakbound/schedules/context_layout.h"
 #include "peakbound/train/moe_transformer.h"
+#include "peakbound/train/run.h"
 
 namespace peakbound {
 
@@ -27,32 +29,33 @@ std::optional<std::string> not_a_trainer_run(const PlanInputs& in) {
   if (in.grad_bytes != kTrainerBytes) return std::string("gradients of ") + std::to_string(in.grad_bytes) + " bytes (the trainer's are f32)";
   if (in.optimizer_state_bytes != kTrainerBytes) return std::string("optimizer state that is not f32");
   if (in.fsdp_size() != in.devices) return std::string("an FSDP group smaller than the devices (the trainer shards over all)");
-  if (in.cp > 1 && in.context < 2 * in.cp) return std::string("a context shorter than 2 x cp (the trainer refuses it)");
+  try {
+    check_context_split(in.cp, in.context);
+  } catch (const InvalidArgument&) {
+    return std::string("a context shorter than 2 x cp (the trainer refuses it)");
+  }
   if (in.devices > std::int64_t{1} << 20) return std::string("more devices than the trainer's footprint is evaluated for");
   return std::nullopt;
 }
 
 TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const ScheduleSet& schedules, double imbalance,
                                               int rank) {
-  TrainFootprintInputs t;
-  t.model = in.model;
-  t.layout = ParallelLayout{in.ep, in.vocab_group, in.cp};
-  t.world = static_cast<int>(in.devices);
-  t.rank = rank;
-  t.sequences = in.sequences;
-  t.seq_len = in.context;
+  // The trainer's own inputs (train/run.h) for a run of the planner's shape, every other
+  // setting at the trainer's default (the optimizer schedule, the held-out evaluation).
+  RunSettings run;
+  run.seq_len = in.context;
+  run.batch = in.sequences;
+  run.schedules = schedules;
+  const RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules)};
+  TrainFootprintInputs t = run_footprint_inputs(run, shape, static_cast<int>(in.devices), rank);
+  // The planner's knobs over the schedules' defaults; the dispatch at the plan's imbalance.
   ModelSchedules& s = t.schedules;
-  s.dispatch = schedules.llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep;
   s.dispatch_options = in.dispatch_options();
-  s.ring_dtp = schedules.dtp;
   s.vocab.chunk = in.vocab_chunk;
-  s.checkpoint.schedule = schedules.sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
   s.checkpoint.prefetch_depth = in.prefetch_depth;
   if (schedules.sco) s.checkpoint.resident_layers = in.resident_layers;
-  t.optimizer = schedules.adam ? "offload_stream" : "device";
   t.optimizer_options.bucket_bytes = in.adam_bucket;
   t.skew = imbalance;
-  t.evaluates = true;  // a `train` run evaluates its held-out loss unless --eval-batches 0
   return t;
 }
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace peakbound::cli {
+namespace peakbound {
 
 // The content identity of a token file: {"path" (absolute), "bytes", "head_crc32" (of
 // its first MiB)}; a copy of the file elsewhere has the same bytes and CRC.
@@ -29,4 +29,4 @@ std::string new_run_id();
 std::string check_resume(const nlohmann::json& manifest, const nlohmann::json& run, const nlohmann::json& model,
                          std::uint64_t seed);
 
-}  // namespace peakbound::cli
+}  // namespace peakbound

@@ -1,5 +1,7 @@
-// What `train` and `eval` share: reading --model (a preset name or a Hugging Face
-// directory) and resolving the layout flags (--ep, --vocab-group, --cp) over the launched ranks.
+// What every run shares (train/run.h, `eval`, `bench reach`): reading a model spec (a
+// preset name or a Hugging Face directory) and resolving the layout (ep, vocab group, cp)
+// over the launched ranks. (The sequence length against cp: check_context_split,
+// schedules/context_layout.h.)
 #pragma once
 
 #include <cstdint>
@@ -8,9 +10,9 @@
 #include "peakbound/model/model_config.h"
 #include "peakbound/train/process_groups.h"
 
-namespace peakbound::cli {
+namespace peakbound {
 
-// True when --model names a path (a directory with config.json and weights).
+// True when the model spec names a path (a directory with config.json and weights).
 bool model_is_path(const std::string& spec);
 // The config of a preset or of a Hugging Face directory; InvalidArgument otherwise.
 ModelConfig load_model_spec(const std::string& spec);
@@ -19,7 +21,5 @@ ModelConfig load_model_spec(const std::string& spec);
 // naming the flag when a size does not divide.
 ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, std::int64_t cp, const ModelConfig& c,
                               std::int64_t world);
-// The flag every layout takes: --cp N, N >= 1 dividing the ranks, sequences >= 2N tokens.
-void check_cp_seq_len(std::int64_t cp, std::int64_t seq_len, const char* seq_flag);
 
-}  // namespace peakbound::cli
+}  // namespace peakbound

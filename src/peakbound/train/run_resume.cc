@@ -1,4 +1,4 @@
-#include "peakbound/cli/train_resume.h"
+#include "peakbound/train/run_resume.h"
 
 #include <filesystem>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/io/atomic_file.h"
 
-namespace peakbound::cli {
+namespace peakbound {
 
 namespace fs = std::filesystem;
 
@@ -128,4 +128,4 @@ std::string check_resume(const nlohmann::json& manifest, const nlohmann::json& r
   return line;
 }
 
-}  // namespace peakbound::cli
+}  // namespace peakbound

@@ -1,4 +1,4 @@
-#include "peakbound/cli/model_spec.h"
+#include "peakbound/train/model_spec.h"
 
 #include <filesystem>
 
@@ -6,7 +6,7 @@
 #include "peakbound/model/hf_config.h"
 #include "peakbound/model/presets.h"
 
-namespace peakbound::cli {
+namespace peakbound {
 
 bool model_is_path(const std::string& spec) {
   namespace fs = std::filesystem;
@@ -36,11 +36,4 @@ ParallelLayout resolve_layout(std::int64_t ep, std::int64_t vocab_group, std::in
   return l;
 }
 
-void check_cp_seq_len(std::int64_t cp, std::int64_t seq_len, const char* seq_flag) {
-  if (cp > 1 && seq_len < 2 * cp)
-    throw InvalidArgument("--cp " + std::to_string(cp) + " splits every sequence into " + std::to_string(2 * cp) +
-                          " chunks: " + seq_flag + " must be at least " + std::to_string(2 * cp) + ", got " +
-                          std::to_string(seq_len));
-}
-
-}  // namespace peakbound::cli
+}  // namespace peakbound

@@ -1,0 +1,646 @@
+#include "peakbound/train/run.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "peakbound/comm/agree.h"
+#include "peakbound/comm/device_communicator.h"
+#include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
+#include "peakbound/core/launcher.h"
+#include "peakbound/core/stopwatch.h"
+#include "peakbound/core/system_memory.h"
+#include "peakbound/core/units.h"
+#include "peakbound/io/memory_timeline_file.h"
+#include "peakbound/model/describe.h"
+#include "peakbound/ops/gemm.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/train/copy_task.h"
+#include "peakbound/train/kv_retrieval_task.h"
+#include "peakbound/train/model_spec.h"
+#include "peakbound/train/run_checkpoint.h"
+#include "peakbound/train/run_resume.h"
+#include "peakbound/train/sequence_source.h"
+
+namespace peakbound {
+
+std::string field_spelling(std::string_view field) { return std::string(field); }
+
+std::string flag_spelling(std::string_view field) {
+  std::string s = "--" + std::string(field);
+  std::replace(s.begin(), s.end(), '_', '-');
+  return s;
+}
+
+namespace {
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char small[512];
+  va_list a, b;
+  va_start(a, fmt);
+  va_copy(b, a);
+  const int n = std::vsnprintf(small, sizeof small, fmt, a);
+  va_end(a);
+  std::string s;
+  if (n < static_cast<int>(sizeof small)) {
+    s = small;
+  } else {
+    s.resize(static_cast<std::size_t>(n) + 1);
+    std::vsnprintf(s.data(), s.size(), fmt, b);
+    s.resize(static_cast<std::size_t>(n));
+  }
+  va_end(b);
+  return s;
+}
+
+std::string pad(std::string s, std::size_t w) {
+  if (s.size() < w) s.insert(0, w - s.size(), ' ');
+  return s;
+}
+
+// The run's record in its checkpoints (RunState.run): what defines it and what a resume
+// may change (train/run_resume.h).
+nlohmann::json run_record(const RunSettings& f, const RunShape& s, std::int64_t world) {
+  return {{"model", f.model}, {"schedules", f.schedules.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
+          {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
+          {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", world},
+          {"data", f.data.empty() ? nlohmann::json(nullptr) : data_identity(f.data)},
+          {"task", f.data.empty() ? nlohmann::json(f.task_name()) : nlohmann::json(nullptr)}, {"symbols", f.symbols},
+          {"seed", f.seed}, {"save_every", f.save_every}, {"eval_every", f.eval_every}};
+}
+
+// The refusal of a plan over budget: the three largest components, each with the
+// schedule that bounds it when that schedule is off, and the fixes.
+std::string over_budget(const std::vector<std::int64_t>& planned, std::uint64_t total, std::uint64_t budget,
+                        const ScheduleSet& on) {
+  std::vector<std::size_t> order(kNumComponents);
+  for (std::size_t i = 0; i < kNumComponents; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return planned[a] > planned[b]; });
+  std::string parts, fixes;
+  for (std::size_t k = 0; k < 3; ++k) {
+    const Component c = kAllComponents[order[k]];
+    const char* sched = c == Component::dispatch ? (on.llep ? nullptr : "llep")
+                        : c == Component::vocab ? (on.dtp ? nullptr : "dtp")
+                        : c == Component::checkpoints ? (on.sco ? nullptr : "sco")
+                        : c == Component::optimizer ? (on.adam ? nullptr : "adam")
+                                                    : nullptr;
+    parts += std::string(k ? ", " : "") + std::string(component_name(c)) + " " +
+             format_bytes(static_cast<double>(planned[order[k]])) + (sched ? std::string(" (bounded by ") + sched + ")" : "");
+    if (sched) fixes += std::string(fixes.empty() ? "" : ",") + sched;
+  }
+  return "the plan needs " + format_bytes(static_cast<double>(total)) + " per device, over the " +
+         format_bytes(static_cast<double>(budget)) + " budget; largest: " + parts + "; fix: " +
+         (fixes.empty() ? std::string("") : "add " + fixes + " to --schedules, or ") +
+         "shorten --seq-len or --batch, or raise --device-memory";
+}
+
+// The plan against the machine's memory (core/system_memory.h), before anything large is
+// allocated: on the CPU device the arena's budget is RAM; on every device the host side
+// (the footprint's host peak: offloaded optimizer state and boundaries, staging; the
+// batches' token arrays; with a save_dir the checkpoint's copy of the optimizer state).
+// The ranks on this machine each plan as much as the largest rank.
+void check_machine_memory(const RunSettings& f, const Footprint& plan, std::uint64_t budget, Communicator& world) {
+  const double tokens = static_cast<double>(f.batch) * static_cast<double>(f.seq_len);
+  const double batches = 2.0 * 4.0 * tokens * static_cast<double>(f.accumulation + f.eval_batches);
+  const std::uint64_t optimizer_state = plan.device_peak(Component::optimizer) + plan.host_peak(Component::optimizer);
+  const double host = static_cast<double>(plan.host_peak_total()) + batches +
+                      (f.save_dir.empty() ? 0.0 : static_cast<double>(optimizer_state));
+  std::int64_t host_i = host >= 9.2e18 ? std::int64_t{9200000000000000000} : static_cast<std::int64_t>(host);
+  world.all_reduce(&host_i, 1, DType::i64, ReduceOp::max);
+  MachineNeed need;
+  need.device_bytes = f.device == "cpu" ? budget : 0;
+  need.host_bytes = static_cast<std::uint64_t>(host_i);
+  need.local_ranks = launcher_local_size();
+  std::string fix = f.device == "cpu" && f.device_memory != "auto"
+                        ? "lower --device-memory (or omit it: automatic is the plan plus headroom), shorten --seq-len or --batch"
+                        : "shorten --seq-len or --batch";
+  if (batches > static_cast<double>(need.host_bytes) / 2) fix += ", lower --accumulation";
+  if (!f.schedules.every()) fix += ", turn on more --schedules";
+  fix += ", or spread the run over more machines (more ranks, fewer per machine)";
+  // Machines may differ (several nodes): one line, from the lowest rank whose machine is short.
+  agree(world, [&] { check_fits_machine(need, machine_memory(), fix); });
+}
+
+// Plain progress lines: about 20 per run, and the first and the last step.
+bool progress_every(std::int64_t step, std::int64_t steps) {
+  const std::int64_t every = std::max<std::int64_t>(1, steps / 20);
+  return step == 1 || step == steps || step % every == 0;
+}
+
+std::unique_ptr<Device> agreed_device(Communicator& world, const std::string& kind, std::uint64_t budget) {
+  std::unique_ptr<Device> dev;
+  agree(world, [&] { dev = make_device(kind, budget); });
+  return dev;
+}
+
+}  // namespace
+
+ModelSchedules model_schedules(const ScheduleSet& set) {
+  ModelSchedules m;
+  m.dispatch = set.dispatch();
+  m.ring_dtp = set.ring_dtp();
+  m.checkpoint.schedule = set.checkpoint();
+  return m;
+}
+
+RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
+  RunShape s;
+  s.config = load_model_spec(f.model);
+  check_trainable(s.config);
+  s.schedules = model_schedules(f.schedules);
+  s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
+  check_context_split(f.cp, f.seq_len, spell("seq_len"));
+  return s;
+}
+
+void RunSettings::validate(int world, SettingSpelling spell) const {
+  const auto bad = [&](std::string_view field, const std::string& rest) {
+    throw InvalidArgument(spell(field) + " " + rest);
+  };
+  // The values (the CLI's flags check their ranges as they parse; a library user's here).
+  if (seq_len < 8) bad("seq_len", "must be at least 8, got " + std::to_string(seq_len));
+  if (batch < 1) bad("batch", "must be at least 1, got " + std::to_string(batch));
+  if (accumulation < 1) bad("accumulation", "must be at least 1, got " + std::to_string(accumulation));
+  if (steps < 1) bad("steps", "must be at least 1, got " + std::to_string(steps));
+  if (warmup < 0) bad("warmup", "must be at least 0, got " + std::to_string(warmup));
+  if (symbols < 0) bad("symbols", "must be at least 0, got " + std::to_string(symbols));
+  if (eval_every < 0) bad("eval_every", "must be at least 0, got " + std::to_string(eval_every));
+  if (eval_batches < 0) bad("eval_batches", "must be at least 0, got " + std::to_string(eval_batches));
+  if (save_every < 0) bad("save_every", "must be at least 0, got " + std::to_string(save_every));
+  if (keep < 1) bad("keep", "must be at least 1, got " + std::to_string(keep));
+  if (!(eval_fraction > 0 && eval_fraction <= 0.5)) bad("eval_fraction", "must be in (0, 0.5]");
+  if (!(lr >= 0) || !(min_lr >= 0)) bad(lr >= 0 ? "min_lr" : "lr", "must be at least 0");
+  if (!(beta2 >= 0 && beta2 < 1)) bad("beta2", "must be in [0, 1)");
+  if (!(weight_decay >= 0) || !(max_grad_norm >= 0)) bad(weight_decay >= 0 ? "max_grad_norm" : "weight_decay", "must be at least 0");
+  if (!data.empty() && !task.empty())
+    throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
+                          ": a run trains on the built-in task or on the token file, not both; drop one");
+  if (on_nonfinite != "stop" && on_nonfinite != "skip")
+    bad("on_nonfinite", "must be stop or skip, got '" + on_nonfinite + "'");
+  if (plan_skew < 0 || (plan_skew > 0 && plan_skew < 1)) bad("plan_skew", "must be 0 (worst case) or >= 1");
+  if (min_lr > lr) throw InvalidArgument(spell("min_lr") + " " + std::to_string(min_lr) + " exceeds " + spell("lr"));
+  // The model, the layout and the task.
+  const RunShape s = resolve_run(*this, world, spell);
+  if (data.empty()) {
+    if (task_name() == "kv") KvRetrievalTask::standard(s.config.vocab_size, seq_len, seed, symbols).validate();
+    else if (task_name() == "copy") CopyTask{s.config.vocab_size, seq_len, symbols, seed}.validate();
+    else bad("task", "must be copy or kv, got '" + task + "'");
+  } else {
+    // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
+    (void)token_file_source(data, seq_len, eval_fraction, s.config.vocab_size);
+  }
+  if (device_memory != "auto") (void)parse_bytes(device_memory, spell("device_memory"));
+  // A resume that changes what defines the run is refused (train/run_resume.h).
+  if (!resume.empty())
+    (void)check_resume(read_checkpoint_manifest(resolve_checkpoint(resume)), run_record(*this, s, world),
+                       to_json(s.config), seed);
+  if (save_every > 0 && save_dir.empty()) throw InvalidArgument(spell("save_every") + " needs " + spell("save_dir"));
+  // Last (it creates the folder): found before step 1, not at the first save.
+  if (!save_dir.empty()) prepare_save_folder(save_dir);
+}
+
+TrainFootprintInputs run_footprint_inputs(const RunSettings& f, const RunShape& s, int world, int rank) {
+  TrainFootprintInputs in;
+  in.model = s.config;
+  in.layout = s.layout;
+  in.world = world;
+  in.rank = rank;
+  in.sequences = f.batch;
+  in.seq_len = f.seq_len;
+  in.schedules = s.schedules;
+  in.optimizer = std::string(f.schedules.optimizer());
+  in.evaluates = f.eval_batches > 0;  // the held-out loss's forward is a moment of the run too
+  // The dispatch's memory depends on the routing, which the run decides: the plan
+  // reserves for the skew given, by default the worst (every token-copy to one rank).
+  in.skew = f.plan_skew > 0 ? std::min(f.plan_skew, static_cast<double>(s.layout.ep))
+                            : static_cast<double>(s.layout.ep);
+  return in;
+}
+
+RunModel::RunModel(std::unique_ptr<Communicator> world_in, const std::string& kind, std::uint64_t budget,
+                   const std::string& model_spec, const ModelConfig& config, const ParallelLayout& layout,
+                   const ModelSchedules& schedules, std::uint64_t seed)
+    : device(agreed_device(*world_in, kind, budget)),
+      host(MemoryLedger::kUnlimited, "host", device->host_pages()),
+      world(device_communicator(*device, std::move(world_in))),
+      pool(std::max(1, default_thread_count() / std::max(1, launcher_local_size()))),
+      groups(ProcessGroups::split(*world, layout)) {
+  // Setup that can fail on one rank and not another (its weights' shard): agreed.
+  agree(*world, [&] {
+    model.emplace(*device, host, groups, config, schedules);
+    if (model_is_path(model_spec)) model->load_hf(model_spec);
+    else model->init_parameters(seed);
+  });
+}
+
+RunModel::~RunModel() = default;
+
+struct Run::State {
+  RunSettings f;
+  RunPrinter print;
+  StopCheck stop;
+  int W = 1, rank = 0;
+  bool lead = true;
+  RunShape shape;
+  nlohmann::json record;
+  std::optional<CheckpointWriter> writer;
+  std::vector<std::int64_t> planned;  // per component, then the total: largest over ranks
+  std::uint64_t budget = 0;
+  std::unique_ptr<RunModel> m;
+  std::unique_ptr<SequenceSource> source;
+  std::optional<Trainer> trainer;
+  std::string last_saved;  // the newest complete checkpoint of this run (named when a step fails)
+  std::int64_t B = 1, S = 1, M = 1, DP = 1, drank = 0;
+  std::int64_t s0 = 0, consumed0 = 0, per_step = 0, step = 0;  // step: the last complete one
+  std::int64_t eval_windows = 0, skipped = 0;
+  std::string hf_config_text;  // a Hugging Face model's config.json, in every checkpoint (export)
+  std::vector<std::vector<std::int32_t>> ids, tgt;
+  std::unique_ptr<MetricsWriter> metrics;
+  Stopwatch clock, save_clock;
+  double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0, blind = 0;
+  std::vector<double> step_seconds;
+  std::optional<double> last_eval;
+  bool nothing_to_train = false;
+
+  void say(const std::string& text) const {
+    if (lead && print) print(text);
+  }
+  void fill(std::int64_t m, std::int64_t first, bool eval) {
+    auto& in = ids[static_cast<std::size_t>(m)];
+    auto& tg = tgt[static_cast<std::size_t>(m)];
+    in.resize(static_cast<std::size_t>(B * S));
+    tg.resize(static_cast<std::size_t>(B * S));
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (eval) source->eval(first + b, in.data() + b * S, tg.data() + b * S);
+      else source->train(first + b, in.data() + b * S, tg.data() + b * S);
+    }
+  }
+  // Saves overlap training: the state is copied at the step, the files are written by a
+  // thread, and the checkpoint is committed at the first step boundary where every rank's
+  // files are written (or at once when the run stops).
+  void start_save(std::int64_t at) {
+    RunState st;
+    st.step = at;
+    st.sequences_consumed = consumed0 + (at - s0) * per_step;
+    st.seed = f.seed;
+    st.hf_config = hf_config_text;
+    st.run = record;
+    save_clock = Stopwatch();
+    writer->start(*trainer, st, shape.config, shape.layout);
+  }
+  void finish_save() {
+    const std::string where = writer->finish(*m->world);
+    if (where.empty()) return;
+    last_saved = where;
+    say(format("\nsaved %s (%.2f s after its step, written while training)\n", where.c_str(), save_clock.seconds()));
+  }
+};
+
+Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  s.f = settings;
+  s.print = std::move(print);
+  s.stop = stop ? std::move(stop) : StopCheck([] { return std::int64_t{0}; });
+  const RunSettings& f = s.f;
+  ops::share_host_cores_among_local_ranks();
+  auto world = world_communicator();
+  s.W = world->size();
+  s.rank = world->rank();
+  s.lead = s.rank == 0;
+  s.shape = resolve_run(f, s.W);
+  const ModelConfig& c = s.shape.config;
+  s.record = run_record(f, s.shape, s.W);
+  if (!f.save_dir.empty()) {
+    s.writer.emplace(f.save_dir, SaveOptions{f.keep});
+    // save_dir becomes this run's (its lock, its identity; run_checkpoint.h) before
+    // anything is built. A resumed run is the run its checkpoint names; a checkpoint from
+    // before run ids makes the folder it was resumed from this run's.
+    std::string id;
+    bool adopt = false;
+    if (!f.resume.empty()) {
+      const std::string from = resolve_checkpoint(f.resume);
+      const nlohmann::json m = read_checkpoint_manifest(from);
+      if (m.contains("run_id") && m["run_id"].is_string()) id = m["run_id"].get<std::string>();
+      std::error_code ec;
+      if (id.empty()) adopt = std::filesystem::equivalent(std::filesystem::path(from).parent_path(), f.save_dir, ec);
+    }
+    if (id.empty()) id = new_run_id();
+    s.writer->claim(*world, id, s.record, adopt);
+    if (!s.writer->locked())
+      s.say(format("note: %s is on a file system without locks: a second run on it is not detected while this one "
+                   "runs\n", f.save_dir.c_str()));
+  }
+
+  // The plan: this rank's footprint, the largest over ranks (vocabulary shards differ).
+  const Footprint plan = train_footprint(run_footprint_inputs(f, s.shape, s.W, s.rank));
+  const ComponentBytes planned = plan.device_peak();
+  s.planned.assign(kNumComponents + 1, 0);
+  for (std::size_t i = 0; i < kNumComponents; ++i) s.planned[i] = static_cast<std::int64_t>(planned[i]);
+  s.planned[kNumComponents] = static_cast<std::int64_t>(plan.device_peak_total());
+  world->all_reduce(s.planned.data(), s.planned.size(), DType::i64, ReduceOp::max);
+  const std::uint64_t planned_total = static_cast<std::uint64_t>(s.planned[kNumComponents]);
+  s.budget = f.device_memory == "auto" ? auto_device_budget(planned_total) : parse_bytes(f.device_memory, "--device-memory");
+  std::string text = format(
+      "peakbound train: %s (%s), %lld parameters, %d ranks (cp %lld, ep %lld, vocab group %lld), schedules %s\n",
+      c.name.c_str(), c.family.c_str(), static_cast<long long>(TensorTable(c).total_numel()), s.W,
+      static_cast<long long>(s.shape.layout.cp), static_cast<long long>(s.shape.layout.ep),
+      static_cast<long long>(s.shape.layout.vocab), f.schedules.str().c_str());
+  text += format("plan (per device, from the footprints): peak %s of %s budget\n",
+                 format_bytes(double(planned_total)).c_str(), format_bytes(double(s.budget)).c_str());
+  std::string row;
+  for (std::size_t i = 0; i < kNumComponents; ++i)
+    if (s.planned[i] > 0)
+      row += std::string(row.empty() ? "  " : ", ") + std::string(component_name(kAllComponents[i])) + " " +
+             format_bytes(double(s.planned[i]));
+  text += row + (c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "") + "\n";
+  s.say(text);
+  // Every rank holds the same figures (all-reduced): one line, from rank 0.
+  if (planned_total > s.budget && f.plan_check) throw AgreedError(over_budget(s.planned, planned_total, s.budget, f.schedules));
+  check_machine_memory(f, plan, s.budget, *world);
+
+  s.m = std::make_unique<RunModel>(std::move(world), f.device, s.budget, f.model, c, s.shape.layout, s.shape.schedules,
+                                   f.seed);
+  const std::int32_t ignore = s.shape.schedules.vocab.ignore_index;
+  s.source = !f.data.empty() ? token_file_source(f.data, f.seq_len, f.eval_fraction, c.vocab_size)
+             : f.task_name() == "kv"
+                 ? kv_retrieval_source(KvRetrievalTask::standard(c.vocab_size, f.seq_len, f.seed, f.symbols), ignore)
+                 : copy_task_source(CopyTask{c.vocab_size, f.seq_len, f.symbols, f.seed}, ignore);
+  TrainerOptions topt;
+  topt.optimizer = std::string(f.schedules.optimizer());
+  topt.optimizer_options.adam.lr = static_cast<float>(f.lr);
+  topt.optimizer_options.adam.weight_decay = static_cast<float>(f.weight_decay);
+  topt.optimizer_options.adam.max_grad_norm = static_cast<float>(f.max_grad_norm);
+  topt.optimizer_options.adam.beta2 = static_cast<float>(f.beta2);
+  topt.lr = LrSchedule{static_cast<float>(f.lr), static_cast<float>(f.min_lr), f.warmup, f.steps};
+  topt.skip_nonfinite = f.on_nonfinite == "skip";
+  s.trainer.emplace(*s.m->model, s.m->host, s.m->pool, topt);
+  s.say("data: " + s.source->describe() + "\n");
+
+  // Resuming: the model, the optimizer and the data position of the checkpoint's step.
+  RunState resumed;
+  if (!f.resume.empty()) {
+    const std::string from = resolve_checkpoint(f.resume);
+    s.last_saved = from;
+    resumed = load_checkpoint(from, *s.trainer);
+    s.say(format("resumed from %s at step %lld\n", from.c_str(), static_cast<long long>(resumed.step)));
+    // What this run changes (refusals were made before any step, in validate).
+    const std::string changes = check_resume(read_checkpoint_manifest(from), s.record, to_json(c), f.seed);
+    if (!changes.empty()) s.say(changes + "\n");
+    if (resumed.step >= f.steps) {
+      s.say(format("the checkpoint is at step %lld, --steps is %lld: nothing to train\n",
+                   static_cast<long long>(resumed.step), static_cast<long long>(f.steps)));
+      s.nothing_to_train = true;
+      return;
+    }
+  }
+  s.B = f.batch, s.S = f.seq_len, s.M = f.accumulation;
+  // Data parallel over the cp groups: the ranks of one hold the same sequences (each
+  // computes its zigzag shard), so sequences are dealt by group, not by rank.
+  s.DP = s.W / s.shape.layout.cp, s.drank = s.rank / s.shape.layout.cp;
+  // The data position: global training sequences read before this process's first step.
+  s.s0 = s.step = resumed.step, s.consumed0 = resumed.sequences_consumed, s.per_step = s.M * s.DP * s.B;
+  if (model_is_path(f.model)) {
+    const std::filesystem::path p(f.model);
+    std::ifstream in(std::filesystem::is_directory(p) ? p / "config.json" : p, std::ios::binary);
+    std::stringstream t;
+    t << in.rdbuf();
+    s.hf_config_text = t.str();
+  }
+  s.ids.resize(static_cast<std::size_t>(s.M));
+  s.tgt.resize(static_cast<std::size_t>(s.M));
+  s.eval_windows = std::min<std::int64_t>(f.eval_batches, s.source->eval_sequences() / (s.DP * s.B));
+  if (s.lead && !f.metrics.empty())
+    s.metrics = std::make_unique<MetricsWriter>(f.metrics, !f.resume.empty());  // a resume continues the history
+  s.blind = s.source->blind_loss();
+  if (!std::isnan(s.blind))
+    s.say(format("a model blind to the context cannot beat %.4f nats on the scored tokens (unigram entropy)\n", s.blind));
+  if (!f.memory_timeline.empty()) s.m->device->arena().start_timeline(s.rank, s.W);
+  s.clock = Stopwatch();
+}
+
+Run::~Run() = default;
+
+bool Run::done() const { return s_->nothing_to_train || s_->step >= s_->f.steps; }
+std::int64_t Run::steps_done() const { return s_->step; }
+const std::string& Run::last_saved() const { return s_->last_saved; }
+Trainer& Run::trainer() { return *s_->trainer; }
+Communicator& Run::world() { return *s_->m->world; }
+
+double Run::evaluate() {
+  State& s = *s_;
+  std::vector<MicroBatch> eb;
+  std::vector<std::vector<std::int32_t>> ei, et;
+  for (std::int64_t k = 0; k < s.eval_windows; ++k) {
+    s.fill(0, (k * s.DP + s.drank) * s.B, true);
+    ei.push_back(s.ids[0]);
+    et.push_back(s.tgt[0]);
+  }
+  for (std::size_t k = 0; k < ei.size(); ++k) eb.push_back({ei[k].data(), et[k].data(), s.B, s.S});
+  return s.trainer->evaluate(eb);
+}
+
+RunStep Run::step() {
+  State& s = *s_;
+  const RunSettings& f = s.f;
+  const std::int64_t step = s.step + 1;
+  std::vector<MicroBatch> micro;
+  for (std::int64_t m = 0; m < s.M; ++m) {
+    s.fill(m, s.consumed0 + (((step - 1 - s.s0) * s.M + m) * s.DP + s.drank) * s.B, false);
+    micro.push_back({s.ids[static_cast<std::size_t>(m)].data(), s.tgt[static_cast<std::size_t>(m)].data(), s.B, s.S});
+  }
+  RunStep r;
+  r.stats = s.trainer->step(micro, s.stop);
+  const StepStats& st = r.stats;
+  if (st.stopped != 0) return r;
+  s.step = step;
+  if (st.skipped) {
+    ++s.skipped;
+    s.say("\nskipped: " + st.nonfinite + "\n");
+  }
+  if (step == s.s0 + 1) s.first_loss = st.ce;  // the cross-entropy, as last_loss (the progress line adds the aux term)
+  s.last_loss = st.ce;
+  s.tokens_seen += static_cast<double>(st.inputs);
+  s.train_seconds += st.seconds;
+  s.step_seconds.push_back(st.seconds);
+  std::optional<double> eval_loss;
+  if (s.eval_windows > 0 && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps)) {
+    eval_loss = evaluate();
+    s.last_eval = eval_loss;
+  }
+  // A stop seen by any rank stops every rank after this step (one small all-reduce),
+  // and whether a checkpoint's files are still being written anywhere.
+  std::int64_t vitals[3] = {static_cast<std::int64_t>(s.m->device->arena().peak()), s.stop(),
+                            s.writer && s.writer->writing() ? 1 : 0};
+  s.m->world->all_reduce(vitals, 3, DType::i64, ReduceOp::max);
+  if (s.writer && s.writer->pending() && vitals[2] == 0) s.finish_save();
+  if (s.writer && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps) && vitals[1] == 0)
+    s.start_save(step);
+  r.stop_signal = vitals[1];
+  if (s.lead) {
+    StepReport& p = r.report;
+    p.step = step;
+    p.total_steps = f.steps;
+    p.loss = st.loss;
+    p.lr = st.lr;
+    p.grad_norm = st.grad_norm;
+    p.tokens_per_second = st.seconds > 0 ? static_cast<double>(st.inputs) / st.seconds : 0;
+    p.device_peak_bytes = static_cast<std::uint64_t>(vitals[0]);
+    p.elapsed_seconds = s.clock.seconds();
+    p.eval_loss = eval_loss;
+    r.report_due = progress_every(step, f.steps) || eval_loss;
+    if (s.metrics) {
+      nlohmann::json j = step_json(p);
+      j["ce"] = st.ce;
+      j["aux"] = st.aux;
+      j["scored_tokens"] = st.tokens;
+      j["skipped"] = st.skipped;
+      j["skipped_steps"] = s.skipped;
+      s.metrics->write(j);
+    }
+  }
+  return r;
+}
+
+void Run::save() {
+  State& s = *s_;
+  if (!s.writer) throw InvalidArgument("Run::save needs save_dir");
+  if (s.writer->pending()) s.finish_save();
+  s.start_save(s.step);
+  s.finish_save();
+}
+
+int Run::stop(const RunStep& last) {
+  State& s = *s_;
+  const RunSettings& f = s.f;
+  if (last.stats.stopped != 0) {
+    // A stop between two micro-batches: the step is abandoned on every rank, so the
+    // state is that of the last complete step, which is saved (unless it is already, or
+    // none completed) with its data position: the resume is exact.
+    const std::int64_t step = s.step + 1, done = s.step;
+    std::string tail = "no --save-dir, nothing saved";
+    if (s.writer) {
+      if (s.writer->pending()) s.finish_save();
+      if (done > s.s0 && !(f.save_every > 0 && done % f.save_every == 0)) {
+        s.start_save(done);
+        s.finish_save();
+      }
+      tail = done > s.s0        ? "resume with --resume " + f.save_dir
+             : f.resume.empty() ? std::string("no step completed, nothing saved")
+                                : "resume with --resume " + f.resume;
+    }
+    s.say(format("\nstopped by signal %lld during step %lld (its micro-batches discarded: %lld of %lld run); %s\n",
+                 static_cast<long long>(last.stats.stopped), static_cast<long long>(step),
+                 static_cast<long long>(last.stats.micro_batches_done), static_cast<long long>(s.M), tail.c_str()));
+    return s.writer ? 0 : 130;
+  }
+  if (!s.writer) {
+    s.say(format("\nstopped by signal %lld after step %lld; no --save-dir, nothing saved\n",
+                 static_cast<long long>(last.stop_signal), static_cast<long long>(s.step)));
+    return 130;
+  }
+  s.start_save(s.step);
+  s.finish_save();
+  s.say(format("stopped by signal %lld after step %lld; resume with --resume %s\n",
+               static_cast<long long>(last.stop_signal), static_cast<long long>(s.step), f.save_dir.c_str()));
+  return 0;
+}
+
+RunSummary Run::finish() {
+  State& s = *s_;
+  const RunSettings& f = s.f;
+  Arena& arena = s.m->device->arena();
+  if (s.writer) s.finish_save();
+  if (!f.memory_timeline.empty()) {
+    MemoryTimeline t = arena.take_timeline();
+    const ModelConfig& c = s.shape.config;
+    t.title = c.name + ", schedules " + f.schedules.str() + ", seq_len " + std::to_string(f.seq_len) + ", cp " +
+              std::to_string(s.shape.layout.cp) + ", rank " + std::to_string(s.rank) + "/" + std::to_string(s.W);
+    t.meta = nlohmann::json{{"model", c.name}, {"schedules", f.schedules.str()}, {"seq_len", f.seq_len},
+                            {"batch", f.batch}, {"cp", s.shape.layout.cp}, {"ep", s.shape.layout.ep}, {"ranks", s.W}}
+                 .dump();
+    write_memory_timeline(memory_timeline_path(f.memory_timeline, s.rank, s.W), t);
+  }
+  RunSummary sum;
+  sum.planned = s.planned;
+  sum.budget = s.budget;
+  // Measured beside planned, per component (the largest over ranks of each).
+  sum.measured.assign(kNumComponents + 1, 0);
+  for (std::size_t i = 0; i < kNumComponents; ++i) sum.measured[i] = static_cast<std::int64_t>(arena.peak(kAllComponents[i]));
+  sum.measured[kNumComponents] = static_cast<std::int64_t>(arena.peak());
+  s.m->world->all_reduce(sum.measured.data(), sum.measured.size(), DType::i64, ReduceOp::max);
+  // What was live at the largest rank's peak (the binding component is its largest):
+  // that rank's breakdown, the others contributing zeros (ties: the lowest rank).
+  std::int64_t key = sum.measured[kNumComponents] == static_cast<std::int64_t>(arena.peak()) ? s.W - s.rank : 0;
+  s.m->world->all_reduce(&key, 1, DType::i64, ReduceOp::max);
+  sum.at_peak.assign(kNumComponents, 0);
+  if (key == s.W - s.rank) {
+    const ComponentBytes b = arena.peak_breakdown();
+    for (std::size_t i = 0; i < kNumComponents; ++i) sum.at_peak[i] = static_cast<std::int64_t>(b[i]);
+  }
+  s.m->world->all_reduce(sum.at_peak.data(), sum.at_peak.size(), DType::i64, ReduceOp::sum);
+  sum.first_loss = s.first_loss;
+  sum.last_loss = s.last_loss;
+  sum.eval_loss = s.last_eval;
+  sum.blind_loss = s.blind;
+  sum.tokens_per_second = s.train_seconds > 0 ? s.tokens_seen / s.train_seconds : 0;
+  sum.steps = s.step - s.s0;
+  sum.skipped = s.skipped;
+  sum.run = {{"model", s.shape.config.name},
+             {"ranks", s.W},
+             {"cp", s.shape.layout.cp},
+             {"schedules", f.schedules.str()},
+             {"steps", f.steps},
+             {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
+             {"step_seconds", s.step_seconds}};
+  s.say(sum.text());
+  return sum;
+}
+
+std::string RunSummary::text() const {
+  std::string t = format("\n%-12s %14s %14s\n", "component", "planned", "measured");
+  for (std::size_t i = 0; i <= kNumComponents; ++i) {
+    if (i < kNumComponents && planned[i] == 0 && measured[i] == 0) continue;
+    const std::string name = i < kNumComponents ? std::string(component_name(kAllComponents[i])) : "total";
+    t += format("%-12s %14s %14s\n", name.c_str(), pad(format_bytes(double(planned[i])), 14).c_str(),
+                pad(format_bytes(double(measured[i])), 14).c_str());
+  }
+  t += format("\nloss %.4f -> %.4f (cross-entropy on the scored tokens)", first_loss, last_loss);
+  if (eval_loss) t += format(", held-out %.4f", *eval_loss);
+  if (!std::isnan(blind_loss)) t += format(", context-blind bound %.4f", blind_loss);
+  t += format("; %.0f tokens/s over %lld steps", tokens_per_second, static_cast<long long>(steps));
+  if (skipped > 0) t += format(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
+  return t + "\n";
+}
+
+nlohmann::json RunSummary::json() const {
+  nlohmann::json table = nlohmann::json::object();
+  for (std::size_t i = 0; i <= kNumComponents; ++i) {
+    if (i < kNumComponents && planned[i] == 0 && measured[i] == 0) continue;
+    const std::string name = i < kNumComponents ? std::string(component_name(kAllComponents[i])) : "total";
+    table[name] = {{"planned_bytes", planned[i]}, {"measured_bytes", measured[i]}};
+    if (i < kNumComponents) table[name]["at_peak_bytes"] = at_peak[i];
+  }
+  nlohmann::json j = {{"model", run["model"]},
+                      {"ranks", run["ranks"]},
+                      {"cp", run["cp"]},
+                      {"schedules", run["schedules"]},
+                      {"steps", run["steps"]},
+                      {"first_loss", first_loss},
+                      {"final_loss", last_loss},
+                      {"tokens_per_second", tokens_per_second},
+                      {"inputs_per_step", run["inputs_per_step"]},
+                      {"step_seconds", run["step_seconds"]},
+                      {"budget_bytes", budget},
+                      {"peaks", table}};
+  if (eval_loss) j["eval_loss"] = *eval_loss;
+  if (!std::isnan(blind_loss)) j["blind_loss"] = blind_loss;
+  return j;
+}
+
+}  // namespace peakbound

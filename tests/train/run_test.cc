@@ -1,0 +1,149 @@
+// The run object (train/run.h): its settings' errors name the setting, and a run driven
+// through it is `peakbound train`'s run, bit for bit (the CLI is a thin layer over it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/train/run.h"
+#include "peakbound/train/run_checkpoint.h"
+#include "tests/cli/run_cli.h"
+
+namespace peakbound {
+namespace {
+
+std::string error_of(const RunSettings& s, SettingSpelling spell = field_spelling) {
+  try {
+    s.validate(1, spell);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RunSettings, FlagSpellingIsTheFieldWithDashes) {
+  EXPECT_EQ(field_spelling("device_memory"), "device_memory");
+  EXPECT_EQ(flag_spelling("device_memory"), "--device-memory");
+  EXPECT_EQ(flag_spelling("seq_len"), "--seq-len");
+}
+
+TEST(RunSettings, ErrorsNameTheSettingAsTheCallerSpellsIt) {
+  RunSettings s;
+  s.seq_len = 4;
+  EXPECT_EQ(error_of(s), "seq_len must be at least 8, got 4");
+  EXPECT_EQ(error_of(s, flag_spelling), "--seq-len must be at least 8, got 4");
+  s = RunSettings{};
+  s.on_nonfinite = "ignore";
+  EXPECT_EQ(error_of(s), "on_nonfinite must be stop or skip, got 'ignore'");
+  s = RunSettings{};
+  s.data = "tokens.bin";
+  s.task = "kv";
+  EXPECT_NE(error_of(s).find("task kv and data tokens.bin"), std::string::npos) << error_of(s);
+  s = RunSettings{};
+  s.task = "sort";
+  EXPECT_EQ(error_of(s), "task must be copy or kv, got 'sort'");
+  s = RunSettings{};
+  s.save_every = 5;
+  EXPECT_EQ(error_of(s, flag_spelling), "--save-every needs --save-dir");
+  s = RunSettings{};
+  s.min_lr = 1.0;
+  EXPECT_NE(error_of(s).find("min_lr 1.000000 exceeds lr"), std::string::npos) << error_of(s);
+  s = RunSettings{};
+  s.plan_skew = 0.5;
+  EXPECT_EQ(error_of(s), "plan_skew must be 0 (worst case) or >= 1");
+  s = RunSettings{};
+  s.device_memory = "lots";
+  EXPECT_NE(error_of(s).find("device_memory"), std::string::npos) << error_of(s);
+  EXPECT_EQ(error_of(RunSettings{}), "");  // the defaults are a run
+}
+
+// The same settings through the CLI (a process of its own) and through Run here: every
+// step's cross-entropy, the held-out loss and every measured peak identical.
+TEST(Run, StepsAreTheCliTrainsBitwise) {
+  const std::string metrics = ::testing::TempDir() + "/run_test_cli.jsonl";
+  std::remove(metrics.c_str());
+  const testing::CliRun cli =
+      testing::run_cli("train --steps 4 --seq-len 32 --eval-every 2 --schedules llep,sco --metrics " + metrics + " --json", 300);
+  ASSERT_EQ(cli.code, 0) << cli.err << cli.out;
+  const nlohmann::json cj = testing::last_json_line(cli.out);
+  std::vector<double> cli_ce;
+  std::ifstream m(metrics);
+  for (std::string line; std::getline(m, line);) cli_ce.push_back(nlohmann::json::parse(line)["ce"].get<double>());
+  ASSERT_EQ(cli_ce.size(), 4u);
+
+  RunSettings s;
+  s.steps = 4;
+  s.seq_len = 32;
+  s.eval_every = 2;
+  s.schedules = ScheduleSet::parse("llep,sco");
+  s.validate(1);
+  std::string said;
+  peakbound::Run run(s, [&](const std::string& t) { said += t; });
+  std::vector<double> ce;
+  while (!run.done()) {
+    const RunStep r = run.step();
+    ASSERT_EQ(r.stats.stopped, 0);
+    ASSERT_EQ(r.stop_signal, 0);
+    ce.push_back(r.stats.ce);
+  }
+  const RunSummary sum = run.finish();
+  ASSERT_EQ(ce.size(), cli_ce.size());
+  for (std::size_t i = 0; i < ce.size(); ++i) EXPECT_EQ(ce[i], cli_ce[i]) << "step " << i + 1;
+  ASSERT_TRUE(sum.eval_loss.has_value());
+  EXPECT_EQ(*sum.eval_loss, cj["eval_loss"].get<double>());
+  EXPECT_EQ(sum.last_loss, cj["final_loss"].get<double>());
+  const nlohmann::json j = sum.json();
+  EXPECT_EQ(j["peaks"], cj["peaks"]);
+  EXPECT_EQ(j["budget_bytes"], cj["budget_bytes"]);
+  // What the Run says is what the CLI prints, less the progress lines and the JSON.
+  EXPECT_NE(said.find("peakbound train: tiny-moe"), std::string::npos) << said;
+  EXPECT_NE(cli.out.find(said.substr(0, said.find("data:"))), std::string::npos) << said;
+  EXPECT_NE(cli.out.find(sum.text().substr(0, sum.text().find("\nloss"))), std::string::npos) << sum.text();
+}
+
+// A stop after a step: without a save folder nothing is saved (130); with one the last
+// complete step is saved and a resume continues from it.
+TEST(Run, StopAfterAStepSavesTheLastCompleteStep) {
+  RunSettings s;
+  s.steps = 5;
+  s.seq_len = 16;
+  s.eval_batches = 0;
+  int calls = 0;
+  {
+    peakbound::Run run(s, {}, [&] { return std::int64_t{++calls >= 2 ? 15 : 0}; });
+    RunStep r = run.step();
+    while (r.stop_signal == 0 && r.stats.stopped == 0) r = run.step();
+    EXPECT_EQ(run.stop(r), 130);
+  }
+  const std::string dir = ::testing::TempDir() + "/run_test_save";
+  std::filesystem::remove_all(dir);
+  s.save_dir = dir;
+  s.validate(1);
+  calls = 0;
+  std::int64_t stopped_at = 0;
+  {
+    // The stop check runs between micro-batches and after each step: the fourth call
+    // comes after step 1 at the earliest, so a complete step is there to save.
+    peakbound::Run run(s, {}, [&] { return std::int64_t{++calls >= 4 ? 15 : 0}; });
+    RunStep r = run.step();
+    while (r.stop_signal == 0 && r.stats.stopped == 0) r = run.step();
+    stopped_at = run.steps_done();
+    EXPECT_EQ(run.stop(r), 0);
+  }
+  ASSERT_GT(stopped_at, 0);
+  ASSERT_TRUE(has_checkpoint(dir));
+  EXPECT_EQ(read_checkpoint_manifest(resolve_checkpoint(dir))["step"], stopped_at);
+  s.resume = dir;
+  s.validate(1);
+  peakbound::Run resumed(s);
+  EXPECT_EQ(resumed.steps_done(), stopped_at);
+  while (!resumed.done()) resumed.step();
+  EXPECT_EQ(resumed.finish().steps, 5 - stopped_at);
+}
+
+}  // namespace
+}  // namespace peakbound
