@@ -41,7 +41,7 @@ TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   const nlohmann::json jv = nlohmann::json::parse(v.out);
   EXPECT_EQ(jv["cp_sizes"], nlohmann::json::array({1, 2}));
   EXPECT_TRUE(jv["pass"].get<bool>());
-  CliRun b = run_mpi("bench attention --tokens 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --json", 2);
+  CliRun b = run_mpi("bench attention --seq-len 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --json", 2);
   ASSERT_EQ(b.code, 0) << b.err;
   ASSERT_TRUE(nlohmann::json::accept(b.out)) << b.out;
   const nlohmann::json jb = nlohmann::json::parse(b.out);
@@ -50,9 +50,10 @@ TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   EXPECT_LT(jb["peak_bytes"]["2"].get<double>(), jb["peak_bytes"]["1"].get<double>());
   EXPECT_TRUE(jb["overlap_fraction"].contains("2"));
   EXPECT_LT(jb["max_rel_err"].get<double>(), 1e-5);
+  // --tokens is the old name of --seq-len; the error names the one rule's setting.
   CliRun e = run_mpi("bench attention --tokens 3 --cp-sizes 2", 2);
   EXPECT_NE(e.code, 0);
-  EXPECT_NE(e.err.find("--tokens 3"), std::string::npos) << e.err;
+  EXPECT_NE(e.err.find("--seq-len must be at least 4, got 3"), std::string::npos) << e.err;
   EXPECT_EQ(e.err.find("MPI_ABORT"), std::string::npos) << e.err;
 }
 

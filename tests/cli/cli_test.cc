@@ -76,7 +76,7 @@ TEST(Cli, DemoRunsAndGradientsMatchBitwise) {
 namespace {
 
 TEST(CliPlan, PresetWithReachAsJson) {
-  CliRun r = run("plan --model deepseek-v3 --context 1M --devices 256 --device-memory 141GiB --reach --json");
+  CliRun r = run("plan --model deepseek-v3 --seq-len 1M --devices 256 --device-memory 141GiB --reach --json");
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* k : {"\"params_total\"", "\"reach_ratio\"", "\"binding_component\"", "\"fits\""})
     EXPECT_NE(r.out.find(k), std::string::npos) << k;
@@ -85,7 +85,8 @@ TEST(CliPlan, PresetWithReachAsJson) {
 TEST(CliPlan, BadInputsAreOneLine) {
   expect_one_line_error(run("plan --model llama-9000"), "llama-9000");
   expect_one_line_error(run("plan --model mixtral-8x22b --devices 6 --ep 3"), "experts");
-  expect_one_line_error(run("plan --context 12Q"), "--context");
+  expect_one_line_error(run("plan --seq-len 12Q"), "--seq-len");
+  expect_one_line_error(run("plan --context 12Q"), "--seq-len");  // the old name of the same flag
   expect_one_line_error(run("plan --device-memory lots"), "--device-memory");
   expect_one_line_error(run("plan --schedules warp"), "warp");
   expect_one_line_error(run("plan --model /nonexistent/config.json"), "/nonexistent/config.json");

@@ -28,7 +28,7 @@ TEST(PlanDefects, HugeCountsAreRefusedNotClampedOrDividedByZero) {
 TEST(PlanDefects, OverflowingContextIsAnErrorNotAPlan) {
   // Was "fits: yes" with a peak smaller than single components (64-bit sums wrapped).
   expect_one_line_error(run_cli("plan --context 4611686018427387904"), "context");
-  expect_one_line_error(run_cli("plan --context 1e18"), "--context");
+  expect_one_line_error(run_cli("plan --seq-len 1e18"), "--seq-len");
   // Byte sizes between 2^63 and 2^64 became 2^63.
   expect_one_line_error(run_cli("plan --device-memory 9300000000000000000"), "out of range");
   expect_one_line_error(run_cli("plan --device-memory 18446744073709551615"), "out of range");

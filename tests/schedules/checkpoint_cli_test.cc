@@ -79,13 +79,19 @@ TEST(CheckpointCli, AbsurdlySlowLinksAreRefusedNotSlept) {
   EXPECT_TRUE(nlohmann::json::parse(ok.out)["bitwise_equal"].get<bool>());
 }
 
-// Issue 17: `--device-memory 0` silently meant automatic; automatic is the flag's absence.
+// Issue 17: `--device-memory 0` silently meant automatic; automatic is `auto`, the default
+// (auto_device_budget: above its 8 MiB reserve).
 TEST(CheckpointCli, ZeroDeviceMemoryIsRefused) {
   CliRun r = run_bounded("bench checkpoint --layers 2 --tokens 16 --hidden 8 --reps 1 --warmup 0 --device-memory 0", 60);
-  peakbound::testing::expect_one_line_error(r, "--device-memory must be positive (omit it for automatic)");
+  peakbound::testing::expect_one_line_error(r, "--device-memory must be positive, or auto");
   CliRun ok = run_bounded("bench checkpoint --layers 2 --tokens 16 --hidden 8 --reps 1 --warmup 0 --json", 60);
   ASSERT_EQ(ok.code, 0) << ok.err;
-  EXPECT_GT(nlohmann::json::parse(ok.out)["runs"][0]["device_budget_bytes"].get<std::uint64_t>(), 16u << 20);
+  const auto budget = nlohmann::json::parse(ok.out)["runs"][0]["device_budget_bytes"].get<std::uint64_t>();
+  EXPECT_GT(budget, 8u << 20);
+  CliRun as =
+      run_bounded("bench checkpoint --layers 2 --tokens 16 --hidden 8 --reps 1 --warmup 0 --json --device-memory auto", 60);
+  ASSERT_EQ(as.code, 0) << as.err;
+  EXPECT_EQ(nlohmann::json::parse(as.out)["runs"][0]["device_budget_bytes"].get<std::uint64_t>(), budget);
 }
 
 // Issue 17: `--resident-layers -5` was taken as automatic while 1000 was refused.

@@ -58,8 +58,7 @@ Footprint checkpoint_run_footprint(const CheckpointRunConfig& c, std::uint64_t e
 std::uint64_t auto_device_memory(const CheckpointRunConfig& c) {
   CheckpointRunConfig base = c;
   base.options.schedule = CheckpointSchedule::resident;
-  const std::uint64_t need = checkpoint_run_footprint(base, dtype_size(DType::f32)).device_peak_total();
-  return checked_add(need + need / 4, 16ull << 20, "checkpoint run device memory");
+  return auto_device_budget(checkpoint_run_footprint(base, dtype_size(DType::f32)).device_peak_total());
 }
 
 CheckpointRun::CheckpointRun(const CheckpointRunConfig& config) : config_(config) {

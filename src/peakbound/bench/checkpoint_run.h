@@ -52,8 +52,8 @@ CheckpointRunBuffers checkpoint_run_buffers(const CheckpointRunConfig& c, std::u
 // four step tensors. Measured Arena peaks of a step equal it exactly.
 Footprint checkpoint_run_footprint(const CheckpointRunConfig& c, std::uint64_t elem_bytes);
 
-// Device bytes the resident baseline of this config needs (its footprint's peak
-// total at f32), plus slack: +25% and 16 MiB.
+// The automatic device budget (auto_device_budget) of the resident baseline of this
+// config: its footprint's peak total at f32, the budget both schedules are run under.
 std::uint64_t auto_device_memory(const CheckpointRunConfig& c);
 
 // What the copy engine did during one step.

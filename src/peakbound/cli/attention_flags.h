@@ -1,14 +1,19 @@
 // Flags shared by `verify attention` and `bench attention`: comma-separated integer
 // lists (--lengths, --head-ratios, --windows, --cp-sizes), each item parsed exactly
-// (core/values.h) with a one-line error naming the flag.
+// (core/values.h) with a one-line error naming the flag; and their one device budget.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "peakbound/core/arena.h"
 #include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
 #include "peakbound/core/values.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ring_attention.h"
 
 namespace peakbound::cli {
 
@@ -25,6 +30,20 @@ inline std::vector<std::int64_t> int_list(const std::string& text, const std::st
     start = comma + 1;
   }
   return out;
+}
+
+// The automatic device budget (auto_device_budget) of one rank of a ring attention run
+// of `c` over `cp` ranks: the ring's footprint planned, and the caller's nine tensors
+// (q, k, v, out, lse, dout, dq, dk, dv, each sized for the widest shard) unplanned.
+inline std::uint64_t ring_attention_device_budget(const RingAttentionConfig& c, int cp) {
+  const auto& a = c.dims;
+  std::int64_t T = 0;
+  for (int r = 0; r < cp; ++r) T = std::max(T, zigzag_shard(c.seq_len, cp, r).tokens());
+  std::uint64_t io = 0;
+  for (std::int64_t w : {a.q_heads * a.qk_dim, a.kv_heads * a.qk_dim, a.kv_heads * a.v_dim, a.q_heads * a.v_dim,
+                         a.q_heads, a.q_heads * a.v_dim, a.q_heads * a.qk_dim, a.kv_heads * a.qk_dim, a.kv_heads * a.v_dim})
+    io = checked_add(io, arena_reserved(static_cast<std::uint64_t>(T * w) * sizeof(float)), "the attention tensors");
+  return auto_device_budget(ring_attention_footprint(c, cp).device_peak_total(), io);
 }
 
 }  // namespace peakbound::cli

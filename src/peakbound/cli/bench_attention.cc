@@ -4,7 +4,7 @@
 // 2 P Hq (3 D + 2 Dv) (S recomputed, dP, dV, dK, dQ), P = T (T + 1) / 2 visible pairs.
 // Under mpirun only rank 0 runs the kernel part (the others wait).
 //
-// Then ring attention (schedules/ring_attention.h) on the same --tokens sequence for each
+// Then ring attention (schedules/ring_attention.h) on the same --seq-len sequence for each
 // CP of --cp-sizes that divides the launched ranks: ONE group, ranks 0..CP-1, runs while
 // the others wait in a barrier (so CP 1 is one rank alone, not W copies fighting for the
 // cores). Per CP:
@@ -112,14 +112,9 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
   cfg.seq_len = a.tokens;
   const CpShard sh = zigzag_shard(a.tokens, cp, g.rank());
   const std::int64_t T = sh.tokens();
-  std::int64_t Tmax = 0;
-  for (int r = 0; r < cp; ++r) Tmax = std::max(Tmax, zigzag_shard(a.tokens, cp, r).tokens());
   const std::int64_t wq = a.q_heads * a.qk_dim, wk = a.kv_heads * a.qk_dim, wv = a.kv_heads * a.v_dim,
                      wo = a.q_heads * a.v_dim, wl = a.q_heads;
-  std::uint64_t budget = ring_attention_footprint(cfg, cp).device_peak_total() + (4u << 20);
-  for (std::int64_t w : {wq, wk, wv, wo, wl, wo, wq, wk, wv})
-    budget += arena_reserved(static_cast<std::uint64_t>(Tmax * w) * sizeof(float));
-  CpuDevice dev(budget);
+  CpuDevice dev(ring_attention_device_budget(cfg, cp));
   CpResult res;
   // Exactness and the peak: one forward + backward with every tensor under attention.
   {
@@ -246,7 +241,7 @@ Command add_bench_attention(CLI::App& parent) {
   auto f = std::make_shared<BenchAttentionFlags>();
   Command c;
   c.app = parent.add_subcommand("attention", "The CPU flash attention kernel: forward and backward GFLOP/s");
-  int_flag(c.app, "--tokens", f->tokens, "Sequence length T", 1, 32768);
+  int_flag(c.app, "--seq-len,--tokens", f->tokens, "Sequence length T (--tokens: the old name)", 1, 32768);
   int_flag(c.app, "--heads", f->heads, "Query heads Hq", 1, 256);
   int_flag(c.app, "--kv-heads", f->kv_heads, "Key/value heads Hkv (divides --heads)", 1, 256);
   int_flag(c.app, "--dim", f->dim, "Head dimension D = Dv", 1, 1024);
@@ -261,9 +256,7 @@ Command add_bench_attention(CLI::App& parent) {
   c.collective = true;  // the ring part runs on a group of the launched ranks
   c.validate = [f] {
     for (std::int64_t cp : int_list(f->cp_sizes, "--cp-sizes", 1, 4096))
-      if (launcher_size() % cp == 0 && f->tokens < 2 * cp)
-        throw InvalidArgument("--tokens " + std::to_string(f->tokens) + " is shorter than 2 x CP = " +
-                              std::to_string(2 * cp) + " (--cp-sizes): a zigzag chunk would be empty");
+      if (launcher_size() % cp == 0) check_context_split(cp, f->tokens, "--seq-len");
     if (f->heads % f->kv_heads != 0)
       throw InvalidArgument("--kv-heads " + std::to_string(f->kv_heads) + " does not divide --heads " +
                             std::to_string(f->heads));
@@ -271,7 +264,7 @@ Command add_bench_attention(CLI::App& parent) {
     const double floats = 4.0 * static_cast<double>(f->tokens) * static_cast<double>(f->heads + f->kv_heads) *
                           static_cast<double>(f->dim);
     if (floats > 1073741824.0)
-      throw InvalidArgument("--tokens x (--heads + --kv-heads) x --dim needs " + std::to_string(floats * 4 / 1073741824.0) +
+      throw InvalidArgument("--seq-len x (--heads + --kv-heads) x --dim needs " + std::to_string(floats * 4 / 1073741824.0) +
                             " GiB of tensors; this benchmark keeps them under 4 GiB");
   };
   c.run = [f] {

@@ -31,7 +31,7 @@ struct BenchFlags {
   std::int64_t prefetch = CheckpointOptions{}.prefetch_depth;
   std::optional<std::int64_t> resident_layers = CheckpointOptions{}.resident_layers;  // unset: the policy
   std::string checkpoint_budget = std::to_string(CheckpointOptions{}.checkpoint_budget);
-  std::optional<std::string> device_memory;  // unset: automatic
+  std::string device_memory = "auto";  // auto: auto_device_memory, the resident baseline's
   double link_gbps = CheckpointOptions{}.link_gbps;
   int warmup = 1, reps = 5;
   std::uint64_t seed = CheckpointRunConfig{}.seed;
@@ -55,9 +55,9 @@ CheckpointRunConfig make_config(const BenchFlags& f, CheckpointSchedule s, std::
   // Options and placement are checked here, before any run, so errors name the flags.
   with_checkpoint_flags([&] { return checkpoint_run_buffers(c, sizeof(float)); });
   // Both runs get the same budget: enough for the baseline unless the user sets one.
-  if (f.device_memory) {
-    c.device_memory = parse_bytes(*f.device_memory, "--device-memory");
-    if (*c.device_memory == 0) throw InvalidArgument("--device-memory must be positive (omit it for automatic)");
+  if (f.device_memory != "auto") {
+    c.device_memory = parse_bytes(f.device_memory, "--device-memory");
+    if (*c.device_memory == 0) throw InvalidArgument("--device-memory must be positive, or auto");
   } else {
     c.device_memory = auto_device_memory(c);
   }
@@ -258,7 +258,9 @@ Command add_bench_checkpoint(CLI::App& parent) {
                 CLI::detail::to_string(CheckpointOptions::kMinLinkGbps) + ") on the copy engine; 0 = off",
             0.0, 1e6);
   a->add_option("--device-memory", f->device_memory,
-                "Device memory budget of each run (> 0); omit for automatic (fits the resident baseline)");
+                "Device budget of each run (> 0, e.g. 64MiB), or auto: the resident baseline's footprint peak plus "
+                "1/16 and 8 MiB")
+      ->capture_default_str();
   int_flag(a, "--warmup", f->warmup, "Untimed steps per schedule before timing", 0, 1000);
   int_flag(a, "--reps", f->reps, "Timed steps per schedule (interleaved; the fastest is reported)", 1, 1000);
   seed_flag(a, "--seed", f->seed, "Seed of parameters and inputs");

@@ -95,7 +95,7 @@ class Runner {
     // gradients, which live on the device as in a model.
     const std::int64_t H = f.hidden, rows = vocab_shard(f.vocab, g.size(), g.rank()).rows;
     const std::uint64_t io = VocabRankOnDevice::bytes(tokens, H, rows);
-    dev_ = make_device(f.device, f.device_memory == "auto" ? f.device_budget({fp_}) + io : f.device_budget({fp_}),
+    dev_ = make_device(f.device, f.device_budget({fp_}, io),
                        std::string("cpu:") + (ring ? "ring" : "materialized"));
     gpu_group_ = device_group_for(*dev_, g);
     Communicator& group = gpu_group_ ? *gpu_group_ : g;

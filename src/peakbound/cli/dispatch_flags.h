@@ -11,6 +11,7 @@
 #include "peakbound/cli/flags.h"
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/footprint.h"
 #include "peakbound/core/units.h"
 #include "peakbound/core/values.h"
 #include "peakbound/device/device.h"
@@ -58,8 +59,8 @@ struct DispatchFlags {
     int_flag(&app, "--min-spill", min_spill, "LLEP: smallest spilled piece, token-copies" + min_spill_help, 1, kInt64Max);
     seed_flag(&app, "--seed", seed, "Data seed");
     app.add_option("--device-memory", device_memory,
-                   "Device budget of each path (e.g. 64MiB), or auto: its dispatch footprint plus the rank's "
-                   "inputs and outputs plus 1 MiB")
+                   "Device budget of each path (e.g. 64MiB), or auto: its dispatch footprint's peak plus the rank's "
+                   "inputs and outputs, plus 1/16 and 8 MiB")
         ->capture_default_str();
     device_flag(&app, device);
     app.add_flag("--json", json, "Print one JSON object");
@@ -106,12 +107,13 @@ struct DispatchFlags {
     return o;
   }
 
-  // The Arena budget of one path: --device-memory, or its footprint plus the rank's
-  // slice of the problem on the device (MoeRankOnDevice) plus 1 MiB of slack.
+  // The Arena budget of one path: --device-memory, or auto: auto_device_budget of its
+  // footprint's peak, with the rank's slice of the problem on the device (MoeRankOnDevice)
+  // unplanned.
   std::uint64_t budget(const MoeProblem& p, int rank, DispatchKind kind) const {
     if (device_memory != "auto") return parse_bytes(device_memory, "--device-memory");
-    return moe_problem_footprint(p, rank, kind, options(), sizeof(float)).device_peak_total() +
-           MoeRankOnDevice::bytes(p, rank, p.spec.ranks) + (std::uint64_t{1} << 20);
+    return auto_device_budget(moe_problem_footprint(p, rank, kind, options(), sizeof(float)).device_peak_total(),
+                              MoeRankOnDevice::bytes(p, rank, p.spec.ranks));
   }
 
   // The device of one path (--device), with the budget above.

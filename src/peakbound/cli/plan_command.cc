@@ -103,7 +103,7 @@ double parse_skew(const std::string& s) {
 PlanInputs to_inputs(const PlanFlags& f) {
   PlanInputs in;
   in.model = load_model(f.model);
-  in.context = static_cast<std::int64_t>(parse_count(f.context, "--context"));
+  in.context = static_cast<std::int64_t>(parse_count(f.context, "--seq-len"));
   in.sequences = f.sequences;
   in.devices = f.devices;
   in.ep = f.ep == "auto" ? 0 : static_cast<std::int64_t>(parse_count(f.ep, "--ep"));
@@ -116,7 +116,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.host_memory = parse_bytes(f.host_memory, "--host-memory");
   in.devices_per_node = f.devices_per_node;
   in.resident_layers = f.resident_layers;
-  in.schedules = ScheduleSet::parse(f.schedules);
+  in.schedules = ScheduleSet::parse(f.schedules, "schedules");
   in.dispatch_cap = f.dispatch_cap;
   in.llep_alpha = f.llep_alpha;
   in.llep_lambda = f.llep_lambda;
@@ -145,14 +145,17 @@ Command add_plan_command(CLI::App& root) {
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   a->add_option("--model", f->model, "Preset (" + presets + ") or a Hugging Face config.json (file or folder)")->capture_default_str();
-  a->add_option("--context", f->context, "Tokens per sequence: 131072, 128K, 1M")->capture_default_str();
+  a->add_option("--seq-len,--context", f->context, "Tokens per sequence: 131072, 128K, 1M (--context: the old name)")
+      ->capture_default_str();
   int_flag(a, "--sequences", f->sequences, "Sequences per step per data-parallel group", 1, kMaxSequences);
   int_flag(a, "--devices", f->devices, "Number of devices", 1, kMaxDevices);
   a->add_option("--ep", f->ep, "Expert-parallel size, or auto: the largest divisor of devices and experts up to 64")->capture_default_str();
   int_flag(a, "--cp", f->cp, "Context-parallel size (each sequence split over cp devices)", 1, kMaxDevices);
   a->add_option("--vocab-group", f->vocab_group, "Devices sharing one vocabulary-sharded LM head, or auto: the largest divisor of devices up to 8")->capture_default_str();
   int_flag(a, "--fsdp", f->fsdp, "FSDP shard group of the non-expert parameters (0 = all devices)", 0, kMaxDevices);
-  a->add_option("--device-memory", f->device_memory, "Memory per device: 80GiB, 141GiB")->capture_default_str();
+  a->add_option("--device-memory", f->device_memory,
+                "Memory of each device planned for (its capacity, not an arena budget: no auto here): 80GiB, 141GiB")
+      ->capture_default_str();
   a->add_option("--host-memory", f->host_memory, "Host memory per node, shared by its devices (0 = unlimited)")->capture_default_str();
   int_flag(a, "--devices-per-node", f->devices_per_node, "Devices sharing one node's host memory", 1, 1024);
   optional_int_flag(a, "--resident-layers", f->resident_layers,

@@ -47,19 +47,6 @@ struct VerifyAttentionFlags {
   }
 };
 
-// The case's device: the ring's footprint and the caller's nine tensors, each sized
-// for the largest shard.
-std::uint64_t budget(const RingAttentionConfig& c, int cp) {
-  const AttentionDims& a = c.dims;
-  std::int64_t T = 0;
-  for (int r = 0; r < cp; ++r) T = std::max(T, zigzag_shard(c.seq_len, cp, r).tokens());
-  std::uint64_t b = ring_attention_footprint(c, cp).device_peak_total();
-  for (std::int64_t w : {a.q_heads * a.qk_dim, a.kv_heads * a.qk_dim, a.kv_heads * a.v_dim, a.q_heads * a.v_dim,
-                         a.q_heads, a.q_heads * a.v_dim, a.q_heads * a.qk_dim, a.kv_heads * a.qk_dim, a.kv_heads * a.v_dim})
-    b += arena_reserved(static_cast<std::uint64_t>(T * w) * sizeof(float));
-  return b + (1u << 20);
-}
-
 Command add_verify_attention(CLI::App& parent) {
   auto f = std::make_shared<VerifyAttentionFlags>();
   Command c;
@@ -117,7 +104,7 @@ Command add_verify_attention(CLI::App& parent) {
             RingAttentionConfig cfg;
             cfg.dims = a;
             cfg.seq_len = S;
-            std::unique_ptr<Device> dev = make_device(f->device, budget(cfg, cp));
+            std::unique_ptr<Device> dev = make_device(f->device, ring_attention_device_budget(cfg, cp));
             std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, *g);
             RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel);
             // The worst over the groups (each ran the same sequence).

@@ -64,7 +64,7 @@ Command add_verify_vocab(CLI::App& parent) {
     const std::int64_t T = spec.tokens[static_cast<std::size_t>(g.rank())];
     const std::uint64_t io = VocabRankOnDevice::bytes(T, f->hidden, vs.rows);
     std::unique_ptr<Device> device =
-        make_device(f->device, f->device_memory == "auto" ? f->device_budget(fps) + io : f->device_budget(fps));
+        make_device(f->device, f->device_budget(fps, io));
     std::unique_ptr<Communicator> gpu_group = device_group_for(*device, g);
     Communicator& group = gpu_group ? *gpu_group : g;
     Device& dev = *device;

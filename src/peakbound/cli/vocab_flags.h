@@ -43,7 +43,8 @@ struct VocabFlags {
     real_flag(&app, "--ignore-fraction", ignore_fraction, "Share of targets set to ignore_index", 0.0, 1.0);
     seed_flag(&app, "--seed", seed, "Data seed");
     app.add_option("--device-memory", device_memory,
-                   "Per-rank device budget; auto: room for every buffer one step allocates, from the footprints")
+                   "Per-rank device budget (e.g. 64MiB), or auto: the loss's footprint peak plus the rank's inputs and "
+                   "gradients, plus 1/16 and 8 MiB")
         ->capture_default_str();
     device_flag(&app, device);
     app.add_flag("--json", json, "Print one JSON object");
@@ -73,23 +74,17 @@ struct VocabFlags {
       if (f.device_peak_total() > budget)
         throw InvalidArgument("--device-memory " + device_memory + " cannot hold " + f.name() + "'s " +
                               format_bytes(static_cast<double>(f.device_peak_total())) + " of vocab buffers on rank " +
-                              std::to_string(rank) + " (omit the flag to size it from the footprints)");
+                              std::to_string(rank) + " (auto sizes it from the footprints)");
   }
 
-  // The device budget for runs with these footprints: --device-memory, or room for every
-  // buffer of one step of the largest (the totals of its phases but "saved": forward +
-  // backward, the saved state counted twice; the fused form's one phase), so best-fit
-  // placement never runs short however it fragments; at least 1 MiB.
-  std::uint64_t device_budget(const std::vector<Footprint>& fps) const {
+  // The device budget for runs with these footprints: --device-memory, or auto:
+  // auto_device_budget of the largest footprint peak, with `io` (the rank's inputs and
+  // gradients on the device, outside the footprints) unplanned.
+  std::uint64_t device_budget(const std::vector<Footprint>& fps, std::uint64_t io) const {
     if (device_memory != "auto") return parse_bytes(device_memory, "--device-memory");
-    std::uint64_t need = 0;
-    for (const Footprint& f : fps) {
-      std::uint64_t step = 0;
-      for (const Footprint::Phase& ph : f.phases())
-        if (ph.name != "saved") step = checked_add(step, ph.device_total(), "the vocab device budget");
-      need = std::max(need, step);
-    }
-    return std::max<std::uint64_t>(need, std::uint64_t{1} << 20);
+    std::uint64_t peak = 0;
+    for (const Footprint& f : fps) peak = std::max(peak, f.device_peak_total());
+    return auto_device_budget(peak, io);
   }
 };
 
