@@ -2,7 +2,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
-#include "peakbound/plan/plan_inputs.h"
+#include "peakbound/schedules/schedule_set.h"
 #include "peakbound/train/train_footprint.h"
 
 namespace peakbound::bench {
@@ -17,10 +17,10 @@ ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout
   in.world = world;
   in.sequences = 1;
   in.seq_len = context;
-  in.schedules.dispatch = set.llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep;
-  in.schedules.ring_dtp = set.dtp;
-  in.schedules.checkpoint.schedule = set.sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
-  in.optimizer = set.adam ? "offload_stream" : "device";
+  in.schedules.dispatch = set.dispatch();
+  in.schedules.ring_dtp = set.ring_dtp();
+  in.schedules.checkpoint.schedule = set.checkpoint();
+  in.optimizer = set.optimizer();
   in.skew = static_cast<double>(layout.ep);
   ReachFixedState worst;
   for (int r = 0; r < world; ++r) {

@@ -34,6 +34,8 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/io/path_check.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/schedule_set.h"
 #include "peakbound/train/moe_transformer.h"
 
 #include <unistd.h>
@@ -76,16 +78,10 @@ std::vector<Config> parse_configs(const std::string& list) {
       out.push_back({"scheduled", "all"});
       continue;
     }
-    // One schedule, or several joined by '+' (added one by one: dtp+adam).
-    std::string schedules;
-    std::stringstream parts(item);
-    for (std::string one; std::getline(parts, one, '+');) {
-      if (one != "llep" && one != "dtp" && one != "sco" && one != "adam")
-        throw InvalidArgument("--configs: '" + item +
-                              "' is not none, all, or schedules (llep, dtp, sco, adam) joined by '+'");
-      schedules += (schedules.empty() ? "" : ",") + one;
-    }
-    out.push_back({item, schedules});
+    // One schedule, or several joined by '+' (added one by one: dtp+adam); the configs
+    // themselves are separated by ',', so each is parsed alone (ScheduleSet's one parser).
+    if (item.empty()) throw InvalidArgument("--configs: an empty configuration (two commas in a row?)");
+    out.push_back({item, ScheduleSet::parse(item, "configs").str()});
   }
   if (out.empty()) throw InvalidArgument("--configs names no configuration");
   return out;
@@ -460,8 +456,7 @@ Command add_reach(CLI::App& parent) {
     const std::uint64_t budget = parse_bytes(f->budget, "--budget");
     const std::int64_t cp = f->cp > 0 ? f->cp : f->ranks;
     if (f->ranks % cp != 0) throw InvalidArgument("--cp " + std::to_string(cp) + " does not divide --ranks");
-    if (f->multiple < 2 * cp)
-      throw InvalidArgument("--multiple must be at least 2 x cp (" + std::to_string(2 * cp) + ")");
+    check_context_split(cp, f->multiple, "--multiple");  // the smallest context tried
     if (f->start < f->multiple) throw InvalidArgument("--start must be at least --multiple");
     if (f->max_context < f->start) throw InvalidArgument("--max-context is below --start");
     const ModelConfig model = load_model_spec(f->model);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/footprint.h"
@@ -138,25 +139,24 @@ void add_into(ComponentBytes& to, const ComponentBytes& b) {
 
 // ---- the four schedule terms ---------------------------------------------------------
 
-Footprint vocab_term(const PlanInputs& in, const PlanShapes& s, bool dtp) {
+Footprint vocab_term(const PlanInputs& in, const PlanShapes& s, bool ring_dtp) {
   const VocabLossShape shape = VocabLossShape::uniform(s.tokens_per_device, VocabDims{in.model.vocab_size, in.model.hidden_size},
                                                        static_cast<int>(in.vocab_group));
   VocabLossOptions o;
   o.chunk = in.vocab_chunk;
   const u64 a = U(in.activation_bytes);
   // Ring-DTP as the trainer runs it: the fused forward_backward in a one-rank group.
-  return dtp ? ring_dtp_step_footprint(shape, o, a) : materialized_vocab_footprint(shape, o, a);
+  return ring_dtp ? ring_dtp_step_footprint(shape, o, a) : materialized_vocab_footprint(shape, o, a);
 }
 
 // Expert dispatch: the dispatch's own footprint at the sizes the busiest rank sees
 // (dispatch_sizes_estimate: standard EP receives the whole skewed load at once,
 // PipelinedLLEP at most a round of alpha x the mean plus one spilled piece).
-Footprint dispatch_term(const PlanInputs& in, const PlanShapes& s, bool llep) {
+Footprint dispatch_term(const PlanInputs& in, const PlanShapes& s, DispatchKind kind) {
   const ModelConfig& m = in.model;
   const MoeShape shape{m.hidden_size, m.moe_intermediate_size, m.num_experts, m.top_k};
   return dispatch_footprint(shape,
-                            dispatch_sizes_estimate(llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep,
-                                                    shape, static_cast<int>(in.ep), s.tokens_per_device,
+                            dispatch_sizes_estimate(kind, shape, static_cast<int>(in.ep), s.tokens_per_device,
                                                     s.imbalance, in.dispatch_options()),
                             U(in.activation_bytes));
 }
@@ -165,11 +165,11 @@ Footprint dispatch_term(const PlanInputs& in, const PlanShapes& s, bool llep) {
 // boundary on the device) or SCO (the prefetch ring on the device, the rest on the
 // host). Only its checkpoints component is taken: the residual-stream gradients it also
 // holds in backward are the mlp term's stream and incoming gradient.
-Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, bool sco) {
+Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, CheckpointSchedule schedule) {
   CheckpointOptions o;
-  o.schedule = sco ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+  o.schedule = schedule;
   o.prefetch_depth = in.prefetch_depth;
-  if (sco) o.resident_layers = in.resident_layers;
+  if (schedule == CheckpointSchedule::sco) o.resident_layers = in.resident_layers;
   const Footprint full = checkpoint_footprint(in.model.num_layers, mul(U(s.tokens_per_device), U(in.model.hidden_size)),
                                               U(in.activation_bytes), o);
   Footprint f("checkpoints");
@@ -181,7 +181,7 @@ Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, bool sco) {
 // Optimizer state: the optimizer schedule's own footprint for this device's shard:
 // `device` (master, m, v in the Arena) for the baseline, OffloadStreamAdamW (the state
 // and two double-buffered staging buckets in host memory) when scheduled.
-Footprint optimizer_term(const PlanInputs& in, u64 shard_params, bool adam) {
+Footprint optimizer_term(const PlanInputs& in, u64 shard_params, std::string_view optimizer) {
   OptimizerShape shape;
   shape.n = shard_params;
   shape.param_bytes = U(in.param_bytes);
@@ -189,7 +189,7 @@ Footprint optimizer_term(const PlanInputs& in, u64 shard_params, bool adam) {
   shape.master_bytes = shape.m_bytes = shape.v_bytes = U(in.optimizer_state_bytes);
   OptimizerOptions o;
   o.bucket_bytes = in.adam_bucket;
-  const Footprint full = optimizer_footprint(adam ? "offload_stream" : "device", shape, o);
+  const Footprint full = optimizer_footprint(optimizer, shape, o);
   Footprint f("optimizer");  // the steady state: the step (load's workspace is setup only)
   for (Component c : kAllComponents) {
     const auto i = static_cast<std::size_t>(c);
@@ -229,10 +229,11 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   // ---- the terms: each a footprint (layers/, schedules/) ------------------------------
   const Footprint attn = attention_term(in, s, a);
   const Footprint mlp = mlp_footprint(MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe), a);
-  const Footprint disp = has_moe ? dispatch_term(in, s, sched.llep) : Footprint("dispatch");
-  const Footprint vocab = vocab_term(in, s, sched.dtp);
-  const Footprint ckpt = checkpoint_term(in, s, sched.sco);
-  const Footprint opt = optimizer_term(in, shard_params, sched.adam);
+  // The schedule set's runtime choices, as the trainer makes them (ScheduleSet's one mapping).
+  const Footprint disp = has_moe ? dispatch_term(in, s, sched.dispatch()) : Footprint("dispatch");
+  const Footprint vocab = vocab_term(in, s, sched.ring_dtp());
+  const Footprint ckpt = checkpoint_term(in, s, sched.checkpoint());
+  const Footprint opt = optimizer_term(in, shard_params, sched.optimizer());
   const ComponentBytes ckpt_dev = ckpt.device_peak();
 
   // ---- assemble the phases -------------------------------------------------------------
