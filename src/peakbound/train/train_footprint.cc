@@ -1,6 +1,7 @@
 #include "peakbound/train/train_footprint.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "peakbound/core/error.h"
@@ -50,267 +51,316 @@ DispatchSizes dispatch_sizes_max(const std::vector<DispatchSizes>& sizes) {
   return m;
 }
 
-Footprint train_footprint(const TrainFootprintInputs& in) {
-  const ModelConfig& c = in.model;
-  check_trainable(c);
-  const StoreGroups g = StoreGroups::of(in.layout, in.world, in.rank);
-  if (!in.rank_sequences.empty() && static_cast<int>(in.rank_sequences.size()) != in.world)
-    throw InvalidArgument("train footprint: rank_sequences has " + std::to_string(in.rank_sequences.size()) +
-                          " entries for " + std::to_string(in.world) + " ranks");
-  auto sequences_of = [&](int r) {
-    return in.rank_sequences.empty() ? in.sequences : in.rank_sequences[static_cast<std::size_t>(r)];
-  };
-  // Context parallel: rank r is rank r % cp of its group and holds its zigzag shard of
-  // each sequence (the group's ranks bring the same sequences).
-  const int cp = static_cast<int>(in.layout.cp);
-  if (cp > 1 && in.seq_len < 2 * static_cast<std::int64_t>(cp))
-    throw InvalidArgument("train footprint: context parallel over " + std::to_string(cp) +
-                          " ranks needs seq_len >= " + std::to_string(2 * cp) + ", got " + std::to_string(in.seq_len));
-  auto tokens_of = [&](int r) {
-    const std::int64_t n = sequences_of(r);
-    if (n < 0 || in.seq_len < 1) throw InvalidArgument("train footprint: need sequences >= 0 and seq_len >= 1");
-    const std::int64_t local = cp > 1 ? zigzag_shard(in.seq_len, cp, r % cp).tokens() : in.seq_len;
-    return static_cast<std::int64_t>(checked_mul(static_cast<u64>(n), static_cast<u64>(local), "train footprint tokens"));
-  };
-  const std::int64_t L = c.num_layers, H = c.hidden_size;
-  const std::int64_t T = tokens_of(in.rank);
-  const ModelSchedules& sch = in.schedules;
-  Footprint f("train");
+namespace {
 
-  // ---- persistent: stores, shards, optimizer, aux, checkpoint ring / host boundaries
-  const TensorTable table(c);
-  const ModelStoreSpecs specs = model_store_specs(c, g);
-  // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
-  // parameters and of gradients, all held for the model's life.
-  const FsdpBuffers fb = fsdp_buffers(table, g.world);
-  std::vector<BufferSpec> resident_dev = {fb.params_shard, fb.grads_shard, fb.scratch,
-                                          fb.layer_params, fb.layer_params, fb.layer_grads, fb.layer_grads};
-  u64 shard = fb.params_shard.bytes / kF32;
-  const StoreSpec* stores[2] = {&specs.experts, &specs.head};
-  const int group_size[2] = {g.ep_replicas, g.vocab_replicas};
-  for (int i = 0; i < 2; ++i) {
-    const ParameterLayout lay = parameter_layout(table, stores[i]->select, stores[i]->options);
-    const ParameterStoreBuffers b = parameter_store_buffers(lay, kF32);
-    resident_dev.push_back(b.params);
-    resident_dev.push_back(b.grads);
-    shard = checked_add(shard, lay.elements / static_cast<u64>(group_size[i]), "trainer shard");
-  }
-  const TrainerShardBuffers sb = trainer_shard_buffers(shard);
-  resident_dev.push_back(sb.params);
-  resident_dev.push_back(sb.grads);
-  const ModelAuxBuffers ab = model_aux_buffers(c.num_experts);
-  for (const BufferSpec& s : {ab.counts, ab.prob_sums, ab.aux_grad, ab.loss}) resident_dev.push_back(s);
-  const Footprint opt = optimizer_footprint(
-      in.optimizer,
-      optimizer_shape(ParamShard{nullptr, DType::f32, nullptr, DType::f32, static_cast<std::int64_t>(shard)}),
-      in.optimizer_options);
+// The trainer's footprint, phase by phase in the order the run reaches them: each
+// member function below adds the phases of one part of the step.
+class TrainFootprintBuilder {
+ public:
+  explicit TrainFootprintBuilder(const TrainFootprintInputs& in)
+      : in_(in), c_(in.model), cp_(static_cast<int>(in.layout.cp)), L_(in.model.num_layers),
+        H_(in.model.hidden_size), sch_(in.schedules) {}
 
-  // The stack (built on the first step with tokens).
-  const bool stacked = T > 0;
-  CheckpointBuffers cb;
-  if (stacked) cb = checkpoint_buffers(L, checked_mul(static_cast<u64>(T), static_cast<u64>(H), "[T, H]"), kF32,
-                                       sch.checkpoint);
-  const std::int64_t M = stacked ? cb.placement.ringed() : L;
-
-  // Everything held from the trainer's construction on, plus the stack's ring and host
-  // boundaries once it exists.
-  auto persistent = [&](const std::string& phase, bool with_stack) {
-    for (const BufferSpec& s : resident_dev) f.device(phase, s);
-    add_phase(f, phase, opt.phase("step"));
-    if (with_stack && stacked) {
-      f.device(phase, cb.boundary, static_cast<u64>(cb.placement.ring_slots));
-      f.host(phase, cb.host_boundary, static_cast<u64>(cb.placement.offloaded));
-    }
-  };
-  // Resident boundaries live while block l runs forward (acquired up to l + 1) or
-  // backward (freed once their block's backward is done).
-  auto residents = [&](const std::string& phase, std::int64_t live_through) {
-    if (!stacked) return;
-    const std::int64_t n = std::max<std::int64_t>(0, std::min(live_through, L - 1) - M + 1);
-    f.device(phase, cb.boundary, static_cast<u64>(n));
-  };
-  const ModelBatchBuffers bb = model_batch_buffers(T, H);
-  auto batch = [&](const std::string& phase, std::initializer_list<BufferSpec> live) {
-    f.device(phase, bb.ids);
-    f.device(phase, bb.targets);
-    for (const BufferSpec& s : live) f.device(phase, s);
-  };
-
-  // ---- optimizer load: the trainer's constructor
-  {
-    const std::string ph = "optimizer load";
-    for (const BufferSpec& s : resident_dev) f.device(ph, s);
-    add_phase(f, ph, opt.phase("load"));
+  Footprint build() {
+    check_trainable(c_);
+    g_ = StoreGroups::of(in_.layout, in_.world, in_.rank);
+    check_inputs();
+    table_.emplace(c_);
+    T_ = tokens_of(in_.rank);
+    size_persistent();
+    size_stack();
+    optimizer_load();
+    embedding_forward();
+    const AttentionLayerConfig ac = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_);
+    att_ = attention_layer_footprint(T_, ac, kF32);
+    forward_attention();
+    plan_mlps();
+    mlp_forwards();
+    vocab_loss();
+    layer_backwards();
+    embedding_backward();
+    persistent("optimizer", true);  // the optimizer step
+    return std::move(f_);
   }
 
-  // ---- layers
-  const AttentionLayerConfig ac = model_attention_config(c, in.seq_len, cp, in.rank % cp);
-  const Footprint att = attention_layer_footprint(T, ac, kF32);
-  const DecoderLayerBuffers db = decoder_layer_buffers(T, H, kF32);
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  std::int64_t last_dense = -1, last_moe = -1;
-  for (std::int64_t l = 0; l < L; ++l) (c.is_moe_layer(l) ? last_moe : last_dense) = l;
-  const std::int64_t last = L - 1;
-
-  // The embedding, gathered for its forward (every step, before the layers).
-  {
-    const std::string ph = "embedding forward";
-    persistent(ph, true);
-    batch(ph, {bb.x});
-    f.device(ph, fb.embed_params);
-  }
-  // Forward, the last layer's attention sublayer (every layer's is the same size).
-  {
-    const std::string ph = "forward attention";
-    persistent(ph, true);
-    batch(ph, {bb.x, bb.y});
-    residents(ph, last + 1);
-    f.device(ph, db.mid);
-    add_phase(f, ph, att.phase("forward"));
-  }
-  // The MLP sublayers whose moments are phases: the last dense layer and the last MoE
-  // layer, or every MoE layer when each has its own measured dispatch sizes.
-  std::int64_t moe_count = 0;
-  for (std::int64_t l = 0; l < L; ++l) moe_count += c.is_moe_layer(l) ? 1 : 0;
-  if (!in.dispatch_layers.empty() && static_cast<std::int64_t>(in.dispatch_layers.size()) != moe_count)
-    throw InvalidArgument("train footprint: dispatch_layers has " + std::to_string(in.dispatch_layers.size()) +
-                          " entries for " + std::to_string(moe_count) + " MoE layers");
+ private:
   struct Mlp {
     std::int64_t layer;
     std::string fwd, bwd;
     Footprint layer_fp, dispatch_fp;
     bool dispatch = false;
   };
-  std::vector<Mlp> mlps;
+
+  void check_inputs() const {
+    if (!in_.rank_sequences.empty() && static_cast<int>(in_.rank_sequences.size()) != in_.world)
+      throw InvalidArgument("train footprint: rank_sequences has " + std::to_string(in_.rank_sequences.size()) +
+                            " entries for " + std::to_string(in_.world) + " ranks");
+    // Context parallel: rank r is rank r % cp of its group and holds its zigzag shard of
+    // each sequence (the group's ranks bring the same sequences).
+    check_context_split(cp_, in_.seq_len);
+  }
+  std::int64_t sequences_of(int r) const {
+    return in_.rank_sequences.empty() ? in_.sequences : in_.rank_sequences[static_cast<std::size_t>(r)];
+  }
+  std::int64_t tokens_of(int r) const {
+    const std::int64_t n = sequences_of(r);
+    if (n < 0 || in_.seq_len < 1) throw InvalidArgument("train footprint: need sequences >= 0 and seq_len >= 1");
+    const std::int64_t local = cp_ > 1 ? zigzag_shard(in_.seq_len, cp_, r % cp_).tokens() : in_.seq_len;
+    return static_cast<std::int64_t>(checked_mul(static_cast<u64>(n), static_cast<u64>(local), "train footprint tokens"));
+  }
+
+  // ---- persistent: stores, shards, optimizer, aux
+  void size_persistent() {
+    const ModelStoreSpecs specs = model_store_specs(c_, g_);
+    // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
+    // parameters and of gradients, all held for the model's life.
+    fb_ = fsdp_buffers(*table_, g_.world);
+    resident_dev_ = {fb_.params_shard, fb_.grads_shard, fb_.scratch, fb_.layer_params,
+                     fb_.layer_params, fb_.layer_grads, fb_.layer_grads};
+    u64 shard = fb_.params_shard.bytes / kF32;
+    const StoreSpec* stores[2] = {&specs.experts, &specs.head};
+    const int group_size[2] = {g_.ep_replicas, g_.vocab_replicas};
+    for (int i = 0; i < 2; ++i) {
+      const ParameterLayout lay = parameter_layout(*table_, stores[i]->select, stores[i]->options);
+      const ParameterStoreBuffers b = parameter_store_buffers(lay, kF32);
+      resident_dev_.push_back(b.params);
+      resident_dev_.push_back(b.grads);
+      shard = checked_add(shard, lay.elements / static_cast<u64>(group_size[i]), "trainer shard");
+    }
+    const TrainerShardBuffers sb = trainer_shard_buffers(shard);
+    resident_dev_.push_back(sb.params);
+    resident_dev_.push_back(sb.grads);
+    const ModelAuxBuffers ab = model_aux_buffers(c_.num_experts);
+    for (const BufferSpec& b : {ab.counts, ab.prob_sums, ab.aux_grad, ab.loss}) resident_dev_.push_back(b);
+    opt_ = optimizer_footprint(
+        in_.optimizer,
+        optimizer_shape(ParamShard{nullptr, DType::f32, nullptr, DType::f32, static_cast<std::int64_t>(shard)}),
+        in_.optimizer_options);
+    bb_ = model_batch_buffers(T_, H_);
+    db_ = decoder_layer_buffers(T_, H_, kF32);
+  }
+  // The stack (built on the first step with tokens): the checkpoint ring and host boundaries.
+  void size_stack() {
+    stacked_ = T_ > 0;
+    if (stacked_)
+      cb_ = checkpoint_buffers(L_, checked_mul(static_cast<u64>(T_), static_cast<u64>(H_), "[T, H]"), kF32,
+                               sch_.checkpoint);
+    ringed_ = stacked_ ? cb_.placement.ringed() : L_;
+  }
+
+  // Everything held from the trainer's construction on, plus the stack's ring and host
+  // boundaries once it exists.
+  void persistent(const std::string& phase, bool with_stack) {
+    for (const BufferSpec& b : resident_dev_) f_.device(phase, b);
+    add_phase(f_, phase, opt_.phase("step"));
+    if (with_stack && stacked_) {
+      f_.device(phase, cb_.boundary, static_cast<u64>(cb_.placement.ring_slots));
+      f_.host(phase, cb_.host_boundary, static_cast<u64>(cb_.placement.offloaded));
+    }
+  }
+  // Resident boundaries live while block l runs forward (acquired up to l + 1) or
+  // backward (freed once their block's backward is done).
+  void residents(const std::string& phase, std::int64_t live_through) {
+    if (!stacked_) return;
+    const std::int64_t n = std::max<std::int64_t>(0, std::min(live_through, L_ - 1) - ringed_ + 1);
+    f_.device(phase, cb_.boundary, static_cast<u64>(n));
+  }
+  void batch(const std::string& phase, std::initializer_list<BufferSpec> live) {
+    f_.device(phase, bb_.ids);
+    f_.device(phase, bb_.targets);
+    for (const BufferSpec& b : live) f_.device(phase, b);
+  }
+
+  // ---- the trainer's constructor
+  void optimizer_load() {
+    const std::string ph = "optimizer load";
+    for (const BufferSpec& b : resident_dev_) f_.device(ph, b);
+    add_phase(f_, ph, opt_.phase("load"));
+  }
+  // The embedding, gathered for its forward (every step, before the layers).
+  void embedding_forward() {
+    const std::string ph = "embedding forward";
+    persistent(ph, true);
+    batch(ph, {bb_.x});
+    f_.device(ph, fb_.embed_params);
+  }
+  // Forward, the last layer's attention sublayer (every layer's is the same size).
+  void forward_attention() {
+    const std::string ph = "forward attention";
+    persistent(ph, true);
+    batch(ph, {bb_.x, bb_.y});
+    residents(ph, L_);  // the last layer's: boundaries through L live
+    f_.device(ph, db_.mid);
+    add_phase(f_, ph, att_.phase("forward"));
+  }
+
+  // The MLP sublayers whose moments are phases: the last dense layer and the last MoE
+  // layer, or every MoE layer when each has its own measured dispatch sizes.
+  void plan_mlps() {
+    std::int64_t last_dense = -1, last_moe = -1, moe_count = 0;
+    for (std::int64_t l = 0; l < L_; ++l) {
+      (c_.is_moe_layer(l) ? last_moe : last_dense) = l;
+      moe_count += c_.is_moe_layer(l) ? 1 : 0;
+    }
+    if (!in_.dispatch_layers.empty() && static_cast<std::int64_t>(in_.dispatch_layers.size()) != moe_count)
+      throw InvalidArgument("train footprint: dispatch_layers has " + std::to_string(in_.dispatch_layers.size()) +
+                            " entries for " + std::to_string(moe_count) + " MoE layers");
+    const float eps = static_cast<float>(c_.rms_norm_eps);
+    const std::int64_t group_tokens = ep_tokens();
+    const double skew = dispatch_skew();
+    for (std::int64_t l = 0, moe_index = 0; l < L_; ++l) {
+      const bool moe = c_.is_moe_layer(l);
+      const std::int64_t i = moe ? moe_index++ : -1;
+      const bool every = moe && !in_.dispatch_layers.empty();
+      if (l != (moe ? last_moe : last_dense) && !every) continue;
+      const MoeLayerConfig mc = moe_layer_config(c_, l, eps, sch_.dispatch, sch_.dispatch_options);
+      Mlp m;
+      m.layer = l;
+      const std::string kind = moe ? "mlp" : "dense mlp";
+      const std::string suffix = l == (moe ? last_moe : last_dense) ? "" : " (layer " + std::to_string(l) + ")";
+      m.fwd = "forward " + kind + suffix;
+      m.bwd = "backward " + kind + suffix;
+      m.layer_fp = moe_layer_footprint(T_, mc, kF32);
+      if (moe) {
+        const MoeShape shape = moe_layer_dispatch_shape(mc);
+        DispatchSizes ds = every          ? in_.dispatch_layers[static_cast<std::size_t>(i)]
+                           : in_.dispatch ? *in_.dispatch
+                                          : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep, group_tokens, skew,
+                                                                    sch_.dispatch_options);
+        if (!every && !in_.dispatch) ds.tokens = T_;  // its host scratch is this rank's own
+        m.dispatch_fp = dispatch_footprint(shape, ds, kF32);
+        m.dispatch = true;
+      }
+      mlps_.push_back(std::move(m));
+    }
+  }
   // The estimate sizes the exchange for the expert group's largest source (every rank of
   // the group sizes its rounds alike): the most tokens any rank of the group holds
   // (ProcessGroups::split's consecutive groups; ranks differ under cp or uneven batches).
-  std::int64_t ep_tokens = 0;
-  for (int r = in.rank - g.ep_rank; r < in.rank - g.ep_rank + g.ep; ++r) ep_tokens = std::max(ep_tokens, tokens_of(r));
+  std::int64_t ep_tokens() const {
+    std::int64_t most = 0;
+    for (int r = in_.rank - g_.ep_rank; r < in_.rank - g_.ep_rank + g_.ep; ++r) most = std::max(most, tokens_of(r));
+    return most;
+  }
   // No routing loads a rank with more than every source's tokens at min(k, E/EP) copies
   // each: the skew the layout allows at most (the planner's worst, plan_shapes).
-  double skew = in.skew;
-  if (c.num_experts > 0 && c.top_k > 0)
-    skew = std::min(skew, std::max(1.0, static_cast<double>(g.ep) *
-                                            static_cast<double>(std::min<std::int64_t>(c.top_k, c.num_experts / g.ep)) /
-                                            static_cast<double>(c.top_k)));
-  for (std::int64_t l = 0, moe_index = 0; l < L; ++l) {
-    const bool moe = c.is_moe_layer(l);
-    const std::int64_t i = moe ? moe_index++ : -1;
-    const bool every = moe && !in.dispatch_layers.empty();
-    if (l != (moe ? last_moe : last_dense) && !every) continue;
-    const MoeLayerConfig mc = moe_layer_config(c, l, eps, sch.dispatch, sch.dispatch_options);
-    Mlp m;
-    m.layer = l;
-    const std::string kind = moe ? "mlp" : "dense mlp";
-    const std::string suffix = l == (moe ? last_moe : last_dense) ? "" : " (layer " + std::to_string(l) + ")";
-    m.fwd = "forward " + kind + suffix;
-    m.bwd = "backward " + kind + suffix;
-    m.layer_fp = moe_layer_footprint(T, mc, kF32);
-    if (moe) {
-      const MoeShape shape = moe_layer_dispatch_shape(mc);
-      DispatchSizes ds = every          ? in.dispatch_layers[static_cast<std::size_t>(i)]
-                               : in.dispatch ? *in.dispatch
-                                             : dispatch_sizes_estimate(sch.dispatch, shape, g.ep, ep_tokens, skew,
-                                                                       sch.dispatch_options);
-      if (!every && !in.dispatch) ds.tokens = T;  // its host scratch is this rank's own
-      m.dispatch_fp = dispatch_footprint(shape, ds, kF32);
-      m.dispatch = true;
-    }
-    mlps.push_back(std::move(m));
+  double dispatch_skew() const {
+    if (c_.num_experts <= 0 || c_.top_k <= 0) return in_.skew;
+    return std::min(in_.skew, std::max(1.0, static_cast<double>(g_.ep) *
+                                                static_cast<double>(std::min<std::int64_t>(c_.top_k, c_.num_experts / g_.ep)) /
+                                                static_cast<double>(c_.top_k)));
   }
-  for (const Mlp& m : mlps) {
-    persistent(m.fwd, true);
-    batch(m.fwd, {bb.x, bb.y});
-    residents(m.fwd, m.layer + 1);
-    f.device(m.fwd, db.mid);
-    add_phase(f, m.fwd, m.layer_fp.phase("forward"));
-    if (m.dispatch) add_phase(f, m.fwd, m.dispatch_fp.phase("forward"));
+  void mlp_forwards() {
+    for (const Mlp& m : mlps_) {
+      persistent(m.fwd, true);
+      batch(m.fwd, {bb_.x, bb_.y});
+      residents(m.fwd, m.layer + 1);
+      f_.device(m.fwd, db_.mid);
+      add_phase(f_, m.fwd, m.layer_fp.phase("forward"));
+      if (m.dispatch) add_phase(f_, m.fwd, m.dispatch_fp.phase("forward"));
+    }
   }
 
   // ---- final norm and the vocabulary loss
-  // The vocabulary group: ranks [first, first + vocab) (ProcessGroups::split's consecutive groups).
-  VocabLossShape vs;
-  vs.dims = VocabDims{c.vocab_size, H};
-  vs.rank = g.vocab_rank;
-  const int first = in.rank - g.vocab_rank;
-  for (int r = first; r < first + g.vocab; ++r) vs.tokens.push_back(tokens_of(r));
-  // A one-rank group under Ring-DTP runs the fused forward_backward: d_hn is allocated
-  // first and one phase of the loss holds it with the fused block (both phases below).
-  const bool fused = sch.ring_dtp && ring_dtp_fuses(vs);
-  const Footprint voc = fused         ? ring_dtp_step_footprint(vs, sch.vocab, kF32)
-                        : sch.ring_dtp ? ring_dtp_footprint(vs, sch.vocab, kF32)
-                                       : materialized_vocab_footprint(vs, sch.vocab, kF32);
-  {
-    const std::string ph = "loss forward";
-    persistent(ph, true);
-    if (fused)
-      batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn, fb.norm_params});
-    else
-      batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, fb.norm_params});
-    residents(ph, L);
-    add_phase(f, ph, voc.phase(fused ? "forward_backward" : "forward"));
-  }
-  {
-    const std::string ph = "loss backward";
-    persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.hn, bb.rstd, bb.d_hn, fb.norm_params});
-    residents(ph, L);
-    add_phase(f, ph, voc.phase(fused ? "forward_backward" : "backward"));
-  }
-  // The held-out loss (Trainer::evaluate -> MoeTransformer::forward): after the layers'
-  // forward, x, y (the normed hidden) and rstd beside the vocabulary loss's plain forward,
-  // which a one-rank Ring-DTP group runs unfused (its block, lse and running statistics:
-  // more than the fused block of a training step).
-  if (in.evaluates) {
-    const std::string ph = "loss eval";
-    persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.rstd});
-    const Footprint plain = fused ? ring_dtp_footprint(vs, sch.vocab, kF32) : voc;
-    add_phase(f, ph, plain.phase("forward"));
-  }
-  {
-    const std::string ph = "final norm backward";
-    persistent(ph, true);
-    batch(ph, {bb.x, bb.y, bb.rstd, bb.d_hn, bb.dy, fb.norm_params, fb.norm_grads});
-    residents(ph, L);
+  void vocab_loss() {
+    // The vocabulary group: ranks [first, first + vocab) (ProcessGroups::split's consecutive groups).
+    VocabLossShape vs;
+    vs.dims = VocabDims{c_.vocab_size, H_};
+    vs.rank = g_.vocab_rank;
+    const int first = in_.rank - g_.vocab_rank;
+    for (int r = first; r < first + g_.vocab; ++r) vs.tokens.push_back(tokens_of(r));
+    // A one-rank group under Ring-DTP runs the fused forward_backward: d_hn is allocated
+    // first and one phase of the loss holds it with the fused block (both phases below).
+    const bool fused = sch_.ring_dtp && ring_dtp_fuses(vs);
+    const Footprint voc = fused          ? ring_dtp_step_footprint(vs, sch_.vocab, kF32)
+                          : sch_.ring_dtp ? ring_dtp_footprint(vs, sch_.vocab, kF32)
+                                          : materialized_vocab_footprint(vs, sch_.vocab, kF32);
+    {
+      const std::string ph = "loss forward";
+      persistent(ph, true);
+      if (fused)
+        batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, bb_.d_hn, fb_.norm_params});
+      else
+        batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, fb_.norm_params});
+      residents(ph, L_);
+      add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "forward"));
+    }
+    {
+      const std::string ph = "loss backward";
+      persistent(ph, true);
+      batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, bb_.d_hn, fb_.norm_params});
+      residents(ph, L_);
+      add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "backward"));
+    }
+    // The held-out loss (Trainer::evaluate -> MoeTransformer::forward): after the layers'
+    // forward, x, y (the normed hidden) and rstd beside the vocabulary loss's plain forward,
+    // which a one-rank Ring-DTP group runs unfused (its block, lse and running statistics:
+    // more than the fused block of a training step).
+    if (in_.evaluates) {
+      const std::string ph = "loss eval";
+      persistent(ph, true);
+      batch(ph, {bb_.x, bb_.y, bb_.rstd});
+      const Footprint plain = fused ? ring_dtp_footprint(vs, sch_.vocab, kF32) : voc;
+      add_phase(f_, ph, plain.phase("forward"));
+    }
+    {
+      const std::string ph = "final norm backward";
+      persistent(ph, true);
+      batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, bb_.dy, fb_.norm_params, fb_.norm_grads});
+      residents(ph, L_);
+    }
   }
 
   // ---- backward, layer by layer from the last: x, dy, the gradient ping-pong, mid, d_mid
-  auto backward_common = [&](const std::string& ph, std::int64_t layer) {
+  void backward_common(const std::string& ph, std::int64_t layer) {
     persistent(ph, true);
-    batch(ph, {bb.x, bb.dy});
-    if (stacked) f.device(ph, cb.grad, static_cast<u64>(cb.grad_buffers));
+    batch(ph, {bb_.x, bb_.dy});
+    if (stacked_) f_.device(ph, cb_.grad, static_cast<u64>(cb_.grad_buffers));
     residents(ph, layer);
-    f.device(ph, db.mid);
-    f.device(ph, db.d_mid);
-  };
-  for (auto it = mlps.rbegin(); it != mlps.rend(); ++it) {
-    backward_common(it->bwd, it->layer);
-    add_phase(f, it->bwd, it->layer_fp.phase("backward"));
-    if (it->dispatch) add_phase(f, it->bwd, it->dispatch_fp.phase("backward"));
+    f_.device(ph, db_.mid);
+    f_.device(ph, db_.d_mid);
   }
-  {
-    const std::string ph = "backward attention recompute";
-    backward_common(ph, last);
-    add_phase(f, ph, att.phase("forward"));
+  void layer_backwards() {
+    for (auto it = mlps_.rbegin(); it != mlps_.rend(); ++it) {
+      backward_common(it->bwd, it->layer);
+      add_phase(f_, it->bwd, it->layer_fp.phase("backward"));
+      if (it->dispatch) add_phase(f_, it->bwd, it->dispatch_fp.phase("backward"));
+    }
+    backward_common("backward attention recompute", L_ - 1);
+    add_phase(f_, "backward attention recompute", att_.phase("forward"));
+    backward_common("backward attention", L_ - 1);
+    add_phase(f_, "backward attention", att_.phase("backward"));
   }
-  {
-    const std::string ph = "backward attention";
-    backward_common(ph, last);
-    add_phase(f, ph, att.phase("backward"));
-  }
-
-  // ---- the embedding's full gradient, after the layers (dx in x's buffer, dy still held)
-  {
+  // The embedding's full gradient, after the layers (dx in x's buffer, dy still held).
+  void embedding_backward() {
     const std::string ph = "embedding backward";
     persistent(ph, true);
-    batch(ph, {bb.x, bb.dy, fb.embed_grads});
+    batch(ph, {bb_.x, bb_.dy, fb_.embed_grads});
   }
 
-  // ---- the optimizer step
-  persistent("optimizer", true);
-  return f;
-}
+  const TrainFootprintInputs& in_;
+  const ModelConfig& c_;
+  StoreGroups g_;
+  const int cp_;
+  const std::int64_t L_, H_;
+  const ModelSchedules& sch_;
+  std::optional<TensorTable> table_;
+  std::int64_t T_ = 0;
+  Footprint f_{"train"};
+  FsdpBuffers fb_;
+  std::vector<BufferSpec> resident_dev_;
+  Footprint opt_{"optimizer"};
+  ModelBatchBuffers bb_;
+  DecoderLayerBuffers db_;
+  bool stacked_ = false;
+  CheckpointBuffers cb_;
+  std::int64_t ringed_ = 0;
+  Footprint att_{"attention"};
+  std::vector<Mlp> mlps_;
+};
+
+}  // namespace
+
+Footprint train_footprint(const TrainFootprintInputs& in) { return TrainFootprintBuilder(in).build(); }
 
 }  // namespace peakbound
