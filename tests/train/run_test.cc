@@ -9,8 +9,10 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/train/copy_task.h"
 #include "peakbound/train/run.h"
 #include "peakbound/train/run_checkpoint.h"
+#include "peakbound/train/sequence_source.h"
 #include "tests/cli/run_cli.h"
 
 namespace peakbound {
@@ -103,6 +105,42 @@ TEST(Run, StepsAreTheCliTrainsBitwise) {
   EXPECT_NE(said.find("peakbound train: tiny-moe"), std::string::npos) << said;
   EXPECT_NE(cli.out.find(said.substr(0, said.find("data:"))), std::string::npos) << said;
   EXPECT_NE(cli.out.find(sum.text().substr(0, sum.text().find("\nloss"))), std::string::npos) << sum.text();
+}
+
+// The Run against the Trainer driven by hand on the same settings (the model, the task's
+// sequences in order, AdamW with beta2 0.95 under the warm-up and cosine schedule, the
+// offload-stream optimizer of the adam schedule): the same cross-entropy at every step.
+TEST(Run, StepsAreTheTrainerDrivenDirectly) {
+  RunSettings s;
+  s.steps = 3;
+  s.seq_len = 32;
+  s.eval_batches = 0;
+  s.validate(1);
+  std::vector<double> ce;
+  {
+    peakbound::Run run(s);
+    while (!run.done()) ce.push_back(run.step().stats.ce);
+    EXPECT_THROW(run.step(), InvalidArgument);  // every step taken
+  }
+  const RunShape shape = resolve_run(s, 1);
+  RunModel m(world_communicator(), "cpu", std::uint64_t{1} << 30, s.model, shape.config, shape.layout,
+             shape.schedules, s.seed);
+  auto source = copy_task_source(CopyTask{shape.config.vocab_size, s.seq_len, s.symbols, s.seed},
+                                 shape.schedules.vocab.ignore_index);
+  TrainerOptions o;
+  o.optimizer = "offload_stream";
+  o.optimizer_options.adam.lr = 2e-3f;
+  o.optimizer_options.adam.weight_decay = 0.0f;
+  o.optimizer_options.adam.max_grad_norm = 1.0f;
+  o.optimizer_options.adam.beta2 = 0.95f;
+  o.lr = LrSchedule{2e-3f, 2e-4f, 10, 3};
+  Trainer trainer(*m.model, m.host, m.pool, o);
+  std::vector<std::int32_t> ids(32), tgt(32);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    source->train(step - 1, ids.data(), tgt.data());
+    const MicroBatch mb{ids.data(), tgt.data(), 1, 32};
+    EXPECT_EQ(trainer.step({&mb, 1}).ce, ce[static_cast<std::size_t>(step - 1)]) << "step " << step;
+  }
 }
 
 // A stop after a step: without a save folder nothing is saved (130); with one the last

@@ -448,6 +448,7 @@ double Run::evaluate() {
 RunStep Run::step() {
   State& s = *s_;
   const RunSettings& f = s.f;
+  if (done()) throw InvalidArgument("Run::step: the run's " + std::to_string(f.steps) + " steps are taken");
   const std::int64_t step = s.step + 1;
   std::vector<MicroBatch> micro;
   for (std::int64_t m = 0; m < s.M; ++m) {
