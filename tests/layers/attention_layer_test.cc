@@ -15,11 +15,14 @@
 #include <vector>
 
 #include "peakbound/device/cpu/cpu_device.h"
+#include "tests/layers/reference.h"
 
 namespace peakbound {
 namespace {
 
-using Vec = std::vector<double>;
+using reference::randn;   // rounded to float: the layer sees exactly these values
+using reference::rel_err;
+using reference::Vec;
 
 // The parameters (and, for gradients, the same layout) as host vectors in double.
 struct Params {
@@ -38,32 +41,13 @@ struct Case {
 constexpr double kTheta = 10000.0;
 constexpr double kEps = 1e-6;
 
-// out[r, :] = x[r, :] * rstd[r] * w, rstd = (mean x^2 + eps)^-1/2, over rows of c.
+// RMSNorm at the layer's eps (reference.h); the backward writes dx.
 void rms_fwd(const Vec& x, const Vec& w, std::int64_t c, Vec& out, Vec& rstd) {
-  const std::int64_t n = static_cast<std::int64_t>(x.size()) / c;
-  out.assign(x.size(), 0);
-  rstd.assign(static_cast<std::size_t>(n), 0);
-  for (std::int64_t r = 0; r < n; ++r) {
-    double ss = 0;
-    for (std::int64_t j = 0; j < c; ++j) ss += x[r * c + j] * x[r * c + j];
-    rstd[r] = 1.0 / std::sqrt(ss / c + kEps);
-    for (std::int64_t j = 0; j < c; ++j) out[r * c + j] = x[r * c + j] * rstd[r] * w[j];
-  }
+  reference::rms_fwd(x, w, c, kEps, out, rstd);
 }
-
-// dx = d(out)/dx^T dout (written), dw += sum_r dout * x * rstd.
 void rms_bwd(const Vec& x, const Vec& w, const Vec& rstd, const Vec& dout, std::int64_t c, Vec& dx, Vec& dw) {
-  const std::int64_t n = static_cast<std::int64_t>(x.size()) / c;
   dx.assign(x.size(), 0);
-  for (std::int64_t r = 0; r < n; ++r) {
-    double dot = 0;
-    for (std::int64_t j = 0; j < c; ++j) dot += dout[r * c + j] * w[j] * x[r * c + j];
-    const double s = rstd[r];
-    for (std::int64_t j = 0; j < c; ++j) {
-      dw[j] += dout[r * c + j] * x[r * c + j] * s;
-      dx[r * c + j] = s * dout[r * c + j] * w[j] - x[r * c + j] * s * s * s * dot / c;
-    }
-  }
+  reference::rms_bwd(x, w, rstd, dout, c, dx, dw);
 }
 
 // out[m, n] = sum_k a[m, k] w[n, k]  (nn.Linear).
@@ -206,14 +190,6 @@ void reference_backward(const Case& c, const Vec& x, const Params& P, const Vec&
   for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dxn[i];
 }
 
-Vec randn(std::size_t n, std::mt19937& rng, double mean, double sd) {
-  std::normal_distribution<double> d(0.0, 1.0);
-  Vec v(n);
-  // Rounded to float: the layer sees exactly these values.
-  for (double& x : v) x = static_cast<float>(mean + sd * d(rng));
-  return v;
-}
-
 Params random_params(const Case& c, std::mt19937& rng) {
   const std::int64_t H = c.H, D = c.D, Q = c.Hq * D, K = c.Hkv * D;
   const double in_h = 1.0 / std::sqrt(double(H)), in_q = 1.0 / std::sqrt(double(Q));
@@ -267,16 +243,6 @@ struct DeviceParams {
     }
   }
 };
-
-// max |a - ref| / max |ref| over the tensor.
-double rel_err(const float* a, const Vec& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - ref[i]));
-    den = std::max(den, std::abs(ref[i]));
-  }
-  return den > 0 ? num / den : num;
-}
 
 std::vector<Case> cases() {
   std::vector<Case> out;

@@ -12,10 +12,17 @@
 #include <vector>
 
 #include "peakbound/layers/moe_layer.h"
+#include "tests/layers/reference.h"
 
 namespace peakbound::moe_ref {
 
-using Vec = std::vector<double>;
+// The shared pieces (reference.h): values rounded to float so the layer sees exactly
+// these, RMSNorm forward and backward (both gradients added), the relative error.
+using reference::randn;
+using reference::rel_err;
+using reference::rms_bwd;
+using reference::rms_fwd;
+using reference::Vec;
 
 // Parameters (and gradients, same layout) in double. experts: [E, 3FH], every expert.
 struct Params {
@@ -31,32 +38,6 @@ struct Forward {
 inline constexpr double kHotGap = 7.0;
 
 inline double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
-
-inline void rms_fwd(const Vec& x, const Vec& w, std::int64_t c, double eps, Vec& out, Vec& rstd) {
-  const std::int64_t n = static_cast<std::int64_t>(x.size()) / c;
-  out.assign(x.size(), 0);
-  rstd.assign(static_cast<std::size_t>(n), 0);
-  for (std::int64_t r = 0; r < n; ++r) {
-    double ss = 0;
-    for (std::int64_t j = 0; j < c; ++j) ss += x[r * c + j] * x[r * c + j];
-    rstd[r] = 1.0 / std::sqrt(ss / c + eps);
-    for (std::int64_t j = 0; j < c; ++j) out[r * c + j] = x[r * c + j] * rstd[r] * w[j];
-  }
-}
-
-// dx (added), dw (added).
-inline void rms_bwd(const Vec& x, const Vec& w, const Vec& rstd, const Vec& dout, std::int64_t c, Vec& dx, Vec& dw) {
-  const std::int64_t n = static_cast<std::int64_t>(x.size()) / c;
-  for (std::int64_t r = 0; r < n; ++r) {
-    double dot = 0;
-    for (std::int64_t j = 0; j < c; ++j) dot += dout[r * c + j] * w[j] * x[r * c + j];
-    const double s = rstd[r];
-    for (std::int64_t j = 0; j < c; ++j) {
-      dw[j] += dout[r * c + j] * x[r * c + j] * s;
-      dx[r * c + j] += s * dout[r * c + j] * w[j] - x[r * c + j] * s * s * s * dot / c;
-    }
-  }
-}
 
 // One row's SwiGLU of width F: out[H] += scale * W_down silu(W_gate h) * (W_up h).
 // Weights at wg [F, H], wu [F, H], wd [H, ldd] (column offset col0 into a wider down).
@@ -244,14 +225,6 @@ inline void backward(const MoeLayerConfig& c, const Vec& x, const Params& P, con
   rms_bwd(x, P.w_post, f.rstd, dh, H, dx, G.w_post);
 }
 
-// Values rounded to float, so the layer sees exactly these.
-inline Vec randn(std::int64_t n, std::mt19937& rng, double mean, double sd) {
-  std::normal_distribution<double> d(0.0, 1.0);
-  Vec v(static_cast<std::size_t>(n));
-  for (double& x : v) x = static_cast<float>(mean + sd * d(rng));
-  return v;
-}
-
 // Random parameters for config c (every expert). hot_expert >= 0 adds a large bias to
 // that expert's router row along the direction of w_post (so every token picks it).
 inline Params random_params(const MoeLayerConfig& c, std::mt19937& rng, int hot_expert = -1) {
@@ -291,17 +264,6 @@ inline Params random_params(const MoeLayerConfig& c, std::mt19937& rng, int hot_
       P.w_gate[hot_expert * H + a] = static_cast<float>(kHotGap / H + P.w_gate[hot_expert * H + a]);
   }
   return P;
-}
-
-// max |a - ref| / max |ref| over the tensor.
-template <typename T>
-double rel_err(const T* a, const Vec& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - ref[i]));
-    den = std::max(den, std::abs(ref[i]));
-  }
-  return den > 0 ? num / den : num;
 }
 
 }  // namespace peakbound::moe_ref
