@@ -9,6 +9,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/kernels/cpu/elementwise.h"
 #include "peakbound/layers/residual_mlp_block.h"
+#include "tests/layers/reference.h"
 
 namespace peakbound {
 namespace {
@@ -21,13 +22,11 @@ std::vector<double> naive_forward(const std::vector<double>& x, const std::vecto
   const auto& wg = p[1];
   const auto& wu = p[2];
   const auto& wd = p[3];
-  std::vector<double> y(x);
+  std::vector<double> y(x), norm, rstd;
+  reference::rms_fwd(x, w, H, eps, norm, rstd);
   for (std::int64_t t = 0; t < T; ++t) {
-    double ss = 0;
-    for (std::int64_t j = 0; j < H; ++j) ss += x[t * H + j] * x[t * H + j];
-    const double r = 1.0 / std::sqrt(ss / H + eps);
-    std::vector<double> n(H), a(F);
-    for (std::int64_t j = 0; j < H; ++j) n[j] = x[t * H + j] * r * w[j];
+    const double* n = norm.data() + t * H;
+    std::vector<double> a(F);
     for (std::int64_t f = 0; f < F; ++f) {
       double g = 0, u = 0;
       for (std::int64_t j = 0; j < H; ++j) {
