@@ -81,7 +81,7 @@ std::vector<Config> parse_configs(const std::string& list) {
     // One schedule, or several joined by '+' (added one by one: dtp+adam); the configs
     // themselves are separated by ',', so each is parsed alone (ScheduleSet's one parser).
     if (item.empty()) throw InvalidArgument("--configs: an empty configuration (two commas in a row?)");
-    out.push_back({item, ScheduleSet::parse(item, "configs").str()});
+    out.push_back({item, ScheduleSet::parse(item, "--configs").str()});
   }
   if (out.empty()) throw InvalidArgument("--configs names no configuration");
   return out;

@@ -116,7 +116,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.host_memory = parse_bytes(f.host_memory, "--host-memory");
   in.devices_per_node = f.devices_per_node;
   in.resident_layers = f.resident_layers;
-  in.schedules = ScheduleSet::parse(f.schedules, "schedules");
+  in.schedules = ScheduleSet::parse(f.schedules, "--schedules");
   in.dispatch_cap = f.dispatch_cap;
   in.llep_alpha = f.llep_alpha;
   in.llep_lambda = f.llep_lambda;

@@ -164,7 +164,7 @@ Command add_train(CLI::App& parent) {
     check_command_paths(app, {.inputs = {{"--data", f->run.data}}, .model = f->run.model, .checkpoint = f->run.resume,
                               .outputs = {{"--metrics", f->run.metrics}}, .memory_timeline = f->run.memory_timeline,
                               .world = launcher_size()});
-    f->run.schedules = ScheduleSet::parse(f->schedules, "schedules");
+    f->run.schedules = ScheduleSet::parse(f->schedules, "--schedules");
     f->run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
   };
   cmd.run = [f] { return run_train(*f); };

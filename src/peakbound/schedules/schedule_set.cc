@@ -19,7 +19,7 @@ ScheduleSet ScheduleSet::parse(std::string_view text, std::string_view setting) 
     else if (item == "sco") s.sco = true;
     else if (item == "adam") s.adam = true;
     else
-      throw InvalidArgument("--" + std::string(setting) + ": unknown schedule '" + std::string(item) +
+      throw InvalidArgument(std::string(setting) + ": unknown schedule '" + std::string(item) +
                             "' (use none, all, or a comma list of llep, dtp, sco, adam)");
     if (sep == std::string_view::npos) break;
     rest = rest.substr(sep + 1);

@@ -23,7 +23,8 @@ struct ScheduleSet {
   bool any() const { return llep || dtp || sco || adam; }
   bool every() const { return llep && dtp && sco && adam; }
   // "none", "all", or a list of llep, dtp, sco, adam separated by ',' or '+'; throws
-  // InvalidArgument naming `setting` (e.g. "schedules") and the unknown item.
+  // InvalidArgument naming `setting` (how the caller spells it: "schedules", or the
+  // CLI's "--schedules") and the unknown item.
   static ScheduleSet parse(std::string_view text, std::string_view setting = "schedules");
   std::string str() const;  // "none", "all" or "llep,sco"
 
