@@ -32,25 +32,23 @@ std::vector<std::string> find_fixes(const PlanInputs& in, const ParamCount& pc, 
   };
   const ScheduleSet& s = in.schedules;
   PeakEstimate e;
-  const std::pair<bool ScheduleSet::*, const char*> each[] = {
-      {&ScheduleSet::llep, "llep"}, {&ScheduleSet::dtp, "dtp"}, {&ScheduleSet::sco, "sco"}, {&ScheduleSet::adam, "adam"}};
-  for (auto [flag, name] : each) {
-    if (s.*flag) continue;
+  for (const ScheduleInfo& i : ScheduleSet::each()) {
+    if (s.*(i.on)) continue;
     ScheduleSet t = s;
-    t.*flag = true;
+    t.*(i.on) = true;
     if (fits_with(in, t, &e))
-      out.push_back("add " + std::string(name) + " (--schedules " + t.str() + "): peak " + bytes(e.peak));
+      out.push_back("add " + std::string(i.name) + " (--schedules " + t.str() + "): peak " + bytes(e.peak));
   }
   if (out.empty() && s.str() != "all" && fits_with(in, ScheduleSet::all(), &e))
     out.push_back("enable all four schedules (--schedules all): peak " + bytes(e.peak));
   // When the host binds, a schedule that moves state to the host may be the one to drop.
   if (cur.host_bytes > in.host_budget())
-    for (auto [flag, name] : {std::pair{&ScheduleSet::sco, "sco"}, {&ScheduleSet::adam, "adam"}}) {
-      if (!(s.*flag)) continue;
+    for (const ScheduleInfo& i : ScheduleSet::each()) {
+      if (!i.offloads || !(s.*(i.on))) continue;
       ScheduleSet t = s;
-      t.*flag = false;
+      t.*(i.on) = false;
       if (fits_with(in, t, &e))
-        out.push_back("keep the " + std::string(flag == &ScheduleSet::sco ? "checkpoint boundaries" : "optimizer state") +
+        out.push_back("keep the " + std::string(i.state) +
                       " on the device (--schedules " + t.str() + "): peak " + bytes(e.peak) + ", host " +
                       bytes(e.host_bytes) + " per device");
     }

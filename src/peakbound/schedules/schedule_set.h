@@ -4,13 +4,29 @@
 // trainer and `bench reach` all read the set through here; its names are parsed once.
 #pragma once
 
+#include <array>
 #include <string>
 #include <string_view>
+
+#include "peakbound/core/component.h"
 
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_plan.h"
 
 namespace peakbound {
+
+struct ScheduleSet;
+
+// One schedule: its name (in --schedules), its switch in ScheduleSet, the component whose
+// peak it bounds and that state in words, and whether it moves that state to the host
+// (then it is the one to drop when the host is what binds).
+struct ScheduleInfo {
+  std::string_view name;
+  bool ScheduleSet::*on;
+  Component bounds;
+  std::string_view state;
+  bool offloads;
+};
 
 struct ScheduleSet {
   bool llep = false;  // PipelinedLLEP for expert dispatch
@@ -27,6 +43,11 @@ struct ScheduleSet {
   // CLI's "--schedules") and the unknown item.
   static ScheduleSet parse(std::string_view text, std::string_view setting = "schedules");
   std::string str() const;  // "none", "all" or "llep,sco"
+
+  // Every schedule, in the order names are printed (llep, dtp, sco, adam).
+  static const std::array<ScheduleInfo, 4>& each();
+  // The schedule that bounds `c`, or null when none does.
+  static const ScheduleInfo* bounding(Component c);
 
   // The runtime's choice for each peak under this set.
   DispatchKind dispatch() const { return llep ? DispatchKind::pipelined_llep : DispatchKind::standard_ep; }

@@ -85,14 +85,11 @@ std::string over_budget(const std::vector<std::int64_t>& planned, std::uint64_t 
   std::string parts, fixes;
   for (std::size_t k = 0; k < 3; ++k) {
     const Component c = kAllComponents[order[k]];
-    const char* sched = c == Component::dispatch ? (on.llep ? nullptr : "llep")
-                        : c == Component::vocab ? (on.dtp ? nullptr : "dtp")
-                        : c == Component::checkpoints ? (on.sco ? nullptr : "sco")
-                        : c == Component::optimizer ? (on.adam ? nullptr : "adam")
-                                                    : nullptr;
+    const ScheduleInfo* b = ScheduleSet::bounding(c);  // the schedule that bounds c, when it is off
+    const std::string sched = b != nullptr && !(on.*(b->on)) ? std::string(b->name) : std::string();
     parts += std::string(k ? ", " : "") + std::string(component_name(c)) + " " +
-             format_bytes(static_cast<double>(planned[order[k]])) + (sched ? std::string(" (bounded by ") + sched + ")" : "");
-    if (sched) fixes += std::string(fixes.empty() ? "" : ",") + sched;
+             format_bytes(static_cast<double>(planned[order[k]])) + (sched.empty() ? "" : " (bounded by " + sched + ")");
+    if (!sched.empty()) fixes += std::string(fixes.empty() ? "" : ",") + sched;
   }
   return "the plan needs " + format_bytes(static_cast<double>(total)) + " per device, over the " +
          format_bytes(static_cast<double>(budget)) + " budget; largest: " + parts + "; fix: " +
