@@ -3,25 +3,24 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/units.h"
 #include "peakbound/schedules/schedule_set.h"
+#include "peakbound/train/run.h"
 #include "peakbound/train/train_footprint.h"
 
 namespace peakbound::bench {
 
 ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout& layout, int world,
                                   std::int64_t context, const std::string& schedules) {
-  // The schedules as `train` sets them (train_command's make_setup).
-  const ScheduleSet set = ScheduleSet::parse(schedules);
-  TrainFootprintInputs in;
-  in.model = model;
-  in.layout = layout;
-  in.world = world;
-  in.sequences = 1;
-  in.seq_len = context;
-  in.schedules.dispatch = set.dispatch();
-  in.schedules.ring_dtp = set.ring_dtp();
-  in.schedules.checkpoint.schedule = set.checkpoint();
-  in.optimizer = set.optimizer();
-  in.skew = static_cast<double>(layout.ep);
+  // The footprint inputs `train` plans with (train/run.h), for one sequence of `context`
+  // tokens and the worst routing the layout allows; no held-out loss (its phase is not
+  // one of the two below).
+  RunSettings settings;
+  settings.schedules = ScheduleSet::parse(schedules);
+  settings.seq_len = context;
+  settings.batch = 1;
+  settings.eval_batches = 0;
+  settings.plan_skew = 0;
+  const RunShape shape{model, layout, model_schedules(settings.schedules)};
+  TrainFootprintInputs in = run_footprint_inputs(settings, shape, world, 0);
   ReachFixedState worst;
   for (int r = 0; r < world; ++r) {
     in.rank = r;
