@@ -223,40 +223,83 @@ std::vector<std::string> schedule_lists(const std::vector<Config>& configs) {
   return out;
 }
 
-int run_reach(const ReachFlags& f) {
-  const std::int64_t budget = static_cast<std::int64_t>(parse_bytes(f.budget, "--budget"));
-  const std::vector<Config> configs = parse_configs(f.configs);
-  Runner runner(f, budget);
-  bench::ReachSearchOptions so;
-  so.start = f.start;
-  so.max_context = f.max_context;
-  so.multiple = f.multiple;
-  so.resolution = f.resolution;
+// The JSON's header: what was measured, on what, and how the search went about it.
+nlohmann::json reach_header(const ReachFlags& f, std::int64_t budget, std::int64_t cp) {
+  return {{"bench", "reach"},
+          {"model", f.model},
+          {"ranks", f.ranks},
+          {"layout", {{"cp", cp}, {"ep", f.ep}, {"vocab_group", f.vocab_group}}},
+          {"budget_bytes", budget},
+          {"device", f.device},
+          {"method",
+           "largest context (tokens per sequence, one sequence per cp group) at which a full training "
+           "step completes within the budget: doubling from " +
+               std::to_string(f.start) + ", then bisection to 1/" +
+               std::to_string(static_cast<int>(std::lround(1 / f.resolution))) + "; every trial a fresh job of " +
+               std::to_string(f.trial_steps) +
+               " real steps, fitting when every step completes; tokens/s from the steps after the first"},
+          {"machine", bench::machine_info()}};
+}
 
-  nlohmann::json out = {{"bench", "reach"},
-                        {"model", f.model},
-                        {"ranks", f.ranks},
-                        {"layout", {{"cp", runner.cp()}, {"ep", f.ep}, {"vocab_group", f.vocab_group}}},
-                        {"budget_bytes", budget},
-                        {"device", f.device},
-                        {"method",
-                         "largest context (tokens per sequence, one sequence per cp group) at which a full training "
-                         "step completes within the budget: doubling from " +
-                             std::to_string(f.start) + ", then bisection to 1/" +
-                             std::to_string(static_cast<int>(std::lround(1 / f.resolution))) +
-                             "; every trial a fresh job of " + std::to_string(f.trial_steps) +
-                             " real steps, fitting when every step completes; tokens/s from the steps after the "
-                             "first"},
-                        {"machine", bench::machine_info()}};
-  std::map<std::string, Trial> at_reach;  // per configuration, the job at its reach
-  nlohmann::json per_config = nlohmann::json::object(), reach = nlohmann::json::object(),
-                 binding = nlohmann::json::object();
-  for (const Config& c : configs) {
+// The losses of a baseline and a scheduled job side by side. Both train the same model on
+// the same data, so they differ only by f32 reduction order; the first step's is before any
+// update, the last one's after the trial's updates (gradients and the optimizer included).
+nlohmann::json loss_pair(const Trial& b, const Trial& s) {
+  auto rel = [](double x, double y) { return std::fabs(x - y) / std::max(std::fabs(x), 1e-30); };
+  const double b1 = b.summary.value("first_loss", 0.0), s1 = s.summary.value("first_loss", 0.0);
+  const double bl = b.summary.value("final_loss", 0.0), sl = s.summary.value("final_loss", 0.0);
+  return {{"baseline_first_loss", b1},
+          {"scheduled_first_loss", s1},
+          {"baseline_last_loss", bl},
+          {"scheduled_last_loss", sl},
+          {"first_loss_relative_difference", rel(b1, s1)},
+          {"last_loss_relative_difference", rel(bl, sl)}};
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / double(v.size());
+}
+
+// One `bench reach`: each configuration's search, then the runs and comparisons that read
+// the reaches found, then the JSON or the table. Every job goes through runner_, in order.
+class Reach {
+ public:
+  explicit Reach(const ReachFlags& f)
+      : f_(f),
+        budget_(static_cast<std::int64_t>(parse_bytes(f.budget, "--budget"))),
+        configs_(parse_configs(f.configs)),
+        runner_(f, budget_) {}
+
+  int run() {
+    out_ = reach_header(f_, budget_, runner_.cp());
+    for (const Config& c : configs_) search(c);
+    require_a_fit();
+    out_["reach_tokens"] = reach_;
+    out_["binding"] = binding_;
+    out_["configs"] = per_config_;
+    measure_throughput_at_baseline_reach();
+    compare_plan_with_measured();
+    if (!f_.peer_json.empty()) compare_with_peer();
+    if (f_.json) std::printf("%s\n", out_.dump().c_str());
+    else print_table();
+    return 0;
+  }
+
+ private:
+  // The search for one configuration's reach, each trial its own job, and its JSON entry.
+  void search(const Config& c) {
     std::fprintf(stderr, "%s (schedules %s):\n", c.name.c_str(), c.schedules.c_str());
+    bench::ReachSearchOptions so;
+    so.start = f_.start;
+    so.max_context = f_.max_context;
+    so.multiple = f_.multiple;
+    so.resolution = f_.resolution;
     std::map<std::int64_t, Trial> trials;
     const bench::ReachSearch r = bench::search_reach(
         [&](std::int64_t ctx) {
-          Trial t = runner.run(c.schedules, ctx, f.trial_steps);
+          Trial t = runner_.run(c.schedules, ctx, f_.trial_steps);
           const bool ok = t.fits;
           trials[ctx] = std::move(t);
           return ok;
@@ -267,18 +310,7 @@ int run_reach(const ReachFlags& f) {
     nlohmann::json tj = nlohmann::json::array();
     for (const bench::ReachTrial& rt : r.trials) tj.push_back(trial_json(trials[rt.context]));
     cj["trials"] = tj;
-    if (r.reach > 0) {
-      const Trial& t = trials[r.reach];
-      cj["binding"] = binding_of(t.summary);
-      cj["peak_bytes"] = t.summary["peaks"]["total"]["measured_bytes"];
-      cj["at_peak_bytes"] = nlohmann::json::object();
-      for (const auto& [name, row] : t.summary["peaks"].items())
-        if (row.contains("at_peak_bytes") && row["at_peak_bytes"].get<std::int64_t>() > 0)
-          cj["at_peak_bytes"][name] = row["at_peak_bytes"];
-      cj["tokens_per_second"] = tokens_per_second(t.summary, 1);
-      binding[c.name] = cj["binding"];
-      at_reach[c.name] = t;
-    }
+    if (r.reach > 0) describe_reach(c, trials[r.reach], cj);
     if (!trials.empty() && r.first_failure > 0) {
       // The component whose allocation the arena refused just past the reach: the peak that
       // grows into the budget (the largest one at the peak may be constant state).
@@ -287,138 +319,154 @@ int run_reach(const ReachFlags& f) {
       const std::size_t q = why.find(" for '");
       if (q != std::string::npos) cj["refused_by"] = why.substr(q + 6, why.find('\'', q + 6) - q - 6);
     }
-    reach[c.name] = r.reach;
-    per_config[c.name] = cj;
+    reach_[c.name] = r.reach;
+    per_config_[c.name] = cj;
   }
-  // Not one job fitted: a table of zeros says nothing; the smallest job's refusal says why.
-  bool any_fit = false;
-  std::int64_t smallest = 0;
-  std::string smallest_refusal, smallest_schedules;
-  for (const Config& c : configs) {
-    const nlohmann::json& cj = per_config[c.name];
-    if (cj["reach_tokens"].get<std::int64_t>() > 0) any_fit = true;
-    for (const nlohmann::json& t : cj["trials"])
-      if (!t["fits"].get<bool>() && (smallest == 0 || t["context"].get<std::int64_t>() < smallest)) {
-        smallest = t["context"].get<std::int64_t>();
-        smallest_refusal = t.value("refusal", std::string());
-        smallest_schedules = c.schedules;
-      }
-  }
-  if (!any_fit)
-    throw Error("bench reach: every job was refused, down to context " + std::to_string(smallest) + " (schedules " +
-                smallest_schedules + "): " + smallest_refusal);
-  out["reach_tokens"] = reach;
-  out["binding"] = binding;
-  out["configs"] = per_config;
 
-  const bool both = reach.contains("baseline") && reach.contains("scheduled");
-  std::int64_t base_reach = both ? reach["baseline"].get<std::int64_t>() : 0;
-  if (both && base_reach > 0) {
-    out["reach_ratio"] = reach["scheduled"].get<double>() / static_cast<double>(base_reach);
-    // Throughput side by side at the baseline's largest context: each a fresh job of the
-    // trials' steps, the first step (fresh memory) left out, baseline and scheduled
-    // alternating twice. (The baseline's job repeats its fitting trial; its routing, and so
-    // its dispatch peak, may still differ by rounding: a refusal is reported, not hidden.)
+  // The job at a configuration's reach: the binding component, the peak, what was live at
+  // it, and the step's tokens/s.
+  void describe_reach(const Config& c, const Trial& t, nlohmann::json& cj) {
+    cj["binding"] = binding_of(t.summary);
+    cj["peak_bytes"] = t.summary["peaks"]["total"]["measured_bytes"];
+    cj["at_peak_bytes"] = nlohmann::json::object();
+    for (const auto& [name, row] : t.summary["peaks"].items())
+      if (row.contains("at_peak_bytes") && row["at_peak_bytes"].get<std::int64_t>() > 0)
+        cj["at_peak_bytes"][name] = row["at_peak_bytes"];
+    cj["tokens_per_second"] = tokens_per_second(t.summary, 1);
+    binding_[c.name] = cj["binding"];
+    at_reach_[c.name] = t;
+  }
+
+  // Not one job fitted: a table of zeros says nothing; the smallest job's refusal says why.
+  void require_a_fit() const {
+    bool any_fit = false;
+    std::int64_t smallest = 0;
+    std::string smallest_refusal, smallest_schedules;
+    for (const Config& c : configs_) {
+      const nlohmann::json& cj = per_config_[c.name];
+      if (cj["reach_tokens"].get<std::int64_t>() > 0) any_fit = true;
+      for (const nlohmann::json& t : cj["trials"])
+        if (!t["fits"].get<bool>() && (smallest == 0 || t["context"].get<std::int64_t>() < smallest)) {
+          smallest = t["context"].get<std::int64_t>();
+          smallest_refusal = t.value("refusal", std::string());
+          smallest_schedules = c.schedules;
+        }
+    }
+    if (!any_fit)
+      throw Error("bench reach: every job was refused, down to context " + std::to_string(smallest) +
+                  " (schedules " + smallest_schedules + "): " + smallest_refusal);
+  }
+
+  // Throughput side by side at the baseline's largest context: each a fresh job of the
+  // trials' steps, the first step (fresh memory) left out, baseline and scheduled
+  // alternating twice. (The baseline's job repeats its fitting trial; its routing, and so
+  // its dispatch peak, may still differ by rounding: a refusal is reported, not hidden.)
+  void measure_throughput_at_baseline_reach() {
+    const bool both = reach_.contains("baseline") && reach_.contains("scheduled");
+    const std::int64_t base_reach = both ? reach_["baseline"].get<std::int64_t>() : 0;
+    if (!both || base_reach <= 0) return;
+    out_["reach_ratio"] = reach_["scheduled"].get<double>() / static_cast<double>(base_reach);
     std::vector<double> base_tps, sched_tps;
-    // Exactness on the side: both jobs train the same model on the same data, so their
-    // losses differ only by f32 reduction order; the first step's is before any update,
-    // the last one's after the trial's updates (gradients and the optimizer included).
-    nlohmann::json losses = nlohmann::json::array();
+    nlohmann::json losses = nlohmann::json::array();  // exactness on the side
     int refused = 0;
     for (int rep = 0; rep < 2; ++rep) {
-      const std::string tl = f.timeline_dir.empty() || rep > 0 ? "" : f.timeline_dir + "/none.json";
-      const std::string ta = f.timeline_dir.empty() || rep > 0 ? "" : f.timeline_dir + "/all.json";
-      Trial b = runner.run("none", base_reach, std::max(2, f.trial_steps), tl);
-      Trial s = runner.run("all", base_reach, std::max(2, f.trial_steps), ta);
+      Trial b = runner_.run("none", base_reach, std::max(2, f_.trial_steps), timeline(rep, "none"));
+      Trial s = runner_.run("all", base_reach, std::max(2, f_.trial_steps), timeline(rep, "all"));
       if (b.fits) base_tps.push_back(tokens_per_second(b.summary, 1));
       else ++refused;
       if (s.fits) sched_tps.push_back(tokens_per_second(s.summary, 1));
       else ++refused;
-      if (b.fits && s.fits) {
-        auto rel = [](double x, double y) { return std::fabs(x - y) / std::max(std::fabs(x), 1e-30); };
-        const double b1 = b.summary.value("first_loss", 0.0), s1 = s.summary.value("first_loss", 0.0);
-        const double bl = b.summary.value("final_loss", 0.0), sl = s.summary.value("final_loss", 0.0);
-        losses.push_back({{"baseline_first_loss", b1}, {"scheduled_first_loss", s1},
-                          {"baseline_last_loss", bl}, {"scheduled_last_loss", sl},
-                          {"first_loss_relative_difference", rel(b1, s1)},
-                          {"last_loss_relative_difference", rel(bl, sl)}});
-      }
+      if (b.fits && s.fits) losses.push_back(loss_pair(b, s));
     }
-    auto mean = [](const std::vector<double>& v) {
-      double s = 0;
-      for (double x : v) s += x;
-      return v.empty() ? 0.0 : s / double(v.size());
-    };
-    out["throughput_at_baseline_reach"] = {{"context", base_reach},
-                                           {"baseline_tokens_per_second", base_tps},
-                                           {"scheduled_tokens_per_second", sched_tps},
-                                           {"jobs_refused", refused},
-                                           {"losses", losses}};
+    out_["throughput_at_baseline_reach"] = {{"context", base_reach},
+                                            {"baseline_tokens_per_second", base_tps},
+                                            {"scheduled_tokens_per_second", sched_tps},
+                                            {"jobs_refused", refused},
+                                            {"losses", losses}};
     if (!base_tps.empty() && !sched_tps.empty())
-      out["throughput_ratio_at_baseline_reach"] = mean(sched_tps) / mean(base_tps);
+      out_["throughput_ratio_at_baseline_reach"] = mean(sched_tps) / mean(base_tps);
   }
-  if (at_reach.count("scheduled")) {
-    // The plan (train's footprint, printed before step 1) beside the measured peak at the
-    // scheduled reach, per component and in total.
+
+  // --timeline-dir: the first repetition's jobs write their memory timelines (none.json, all.json).
+  std::string timeline(int rep, const std::string& schedules) const {
+    return f_.timeline_dir.empty() || rep > 0 ? "" : f_.timeline_dir + "/" + schedules + ".json";
+  }
+
+  // The plan (train's footprint, printed before step 1) beside the measured peak at the
+  // scheduled reach, per component and in total.
+  void compare_plan_with_measured() {
+    if (!at_reach_.count("scheduled")) return;
     nlohmann::json pvm = nlohmann::json::object();
     double worst = 0;
-    for (const auto& [name, row] : at_reach["scheduled"].summary["peaks"].items()) {
+    for (const auto& [name, row] : at_reach_["scheduled"].summary["peaks"].items()) {
       const double p = row["planned_bytes"].get<double>(), m = row["measured_bytes"].get<double>();
       const double err = m > 0 ? std::abs(p - m) / m : (p > 0 ? 1.0 : 0.0);
       worst = std::max(worst, err);
       pvm[name] = {{"planned_bytes", row["planned_bytes"]}, {"measured_bytes", row["measured_bytes"]},
                    {"relative_difference", err}};
     }
-    out["plan_vs_measured"] = pvm;
-    out["plan_worst_relative_difference"] = worst;
+    out_["plan_vs_measured"] = pvm;
+    out_["plan_worst_relative_difference"] = worst;
   }
-  if (!f.peer_json.empty()) {
-    const nlohmann::json peer = read_peer_json(f.peer_json);  // checked by validate() already
-    out["torch_fsdp2"] = peer;
+
+  // --peer-json: the scheduled reach beside PyTorch FSDP2's, and the scheduled throughput at
+  // FSDP2's reach (one more job) beside its.
+  void compare_with_peer() {
+    const nlohmann::json peer = read_peer_json(f_.peer_json);  // checked by validate() already
+    out_["torch_fsdp2"] = peer;
     // A field the peer left null (nothing fitted) reads as 0.
     auto number = [&](const char* key) {
       return peer.contains(key) && peer[key].is_number() ? peer[key].get<double>() : 0.0;
     };
     const double peer_reach = number("reach_tokens");
-    if (peer_reach > 0 && reach.contains("scheduled")) {
-      out["reach_ratio_vs_torch_fsdp2"] = reach["scheduled"].get<double>() / peer_reach;
-      const double peer_tps = number("tokens_per_second_at_reach");
-      if (peer_tps > 0) {
-        Trial s = runner.run("all", static_cast<std::int64_t>(peer_reach), std::max(2, f.trial_steps));
-        if (s.fits) {
-          out["throughput_vs_torch_fsdp2"] = {{"context", peer_reach},
-                                              {"scheduled_tokens_per_second", tokens_per_second(s.summary, 1)},
-                                              {"torch_tokens_per_second", peer_tps}};
-          out["throughput_ratio_vs_torch_fsdp2"] = tokens_per_second(s.summary, 1) / peer_tps;
-        }
-      }
+    if (peer_reach <= 0 || !reach_.contains("scheduled")) return;
+    out_["reach_ratio_vs_torch_fsdp2"] = reach_["scheduled"].get<double>() / peer_reach;
+    const double peer_tps = number("tokens_per_second_at_reach");
+    if (peer_tps <= 0) return;
+    Trial s = runner_.run("all", static_cast<std::int64_t>(peer_reach), std::max(2, f_.trial_steps));
+    if (!s.fits) return;
+    out_["throughput_vs_torch_fsdp2"] = {{"context", peer_reach},
+                                         {"scheduled_tokens_per_second", tokens_per_second(s.summary, 1)},
+                                         {"torch_tokens_per_second", peer_tps}};
+    out_["throughput_ratio_vs_torch_fsdp2"] = tokens_per_second(s.summary, 1) / peer_tps;
+  }
+
+  void print_table() const {
+    std::printf("bench reach: %s on %d ranks (cp %lld), budget %s per rank\n", f_.model.c_str(), f_.ranks,
+                static_cast<long long>(runner_.cp()), format_bytes(double(budget_)).c_str());
+    std::printf("%-14s %-20s %8s %12s %12s %10s\n", "config", "schedules", "reach", "refused by", "largest",
+                "tokens/s");
+    for (const Config& c : configs_) {
+      const nlohmann::json& cj = per_config_[c.name];
+      std::printf("%-14s %-20s %8lld %12s %12s %10.0f\n", c.name.c_str(), c.schedules.c_str(),
+                  static_cast<long long>(cj["reach_tokens"].get<std::int64_t>()),
+                  cj.value("refused_by", std::string("-")).c_str(), cj.value("binding", std::string("-")).c_str(),
+                  cj.value("tokens_per_second", 0.0));
     }
+    if (out_.contains("reach_ratio"))
+      std::printf("reach ratio %.2fx; throughput at the baseline's reach %.2fx\n", out_["reach_ratio"].get<double>(),
+                  out_.value("throughput_ratio_at_baseline_reach", 0.0));
+    if (out_.contains("plan_worst_relative_difference"))
+      std::printf("plan vs measured at the scheduled reach: worst component %.1f%%\n",
+                  100 * out_["plan_worst_relative_difference"].get<double>());
+    if (out_.contains("reach_ratio_vs_torch_fsdp2"))
+      std::printf("vs PyTorch FSDP2: reach %.2fx, throughput %.2fx\n",
+                  out_["reach_ratio_vs_torch_fsdp2"].get<double>(), out_.value("throughput_ratio_vs_torch_fsdp2", 0.0));
   }
-  if (f.json) {
-    std::printf("%s\n", out.dump().c_str());
-    return 0;
-  }
-  std::printf("bench reach: %s on %d ranks (cp %lld), budget %s per rank\n", f.model.c_str(), f.ranks,
-              static_cast<long long>(runner.cp()), format_bytes(double(budget)).c_str());
-  std::printf("%-14s %-20s %8s %12s %12s %10s\n", "config", "schedules", "reach", "refused by", "largest", "tokens/s");
-  for (const Config& c : configs) {
-    const nlohmann::json& cj = per_config[c.name];
-    std::printf("%-14s %-20s %8lld %12s %12s %10.0f\n", c.name.c_str(), c.schedules.c_str(),
-                static_cast<long long>(cj["reach_tokens"].get<std::int64_t>()),
-                cj.value("refused_by", std::string("-")).c_str(), cj.value("binding", std::string("-")).c_str(),
-                cj.value("tokens_per_second", 0.0));
-  }
-  if (out.contains("reach_ratio"))
-    std::printf("reach ratio %.2fx; throughput at the baseline's reach %.2fx\n", out["reach_ratio"].get<double>(),
-                out.value("throughput_ratio_at_baseline_reach", 0.0));
-  if (out.contains("plan_worst_relative_difference"))
-    std::printf("plan vs measured at the scheduled reach: worst component %.1f%%\n",
-                100 * out["plan_worst_relative_difference"].get<double>());
-  if (out.contains("reach_ratio_vs_torch_fsdp2"))
-    std::printf("vs PyTorch FSDP2: reach %.2fx, throughput %.2fx\n", out["reach_ratio_vs_torch_fsdp2"].get<double>(),
-                out.value("throughput_ratio_vs_torch_fsdp2", 0.0));
-  return 0;
-}
+
+  const ReachFlags& f_;
+  const std::int64_t budget_;
+  const std::vector<Config> configs_;
+  Runner runner_;
+  nlohmann::json out_;
+  // Per configuration (by its name in the JSON): its entry, its reach, its binding component
+  // and the job at its reach.
+  nlohmann::json per_config_ = nlohmann::json::object(), reach_ = nlohmann::json::object(),
+                 binding_ = nlohmann::json::object();
+  std::map<std::string, Trial> at_reach_;
+};
+
+int run_reach(const ReachFlags& f) { return Reach(f).run(); }
 
 Command add_reach(CLI::App& parent) {
   auto f = std::make_shared<ReachFlags>();
@@ -433,7 +481,9 @@ Command add_reach(CLI::App& parent) {
   int_flag(app, "--cp", f->cp, "Context-parallel size (0 = all ranks split every sequence)", 0, 1 << 16);
   int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = train's default)", 0, 1 << 16);
   int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head (0 = all)", 0, 1 << 16);
-  text_flag(app, "--configs", f->configs, "Configurations: none, all, or schedules added to none (llep, dtp, sco, adam; several joined by '+': dtp+adam)")
+  text_flag(app, "--configs", f->configs,
+            "Configurations: none, all, or schedules added to none (llep, dtp, sco, adam; several joined by '+': "
+            "dtp+adam)")
       ->capture_default_str();
   int_flag(app, "--start", f->start, "First context tried", 8, std::int64_t{1} << 30);
   int_flag(app, "--max-context", f->max_context, "Doubling stops here", 8, std::int64_t{1} << 30);
