@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <vector>
@@ -57,15 +58,25 @@ TEST(ThreadPool, BackToBackShortCallsRunOnlyTheirOwnTasks) {
 }
 
 // After a failure the rest of the call's tasks are skipped, not left waiting: the
-// call returns (with the error) even when most tasks were never run.
+// call returns (with the error) even when most tasks were never run. Which tasks run
+// before the failure is recorded depends on scheduling: the thread that throws can be
+// descheduled between its task starting and the failure being stored, and on a loaded
+// machine (CI runs this under ASan on 2 shared cores) the others may run every
+// remaining task in that window. So the first task to run throws, the call is repeated,
+// and the test asks that some call skipped tasks: a pool that never skips runs all of
+// them in every call and fails; one that skips fails only if every try loses the race.
 TEST(ThreadPool, AFailureSkipsTheRestAndReturns) {
   ThreadPool pool(4);
-  std::atomic<int> ran{0};
-  EXPECT_THROW(pool.parallel_for(100000, [&](std::int64_t i) {
-    ++ran;
-    if (i == 0) throw std::runtime_error("task 0");
-  }), std::runtime_error);
-  EXPECT_LT(ran.load(), 100000);
+  constexpr int kTasks = 100000;
+  int fewest = kTasks;
+  for (int attempt = 0; attempt < 20 && fewest == kTasks; ++attempt) {
+    std::atomic<int> ran{0};
+    EXPECT_THROW(pool.parallel_for(kTasks, [&](std::int64_t) {
+      if (ran.fetch_add(1) == 0) throw std::runtime_error("first task");
+    }), std::runtime_error);
+    fewest = std::min(fewest, ran.load());
+  }
+  EXPECT_LT(fewest, kTasks);
 }
 
 TEST(ThreadPool, RefusesZeroThreads) { EXPECT_THROW(ThreadPool(0), InvalidArgument); }
