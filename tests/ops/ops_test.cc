@@ -2,10 +2,13 @@
 // stream, queued in order on a worker stream; a backend without the op says so.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/core/error.h"
 #include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
 
@@ -26,6 +29,33 @@ TEST(Ops, GemmOnEveryStreamEqualsTheKernel) {
   ops::gemm(dev, worker, false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, got2.data(), N);
   dev.synchronize(worker);
   EXPECT_EQ(got2, want);
+}
+
+// ops::gemm_bf16 runs the kernel on the process's path; the path is set by name, and a
+// bad name or one this CPU lacks is refused without changing it.
+TEST(Ops, GemmBf16RunsTheProcessPathAndRefusesABadOne) {
+  CpuDevice dev(1 << 20);
+  const std::int64_t M = 13, N = 33, K = 9;
+  std::vector<bf16> a(M * K), b(K * N);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = to_bf16(0.25f * static_cast<float>(i % 7) - 0.5f);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = to_bf16(0.125f * static_cast<float>(i % 5) + 0.1f);
+  const std::string before = ops::bf16_gemm_path();
+  for (const char* path : {"convert", "native"}) {
+    if (!cpu::bf16_gemm_path_supported(cpu::parse_bf16_gemm_path(path))) {
+      EXPECT_THROW(ops::set_bf16_gemm_path(path), Unavailable);
+      continue;
+    }
+    ops::set_bf16_gemm_path(path);
+    EXPECT_EQ(ops::bf16_gemm_path(), path);
+    std::vector<float> want(M * N), got(M * N);
+    cpu::gemm_bf16(cpu::parse_bf16_gemm_path(path), false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f,
+                   want.data(), N);
+    ops::gemm_bf16(dev, dev.compute_stream(), false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, got.data(), N);
+    EXPECT_EQ(got, want) << path;
+  }
+  EXPECT_THROW(ops::set_bf16_gemm_path("fastest"), InvalidArgument);
+  ops::set_bf16_gemm_path(before);
+  EXPECT_EQ(ops::bf16_gemm_path(), before);
 }
 
 TEST(Ops, HostTaskRunsInStreamOrder) {

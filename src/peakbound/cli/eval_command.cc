@@ -147,7 +147,10 @@ Command add_eval(CLI::App& parent) {
     if (app->count("--context") > 0 && app->count("--seq-len") > 0)
       throw InvalidArgument("--context is an alias of --seq-len: give one");
     if (app->count("--context") > 0) f->seq_name = "--context";
-    check_command_paths(nullptr, {.inputs = {{"--data", f->data}}, .model = f->model});  // a FIFO, a folder
+    CommandPaths paths;
+    paths.inputs = {{"--data", f->data}};
+    paths.model = f->model;
+    check_command_paths(nullptr, paths);  // a FIFO, a folder
     const ModelConfig c = load_model_spec(f->model);
     check_trainable(c);
     (void)resolve_layout(f->ep, f->vocab_group, f->cp, c, launcher_size());

@@ -1,10 +1,15 @@
 // `peakbound info`: what this binary was built with and what it sees at run time.
 #include <cstdio>
+#include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "peakbound/bench/gemm_rate.h"
 #include "peakbound/build_info.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/comm/communicator.h"
+#include "peakbound/core/error.h"
 #include "peakbound/ops/gemm.h"
 
 namespace peakbound::cli {
@@ -29,15 +34,52 @@ std::string build_description() {
 
 namespace {
 
+struct InfoFlags {
+  std::int64_t gemm_size = 2048;
+  int gemm_repeats = 5;
+  std::string device = "cpu";
+  bool json = false;
+};
+
 Command add_info_command(CLI::App& root) {
   Command c;
-  c.app = root.add_subcommand("info", "Print the build configuration and the launch this process sees");
-  c.run = [] {
+  auto f = std::make_shared<InfoFlags>();
+  c.app = root.add_subcommand("info", "Print the build configuration, the launch this process sees and the "
+                                      "measured GEMM rate at each precision");
+  c.app->add_option("--gemm-size", f->gemm_size, "Side of the square GEMM timed at each precision (0: skip)")
+      ->capture_default_str();
+  c.app->add_option("--gemm-repeats", f->gemm_repeats, "Timed runs of each GEMM (the median is printed)")
+      ->capture_default_str();
+  c.app->add_option("--device", f->device, "Device whose GEMMs are timed: cpu or cuda")->capture_default_str();
+  c.app->add_flag("--json", f->json, "Print the same as one JSON object");
+  c.validate = [f] {
+    if (f->gemm_size < 0 || f->gemm_size > 16384)
+      throw InvalidArgument("--gemm-size must be in [0, 16384] (got " + std::to_string(f->gemm_size) + ")");
+    if (f->gemm_repeats < 1 || f->gemm_repeats > 1000)
+      throw InvalidArgument("--gemm-repeats must be in [1, 1000] (got " + std::to_string(f->gemm_repeats) + ")");
+  };
+  c.run = [f] {
     auto world = world_communicator();
-    if (world->rank() == 0) {
-      std::printf("%s\n", build_description().c_str());
-      std::printf("  ranks: %d (communicator: %s)\n", world->size(), world->backend().c_str());
+    if (world->rank() != 0) return 0;
+    std::vector<GemmRate> rates;
+    if (f->gemm_size > 0) rates = measure_gemm_rates(f->device, f->gemm_size, f->gemm_repeats);
+    if (f->json) {
+      nlohmann::json j = {{"version", PEAKBOUND_VERSION}, {"build_type", PEAKBOUND_BUILD_TYPE},
+                          {"compiler", PEAKBOUND_COMPILER}, {"blas_core", ops::blas_core_name()},
+                          {"blas_threads", ops::blas_num_threads()}, {"bf16_gemm_path", ops::bf16_gemm_path()},
+                          {"ranks", world->size()}, {"communicator", world->backend()}};
+      if (!rates.empty()) j["gemm"] = gemm_rates_json(rates, f->gemm_size, f->gemm_repeats);
+      std::printf("%s\n", j.dump(2).c_str());
+      return 0;
     }
+    std::printf("%s\n", build_description().c_str());
+    std::printf("  ranks: %d (communicator: %s)\n", world->size(), world->backend().c_str());
+    const std::string path = ops::bf16_gemm_path();
+    std::printf("  bf16 gemm: %s (%s)\n", path.c_str(),
+                path == "native" ? "AVX512-BF16 dot products" : "blocks widened to f32 for sgemm");
+    if (!rates.empty())
+      std::printf("  gemm: %s; %s, %lld^3, median of %d\n", gemm_rates_line(rates).c_str(), f->device.c_str(),
+                  static_cast<long long>(f->gemm_size), f->gemm_repeats);
     return 0;
   };
   return c;

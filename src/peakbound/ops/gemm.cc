@@ -1,11 +1,15 @@
 #include "peakbound/ops/gemm.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "peakbound/core/launcher.h"
 
+#include "peakbound/core/error.h"
 #include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/backend.h"
 #ifdef PEAKBOUND_HAVE_CUDA
 #include "peakbound/kernels/cuda/gemm.h"
@@ -24,6 +28,56 @@ void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, st
 #endif
            },
            [=] { cpu::gemm_f32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+}
+
+namespace {
+
+// The process's bf16 GEMM path: -1 until first chosen, else a cpu::Bf16GemmPath.
+std::atomic<int> g_bf16_path{-1};
+
+cpu::Bf16GemmPath checked_path(std::string_view name, std::string_view where) {
+  cpu::Bf16GemmPath p;
+  try {
+    p = cpu::parse_bf16_gemm_path(name);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(where) + e.what());
+  }
+  if (!cpu::bf16_gemm_path_supported(p))
+    throw Unavailable(std::string(where) + "bf16 GEMM path '" + std::string(name) +
+                      "' needs AVX512-BF16, which this CPU lacks (use convert)");
+  return p;
+}
+
+cpu::Bf16GemmPath current_bf16_path() {
+  int p = g_bf16_path.load(std::memory_order_relaxed);
+  if (p >= 0) return static_cast<cpu::Bf16GemmPath>(p);
+  const char* env = std::getenv("PEAKBOUND_BF16_GEMM");
+  const cpu::Bf16GemmPath chosen =
+      env && *env ? checked_path(env, "PEAKBOUND_BF16_GEMM: ") : cpu::best_bf16_gemm_path();
+  g_bf16_path.store(static_cast<int>(chosen), std::memory_order_relaxed);
+  return chosen;
+}
+
+}  // namespace
+
+void gemm_bf16(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+               std::int64_t ldc) {
+  const cpu::Bf16GemmPath path = dev.backend() == Backend::cpu ? current_bf16_path() : cpu::Bf16GemmPath::convert;
+  dispatch(dev, s, "gemm_bf16", {a, b, c},
+           [&]([[maybe_unused]] void* stream) {
+#ifdef PEAKBOUND_HAVE_CUDA
+             cuda::gemm_bf16(static_cast<CudaDevice&>(dev), s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta,
+                             c, ldc);
+#endif
+           },
+           [=] { cpu::gemm_bf16(path, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+}
+
+std::string bf16_gemm_path() { return std::string(cpu::bf16_gemm_path_name(current_bf16_path())); }
+
+void set_bf16_gemm_path(std::string_view name) {
+  g_bf16_path.store(static_cast<int>(checked_path(name, "")), std::memory_order_relaxed);
 }
 
 std::string blas_core_name() { return cpu::blas_core_name(); }

@@ -1,0 +1,60 @@
+// CPU GEMM with bf16 inputs and fp32 accumulation, row-major, the f32 GEMM's contract
+// (kernels/cpu/gemm.h) with bf16 operands:
+//   C[M,N] (f32) = alpha * op(A)[M,K] * op(B)[K,N] + beta * C
+// With trans_a, A is stored [K,M]; with trans_b, B is stored [N,K]. Leading dimensions
+// are row strides. beta = 0 writes C without reading it (NaN in C does not leak in);
+// K = 0 gives C = beta * C.
+//
+// Two paths, chosen at run time (best_bf16_gemm_path):
+//   native   where the CPU has AVX512-BF16: a Goto/BLIS-style blocked GEMM whose inner
+//            kernel is VDPBF16PS (a 12x32 tile of fp32 accumulators, each instruction
+//            adding two bf16 products per lane). Operands are packed in K pairs:
+//              A panel: for each pair p, 12 rows x (A[r,2p], A[r,2p+1])   (one u32 each)
+//              B panel: for each pair p, 32 columns x (B[2p,j], B[2p+1,j])
+//            with zero padding at the M, N and odd-K edges. Blocks: KC 384 (a B
+//            micro-panel of 24 KiB stays in L1), MC 96 (an A block of 72 KiB in L2),
+//            NC 1024 (a B block of 768 KiB), tuned on Zen 4: 2x sgemm's rate on one
+//            core; the C tile is updated in the kernel while its rows are prefetched.
+//   convert  elsewhere (AVX2-only CPUs): each block of A and B is widened to f32 in its
+//            stored orientation and multiplied by OpenBLAS's sgemm; the widening costs
+//            O(MK + KN) per block against O(MNK) for the product.
+// Debian 12's OpenBLAS (0.3.21) is built without BUILD_BFLOAT16: its header declares
+// cblas_sbgemm but the library does not export it, so the native path is this file's.
+//
+// Numerics: both paths accumulate in fp32. The native path's VDPBF16PS treats bf16
+// denormal inputs as zero and flushes denormal results (the instruction ignores MXCSR),
+// and sums each pair before adding it to the accumulator; products of bf16 values are
+// exact in fp32, so the only rounding is the fp32 sums, as in sgemm but in a different
+// order. Results of the two paths differ by fp32 rounding: |C - ref| <= ~K * 2^-24 *
+// sum|a||b|, which the tests check against a double reference.
+//
+// Threads: the product runs on an internal pool of ops::blas_num_threads() threads (the
+// caller counts), the same cores OpenBLAS's own threads use for the f32 GEMM; the pool
+// follows set_blas_threads. Workspace: the packed (or widened) blocks are fixed-size
+// per-thread buffers (at most 2.1 MiB a thread), like OpenBLAS's own pack buffers, and
+// do not grow with the problem.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "peakbound/core/dtype.h"
+
+namespace peakbound::cpu {
+
+enum class Bf16GemmPath : std::uint8_t { native, convert };
+
+// "native", "convert"; parse throws InvalidArgument naming the choices.
+std::string_view bf16_gemm_path_name(Bf16GemmPath p);
+Bf16GemmPath parse_bf16_gemm_path(std::string_view name);
+// native needs AVX512-F, -BW and -BF16 (__builtin_cpu_supports); convert runs anywhere.
+bool bf16_gemm_path_supported(Bf16GemmPath p);
+// native where supported, else convert.
+Bf16GemmPath best_bf16_gemm_path();
+
+// Throws Unavailable for a path this CPU cannot run, InternalError for bad dimensions.
+void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta,
+               float* c, std::int64_t ldc);
+
+}  // namespace peakbound::cpu

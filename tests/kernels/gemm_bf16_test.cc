@@ -1,0 +1,114 @@
+// The bf16 GEMM (kernels/cpu/gemm_bf16.h), both paths, against a double reference of
+// the same bf16 values: every transpose, shapes that cross each block edge (M past 96,
+// N past 512, K past 256 and odd), strides wider than the rows, written and added into.
+#include "peakbound/kernels/cpu/gemm_bf16.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "peakbound/core/error.h"
+
+namespace peakbound::cpu {
+namespace {
+
+struct Case {
+  bool ta, tb;
+  std::int64_t m, n, k, pad;
+  float alpha, beta;
+};
+
+std::vector<bf16> random_bf16(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d;
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = to_bf16(d(rng));
+  return v;
+}
+
+// Checks gemm_bf16(path) on case c against the double reference, element by element:
+// |got - ref| <= (k + 4) * 2^-23 * (|alpha| sum_p |a||b| + |beta c|), the fp32 bound
+// for a K-term sum in any order.
+void check_case(Bf16GemmPath path, const Case& c, std::mt19937& rng) {
+  const std::int64_t ar = c.ta ? c.k : c.m, ac = (c.ta ? c.m : c.k) + c.pad;
+  const std::int64_t br = c.tb ? c.n : c.k, bc = (c.tb ? c.k : c.n) + c.pad;
+  const std::int64_t ldc = c.n + c.pad;
+  const auto a = random_bf16(static_cast<std::size_t>(ar * ac), rng);
+  const auto b = random_bf16(static_cast<std::size_t>(br * bc), rng);
+  std::vector<float> out(static_cast<std::size_t>(c.m * ldc));
+  std::normal_distribution<float> d;
+  for (float& x : out) x = d(rng);
+  const std::vector<float> before = out;
+  gemm_bf16(path, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), ac, b.data(), bc, c.beta, out.data(), ldc);
+  for (std::int64_t i = 0; i < c.m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const auto idx = static_cast<std::size_t>(i * ldc + j);
+      if (j >= c.n) {  // the padding of C is never written
+        ASSERT_EQ(out[idx], before[idx]) << "padding written at " << i << "," << j;
+        continue;
+      }
+      double s = 0, mag = 0;
+      for (std::int64_t p = 0; p < c.k; ++p) {
+        const double av = to_f32(c.ta ? a[static_cast<std::size_t>(p * ac + i)] : a[static_cast<std::size_t>(i * ac + p)]);
+        const double bv = to_f32(c.tb ? b[static_cast<std::size_t>(j * bc + p)] : b[static_cast<std::size_t>(p * bc + j)]);
+        s += av * bv;
+        mag += std::fabs(av * bv);
+      }
+      const double cb = c.beta == 0.0f ? 0.0 : static_cast<double>(c.beta) * before[idx];
+      const double want = c.alpha * s + cb;
+      const double tol = static_cast<double>(c.k + 4) * std::ldexp(1.0, -23) * (std::fabs(c.alpha) * mag + std::fabs(cb));
+      ASSERT_LE(std::fabs(out[idx] - want), tol)
+          << bf16_gemm_path_name(path) << " m " << c.m << " n " << c.n << " k " << c.k << " ta " << c.ta << " tb "
+          << c.tb << " at " << i << "," << j << ": " << out[idx] << " vs " << want;
+    }
+}
+
+std::vector<Bf16GemmPath> runnable_paths() {
+  std::vector<Bf16GemmPath> paths{Bf16GemmPath::convert};
+  if (bf16_gemm_path_supported(Bf16GemmPath::native)) paths.push_back(Bf16GemmPath::native);
+  return paths;
+}
+
+TEST(GemmBf16, MatchesADoubleReferenceOnEveryPathTransposeAndBlockEdge) {
+  std::mt19937 rng(11);
+  const Case cases[] = {
+      {false, false, 1, 1, 1, 0, 1.0f, 0.0f},        {false, true, 3, 5, 7, 2, 0.75f, 0.5f},
+      {true, false, 17, 33, 2, 1, 1.0f, 1.0f},       {true, true, 13, 31, 257, 0, -0.5f, 0.0f},
+      {false, false, 97, 40, 300, 3, 1.0f, 1.0f},    {false, true, 12, 545, 64, 0, 1.0f, 0.0f},
+      {true, false, 130, 545, 513, 1, 0.25f, 1.0f},  {true, true, 200, 33, 1, 0, 2.0f, -1.0f},
+  };
+  for (Bf16GemmPath path : runnable_paths())
+    for (const Case& c : cases) check_case(path, c, rng);
+  if (!bf16_gemm_path_supported(Bf16GemmPath::native))
+    GTEST_SKIP() << "this CPU lacks AVX512-BF16: only the convert path was checked";
+}
+
+TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {
+  for (Bf16GemmPath path : runnable_paths()) {
+    std::vector<bf16> a(6, to_bf16(1.0f)), b(6, to_bf16(1.0f));
+    std::vector<float> c(4, std::numeric_limits<float>::quiet_NaN());
+    gemm_bf16(path, false, false, 2, 2, 3, 1.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2);
+    for (float x : c) EXPECT_EQ(x, 3.0f) << bf16_gemm_path_name(path);
+    std::vector<float> d = {1, 2, 3, 4};
+    gemm_bf16(path, false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 1, 2.0f, d.data(), 2);
+    EXPECT_EQ(d, (std::vector<float>{2, 4, 6, 8})) << bf16_gemm_path_name(path);
+  }
+}
+
+TEST(GemmBf16, PathsAreNamedAndAMissingOneIsAClearError) {
+  EXPECT_EQ(parse_bf16_gemm_path("native"), Bf16GemmPath::native);
+  EXPECT_EQ(parse_bf16_gemm_path("convert"), Bf16GemmPath::convert);
+  EXPECT_THROW(parse_bf16_gemm_path("fast"), InvalidArgument);
+  EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::convert));
+  EXPECT_EQ(best_bf16_gemm_path() == Bf16GemmPath::native, bf16_gemm_path_supported(Bf16GemmPath::native));
+  if (bf16_gemm_path_supported(Bf16GemmPath::native)) GTEST_SKIP() << "this CPU has AVX512-BF16";
+  std::vector<bf16> a(1, to_bf16(1.0f));
+  std::vector<float> c(1);
+  EXPECT_THROW(gemm_bf16(Bf16GemmPath::native, false, false, 1, 1, 1, 1.0f, a.data(), 1, a.data(), 1, 0.0f, c.data(), 1),
+               Unavailable);
+}
+
+}  // namespace
+}  // namespace peakbound::cpu
