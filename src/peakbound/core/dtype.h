@@ -45,6 +45,18 @@ inline bf16 to_bf16(float f) {
 
 inline float to_f32(bf16 h) { return bits_float(static_cast<std::uint32_t>(h.bits) << 16); }
 
+// Element access for kernels written once over f32 and bf16 storage (llm.c's floatX,
+// chosen at run time instead of compile time). A kernel widens every element it loads
+// (exact), computes in fp32 exactly as its f32 form does, and rounds once where it
+// stores: so a bf16 kernel's output is bitwise narrow<bf16>(the f32 kernel's output on
+// the widened inputs), which is how the tests check it. With T = float both are the
+// identity and the f32 kernel keeps its bits.
+inline float widen(float x) { return x; }
+inline float widen(bf16 x) { return to_f32(x); }
+template <typename T> T narrow(float x);
+template <> inline float narrow<float>(float x) { return x; }
+template <> inline bf16 narrow<bf16>(float x) { return to_bf16(x); }
+
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
