@@ -1,7 +1,8 @@
 // RoPE against a naive double-precision transcription of transformers'
 // apply_rotary_pos_emb (cos/sin of the angles duplicated to [T, D], rotate_half);
 // the backward against forward-then-backward = identity and finite differences of
-// the double reference; odd shapes; odd head dims refused.
+// the double reference; odd shapes; odd head dims refused. The bf16 forms (bf16 q / k,
+// fp32 tables) bitwise against the f32 forms on the widened input, rounded once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -125,11 +126,63 @@ TEST_P(Rope, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(rel_error(dx, want), 1e-5);
 }
 
+class RopeBf16 : public ::testing::TestWithParam<Shape> {};
+
+std::vector<bf16> rounded(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
+  return out;
+}
+
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
+  return out;
+}
+
+// got's bits are the rounding of want's, element by element.
+void expect_rounded(const std::vector<bf16>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(got[i].bits, to_bf16(want[i]).bits) << what << " element " << i << ": f32 " << want[i];
+}
+
+// bf16 q / k rotated in place: bitwise to_bf16(the f32 rotation of the widened values),
+// forward and backward (a double rounding or a rotation of unwidened bits would differ).
+TEST_P(RopeBf16, IsTheRoundedF32Rotation) {
+  const Shape p = GetParam();
+  CpuDevice dev(1 << 20);
+  Stream& s = dev.compute_stream();
+  std::vector<float> cos(ops::rope_table_elems(p.T, p.D)), sin(cos.size());
+  ops::rope_tables(dev, s, cos.data(), sin.data(), p.T, p.D, p.offset, p.theta);
+  for (const bool forward : {true, false}) {
+    std::vector<bf16> q = rounded(values(p.T * p.Hq * p.D, 7)), k = rounded(values(p.T * p.Hkv * p.D, 8));
+    std::vector<float> qf = widened(q), kf = widened(k);
+    if (forward) {
+      ops::rope_forward(dev, s, qf.data(), kf.data(), cos.data(), sin.data(), p.T, p.Hq, p.Hkv, p.D);
+      ops::rope_forward(dev, s, q.data(), k.data(), cos.data(), sin.data(), p.T, p.Hq, p.Hkv, p.D);
+    } else {
+      ops::rope_backward(dev, s, qf.data(), kf.data(), cos.data(), sin.data(), p.T, p.Hq, p.Hkv, p.D);
+      ops::rope_backward(dev, s, q.data(), k.data(), cos.data(), sin.data(), p.T, p.Hq, p.Hkv, p.D);
+    }
+    expect_rounded(q, qf, forward ? "forward q" : "backward dq");
+    expect_rounded(k, kf, forward ? "forward k" : "backward dk");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Rope,
                          ::testing::Values(Shape{7, 3, 1, 10, 0, 10000.0},   // odd T, D/2 odd
                                            Shape{5, 4, 2, 8, 1021, 1e6},     // offset, Qwen3 theta
                                            Shape{1, 1, 1, 2, 0, 10000.0},    // smallest
                                            Shape{13, 2, 2, 64, 3, 500000.0}));
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RopeBf16,
+                         ::testing::Values(Shape{7, 3, 1, 10, 0, 10000.0},    // odd T, D/2 odd
+                                           Shape{5, 4, 2, 8, 1021, 1e6},      // offset, Qwen3 theta
+                                           Shape{1, 1, 1, 2, 0, 10000.0},     // smallest
+                                           Shape{13, 2, 2, 64, 3, 500000.0},  // a real head dim
+                                           Shape{0, 2, 1, 6, 0, 10000.0},     // no tokens
+                                           Shape{3, 5, 0, 34, 17, 10000.0})); // no k heads, D/2 = 17
 
 TEST(RopeTables, PositionZeroIsIdentityAndLastColumnIsSlowest) {
   std::vector<float> cos(4 * 3), sin(4 * 3);

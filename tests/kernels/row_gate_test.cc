@@ -1,13 +1,20 @@
 // The per-row sigmoid gate (kernels/cpu/row_gate.h) against a naive double computation:
 // forward written and accumulated, backward's dx and dz, and the aliasing it allows
-// (dx onto x or dout, dz onto z) giving the same bits.
+// (dx onto x or dout, dz onto z) giving the same bits. The bf16 forms through the op
+// layer (bf16 x, out, dout, dx, dz; fp32 z): bitwise the f32 forms' outputs on the
+// widened inputs, rounded once.
 #include "peakbound/kernels/cpu/row_gate.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/ops/row_gate.h"
 
 namespace peakbound::cpu {
 namespace {
@@ -54,6 +61,59 @@ TEST(RowGate, ForwardAndBackwardMatchNaiveDouble) {
   row_gate_backward(di.data(), dz2.data(), di.data(), x.data(), z.data(), m, n);
   EXPECT_EQ(di, dx);
   EXPECT_EQ(dz2, dz);
+}
+
+std::vector<bf16> rounded(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
+  return out;
+}
+
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
+  return out;
+}
+
+void expect_rounded(const std::vector<bf16>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_EQ(got[i].bits, to_bf16(want[i]).bits) << what << " element " << i << ": f32 " << want[i];
+}
+
+TEST(RowGate, Bf16FormsAreTheRoundedF32Forms) {
+  CpuDevice dev(1 << 20);
+  Stream& s = dev.compute_stream();
+  std::mt19937 rng(5);
+  for (const auto& [m, n] : {std::pair<std::int64_t, std::int64_t>{13, 37}, {1, 1}, {1, 300}, {0, 8}, {4, 1024}}) {
+    const std::string at = std::to_string(m) + "x" + std::to_string(n);
+    const auto mn = static_cast<std::size_t>(m * n), mm = static_cast<std::size_t>(m);
+    const std::vector<bf16> x = rounded(random_vec(mn, rng, -2, 2)), dout = rounded(random_vec(mn, rng, -2, 2));
+    const std::vector<bf16> base = rounded(random_vec(mn, rng, -1, 1));
+    std::vector<float> z = random_vec(mm, rng, -6, 6);  // fp32 in both forms: not rounded
+    if (m > 1) z[1] = -200.0f;                           // sigmoid 0, no NaN
+    const std::vector<float> xf = widened(x), doutf = widened(dout);
+    for (const bool acc : {false, true}) {
+      std::vector<bf16> out = base;
+      std::vector<float> outf = widened(base);
+      ops::row_gate_forward(dev, s, out.data(), x.data(), z.data(), m, n, acc);
+      ops::row_gate_forward(dev, s, outf.data(), xf.data(), z.data(), m, n, acc);
+      expect_rounded(out, outf, "forward " + at + (acc ? " accumulate" : ""));
+    }
+    std::vector<bf16> dx(mn), dz(mm);
+    std::vector<float> dxf(mn), dzf(mm);
+    ops::row_gate_backward(dev, s, dx.data(), dz.data(), dout.data(), x.data(), z.data(), m, n);
+    ops::row_gate_backward(dev, s, dxf.data(), dzf.data(), doutf.data(), xf.data(), z.data(), m, n);
+    expect_rounded(dx, dxf, "dx " + at);
+    expect_rounded(dz, dzf, "dz " + at);
+    // dx onto x, then onto dout: the same bits.
+    std::vector<bf16> xi = x, di = dout, dz2(mm);
+    ops::row_gate_backward(dev, s, xi.data(), dz2.data(), dout.data(), xi.data(), z.data(), m, n);
+    expect_rounded(xi, dxf, "dx onto x " + at);
+    expect_rounded(dz2, dzf, "dz (dx onto x) " + at);
+    ops::row_gate_backward(dev, s, di.data(), dz2.data(), di.data(), x.data(), z.data(), m, n);
+    expect_rounded(di, dxf, "dx onto dout " + at);
+  }
 }
 
 }  // namespace

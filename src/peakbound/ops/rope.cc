@@ -32,32 +32,49 @@ void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t,
            [=] { cpu::rope_tables(cos, sin, t, d, offset, theta); });
 }
 
-void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, const float* sin,
-                  std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
-  dispatch(dev, s, "rope_forward", {q, k, cos, sin},
+namespace {
+
+// q and k (float or bf16) rotated by sign x angle on the device's backend.
+template <typename S>
+void rotate(Device& dev, Stream& s, const char* op, S* q, S* k, const float* cos, const float* sin,
+            std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d, float sign) {
+  dispatch(dev, s, op, {q, k, cos, sin},
            [&] { cpu::rope_check(t, d, 0, 1.0); check_heads(q_heads, kv_heads); },
            [&](void* stream) {
-             cuda::rope_rotate(stream, q, cos, sin, t, q_heads, d, 1.0f);
-             cuda::rope_rotate(stream, k, cos, sin, t, kv_heads, d, 1.0f);
+             cuda::rope_rotate(stream, q, cos, sin, t, q_heads, d, sign);
+             cuda::rope_rotate(stream, k, cos, sin, t, kv_heads, d, sign);
            },
            [=] {
-             cpu::rope_forward(q, cos, sin, t, q_heads, d);
-             cpu::rope_forward(k, cos, sin, t, kv_heads, d);
+             if (sign > 0) {
+               cpu::rope_forward(q, cos, sin, t, q_heads, d);
+               cpu::rope_forward(k, cos, sin, t, kv_heads, d);
+             } else {
+               cpu::rope_backward(q, cos, sin, t, q_heads, d);
+               cpu::rope_backward(k, cos, sin, t, kv_heads, d);
+             }
            });
+}
+
+}  // namespace
+
+void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, const float* sin,
+                  std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  rotate(dev, s, "rope_forward", q, k, cos, sin, t, q_heads, kv_heads, d, 1.0f);
+}
+
+void rope_forward(Device& dev, Stream& s, bf16* q, bf16* k, const float* cos, const float* sin,
+                  std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  rotate(dev, s, "rope_forward", q, k, cos, sin, t, q_heads, kv_heads, d, 1.0f);
 }
 
 void rope_backward(Device& dev, Stream& s, float* dq, float* dk, const float* cos, const float* sin,
                    std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
-  dispatch(dev, s, "rope_backward", {dq, dk, cos, sin},
-           [&] { cpu::rope_check(t, d, 0, 1.0); check_heads(q_heads, kv_heads); },
-           [&](void* stream) {
-             cuda::rope_rotate(stream, dq, cos, sin, t, q_heads, d, -1.0f);
-             cuda::rope_rotate(stream, dk, cos, sin, t, kv_heads, d, -1.0f);
-           },
-           [=] {
-             cpu::rope_backward(dq, cos, sin, t, q_heads, d);
-             cpu::rope_backward(dk, cos, sin, t, kv_heads, d);
-           });
+  rotate(dev, s, "rope_backward", dq, dk, cos, sin, t, q_heads, kv_heads, d, -1.0f);
+}
+
+void rope_backward(Device& dev, Stream& s, bf16* dq, bf16* dk, const float* cos, const float* sin,
+                   std::int64_t t, std::int64_t q_heads, std::int64_t kv_heads, std::int64_t d) {
+  rotate(dev, s, "rope_backward", dq, dk, cos, sin, t, q_heads, kv_heads, d, -1.0f);
 }
 
 }  // namespace peakbound::ops

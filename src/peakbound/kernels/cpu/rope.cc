@@ -33,20 +33,22 @@ void rope_tables(float* cos, float* sin, std::int64_t t, std::int64_t d, std::in
 
 namespace {
 
-// sign = +1 rotates by +angle, -1 by -angle.
-void rotate(float* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
+// sign = +1 rotates by +angle, -1 by -angle. T is the storage of x (float or bf16):
+// loads widened, stores narrowed once.
+template <typename T>
+void rotate(T* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
             std::int64_t d, float sign) {
   const std::int64_t half = d / 2;
   for (std::int64_t p = 0; p < t; ++p) {
     const float* c = cos + p * half;
     const float* s = sin + p * half;
     for (std::int64_t h = 0; h < heads; ++h) {
-      float* x1 = x + (p * heads + h) * d;
-      float* x2 = x1 + half;
+      T* x1 = x + (p * heads + h) * d;
+      T* x2 = x1 + half;
       for (std::int64_t i = 0; i < half; ++i) {
-        const float a = x1[i], b = x2[i], si = sign * s[i];
-        x1[i] = a * c[i] - b * si;
-        x2[i] = b * c[i] + a * si;
+        const float a = widen(x1[i]), b = widen(x2[i]), si = sign * s[i];
+        x1[i] = narrow<T>(a * c[i] - b * si);
+        x2[i] = narrow<T>(b * c[i] + a * si);
       }
     }
   }
@@ -60,6 +62,16 @@ void rope_forward(float* x, const float* cos, const float* sin, std::int64_t t, 
 }
 
 void rope_backward(float* dx, const float* cos, const float* sin, std::int64_t t,
+                   std::int64_t heads, std::int64_t d) {
+  rotate(dx, cos, sin, t, heads, d, -1.0f);
+}
+
+void rope_forward(bf16* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
+                  std::int64_t d) {
+  rotate(x, cos, sin, t, heads, d, 1.0f);
+}
+
+void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t t,
                    std::int64_t heads, std::int64_t d) {
   rotate(dx, cos, sin, t, heads, d, -1.0f);
 }

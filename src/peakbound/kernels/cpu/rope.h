@@ -7,9 +7,15 @@
 // angle[t, i] = (offset + t) * inv_freq[i], inv_freq[i] = theta^(-2i / D).
 // transformers duplicates the angles to [T, D]; the table here keeps the D/2 unique
 // columns. The backward is the rotation by -angle (the rotation is orthogonal).
+//
+// bf16 (mixed precision): x / dx may be bf16; the cos / sin tables stay fp32. Each pair
+// is widened, rotated in fp32 exactly as the f32 form and rounded once where it is
+// stored, so the bf16 result is bitwise to_bf16(the f32 result on the widened input).
 #pragma once
 
 #include <cstdint>
+
+#include "peakbound/core/dtype.h"
 
 namespace peakbound::cpu {
 
@@ -29,6 +35,11 @@ void rope_tables(float* cos, float* sin, std::int64_t t, std::int64_t d, std::in
 void rope_forward(float* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
                   std::int64_t d);
 void rope_backward(float* dx, const float* cos, const float* sin, std::int64_t t,
+                   std::int64_t heads, std::int64_t d);
+// The same on bf16 x [T, heads, D] / dx, rotated IN PLACE (fp32 tables).
+void rope_forward(bf16* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
+                  std::int64_t d);
+void rope_backward(bf16* dx, const float* cos, const float* sin, std::int64_t t,
                    std::int64_t heads, std::int64_t d);
 
 }  // namespace peakbound::cpu
