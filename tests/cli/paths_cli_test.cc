@@ -148,6 +148,21 @@ TEST(PathsCli, CheckpointFilesAreInputsOfExportAndResume) {
                         "--hf '" + (s / "out/config.json") + "' is a FIFO");
   EXPECT_FALSE(fs::exists(s / "out/model.safetensors"));
   EXPECT_TRUE(fs::is_fifo(s / "out/config.json"));
+  // --dtype: bf16 or f32 (default the source model's: the fixture is float32); anything else is one line.
+  expect_one_line_error(
+      run_cli("export --checkpoint " + (s / "ck") + " --hf " + (s / "half") + " --dtype f16", kTimeout),
+      "--dtype: 'f16' is not a dtype it takes (use bf16 or f32)");
+  EXPECT_FALSE(fs::exists(s / "half"));
+  for (const char* dtype : {"bf16", ""}) {
+    const std::string flag = *dtype ? std::string(" --dtype ") + dtype : "";
+    const CliRun e = run_cli("export --checkpoint " + (s / "ck") + " --hf " + (s / "hf") + flag, kTimeout);
+    ASSERT_EQ(e.code, 0) << e.err;
+    EXPECT_NE(e.out.find(*dtype ? "model.safetensors in bf16)" : "model.safetensors in f32)"), std::string::npos)
+        << e.out;
+    const std::string config = peakbound::testing::slurp(s / "hf/config.json");
+    EXPECT_NE(config.find(*dtype ? "\"dtype\": \"bfloat16\"" : "\"dtype\": \"float32\""), std::string::npos)
+        << config;
+  }
   // A resumed run reads (maps) the checkpoint's files: none of them is an output.
   const auto weights = fs::file_size(step + "/rank-00000.model.safetensors");
   expect_one_line_error(run_cli("train --steps 2 --seq-len 16 --eval-every 0 --model " + (s / "model") + " --resume " +

@@ -1,7 +1,9 @@
 // Loading the transformers fixtures into a ParameterStore: every value bitwise equal to
 // the file's, expert-parallel ranks holding exactly their experts, the reference
 // gradients matching store entries by name and shape; BF16 conversion and sharded
-// (index.json) checkpoints; broken directories as one-line InvalidArguments.
+// (index.json) checkpoints; broken directories as one-line InvalidArguments. Writing one
+// (HfModelWriter, export's): f32 bitwise, bf16 bitwise to_bf16 of the f32 values, headers
+// and config.json's dtype saying what was written, the bf16 directory loading back rounded.
 #include "peakbound/train/hf_checkpoint.h"
 
 #include <gtest/gtest.h>
@@ -13,11 +15,13 @@
 #include <functional>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/io/safetensors.h"
@@ -277,6 +281,123 @@ TEST_F(HfCheckpointDir, NonFiniteWeightsAreNamedWithFileAndElement) {
   CpuDevice dev(16 * MiB);
   EXPECT_NO_THROW(load_hf_model(dev, dir_, 4, 0));  // rank 0 holds experts 0 and 1 only
   EXPECT_THROW(load_hf_model(dev, dir_, 4, 3), InvalidArgument);
+}
+
+// --- Writing a model directory (export) in f32 and bf16 ---
+
+TEST(HfConfigDtype, ReadsDtypeThenTorchDtypeAndDefaultsToF32) {
+  using nlohmann::json;
+  EXPECT_EQ(hf_config_dtype(json{{"torch_dtype", "bfloat16"}}), DType::bf16);
+  EXPECT_EQ(hf_config_dtype(json{{"dtype", "bfloat16"}}), DType::bf16);
+  EXPECT_EQ(hf_config_dtype(json{{"torch_dtype", "torch.bfloat16"}}), DType::bf16);
+  EXPECT_EQ(hf_config_dtype(json{{"dtype", "float32"}}), DType::f32);
+  EXPECT_EQ(hf_config_dtype(json{{"torch_dtype", "float16"}}), DType::f32);  // no f16 export: f32 holds it exactly
+  EXPECT_EQ(hf_config_dtype(json{{"model_type", "qwen3_moe"}}), DType::f32);
+  EXPECT_EQ(hf_config_dtype(json{{"dtype", nullptr}, {"torch_dtype", "bfloat16"}}), DType::bf16);
+  // "dtype" (transformers >= 4.56) wins over a stale "torch_dtype".
+  EXPECT_EQ(hf_config_dtype(json{{"dtype", "float32"}, {"torch_dtype", "bfloat16"}}), DType::f32);
+}
+
+TEST(HfConfigDtype, ConfigTextSaysTheWrittenDtypeAndKeepsTheRest) {
+  const std::string f32_text = "{\n  \"zeta\": 1,\n  \"dtype\": \"float32\",\n  \"alpha\": [1, 2]\n}\n";
+  EXPECT_EQ(hf_config_text_for(f32_text, DType::f32, "c"), f32_text);  // already right: verbatim
+  const nlohmann::ordered_json bf = nlohmann::ordered_json::parse(hf_config_text_for(f32_text, DType::bf16, "c"));
+  EXPECT_EQ(bf["dtype"], "bfloat16");
+  EXPECT_FALSE(bf.contains("torch_dtype"));
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : bf.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"zeta", "dtype", "alpha"}));  // the source's order
+  EXPECT_EQ(bf["alpha"], nlohmann::ordered_json::parse("[1, 2]"));
+  // Both fields set where both are present; torch_dtype added where neither is.
+  const auto both = nlohmann::json::parse(
+      hf_config_text_for(R"({"torch_dtype": "bfloat16", "dtype": "float32"})", DType::bf16, "c"));
+  EXPECT_EQ(both["torch_dtype"], "bfloat16");
+  EXPECT_EQ(both["dtype"], "bfloat16");
+  const auto none = nlohmann::json::parse(hf_config_text_for(R"({"model_type": "x"})", DType::f32, "c"));
+  EXPECT_EQ(none["torch_dtype"], "float32");
+  EXPECT_FALSE(none.contains("dtype"));
+  EXPECT_THROW(hf_config_text_for("[1]", DType::f32, "c"), InvalidArgument);
+  EXPECT_THROW(HfModelWriter(DType::f64), InvalidArgument);
+}
+
+// The fixture's tensors (plus rounding cases put into model.norm.weight: ties to even both
+// ways, a value that carries into the exponent, negatives, a subnormal, zero and -0)
+// written in f32 and in bf16.
+TEST_F(HfCheckpointDir, WriterWritesF32AndBf16RoundedToNearestEven) {
+  Tensor* norm = find("model.norm.weight");
+  ASSERT_NE(norm, nullptr);
+  const std::uint32_t cases[] = {0x3f808000u,  // 1 + 2^-8: a tie, rounds down to even 0x3f80
+                                 0x3f818000u,  // a tie that rounds up to even 0x3f82
+                                 0x3f808001u,  // just above a tie: up
+                                 0x3f7fffffu,  // carries into the exponent: 0x3f80
+                                 0xbf818000u,  // negative tie: 0xbf82
+                                 0x00012345u,  // subnormal
+                                 0x00000000u, 0x80000000u};
+  for (std::size_t i = 0; i < std::size(cases); ++i) std::memcpy(&norm->data[4 * i], &cases[i], 4);
+  std::ifstream in(kFixtures + "qwen3_moe/config.json");
+  std::stringstream config;
+  config << in.rdbuf();
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    HfModelWriter w(dtype);
+    for (const Tensor& t : tensors_) {
+      std::vector<float> v(t.data.size() / 4);
+      std::memcpy(v.data(), t.data.data(), t.data.size());
+      w.add(t.name, t.shape, v);
+    }
+    const std::string out = dir_ + "/" + std::string(dtype_name(dtype));
+    w.write(out, config.str());
+    const bool bf = dtype == DType::bf16;
+    // config.json names the dtype written; the rest is the source's.
+    std::ifstream cin(out + "/config.json");
+    const nlohmann::json written = nlohmann::json::parse(cin);
+    nlohmann::json want = nlohmann::json::parse(config.str());
+    want["dtype"] = bf ? "bfloat16" : "float32";
+    EXPECT_EQ(written, want);
+    EXPECT_EQ(hf_config_dtype(written), dtype);
+    const SafeTensorsFile f = SafeTensorsFile::open(out + "/model.safetensors");
+    EXPECT_EQ(f.metadata().at("format"), "pt");
+    ASSERT_EQ(f.tensors().size(), tensors_.size());
+    for (const Tensor& t : tensors_) {
+      const SafeTensorInfo& info = f.info(t.name);
+      EXPECT_EQ(info.dtype, bf ? "BF16" : "F32") << t.name;
+      EXPECT_EQ(info.shape, t.shape) << t.name;
+      const auto bytes = f.bytes(t.name);
+      if (!bf) {
+        ASSERT_EQ(bytes.size(), t.data.size());
+        EXPECT_EQ(std::memcmp(bytes.data(), t.data.data(), bytes.size()), 0) << t.name;
+        continue;
+      }
+      ASSERT_EQ(bytes.size(), t.data.size() / 2);
+      for (std::size_t i = 0; i < bytes.size() / 2; ++i) {
+        float x;
+        std::uint16_t got;
+        std::memcpy(&x, &t.data[4 * i], 4);
+        std::memcpy(&got, &bytes[2 * i], 2);
+        ASSERT_EQ(got, to_bf16(x).bits) << t.name << "[" << i << "]";
+      }
+    }
+    if (bf) {  // the rounding cases, by hand (to_bf16 is the reference above)
+      const std::uint16_t want_bits[] = {0x3f80, 0x3f82, 0x3f81, 0x3f80, 0xbf82, 0x0001, 0x0000, 0x8000};
+      const auto bytes = f.bytes("model.norm.weight");
+      for (std::size_t i = 0; i < std::size(want_bits); ++i) {
+        std::uint16_t got;
+        std::memcpy(&got, &bytes[2 * i], 2);
+        EXPECT_EQ(got, want_bits[i]) << i;
+      }
+    }
+    // Loading the directory back gives the written values: f32 bitwise, bf16 widened.
+    CpuDevice dev(16 * MiB);
+    const HfModel m = load_hf_model(dev, out);
+    for (const Tensor& t : tensors_) {
+      const float* p = m.store.param(t.name);
+      for (std::size_t i = 0; i < t.data.size() / 4; ++i) {
+        float x;
+        std::memcpy(&x, &t.data[4 * i], 4);
+        const float want_x = bf ? to_f32(to_bf16(x)) : x;
+        ASSERT_EQ(float_bits(p[i]), float_bits(want_x)) << t.name << "[" << i << "]";
+      }
+    }
+  }
 }
 
 TEST(HfCheckpointFinite, CheckFiniteWeightsFindsTheFirstBadElementAnywhere) {

@@ -1,13 +1,17 @@
-// `peakbound export --checkpoint DIR --hf OUT`: a training checkpoint (train/run_checkpoint.h)
-// as a Hugging Face model directory, config.json + model.safetensors, that transformers'
-// from_pretrained loads (and `--model OUT` starts a run from).
+// `peakbound export --checkpoint DIR --hf OUT [--dtype bf16|f32]`: a training checkpoint
+// (train/run_checkpoint.h) as a Hugging Face model directory, config.json +
+// model.safetensors, that transformers' from_pretrained loads (and `--model OUT` starts a
+// run from). The weights are written in --dtype (bf16 rounded to nearest even from the
+// fp32 master weights); by default in the dtype of the Hugging Face model the run started from.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"
+#include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
 #include "peakbound/io/path_check.h"
 #include "peakbound/train/run_checkpoint.h"
@@ -17,8 +21,13 @@ namespace peakbound::cli {
 namespace {
 
 struct ExportFlags {
-  std::string checkpoint, hf;
+  std::string checkpoint, hf, dtype;
 };
+
+std::optional<DType> export_dtype(const std::string& flag) {
+  if (flag.empty()) return std::nullopt;
+  return shard_dtype(flag, "--dtype");
+}
 
 Command add_export(CLI::App& parent) {
   auto f = std::make_shared<ExportFlags>();
@@ -29,7 +38,11 @@ Command add_export(CLI::App& parent) {
   text_flag(app, "--checkpoint", f->checkpoint, "A --save-dir folder (its latest checkpoint) or a step folder")
       ->required();
   text_flag(app, "--hf", f->hf, "The folder to write (created if needed)")->required();
+  text_flag(app, "--dtype", f->dtype,
+            "bf16 or f32: the weights' dtype in model.safetensors (bf16 rounds the fp32 master weights to nearest "
+            "even); default: the torch_dtype of the Hugging Face model the run started from");
   cmd.validate = [f] {
+    (void)export_dtype(f->dtype);
     const std::string step = resolve_checkpoint(f->checkpoint);
     (void)read_checkpoint_manifest(step);
     // --hf: a folder (made if absent), not the checkpoint's own, and its two files
@@ -48,8 +61,9 @@ Command add_export(CLI::App& parent) {
   };
   cmd.run = [f] {
     const std::string step = resolve_checkpoint(f->checkpoint);
-    export_hf(step, f->hf);
-    std::printf("exported %s to %s (config.json, model.safetensors)\n", step.c_str(), f->hf.c_str());
+    const DType written = export_hf(step, f->hf, export_dtype(f->dtype));
+    std::printf("exported %s to %s (config.json, model.safetensors in %s)\n", step.c_str(), f->hf.c_str(),
+                std::string(dtype_name(written)).c_str());
     return 0;
   };
   return cmd;

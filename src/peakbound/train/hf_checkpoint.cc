@@ -15,8 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "peakbound/core/error.h"
+#include "peakbound/io/atomic_file.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/hf_config.h"
+#include "peakbound/ops/host_convert.h"
 
 namespace peakbound {
 
@@ -63,6 +65,14 @@ std::vector<std::string> index_shards(const fs::path& index) {
 
 bool convertible(const std::string& dtype) {
   return dtype == "F32" || dtype == "BF16" || dtype == "F16" || dtype == "F64";
+}
+
+// The torch dtype names config.json uses ("torch.bfloat16" in some older files).
+bool names_bf16(const nlohmann::json& v) {
+  return v.is_string() && (v.get<std::string>() == "bfloat16" || v.get<std::string>() == "torch.bfloat16");
+}
+bool names_f32(const nlohmann::json& v) {
+  return v.is_string() && (v.get<std::string>() == "float32" || v.get<std::string>() == "torch.float32");
 }
 
 }  // namespace
@@ -197,6 +207,75 @@ void load_hf_weights(const std::string& dir, ParameterStore& store) {
     if (!staged.empty()) dev.synchronize(s);
   }
   dev.synchronize(s);
+}
+
+DType hf_config_dtype(const nlohmann::json& config) {
+  if (!config.is_object()) return DType::f32;
+  for (const char* key : {"dtype", "torch_dtype"})
+    if (config.contains(key) && !config[key].is_null()) return names_bf16(config[key]) ? DType::bf16 : DType::f32;
+  return DType::f32;
+}
+
+std::string hf_config_text_for(const std::string& config_text, DType dtype, const std::string& source) {
+  PB_CHECK(dtype == DType::f32 || dtype == DType::bf16);
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(config_text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(source + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw InvalidArgument(source + ": not a JSON object");
+  const bool bf = dtype == DType::bf16;
+  const char* name = bf ? "bfloat16" : "float32";
+  bool any = false, agree = true;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (!j.contains(key)) continue;
+    any = true;
+    agree = agree && (bf ? names_bf16(j[key]) : names_f32(j[key]));
+  }
+  if (any && agree) return config_text;
+  if (!any) j["torch_dtype"] = name;
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (j.contains(key)) j[key] = name;
+  return j.dump(2) + "\n";
+}
+
+static_assert(sizeof(bf16) == 2, "BF16 tensors are written from bf16 arrays as they are");
+
+HfModelWriter::HfModelWriter(DType dtype) : dtype_(dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    throw InvalidArgument("a Hugging Face export is written in f32 or bf16, not " + std::string(dtype_name(dtype)));
+}
+
+void HfModelWriter::add(std::string name, std::vector<std::int64_t> shape, std::span<const float> values) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  PB_CHECK(static_cast<std::size_t>(n) == values.size());
+  Tensor t{std::move(name), std::move(shape), {}, {}};
+  if (dtype_ == DType::f32) {
+    t.f32.assign(values.begin(), values.end());
+  } else {
+    t.b16.resize(values.size());
+    ops::host_to_bf16(t.b16.data(), values.data(), n);
+  }
+  tensors_.push_back(std::move(t));
+}
+
+void HfModelWriter::write(const std::string& out_dir, const std::string& config_text) const {
+  const std::string config = hf_config_text_for(config_text, dtype_, "config.json");
+  std::vector<SafeTensorOut> out;
+  out.reserve(tensors_.size());
+  for (const Tensor& t : tensors_) {
+    if (dtype_ == DType::f32)
+      out.push_back({t.name, "F32", t.shape, t.f32.data(), t.f32.size() * sizeof(float)});
+    else
+      out.push_back({t.name, "BF16", t.shape, t.b16.data(), t.b16.size() * sizeof(bf16)});
+  }
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) throw Error(out_dir + ": cannot create the export folder: " + ec.message());
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}});
+  write_text_atomic((fs::path(out_dir) / "config.json").string(), config);
 }
 
 HfModel load_hf_model(Device& dev, const std::string& dir, std::int64_t ep, std::int64_t ep_rank) {

@@ -15,12 +15,22 @@
 // Then each tensor this rank holds (its rows, under expert / other sharding) is
 // converted to f32 (from F32, BF16, F16 or F64), checked for NaN and infinity, and copied
 // to the device. Errors are one InvalidArgument line naming the file and the tensor.
+//
+// Writing one (export, issue 28): HfModelWriter holds whole tensors in the dtype asked
+// for, f32 or bf16 (rounded to nearest even once, from the fp32 master weights), and
+// writes model.safetensors ("F32" / "BF16") and config.json with its dtype field saying
+// what was written ("float32" / "bfloat16"), so from_pretrained(torch_dtype="auto")
+// loads the weights in the dtype they hold.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "peakbound/core/dtype.h"
 #include "peakbound/device/device.h"
 #include "peakbound/model/model_config.h"
 #include "peakbound/model/tensor_table.h"
@@ -55,5 +65,43 @@ struct HfModel {
 };
 // Expert-parallel over `ep` ranks as rank `ep_rank` (1, 0: the whole model).
 HfModel load_hf_model(Device& dev, const std::string& dir, std::int64_t ep = 1, std::int64_t ep_rank = 0);
+
+// The dtype a config.json says its weights are in: its "dtype" field (the name
+// transformers writes since 4.56), else "torch_dtype". bf16 for "bfloat16"; f32 for
+// anything else or no field ("float16" included: an export offers f32 and bf16 only, and
+// f32 holds every fp16 value exactly). `export`'s default dtype.
+DType hf_config_dtype(const nlohmann::json& config);
+
+// config.json's text for weights written in `dtype` (f32 or bf16): the text verbatim when
+// its dtype fields already say so, else re-dumped (keys in their order, 2-space indent)
+// with "torch_dtype" and "dtype", each where present ("torch_dtype" when neither is), set
+// to "float32" / "bfloat16". InvalidArgument when the text is not a JSON object.
+std::string hf_config_text_for(const std::string& config_text, DType dtype, const std::string& source);
+
+// A Hugging Face model directory being assembled in one dtype, f32 or bf16. Each tensor
+// is added whole in f32 and stored at once in the dtype (bf16: round to nearest even,
+// core/dtype.h to_bf16), so an export holds every tensor once, in the written dtype.
+class HfModelWriter {
+ public:
+  // InvalidArgument for a dtype other than f32 or bf16.
+  explicit HfModelWriter(DType dtype);
+  DType dtype() const { return dtype_; }
+  // values.size() must be the shape's element count (PB_CHECK).
+  void add(std::string name, std::vector<std::int64_t> shape, std::span<const float> values);
+  // Creates out_dir if needed and writes out_dir/model.safetensors (the tensors in the
+  // order added, metadata {"format": "pt"}) then out_dir/config.json
+  // (hf_config_text_for(config_text, dtype)), each atomically.
+  void write(const std::string& out_dir, const std::string& config_text) const;
+
+ private:
+  struct Tensor {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    std::vector<float> f32;  // the dtype's vector holds the values; the other is empty
+    std::vector<bf16> b16;
+  };
+  DType dtype_;
+  std::vector<Tensor> tensors_;
+};
 
 }  // namespace peakbound

@@ -628,7 +628,7 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
   return st;
 }
 
-void export_hf(const std::string& step_dir, const std::string& out_dir) {
+DType export_hf(const std::string& step_dir, const std::string& out_dir, std::optional<DType> dtype) {
   const nlohmann::json j = read_checkpoint_manifest(step_dir);
   const fs::path config_path = fs::path(step_dir) / "config.json";
   bool has_config = false;
@@ -642,27 +642,23 @@ void export_hf(const std::string& step_dir, const std::string& out_dir) {
   const ModelConfig config = load_hf_config(config_path.string());
   PieceIndex index;
   for (const SafeTensorsFile& f : files) index_file(f, index);
-  const TensorTable table(config);
-  std::vector<std::vector<float>> data;
-  std::vector<SafeTensorOut> out;
-  const std::vector<TensorEntry> entries = table.entries();
-  data.reserve(entries.size());
-  for (const TensorEntry& e : entries) {
-    if (hf_ignored_tensor(config, e.name)) continue;
-    ShardSegment whole{e.name, e.shape, 0, static_cast<std::uint64_t>(e.numel()), 0};
-    data.emplace_back(static_cast<std::size_t>(e.numel()), 0.0f);
-    if (fill(index, e.name, whole, data.back().data()) != whole.count)
-      bad_checkpoint("'" + step_dir + "' does not hold every element of " + e.name + " exactly once");
-    out.push_back({e.name, "F32", e.shape, data.back().data(), whole.count * sizeof(float)});
-  }
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw Error(out_dir + ": cannot create the export folder: " + ec.message());
   std::ifstream in(config_path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), out, {{"format", "pt"}});
-  write_text_atomic((fs::path(out_dir) / "config.json").string(), text.str());
+  // The default is the dtype of the Hugging Face model the run started from (load_hf_config parsed it already).
+  HfModelWriter writer(dtype.value_or(hf_config_dtype(nlohmann::json::parse(text.str()))));
+  const TensorTable table(config);
+  std::vector<float> whole_tensor;  // one tensor at a time, stored by the writer in its dtype
+  for (const TensorEntry& e : table.entries()) {
+    if (hf_ignored_tensor(config, e.name)) continue;
+    ShardSegment whole{e.name, e.shape, 0, static_cast<std::uint64_t>(e.numel()), 0};
+    whole_tensor.assign(static_cast<std::size_t>(e.numel()), 0.0f);
+    if (fill(index, e.name, whole, whole_tensor.data()) != whole.count)
+      bad_checkpoint("'" + step_dir + "' does not hold every element of " + e.name + " exactly once");
+    writer.add(e.name, e.shape, whole_tensor);
+  }
+  writer.write(out_dir, text.str());
+  return writer.dtype();
 }
 
 }  // namespace peakbound

@@ -41,10 +41,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/model/model_config.h"
 #include "peakbound/train/process_groups.h"
 #include "peakbound/train/trainer.h"
@@ -147,11 +149,14 @@ nlohmann::json read_checkpoint_manifest(const std::string& step_dir);
 // (another model).
 RunState load_checkpoint(const std::string& step_dir, Trainer& trainer);
 
-// Writes OUT/config.json (the checkpoint's own) and OUT/model.safetensors (every tensor
-// whole, fp32, under its Hugging Face name, assembled from every rank's pieces) for
-// transformers' from_pretrained. One process, no communication. InvalidArgument when the
-// checkpoint holds no config.json (a preset model: transformers has no model type for
-// it), a file fails its check, or a tensor is not covered exactly once.
-void export_hf(const std::string& step_dir, const std::string& out_dir);
+// Writes OUT/model.safetensors (every tensor whole, under its Hugging Face name, assembled
+// from every rank's pieces of the fp32 master weights, in `dtype`: F32, or BF16 rounded to
+// nearest even) and OUT/config.json (the checkpoint's own, its torch_dtype saying the
+// dtype written) for transformers' from_pretrained; returns the dtype written. `dtype`
+// f32 or bf16; by default the dtype of the Hugging Face config the run started from
+// (hf_config_dtype: bf16 for "bfloat16", else f32). One process, no communication.
+// InvalidArgument when the checkpoint holds no config.json (a preset model: transformers
+// has no model type for it), a file fails its check, or a tensor is not covered exactly once.
+DType export_hf(const std::string& step_dir, const std::string& out_dir, std::optional<DType> dtype = std::nullopt);
 
 }  // namespace peakbound
