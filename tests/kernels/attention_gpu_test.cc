@@ -1,7 +1,11 @@
 // The CUDA backend's attention against the CPU backend's on the same inputs: causal GQA
 // with and without a window, odd sizes, Dv != D; and a sequence split into two key
 // blocks at offsets, folded with accumulate (forward running state, gradients added
-// into), as ring attention calls it. Skips without a GPU.
+// into), as ring attention calls it. The bf16 forms (bf16 q, k, v, dout, saved out; fp32
+// out, lse, gradients) the same way, within the bf16 bound. Skips without a GPU.
+#include <cstring>
+
+#include "peakbound/core/dtype.h"
 #include "peakbound/ops/attention.h"
 #include "tests/device/gpu_test_util.h"
 
@@ -67,6 +71,81 @@ TEST(CudaKernels, AttentionBlocksFoldWithAccumulate) {
                  ops::attention_backward(dev, s, f(b[6]), f(b[7]) + 30 * H * D, f(b[8]) + 30 * H * D, f(b[5]), f(b[0]),
                                          k2, v2, f(b[3]), f(b[4]), b2, f(b[9]), nullptr, f(b[10]));
                }, 5e-5f, "attention blocks", {9});
+}
+
+// n bf16 values (randn, rounded) in a float buffer of ceil(n / 2), as a device buffer
+// holds a bf16 tensor.
+std::vector<float> bf16_values(std::size_t n, std::uint32_t seed) {
+  const std::vector<float> x = randn(n, seed);
+  std::vector<bf16> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = to_bf16(x[i]);
+  std::vector<float> buf((n + 1) / 2, 0.0f);
+  std::memcpy(buf.data(), h.data(), n * sizeof(bf16));
+  return buf;
+}
+
+bf16* h(Buffer& b) { return static_cast<bf16*>(b.data()); }
+
+// Tolerance against the CPU: the CPU's bf16 form rounds P and dS to bf16 for its tile
+// GEMMs (at most 2^-8 relative an element), the CUDA kernels keep them in fp32, so the
+// two differ by about 2^-8 of each output's scale; 2e-2 * (1 + |cpu|) leaves room for the
+// sums of such errors (the f32 test's 5e-5 would fail on the first element).
+constexpr float kBf16Tol = 2e-2f;
+
+TEST(CudaKernels, AttentionBf16MatchesCpu) {
+  PB_NEED_GPU();
+  for (Shape sh : {Shape{1, 1, 1, 8, 8, 0}, Shape{37, 4, 1, 64, 48, 0}, Shape{70, 8, 2, 32, 32, 5}}) {
+    ops::AttentionDims a;
+    a.tokens = sh.T, a.q_heads = sh.Hq, a.kv_heads = sh.Hkv, a.qk_dim = sh.D, a.v_dim = sh.Dv, a.window = sh.W;
+    a.block_q = 16, a.block_k = 16;
+    const auto z = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+    const std::size_t nq = z(sh.T * sh.Hq * sh.D), nk = z(sh.T * sh.Hkv * sh.D), nv = z(sh.T * sh.Hkv * sh.Dv),
+                      no = z(sh.T * sh.Hq * sh.Dv), nl = z(sh.T * sh.Hq),
+                      nw = z(attention_workspace_floats(a, DType::bf16));
+    // q, k, v (bf16), out, lse, dout (bf16), dq, dk, dv, workspace, saved out (bf16)
+    same_on_both({bf16_values(nq, 1), bf16_values(nk, 2), bf16_values(nv, 3), randn(no, 4), randn(nl, 5),
+                  bf16_values(no, 6), randn(nq, 7), randn(nk, 8), randn(nv, 9), std::vector<float>(nw, 0.0f),
+                  bf16_values(no, 10)},
+                 [&](Device& dev, std::vector<Buffer>& b) {
+                   Stream& s = dev.compute_stream();
+                   ops::attention_forward(dev, s, f(b[3]), f(b[4]), h(b[0]), h(b[1]), h(b[2]), a, f(b[9]));
+                   ops::attention_backward(dev, s, f(b[6]), f(b[7]), f(b[8]), h(b[5]), h(b[0]), h(b[1]), h(b[2]),
+                                           h(b[10]), f(b[4]), a, f(b[9]));
+                 }, kBf16Tol, "bf16 attention T " + std::to_string(sh.T) + " W " + std::to_string(sh.W), {9});
+  }
+}
+
+TEST(CudaKernels, AttentionBf16BlocksFoldWithAccumulate) {
+  PB_NEED_GPU();
+  // Queries: rows [20, 50) of a 50-token sequence; keys in two blocks [0, 30) and [30, 50).
+  const std::int64_t H = 2, D = 16, Tq = 30;
+  ops::AttentionDims a;
+  a.tokens = Tq, a.q_heads = H, a.kv_heads = H, a.qk_dim = D, a.v_dim = D, a.q_offset = 20, a.accumulate = true;
+  a.block_q = 8, a.block_k = 8;
+  ops::AttentionDims b1 = a, b2 = a;
+  b1.kv_tokens = 30, b1.k_offset = 0;
+  b2.kv_tokens = 20, b2.k_offset = 30;
+  const auto nq = static_cast<std::size_t>(Tq * H * D), nl = static_cast<std::size_t>(Tq * H),
+             nk = static_cast<std::size_t>(50 * H * D);
+  const auto nw = static_cast<std::size_t>(
+      std::max(attention_workspace_floats(b1, DType::bf16), attention_workspace_floats(b2, DType::bf16)));
+  std::vector<float> lse0(nl, -INFINITY);
+  // q, k (50 rows), v (bf16), out, lse, dout (bf16), dq, dk, dv, workspace, row_dot, saved out (bf16)
+  same_on_both({bf16_values(nq, 1), bf16_values(nk, 2), bf16_values(nk, 3), randn(nq, 4), lse0, bf16_values(nq, 6),
+                randn(nq, 7), randn(nk, 8), randn(nk, 9), std::vector<float>(nw, 0.0f), randn(nl, 10),
+                bf16_values(nq, 11)},
+               [&](Device& dev, std::vector<Buffer>& b) {
+                 Stream& s = dev.compute_stream();
+                 const bf16* k2 = h(b[1]) + 30 * H * D;
+                 const bf16* v2 = h(b[2]) + 30 * H * D;
+                 ops::attention_forward(dev, s, f(b[3]), f(b[4]), h(b[0]), h(b[1]), h(b[2]), b1, f(b[9]));
+                 ops::attention_forward(dev, s, f(b[3]), f(b[4]), h(b[0]), k2, v2, b2, f(b[9]));
+                 ops::attention_row_dot(dev, s, f(b[10]), h(b[5]), h(b[11]), a);
+                 ops::attention_backward(dev, s, f(b[6]), f(b[7]), f(b[8]), h(b[5]), h(b[0]), h(b[1]), h(b[2]),
+                                         h(b[11]), f(b[4]), b1, f(b[9]), nullptr, f(b[10]));
+                 ops::attention_backward(dev, s, f(b[6]), f(b[7]) + 30 * H * D, f(b[8]) + 30 * H * D, h(b[5]),
+                                         h(b[0]), k2, v2, h(b[11]), f(b[4]), b2, f(b[9]), nullptr, f(b[10]));
+               }, kBf16Tol, "bf16 attention blocks", {9});
 }
 
 }  // namespace

@@ -35,16 +35,30 @@ void check_attention_dims(const AttentionDims& a) {
     bad("q_offset and k_offset must be >= 0, got " + std::to_string(a.q_offset) + ", " + std::to_string(a.k_offset));
 }
 
-std::int64_t attention_forward_workspace_floats(const AttentionDims& a) {
-  return static_cast<std::int64_t>(a.threads) * (a.block_q * a.block_k + 2 * a.block_q);
+namespace {
+
+// The floats of a bf16 tile of n elements (two a float, rounded up).
+std::int64_t bf16_tile_floats(std::int64_t n, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    bad("workspace dtype must be f32 or bf16, got " + std::string(dtype_name(dtype)));
+  return dtype == DType::bf16 ? (n + 1) / 2 : 0;
 }
 
-std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given) {
-  return (row_dot_given ? 0 : a.tokens * a.q_heads) + static_cast<std::int64_t>(a.threads) * 2 * a.block_q * a.block_k;
+}  // namespace
+
+std::int64_t attention_forward_workspace_floats(const AttentionDims& a, DType dtype) {
+  const std::int64_t tile = a.block_q * a.block_k;
+  return static_cast<std::int64_t>(a.threads) * (tile + 2 * a.block_q + bf16_tile_floats(tile, dtype));
 }
 
-std::int64_t attention_workspace_floats(const AttentionDims& a) {
-  return std::max(attention_forward_workspace_floats(a), attention_backward_workspace_floats(a));
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given, DType dtype) {
+  const std::int64_t tile = a.block_q * a.block_k;
+  return (row_dot_given ? 0 : a.tokens * a.q_heads) +
+         static_cast<std::int64_t>(a.threads) * 2 * (tile + bf16_tile_floats(tile, dtype));
+}
+
+std::int64_t attention_workspace_floats(const AttentionDims& a, DType dtype) {
+  return std::max(attention_forward_workspace_floats(a, dtype), attention_backward_workspace_floats(a, false, dtype));
 }
 
 }  // namespace peakbound

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "peakbound/core/dtype.h"
+
 namespace peakbound {
 
 // One call's dimensions and tiling.
@@ -38,13 +40,18 @@ struct AttentionDims {
 // Hq % Hkv == 0; window >= 0; threads >= 1; kv_tokens, q_offset, k_offset >= 0).
 void check_attention_dims(const AttentionDims& a);
 
-// Workspace floats each pass needs: pure functions of the dims, so a caller allocates
-// them from a footprint. Forward: threads * (Bq * Bk + 2 Bq) (one score tile and the
-// running max and sum per row). Backward: T * Hq (D_i = rowsum(dout * out); not when
-// the caller passes it, row_dot_given) + threads * 2 * Bq * Bk (the P and dS tiles).
-// attention_workspace_floats is the max of the two: one buffer serving both passes.
-std::int64_t attention_forward_workspace_floats(const AttentionDims& a);
-std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given = false);
-std::int64_t attention_workspace_floats(const AttentionDims& a);
+// Workspace floats each pass needs: pure functions of the dims and the dtype of q, k, v
+// (f32 or bf16; anything else is InvalidArgument), so a caller allocates them from a
+// footprint. Forward: threads * (Bq * Bk + 2 Bq) (one fp32 score tile and the running
+// max and sum per row), and under bf16 each slot also holds the probabilities rounded to
+// bf16 for O += P V: ceil(Bq * Bk / 2) floats more. Backward: T * Hq (D_i = rowsum(dout
+// * out); not when the caller passes it, row_dot_given) + threads * 2 * Bq * Bk (the fp32
+// P and dS tiles), and under bf16 their bf16 copies for the gradient GEMMs: Bq * Bk
+// floats more a slot. attention_workspace_floats is the max of the two: one buffer
+// serving both passes. The workspace is float-aligned; bf16 tiles sit at float offsets.
+std::int64_t attention_forward_workspace_floats(const AttentionDims& a, DType dtype = DType::f32);
+std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool row_dot_given = false,
+                                                 DType dtype = DType::f32);
+std::int64_t attention_workspace_floats(const AttentionDims& a, DType dtype = DType::f32);
 
 }  // namespace peakbound

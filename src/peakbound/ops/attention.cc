@@ -1,8 +1,10 @@
 #include "peakbound/ops/attention.h"
 
 #include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/kernels/cuda/attention.h"
 #include "peakbound/ops/backend.h"
+#include "peakbound/ops/gemm.h"
 
 namespace peakbound::ops {
 
@@ -29,6 +31,45 @@ void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv,
 }
 
 void attention_row_dot(Device& dev, Stream& s, float* row_dot, const float* dout, const float* out,
+                       const AttentionDims& dims) {
+  dispatch(dev, s, "attention_row_dot", {row_dot, dout, out},
+           [&] { check_attention_dims(dims); },
+           [&](void* stream) { cuda::attention_row_dot(stream, row_dot, dout, out, dims); },
+           [=] { cpu::attention_row_dot(row_dot, dout, out, dims); });
+}
+
+namespace {
+
+// The process's bf16 GEMM path (ops/gemm.h), read on the caller's thread so a bad
+// PEAKBOUND_BF16_GEMM fails at the call; CUDA ignores it.
+cpu::Bf16GemmPath gemm_path(const Device& dev) {
+  return dev.backend() == Backend::cpu ? cpu::parse_bf16_gemm_path(bf16_gemm_path()) : cpu::Bf16GemmPath::convert;
+}
+
+}  // namespace
+
+void attention_forward(Device& dev, Stream& s, float* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       const AttentionDims& dims, float* workspace, ThreadPool* pool) {
+  const cpu::Bf16GemmPath path = gemm_path(dev);
+  dispatch(dev, s, "attention_forward", {out, lse, q, k, v, workspace, pool},
+           [&] { check_attention_dims(dims); },
+           [&](void* stream) { cuda::attention_forward(stream, out, lse, q, k, v, dims); },
+           [=] { cpu::attention_forward(out, lse, q, k, v, dims, workspace, path, pool); });
+}
+
+void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* out, const float* lse, const AttentionDims& dims,
+                        float* workspace, ThreadPool* pool, const float* row_dot) {
+  const cpu::Bf16GemmPath path = gemm_path(dev);
+  dispatch(dev, s, "attention_backward", {dq, dk, dv, dout, q, k, v, out, lse, workspace, pool, row_dot},
+           [&] { check_attention_dims(dims); },
+           [&](void* stream) {
+             cuda::attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, row_dot);
+           },
+           [=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, path, pool, row_dot); });
+}
+
+void attention_row_dot(Device& dev, Stream& s, float* row_dot, const bf16* dout, const bf16* out,
                        const AttentionDims& dims) {
   dispatch(dev, s, "attention_row_dot", {row_dot, dout, out},
            [&] { check_attention_dims(dims); },

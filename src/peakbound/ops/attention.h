@@ -8,6 +8,7 @@
 // [T, Hq] = rowsum(dout * out), which the backward then READS instead of computing it.
 #pragma once
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/device/device.h"
 #include "peakbound/kernels/attention_dims.h"
 
@@ -27,6 +28,19 @@ void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv,
                         const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr,
                         const float* row_dot = nullptr);
 void attention_row_dot(Device& dev, Stream& s, float* row_dot, const float* dout, const float* out,
+                       const AttentionDims& dims);
+
+// Mixed precision (kernels/cpu/attention.h, "Mixed precision"): bf16 q, k, v, dout and
+// the saved out; out, lse, row_dot, dq, dk, dv stay fp32 (out and the gradients are
+// fp32 accumulators across key blocks; the caller narrows once after the last). On the
+// CPU the tile products run on ops::bf16_gemm_path(), read on the caller's thread; the
+// workspace is sized with DType::bf16 (kernels/attention_dims.h).
+void attention_forward(Device& dev, Stream& s, float* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
+void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* out, const float* lse, const AttentionDims& dims,
+                        float* workspace, ThreadPool* pool = nullptr, const float* row_dot = nullptr);
+void attention_row_dot(Device& dev, Stream& s, float* row_dot, const bf16* dout, const bf16* out,
                        const AttentionDims& dims);
 
 }  // namespace peakbound::ops

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/gemm.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
 
 namespace peakbound::cpu {
 namespace {
@@ -28,9 +30,10 @@ inline float dot(const float* a, const float* b, std::int64_t n) {
 // a . b accumulated in double, rounded once: D_i is subtracted from every dP_ij, and
 // dP_ij - D_i cancels (exactly, on the diagonal of a row that sees one key), so D_i
 // carries no rounding of its own beyond the final one.
-inline float dot_f64(const float* a, const float* b, std::int64_t n) {
+template <typename T>
+inline float dot_f64(const T* a, const T* b, std::int64_t n) {
   double acc = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(a[i]) * b[i];
+  for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(widen(a[i])) * widen(b[i]);
   return static_cast<float>(acc);
 }
 
@@ -50,31 +53,72 @@ void run_shares(int slots, ThreadPool* pool, const F& share) {
   }
 }
 
-}  // namespace
+// The tile products: sgemm on f32 storage; on bf16 storage the bf16 GEMM on `path`
+// (fp32 accumulation into the f32 C either way).
+inline void tile_gemm(Bf16GemmPath, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      const float* x, std::int64_t ldx, const float* y, std::int64_t ldy, float beta, float* c,
+                      std::int64_t ldc) {
+  gemm_f32(ta, tb, m, n, k, alpha, x, ldx, y, ldy, beta, c, ldc);
+}
+inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      const bf16* x, std::int64_t ldx, const bf16* y, std::int64_t ldy, float beta, float* c,
+                      std::int64_t ldc) {
+  gemm_bf16(path, ta, tb, m, n, k, alpha, x, ldx, y, ldy, beta, c, ldc);
+}
 
-void attention_row_dot(float* row_dot, const float* dout, const float* out, const AttentionDims& a) {
+// The storage-type operand of a tile product made from an fp32 tile (P, dS): the tile
+// itself for f32; for bf16, `low` (a bf16 tile of the same [rows, Bk] layout) holding
+// its [rows, cols] elements rounded once, as FlashAttention-2 rounds P and dS.
+template <typename T>
+const T* operand_tile(const float* tile, float* low, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
+  if constexpr (std::is_same_v<T, float>) {
+    (void)low, (void)rows, (void)cols, (void)ld;
+    return tile;
+  } else {
+    T* out = reinterpret_cast<T*>(low);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) out[r * ld + c] = narrow<T>(tile[r * ld + c]);
+    return out;
+  }
+}
+
+// Floats a slot's bf16 copy of a [Bq, Bk] tile takes (two a float, rounded up; none for
+// f32, whose P and dS are used in place): kernels/attention_dims.cc's sizes.
+template <typename T>
+constexpr std::int64_t low_tile_floats(std::int64_t n) {
+  return std::is_same_v<T, float> ? 0 : (n + 1) / 2;
+}
+
+template <typename T>
+void row_dot_impl(float* row_dot, const T* dout, const T* out, const AttentionDims& a) {
   const std::int64_t rows = a.tokens * a.q_heads, Dv = a.v_dim;
   for (std::int64_t x = 0; x < rows; ++x) row_dot[x] = dot_f64(dout + x * Dv, out + x * Dv, Dv);
 }
 
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const AttentionDims& a, float* workspace, ThreadPool* pool) {
+// The forward over storage T of q, k, v (out, lse fp32). T = float is the f32 kernel
+// bit for bit (path unused); T = bf16 runs the tile products on the bf16 GEMM with P
+// rounded to bf16 for O += P V, the softmax statistics and the sum l in fp32 from the
+// unrounded P, as FlashAttention-2 does.
+template <typename T>
+void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, const AttentionDims& a,
+                  float* workspace, ThreadPool* pool, Bf16GemmPath path) {
   check_attention_dims(a);
-  const std::int64_t T = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t Tq = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
   // Global positions: query row i is qo + i, key row j is ko + j.
   const std::int64_t qo = a.q_offset, ko = a.k_offset;
   const float scale = a.effective_scale();
-  const std::int64_t q_blocks = (T + Bq - 1) / Bq, items = Hq * q_blocks;
-  const std::int64_t slot_floats = Bq * Bk + 2 * Bq;
+  const std::int64_t q_blocks = (Tq + Bq - 1) / Bq, items = Hq * q_blocks;
+  const std::int64_t slot_floats = Bq * Bk + 2 * Bq + low_tile_floats<T>(Bq * Bk);
 
   run_shares(a.threads, pool, [&](std::int64_t slot) {
     float* S = workspace + slot * slot_floats;  // [Bq, Bk] scores, then probabilities
     float* m = S + Bq * Bk;                     // [Bq] running max
     float* l = m + Bq;                          // [Bq] running sum of exp(s - m)
+    float* low = l + Bq;                        // bf16 only: [Bq, Bk] P rounded
     for (std::int64_t item = slot; item < items; item += a.threads) {
       const std::int64_t h = item / q_blocks, g = h / group;
-      const std::int64_t i0 = (item % q_blocks) * Bq, i1 = std::min(i0 + Bq, T), rows = i1 - i0;
+      const std::int64_t i0 = (item % q_blocks) * Bq, i1 = std::min(i0 + Bq, Tq), rows = i1 - i0;
       float* o_tile = out + (i0 * Hq + h) * Dv;  // rows of stride Hq * Dv
       for (std::int64_t r = 0; r < rows; ++r) {
         float* oi = o_tile + r * Hq * Dv;
@@ -91,8 +135,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
         const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
-        gemm_f32(false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D, Hkv * D,
-                 0.0f, S, Bk);
+        tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
+                  Hkv * D, 0.0f, S, Bk);
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t i = qo + i0 + r;
           float* s = S + r * Bk;
@@ -120,7 +164,9 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           m[r] = m_new;
         }
         // O_tile += P V_tile
-        gemm_f32(false, false, rows, Dv, cols, 1.0f, S, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile, Hq * Dv);
+        const T* P = operand_tile<T>(S, low, rows, cols, Bk);
+        tile_gemm(path, false, false, rows, Dv, cols, 1.0f, P, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile,
+                  Hq * Dv);
       }
       // A row that saw no key at all (l == 0) keeps out 0 and lse -inf.
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -137,27 +183,35 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   });
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionDims& a, float* workspace, ThreadPool* pool, const float* row_dot) {
+// The backward over storage T of dout, q, k, v, out (lse, row_dot, dq, dk, dv fp32).
+// T = float is the f32 kernel bit for bit; T = bf16 recomputes P and dP on the bf16
+// GEMM, forms dS in fp32 from the unrounded P, and rounds P (for dV) and dS (for dK,
+// dQ) to bf16 for the gradient products, which accumulate in fp32 into dq, dk, dv.
+template <typename T>
+void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                   const float* lse, const AttentionDims& a, float* workspace, ThreadPool* pool, const float* row_dot,
+                   Bf16GemmPath path) {
   check_attention_dims(a);
-  const std::int64_t T = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t Tq = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
   const std::int64_t qo = a.q_offset, ko = a.k_offset;
   const float scale = a.effective_scale();
   // D_i = rowsum(dout * out) [T, Hq]: the caller's, or computed into the workspace.
   float* own_di = row_dot != nullptr ? nullptr : workspace;
   const float* Di = row_dot != nullptr ? row_dot : own_di;
-  float* tiles = row_dot != nullptr ? workspace : workspace + T * Hq;
+  float* tiles = row_dot != nullptr ? workspace : workspace + Tq * Hq;
+  const std::int64_t low = low_tile_floats<T>(Bq * Bk);
 
   // One share per kv head (strided): it owns dk and dv of that head and dq of its query
   // heads, so no two shares write the same element and no reduction is needed.
   run_shares(a.threads, pool, [&](std::int64_t slot) {
-    float* P = tiles + slot * 2 * Bq * Bk;  // [Bq, Bk] probabilities
-    float* dS = P + Bq * Bk;                // [Bq, Bk] dP, then scale * dL/dscore
+    float* P = tiles + slot * 2 * (Bq * Bk + low);  // [Bq, Bk] probabilities
+    float* dS = P + Bq * Bk;                         // [Bq, Bk] dP, then scale * dL/dscore
+    float* P_low = dS + Bq * Bk;                     // bf16 only: [Bq, Bk] P rounded
+    float* dS_low = P_low + low;                     // bf16 only: [Bq, Bk] dS rounded
     for (std::int64_t g = slot; g < Hkv; g += a.threads) {
       const std::int64_t h_lo = g * group, h_hi = h_lo + group;
-      for (std::int64_t i = 0; i < T; ++i)
+      for (std::int64_t i = 0; i < Tq; ++i)
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           if (own_di != nullptr) own_di[i * Hq + h] = dot_f64(dout + (i * Hq + h) * Dv, out + (i * Hq + h) * Dv, Dv);
           if (!a.accumulate) std::fill_n(dq + (i * Hq + h) * D, D, 0.0f);
@@ -169,22 +223,22 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
       for (std::int64_t j0 = 0; j0 < Tk; j0 += Bk) {
         const std::int64_t cols = std::min(j0 + Bk, Tk) - j0;
-        const float* k_tile = k + (j0 * Hkv + g) * D;
-        const float* v_tile = v + (j0 * Hkv + g) * Dv;
+        const T* k_tile = k + (j0 * Hkv + g) * D;
+        const T* v_tile = v + (j0 * Hkv + g) * Dv;
         float* dk_tile = dk + (j0 * Hkv + g) * D;
         float* dv_tile = dv + (j0 * Hkv + g) * Dv;
         // Query rows that see some key of this tile: from the tile's first key's
         // position to its last key's position + W (exclusive), clipped to [0, T).
         const std::int64_t q_lo = std::max<std::int64_t>(0, j0 + ko - qo);
-        const std::int64_t q_hi = W > 0 ? std::min(T, j0 + cols - 1 + W + ko - qo) : T;
+        const std::int64_t q_hi = W > 0 ? std::min(Tq, j0 + cols - 1 + W + ko - qo) : Tq;
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
             const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
-            const float* q_tile = q + (i0 * Hq + h) * D;
-            const float* do_tile = dout + (i0 * Hq + h) * Dv;
+            const T* q_tile = q + (i0 * Hq + h) * D;
+            const T* do_tile = dout + (i0 * Hq + h) * Dv;
             // P = exp(scale Q K^T - lse) (0 where masked), dP = dO V^T.
-            gemm_f32(false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
-            gemm_f32(false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
+            tile_gemm(path, false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
+            tile_gemm(path, false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
             for (std::int64_t r = 0; r < rows; ++r) {
               const std::int64_t i = i0 + r;
               const float lse_i = lse[i * Hq + h], d_i = Di[i * Hq + h];
@@ -196,14 +250,49 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
               }
             }
             // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
-            gemm_f32(true, false, cols, Dv, rows, 1.0f, P, Bk, do_tile, Hq * Dv, 1.0f, dv_tile, Hkv * Dv);
-            gemm_f32(true, false, cols, D, rows, 1.0f, dS, Bk, q_tile, Hq * D, 1.0f, dk_tile, Hkv * D);
-            gemm_f32(false, false, rows, D, cols, 1.0f, dS, Bk, k_tile, Hkv * D, 1.0f, dq + (i0 * Hq + h) * D, Hq * D);
+            const T* Pt = operand_tile<T>(P, P_low, rows, cols, Bk);
+            const T* dSt = operand_tile<T>(dS, dS_low, rows, cols, Bk);
+            tile_gemm(path, true, false, cols, Dv, rows, 1.0f, Pt, Bk, do_tile, Hq * Dv, 1.0f, dv_tile, Hkv * Dv);
+            tile_gemm(path, true, false, cols, D, rows, 1.0f, dSt, Bk, q_tile, Hq * D, 1.0f, dk_tile, Hkv * D);
+            tile_gemm(path, false, false, rows, D, cols, 1.0f, dSt, Bk, k_tile, Hkv * D, 1.0f, dq + (i0 * Hq + h) * D,
+                      Hq * D);
           }
         }
       }
     }
   });
+}
+
+}  // namespace
+
+void attention_row_dot(float* row_dot, const float* dout, const float* out, const AttentionDims& a) {
+  row_dot_impl(row_dot, dout, out, a);
+}
+
+void attention_row_dot(float* row_dot, const bf16* dout, const bf16* out, const AttentionDims& a) {
+  row_dot_impl(row_dot, dout, out, a);
+}
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionDims& a, float* workspace, ThreadPool* pool) {
+  forward_impl(out, lse, q, k, v, a, workspace, pool, Bf16GemmPath::convert);
+}
+
+void attention_forward(float* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& a,
+                       float* workspace, Bf16GemmPath path, ThreadPool* pool) {
+  forward_impl(out, lse, q, k, v, a, workspace, pool, path);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionDims& a, float* workspace, ThreadPool* pool, const float* row_dot) {
+  backward_impl(dq, dk, dv, dout, q, k, v, out, lse, a, workspace, pool, row_dot, Bf16GemmPath::convert);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+                        const bf16* v, const bf16* out, const float* lse, const AttentionDims& a, float* workspace,
+                        Bf16GemmPath path, ThreadPool* pool, const float* row_dot) {
+  backward_impl(dq, dk, dv, dout, q, k, v, out, lse, a, workspace, pool, row_dot, path);
 }
 
 }  // namespace peakbound::cpu

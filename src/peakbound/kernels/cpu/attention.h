@@ -1,5 +1,5 @@
 // Causal self-attention with grouped-query heads, flash style, llm.c style free
-// functions over raw row-major f32 pointers. One sequence of T tokens per call (a
+// functions over raw row-major f32 (or bf16, below) pointers. One sequence of T tokens per call (a
 // batch is one call per sequence). No [T, T] matrix: the forward runs an online softmax
 // over key blocks and keeps only the log-sum-exp per (token, head); the backward
 // (FlashAttention-2) recomputes each score block from q, k and lse.
@@ -28,6 +28,29 @@
 // 2.5x (forward) and 4x (backward) the vectorisable loops they replaced (T=2048).
 // D_i = rowsum(dout * out) is accumulated in double, since dP_ij - D_i cancels.
 //
+// Mixed precision (bf16 overloads below, docs/design.md "Mixed precision"): q, k, v,
+// dout and the saved out may be bf16, as FlashAttention-2 runs: the tile products go
+// through cpu::gemm_bf16 on the caller's path (fp32 accumulation): S = Q K^T and
+// dP = dO V^T on bf16 operands; P is rounded to bf16 for O += P V and dV += P^T dO, dS
+// to bf16 for dK += dS^T Q and dQ += dS K (each rounded once, at most 2^-8 relative per
+// element). The softmax statistics (running max m, sum l taken from the unrounded P),
+// lse, D_i and dS itself are computed in fp32 (D_i in double) exactly as in the f32 form.
+// What stays fp32 under bf16 and why:
+//   out     fp32 in both forms. With accumulate it is a running state merged at every
+//           ring step (rescaled by exp(m_old - m_new) and re-normalised); a bf16 state
+//           would round at each step, adding up to one bf16 rounding per key block. An
+//           fp32 out rounds nowhere; the caller narrows it once after the last block
+//           (one pass over [T, Hq, Dv], nothing against the O(T^2) attention) to the
+//           bf16 activation it saves and passes back as the backward's `out`.
+//   lse     fp32 (a statistic).
+//   dq, dk, dv  fp32 accumulators: the backward adds into them across key blocks (ring
+//           attention) and within a call across tiles; the caller narrows once after the
+//           last block.
+// Workspace under bf16: the bf16 P / dS tiles need room beside the fp32 ones; size it
+// with the dtype, attention_{forward,backward}_workspace_floats(a, ..., DType::bf16).
+// The bf16 forms are not bitwise the f32 kernel on widened inputs (P and dS are rounded
+// and the GEMM's sum order differs): tests/kernels/attention_bf16_test.cc bounds them.
+//
 // Determinism: every output element is produced by one task in a fixed order that
 // does not depend on the thread count or on which thread runs the task, so the bits
 // are the same every run and for every pool (OpenBLAS splits a GEMM over rows and
@@ -37,7 +60,9 @@
 
 #include <cstdint>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/kernels/attention_dims.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
 
 namespace peakbound {
 class ThreadPool;
@@ -57,6 +82,8 @@ using ::peakbound::check_attention_dims;
 // double and rounded once (what attention_backward computes itself when not given it;
 // a caller folding several key blocks into the same queries computes it once).
 void attention_row_dot(float* row_dot, const float* dout, const float* out, const AttentionDims& a);
+// bf16 dout and out (the saved, narrowed out): widened, the same double sum.
+void attention_row_dot(float* row_dot, const bf16* dout, const bf16* out, const AttentionDims& a);
 
 // Shapes with blocks: q, out, dout, dq, lse have Tq = tokens rows, k, v, dk, dv have
 // Tk = key_tokens() rows (row strides are Hq * D, Hkv * D, ... as above, so a block is
@@ -68,6 +95,11 @@ void attention_row_dot(float* row_dot, const float* dout, const float* out, cons
 // Outputs must not alias inputs.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionDims& a, float* workspace, ThreadPool* pool = nullptr);
+// bf16 q, k, v; out and lse fp32 as above (accumulate: the same fp32 running state).
+// Tile products on `path` (ops take it from ops::bf16_gemm_path()). workspace: at least
+// attention_forward_workspace_floats(a, DType::bf16) floats.
+void attention_forward(float* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const AttentionDims& a,
+                       float* workspace, Bf16GemmPath path, ThreadPool* pool = nullptr);
 
 // dout, q, k, v, out, lse (from the forward) -> dq [T, Hq, D], dk [T, Hkv, D],
 // dv [T, Hkv, Dv], all WRITTEN, not added: they are fresh gradients with one consumer
@@ -84,5 +116,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* k, const float* v, const float* out, const float* lse,
                         const AttentionDims& a, float* workspace, ThreadPool* pool = nullptr,
                         const float* row_dot = nullptr);
+// bf16 dout, q, k, v and out (the forward's out narrowed once); lse, row_dot fp32;
+// dq, dk, dv fp32, WRITTEN or (accumulate) ADDED INTO as above. workspace: at least
+// attention_backward_workspace_floats(a, row_dot != nullptr, DType::bf16) floats.
+void attention_backward(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+                        const bf16* v, const bf16* out, const float* lse, const AttentionDims& a, float* workspace,
+                        Bf16GemmPath path, ThreadPool* pool = nullptr, const float* row_dot = nullptr);
 
 }  // namespace peakbound::cpu

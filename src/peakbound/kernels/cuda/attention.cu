@@ -50,25 +50,35 @@ __device__ inline void seeing_queries(const Dims& d, std::int64_t j, std::int64_
   if (d.W > 0 && kpos + d.W - 1 - d.q_off < hi) hi = kpos + d.W - 1 - d.q_off;
 }
 
+// Element e of a tensor in its storage type, widened to fp32 (exact for bf16: its bits
+// are the top half of the float's, as core/dtype.h's to_f32).
+__device__ inline float ld(const float* x, std::int64_t e) { return x[e]; }
+__device__ inline float ld(const bf16* x, std::int64_t e) {
+  return __uint_as_float(static_cast<unsigned>(x[e].bits) << 16);
+}
+
 // Loads row x [n] into the lane's registers (value c * 32 + lane at r[c]).
-__device__ inline void load_row(float* r, const float* x, std::int64_t n) {
+template <typename T>
+__device__ inline void load_row(float* r, const T* x, std::int64_t n) {
   const int lane = threadIdx.x % 32;
   for (int c = 0; c < kPerLane; ++c) {
     const std::int64_t e = c * 32 + lane;
-    r[c] = e < n ? x[e] : 0.0f;
+    r[c] = e < n ? ld(x, e) : 0.0f;
   }
 }
-__device__ inline float dot_row(const float* r, const float* x, std::int64_t n) {
+template <typename T>
+__device__ inline float dot_row(const float* r, const T* x, std::int64_t n) {
   const int lane = threadIdx.x % 32;
   float s = 0.0f;
   for (int c = 0; c < kPerLane; ++c) {
     const std::int64_t e = c * 32 + lane;
-    if (e < n) s += r[c] * x[e];
+    if (e < n) s += r[c] * ld(x, e);
   }
   return warp_sum(s);
 }
 
-__global__ void forward_k(float* out, float* lse, const float* q, const float* k, const float* v, Dims d) {
+template <typename T>
+__global__ void forward_k(float* out, float* lse, const T* q, const T* k, const T* v, Dims d) {
   const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
   if (w >= d.T * d.Hq) return;
   const int lane = threadIdx.x % 32;
@@ -84,10 +94,10 @@ __global__ void forward_k(float* out, float* lse, const float* q, const float* k
     const float m_new = s > m ? s : m;
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = l * corr + p;
-    const float* vr = v + (j * d.Hkv + g) * d.Dv;
+    const T* vr = v + (j * d.Hkv + g) * d.Dv;
     for (int c = 0; c < kPerLane; ++c) {
       const std::int64_t e = c * 32 + lane;
-      acc[c] = acc[c] * corr + (e < d.Dv ? p * vr[e] : 0.0f);
+      acc[c] = acc[c] * corr + (e < d.Dv ? p * ld(vr, e) : 0.0f);
     }
     m = m_new;
   }
@@ -114,19 +124,22 @@ __global__ void forward_k(float* out, float* lse, const float* q, const float* k
   if (lane == 0) *L = bl;
 }
 
-__global__ void row_dot_k(float* row_dot, const float* dout, const float* out, Dims d) {
+template <typename T>
+__global__ void row_dot_k(float* row_dot, const T* dout, const T* out, Dims d) {
   const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
   if (w >= d.T * d.Hq) return;
   const int lane = threadIdx.x % 32;
   double s = 0;
-  for (std::int64_t e = lane; e < d.Dv; e += 32) s += static_cast<double>(dout[w * d.Dv + e]) * out[w * d.Dv + e];
+  for (std::int64_t e = lane; e < d.Dv; e += 32)
+    s += static_cast<double>(ld(dout, w * d.Dv + e)) * ld(out, w * d.Dv + e);
   s = warp_sum_d(s);
   if (lane == 0) row_dot[w] = static_cast<float>(s);
 }
 
 // dq for one (query row, head).
-__global__ void backward_dq_k(float* dq, const float* dout, const float* q, const float* k, const float* v,
-                              const float* lse, const float* Drow, Dims d) {
+template <typename T>
+__global__ void backward_dq_k(float* dq, const T* dout, const T* q, const T* k, const T* v, const float* lse,
+                              const float* Drow, Dims d) {
   const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
   if (w >= d.T * d.Hq) return;
   const int lane = threadIdx.x % 32;
@@ -140,13 +153,13 @@ __global__ void backward_dq_k(float* dq, const float* dout, const float* q, cons
   visible_keys(d, i, lo, hi);
   if (L == -INFINITY) hi = lo - 1;  // the row saw no key anywhere
   for (std::int64_t j = lo; j <= hi; ++j) {
-    const float* kr = k + (j * d.Hkv + g) * d.D;
+    const T* kr = k + (j * d.Hkv + g) * d.D;
     const float p = expf(d.scale * dot_row(qr, kr, d.D) - L);
     const float dp = dot_row(gr, v + (j * d.Hkv + g) * d.Dv, d.Dv);
     const float ds = p * (dp - Di);
     for (int c = 0; c < kPerLane; ++c) {
       const std::int64_t e = c * 32 + lane;
-      if (e < d.D) acc[c] += d.scale * ds * kr[e];
+      if (e < d.D) acc[c] += d.scale * ds * ld(kr, e);
     }
   }
   float* o = dq + w * d.D;
@@ -158,8 +171,9 @@ __global__ void backward_dq_k(float* dq, const float* dout, const float* q, cons
 
 // dk, dv for one (key row, kv head), over the query heads of its group and the query
 // rows that see it.
-__global__ void backward_dkv_k(float* dk, float* dv, const float* dout, const float* q, const float* k,
-                               const float* v, const float* lse, const float* Drow, Dims d) {
+template <typename T>
+__global__ void backward_dkv_k(float* dk, float* dv, const T* dout, const T* q, const T* k, const T* v,
+                               const float* lse, const float* Drow, Dims d) {
   const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
   if (w >= d.Tk * d.Hkv) return;
   const int lane = threadIdx.x % 32;
@@ -175,15 +189,15 @@ __global__ void backward_dkv_k(float* dk, float* dv, const float* dout, const fl
       const std::int64_t r = i * d.Hq + h;
       const float L = lse[r];
       if (L == -INFINITY) continue;
-      const float* qrow = q + r * d.D;
-      const float* grow = dout + r * d.Dv;
+      const T* qrow = q + r * d.D;
+      const T* grow = dout + r * d.Dv;
       const float p = expf(d.scale * dot_row(kr, qrow, d.D) - L);
       const float dp = dot_row(vr, grow, d.Dv);
       const float ds = p * (dp - Drow[r]);
       for (int c = 0; c < kPerLane; ++c) {
         const std::int64_t e = c * 32 + lane;
-        if (e < d.Dv) av[c] += p * grow[e];
-        if (e < d.D) ak[c] += d.scale * ds * qrow[e];
+        if (e < d.Dv) av[c] += p * ld(grow, e);
+        if (e < d.D) ak[c] += d.scale * ds * ld(qrow, e);
       }
     }
   float* ok = dk + w * d.D;
@@ -208,36 +222,65 @@ unsigned warp_blocks(std::int64_t warps) {
   return static_cast<unsigned>(b);
 }
 
+template <typename T>
+void forward_launch(void* s, float* out, float* lse, const T* q, const T* k, const T* v, const AttentionDims& a) {
+  check(a);
+  forward_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+  check_launch("attention_forward");
+}
+
+template <typename T>
+void row_dot_launch(void* s, float* row_dot, const T* dout, const T* out, const AttentionDims& a) {
+  check(a);
+  row_dot_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(row_dot, dout, out, dims_of(a));
+  check_launch("attention_row_dot");
+}
+
+template <typename T>
+void backward_launch(void* s, float* dq, float* dk, float* dv, const T* dout, const T* q, const T* k, const T* v,
+                     const T* out, const float* lse, const AttentionDims& a, float* workspace, const float* row_dot) {
+  check(a);
+  const Dims d = dims_of(a);
+  if (!row_dot) {
+    row_dot_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(workspace, dout, out, d);
+    check_launch("attention_backward");
+    row_dot = workspace;
+  }
+  backward_dq_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot,
+                                                                                    d);
+  check_launch("attention_backward");
+  backward_dkv_k<T><<<warp_blocks(a.key_tokens() * a.kv_heads), kWarps * 32, 0, native(s)>>>(dk, dv, dout, q, k, v,
+                                                                                            lse, row_dot, d);
+  check_launch("attention_backward");
+}
+
 }  // namespace
 
 void attention_forward(void* s, float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionDims& a) {
-  check(a);
-  forward_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
-  check_launch("attention_forward");
+  forward_launch(s, out, lse, q, k, v, a);
+}
+void attention_forward(void* s, float* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       const AttentionDims& a) {
+  forward_launch(s, out, lse, q, k, v, a);
 }
 
 void attention_row_dot(void* s, float* row_dot, const float* dout, const float* out, const AttentionDims& a) {
-  check(a);
-  row_dot_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(row_dot, dout, out, dims_of(a));
-  check_launch("attention_row_dot");
+  row_dot_launch(s, row_dot, dout, out, a);
+}
+void attention_row_dot(void* s, float* row_dot, const bf16* dout, const bf16* out, const AttentionDims& a) {
+  row_dot_launch(s, row_dot, dout, out, a);
 }
 
 void attention_backward(void* s, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, const AttentionDims& a,
                         float* workspace, const float* row_dot) {
-  check(a);
-  const Dims d = dims_of(a);
-  if (!row_dot) {
-    row_dot_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(workspace, dout, out, d);
-    check_launch("attention_backward");
-    row_dot = workspace;
-  }
-  backward_dq_k<<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot, d);
-  check_launch("attention_backward");
-  backward_dkv_k<<<warp_blocks(a.key_tokens() * a.kv_heads), kWarps * 32, 0, native(s)>>>(dk, dv, dout, q, k, v, lse,
-                                                                                         row_dot, d);
-  check_launch("attention_backward");
+  backward_launch(s, dq, dk, dv, dout, q, k, v, out, lse, a, workspace, row_dot);
+}
+void attention_backward(void* s, float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+                        const bf16* v, const bf16* out, const float* lse, const AttentionDims& a, float* workspace,
+                        const float* row_dot) {
+  backward_launch(s, dq, dk, dv, dout, q, k, v, out, lse, a, workspace, row_dot);
 }
 
 }  // namespace peakbound::cuda

@@ -12,10 +12,18 @@
 // kMaxHeadDim. D_i = rowsum(dout * out) goes into the first T * Hq floats of the
 // workspace when the caller does not pass row_dot (the CPU footprint's backward
 // workspace has them).
+//
+// Mixed precision: the bf16 overloads take q, k, v, dout and the saved out in bf16,
+// widen each element as it is loaded (exact) and compute in fp32 as the f32 kernels do;
+// out, lse, row_dot, dq, dk, dv stay fp32 (the CPU kernel's contract: fp32 running state
+// and gradient accumulators, narrowed once by the caller after the last key block).
+// Unlike the CPU's tiled form they round no P or dS to bf16 (no tile GEMMs here), so
+// they differ from it by that rounding: tests/kernels/attention_gpu_test.cc's bound.
 #pragma once
 
 #include <cstdint>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/kernels/attention_dims.h"
 
 namespace peakbound::cuda {
@@ -28,5 +36,12 @@ void attention_backward(void* stream, float* dq, float* dk, float* dv, const flo
                         const float* k, const float* v, const float* out, const float* lse,
                         const AttentionDims& a, float* workspace, const float* row_dot);
 void attention_row_dot(void* stream, float* row_dot, const float* dout, const float* out, const AttentionDims& a);
+
+void attention_forward(void* stream, float* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                       const AttentionDims& a);
+void attention_backward(void* stream, float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
+                        const bf16* k, const bf16* v, const bf16* out, const float* lse, const AttentionDims& a,
+                        float* workspace, const float* row_dot);
+void attention_row_dot(void* stream, float* row_dot, const bf16* dout, const bf16* out, const AttentionDims& a);
 
 }  // namespace peakbound::cuda
