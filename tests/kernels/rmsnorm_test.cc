@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -30,6 +31,35 @@ std::vector<double> naive_forward(const std::vector<double>& x, const std::vecto
     for (int j = 0; j < c; ++j) out[i * c + j] = x[i * c + j] * r * w[j];
   }
   return out;
+}
+
+// The bf16 forms against the f32 kernels (kernels/cpu/*.h's bf16 paragraph): bf16 inputs,
+// the f32 kernel run on their widened values, each bf16 output bitwise to_bf16 of the
+// f32 output (rounding twice, or widening wrongly, breaks it).
+std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
+  std::vector<bf16> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]);
+  return b;
+}
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) f[i] = widen(v[i]);
+  return f;
+}
+std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+  return b;
+}
+std::vector<std::uint16_t> rounded_bits(const std::vector<float>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]).bits;
+  return b;
+}
+std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<std::uint32_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = float_bits(v[i]);
+  return b;
 }
 
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
@@ -130,6 +160,38 @@ TEST(RmsNorm, BackwardAddsIntoDxAndDweight) {
   rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), n, c);
   for (int i = 0; i < n * c; ++i) EXPECT_FLOAT_EQ(dx[i], dx_start[i] + dx0[i]) << i;
   for (int j = 0; j < c; ++j) EXPECT_FLOAT_EQ(dw[j], dw_start[j] + dw0[j]) << j;
+}
+
+// bf16 x, weight, dout, dx; fp32 rstd and dweight, both bitwise the f32 kernel's; dx and
+// dweight start non-zero (added into); zero rows, one row, odd widths.
+TEST(RmsNorm, Bf16IsTheF32KernelRoundedOnce) {
+  std::mt19937 rng(14);
+  for (auto [n, c] : {std::pair{0, 5}, std::pair{1, 1}, std::pair{3, 7}, std::pair{17, 256}, std::pair{5, 1000},
+                      std::pair{2, 4099}}) {
+    const auto nc = static_cast<std::size_t>(n * c), zc = static_cast<std::size_t>(c), zn = static_cast<std::size_t>(n);
+    auto x = to_bf16_vec(random_vec(nc, rng, -3.0f, 3.0f)), w = to_bf16_vec(random_vec(zc, rng, 0.5f, 1.5f));
+    auto dout = to_bf16_vec(random_vec(nc, rng, -1.0f, 1.0f)), dx = to_bf16_vec(random_vec(nc, rng, -1.0f, 1.0f));
+    auto dw = random_vec(zc, rng, -1.0f, 1.0f);
+    // The f32 kernel on the widened inputs, dx's and dweight's prior contents included.
+    auto fx = widened(x), fw = widened(w), fdout = widened(dout), fdx = widened(dx);
+    auto fdw = dw;
+    std::vector<float> fout(nc), frstd(zn);
+    rmsnorm_forward(fout.data(), frstd.data(), fx.data(), fw.data(), n, c, static_cast<float>(kEps));
+    rmsnorm_backward(fdx.data(), fdw.data(), fdout.data(), fx.data(), fw.data(), frstd.data(), n, c);
+
+    std::vector<bf16> out(nc);
+    std::vector<float> rstd(zn);
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, static_cast<float>(kEps));
+    rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), n, c);
+    EXPECT_EQ(bits_of(out), rounded_bits(fout)) << n << "x" << c;
+    EXPECT_EQ(bits_of(rstd), bits_of(frstd)) << n << "x" << c;
+    EXPECT_EQ(bits_of(dx), rounded_bits(fdx)) << n << "x" << c;
+    EXPECT_EQ(bits_of(dw), bits_of(fdw)) << n << "x" << c;
+    // In place, as the f32 form.
+    auto inplace = x;
+    rmsnorm_forward(inplace.data(), nullptr, inplace.data(), w.data(), n, c, static_cast<float>(kEps));
+    EXPECT_EQ(bits_of(inplace), bits_of(out)) << n << "x" << c;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -18,6 +19,30 @@ std::vector<float> random_vec(std::size_t n, std::mt19937& rng, float lo, float 
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// The bf16 forms against the f32 kernels (kernels/cpu/*.h's bf16 paragraph): bf16 inputs,
+// the f32 kernel run on their widened values, each bf16 output bitwise to_bf16 of the
+// f32 output (rounding twice, or widening wrongly, breaks it).
+std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
+  std::vector<bf16> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]);
+  return b;
+}
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) f[i] = widen(v[i]);
+  return f;
+}
+std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+  return b;
+}
+std::vector<std::uint16_t> rounded_bits(const std::vector<float>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]).bits;
+  return b;
 }
 
 TEST(SwiGlu, ForwardMatchesNaiveDouble) {
@@ -77,6 +102,38 @@ TEST(SwiGlu, SaturatedGatesStayFinite) {
   EXPECT_EQ(out[4], 200.0f * 1.5f);
   EXPECT_EQ(dg[4], 1.5f);   // silu'(g) -> 1 for large g
   EXPECT_EQ(dg[0], 0.0f);   // and -> 0 for very negative g
+}
+
+TEST(SwiGlu, Bf16IsTheF32KernelRoundedOnce) {
+  std::mt19937 rng(24);
+  for (int n : {0, 1, 17, 4099}) {
+    const auto z = static_cast<std::size_t>(n);
+    auto g = to_bf16_vec(random_vec(z, rng, -12.0f, 12.0f)), u = to_bf16_vec(random_vec(z, rng, -2.0f, 2.0f));
+    auto dout = to_bf16_vec(random_vec(z, rng, -1.0f, 1.0f));
+    if (n > 3) {  // saturated gates
+      g[0] = peakbound::to_bf16(-200.0f);
+      g[1] = peakbound::to_bf16(200.0f);
+      g[2] = peakbound::to_bf16(-90.0f);
+    }
+    std::vector<bf16> out(z), dg(z), du(z);
+    swiglu_forward(out.data(), g.data(), u.data(), n);
+    swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), n);
+    auto fg = widened(g), fu = widened(u), fdout = widened(dout);
+    std::vector<float> fout(z), fdg(z), fdu(z);
+    swiglu_forward(fout.data(), fg.data(), fu.data(), n);
+    swiglu_backward(fdg.data(), fdu.data(), fdout.data(), fg.data(), fu.data(), n);
+    EXPECT_EQ(bits_of(out), rounded_bits(fout)) << n;
+    EXPECT_EQ(bits_of(dg), rounded_bits(fdg)) << n;
+    EXPECT_EQ(bits_of(du), rounded_bits(fdu)) << n;
+    // In place on the forward's buffers, as the f32 form: the same bits.
+    auto on_gate = g;
+    swiglu_forward(on_gate.data(), on_gate.data(), u.data(), n);
+    EXPECT_EQ(bits_of(on_gate), bits_of(out)) << n;
+    auto ig = g, iu = u;
+    swiglu_backward(ig.data(), iu.data(), dout.data(), ig.data(), iu.data(), n);
+    EXPECT_EQ(bits_of(ig), bits_of(dg)) << n;
+    EXPECT_EQ(bits_of(iu), bits_of(du)) << n;
+  }
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
-// Elementwise f32 ops on device memory, through the device's backend.
+// Elementwise ops on device memory, through the device's backend. The bf16 forms
+// compute in fp32 and round once at the store (kernels/cpu/elementwise.h); convert is
+// core/dtype.h's to_bf16 / to_f32 elementwise, bitwise on every backend.
 #pragma once
 
 #include <cstdint>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/device/device.h"
 
 namespace peakbound::ops {
@@ -11,5 +14,13 @@ void fill(Device& dev, Stream& s, float* x, std::int64_t n, float v);           
 void scale(Device& dev, Stream& s, float* x, std::int64_t n, float a);          // x *= a
 void axpy(Device& dev, Stream& s, float* y, const float* x, std::int64_t n, float a);  // y += a x
 void add(Device& dev, Stream& s, float* out, const float* a, const float* b, std::int64_t n);  // out = a + b
+
+void fill(Device& dev, Stream& s, bf16* x, std::int64_t n, float v);                  // x = bf16(v)
+void axpy(Device& dev, Stream& s, bf16* y, const bf16* x, std::int64_t n, float a);    // y = bf16(y + a x)
+void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::int64_t n);  // out = bf16(a + b)
+
+// out [n] = to_bf16(in) / to_f32(in); out must not overlap in.
+void convert(Device& dev, Stream& s, bf16* out, const float* in, std::int64_t n);
+void convert(Device& dev, Stream& s, float* out, const bf16* in, std::int64_t n);
 
 }  // namespace peakbound::ops

@@ -1,10 +1,12 @@
 // SwiGLU activation through the device's backend (see kernels/cpu/swiglu.h for the
 // math): forward writes out; backward WRITES dgate and dup (not added), which may alias
-// gate and up.
+// gate and up. The bf16 forms take every tensor in bf16 (fp32 arithmetic, one rounding
+// at each store).
 #pragma once
 
 #include <cstdint>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/device/device.h"
 
 namespace peakbound::ops {
@@ -12,5 +14,8 @@ namespace peakbound::ops {
 void swiglu_forward(Device& dev, Stream& s, float* out, const float* gate, const float* up, std::int64_t n);
 void swiglu_backward(Device& dev, Stream& s, float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, std::int64_t n);
+void swiglu_forward(Device& dev, Stream& s, bf16* out, const bf16* gate, const bf16* up, std::int64_t n);
+void swiglu_backward(Device& dev, Stream& s, bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
+                     const bf16* up, std::int64_t n);
 
 }  // namespace peakbound::ops

@@ -1,33 +1,161 @@
+// GCC 12's AVX-512 intrinsics seed their pass-through operand with a deliberately
+// uninitialised _mm512_undefined_*(), which -Wmaybe-uninitialized reports wrongly
+// (GCC bug 105593, fixed in GCC 13); the warning is off for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "peakbound/kernels/cpu/elementwise.h"
+
+#include <immintrin.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
+
+#include "peakbound/core/error.h"
+
+#define PB_AVX2 __attribute__((target("avx2")))
+#define PB_AVX512 __attribute__((target("avx512f,avx512bw")))
 
 namespace peakbound::cpu {
 
-void fill(float* x, std::int64_t n, float v) {
-  for (std::int64_t i = 0; i < n; ++i) x[i] = v;
+namespace {
+
+// Written once over the storage type (core/dtype.h): with T = float these are the f32
+// kernels' loops, operation for operation.
+template <typename T>
+void fill_t(T* x, std::int64_t n, float v) {
+  const T t = narrow<T>(v);
+  for (std::int64_t i = 0; i < n; ++i) x[i] = t;
 }
+
+template <typename T>
+void axpy_t(T* y, const T* x, std::int64_t n, float a) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = narrow<T>(widen(y[i]) + a * widen(x[i]));
+}
+
+template <typename T>
+void add_t(T* out, const T* a, const T* b, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
+}
+
+void to_bf16_scalar(bf16* out, const float* in, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = peakbound::to_bf16(in[i]);
+}
+
+void to_f32_scalar(float* out, const bf16* in, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = peakbound::to_f32(in[i]);
+}
+
+// The vector bodies do to_bf16's integer arithmetic lane by lane: u + 0x7fff + (bit 16
+// of u), keep the top half; a NaN lane (|u| > 0x7f800000) takes its own top half with
+// the quiet bit set instead. Adding the bias cannot wrap for a non-NaN u (at most
+// 0xff800000 + 0x8000), and rounds a finite value past the largest bf16 to inf.
+PB_AVX2 inline __m256i to_bf16_lanes8(__m256i u) {
+  const __m256i hi = _mm256_srli_epi32(u, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  // Signed compare is right here: both sides are below 2^31.
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet, is_nan);
+}
+
+// 16 floats -> 16 bf16 per iteration (two vectors packed: packus keeps lanes <= 0xffff
+// as they are, and works within 128-bit halves, hence the permute).
+PB_AVX2 void to_bf16_avx2(bf16* out, const float* in, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    const __m256i b = to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 8)));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
+  }
+  to_bf16_scalar(out + i, in + i, n - i);
+}
+
+PB_AVX2 void to_f32_avx2(float* out, const bf16* in, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  to_f32_scalar(out + i, in + i, n - i);
+}
+
+PB_AVX512 inline __m256i to_bf16_lanes16(__m512i u) {
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                   _mm512_set1_epi32(0x7f800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
+}
+
+PB_AVX512 void to_bf16_avx512(bf16* out, const float* in, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_lanes16(_mm512_loadu_si512(in + i)));
+  to_bf16_scalar(out + i, in + i, n - i);
+}
+
+PB_AVX512 void to_f32_avx512(float* out, const bf16* in, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    _mm512_storeu_si512(out + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  to_f32_scalar(out + i, in + i, n - i);
+}
+
+void check_level(SimdLevel level, const char* what) {
+  if (!simd_level_supported(level))
+    throw Unavailable(std::string(what) + ": this CPU does not support " + std::string(simd_level_name(level)));
+}
+
+// The widest level, asked of the CPU once.
+SimdLevel convert_level() {
+  static const SimdLevel level = best_simd_level();
+  return level;
+}
+
+}  // namespace
+
+void fill(float* x, std::int64_t n, float v) { fill_t(x, n, v); }
+void fill(bf16* x, std::int64_t n, float v) { fill_t(x, n, v); }
 
 void scale(float* x, std::int64_t n, float a) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-void axpy(float* y, const float* x, std::int64_t n, float a) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+void axpy(float* y, const float* x, std::int64_t n, float a) { axpy_t(y, x, n, a); }
+void axpy(bf16* y, const bf16* x, std::int64_t n, float a) { axpy_t(y, x, n, a); }
+
+void add(float* out, const float* a, const float* b, std::int64_t n) { add_t(out, a, b, n); }
+void add(bf16* out, const bf16* a, const bf16* b, std::int64_t n) { add_t(out, a, b, n); }
+
+void to_bf16(SimdLevel level, bf16* out, const float* in, std::int64_t n) {
+  check_level(level, "to_bf16");
+  switch (level) {
+    case SimdLevel::scalar: to_bf16_scalar(out, in, n); break;
+    case SimdLevel::avx2: to_bf16_avx2(out, in, n); break;
+    case SimdLevel::avx512: to_bf16_avx512(out, in, n); break;
+  }
 }
 
-void add(float* out, const float* a, const float* b, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+void to_f32(SimdLevel level, float* out, const bf16* in, std::int64_t n) {
+  check_level(level, "to_f32");
+  switch (level) {
+    case SimdLevel::scalar: to_f32_scalar(out, in, n); break;
+    case SimdLevel::avx2: to_f32_avx2(out, in, n); break;
+    case SimdLevel::avx512: to_f32_avx512(out, in, n); break;
+  }
 }
 
-void to_bf16(bf16* out, const float* in, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = peakbound::to_bf16(in[i]);
-}
-
-void to_f32(float* out, const bf16* in, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = peakbound::to_f32(in[i]);
-}
+void to_bf16(bf16* out, const float* in, std::int64_t n) { to_bf16(convert_level(), out, in, n); }
+void to_f32(float* out, const bf16* in, std::int64_t n) { to_f32(convert_level(), out, in, n); }
 
 double max_abs(const float* x, std::int64_t n) {
   double m = 0;

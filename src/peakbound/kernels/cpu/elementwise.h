@@ -1,9 +1,14 @@
 // Small elementwise CPU kernels and the exactness metric the tests and `verify` use.
+// The bf16 forms (bf16 x, y, a, b, out) compute in fp32 exactly as the f32 forms and
+// round once at the store: each bf16 output is bitwise to_bf16(the f32 form's output on
+// the widened inputs). axpy into a bf16 y rounds once per call, so a sum over many calls
+// (a parameter gradient) belongs in an f32 y.
 #pragma once
 
 #include <cstdint>
 
 #include "peakbound/core/dtype.h"
+#include "peakbound/kernels/adamw_types.h"
 
 namespace peakbound::cpu {
 
@@ -11,8 +16,20 @@ void fill(float* x, std::int64_t n, float v);
 void scale(float* x, std::int64_t n, float a);              // x *= a
 void axpy(float* y, const float* x, std::int64_t n, float a);  // y += a * x
 void add(float* out, const float* a, const float* b, std::int64_t n);
+void fill(bf16* x, std::int64_t n, float v);                  // x = to_bf16(v)
+void axpy(bf16* y, const bf16* x, std::int64_t n, float a);    // y = to_bf16(y + a * x)
+void add(bf16* out, const bf16* a, const bf16* b, std::int64_t n);  // out = to_bf16(a + b)
+
+// Conversions, elementwise and bitwise core/dtype.h's to_bf16 / to_f32 for every input
+// (ties to even, NaN stays a quiet NaN with its sign, denormals kept, overflow to inf).
+// WRITE out [n]; out must not overlap in. The first two run the widest body this CPU
+// has (AVX-512, AVX2, scalar); the others a chosen one (Unavailable where the CPU lacks
+// it), for the tests and benchmarks. The vector bodies use integer arithmetic, never
+// VCVTNEPS2BF16 (which flushes denormal inputs to zero).
 void to_bf16(bf16* out, const float* in, std::int64_t n);
 void to_f32(float* out, const bf16* in, std::int64_t n);
+void to_bf16(SimdLevel level, bf16* out, const float* in, std::int64_t n);
+void to_f32(SimdLevel level, float* out, const bf16* in, std::int64_t n);
 
 // max |x|
 double max_abs(const float* x, std::int64_t n);
