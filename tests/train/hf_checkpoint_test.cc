@@ -320,6 +320,26 @@ TEST(HfConfigDtype, ConfigTextSaysTheWrittenDtypeAndKeepsTheRest) {
   EXPECT_THROW(HfModelWriter(DType::f64), InvalidArgument);
 }
 
+TEST(HfModelWriter, AValueBeyondBf16sRangeIsRefusedNamingIt) {
+  const float big = bits_float(0x7f7f8000u);  // finite in f32, a tie above bf16's largest: rounds to inf
+  const float top = bits_float(0x7f7f7fffu);  // below the tie: rounds to bf16's largest, 0x7f7f
+  std::vector<float> v = {1.0f, -top, top, -big};
+  HfModelWriter f32(DType::f32);
+  EXPECT_NO_THROW(f32.add("w", {4}, v));
+  HfModelWriter bf(DType::bf16);
+  try {
+    bf.add("w", {4}, v);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, "tensor 'w' element 3 (");
+    EXPECT_HAS(m, "is not finite in bf16");
+    EXPECT_HAS(m, "--dtype f32");
+  }
+  v.pop_back();
+  EXPECT_NO_THROW(bf.add("w", {3}, v));
+}
+
 // The fixture's tensors (plus rounding cases put into model.norm.weight: ties to even both
 // ways, a value that carries into the exponent, negatives, a subnormal, zero and -0)
 // written in f32 and in bf16.

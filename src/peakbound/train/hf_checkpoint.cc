@@ -257,6 +257,15 @@ void HfModelWriter::add(std::string name, std::vector<std::int64_t> shape, std::
   } else {
     t.b16.resize(values.size());
     ops::host_to_bf16(t.b16.data(), values.data(), n);
+    // A finite weight beyond bf16's largest finite value rounds to infinity, which the loader
+    // (check_finite_weights) would refuse: refused here instead, before anything is written.
+    bool finite = true;
+    for (const bf16 b : t.b16) finite &= (b.bits & 0x7f80u) != 0x7f80u;
+    for (std::size_t i = 0; !finite && i < t.b16.size(); ++i)
+      if ((t.b16[i].bits & 0x7f80u) == 0x7f80u)
+        throw InvalidArgument("tensor '" + t.name + "' element " + std::to_string(i) + " (" +
+                              std::to_string(values[i]) + ") is not finite in bf16 (its largest is about 3.39e38): " +
+                              "export with --dtype f32");
   }
   tensors_.push_back(std::move(t));
 }

@@ -86,7 +86,9 @@ class HfModelWriter {
   // InvalidArgument for a dtype other than f32 or bf16.
   explicit HfModelWriter(DType dtype);
   DType dtype() const { return dtype_; }
-  // values.size() must be the shape's element count (PB_CHECK).
+  // values.size() must be the shape's element count (PB_CHECK). bf16: InvalidArgument
+  // naming the tensor and element when a value is not finite once rounded (a finite f32
+  // beyond bf16's range rounds to infinity; the loader would refuse the file).
   void add(std::string name, std::vector<std::int64_t> shape, std::span<const float> values);
   // Creates out_dir if needed and writes out_dir/model.safetensors (the tensors in the
   // order added, metadata {"format": "pt"}) then out_dir/config.json
