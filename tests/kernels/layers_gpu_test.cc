@@ -183,5 +183,70 @@ TEST(CudaKernels, RowGateBf16MatchesCpu) {
   }
 }
 
+// On the GPU alone, the convention itself: each bf16 output is bitwise to_bf16(the CUDA
+// f32 kernel's output on the widened inputs), and the fp32 dtable the f32 kernel's.
+// fp32 buffers (tables, z, dtable) are shared by both runs.
+TEST(CudaKernels, Bf16FormsAreTheRoundedF32FormsOnCuda) {
+  PB_NEED_GPU();
+  CudaDevice gpu(256 * testing::kMiB);
+  Stream& s = gpu.compute_stream();
+  // bf16 values and their exact widening, on the device.
+  auto pair = [&](std::size_t n, std::uint32_t seed) {
+    std::vector<float> v = randn(n, seed);
+    std::vector<bf16> r(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      r[i] = to_bf16(v[i]);
+      v[i] = to_f32(r[i]);
+    }
+    return std::pair<Buffer, Buffer>{testing::upload(gpu, r), testing::upload(gpu, v)};
+  };
+  auto expect_rounded = [&](const Buffer& b, const Buffer& wide, std::size_t n, const std::string& what) {
+    const std::vector<float> got = download_widened(gpu, b, HostBuf{std::vector<float>(n), true});
+    const std::vector<float> want = testing::download(gpu, wide, n);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(to_bf16(got[i]).bits, to_bf16(want[i]).bits) << what << " element " << i << ": f32 " << want[i];
+  };
+  {  // RoPE: D/2 = 17.
+    const std::int64_t t = 9, hq = 3, hkv = 2, d = 34;
+    const auto half = static_cast<std::size_t>(t * d / 2), nq = static_cast<std::size_t>(t * hq * d),
+               nk = static_cast<std::size_t>(t * hkv * d);
+    Buffer cos_t = testing::upload(gpu, std::vector<float>(half));
+    Buffer sin_t = testing::upload(gpu, std::vector<float>(half));
+    ops::rope_tables(gpu, s, f(cos_t), f(sin_t), t, d, 11, 1e4);
+    for (const bool fwd : {true, false}) {
+      auto [q, qw] = pair(nq, 1);
+      auto [k, kw] = pair(nk, 2);
+      if (fwd) {
+        ops::rope_forward(gpu, s, h(q), h(k), f(cos_t), f(sin_t), t, hq, hkv, d);
+        ops::rope_forward(gpu, s, f(qw), f(kw), f(cos_t), f(sin_t), t, hq, hkv, d);
+      } else {
+        ops::rope_backward(gpu, s, h(q), h(k), f(cos_t), f(sin_t), t, hq, hkv, d);
+        ops::rope_backward(gpu, s, f(qw), f(kw), f(cos_t), f(sin_t), t, hq, hkv, d);
+      }
+      expect_rounded(q, qw, nq, fwd ? "rope q" : "rope dq");
+      expect_rounded(k, kw, nk, fwd ? "rope k" : "rope dk");
+    }
+  }
+  {  // Row gate, written and accumulated; backward.
+    const std::int64_t m = 7, n = 300;
+    const auto mn = static_cast<std::size_t>(m * n), mm = static_cast<std::size_t>(m);
+    Buffer z = testing::upload(gpu, randn(mm, 3));
+    auto [x, xw] = pair(mn, 4);
+    auto [dout, doutw] = pair(mn, 5);
+    for (const bool acc : {false, true}) {
+      auto [out, outw] = pair(mn, 6);
+      ops::row_gate_forward(gpu, s, h(out), h(x), f(z), m, n, acc);
+      ops::row_gate_forward(gpu, s, f(outw), f(xw), f(z), m, n, acc);
+      expect_rounded(out, outw, mn, acc ? "row_gate out accumulated" : "row_gate out");
+    }
+    auto [dx, dxw] = pair(mn, 7);
+    auto [dz, dzw] = pair(mm, 8);
+    ops::row_gate_backward(gpu, s, h(dx), h(dz), h(dout), h(x), f(z), m, n);
+    ops::row_gate_backward(gpu, s, f(dxw), f(dzw), f(doutw), f(xw), f(z), m, n);
+    expect_rounded(dx, dxw, mn, "row_gate dx");
+    expect_rounded(dz, dzw, mm, "row_gate dz");
+  }
+}
+
 }  // namespace
 }  // namespace peakbound
