@@ -129,6 +129,37 @@ TEST(Bf16Convert, TailsAndOffsetsWriteExactlyN) {
   }
 }
 
+// Large enough for the non-temporal stores (kConvertStreamBytes), from an unaligned
+// start too (the head before the store's boundary goes to the scalar body): the same
+// bits, nothing outside [off, off + n) written.
+TEST(Bf16Convert, StreamingStoresGiveTheSameBits) {
+  const std::int64_t n = kConvertStreamBytes / 6 + 37;
+  ASSERT_TRUE(convert_streams(n));
+  ASSERT_FALSE(convert_streams(n - 38));
+  const auto z = static_cast<std::size_t>(n) + 8;
+  std::mt19937 rng(7);
+  std::vector<float> in(z);
+  for (float& x : in) x = bits_float(static_cast<std::uint32_t>(rng()));
+  std::vector<bf16> h(z);
+  for (std::uint32_t i = 0; i < 65536; ++i) h[i].bits = static_cast<std::uint16_t>(i);
+  for (std::size_t i = 65536; i < z; ++i) h[i].bits = static_cast<std::uint16_t>(rng());
+  for (SimdLevel l : levels()) {
+    for (int off : {0, 1, 5}) {
+      std::vector<bf16> out(z, bf16{0xabcd});
+      std::vector<float> back(z, 5.0f);
+      to_bf16(l, out.data() + off, in.data() + off, n);
+      to_f32(l, back.data() + off, h.data() + off, n);
+      for (std::size_t i = 0; i < z; ++i) {
+        const bool inside = i >= static_cast<std::size_t>(off) && i < static_cast<std::size_t>(off + n);
+        ASSERT_EQ(out[i].bits, inside ? peakbound::to_bf16(in[i]).bits : 0xabcd)
+            << simd_level_name(l) << " off " << off << " i " << i;
+        ASSERT_EQ(float_bits(back[i]), inside ? std::uint32_t{h[i].bits} << 16 : float_bits(5.0f))
+            << simd_level_name(l) << " off " << off << " i " << i;
+      }
+    }
+  }
+}
+
 std::vector<bf16> random_bf16(std::size_t n, std::uint32_t seed, float scale) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, scale);

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -62,25 +63,49 @@ PB_AVX2 inline __m256i to_bf16_lanes8(__m256i u) {
   return _mm256_blendv_epi8(rounded, quiet, is_nan);
 }
 
-// 16 floats -> 16 bf16 per iteration (two vectors packed: packus keeps lanes <= 0xffff
-// as they are, and works within 128-bit halves, hence the permute).
-PB_AVX2 void to_bf16_avx2(bf16* out, const float* in, std::int64_t n) {
-  std::int64_t i = 0;
+// Elements of out before its first `align`-byte boundary (at most n), or -1 when out
+// is not aligned to its own element size (then it gets plain stores).
+template <typename T>
+std::int64_t head_before(const T* out, std::uintptr_t align, std::int64_t n) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(out);
+  if (addr % sizeof(T) != 0) return -1;
+  const auto head = static_cast<std::int64_t>(((align - addr % align) % align) / sizeof(T));
+  return head < n ? head : n;
+}
+
+// The vector bodies convert vectors from the start, the tail by the scalar body. With
+// `stream` (head >= 0), out is written with non-temporal stores from its first boundary
+// of the store's width on (the `head` elements before it by the scalar body), then an
+// sfence.
+
+// 16 floats -> 16 bf16 per vector (two halves packed: packus keeps lanes <= 0xffff as
+// they are and works within 128-bit halves, hence the permute).
+PB_AVX2 void to_bf16_avx2(bf16* out, const float* in, std::int64_t n, bool stream) {
+  const std::int64_t head = stream ? head_before(out, 32, n) : -1;
+  std::int64_t i = head > 0 ? head : 0;
+  to_bf16_scalar(out, in, i);
   for (; i + 16 <= n; i += 16) {
     const __m256i a = to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
     const __m256i b = to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 8)));
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
+    if (head >= 0) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), packed);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
   }
+  if (head >= 0) _mm_sfence();
   to_bf16_scalar(out + i, in + i, n - i);
 }
 
-PB_AVX2 void to_f32_avx2(float* out, const bf16* in, std::int64_t n) {
-  std::int64_t i = 0;
+PB_AVX2 void to_f32_avx2(float* out, const bf16* in, std::int64_t n, bool stream) {
+  const std::int64_t head = stream ? head_before(out, 32, n) : -1;
+  std::int64_t i = head > 0 ? head : 0;
+  to_f32_scalar(out, in, i);
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const __m256i f = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    if (head >= 0) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), f);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), f);
   }
+  if (head >= 0) _mm_sfence();
   to_f32_scalar(out + i, in + i, n - i);
 }
 
@@ -94,19 +119,30 @@ PB_AVX512 inline __m256i to_bf16_lanes16(__m512i u) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
 }
 
-PB_AVX512 void to_bf16_avx512(bf16* out, const float* in, std::int64_t n) {
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_lanes16(_mm512_loadu_si512(in + i)));
+PB_AVX512 void to_bf16_avx512(bf16* out, const float* in, std::int64_t n, bool stream) {
+  const std::int64_t head = stream ? head_before(out, 32, n) : -1;
+  std::int64_t i = head > 0 ? head : 0;
+  to_bf16_scalar(out, in, i);
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = to_bf16_lanes16(_mm512_loadu_si512(in + i));
+    if (head >= 0) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), h);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+  }
+  if (head >= 0) _mm_sfence();
   to_bf16_scalar(out + i, in + i, n - i);
 }
 
-PB_AVX512 void to_f32_avx512(float* out, const bf16* in, std::int64_t n) {
-  std::int64_t i = 0;
+PB_AVX512 void to_f32_avx512(float* out, const bf16* in, std::int64_t n, bool stream) {
+  const std::int64_t head = stream ? head_before(out, 64, n) : -1;
+  std::int64_t i = head > 0 ? head : 0;
+  to_f32_scalar(out, in, i);
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    _mm512_storeu_si512(out + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m512i f = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    if (head >= 0) _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), f);
+    else _mm512_storeu_si512(out + i, f);
   }
+  if (head >= 0) _mm_sfence();
   to_f32_scalar(out + i, in + i, n - i);
 }
 
@@ -140,8 +176,8 @@ void to_bf16(SimdLevel level, bf16* out, const float* in, std::int64_t n) {
   check_level(level, "to_bf16");
   switch (level) {
     case SimdLevel::scalar: to_bf16_scalar(out, in, n); break;
-    case SimdLevel::avx2: to_bf16_avx2(out, in, n); break;
-    case SimdLevel::avx512: to_bf16_avx512(out, in, n); break;
+    case SimdLevel::avx2: to_bf16_avx2(out, in, n, convert_streams(n)); break;
+    case SimdLevel::avx512: to_bf16_avx512(out, in, n, convert_streams(n)); break;
   }
 }
 
@@ -149,8 +185,8 @@ void to_f32(SimdLevel level, float* out, const bf16* in, std::int64_t n) {
   check_level(level, "to_f32");
   switch (level) {
     case SimdLevel::scalar: to_f32_scalar(out, in, n); break;
-    case SimdLevel::avx2: to_f32_avx2(out, in, n); break;
-    case SimdLevel::avx512: to_f32_avx512(out, in, n); break;
+    case SimdLevel::avx2: to_f32_avx2(out, in, n, convert_streams(n)); break;
+    case SimdLevel::avx512: to_f32_avx512(out, in, n, convert_streams(n)); break;
   }
 }
 
