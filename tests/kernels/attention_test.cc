@@ -19,12 +19,12 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "tests/kernels/attention_naive.h"
 
 namespace peakbound::cpu {
 namespace {
 
 using Vec = std::vector<float>;
-using DVec = std::vector<double>;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 Vec random_vec(std::size_t n, std::mt19937& rng, float lo, float hi) {
@@ -55,62 +55,10 @@ struct Reference {
   Vec out, lse, dq, dk, dv;
 };
 
-// The textbook attention in double: full score rows with the causal (and window) mask
-// at the global positions (q_offset + i, k_offset + j), a two-pass softmax, then the
-// gradients through P. A row that sees no key: out 0, lse -inf, no gradient.
+// The textbook attention in double (attention_naive.h) at the global positions.
 Reference naive(const AttentionDims& a, const Inputs& in) {
-  const std::int64_t T = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
-  const double scale = a.effective_scale();
-  DVec out(T * Hq * Dv, 0.0), lse(T * Hq), dq(T * Hq * D, 0.0), dk(Tk * Hkv * D, 0.0), dv(Tk * Hkv * Dv, 0.0);
-  for (std::int64_t h = 0; h < Hq; ++h) {
-    const std::int64_t g = h / (Hq / Hkv);
-    for (std::int64_t i = 0; i < T; ++i) {
-      std::vector<double> s(Tk, 0.0), p(Tk, 0.0), dp(Tk, 0.0);
-      double m = -1e300;
-      auto vis = [&](std::int64_t j) {
-        const std::int64_t qi = a.q_offset + i, kj = a.k_offset + j;
-        return kj <= qi && (a.window == 0 || kj > qi - a.window);
-      };
-      bool any = false;
-      for (std::int64_t j = 0; j < Tk; ++j) any = any || vis(j);
-      if (!any) {
-        lse[i * Hq + h] = -std::numeric_limits<double>::infinity();
-        continue;
-      }
-      for (std::int64_t j = 0; j < Tk; ++j) {
-        if (!vis(j)) continue;
-        double x = 0;
-        for (std::int64_t d = 0; d < D; ++d) x += double(in.q[(i * Hq + h) * D + d]) * in.k[(j * Hkv + g) * D + d];
-        s[j] = scale * x;
-        m = std::max(m, s[j]);
-      }
-      double sum = 0;
-      for (std::int64_t j = 0; j < Tk; ++j)
-        if (vis(j)) sum += std::exp(s[j] - m);
-      lse[i * Hq + h] = m + std::log(sum);
-      double di = 0;
-      for (std::int64_t j = 0; j < Tk; ++j) {
-        if (!vis(j)) continue;
-        p[j] = std::exp(s[j] - lse[i * Hq + h]);
-        for (std::int64_t d = 0; d < Dv; ++d) {
-          out[(i * Hq + h) * Dv + d] += p[j] * in.v[(j * Hkv + g) * Dv + d];
-          dp[j] += double(in.dout[(i * Hq + h) * Dv + d]) * in.v[(j * Hkv + g) * Dv + d];
-          dv[(j * Hkv + g) * Dv + d] += p[j] * in.dout[(i * Hq + h) * Dv + d];
-        }
-        di += p[j] * dp[j];
-      }
-      for (std::int64_t j = 0; j < Tk; ++j) {
-        if (!vis(j)) continue;
-        const double ds = p[j] * (dp[j] - di) * scale;
-        for (std::int64_t d = 0; d < D; ++d) {
-          dq[(i * Hq + h) * D + d] += ds * in.k[(j * Hkv + g) * D + d];
-          dk[(j * Hkv + g) * D + d] += ds * in.q[(i * Hq + h) * D + d];
-        }
-      }
-    }
-  }
-  auto f = [](const DVec& x) { return Vec(x.begin(), x.end()); };
-  return {f(out), f(lse), f(dq), f(dk), f(dv)};
+  testing::NaiveAttention r = testing::naive_attention(a, in.q, in.k, in.v, in.dout);
+  return {std::move(r.out), std::move(r.lse), std::move(r.dq), std::move(r.dk), std::move(r.dv)};
 }
 
 // Runs forward then backward with NaN-filled outputs and workspace (so a read of an
