@@ -37,21 +37,6 @@ void set_bf16_gemm_path(std::string_view name);
 std::string blas_core_name();
 int blas_num_threads();
 
-// The same product with bf16 A and B, accumulated in fp32 into the f32 C (the mixed-
-// precision GEMM): on the CPU device kernels/cpu/gemm_bf16.h on the path below, on
-// CUDA cuBLAS's GemmEx (bf16 inputs, CUBLAS_COMPUTE_32F).
-void gemm_bf16(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-               float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
-               std::int64_t ldc);
-
-// The CPU path of gemm_bf16 for this process: "native" (AVX512-BF16 dot products) or
-// "convert" (blocks widened to f32 for sgemm). Chosen on first use: the environment's
-// PEAKBOUND_BF16_GEMM when set (an unknown name, or native on a CPU without AVX512-BF16,
-// is a one-line error then), else native where the CPU has AVX512-BF16.
-std::string bf16_gemm_path();
-// Sets it: InvalidArgument for an unknown name, Unavailable for one this CPU cannot run.
-void set_bf16_gemm_path(std::string_view name);
-
 // The host's BLAS threads shared among the ranks the launcher put on this machine
 // (hardware threads / local ranks, at least 1), so co-located ranks do not oversubscribe.
 void share_host_cores_among_local_ranks();

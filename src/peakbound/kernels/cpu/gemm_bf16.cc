@@ -31,8 +31,11 @@ namespace {
 constexpr std::int64_t kMr = 12, kNr = 32, kKc = 384, kMc = 96, kNc = 1024;
 // convert path: blocks widened to f32 and handed to sgemm.
 constexpr std::int64_t kCvtM = 256, kCvtK = 256, kCvtN = 1024;
-// Below this many multiply-adds the product runs on the caller's thread alone.
-constexpr double kParallelMacs = 1 << 18;
+// Below this many multiply-adds the product runs on the caller's thread alone: a
+// parallel call costs tens of microseconds on a loaded machine, about what 2^21
+// multiply-adds take on one core; attention's 64x64x64 tile products stay on their
+// task's thread (they run inside the attention kernel's own pool).
+constexpr double kParallelMacs = 1 << 21;
 
 // op(X) of a stored operand: element (r, c) of the row-major [rows, cols] view.
 struct Operand {
