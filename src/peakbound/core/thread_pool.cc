@@ -8,7 +8,7 @@
 
 namespace peakbound {
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, std::chrono::microseconds spin) : spin_(spin) {
   if (threads < 1)
     throw InvalidArgument("thread count must be at least 1 (got " + std::to_string(threads) + ")");
   workers_.reserve(static_cast<std::size_t>(threads - 1));
@@ -77,6 +77,11 @@ void ThreadPool::run_tasks(std::uint32_t generation, std::int64_t tasks,
 void ThreadPool::worker_loop() {
   std::uint32_t seen = 0;
   for (;;) {
+    if (spin_.count() > 0) {  // poll for the next call before sleeping (see the header)
+      const auto until = std::chrono::steady_clock::now() + spin_;
+      while (published_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until)
+        std::this_thread::yield();
+    }
     std::int64_t tasks = 0;
     const std::function<void(std::int64_t)>* fn = nullptr;
     {
@@ -105,6 +110,7 @@ void ThreadPool::parallel_for(std::int64_t tasks, const std::function<void(std::
   {
     std::lock_guard<std::mutex> lock(mu_);
     generation = ++generation_;
+    published_.store(generation, std::memory_order_release);
     fn_ = &fn;
     tasks_ = tasks;
     failure_ = nullptr;

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -36,6 +37,10 @@ constexpr std::int64_t kCvtM = 256, kCvtK = 256, kCvtN = 1024;
 // multiply-adds take on one core; attention's 64x64x64 tile products stay on their
 // task's thread (they run inside the attention kernel's own pool).
 constexpr double kParallelMacs = 1 << 21;
+// The pool's workers poll this long after a call before they sleep: a product makes a
+// parallel call per K block (two per block with B's packing), and a sleeping worker's
+// wake-up costs about as much as a 2^21 multiply-add block on a loaded VM.
+constexpr std::chrono::microseconds kPoolSpin{300};
 
 // op(X) of a stored operand: element (r, c) of the row-major [rows, cols] view.
 struct Operand {
@@ -177,7 +182,7 @@ std::shared_ptr<ThreadPool> gemm_pool() {
   static std::shared_ptr<ThreadPool> pool;
   const int want = std::max(1, blas_num_threads());
   std::lock_guard<std::mutex> lock(mu);
-  if (!pool || pool->size() != want) pool = std::make_shared<ThreadPool>(want);
+  if (!pool || pool->size() != want) pool = std::make_shared<ThreadPool>(want, kPoolSpin);
   return pool;
 }
 
