@@ -1,6 +1,7 @@
 // The bf16 GEMM (kernels/cpu/gemm_bf16.h), both paths, against a double reference of
-// the same bf16 values: every transpose, shapes that cross each block edge (M past 96,
-// N past 512, K past 256 and odd), strides wider than the rows, written and added into.
+// the same bf16 values: every transpose, shapes that cross each block edge (native: M
+// past 96, N past 1024, K past 384 and odd; convert: M past 1024, N past 2048, K past
+// 512), strides wider than the rows, written and added into.
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 
 #include <gtest/gtest.h>
@@ -76,8 +77,12 @@ TEST(GemmBf16, MatchesADoubleReferenceOnEveryPathTransposeAndBlockEdge) {
   const Case cases[] = {
       {false, false, 1, 1, 1, 0, 1.0f, 0.0f},        {false, true, 3, 5, 7, 2, 0.75f, 0.5f},
       {true, false, 17, 33, 2, 1, 1.0f, 1.0f},       {true, true, 13, 31, 257, 0, -0.5f, 0.0f},
-      {false, false, 97, 40, 300, 3, 1.0f, 1.0f},    {false, true, 12, 545, 64, 0, 1.0f, 0.0f},
-      {true, false, 130, 545, 513, 1, 0.25f, 1.0f},  {true, true, 200, 33, 1, 0, 2.0f, -1.0f},
+      {false, false, 97, 40, 300, 3, 1.0f, 1.0f},    {false, true, 12, 1100, 64, 0, 1.0f, 0.0f},
+      {true, false, 130, 545, 513, 1, 0.25f, 0.5f},  {true, true, 200, 33, 1, 0, 2.0f, -1.0f},
+      // the convert path's blocks: M past 1024, N past 2048
+      {false, true, 1030, 7, 20, 0, 1.0f, 1.0f},     {true, false, 5, 2050, 3, 2, 1.0f, 0.0f},
+      // several K blocks of both paths, C written (beta 0) by the first only
+      {false, false, 33, 40, 1100, 0, 1.0f, 0.0f},
   };
   for (Bf16GemmPath path : runnable_paths())
     for (const Case& c : cases) check_case(path, c, rng);

@@ -31,7 +31,7 @@ namespace {
 // (kKc / 2 pairs) and kNc columns.
 constexpr std::int64_t kMr = 12, kNr = 32, kKc = 384, kMc = 96, kNc = 1024;
 // convert path: blocks widened to f32 and handed to sgemm.
-constexpr std::int64_t kCvtM = 256, kCvtK = 256, kCvtN = 1024;
+constexpr std::int64_t kCvtM = 1024, kCvtK = 512, kCvtN = 2048;
 // Below this many multiply-adds the product runs on the caller's thread alone: a
 // parallel call costs tens of microseconds on a loaded machine, about what 2^21
 // multiply-adds take on one core; attention's 64x64x64 tile products stay on their
