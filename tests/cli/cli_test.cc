@@ -5,6 +5,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/cli/run_cli.h"
 
 namespace {
@@ -22,6 +24,28 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_EQ(h.code, 0);
   for (const char* sub : {"plan", "train", "bench", "verify", "demo", "info"})
     EXPECT_NE(h.out.find(sub), std::string::npos) << sub;
+}
+
+// info times a GEMM at each precision and names the bf16 path; a bad path in the
+// environment is one line, not an abort.
+TEST(Cli, InfoTimesBothPrecisionsAndNamesTheBf16Path) {
+  CliRun r = run("info --json --gemm-size 96 --gemm-repeats 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& g = j.at("gemm");
+  EXPECT_GT(g.at("f32_flops_per_second").get<double>(), 0.0);
+  EXPECT_GT(g.at("bf16_flops_per_second").get<double>(), 0.0);
+  EXPECT_EQ(g.at("bf16_path"), j.at("bf16_gemm_path"));
+  EXPECT_GE(g.at("gemm_peak_flops_per_second").get<double>(), g.at("f32_flops_per_second").get<double>());
+  const std::string path = j.at("bf16_gemm_path");
+  EXPECT_TRUE(path == "native" || path == "convert") << path;
+  CliRun text = run("info --gemm-size 0");
+  EXPECT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("bf16 gemm: " + path), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("GFLOP/s"), std::string::npos) << "--gemm-size 0 times nothing";
+  expect_one_line_error(
+      peakbound::testing::run_cli("", 30, "env PEAKBOUND_BF16_GEMM=fastest " + std::string(PEAKBOUND_CLI_PATH) + " info"),
+      "PEAKBOUND_BF16_GEMM");
 }
 
 TEST(Cli, UnknownFlagIsOneLine) { expect_one_line_error(run("--frobnicate"), "frobnicate"); }

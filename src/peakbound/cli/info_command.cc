@@ -8,8 +8,8 @@
 #include "peakbound/bench/gemm_rate.h"
 #include "peakbound/build_info.h"
 #include "peakbound/cli/command.h"
+#include "peakbound/cli/flags.h"
 #include "peakbound/comm/communicator.h"
-#include "peakbound/core/error.h"
 #include "peakbound/ops/gemm.h"
 
 namespace peakbound::cli {
@@ -46,18 +46,11 @@ Command add_info_command(CLI::App& root) {
   auto f = std::make_shared<InfoFlags>();
   c.app = root.add_subcommand("info", "Print the build configuration, the launch this process sees and the "
                                       "measured GEMM rate at each precision");
-  c.app->add_option("--gemm-size", f->gemm_size, "Side of the square GEMM timed at each precision (0: skip)")
-      ->capture_default_str();
-  c.app->add_option("--gemm-repeats", f->gemm_repeats, "Timed runs of each GEMM (the median is printed)")
-      ->capture_default_str();
-  c.app->add_option("--device", f->device, "Device whose GEMMs are timed: cpu or cuda")->capture_default_str();
+  int_flag(c.app, "--gemm-size", f->gemm_size, "Side of the square GEMM timed at each precision (0: skip)", 0,
+           16384);
+  int_flag(c.app, "--gemm-repeats", f->gemm_repeats, "Timed runs of each GEMM (the median is printed)", 1, 1000);
+  device_flag(c.app, f->device);
   c.app->add_flag("--json", f->json, "Print the same as one JSON object");
-  c.validate = [f] {
-    if (f->gemm_size < 0 || f->gemm_size > 16384)
-      throw InvalidArgument("--gemm-size must be in [0, 16384] (got " + std::to_string(f->gemm_size) + ")");
-    if (f->gemm_repeats < 1 || f->gemm_repeats > 1000)
-      throw InvalidArgument("--gemm-repeats must be in [1, 1000] (got " + std::to_string(f->gemm_repeats) + ")");
-  };
   c.run = [f] {
     auto world = world_communicator();
     if (world->rank() != 0) return 0;
