@@ -12,27 +12,20 @@
 #include <vector>
 
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
 namespace {
+
+using test_bf16::bits_of;
+using test_bf16::rounded_bits;
+using test_bf16::widened;
 
 std::vector<SimdLevel> levels() {
   std::vector<SimdLevel> out;
   for (SimdLevel l : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512})
     if (simd_level_supported(l)) out.push_back(l);
   return out;
-}
-
-std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
-
-std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
-  std::vector<std::uint32_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = float_bits(v[i]);
-  return b;
 }
 
 // Every high half x low halves at the tie (0x8000), either side of it, the extremes
@@ -166,18 +159,6 @@ std::vector<bf16> random_bf16(std::size_t n, std::uint32_t seed, float scale) {
   std::vector<bf16> v(n);
   for (auto& x : v) x = peakbound::to_bf16(d(rng));
   return v;
-}
-
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> f(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) f[i] = widen(v[i]);
-  return f;
-}
-
-std::vector<std::uint16_t> rounded_bits(const std::vector<float>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]).bits;
-  return b;
 }
 
 TEST(Bf16Elementwise, FillAddAxpyAreTheF32KernelsRoundedOnce) {

@@ -16,9 +16,13 @@
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/swiglu.h"
 #include "tests/device/gpu_test_util.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound {
 namespace {
+
+using test_bf16::rounded;
+using test_bf16::widened;
 
 using testing::f;
 using testing::randn;
@@ -42,18 +46,6 @@ std::vector<T> as(const Bytes& b) {
 
 template <typename T>
 T* p(Buffer& b) { return static_cast<T*>(b.data()); }
-
-std::vector<bf16> rounded(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
-}
 
 std::vector<std::uint16_t> bits16(const Bytes& b) { return as<std::uint16_t>(b); }
 

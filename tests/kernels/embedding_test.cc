@@ -15,9 +15,12 @@
 
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/ops/embedding.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
 namespace {
+
+using test_bf16::widened;
 
 TEST(Embedding, ForwardGathersShardRowsAndZeroesOthers) {
   const std::int64_t V = 7, H = 3, offset = 2, rows = 3;  // the shard holds ids 2, 3, 4
@@ -54,12 +57,6 @@ std::vector<bf16> random_bf16(std::size_t n, std::mt19937& rng) {
   std::vector<bf16> v(n);
   for (bf16& x : v) x = to_bf16(3.0f * nd(rng));
   return v;
-}
-
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
 }
 
 struct Bf16Case {

@@ -19,9 +19,12 @@
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/ops/moe_permute.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
 namespace {
+
+using test_bf16::widened;
 
 using I = std::int64_t;
 
@@ -30,12 +33,6 @@ std::vector<bf16> random_bf16(I n, std::mt19937& rng) {
   std::vector<bf16> v(static_cast<std::size_t>(n));
   for (auto& x : v) x = to_bf16(2.0f * d(rng));
   return v;
-}
-
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = widen(v[i]);
-  return out;
 }
 
 // got[i] == to_bf16(want[i]), bit for bit.

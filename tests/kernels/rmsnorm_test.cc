@@ -8,9 +8,15 @@
 #include <vector>
 
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
 namespace {
+
+using test_bf16::bits_of;
+using test_bf16::rounded;
+using test_bf16::rounded_bits;
+using test_bf16::widened;
 
 constexpr double kEps = 1e-5;
 
@@ -31,35 +37,6 @@ std::vector<double> naive_forward(const std::vector<double>& x, const std::vecto
     for (int j = 0; j < c; ++j) out[i * c + j] = x[i * c + j] * r * w[j];
   }
   return out;
-}
-
-// The bf16 forms against the f32 kernels (kernels/cpu/*.h's bf16 paragraph): bf16 inputs,
-// the f32 kernel run on their widened values, each bf16 output bitwise to_bf16 of the
-// f32 output (rounding twice, or widening wrongly, breaks it).
-std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
-  std::vector<bf16> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]);
-  return b;
-}
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> f(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) f[i] = widen(v[i]);
-  return f;
-}
-std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
-std::vector<std::uint16_t> rounded_bits(const std::vector<float>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]).bits;
-  return b;
-}
-std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
-  std::vector<std::uint32_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = float_bits(v[i]);
-  return b;
 }
 
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
@@ -169,8 +146,8 @@ TEST(RmsNorm, Bf16IsTheF32KernelRoundedOnce) {
   for (auto [n, c] : {std::pair{0, 5}, std::pair{1, 1}, std::pair{3, 7}, std::pair{17, 256}, std::pair{5, 1000},
                       std::pair{2, 4099}}) {
     const auto nc = static_cast<std::size_t>(n * c), zc = static_cast<std::size_t>(c), zn = static_cast<std::size_t>(n);
-    auto x = to_bf16_vec(random_vec(nc, rng, -3.0f, 3.0f)), w = to_bf16_vec(random_vec(zc, rng, 0.5f, 1.5f));
-    auto dout = to_bf16_vec(random_vec(nc, rng, -1.0f, 1.0f)), dx = to_bf16_vec(random_vec(nc, rng, -1.0f, 1.0f));
+    auto x = rounded(random_vec(nc, rng, -3.0f, 3.0f)), w = rounded(random_vec(zc, rng, 0.5f, 1.5f));
+    auto dout = rounded(random_vec(nc, rng, -1.0f, 1.0f)), dx = rounded(random_vec(nc, rng, -1.0f, 1.0f));
     auto dw = random_vec(zc, rng, -1.0f, 1.0f);
     // The f32 kernel on the widened inputs, dx's and dweight's prior contents included.
     auto fx = widened(x), fw = widened(w), fdout = widened(dout), fdx = widened(dx);

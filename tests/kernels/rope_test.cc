@@ -14,9 +14,13 @@
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/ops/rope.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound {
 namespace {
+
+using test_bf16::rounded;
+using test_bf16::widened;
 
 // transformers, literally: inv_freq = 1 / theta^(arange(0, D, 2) / D); freqs =
 // positions x inv_freq; emb = cat(freqs, freqs); out = x*cos(emb) + rotate_half(x)*sin(emb).
@@ -127,18 +131,6 @@ TEST_P(Rope, BackwardMatchesFiniteDifferences) {
 }
 
 class RopeBf16 : public ::testing::TestWithParam<Shape> {};
-
-std::vector<bf16> rounded(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
-}
 
 // got's bits are the rounding of want's, element by element.
 void expect_rounded(const std::vector<bf16>& got, const std::vector<float>& want, const char* what) {

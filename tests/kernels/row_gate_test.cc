@@ -15,9 +15,13 @@
 
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/ops/row_gate.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
 namespace {
+
+using test_bf16::rounded;
+using test_bf16::widened;
 
 std::vector<float> random_vec(std::size_t n, std::mt19937& rng, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
@@ -61,18 +65,6 @@ TEST(RowGate, ForwardAndBackwardMatchNaiveDouble) {
   row_gate_backward(di.data(), dz2.data(), di.data(), x.data(), z.data(), m, n);
   EXPECT_EQ(di, dx);
   EXPECT_EQ(dz2, dz);
-}
-
-std::vector<bf16> rounded(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_f32(v[i]);
-  return out;
 }
 
 void expect_rounded(const std::vector<bf16>& got, const std::vector<float>& want, const std::string& what) {

@@ -8,9 +8,15 @@
 #include <vector>
 
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
 namespace {
+
+using test_bf16::bits_of;
+using test_bf16::rounded;
+using test_bf16::rounded_bits;
+using test_bf16::widened;
 
 double naive_swiglu(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 
@@ -19,30 +25,6 @@ std::vector<float> random_vec(std::size_t n, std::mt19937& rng, float lo, float 
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
-}
-
-// The bf16 forms against the f32 kernels (kernels/cpu/*.h's bf16 paragraph): bf16 inputs,
-// the f32 kernel run on their widened values, each bf16 output bitwise to_bf16 of the
-// f32 output (rounding twice, or widening wrongly, breaks it).
-std::vector<bf16> to_bf16_vec(const std::vector<float>& v) {
-  std::vector<bf16> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]);
-  return b;
-}
-std::vector<float> widened(const std::vector<bf16>& v) {
-  std::vector<float> f(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) f[i] = widen(v[i]);
-  return f;
-}
-std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
-std::vector<std::uint16_t> rounded_bits(const std::vector<float>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = peakbound::to_bf16(v[i]).bits;
-  return b;
 }
 
 TEST(SwiGlu, ForwardMatchesNaiveDouble) {
@@ -108,8 +90,8 @@ TEST(SwiGlu, Bf16IsTheF32KernelRoundedOnce) {
   std::mt19937 rng(24);
   for (int n : {0, 1, 17, 4099}) {
     const auto z = static_cast<std::size_t>(n);
-    auto g = to_bf16_vec(random_vec(z, rng, -12.0f, 12.0f)), u = to_bf16_vec(random_vec(z, rng, -2.0f, 2.0f));
-    auto dout = to_bf16_vec(random_vec(z, rng, -1.0f, 1.0f));
+    auto g = rounded(random_vec(z, rng, -12.0f, 12.0f)), u = rounded(random_vec(z, rng, -2.0f, 2.0f));
+    auto dout = rounded(random_vec(z, rng, -1.0f, 1.0f));
     if (n > 3) {  // saturated gates
       g[0] = peakbound::to_bf16(-200.0f);
       g[1] = peakbound::to_bf16(200.0f);

@@ -14,21 +14,12 @@
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/swiglu.h"
+#include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound {
 namespace {
 
-std::vector<std::uint16_t> bits_of(const std::vector<bf16>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
-  return b;
-}
-
-std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
-  std::vector<std::uint32_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = float_bits(v[i]);
-  return b;
-}
+using test_bf16::bits_of;
 
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);
