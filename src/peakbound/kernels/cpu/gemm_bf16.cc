@@ -58,65 +58,49 @@ std::uint32_t load_pair(const bf16* p) {
   return u;
 }
 
-// The A block rows [i0, i0 + mc) x depth [k0, k0 + kc) as kMr-row strips of K pairs,
-// zero past the M edge and the odd-K edge. Full strips and whole pairs take the
-// stored layout's contiguous direction; the edges go element by element.
-void pack_a(const Operand& a, std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
-            std::uint32_t* out) {
+// One strip of a packed operand: W rows [i0, i0 + W) of `op` (an [M, K] view) over depth
+// [k0, k0 + kc), as K pairs of W u32 each, zero past row `rows` (the edge) and past an
+// odd kc. A full strip's whole pairs take the stored layout's contiguous direction; the
+// edges go element by element. A strips rows of A (W = kMr); B strips rows of B^T
+// (W = kNr), i.e. columns of B.
+template <std::int64_t W>
+void pack_strip(const Operand& op, std::int64_t i0, std::int64_t rows, std::int64_t k0, std::int64_t kc,
+                std::uint32_t* out) {
   const std::int64_t pairs = (kc + 1) / 2, whole = kc / 2;
-  for (std::int64_t s = 0; s < mc; s += kMr, out += pairs * kMr) {
-    const bool full = s + kMr <= mc;
-    if (full && !a.trans) {  // row i holds its K pairs contiguously
-      for (std::int64_t r = 0; r < kMr; ++r) {
-        const bf16* row = a.p + (i0 + s + r) * a.ld + k0;
-        for (std::int64_t p = 0; p < whole; ++p) out[p * kMr + r] = load_pair(row + 2 * p);
-      }
-    } else if (full) {  // depth k holds rows i contiguously: two depths make the pairs
-      for (std::int64_t p = 0; p < whole; ++p) {
-        const bf16* lo = a.p + (k0 + 2 * p) * a.ld + i0 + s;
-        const bf16* hi = lo + a.ld;
-        for (std::int64_t r = 0; r < kMr; ++r) out[p * kMr + r] = pair(lo[r].bits, hi[r].bits);
-      }
+  const bool full = rows >= W;
+  if (full && !op.trans) {  // row i holds its K pairs contiguously
+    for (std::int64_t r = 0; r < W; ++r) {
+      const bf16* row = op.p + (i0 + r) * op.ld + k0;
+      for (std::int64_t p = 0; p < whole; ++p) out[p * W + r] = load_pair(row + 2 * p);
     }
-    for (std::int64_t p = full ? whole : 0; p < pairs; ++p) {
-      const std::int64_t k = k0 + 2 * p;
-      const bool has_hi = 2 * p + 1 < kc;
-      for (std::int64_t r = 0; r < kMr; ++r) {
-        const std::int64_t i = s + r;
-        out[p * kMr + r] = i >= mc ? 0u : pair(a.at(i0 + i, k), has_hi ? a.at(i0 + i, k + 1) : 0u);
-      }
-    }
-  }
-}
-
-// Strip t / kNr of the B block depth [k0, k0 + kc) x columns [j0, j0 + nc): kNr
-// columns of K pairs, zero past the N edge and the odd-K edge; the same split as pack_a.
-// `out` is the block's packed buffer; the strip lands at its own offset.
-void pack_b_strip(const Operand& b, std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
-                  std::int64_t t, std::uint32_t* out) {
-  const std::int64_t pairs = (kc + 1) / 2, whole = kc / 2;
-  out += t / kNr * pairs * kNr;
-  const bool full = t + kNr <= nc;
-  if (full && b.trans) {  // column j (a row of B^T) holds its K pairs contiguously
-    for (std::int64_t jj = 0; jj < kNr; ++jj) {
-      const bf16* col = b.p + (j0 + t + jj) * b.ld + k0;
-      for (std::int64_t p = 0; p < whole; ++p) out[p * kNr + jj] = load_pair(col + 2 * p);
-    }
-  } else if (full) {  // depth k holds columns j contiguously
+  } else if (full) {  // depth k holds rows i contiguously: two depths make the pairs
     for (std::int64_t p = 0; p < whole; ++p) {
-      const bf16* lo = b.p + (k0 + 2 * p) * b.ld + j0 + t;
-      const bf16* hi = lo + b.ld;
-      for (std::int64_t jj = 0; jj < kNr; ++jj) out[p * kNr + jj] = pair(lo[jj].bits, hi[jj].bits);
+      const bf16* lo = op.p + (k0 + 2 * p) * op.ld + i0;
+      const bf16* hi = lo + op.ld;
+      for (std::int64_t r = 0; r < W; ++r) out[p * W + r] = pair(lo[r].bits, hi[r].bits);
     }
   }
   for (std::int64_t p = full ? whole : 0; p < pairs; ++p) {
     const std::int64_t k = k0 + 2 * p;
     const bool has_hi = 2 * p + 1 < kc;
-    for (std::int64_t jj = 0; jj < kNr; ++jj) {
-      const std::int64_t j = t + jj;
-      out[p * kNr + jj] = j >= nc ? 0u : pair(b.at(k, j0 + j), has_hi ? b.at(k + 1, j0 + j) : 0u);
-    }
+    for (std::int64_t r = 0; r < W; ++r)
+      out[p * W + r] = r >= rows ? 0u : pair(op.at(i0 + r, k), has_hi ? op.at(i0 + r, k + 1) : 0u);
   }
+}
+
+// The A block rows [i0, i0 + mc) x depth [k0, k0 + kc) as kMr-row strips.
+void pack_a(const Operand& a, std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
+            std::uint32_t* out) {
+  const std::int64_t pairs = (kc + 1) / 2;
+  for (std::int64_t s = 0; s < mc; s += kMr, out += pairs * kMr) pack_strip<kMr>(a, i0 + s, mc - s, k0, kc, out);
+}
+
+// The strip of columns [j0 + t, j0 + t + kNr) of the B block depth [k0, k0 + kc) x
+// columns [j0, j0 + nc), at its own offset in the block's packed buffer `out`.
+void pack_b_strip(const Operand& b, std::int64_t k0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
+                  std::int64_t t, std::uint32_t* out) {
+  const Operand bt{b.p, b.ld, !b.trans};  // B^T: bt.at(j, k) == b.at(k, j)
+  pack_strip<kNr>(bt, j0 + t, nc - t, k0, kc, out + t / kNr * ((kc + 1) / 2) * kNr);
 }
 
 // How a computed tile lands in C: C = alpha * tile (the first K block with beta 0, C
