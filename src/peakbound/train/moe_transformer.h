@@ -30,6 +30,7 @@
 
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/model/model_config.h"
@@ -54,6 +55,7 @@ struct ModelSchedules {
   bool ring_dtp = false;  // false: the materialized vocab-parallel baseline
   VocabLossOptions vocab;
   CheckpointOptions checkpoint;  // schedule resident (baseline) or sco
+  Precision precision = Precision::f32;  // the numeric mode; not read yet (the layers move to it later)
 };
 
 // One micro-batch's sums on this rank.
