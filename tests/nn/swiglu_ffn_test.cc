@@ -1,15 +1,21 @@
 // The SwiGLU FFN written once (nn/swiglu_ffn.h): forward and backward against a
-// naive double reference, write vs add-into semantics, dx aliasing x, and m = 0.
+// naive double reference, write vs add-into semantics, dx aliasing x, and m = 0; the
+// bf16 form against the f32 form on the widened inputs, and its buffers.
 #include "peakbound/nn/swiglu_ffn.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
+#include "peakbound/ops/gemm.h"
 
 namespace peakbound {
 namespace {
@@ -144,6 +150,189 @@ TEST(SwigluFfn, ZeroRowsTouchNothingAndBuffersAreMByF) {
   EXPECT_EQ(b.act.component, Component::layer);
   EXPECT_EQ(b.reserved(), 3 * arena_reserved(37 * 22 * 2));
   EXPECT_EQ(swiglu_ffn_buffers(0, 22, 4, Component::dispatch).reserved(), 0u);
+}
+
+// --- bf16 -------------------------------------------------------------------------
+
+std::vector<bf16> narrow_all(const std::vector<float>& v) {
+  std::vector<bf16> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = to_bf16(v[i]);
+  return r;
+}
+
+std::vector<float> widen_all(const std::vector<bf16>& v) {
+  std::vector<float> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = to_f32(v[i]);
+  return r;
+}
+
+// max|got - ref| / max|ref|
+double max_relative(const std::vector<float>& got, const std::vector<float>& ref) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, std::abs(double(got[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return err / scale;
+}
+
+double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+double norm_ratio(const std::vector<float>& a, const std::vector<float>& b) {
+  double aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return std::sqrt(aa / bb);
+}
+
+std::vector<float> times(std::vector<float> v, float a) {
+  for (float& x : v) x *= a;
+  return v;
+}
+
+// Sizes that cross the 256-row linear tile, with H != F so the tile's width matters.
+constexpr std::int64_t MB = 300, HB = 48, FB = 80;
+
+struct Bf16Inputs {
+  std::vector<bf16> x, wg, wu, wd, dout, base;
+  Bf16Inputs() {
+    x = narrow_all(randn(MB * HB, 41));
+    wg = narrow_all(times(randn(FB * HB, 42), 1.0f / std::sqrt(float(HB))));
+    wu = narrow_all(times(randn(FB * HB, 43), 1.0f / std::sqrt(float(HB))));
+    wd = narrow_all(times(randn(HB * FB, 44), 1.0f / std::sqrt(float(FB))));
+    dout = narrow_all(randn(MB * HB, 45));
+    base = narrow_all(randn(MB * HB, 46));
+  }
+};
+
+// The bf16 FFN's buffers as swiglu_ffn_buffers sizes them.
+struct Bf16Scratch {
+  std::vector<bf16> gate, up, act;
+  std::vector<float> tile;
+  Bf16Scratch() {
+    const SwigluFfnBuffers b = swiglu_ffn_buffers(MB, HB, FB, Precision::bf16);
+    gate.resize(b.gate.bytes / sizeof(bf16));
+    up.resize(b.up.bytes / sizeof(bf16));
+    act.resize(b.act.bytes / sizeof(bf16));
+    tile.resize(b.tile.bytes / sizeof(float));
+  }
+};
+
+// Bounds. Each bf16 activation the FFN stores (gate, up, act, out; dact, dgate, dup, dx)
+// rounds once, by at most 2^-9 = 1.95e-3 relative, and a value passes through at most
+// about four such roundings on its way to out or dx (the GEMMs' fp32 sums differ from
+// sgemm's only in order, ~1e-6), so outputs and dx stay within 1e-2 of the f32 FFN on the
+// same (widened) inputs, normalized by the largest reference value. A weight gradient is
+// an fp32 sum over 300 rows of products of such rounded activations: the rounding errors
+// are independent and do not line up with the gradient, so its direction moves by about
+// 2^-9 / sqrt(rows) and its cosine with the f32 gradient stays >= 0.9999.
+TEST(SwigluFfnBf16, MatchesF32OnWidenedInputs) {
+  CpuDevice dev(16 << 20);
+  Stream& s = dev.compute_stream();
+  const std::string before = ops::bf16_gemm_path();
+  const Bf16Inputs in;
+  const SwigluFfnWeightsBf16 w{in.wg.data(), in.wu.data(), in.wd.data()};
+  // The f32 FFN on the widened bf16 values: the reference.
+  const auto x = widen_all(in.x), wg = widen_all(in.wg), wu = widen_all(in.wu), wd = widen_all(in.wd);
+  const auto dout = widen_all(in.dout), base = widen_all(in.base);
+  const SwigluFfnWeights w32{wg.data(), wu.data(), wd.data()};
+  std::vector<float> g32(MB * FB), u32(MB * FB), a32(MB * FB), out32(MB * HB), acc32 = base;
+  std::vector<float> dwg32(FB * HB), dwu32(FB * HB), dwd32(HB * FB), dx32(MB * HB), dxacc32 = base;
+  swiglu_ffn_forward(dev, s, MB, HB, FB, x.data(), w32, g32.data(), u32.data(), a32.data(), acc32.data(), true);
+  swiglu_ffn_forward(dev, s, MB, HB, FB, x.data(), w32, g32.data(), u32.data(), a32.data(), out32.data(), false);
+  swiglu_ffn_backward(dev, s, MB, HB, FB, x.data(), w32, dout.data(), g32.data(), u32.data(), a32.data(),
+                      {dwg32.data(), dwu32.data(), dwd32.data()}, dx32.data(), false);
+  swiglu_ffn_forward(dev, s, MB, HB, FB, x.data(), w32, g32.data(), u32.data(), a32.data(), nullptr, false);
+  swiglu_ffn_backward(dev, s, MB, HB, FB, x.data(), w32, dout.data(), g32.data(), u32.data(), a32.data(),
+                      {dwg32.data(), dwu32.data(), dwd32.data()}, dxacc32.data(), true);
+  dev.synchronize(s);
+  const std::vector<float> ref_dwg = times(dwg32, 0.5f), ref_dwu = times(dwu32, 0.5f), ref_dwd = times(dwd32, 0.5f);
+
+  for (cpu::Bf16GemmPath p : {cpu::Bf16GemmPath::convert, cpu::Bf16GemmPath::native}) {
+    if (!cpu::bf16_gemm_path_supported(p)) continue;
+    SCOPED_TRACE(std::string("path ") + std::string(cpu::bf16_gemm_path_name(p)));
+    ops::set_bf16_gemm_path(cpu::bf16_gemm_path_name(p));
+    Bf16Scratch t;
+    std::vector<bf16> out(MB * HB, to_bf16(123.0f)), acc = in.base, dx(MB * HB, to_bf16(55.0f)), dx_acc = in.base;
+    std::vector<float> dwg(FB * HB), dwu(FB * HB), dwd(HB * FB);
+    swiglu_ffn_forward(dev, s, MB, HB, FB, in.x.data(), w, t.gate.data(), t.up.data(), t.act.data(), acc.data(), true,
+                       t.tile.data());
+    swiglu_ffn_forward(dev, s, MB, HB, FB, in.x.data(), w, t.gate.data(), t.up.data(), t.act.data(), out.data(), false,
+                       t.tile.data());
+    swiglu_ffn_backward(dev, s, MB, HB, FB, in.x.data(), w, in.dout.data(), t.gate.data(), t.up.data(), t.act.data(),
+                        {dwg.data(), dwu.data(), dwd.data()}, dx.data(), false, t.tile.data());
+    dev.synchronize(s);
+    EXPECT_LE(max_relative(widen_all(out), out32), 1e-2);  // written: the 123s are gone
+    EXPECT_LE(max_relative(widen_all(acc), acc32), 1e-2);  // added into
+    EXPECT_LE(max_relative(widen_all(dx), dx32), 1e-2);    // written: the 55s are gone
+    EXPECT_GE(cosine(dwg, ref_dwg), 0.9999);
+    EXPECT_GE(cosine(dwu, ref_dwu), 0.9999);
+    EXPECT_GE(cosine(dwd, ref_dwd), 0.9999);
+    // A second backward (on a recomputed forward) adds into dW again and into dx.
+    swiglu_ffn_forward(dev, s, MB, HB, FB, in.x.data(), w, t.gate.data(), t.up.data(), t.act.data(), nullptr, false,
+                       t.tile.data());
+    swiglu_ffn_backward(dev, s, MB, HB, FB, in.x.data(), w, in.dout.data(), t.gate.data(), t.up.data(), t.act.data(),
+                        {dwg.data(), dwu.data(), dwd.data()}, dx_acc.data(), true, t.tile.data());
+    dev.synchronize(s);
+    EXPECT_LE(max_relative(widen_all(dx_acc), dxacc32), 1e-2);
+    for (const auto& [got, want] : {std::pair{&dwg, &dwg32}, std::pair{&dwu, &dwu32}, std::pair{&dwd, &dwd32}}) {
+      EXPECT_GE(cosine(*got, *want), 0.9999);
+      EXPECT_NEAR(norm_ratio(*got, *want), 1.0, 1e-2);
+    }
+  }
+  ops::set_bf16_gemm_path(before);
+}
+
+TEST(SwigluFfnBf16, DxMayAliasX) {
+  CpuDevice dev(16 << 20);
+  Stream& s = dev.compute_stream();
+  const Bf16Inputs in;
+  const SwigluFfnWeightsBf16 w{in.wg.data(), in.wu.data(), in.wd.data()};
+  Bf16Scratch t;
+  std::vector<float> dwg(FB * HB), dwu(FB * HB), dwd(HB * FB), dwg2(FB * HB), dwu2(FB * HB), dwd2(HB * FB);
+  std::vector<bf16> dx(MB * HB), x2 = in.x;
+  swiglu_ffn_forward(dev, s, MB, HB, FB, in.x.data(), w, t.gate.data(), t.up.data(), t.act.data(), nullptr, false,
+                     t.tile.data());
+  swiglu_ffn_backward(dev, s, MB, HB, FB, in.x.data(), w, in.dout.data(), t.gate.data(), t.up.data(), t.act.data(),
+                      {dwg.data(), dwu.data(), dwd.data()}, dx.data(), false, t.tile.data());
+  swiglu_ffn_forward(dev, s, MB, HB, FB, x2.data(), w, t.gate.data(), t.up.data(), t.act.data(), nullptr, false,
+                     t.tile.data());
+  swiglu_ffn_backward(dev, s, MB, HB, FB, x2.data(), w, in.dout.data(), t.gate.data(), t.up.data(), t.act.data(),
+                      {dwg2.data(), dwu2.data(), dwd2.data()}, x2.data(), false, t.tile.data());
+  dev.synchronize(s);
+  for (std::size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(x2[i].bits, dx[i].bits) << i;  // bitwise
+  EXPECT_EQ(dwg2, dwg);
+  EXPECT_EQ(dwu2, dwu);
+  EXPECT_EQ(dwd2, dwd);
+}
+
+TEST(SwigluFfnBf16, BuffersTakeThePrecision) {
+  const SwigluFfnBuffers b = swiglu_ffn_buffers(37, 5, 22, Precision::bf16);
+  EXPECT_EQ(b.gate.bytes, 37u * 22 * 2);
+  EXPECT_EQ(b.act.bytes, 37u * 22 * 2);
+  EXPECT_EQ(b.tile.bytes, 37u * 22 * 4);  // [min(m, 256), max(H, F)] floats
+  EXPECT_EQ(swiglu_ffn_buffers(600, 64, 22, Precision::bf16, Component::dispatch).tile.bytes, 256u * 64 * 4);
+  EXPECT_EQ(swiglu_ffn_buffers(600, 64, 22, Precision::bf16, Component::dispatch).tile.component, Component::dispatch);
+  EXPECT_EQ(b.reserved(), 3 * arena_reserved(37 * 22 * 2) + arena_reserved(37 * 22 * 4));
+  // f32: the f32 layers' specs byte for byte, and no tile.
+  const SwigluFfnBuffers f = swiglu_ffn_buffers(37, 5, 22, Precision::f32);
+  const SwigluFfnBuffers old = swiglu_ffn_buffers(37, 22, 4);
+  EXPECT_EQ(f.gate.bytes, old.gate.bytes);
+  EXPECT_EQ(f.tile.bytes, 0u);
+  EXPECT_EQ(old.tile.bytes, 0u);
+  EXPECT_EQ(f.reserved(), old.reserved());
+  EXPECT_EQ(f.reserved(), 3 * arena_reserved(37 * 22 * 4));
+  EXPECT_THROW(swiglu_ffn_buffers(3, 0, 22, Precision::bf16), InvalidArgument);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "peakbound/nn/swiglu_ffn.h"
 
+#include <algorithm>
+
 #include "peakbound/core/error.h"
+#include "peakbound/nn/linear.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/swiglu.h"
 
@@ -12,41 +15,95 @@ void check_sizes(std::int64_t m, std::int64_t hidden, std::int64_t ffn) {
   PB_CHECK_MSG(m >= 0 && hidden > 0 && ffn > 0, "swiglu ffn: m must be >= 0, hidden and ffn > 0");
 }
 
+// dw [rows, cols] += a^T b, a [m, rows], b [m, cols]: a weight gradient, f32 in both
+// precisions (bf16 operands accumulate in fp32 straight into it).
+void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const float* a,
+                     const float* b, float* dw) {
+  ops::gemm(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
+}
+void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const bf16* a,
+                     const bf16* b, float* dw) {
+  ops::gemm_bf16(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
+}
+
+LinearMode mode_of(bool accumulate) { return accumulate ? LinearMode::add : LinearMode::write; }
+
+// Written once for both precisions: with A = float every product is the ops::gemm call
+// (order and beta) this file made before the bf16 form existed.
+template <class A>
+void forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const A* x,
+             const SwigluFfnWeightsOf<A>& w, A* gate, A* up, A* act, A* out, bool accumulate_out, float* tile) {
+  check_sizes(m, H, F);
+  if (m == 0) return;
+  linear(dev, s, m, F, {{.a = x, .lda = H, .b = w.gate, .ldb = H, .k = H, .trans_b = true}}, gate, F,
+         LinearMode::write, tile);  // gate = x W_gate^T
+  linear(dev, s, m, F, {{.a = x, .lda = H, .b = w.up, .ldb = H, .k = H, .trans_b = true}}, up, F, LinearMode::write,
+         tile);                                        // up = x W_up^T
+  ops::swiglu_forward(dev, s, act, gate, up, m * F);  // act = silu(gate) up
+  if (out == nullptr) return;
+  linear(dev, s, m, H, {{.a = act, .lda = F, .b = w.down, .ldb = F, .k = F, .trans_b = true}}, out, H,
+         mode_of(accumulate_out), tile);  // out (+)= act W_down^T
+}
+
+template <class A>
+void backward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const A* x,
+              const SwigluFfnWeightsOf<A>& w, const A* dout, A* gate, A* up, A* act, const SwigluFfnGrads& dw, A* dx,
+              bool accumulate_dx, float* tile) {
+  check_sizes(m, H, F);
+  if (m == 0) return;
+  add_weight_grad(dev, s, H, F, m, dout, act, dw.down);  // dW_down += dout^T act
+  A* dact = act;                                         // act is no longer needed
+  linear(dev, s, m, F, {{.a = dout, .lda = H, .b = w.down, .ldb = F, .k = H, .trans_b = false}}, dact, F,
+         LinearMode::write, tile);                                 // dact = dout W_down
+  ops::swiglu_backward(dev, s, gate, up, dact, gate, up, m * F);  // dgate, dup in place
+  add_weight_grad(dev, s, F, H, m, gate, x, dw.gate);             // dW_gate += dgate^T x
+  add_weight_grad(dev, s, F, H, m, up, x, dw.up);                 // dW_up += dup^T x
+  // x is read for the last time above, so dx may alias it. One sum: bf16 rounds it once.
+  linear(dev, s, m, H,
+         {{.a = gate, .lda = F, .b = w.gate, .ldb = H, .k = F, .trans_b = false},
+          {.a = up, .lda = F, .b = w.up, .ldb = H, .k = F, .trans_b = false}},
+         dx, H, mode_of(accumulate_dx), tile);  // dx (+)= dgate W_gate + dup W_up
+}
+
 }  // namespace
+
+SwigluFfnBuffers swiglu_ffn_buffers(std::int64_t m, std::int64_t H, std::int64_t F, Precision p, Component c) {
+  if (m < 0 || H < 1 || F < 1) throw InvalidArgument("swiglu ffn: rows must be >= 0, hidden and ffn >= 1");
+  SwigluFfnBuffers b = swiglu_ffn_buffers(m, F, dtype_size(activation_dtype(p)), c);
+  b.tile = linear_tile_spec(m, std::max(H, F), p, c);
+  return b;
+}
 
 SwigluFfnBuffers swiglu_ffn_buffers(std::int64_t m, std::int64_t ffn, std::uint64_t elem_bytes, Component c) {
   if (m < 0 || ffn < 1) throw InvalidArgument("swiglu ffn: rows must be >= 0 and ffn >= 1");
-  const std::uint64_t count = checked_mul(static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(ffn), "swiglu ffn [m, F]");
+  const std::uint64_t count =
+      checked_mul(static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(ffn), "swiglu ffn [m, F]");
   const BufferSpec one = buffer_spec(c, count, elem_bytes);
-  return {one, one, one};
+  return {one, one, one, buffer_spec(c, 0, sizeof(float))};
 }
 
 void swiglu_ffn_forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const float* x,
                         const SwigluFfnWeights& w, float* gate, float* up, float* act, float* out,
                         bool accumulate_out) {
-  check_sizes(m, H, F);
-  if (m == 0) return;
-  ops::gemm(dev, s, false, true, m, F, H, 1.0f, x, H, w.gate, H, 0.0f, gate, F);  // gate = x W_gate^T
-  ops::gemm(dev, s, false, true, m, F, H, 1.0f, x, H, w.up, H, 0.0f, up, F);      // up = x W_up^T
-  ops::swiglu_forward(dev, s, act, gate, up, m * F);                               // act = silu(gate) up
-  if (out == nullptr) return;
-  ops::gemm(dev, s, false, true, m, H, F, 1.0f, act, F, w.down, F, accumulate_out ? 1.0f : 0.0f, out, H);
+  forward<float>(dev, s, m, H, F, x, w, gate, up, act, out, accumulate_out, nullptr);
 }
 
 void swiglu_ffn_backward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const float* x,
                          const SwigluFfnWeights& w, const float* dout, float* gate, float* up, float* act,
                          const SwigluFfnGrads& dw, float* dx, bool accumulate_dx) {
-  check_sizes(m, H, F);
-  if (m == 0) return;
-  ops::gemm(dev, s, true, false, H, F, m, 1.0f, dout, H, act, F, 1.0f, dw.down, F);  // dW_down += dout^T act
-  float* dact = act;                                                                  // act is no longer needed
-  ops::gemm(dev, s, false, false, m, F, H, 1.0f, dout, H, w.down, F, 0.0f, dact, F);  // dact = dout W_down
-  ops::swiglu_backward(dev, s, gate, up, dact, gate, up, m * F);                      // dgate, dup in place
-  ops::gemm(dev, s, true, false, F, H, m, 1.0f, gate, F, x, H, 1.0f, dw.gate, H);     // dW_gate += dgate^T x
-  ops::gemm(dev, s, true, false, F, H, m, 1.0f, up, F, x, H, 1.0f, dw.up, H);         // dW_up += dup^T x
-  // x is read for the last time above, so dx may alias it.
-  ops::gemm(dev, s, false, false, m, H, F, 1.0f, gate, F, w.gate, H, accumulate_dx ? 1.0f : 0.0f, dx, H);
-  ops::gemm(dev, s, false, false, m, H, F, 1.0f, up, F, w.up, H, 1.0f, dx, H);        // dx (+)= dgate W_gate + dup W_up
+  backward<float>(dev, s, m, H, F, x, w, dout, gate, up, act, dw, dx, accumulate_dx, nullptr);
+}
+
+void swiglu_ffn_forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const bf16* x,
+                        const SwigluFfnWeightsBf16& w, bf16* gate, bf16* up, bf16* act, bf16* out, bool accumulate_out,
+                        float* tile) {
+  forward<bf16>(dev, s, m, H, F, x, w, gate, up, act, out, accumulate_out, tile);
+}
+
+void swiglu_ffn_backward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const bf16* x,
+                         const SwigluFfnWeightsBf16& w, const bf16* dout, bf16* gate, bf16* up, bf16* act,
+                         const SwigluFfnGrads& dw, bf16* dx, bool accumulate_dx, float* tile) {
+  backward<bf16>(dev, s, m, H, F, x, w, dout, gate, up, act, dw, dx, accumulate_dx, tile);
 }
 
 }  // namespace peakbound
