@@ -109,7 +109,7 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a
                    buffer_spec(kC, 0, kF32)};
   const std::int64_t side = c.side_ffn();
   if (side > 0) b.ffn = swiglu_ffn_buffers(side_ffn_tile_rows(T, c.side_tile), side, a, kC);
-  else b.ffn = {buffer_spec(kC, 0, a), buffer_spec(kC, 0, a), buffer_spec(kC, 0, a)};
+  else b.ffn = swiglu_ffn_buffers(0, 1, a, kC);  // no side FFN: empty specs
   const u64 g = has_gate(c) ? 1 : 0;
   b.shared_out = buffer_spec(kC, mul(g, mul(t, H)), a);
   b.gate_logit = buffer_spec(kC, mul(g, t), kF32);
