@@ -22,7 +22,8 @@
 //   dx       [m, H]  backward: written, or added into with accumulate_dx; may alias x
 //                    (x is last read before dx is first written)
 // Backward needs the forward's gate, up and act (kept, or recomputed from x by a
-// second forward): it uses them as its own scratch.
+// second forward): it uses them (and, in bf16, the caller's tile) as its own scratch, so
+// it allocates nothing.
 //
 // The bf16 forms take x, the weights, gate, up, act, out, dout and dx in bf16 and the
 // weight gradients in f32 (ops::gemm_bf16 adds into them). Every activation product goes
