@@ -3,8 +3,8 @@
 //
 // A checkpoint is a folder DIR/step-NNNNNNNN holding, per rank r of W,
 //   rank-RRRRR.model.safetensors   the rank's optimizer-shard pieces of the parameters
-//                                  (the fp32 master weights, which are the trained
-//                                  parameters: the model trains in fp32), one 1-D tensor per
+//                                  (the fp32 master weights: the trained parameters in
+//                                  either precision, docs/precision.md), one 1-D tensor per
 //                                  piece under its Hugging Face name
 //   rank-RRRRR.optim.safetensors   AdamW's m and v for the same pieces (NAME.exp_avg,
 //                                  NAME.exp_avg_sq)
