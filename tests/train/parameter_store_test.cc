@@ -152,5 +152,81 @@ TEST(ParameterStore, ErrorsAreOneLineAndNameTheProblem) {
   EXPECT_THROW(ParameterStore(small, table), OutOfBudget);
 }
 
+// The one-line InternalError a wrong-dtype parameter access throws ("no error" if none).
+template <class Fn> std::string internal_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const InternalError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Under bf16 the parameters are bf16 (2 bytes an element) and the gradients f32 (4): the
+// specs say so, the Arena measures exactly them, both buffers start zero (padding too),
+// the dtype-aware accessors address the same views, and the f32 accessors refuse.
+TEST(ParameterStore, Bf16StoreHoldsBf16ParamsAndF32Grads) {
+  const TensorTable table(load_hf_config(kFixtures + std::string("qwen3_moe")));
+  for (std::int64_t ep : {1, 4}) {
+    const ShardSelector sel = expert_parallel(table, ep, ep - 1);
+    const ParameterLayout lay = parameter_layout(table, sel);
+    const ParameterStoreBuffers b16 = parameter_store_buffers(lay, Precision::bf16);
+    EXPECT_EQ(b16.params.bytes, lay.elements * 2);
+    EXPECT_EQ(b16.grads.bytes, lay.elements * 4);
+    EXPECT_EQ(b16.params.component, Component::params);
+    EXPECT_EQ(b16.grads.component, Component::grads);
+    const ParameterStoreBuffers split = parameter_store_buffers(lay, 2, 4);
+    EXPECT_EQ(split.params.bytes, b16.params.bytes);
+    EXPECT_EQ(split.grads.bytes, b16.grads.bytes);
+    // f32 through the Precision form is the elem_bytes form, byte for byte.
+    const ParameterStoreBuffers f32 = parameter_store_buffers(table, sel, Precision::f32);
+    const ParameterStoreBuffers old = parameter_store_buffers(table, sel, sizeof(float));
+    EXPECT_EQ(f32.params.bytes, old.params.bytes);
+    EXPECT_EQ(f32.grads.bytes, old.grads.bytes);
+
+    const Footprint fp = parameter_store_footprint(table, sel, Precision::bf16);
+    CpuDevice dev(16 * MiB);
+    {
+      ParameterStore store(dev, table, sel, {}, Precision::bf16);
+      EXPECT_EQ(store.precision(), Precision::bf16);
+      EXPECT_EQ(store.param_dtype(), DType::bf16);
+      EXPECT_EQ(dev.arena().peak(Component::params), fp.device_peak(Component::params));
+      EXPECT_EQ(dev.arena().peak(Component::grads), fp.device_peak(Component::grads));
+      EXPECT_EQ(dev.arena().peak(), fp.device_peak_total());
+      EXPECT_EQ(fp.device_peak(Component::params), b16.params.reserved());
+
+      const auto* p = static_cast<const bf16*>(store.params_raw());
+      for (std::uint64_t i = 0; i < store.elements(); ++i) {
+        ASSERT_EQ(p[i].bits, 0u) << i;
+        ASSERT_EQ(store.grads_data()[i], 0.0f) << i;
+      }
+      for (const ParameterView& v : store) {
+        EXPECT_EQ(store.param_as<bf16>(v), p + v.offset) << v.name();
+        EXPECT_EQ(store.param_as<bf16>(v.name()), p + v.offset) << v.name();
+        EXPECT_EQ(store.param_raw(v), static_cast<const void*>(p + v.offset)) << v.name();
+        EXPECT_EQ(store.grad(v), store.grads_data() + v.offset) << v.name();
+      }
+      const ParameterView& v = store.views().back();
+      for (const std::string& m : {internal_error([&] { store.param(v); }),
+                                   internal_error([&] { store.param(v.name()); }),
+                                   internal_error([&] { store.params_data(); }),
+                                   internal_error([&] { store.param_as<float>(v); })}) {
+        EXPECT_NE(m.find("asked for f32 parameters, but it holds bf16 ones"), std::string::npos) << m;
+        EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      }
+    }
+    EXPECT_EQ(dev.arena().live(), 0u);
+  }
+  // An f32 store: param_as<float> is param(); param_as<bf16> refuses.
+  CpuDevice dev(16 * MiB);
+  ParameterStore store(dev, table);
+  EXPECT_EQ(store.param_dtype(), DType::f32);
+  const ParameterView& v = store.views()[1];
+  EXPECT_EQ(store.param_as<float>(v), store.param(v));
+  EXPECT_EQ(store.param_raw(v), static_cast<void*>(store.param(v)));
+  EXPECT_NE(internal_error([&] { store.param_as<bf16>(v); }).find("asked for bf16 parameters, but it holds f32 ones"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace peakbound

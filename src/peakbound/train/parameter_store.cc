@@ -1,5 +1,8 @@
 #include "peakbound/train/parameter_store.h"
 
+#include <cstddef>
+#include <string>
+
 #include "peakbound/core/error.h"
 #include "peakbound/ops/elementwise.h"
 
@@ -76,9 +79,18 @@ ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& 
   return out;
 }
 
+ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t param_bytes,
+                                              std::uint64_t grad_bytes) {
+  return {buffer_spec(Component::params, layout.elements, param_bytes),
+          buffer_spec(Component::grads, layout.elements, grad_bytes)};
+}
+
 ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t elem_bytes) {
-  return {buffer_spec(Component::params, layout.elements, elem_bytes),
-          buffer_spec(Component::grads, layout.elements, elem_bytes)};
+  return parameter_store_buffers(layout, elem_bytes, elem_bytes);
+}
+
+ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, Precision precision) {
+  return parameter_store_buffers(layout, dtype_size(param_dtype(precision)), sizeof(float));
 }
 
 ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
@@ -86,27 +98,47 @@ ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const Sh
   return parameter_store_buffers(parameter_layout(table, select, options), elem_bytes);
 }
 
-Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
-                                    std::uint64_t elem_bytes, const LayoutOptions& options) {
-  const ParameterStoreBuffers b = parameter_store_buffers(table, select, elem_bytes, options);
+ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
+                                              Precision precision, const LayoutOptions& options) {
+  return parameter_store_buffers(parameter_layout(table, select, options), precision);
+}
+
+namespace {
+
+Footprint store_footprint(const ParameterStoreBuffers& b) {
   Footprint f("parameter_store");
   f.device("resident", b.params).device("resident", b.grads);
   return f;
 }
 
+}  // namespace
+
+Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
+                                    std::uint64_t elem_bytes, const LayoutOptions& options) {
+  return store_footprint(parameter_store_buffers(table, select, elem_bytes, options));
+}
+
+Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select, Precision precision,
+                                    const LayoutOptions& options) {
+  return store_footprint(parameter_store_buffers(table, select, precision, options));
+}
+
 ParameterStore::ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select,
-                               const LayoutOptions& options)
-    : dev_(&dev), table_(table), layout_(parameter_layout(table, select, options)) {
+                               const LayoutOptions& options, Precision precision)
+    : dev_(&dev), table_(table), precision_(precision), layout_(parameter_layout(table, select, options)) {
   index_.reserve(layout_.views.size());
   for (std::size_t i = 0; i < layout_.views.size(); ++i) index_.emplace(layout_.views[i].name(), i);
-  const ParameterStoreBuffers b = parameter_store_buffers(layout_, sizeof(float));
+  const ParameterStoreBuffers b = parameter_store_buffers(layout_, precision_);
   params_ = dev.allocate(b.params.component, b.params.bytes);
   grads_ = dev.allocate(b.grads.component, b.grads.bytes);
   // Zero both whole (the padding stays zero for good), and wait, so a load on the
   // copy stream cannot be overwritten by this fill.
   Stream& s = dev.compute_stream();
   const auto n = static_cast<std::int64_t>(layout_.elements);
-  ops::fill(dev, s, params_data(), n, 0.0f);
+  if (param_dtype() == DType::bf16)
+    ops::fill(dev, s, params_.as<bf16>(), n, 0.0f);
+  else
+    ops::fill(dev, s, params_.as<float>(), n, 0.0f);
   ops::fill(dev, s, grads_data(), n, 0.0f);
   dev.synchronize(s);
 }
@@ -119,6 +151,17 @@ const ParameterView& ParameterStore::view(std::string_view name) const {
     throw InvalidArgument("parameter store: no tensor '" + std::string(name) + "' on this rank (" +
                           std::to_string(size()) + " held of the model's " + std::to_string(table_.size()) + ")");
   return layout_.views[it->second];
+}
+
+void* ParameterStore::param_raw(const ParameterView& v) const {
+  return params_.as<std::byte>() + v.offset * dtype_size(param_dtype());
+}
+
+void ParameterStore::check_param_dtype(DType want) const {
+  if (param_dtype() != want)
+    throw InternalError("parameter store: asked for " + std::string(dtype_name(want)) + " parameters, but it holds " +
+                        std::string(dtype_name(param_dtype())) + " ones (precision " +
+                        std::string(precision_name(precision_)) + "; use param_as<T> / param_raw)");
 }
 
 void ParameterStore::zero_grads(Stream& s) {

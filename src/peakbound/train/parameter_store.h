@@ -1,6 +1,8 @@
 // ParameterStore: all of one rank's parameters in ONE device allocation
 // (Component::params) and their gradients in ONE more (Component::grads), f32, llm.c
-// style, with a view per named tensor. Flat buffers let whole-model operations
+// style, with a view per named tensor. Under Precision::bf16 the parameters are bf16 (the
+// copy the model computes with; the fp32 master lives in the optimizer) and the
+// gradients stay f32; under f32 both are f32. Flat buffers let whole-model operations
 // (zeroing gradients, all-reducing them, clipping, the optimizer) run as one call over
 // one pointer, while layers address their tensors by Hugging Face name.
 //
@@ -13,7 +15,7 @@
 //
 // Every view starts at a multiple of kViewAlignElements elements (256 bytes, the
 // Arena's alignment), so each tensor is as aligned as a buffer of its own would be;
-// the padding between views is zero in both buffers (set once at construction and
+// the padding between views is zero in both buffers (+0.0 in either dtype) (set once at construction and
 // never written by a view), so flat operations over the whole buffers see zeros there.
 #pragma once
 
@@ -25,7 +27,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/model/tensor_table.h"
 
@@ -82,23 +86,34 @@ struct LayoutOptions {
 ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select,
                                  const LayoutOptions& options = {});
 
-// The two device buffers a ParameterStore allocates, at elem_bytes per element.
+// The two device buffers a ParameterStore allocates: params at param_bytes per element,
+// grads at grad_bytes (layout.elements each). The elem_bytes forms use one size for
+// both (the f32 store: 4, 4); the Precision forms are what a ParameterStore of that
+// precision allocates: params dtype_size(param_dtype(p)) (4 or 2), grads 4.
 struct ParameterStoreBuffers {
   BufferSpec params, grads;
   std::uint64_t reserved() const { return params.reserved() + grads.reserved(); }
 };
+ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t param_bytes,
+                                              std::uint64_t grad_bytes);
 ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t elem_bytes);
+ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, Precision precision);
 ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
                                               std::uint64_t elem_bytes, const LayoutOptions& options = {});
+ParameterStoreBuffers parameter_store_buffers(const TensorTable& table, const ShardSelector& select,
+                                              Precision precision, const LayoutOptions& options = {});
 // The same as a Footprint: one phase, "resident", holding both for the whole run.
 Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select,
                                     std::uint64_t elem_bytes, const LayoutOptions& options = {});
+Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select, Precision precision,
+                                    const LayoutOptions& options = {});
 
 class ParameterStore {
  public:
-  // Allocates both buffers (f32) from the device and zeroes them (waits for that).
+  // Allocates both buffers from the device (params in param_dtype(precision), grads f32)
+  // and zeroes them (waits for that).
   ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select = replicate_all(),
-                 const LayoutOptions& options = {});
+                 const LayoutOptions& options = {}, Precision precision = Precision::f32);
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ParameterStore(ParameterStore&&) = default;
@@ -106,6 +121,8 @@ class ParameterStore {
 
   Device& device() const { return *dev_; }
   const TensorTable& table() const { return table_; }
+  Precision precision() const { return precision_; }
+  DType param_dtype() const { return peakbound::param_dtype(precision_); }
 
   // Tensors held, in checkpoint order.
   std::size_t size() const { return layout_.views.size(); }
@@ -118,13 +135,30 @@ class ParameterStore {
   // Throws InvalidArgument naming the tensor when this rank does not hold it.
   const ParameterView& view(std::string_view name) const;
   const std::vector<std::int64_t>& shape(std::string_view name) const { return view(name).shape; }
+  // An f32 store's parameters (device pointers); InternalError (one line) on a bf16 store,
+  // whose parameters are reached through param_as<bf16> / param_raw. Gradients are f32
+  // in both precisions.
   float* param(std::string_view name) const { return params_data() + view(name).offset; }
   float* grad(std::string_view name) const { return grads_data() + view(name).offset; }
   float* param(const ParameterView& v) const { return params_data() + v.offset; }
   float* grad(const ParameterView& v) const { return grads_data() + v.offset; }
+  // The parameters in the store's dtype: param_raw at v.offset x dtype_size(param_dtype())
+  // bytes; param_as<T> checks T is param_dtype() (InternalError otherwise).
+  void* param_raw(const ParameterView& v) const;
+  void* param_raw(std::string_view name) const { return param_raw(view(name)); }
+  template <class T> T* param_as(const ParameterView& v) const {
+    check_param_dtype(dtype_of<T>());
+    return params_.as<T>() + v.offset;
+  }
+  template <class T> T* param_as(std::string_view name) const { return param_as<T>(view(name)); }
 
   // The whole buffers (device pointers), `elements()` long, padding included.
-  float* params_data() const { return params_.as<float>(); }
+  // params_data() is the f32 form (InternalError on a bf16 store); params_raw() either.
+  float* params_data() const {
+    check_param_dtype(DType::f32);
+    return params_.as<float>();
+  }
+  void* params_raw() const { return params_.data(); }
   float* grads_data() const { return grads_.as<float>(); }
   std::uint64_t elements() const { return layout_.elements; }
   const ParameterLayout& layout() const { return layout_; }
@@ -134,8 +168,12 @@ class ParameterStore {
   void zero_grads() { zero_grads(dev_->compute_stream()); }
 
  private:
+  // InternalError unless the parameters are `want` (one line naming both dtypes).
+  void check_param_dtype(DType want) const;
+
   Device* dev_;
   TensorTable table_;
+  Precision precision_;
   ParameterLayout layout_;
   std::unordered_map<std::string, std::size_t> index_;
   Buffer params_, grads_;
