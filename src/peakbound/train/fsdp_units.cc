@@ -49,7 +49,7 @@ std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int gro
   return out;
 }
 
-FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size) {
+FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision) {
   const std::vector<ParameterLayout> units = fsdp_unit_layouts(table, group_size);
   const auto G = static_cast<u64>(group_size);
   u64 shard = 0, max_shard = 0, max_layer = 0;
@@ -58,23 +58,23 @@ FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size) {
     max_shard = std::max(max_shard, units[u].elements / G);
     if (u > 0 && u + 1 < units.size()) max_layer = std::max(max_layer, units[u].elements);
   }
-  const u64 f32 = sizeof(float);
+  const u64 f32 = sizeof(float), pb = dtype_size(param_dtype(precision));
   FsdpBuffers b;
-  b.params_shard = buffer_spec(Component::params, shard, f32);
+  b.params_shard = buffer_spec(Component::params, shard, pb);
   b.grads_shard = buffer_spec(Component::grads, shard, f32);
   b.scratch = buffer_spec(Component::comm, max_shard, f32);
-  b.layer_params = buffer_spec(Component::params, max_layer, f32);
+  b.layer_params = buffer_spec(Component::params, max_layer, pb);
   b.layer_grads = buffer_spec(Component::grads, max_layer, f32);
-  b.embed_params = buffer_spec(Component::params, units.front().elements, f32);
+  b.embed_params = buffer_spec(Component::params, units.front().elements, pb);
   b.embed_grads = buffer_spec(Component::grads, units.front().elements, f32);
-  b.norm_params = buffer_spec(Component::params, units.back().elements, f32);
+  b.norm_params = buffer_spec(Component::params, units.back().elements, pb);
   b.norm_grads = buffer_spec(Component::grads, units.back().elements, f32);
   return b;
 }
 
-FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group)
-    : dev_(dev), g_(group), layouts_(fsdp_unit_layouts(table, group.size())),
-      buffers_(fsdp_buffers(table, group.size())) {
+FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision)
+    : dev_(dev), g_(group), precision_(precision), layouts_(fsdp_unit_layouts(table, group.size())),
+      buffers_(fsdp_buffers(table, group.size(), precision)) {
   for (std::size_t u = 0; u < layouts_.size(); ++u) {
     offsets_.push_back(shard_elements_);
     shard_elements_ += shard_len(u);
@@ -83,7 +83,10 @@ FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group)
   grads_ = dev.allocate(buffers_.grads_shard.component, buffers_.grads_shard.bytes);
   scratch_ = dev.allocate(buffers_.scratch.component, buffers_.scratch.bytes);
   Stream& s = dev.compute_stream();
-  ops::fill(dev, s, params_shard(), static_cast<std::int64_t>(shard_elements_), 0.0f);
+  if (param_dtype() == DType::bf16)
+    ops::fill(dev, s, params_.as<bf16>(), static_cast<std::int64_t>(shard_elements_), 0.0f);
+  else
+    ops::fill(dev, s, params_.as<float>(), static_cast<std::int64_t>(shard_elements_), 0.0f);
   zero_grads();
   dev.synchronize(s);
 }
@@ -95,9 +98,23 @@ std::pair<std::size_t, const ParameterView*> FsdpUnits::find(const std::string& 
   throw InvalidArgument("fsdp: no tensor '" + name + "' in the sharded parameters");
 }
 
-void FsdpUnits::gather(std::size_t u, float* dst) {
+void FsdpUnits::check_param_dtype(DType want) const {
+  if (param_dtype() != want)
+    throw InternalError("fsdp: asked for " + std::string(dtype_name(want)) + " parameters, but the shard holds " +
+                        std::string(dtype_name(param_dtype())) + " ones (precision " +
+                        std::string(precision_name(precision_)) + "; use params_shard_as<T> / params_shard_raw)");
+}
+
+void FsdpUnits::gather(std::size_t u, void* dst) {
   dev_.synchronize();
-  g_.all_gather(params_shard() + offsets_[u], dst, shard_len(u), DType::f32);
+  const DType t = param_dtype();
+  const std::byte* src = params_.as<std::byte>() + offsets_[u] * dtype_size(t);
+  g_.all_gather(src, dst, shard_len(u), t);
+}
+
+void FsdpUnits::gather(std::size_t u, float* dst) {
+  check_param_dtype(DType::f32);
+  gather(u, static_cast<void*>(dst));
 }
 
 void FsdpUnits::gather_grads(std::size_t u, float* dst) {

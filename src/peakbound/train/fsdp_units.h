@@ -12,6 +12,13 @@
 // The model owns the gathered buffers (fsdp_buffers says their sizes): two slots of the
 // largest layer unit for parameters and two for gradients (layer l uses slot l % 2, so its
 // Block views never move), the embedding's and the final norm's while they are in use.
+//
+// Precision: under bf16 the parameters (params_shard, and so every gather and the
+// gathered slots) are bf16, the copy the model computes with (the fp32 master lives in
+// the optimizer): a gather moves the bf16 bits, converting nothing. Gradients stay f32
+// in both precisions: grads_shard, the scratch, the full unit gradients reduce_add takes
+// (reduce-scattered in f32, then added in f32, so micro-batches accumulate in fp32) and
+// gather_grads.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +28,9 @@
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/buffer.h"
+#include "peakbound/core/dtype.h"
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/model/tensor_table.h"
 #include "peakbound/train/parameter_store.h"
@@ -34,18 +43,20 @@ ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u);
 LayoutOptions fsdp_layout_options(int group_size);
 std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size);
 
+// The *_params specs are in param_dtype(precision) (4 or 2 bytes an element); the
+// *_grads specs and the scratch are f32 in both precisions.
 struct FsdpBuffers {
   BufferSpec params_shard, grads_shard, scratch;  // persistent
   BufferSpec layer_params, layer_grads;           // one slot each (two of each are held)
   BufferSpec embed_params, embed_grads;           // the embedding gathered / its full gradient
   BufferSpec norm_params, norm_grads;             // the final norm gathered / its full gradient
 };
-FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size);
+FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision = Precision::f32);
 
 class FsdpUnits {
  public:
   // Allocates and zeroes the shard buffers and the scratch. group: the data-parallel group.
-  FsdpUnits(Device& dev, const TensorTable& table, Communicator& group);
+  FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision = Precision::f32);
 
   std::size_t size() const { return layouts_.size(); }
   static std::size_t embed() { return 0; }
@@ -57,24 +68,40 @@ class FsdpUnits {
   // The unit and view holding `name`; InvalidArgument when no unit has it.
   std::pair<std::size_t, const ParameterView*> find(const std::string& name) const;
 
-  float* params_shard() const { return params_.as<float>(); }
+  Precision precision() const { return precision_; }
+  DType param_dtype() const { return peakbound::param_dtype(precision_); }
+  // The parameter shard: params_shard() is the f32 form (InternalError, one line, under
+  // bf16); params_shard_raw() is either dtype; params_shard_as<T> checks T.
+  float* params_shard() const { return params_shard_as<float>(); }
+  void* params_shard_raw() const { return params_.data(); }
+  template <class T> T* params_shard_as() const {
+    check_param_dtype(dtype_of<T>());
+    return params_.as<T>();
+  }
   float* grads_shard() const { return grads_.as<float>(); }
   std::uint64_t shard_elements() const { return shard_elements_; }
   Communicator& group() const { return g_; }
   const FsdpBuffers& buffers() const { return buffers_; }
 
-  // dst [layout(u).elements] = the whole unit's parameters (collective over the group).
+  // dst [layout(u).elements] = the whole unit's parameters, in param_dtype() (collective
+  // over the group; an all-gather of the shard's bits, no conversion). The float* form
+  // checks the store is f32 (InternalError otherwise).
+  void gather(std::size_t u, void* dst);
   void gather(std::size_t u, float* dst);
-  // The same for the gradients (tests, checkpoints).
+  // The same for the gradients, f32 in both precisions (tests, checkpoints).
   void gather_grads(std::size_t u, float* dst);
-  // full [layout(u).elements]: this rank's part of the unit's gradient, summed over the
+  // full [layout(u).elements], f32 in both precisions: this rank's part of the unit's gradient, summed over the
   // group and ADDED into the gradient shard (collective).
   void reduce_add(std::size_t u, const float* full);
   void zero_grads();
 
  private:
+  // InternalError unless the parameters are `want` (one line naming both dtypes).
+  void check_param_dtype(DType want) const;
+
   Device& dev_;
   Communicator& g_;
+  Precision precision_;
   std::vector<ParameterLayout> layouts_;
   std::vector<std::uint64_t> offsets_;
   std::uint64_t shard_elements_ = 0;
