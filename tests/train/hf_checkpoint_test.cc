@@ -25,6 +25,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/io/safetensors.h"
+#include "peakbound/model/hf_config.h"
 
 namespace peakbound {
 namespace {
@@ -434,6 +435,105 @@ TEST(HfCheckpointFinite, CheckFiniteWeightsFindsTheFirstBadElementAnywhere) {
   v[8191] = std::numeric_limits<float>::max();  // large but finite
   EXPECT_THROW(check_finite_weights(v.data(), v.size(), "t", "f"), InvalidArgument);  // the +inf
   EXPECT_NO_THROW(check_finite_weights(v.data(), 9999, "t", "f"));
+}
+
+// --- The host-side callback loader (for_each_hf_tensor) and bf16 stores ---
+
+// for_each_hf_tensor hands out exactly what load_hf_weights uploads: the same tensors in
+// the same order, the same rows, the same f32 bits, at every expert-parallel rank.
+TEST(HfCheckpoint, ForEachTensorReproducesLoadHfWeightsBitwise) {
+  for (const char* family : kFamilies) {
+    const std::string dir = kFixtures + family;
+    for (std::int64_t ep : {1, 4}) {
+      for (std::int64_t r = 0; r < ep; ++r) {
+        CpuDevice dev(16 * MiB);
+        const HfModel m = load_hf_model(dev, dir, ep, r);
+        std::size_t i = 0;
+        for_each_hf_tensor(dir, m.table, expert_parallel(m.table, ep, r),
+                           [&](const ParameterView& v, const float* values, std::uint64_t n) {
+                             ASSERT_LT(i, m.store.size());
+                             const ParameterView& want = m.store.views()[i++];
+                             ASSERT_EQ(v.name(), want.name());
+                             EXPECT_EQ(v.rows.begin, want.rows.begin) << v.name();
+                             EXPECT_EQ(v.rows.end, want.rows.end) << v.name();
+                             EXPECT_EQ(v.shape, want.shape) << v.name();
+                             ASSERT_EQ(n, static_cast<std::uint64_t>(want.numel())) << v.name();
+                             EXPECT_EQ(std::memcmp(values, m.store.param(want), n * sizeof(float)), 0)
+                                 << family << " ep " << ep << " rank " << r << " " << v.name();
+                           });
+        EXPECT_EQ(i, m.store.size()) << family << " ep " << ep << " rank " << r;
+      }
+    }
+  }
+}
+
+// A bf16 store loads to_bf16 of the f32 values (round to nearest even, on the host), every
+// element bitwise; its padding stays zero and its gradients f32 zeros.
+TEST(HfCheckpoint, Bf16StoreLoadsTheValuesRoundedToNearestEven) {
+  for (const char* family : kFamilies) {
+    const std::string dir = kFixtures + family;
+    CpuDevice dev(32 * MiB);
+    const HfModel m = load_hf_model(dev, dir, 4, 1);
+    ParameterStore b(dev, m.table, expert_parallel(m.table, 4, 1), {}, Precision::bf16);
+    load_hf_weights(dir, b);
+    ASSERT_EQ(b.size(), m.store.size());
+    std::vector<bool> covered(b.elements(), false);
+    std::size_t rounded = 0;
+    for (const ParameterView& v : b) {
+      const float* want = m.store.param(v.name());
+      const bf16* got = b.param_as<bf16>(v);
+      for (std::int64_t k = 0; k < v.numel(); ++k) {
+        ASSERT_EQ(got[k].bits, to_bf16(want[k]).bits) << family << " " << v.name() << "[" << k << "]";
+        rounded += to_f32(got[k]) != want[k];
+        covered[v.offset + static_cast<std::uint64_t>(k)] = true;
+      }
+    }
+    EXPECT_GT(rounded, 0u) << family;  // the fixture's values are not all bf16 already
+    const auto* all = static_cast<const bf16*>(b.params_raw());
+    for (std::uint64_t k = 0; k < b.elements(); ++k) {
+      if (!covered[k]) {
+        ASSERT_EQ(all[k].bits, 0u) << "padding element " << k;
+      }
+      ASSERT_EQ(b.grads_data()[k], 0.0f) << k;
+    }
+  }
+}
+
+// The checkpoint is checked whole before any callback; BF16 files are widened exactly; a
+// selector's row range (here rows [3, 7) of the embedding) reaches fn as those rows.
+TEST_F(HfCheckpointDir, ForEachTensorChecksFirstAndReadsBf16Rows) {
+  for (Tensor& t : tensors_) {
+    std::vector<std::byte> half(t.data.size() / 2);
+    for (std::size_t i = 0; i < half.size() / 2; ++i) std::memcpy(&half[2 * i], &t.data[4 * i + 2], 2);
+    t.data = std::move(half);
+    t.dtype = "BF16";
+  }
+  const TensorTable table(load_hf_config(kFixtures + "qwen3_moe"));
+  const std::string embed = "model.embed_tokens.weight";
+  const ShardSelector rows = [&](const TensorEntry& e) -> std::optional<RowRange> {
+    if (e.name == embed) return RowRange{3, 7};
+    return std::nullopt;
+  };
+  const Tensor* e = find(embed);
+  ASSERT_NE(e, nullptr);
+  const std::int64_t H = e->shape[1];
+  int calls = 0;
+  write("model.safetensors", [](const Tensor& t) { return t.name != "model.norm.weight"; });
+  EXPECT_THROW(for_each_hf_tensor(dir_, table, rows, [&](const ParameterView&, const float*, std::uint64_t) { ++calls; }),
+               InvalidArgument);
+  EXPECT_EQ(calls, 0);  // the embedding comes first in the file, but nothing was handed out
+  write("model.safetensors");
+  for_each_hf_tensor(dir_, table, rows, [&](const ParameterView& v, const float* values, std::uint64_t n) {
+    ++calls;
+    ASSERT_EQ(v.name(), embed);
+    ASSERT_EQ(n, static_cast<std::uint64_t>(4 * H));
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::uint16_t hi = 0;
+      std::memcpy(&hi, &e->data[2 * (3 * static_cast<std::uint64_t>(H) + i)], 2);
+      ASSERT_EQ(float_bits(values[i]), static_cast<std::uint32_t>(hi) << 16) << i;
+    }
+  });
+  EXPECT_EQ(calls, 1);
 }
 
 }  // namespace

@@ -128,13 +128,22 @@ void check_finite_weights(const float* data, std::uint64_t n, const std::string&
   }
 }
 
-void load_hf_weights(const std::string& dir, ParameterStore& store) {
-  const TensorTable& table = store.table();
+namespace {
+
+// A model directory's weight files, opened, and which file holds each tensor, checked
+// whole against the table (so no rank starts reading a broken checkpoint).
+struct HfFiles {
   std::vector<SafeTensorsFile> files;
+  std::unordered_map<std::string, std::size_t> where;
+};
+
+HfFiles open_checked(const std::string& dir, const TensorTable& table) {
+  HfFiles h;
+  std::vector<SafeTensorsFile>& files = h.files;
+  std::unordered_map<std::string, std::size_t>& where = h.where;
   for (const std::string& p : hf_weight_files(dir)) files.push_back(SafeTensorsFile::open(p));
 
   // Where each checkpoint tensor lives; a name in two shards is ambiguous.
-  std::unordered_map<std::string, std::size_t> where;
   for (std::size_t f = 0; f < files.size(); ++f)
     for (const SafeTensorInfo& t : files[f].tensors()) {
       auto [it, fresh] = where.emplace(t.name, f);
@@ -169,13 +178,18 @@ void load_hf_weights(const std::string& dir, ParameterStore& store) {
       if (!known.count(t.name) && !hf_ignored_tensor(table.config(), t.name))
         throw InvalidArgument(f.path() + ": unknown tensor '" + t.name + "' " + shape_str(t.shape) + ": model '" +
                               table.config().name + "' (" + table.config().family + ") has no such parameter");
+  return h;
+}
 
-  // Copy this rank's rows in, converted to f32. Each copy is waited for before its
-  // host staging (converted dtypes) goes away; F32 is copied from the mapping directly.
-  Device& dev = store.device();
-  Stream& s = dev.copy_stream();
-  for (const ParameterView& v : store) {
-    const SafeTensorsFile& f = files[where.at(v.name())];
+}  // namespace
+
+void for_each_hf_tensor(const std::string& dir, const TensorTable& table, const ShardSelector& select,
+                        const HfTensorFn& fn) {
+  const HfFiles h = open_checked(dir, table);
+  // Each selected tensor's rows as f32 on the host: F32 straight from the mapping (through
+  // an aligned copy where the mapping is not 4-byte aligned), other dtypes converted.
+  for (const ParameterView& v : parameter_layout(table, select).views) {
+    const SafeTensorsFile& f = h.files[h.where.at(v.name())];
     const SafeTensorInfo& t = f.info(v.name());
     const std::int64_t full_rows = t.shape.empty() ? 1 : t.shape[0];
     const std::int64_t row = full_rows == 0 ? 0 : t.numel() / full_rows;
@@ -197,16 +211,32 @@ void load_hf_weights(const std::string& dir, ParameterStore& store) {
       staged = f.read_f32(v.name());
       src = staged.data() + first;
     }
-    try {
-      check_finite_weights(src, count, v.name(), f.path(), first);  // on the host copy, before the upload
-    } catch (...) {
-      dev.synchronize(s);  // earlier copies still read the mapping and write the store that unwinding frees
-      throw;
-    }
-    dev.memcpy_async(store.param(v), src, count * sizeof(float), CopyKind::host_to_device, s);
-    if (!staged.empty()) dev.synchronize(s);
+    check_finite_weights(src, count, v.name(), f.path(), first);  // on the host copy, before fn sees it
+    fn(v, src, count);
   }
-  dev.synchronize(s);
+}
+
+void load_hf_weights(const std::string& dir, ParameterStore& store) {
+  // The rows the store holds, so the callback's views are the store's (up to offset).
+  const ShardSelector held = [&store](const TensorEntry& e) -> std::optional<RowRange> {
+    if (!store.contains(e.name)) return std::nullopt;
+    return store.view(e.name).rows;
+  };
+  Device& dev = store.device();
+  Stream& s = dev.copy_stream();
+  const bool narrow = store.param_dtype() == DType::bf16;
+  std::vector<bf16> b16;
+  for_each_hf_tensor(dir, store.table(), held, [&](const ParameterView& v, const float* values, std::uint64_t n) {
+    void* dst = store.param_raw(v.name());
+    if (narrow) {  // a bf16 store: rounded to nearest even on the host, as AdamW's narrowing
+      b16.resize(n);
+      ops::host_to_bf16(b16.data(), values, static_cast<std::int64_t>(n));
+      dev.memcpy_async(dst, b16.data(), n * sizeof(bf16), CopyKind::host_to_device, s);
+    } else {
+      dev.memcpy_async(dst, values, n * sizeof(float), CopyKind::host_to_device, s);
+    }
+    dev.synchronize(s);  // `values` (and the staging) live only during the call
+  });
 }
 
 DType hf_config_dtype(const nlohmann::json& config) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,9 +53,21 @@ bool hf_ignored_tensor(const ModelConfig& config, const std::string& name);
 void check_finite_weights(const float* data, std::uint64_t n, const std::string& tensor, const std::string& file,
                           std::uint64_t first = 0);
 
-// Checks the directory's weights against store.table() and copies in this rank's
-// tensors, each checked for NaN and infinity on the host before its upload
-// (check_finite_weights); waits for the copies before returning.
+// The host side of a load: checks the directory's weights against `table` (as above,
+// whole, before any callback) and calls fn(view, values, n) for each tensor `select`
+// picks with rows (n = view.numel() > 0), in checkpoint order: values[0, n) are the
+// view's rows as f32 on the host (F32 as stored; BF16, F16, F64 converted exactly or,
+// for F64, rounded), already checked for NaN and infinity (check_finite_weights).
+// `values` is valid only during the call. view.offset is its offset in
+// parameter_layout(table, select) with default options; callers address their own
+// storage by name. An exception from fn propagates.
+using HfTensorFn = std::function<void(const ParameterView& view, const float* values, std::uint64_t n)>;
+void for_each_hf_tensor(const std::string& dir, const TensorTable& table, const ShardSelector& select,
+                        const HfTensorFn& fn);
+
+// for_each_hf_tensor over the tensors the store holds, uploading each: an f32 store gets
+// the values as they are; a bf16 store gets host_to_bf16 of them (round to nearest even).
+// Waits for every copy before returning.
 void load_hf_weights(const std::string& dir, ParameterStore& store);
 
 // A model directory loaded for one rank: config.json, its table, and the store filled.
