@@ -126,6 +126,16 @@ TEST(FsdpUnitsBf16, GatherMovesBf16BitsAndSpecsHalveOnlyTheParameters) {
   EXPECT_NE(internal_error([&] { f32.params_shard_as<bf16>(); }).find("asked for bf16 parameters"),
             std::string::npos);
   EXPECT_EQ(f32.params_shard_raw(), static_cast<void*>(f32.params_shard()));
+
+  // The pending fp32 master: this rank's shard, shard_elements() long, taken once.
+  EXPECT_FALSE(f16.has_pending_master());
+  std::vector<float> master(f16.shard_elements(), 0.5f);
+  f16.set_pending_master(master);
+  EXPECT_EQ(f16.take_pending_master(), master);
+  EXPECT_TRUE(f16.take_pending_master().empty());
+  EXPECT_NE(internal_error([&] { f16.set_pending_master(std::vector<float>(f16.shard_elements() + 1)); })
+                .find("fsdp: a pending master of"),
+            std::string::npos);
 }
 
 // Gradients are f32 in both precisions: reduce_add (reduce-scatter in f32, then an f32 add

@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
@@ -226,6 +227,26 @@ TEST(ParameterStore, Bf16StoreHoldsBf16ParamsAndF32Grads) {
   EXPECT_EQ(store.param_raw(v), static_cast<void*>(store.param(v)));
   EXPECT_NE(internal_error([&] { store.param_as<bf16>(v); }).find("asked for bf16 parameters, but it holds f32 ones"),
             std::string::npos);
+}
+
+// The pending fp32 master: elements() values, taken once.
+TEST(ParameterStore, PendingMasterIsTakenOnceAndMustCoverTheBuffer) {
+  const TensorTable table(load_hf_config(kFixtures + std::string("mixtral")));
+  CpuDevice dev(16 * MiB);
+  ParameterStore store(dev, table, replicate_all(), {}, Precision::bf16);
+  EXPECT_FALSE(store.has_pending_master());
+  EXPECT_TRUE(store.take_pending_master().empty());
+  std::vector<float> m(store.elements());
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = 0.25f * static_cast<float>(i);
+  store.set_pending_master(m);
+  EXPECT_TRUE(store.has_pending_master());
+  EXPECT_EQ(store.take_pending_master(), m);
+  EXPECT_FALSE(store.has_pending_master());
+  EXPECT_TRUE(store.take_pending_master().empty());
+  const std::string e = internal_error([&] { store.set_pending_master(std::vector<float>(3)); });
+  EXPECT_NE(e.find("a pending master of 3 values for a store of " + std::to_string(store.elements()) + " elements"),
+            std::string::npos) << e;
+  EXPECT_FALSE(store.has_pending_master());
 }
 
 }  // namespace

@@ -131,6 +131,13 @@ void FsdpUnits::reduce_add(std::size_t u, const float* full) {
   dev_.synchronize(s);  // the scratch is reused by the next unit
 }
 
+void FsdpUnits::set_pending_master(std::vector<float> master) {
+  if (master.size() != shard_elements_)
+    throw InternalError("fsdp: a pending master of " + std::to_string(master.size()) + " values for a shard of " +
+                        std::to_string(shard_elements_) + " elements");
+  pending_master_ = std::move(master);
+}
+
 void FsdpUnits::zero_grads() {
   ops::fill(dev_, dev_.compute_stream(), grads_shard(), static_cast<std::int64_t>(shard_elements_), 0.0f);
 }

@@ -95,6 +95,14 @@ class FsdpUnits {
   void reduce_add(std::size_t u, const float* full);
   void zero_grads();
 
+  // The first fp32 master (issue 28), as ParameterStore's: this rank's shard as fp32 on
+  // the host, [shard_elements()] laid out as params_shard, left by whoever filled the
+  // (bf16) shard for the optimizer to take. set: InternalError unless shard_elements()
+  // long; take: the vector, leaving none pending (empty when none was).
+  void set_pending_master(std::vector<float> master);
+  std::vector<float> take_pending_master() { return std::exchange(pending_master_, {}); }
+  bool has_pending_master() const { return !pending_master_.empty(); }
+
  private:
   // InternalError unless the parameters are `want` (one line naming both dtypes).
   void check_param_dtype(DType want) const;
@@ -107,6 +115,7 @@ class FsdpUnits {
   std::uint64_t shard_elements_ = 0;
   FsdpBuffers buffers_;
   Buffer params_, grads_, scratch_;
+  std::vector<float> pending_master_;
 };
 
 }  // namespace peakbound

@@ -164,6 +164,13 @@ void ParameterStore::check_param_dtype(DType want) const {
                         std::string(precision_name(precision_)) + "; use param_as<T> / param_raw)");
 }
 
+void ParameterStore::set_pending_master(std::vector<float> master) {
+  if (master.size() != layout_.elements)
+    throw InternalError("parameter store: a pending master of " + std::to_string(master.size()) +
+                        " values for a store of " + std::to_string(layout_.elements) + " elements");
+  pending_master_ = std::move(master);
+}
+
 void ParameterStore::zero_grads(Stream& s) {
   ops::fill(*dev_, s, grads_data(), static_cast<std::int64_t>(layout_.elements), 0.0f);
 }

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "peakbound/core/dtype.h"
@@ -167,6 +168,15 @@ class ParameterStore {
   void zero_grads(Stream& s);
   void zero_grads() { zero_grads(dev_->compute_stream()); }
 
+  // The first fp32 master (issue 28): a bf16 store's parameters are rounded copies, so
+  // whoever fills them (init, a Hugging Face load) leaves the fp32 values here, on the
+  // host, [elements()] laid out as the params buffer, for the optimizer to take. set
+  // replaces any pending vector (InternalError unless it is elements() long); take
+  // returns it and leaves none pending (an empty vector when none was).
+  void set_pending_master(std::vector<float> master);
+  std::vector<float> take_pending_master() { return std::exchange(pending_master_, {}); }
+  bool has_pending_master() const { return !pending_master_.empty(); }
+
  private:
   // InternalError unless the parameters are `want` (one line naming both dtypes).
   void check_param_dtype(DType want) const;
@@ -177,6 +187,7 @@ class ParameterStore {
   ParameterLayout layout_;
   std::unordered_map<std::string, std::size_t> index_;
   Buffer params_, grads_;
+  std::vector<float> pending_master_;
 };
 
 }  // namespace peakbound
