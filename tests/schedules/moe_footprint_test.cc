@@ -151,5 +151,96 @@ TEST(MoeDispatchFootprint, RoundBytesBoundPlanAndEstimate) {
   }
 }
 
+// Under Precision::f32 every spec, phase and peak is the elem_bytes = 4 form's, byte for
+// byte (so the f32 dispatch and the planner's f32 numbers are unchanged); the plan and the
+// estimate under a round budget too.
+TEST(MoeDispatchFootprint, F32PrecisionIsTheFourByteForm) {
+  const MoeShape s{20, 13, 12, 2};
+  for (std::int64_t ms : {0, 1, 37, 300})
+    for (std::int64_t lent : {0, 3})
+      for (bool db : {false, true}) {
+        DispatchSizes z;
+        z.max_sent = ms, z.max_received = 2 * ms + 1, z.foreign = lent ? lent + 1 : 0, z.lent = lent;
+        z.double_buffered = db;
+        for (DispatchPass pass : {DispatchPass::forward, DispatchPass::backward}) {
+          const DispatchBuffers a = dispatch_buffers(s, z, pass, 4), b = dispatch_buffers(s, z, pass, Precision::f32);
+          EXPECT_EQ(a.lend_bytes(), b.lend_bytes());
+          EXPECT_EQ(a.rounds_bytes(), b.rounds_bytes());
+          EXPECT_EQ(b.expert_tile.bytes, 0u);
+          using B = DispatchBuffers;
+          for (auto m : {&B::foreign_weights, &B::foreign_grads, &B::lend_send, &B::send, &B::recv, &B::back, &B::out,
+                         &B::gate_weights, &B::gate, &B::grad_return})
+            EXPECT_EQ((a.*m).bytes, (b.*m).bytes);
+        }
+        for (const char* phase : {"forward", "backward"})
+          EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), phase),
+                    dispatch_of(dispatch_footprint(s, z, Precision::f32), phase));
+        EXPECT_EQ(dispatch_peak_bytes(s, z, 4), dispatch_peak_bytes(s, z, Precision::f32));
+      }
+  DispatchOptions o;
+  o.round_bytes = 200000;
+  const DispatchSizes a = dispatch_sizes_estimate(DispatchKind::pipelined_llep, s, 4, 500, 2.0, o, 4);
+  const DispatchSizes b = dispatch_sizes_estimate(DispatchKind::pipelined_llep, s, 4, 500, 2.0, o, Precision::f32);
+  EXPECT_EQ(a.max_sent, b.max_sent);
+  EXPECT_EQ(a.max_received, b.max_received);
+}
+
+// Under bf16 the rows (x [H] forward, [x | dy | w] 2H + 2 and [dx | dw] H + 2 backward),
+// grouped rows, gate/up/act and lent weights take 2 bytes; the grouped gate weights,
+// the lent experts' gradients and the experts' linear tile [min(mr, 256), max(F, H)]
+// stay fp32.
+TEST(MoeDispatchFootprint, Bf16RowsAndWhatStaysFp32) {
+  const MoeShape s{20, 13, 12, 2};
+  const std::int64_t H = 20, F = 13, EF = 3 * 13 * 20;
+  DispatchSizes z;
+  z.max_sent = 37, z.max_received = 300, z.foreign = 2, z.lent = 3;
+  const DispatchBuffers f = dispatch_buffers(s, z, DispatchPass::forward, Precision::bf16);
+  const DispatchBuffers b = dispatch_buffers(s, z, DispatchPass::backward, Precision::bf16);
+  EXPECT_EQ(f.send.bytes, 37u * H * 2);
+  EXPECT_EQ(f.recv.bytes, 300u * H * 2);
+  EXPECT_EQ(f.back.bytes, 37u * H * 2);
+  EXPECT_EQ(b.send.bytes, 37u * (2 * H + 2) * 2);
+  EXPECT_EQ(b.recv.bytes, 300u * (2 * H + 2) * 2);
+  EXPECT_EQ(b.back.bytes, 37u * (H + 2) * 2);
+  EXPECT_EQ(b.out.bytes, 300u * (H + 2) * 2);
+  EXPECT_EQ(b.x_grouped.bytes, 300u * H * 2);
+  EXPECT_EQ(b.dy_grouped.bytes, 300u * H * 2);
+  EXPECT_EQ(b.gate.bytes, 300u * F * 2);
+  EXPECT_EQ(b.act.bytes, 300u * F * 2);
+  EXPECT_EQ(b.out_grouped.bytes, 300u * H * 2);
+  EXPECT_EQ(b.gate_weights.bytes, 2u * 300 * 4);
+  EXPECT_EQ(b.foreign_weights.bytes, 2u * EF * 2);
+  EXPECT_EQ(b.lend_send.bytes, 3u * EF * 2);
+  EXPECT_EQ(b.foreign_grads.bytes, 2u * EF * 4);
+  EXPECT_EQ(b.grad_return.bytes, 3u * EF * 4);
+  EXPECT_EQ(b.expert_tile.bytes, 256u * H * 4);  // max(F, H) = H
+  EXPECT_EQ(b.indices.bytes, dispatch_buffers(s, z, DispatchPass::backward, 4).indices.bytes);
+  EXPECT_EQ(b.rounds_bytes(), b.send.reserved() + b.recv.reserved() + b.back.reserved() + b.out.reserved() +
+                                  b.indices.reserved() + b.foreign_weights.reserved() + b.foreign_grads.reserved() +
+                                  b.x_grouped.reserved() + b.dy_grouped.reserved() + b.gate_weights.reserved() +
+                                  3 * b.gate.reserved() + b.expert_tile.reserved() + b.out_grouped.reserved() +
+                                  b.grad_return.reserved());
+  EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, Precision::bf16), "backward"), b.rounds_bytes());
+}
+
+// A round budget buys more copies a round in bf16 (its rows are about half the bytes),
+// and the plan's and the estimate's bf16 footprints stay within it.
+TEST(MoeDispatchFootprint, RoundBytesUseBf16RowBytes) {
+  const MoeShape shape{16, 24, 12, 2};
+  DispatchOptions o;
+  o.round_bytes = 200000;
+  const DispatchKind kind = DispatchKind::pipelined_llep;
+  const DispatchSizes f32 = dispatch_sizes_estimate(kind, shape, 4, 700, 1.0, o, Precision::f32);
+  const DispatchSizes b16 = dispatch_sizes_estimate(kind, shape, 4, 700, 1.0, o, Precision::bf16);
+  EXPECT_GT(b16.max_sent, f32.max_sent + f32.max_sent / 2) << f32.max_sent << " -> " << b16.max_sent;
+  EXPECT_LE(dispatch_peak_bytes(shape, b16, Precision::bf16), o.round_bytes);
+  EXPECT_GT(dispatch_peak_bytes(shape, b16, Precision::f32), o.round_bytes) << "sized by the bf16 bytes";
+  std::vector<std::int64_t> counts(4 * 12, 700 * 2 / 12 + 1);
+  const MoePlan p32 = dispatch_plan(DispatchKind::pipelined_llep, shape, 4, counts, o, Precision::f32);
+  const MoePlan p16 = dispatch_plan(DispatchKind::pipelined_llep, shape, 4, counts, o, Precision::bf16);
+  EXPECT_LT(p16.rounds, p32.rounds);
+  for (int r = 0; r < 4; ++r) EXPECT_LE(dispatch_peak_bytes(shape, p16.sizes(r, 0), Precision::bf16), o.round_bytes);
+}
+
 }  // namespace
 }  // namespace peakbound

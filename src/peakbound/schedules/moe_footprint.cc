@@ -5,19 +5,68 @@
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/nn/swiglu_ffn.h"
 
 namespace peakbound {
+
+namespace {
+
+// The element sizes of one pass's buffers: rows and lent weights (act), the routing
+// weight's slots at a row's end, the fp32-kept statistics and gradients (f32), and the
+// precision of the experts' tile.
+struct Layout {
+  std::uint64_t act = sizeof(float);
+  std::int64_t slots = 1;
+  std::uint64_t f32 = sizeof(float);
+  Precision tile = Precision::f32;
+};
+
+// The planner's form: every element elem_bytes wide, as before precisions existed.
+Layout layout_of(std::uint64_t elem_bytes) { return {elem_bytes, 1, elem_bytes, Precision::f32}; }
+Layout layout_of(Precision p) {
+  if (p == Precision::f32) return {};
+  return {dtype_size(activation_dtype(p)), 2, sizeof(float), p};
+}
+
+DispatchBuffers buffers(const MoeShape& shape, const DispatchSizes& sz, DispatchPass pass, const Layout& l);
+std::uint64_t peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, const Layout& l);
+Footprint footprint(const MoeShape& shape, const DispatchSizes& sizes, const Layout& l);
+
+MoePlan plan_of(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
+                const DispatchOptions& options, const Layout& l) {
+  return make_moe_plan(kind, ep, shape.experts, counts, options,
+                       [&](const DispatchSizes& z) { return peak_bytes(shape, z, l); });
+}
+
+DispatchSizes estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens, double imbalance,
+                       const DispatchOptions& o, const Layout& l);
+
+}  // namespace
 
 DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens) { return plan.sizes(rank, tokens); }
 
 MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
                       const DispatchOptions& options, std::uint64_t elem_bytes) {
-  return make_moe_plan(kind, ep, shape.experts, counts, options,
-                       [&](const DispatchSizes& z) { return dispatch_peak_bytes(shape, z, elem_bytes); });
+  return plan_of(kind, shape, ep, counts, options, layout_of(elem_bytes));
+}
+MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
+                      const DispatchOptions& options, Precision precision) {
+  return plan_of(kind, shape, ep, counts, options, layout_of(precision));
 }
 
 DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
                                       double imbalance, const DispatchOptions& o, std::uint64_t elem_bytes) {
+  return estimate(kind, shape, ep, tokens, imbalance, o, layout_of(elem_bytes));
+}
+DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
+                                      double imbalance, const DispatchOptions& o, Precision precision) {
+  return estimate(kind, shape, ep, tokens, imbalance, o, layout_of(precision));
+}
+
+namespace {
+
+DispatchSizes estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens, double imbalance,
+                       const DispatchOptions& o, const Layout& l) {
   check_dispatch_options(o);
   if (ep < 1 || tokens < 0 || !(imbalance >= 1.0) || !std::isfinite(imbalance))
     throw InvalidArgument("moe dispatch estimate: ep >= 1, tokens >= 0 and a finite imbalance >= 1 are required");
@@ -70,7 +119,7 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
     // The largest per-source cap whose sizes fit round_bytes (bisection, as make_moe_plan).
     auto fits = [&](std::int64_t per) {
       rows(per);
-      return dispatch_peak_bytes(shape, s, elem_bytes) <= o.round_bytes;
+      return peak_bytes(shape, s, l) <= o.round_bytes;
     };
     if (!fits(C)) {
       std::int64_t lo = 0, hi = C;
@@ -86,8 +135,6 @@ DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, 
   }
   return s;
 }
-
-namespace {
 
 BufferSpec rows(std::int64_t n, std::int64_t width, std::uint64_t elem_bytes) {
   PB_CHECK(n >= 0 && width >= 0);
@@ -110,55 +157,59 @@ std::uint64_t DispatchBuffers::rounds_bytes() const {
   for (const BufferSpec* b : {&send, &recv, &back, &out, &indices})
     t = checked_add(t, checked_mul(b->reserved(), static_cast<std::uint64_t>(exchange_copies)));
   for (const BufferSpec* b : {&foreign_weights, &foreign_grads, &x_grouped, &dy_grouped, &gate_weights, &gate, &up,
-                              &act, &out_grouped, &grad_return})
+                              &act, &expert_tile, &out_grouped, &grad_return})
     t = checked_add(t, b->reserved());
   return t;
 }
 
-DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sz, DispatchPass pass,
-                                 std::uint64_t elem_bytes) {
-  PB_CHECK(shape.hidden >= 1 && shape.ffn >= 1 && elem_bytes >= 1);
+namespace {
+
+DispatchBuffers buffers(const MoeShape& shape, const DispatchSizes& sz, DispatchPass pass, const Layout& l) {
+  PB_CHECK(shape.hidden >= 1 && shape.ffn >= 1 && l.act >= 1);
   const bool bwd = pass == DispatchPass::backward;
   const std::int64_t H = shape.hidden, F = shape.ffn, EF = shape.expert_floats();
-  const std::int64_t win = bwd ? 2 * H + 1 : H;  // x [, dy, gate weight]
-  const std::int64_t wout = bwd ? H + 1 : H;         // dx, d gate weight | out
+  const std::int64_t win = bwd ? 2 * H + l.slots : H;  // x [, dy, gate weight]
+  const std::int64_t wout = bwd ? H + l.slots : H;     // dx, d gate weight | out
   const std::int64_t ms = sz.max_sent, mr = sz.max_received;
   DispatchBuffers b;
-  b.foreign_weights = rows(sz.foreign, EF, elem_bytes);
-  b.foreign_grads = rows(bwd ? sz.foreign : 0, EF, elem_bytes);
-  b.lend_send = rows(sz.lent, EF, elem_bytes);
+  b.foreign_weights = rows(sz.foreign, EF, l.act);
+  b.foreign_grads = rows(bwd ? sz.foreign : 0, EF, l.f32);
+  b.lend_send = rows(sz.lent, EF, l.act);
   b.lend_index = rows(sz.lent, 1, sizeof(std::int64_t));
   b.exchange_copies = sz.double_buffered ? 2 : 1;
-  b.send = rows(ms, win, elem_bytes);
-  b.recv = rows(mr, win, elem_bytes);
-  b.back = rows(ms, wout, elem_bytes);
-  b.out = rows(mr, wout, elem_bytes);
+  b.send = rows(ms, win, l.act);
+  b.recv = rows(mr, win, l.act);
+  b.back = rows(ms, wout, l.act);
+  b.out = rows(mr, wout, l.act);
   b.indices = rows(4 * ms + mr + 1, 1, sizeof(std::int64_t));
-  b.gate_weights = rows(bwd ? 2 * mr : 0, 1, elem_bytes);
-  b.x_grouped = rows(mr, H, elem_bytes);
-  b.dy_grouped = rows(bwd ? mr : 0, H, elem_bytes);
-  b.gate = rows(mr, F, elem_bytes);
-  b.up = rows(mr, F, elem_bytes);
-  b.act = rows(mr, F, elem_bytes);
-  b.out_grouped = rows(mr, H, elem_bytes);
-  b.grad_return = rows(bwd ? sz.lent : 0, EF, elem_bytes);
+  b.gate_weights = rows(bwd ? 2 * mr : 0, 1, l.f32);
+  b.x_grouped = rows(mr, H, l.act);
+  b.dy_grouped = rows(bwd ? mr : 0, H, l.act);
+  const SwigluFfnBuffers ffn = l.tile == Precision::f32 ? swiglu_ffn_buffers(mr, F, l.act, Component::dispatch)
+                                                        : swiglu_ffn_buffers(mr, H, F, l.tile, Component::dispatch);
+  b.gate = ffn.gate;
+  b.up = ffn.up;
+  b.act = ffn.act;
+  b.expert_tile = ffn.tile;
+  b.out_grouped = rows(mr, H, l.act);
+  b.grad_return = rows(bwd ? sz.lent : 0, EF, l.f32);
   return b;
 }
 
-std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {
+std::uint64_t peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, const Layout& l) {
   std::uint64_t peak = 0;
   for (DispatchPass pass : {DispatchPass::forward, DispatchPass::backward}) {
-    const DispatchBuffers b = dispatch_buffers(shape, sizes, pass, elem_bytes);
+    const DispatchBuffers b = buffers(shape, sizes, pass, l);
     peak = std::max({peak, b.lend_bytes(), b.rounds_bytes()});  // a phase is the larger live set
   }
   return peak;
 }
 
-Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {
+Footprint footprint(const MoeShape& shape, const DispatchSizes& sizes, const Layout& l) {
   Footprint f("moe_dispatch");
   for (DispatchPass pass : {DispatchPass::forward, DispatchPass::backward}) {
     const char* phase = pass == DispatchPass::forward ? "forward" : "backward";
-    const DispatchBuffers b = dispatch_buffers(shape, sizes, pass, elem_bytes);
+    const DispatchBuffers b = buffers(shape, sizes, pass, l);
     f.device(phase, b.foreign_weights).device(phase, b.foreign_grads);
     if (b.lend_bytes() > b.rounds_bytes()) {
       f.device(phase, b.lend_send).device(phase, b.lend_index);
@@ -166,11 +217,36 @@ Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, 
     }
     for (const BufferSpec* x : {&b.send, &b.recv, &b.back, &b.out, &b.indices})
       f.device(phase, *x, static_cast<std::uint64_t>(b.exchange_copies));
-    for (const BufferSpec* x :
-         {&b.x_grouped, &b.dy_grouped, &b.gate_weights, &b.gate, &b.up, &b.act, &b.out_grouped, &b.grad_return})
+    for (const BufferSpec* x : {&b.x_grouped, &b.dy_grouped, &b.gate_weights, &b.gate, &b.up, &b.act, &b.expert_tile,
+                                &b.out_grouped, &b.grad_return})
       f.device(phase, *x);
   }
   return f;
+}
+
+}  // namespace
+
+DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
+                                 std::uint64_t elem_bytes) {
+  return buffers(shape, sizes, pass, layout_of(elem_bytes));
+}
+DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
+                                 Precision precision) {
+  return buffers(shape, sizes, pass, layout_of(precision));
+}
+
+std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {
+  return peak_bytes(shape, sizes, layout_of(elem_bytes));
+}
+std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, Precision precision) {
+  return peak_bytes(shape, sizes, layout_of(precision));
+}
+
+Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {
+  return footprint(shape, sizes, layout_of(elem_bytes));
+}
+Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, Precision precision) {
+  return footprint(shape, sizes, layout_of(precision));
 }
 
 }  // namespace peakbound

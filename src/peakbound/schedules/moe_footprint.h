@@ -11,6 +11,16 @@
 //   dispatch_footprint  phases "forward" and "backward": what is live together at each
 //                   pass's peak (a pass first exchanges lent weights, then runs its rounds).
 //
+// Precision (what MoeDispatch runs): under bf16 the rows exchanged (send, recv, back,
+// out, in ops::moe_send_width / moe_result_width elements: H forward, 2H + 2 and H + 2
+// backward), the grouped rows, gate/up/act and the lent weights (foreign_weights,
+// lend_send) are bf16; the grouped gate weights and their gradients, the lent experts'
+// gradients (foreign_grads, grad_return) stay fp32, and the experts' SwiGLU FFN needs its
+// fp32 tile (expert_tile, 0 bytes under f32). Under f32 every spec is what the
+// elem_bytes = 4 form gives, byte for byte. The elem_bytes forms are the planner's
+// estimate for an arbitrary element size: every element (the gate weights and lent
+// gradients too) elem_bytes wide, the weight one element, no tile.
+//
 // Host scratch (plain std::vector, not device memory, not in the footprint): the expert
 // ids read back from the device and the copy lists per expert and per destination
 // (~ tokens x top-k), the staging of each round's indices (the size of `indices`), the
@@ -22,6 +32,7 @@
 #include <vector>
 
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/schedules/moe_plan.h"
 #include "peakbound/schedules/moe_shape.h"
 
@@ -37,6 +48,8 @@ DispatchSizes dispatch_sizes(const MoePlan& plan, int rank, std::int64_t tokens)
 // dispatch_footprint (so options.round_bytes bounds exactly what MoeDispatch allocates).
 MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
                       const DispatchOptions& options, std::uint64_t elem_bytes);
+MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const std::vector<std::int64_t>& counts,
+                      const DispatchOptions& options, Precision precision);
 
 // Estimated sizes of the busiest rank at model scale, for the planner: every rank routes
 // `tokens` x top_k copies (pass the largest rank's tokens under source skew);
@@ -53,6 +66,8 @@ MoePlan dispatch_plan(DispatchKind kind, const MoeShape& shape, int ep, const st
 DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
                                       double imbalance, const DispatchOptions& options,
                                       std::uint64_t elem_bytes = sizeof(float));
+DispatchSizes dispatch_sizes_estimate(DispatchKind kind, const MoeShape& shape, int ep, std::int64_t tokens,
+                                      double imbalance, const DispatchOptions& options, Precision precision);
 
 struct DispatchBuffers {
   // Lent weights: held for the whole pass; their gradients in backward.
@@ -73,6 +88,9 @@ struct DispatchBuffers {
   // Expert compute on one round's rows grouped by expert; backward also the grouped
   // gate weights and their gradients (2 x max_received).
   BufferSpec x_grouped, dy_grouped, gate_weights, gate, up, act, out_grouped;
+  // bf16: the experts' fp32 linear tile (swiglu_ffn_buffers' tile of max_received rows);
+  // 0 bytes under f32 and in the elem_bytes forms.
+  BufferSpec expert_tile;
   // Backward: the helpers' weight gradients arriving back at the owner.
   BufferSpec grad_return;
 
@@ -83,11 +101,15 @@ struct DispatchBuffers {
 
 DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
                                  std::uint64_t elem_bytes);
+DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
+                                 Precision precision);
 
 // Phases "forward" and "backward", Component::dispatch on the device, each the larger
 // of the pass's two live sets (lend exchange, rounds).
 Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes);
+Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, Precision precision);
 // Its device peak (the larger phase): what options.round_bytes bounds.
 std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes);
+std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, Precision precision);
 
 }  // namespace peakbound
