@@ -6,8 +6,9 @@
 
 namespace peakbound {
 
-MoeDispatch::MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, DispatchOptions options)
-    : dev_(dev), g_(ep_group), s_(shape), kind_(kind), options_(options) {
+MoeDispatch::MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind,
+                         DispatchOptions options, Precision precision)
+    : dev_(dev), g_(ep_group), s_(shape), kind_(kind), options_(options), precision_(precision) {
   if (s_.hidden < 1 || s_.ffn < 1 || s_.experts < 1 || s_.top_k < 1)
     throw InvalidArgument("moe dispatch: hidden, ffn, experts and top-k must be positive");
   if (s_.top_k > s_.experts)
@@ -20,9 +21,20 @@ MoeDispatch::MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, Di
   comm_ = &dev_.create_stream("moe-comm");
 }
 
+namespace {
+
+void check_precision(Precision have, Precision called) {
+  if (have != called)
+    throw InvalidArgument("moe dispatch: a " + std::string(precision_name(have)) + " dispatch called with " +
+                          std::string(precision_name(called)) + " tensors");
+}
+
+}  // namespace
+
 void MoeDispatch::forward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                           const float* expert_params, float* y) {
-  Io io;
+  check_precision(precision_, Precision::f32);
+  Io<float> io;
   io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.y = y;
   run(io);
 }
@@ -30,7 +42,27 @@ void MoeDispatch::forward(const float* x, std::int64_t tokens, const std::int32_
 void MoeDispatch::backward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                            const float* expert_params, const float* dy, float* dx, float* d_weights,
                            float* d_expert_params) {
-  Io io;
+  check_precision(precision_, Precision::f32);
+  Io<float> io;
+  io.backward = true;
+  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.dy = dy;
+  io.dx = dx, io.dw = d_weights, io.dparams = d_expert_params;
+  run(io);
+}
+
+void MoeDispatch::forward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                          const bf16* expert_params, bf16* y) {
+  check_precision(precision_, Precision::bf16);
+  Io<bf16> io;
+  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.y = y;
+  run(io);
+}
+
+void MoeDispatch::backward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                           const bf16* expert_params, const bf16* dy, bf16* dx, float* d_weights,
+                           float* d_expert_params) {
+  check_precision(precision_, Precision::bf16);
+  Io<bf16> io;
   io.backward = true;
   io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.dy = dy;
   io.dx = dx, io.dw = d_weights, io.dparams = d_expert_params;

@@ -12,6 +12,18 @@
 // dispatch_buffers (moe_footprint.h) and nothing else; compute runs through ops:: on the
 // device's compute stream, the exchanges of pipelined rounds on a communication stream
 // the dispatch creates once.
+//
+// Precision (the constructor's, default f32; docs/precision.md): under bf16, x, dy, y, dx,
+// the expert weights, the rows exchanged (ops::moe_send_width / moe_result_width bf16
+// elements, all_to_all_v in DType::bf16), the grouped rows, gate/up/act and the lent
+// weights are bf16; the routing weights and their gradients, the expert weight
+// gradients (added into by gemm_bf16) and the lent experts' gradients (returned in
+// DType::f32) stay fp32. The routing weight travels bit for bit in two bf16 slots. The
+// experts run the bf16 SwiGLU FFN (one rounding per stored activation) and the combine
+// sums each token's copies of one round in fp32 and rounds once; a token whose copies
+// come home in several pipelined rounds is rounded once per round. A pass in the other
+// precision's types throws InvalidArgument. The f32 dispatch makes exactly the op calls
+// it made before precisions existed.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +31,8 @@
 #include <string>
 
 #include "peakbound/comm/communicator.h"
+#include "peakbound/core/dtype.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/schedules/moe_footprint.h"
 #include "peakbound/schedules/moe_plan.h"
@@ -40,9 +54,11 @@ struct DispatchStats {
 class MoeDispatch {
  public:
   // Throws InvalidArgument for a shape the group cannot run or options out of range.
-  MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, DispatchOptions options);
+  MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, DispatchKind kind, DispatchOptions options,
+              Precision precision = Precision::f32);
 
   std::string name() const { return std::string(dispatch_kind_name(kind_)); }
+  Precision precision() const { return precision_; }
   // x [T, H], expert ids [T, K], weights [T, K], own experts [E/EP, 3FH] -> y [T, H] (written).
   void forward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                const float* expert_params, float* y);
@@ -50,34 +66,45 @@ class MoeDispatch {
   // into d_expert_params [E/EP, 3FH].
   void backward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                 const float* expert_params, const float* dy, float* dx, float* d_weights, float* d_expert_params);
+  // bf16 forms: x, expert_params, y, dy, dx bf16; weights, d_weights (written) and
+  // d_expert_params (added into) fp32.
+  void forward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+               const bf16* expert_params, bf16* y);
+  void backward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                const bf16* expert_params, const bf16* dy, bf16* dx, float* d_weights, float* d_expert_params);
   const DispatchStats& stats() const { return stats_; }
   Device& device() const { return dev_; }
 
  private:
-  // One pass's tensors; backward selects the pass's mode (dy, dx, dw, dparams are its own).
+  // One pass's tensors, A the activation type; backward selects the pass's mode (dy, dx,
+  // dw, dparams are its own).
+  template <class A>
   struct Io {
     bool backward = false;
-    const float* x = nullptr;
+    const A* x = nullptr;
     std::int64_t tokens = 0;
     const std::int32_t* ids = nullptr;
     const float* w = nullptr;
-    const float* params = nullptr;
-    const float* dy = nullptr;
-    float* y = nullptr;
-    float* dx = nullptr;
+    const A* params = nullptr;
+    const A* dy = nullptr;
+    A* y = nullptr;
+    A* dx = nullptr;
     float* dw = nullptr;
     float* dparams = nullptr;
   };
   // The pass as an object with named stages: plan, lend, rounds (stage, exchange,
   // compute, combine), return (moe_dispatch_pass.cc).
+  template <class A>
   class Pass;
-  void run(const Io& io);
+  template <class A>
+  void run(const Io<A>& io);
 
   Device& dev_;
   Communicator& g_;
   MoeShape s_;
   DispatchKind kind_;
   DispatchOptions options_;
+  Precision precision_;
   Stream* comm_ = nullptr;  // the communication thread: host tasks run the exchanges
   DispatchStats stats_;
 };

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -78,9 +79,17 @@ std::size_t at(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 }  // namespace
 
+// A = float | bf16, the activation type: the rows, the grouped rows, gate/up/act and
+// the expert weights are A; routing weights, their gradients and expert weight
+// gradients are fp32 in both.
+template <class A>
 class MoeDispatch::Pass {
+  static constexpr bool kBf16 = std::is_same_v<A, bf16>;
+  static constexpr Precision kPrecision = kBf16 ? Precision::bf16 : Precision::f32;
+  static constexpr DType kRows = kBf16 ? DType::bf16 : DType::f32;  // the rows' and lent weights' dtype
+
  public:
-  Pass(MoeDispatch& d, const Io& io)
+  Pass(MoeDispatch& d, const Io<A>& io)
       : dev_(d.dev_), g_(d.g_), s_(d.s_), kind_(d.kind_), options_(d.options_), comm_(*d.comm_), io_(io),
         backward_(io.backward), cs_(d.dev_.compute_stream()), P_(d.g_.size()), r_(d.g_.rank()), H_(d.s_.hidden),
         F_(d.s_.ffn), E_(d.s_.experts), K_(d.s_.top_k), T_(io.tokens), EF_(d.s_.expert_floats()) {}
@@ -140,7 +149,7 @@ class MoeDispatch::Pass {
     std::vector<std::int64_t> mine(at(E_)), all(at(P_ * E_));
     for (std::int64_t e = 0; e < E_; ++e) mine[at(e)] = static_cast<std::int64_t>(by_expert[at(e)].size());
     g_.all_gather(mine.data(), all.data(), at(E_), DType::i64);
-    plan_ = dispatch_plan(kind_, s_, P_, all, options_, sizeof(float));
+    plan_ = dispatch_plan(kind_, s_, P_, all, options_, kPrecision);
     return by_expert;
   }
 
@@ -176,12 +185,13 @@ class MoeDispatch::Pass {
     }
     // Every device buffer of this pass comes from its footprint's specs.
     sizes_ = dispatch_sizes(plan_, r_, T_);
-    bufs_ = dispatch_buffers(s_, sizes_, backward_ ? DispatchPass::backward : DispatchPass::forward, sizeof(float));
+    bufs_ = dispatch_buffers(s_, sizes_, backward_ ? DispatchPass::backward : DispatchPass::forward, kPrecision);
   }
 
   Buffer alloc(const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); }
 
   // ---- lend: weights of the experts this rank helps with, sent once by their owners ----
+  // (in the weights' dtype A; their gradients stay fp32 and go back as f32)
 
   void lend() {
     foreign_ = plan_.foreign_experts(r_);
@@ -203,10 +213,10 @@ class MoeDispatch::Pass {
     // The staging is freed before the rounds' buffers are taken.
     Buffer wsend = alloc(bufs_.lend_send), windex = alloc(bufs_.lend_index);
     dev_.memcpy_async(windex.data(), lent_.data(), lent_.size() * sizeof(std::int64_t), CopyKind::host_to_device, cs_);
-    ops::moe_gather_rows(dev_, cs_, wsend.as<float>(), io_.params, windex.as<std::int64_t>(),
+    ops::moe_gather_rows(dev_, cs_, wsend.as<A>(), io_.params, windex.as<std::int64_t>(),
                          static_cast<std::int64_t>(lent_.size()), EF_);
     dev_.synchronize(cs_);
-    g_.all_to_all_v(wsend.data(), wsc_, prefix(wsc_), fweights_.data(), wrc_, prefix(wrc_), DType::f32);
+    g_.all_to_all_v(wsend.data(), wsc_, prefix(wsc_), fweights_.data(), wrc_, prefix(wrc_), kRows);
   }
 
   // The expert slot of expert e on this rank: its own experts, then the lent ones.
@@ -216,8 +226,8 @@ class MoeDispatch::Pass {
     PB_CHECK_MSG(it != foreign_.end() && *it == e, "row for an expert this rank neither owns nor helps with");
     return plan_.local + (it - foreign_.begin());
   }
-  const float* weights_of(std::int64_t slot) const {
-    return slot < plan_.local ? io_.params + slot * EF_ : fweights_.as<float>() + (slot - plan_.local) * EF_;
+  const A* weights_of(std::int64_t slot) const {
+    return slot < plan_.local ? io_.params + slot * EF_ : fweights_.as<A>() + (slot - plan_.local) * EF_;
   }
   float* grads_of(std::int64_t slot) const {
     return slot < plan_.local ? io_.dparams + slot * EF_ : fgrads_.as<float>() + (slot - plan_.local) * EF_;
@@ -228,8 +238,8 @@ class MoeDispatch::Pass {
   // Pipelined rounds double-buffer the exchange so round i+1's dispatch and round i-1's
   // combine run on the communication stream while round i's experts compute.
   void allocate_rounds() {
-    win_ = backward_ ? 2 * H_ + 1 : H_;  // x [, dy, w]
-    wout_ = backward_ ? H_ + 1 : H_;     // dx, dw | out
+    win_ = ops::moe_send_width(H_, backward_, kRows);     // x [, dy, w]
+    wout_ = ops::moe_result_width(H_, backward_, kRows);  // dx, dw | out
     mr_ = sizes_.max_received;
     ms_ = sizes_.max_sent;
     nbuf_ = bufs_.exchange_copies;
@@ -241,7 +251,8 @@ class MoeDispatch::Pass {
       idx_[b] = alloc(bufs_.indices);
     }
     xg_ = alloc(bufs_.x_grouped), dyg_ = alloc(bufs_.dy_grouped), gw_ = alloc(bufs_.gate_weights);
-    gate_ = alloc(bufs_.gate), up_ = alloc(bufs_.up), act_ = alloc(bufs_.act), outg_ = alloc(bufs_.out_grouped);
+    gate_ = alloc(bufs_.gate), up_ = alloc(bufs_.up), act_ = alloc(bufs_.act), tile_ = alloc(bufs_.expert_tile);
+    outg_ = alloc(bufs_.out_grouped);
     wg_ = backward_ ? gw_.as<float>() : nullptr;  // grouped gate weights [mr], then their gradients [mr]
     dwg_ = backward_ ? gw_.as<float>() + mr_ : nullptr;
     at_perm_ = ms_, at_unpack_ = ms_ + mr_, at_order_ = 2 * ms_ + mr_, at_starts_ = 3 * ms_ + mr_;
@@ -303,9 +314,9 @@ class MoeDispatch::Pass {
       const int b = i % nbuf_;
       auto [sc, rc] = counts(i, back);
       if (back)
-        g_.all_to_all_v_on(dev_, comm_, out_[b].data(), sc, prefix(sc), back_[b].data(), rc, prefix(rc), DType::f32);
+        g_.all_to_all_v_on(dev_, comm_, out_[b].data(), sc, prefix(sc), back_[b].data(), rc, prefix(rc), kRows);
       else
-        g_.all_to_all_v_on(dev_, comm_, send_[b].data(), sc, prefix(sc), recv_[b].data(), rc, prefix(rc), DType::f32);
+        g_.all_to_all_v_on(dev_, comm_, send_[b].data(), sc, prefix(sc), recv_[b].data(), rc, prefix(rc), kRows);
       return dev_.record(comm_);
     }
     dev_.host_task(comm_, [this, i, back, &failure] {
@@ -319,7 +330,7 @@ class MoeDispatch::Pass {
     return dev_.record(comm_);
   }
 
-  // Per-round counts (elements) of the dispatch, or of the combine (back).
+  // Per-round counts (elements of the rows' dtype) of the dispatch, or of the combine (back).
   std::pair<std::vector<std::size_t>, std::vector<std::size_t>> counts(int i, bool back) const {
     std::vector<std::size_t> sc(at(P_)), rc(at(P_));
     for (int d = 0; d < P_; ++d) {
@@ -358,7 +369,7 @@ class MoeDispatch::Pass {
   void stage(int i) {
     const int b = i % nbuf_;
     const std::int64_t n = round_copies(i, host_idx_[b].data());
-    ops::moe_pack_rows(dev_, cs_, send_[b].as<float>(), win_, stage_indices(b, 0, n), n, K_, H_, io_.x,
+    ops::moe_pack_rows(dev_, cs_, send_[b].as<A>(), win_, stage_indices(b, 0, n), n, K_, H_, io_.x,
                        backward_ ? io_.dy : nullptr, io_.w);
   }
 
@@ -367,9 +378,9 @@ class MoeDispatch::Pass {
     const int b = i % nbuf_;
     auto [sc, rc] = counts(i, back);
     if (back)
-      g_.all_to_all_v(out_[b].data(), sc, prefix(sc), back_[b].data(), rc, prefix(rc), DType::f32);
+      g_.all_to_all_v(out_[b].data(), sc, prefix(sc), back_[b].data(), rc, prefix(rc), kRows);
     else
-      g_.all_to_all_v(send_[b].data(), sc, prefix(sc), recv_[b].data(), rc, prefix(rc), DType::f32);
+      g_.all_to_all_v(send_[b].data(), sc, prefix(sc), recv_[b].data(), rc, prefix(rc), kRows);
   }
 
   // The expert slot of every received row (sources in rank order, each source's slice in
@@ -408,31 +419,38 @@ class MoeDispatch::Pass {
     const int b = i % nbuf_;
     const std::int64_t n = group_by_slot(i, b);
     const std::int64_t* dperm = stage_indices(b, at_perm_, n);
-    ops::moe_group_rows(dev_, cs_, xg_.as<float>(), backward_ ? dyg_.as<float>() : nullptr, wg_, recv_[b].as<float>(),
-                        win_, dperm, n, H_);
+    ops::moe_group_rows(dev_, cs_, xg_.as<A>(), backward_ ? dyg_.as<A>() : nullptr, wg_, recv_[b].as<A>(), win_,
+                        dperm, n, H_);
     for (std::size_t sl = 0; sl + 1 < slot_rows_.size(); ++sl) {
       const std::int64_t a = slot_rows_[sl], m = slot_rows_[sl + 1] - a;
       if (m > 0) expert(static_cast<std::int64_t>(sl), a, m);
     }
-    ops::moe_ungroup_rows(dev_, cs_, out_[b].as<float>(), wout_, outg_.as<float>(), dwg_, dperm, n, H_);
+    ops::moe_ungroup_rows(dev_, cs_, out_[b].as<A>(), wout_, outg_.as<A>(), dwg_, dperm, n, H_);
   }
 
   // Expert `slot` on grouped rows [a, a + m): its output into out_grouped; backward also
   // dw = dy . out, dout = w dy (in place over dy), the FFN's backward with dx into
-  // out_grouped and the weight gradients added into the slot's.
+  // out_grouped and the weight gradients added into the slot's (fp32; bf16: the FFN's
+  // products through its fp32 tile, each stored activation rounded once).
   void expert(std::int64_t slot, std::int64_t a, std::int64_t m) {
-    const float* W = weights_of(slot);
-    const SwigluFfnWeights w{W, W + F_ * H_, W + 2 * F_ * H_};  // [W_gate | W_up | W_down]
-    const float* X = xg_.as<float>() + a * H_;
-    float *G = gate_.as<float>() + a * F_, *U = up_.as<float>() + a * F_, *A = act_.as<float>() + a * F_;
-    float* O = outg_.as<float>() + a * H_;
-    swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, A, O, false);
+    const A* W = weights_of(slot);
+    const SwigluFfnWeightsOf<A> w{W, W + F_ * H_, W + 2 * F_ * H_};  // [W_gate | W_up | W_down]
+    const A* X = xg_.as<A>() + a * H_;
+    A *G = gate_.as<A>() + a * F_, *U = up_.as<A>() + a * F_, *Act = act_.as<A>() + a * F_;
+    A* O = outg_.as<A>() + a * H_;
+    if constexpr (kBf16)
+      swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, Act, O, false, tile_.as<float>());
+    else
+      swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, Act, O, false);
     if (!backward_) return;
-    float* DY = dyg_.as<float>() + a * H_;
+    A* DY = dyg_.as<A>() + a * H_;
     ops::moe_dot_scale_rows(dev_, cs_, dwg_ + a, DY, O, wg_ + a, m, H_);
     float* dW = grads_of(slot);
-    swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, A, SwigluFfnGrads{dW, dW + F_ * H_, dW + 2 * F_ * H_},
-                        O, false);
+    const SwigluFfnGrads dw{dW, dW + F_ * H_, dW + 2 * F_ * H_};
+    if constexpr (kBf16)
+      swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, O, false, tile_.as<float>());
+    else
+      swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, O, false);
   }
 
   // Combine at the source, token by token (the rows of one token in arrival order):
@@ -451,7 +469,7 @@ class MoeDispatch::Pass {
     starts[segments] = n;
     // One staging copy for the three adjacent regions (copies, order, starts).
     const std::int64_t* dcopies = stage_indices(b, at_unpack_, at_starts_ + segments + 1 - at_unpack_);
-    ops::moe_unpack_rows(dev_, cs_, back_[b].as<float>(), wout_, dcopies, dcopies + (at_order_ - at_unpack_),
+    ops::moe_unpack_rows(dev_, cs_, back_[b].as<A>(), wout_, dcopies, dcopies + (at_order_ - at_unpack_),
                          dcopies + (at_starts_ - at_unpack_), segments, K_, H_, backward_ ? nullptr : io_.y, io_.w,
                          backward_ ? io_.dx : nullptr, io_.dw);
   }
@@ -475,7 +493,7 @@ class MoeDispatch::Pass {
   const DispatchKind kind_;
   const DispatchOptions& options_;
   Stream& comm_;  // the communication thread: host tasks run the exchanges
-  const Io& io_;
+  const Io<A>& io_;
   const bool backward_;
   Stream& cs_;
   const int P_, r_;
@@ -498,7 +516,7 @@ class MoeDispatch::Pass {
   std::int64_t win_ = 0, wout_ = 0, mr_ = 0, ms_ = 0;
   int nbuf_ = 1;
   Buffer send_[2], recv_[2], back_[2], out_[2], idx_[2];
-  Buffer xg_, dyg_, gw_, gate_, up_, act_, outg_;
+  Buffer xg_, dyg_, gw_, gate_, up_, act_, tile_, outg_;
   float* wg_ = nullptr;   // backward: grouped gate weights [mr]
   float* dwg_ = nullptr;  // backward: their gradients [mr]
   std::int64_t at_perm_ = 0, at_unpack_ = 0, at_order_ = 0, at_starts_ = 0;  // regions of host_idx_
@@ -507,10 +525,14 @@ class MoeDispatch::Pass {
   std::vector<std::int64_t> round_slot_;  // a round's slot of every received row [mr]
 };
 
-void MoeDispatch::run(const Io& io) {
-  Pass pass(*this, io);
+template <class A>
+void MoeDispatch::run(const Io<A>& io) {
+  Pass<A> pass(*this, io);
   pass.run();
   stats_ = pass.stats();
 }
+
+template void MoeDispatch::run<float>(const Io<float>& io);
+template void MoeDispatch::run<bf16>(const Io<bf16>& io);
 
 }  // namespace peakbound
