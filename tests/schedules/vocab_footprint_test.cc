@@ -164,12 +164,84 @@ TEST(VocabFootprint, ErrorsNameTheOption) {
                "overflows 64 bits");
 }
 
+// The Precision form under f32 is the elem_bytes = 4 form byte for byte (the bf16-only
+// buffers are 0 bytes), in every phase of every footprint, for both modes, fused and not.
+TEST(VocabFootprint, PrecisionF32IsElemBytesFourExactly) {
+  auto same = [](const Footprint& a, const Footprint& b) {
+    EXPECT_EQ(a.to_json().dump(), b.to_json().dump());  // names, phases in order, every component's bytes
+  };
+  VocabLossShape uneven;
+  uneven.tokens = {13, 0, 29};
+  uneven.dims = {97, 12};
+  uneven.rank = 2;
+  for (const VocabLossShape& s : {VocabLossShape::uniform(37, {97, 12}, 1),
+                                  VocabLossShape::uniform(300, {1001, 16}, 4, 3), uneven,
+                                  VocabLossShape::uniform(5, {2, 8}, 3, 2)}) {
+    for (RingMode m : {RingMode::automatic, RingMode::activations, RingMode::weights}) {
+      VocabLossOptions o;
+      o.mode = m;
+      o.chunk = 7;
+      SCOPED_TRACE("P=" + std::to_string(s.ranks()) + " mode " + std::string(ring_mode_name(m)));
+      same(ring_dtp_footprint(s, o, Precision::f32), ring_dtp_footprint(s, o, 4));
+      same(ring_dtp_step_footprint(s, o, Precision::f32), ring_dtp_step_footprint(s, o, 4));
+      same(materialized_vocab_footprint(s, o, Precision::f32), materialized_vocab_footprint(s, o, 4));
+      const RingDtpBuffers b = ring_dtp_buffers(s, o, Precision::f32);
+      EXPECT_EQ(b.g16.bytes + b.dx_tile.bytes + b.d_hidden32.bytes + b.fused_g16.bytes, 0u);
+      const MaterializedVocabBuffers mb = materialized_vocab_buffers(s, o, Precision::f32);
+      EXPECT_EQ(mb.g16.bytes + mb.d_hidden32.bytes, 0u);
+    }
+  }
+}
+
+// Under bf16 what the runtime allocates: carried hidden rows and W shards in bf16, every
+// dW/dX accumulator in fp32, plus the narrowing buffers.
+TEST(VocabFootprint, Bf16CarriesHalfAndAccumulatesInF32) {
+  VocabLossOptions o;
+  o.chunk = 64;
+  o.mode = RingMode::weights;
+  const auto s = VocabLossShape::uniform(300, {1001, 16}, 4, 1);  // rows 251 / 250, rows_max 251
+  RingDtpBuffers w = ring_dtp_buffers(s, o, Precision::bf16);
+  EXPECT_EQ(w.bwd_lanes[RingDtpBuffers::kWeight].bytes, 251u * 16 * 2);
+  EXPECT_EQ(w.bwd_lanes[RingDtpBuffers::kWeightGrad].bytes, 251u * 16 * 4);
+  EXPECT_EQ(w.bwd_partial.bytes, 251u * 16 * 4);
+  EXPECT_EQ(w.bwd_block.bytes, 64u * 251 * 4);
+  EXPECT_EQ(w.g16.bytes, 64u * 251 * 2);
+  EXPECT_EQ(w.d_hidden32.bytes, 300u * 16 * 4);
+  EXPECT_EQ(w.dx_tile.bytes, 0u);
+  const Footprint fw = ring_dtp_footprint(s, o, Precision::bf16);
+  EXPECT_EQ(vocab_in(fw, "backward"), R(300 * 4) + R(64 * 251 * 4) + R(251 * 16 * 4) + 2 * R(251 * 16 * 2) +
+                                          2 * R(251 * 16 * 4) + R(64 * 251 * 2) + R(300 * 16 * 4));
+  EXPECT_EQ(vocab_in(fw, "forward"), R(300 * 4) + R(64 * 251 * 4) + R(3 * 300 * 4) + 2 * R(251 * 16 * 2));
+  o.mode = RingMode::activations;
+  RingDtpBuffers a = ring_dtp_buffers(s, o, Precision::bf16);
+  EXPECT_EQ(a.bwd_lanes[RingDtpBuffers::kHidden].bytes, 300u * 16 * 2);
+  EXPECT_EQ(a.bwd_lanes[RingDtpBuffers::kHiddenGrad].bytes, 300u * 16 * 4);
+  EXPECT_EQ(a.bwd_partial.bytes, 300u * 16 * 4);
+  EXPECT_EQ(a.g16.bytes, 64u * 250 * 2);
+  EXPECT_EQ(a.d_hidden32.bytes + a.dx_tile.bytes, 0u);  // the finished dX is narrowed from its lane
+  // One rank: the fused block, its bf16 copy and one chunk's fp32 dX.
+  const auto one = VocabLossShape::uniform(300, {1001, 16}, 1);
+  const Footprint fused = ring_dtp_step_footprint(one, o, Precision::bf16);
+  EXPECT_EQ(vocab_in(fused, "forward_backward"), R(64 * 1001 * 4) + R(64 * 1001 * 2) + R(64 * 16 * 4));
+  // The baseline: bf16 gathered hidden states, fp32 dHidden of the group, a 256-row bf16
+  // gradient tile, and (equal counts) the reduce-scatter's fp32 [T, H].
+  const MaterializedVocabBuffers m = materialized_vocab_buffers(s, o, Precision::bf16);
+  EXPECT_EQ(m.hidden_all.bytes, 1200u * 16 * 2);
+  EXPECT_EQ(m.d_hidden_all.bytes, 1200u * 16 * 4);
+  EXPECT_EQ(m.g16.bytes, 256u * 250 * 2);
+  EXPECT_EQ(m.d_hidden32.bytes, 300u * 16 * 4);
+  VocabLossShape uneven = s;
+  uneven.tokens = {300, 301, 300, 300};
+  EXPECT_EQ(materialized_vocab_buffers(uneven, o, Precision::bf16).d_hidden32.bytes, 0u);  // narrowed from dHg
+}
+
 TEST(VocabFootprint, DefaultsLiveInTheOptions) {
   const VocabLossOptions o;
   EXPECT_EQ(o.chunk, 256);
   EXPECT_EQ(o.z_loss, 0.0f);
   EXPECT_EQ(o.ignore_index, -100);
   EXPECT_EQ(o.mode, RingMode::automatic);
+  EXPECT_EQ(o.precision, Precision::f32);
 }
 
 }  // namespace

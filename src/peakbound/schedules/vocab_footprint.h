@@ -4,10 +4,19 @@
 // planner composes the same footprints at model scale, and the tests check that the
 // Arena's measured peaks equal them.
 //
-// Element sizes: `elem_bytes` is the size of the [*, H] tensors (hidden states, weight
-// shards and their gradients: 4 for the f32 runtime, 2 to predict a bf16 run). Logits
-// blocks and per-token statistics (max, sum, target logit, lse) are fp32 whatever
-// elem_bytes is (the online log-sum-exp needs it), targets are int32.
+// Element sizes, two forms of each function:
+//   Precision p   what the runtime allocates (VocabLossOptions::precision = p; the
+//                 precision argument is what counts, o.precision is not read). Under
+//                 bf16 the hidden states and carried W shards / token rows are bf16;
+//                 every dW/dX accumulator (lanes, partials, the baseline's d_hidden_all)
+//                 is fp32, and bf16 adds its narrowing buffers (g16, dx_tile,
+//                 d_hidden32), which are 0 bytes under f32 (so f32 is byte-identical to
+//                 elem_bytes = 4).
+//   elem_bytes    the planner's estimate: every [*, H] tensor (hidden states, weight
+//                 shards and their gradients) at elem_bytes, no narrowing buffers; 4 is
+//                 exactly Precision::f32.
+// Logits blocks and per-token statistics (max, sum, target logit, lse) are fp32 in both
+// (the online log-sum-exp needs it), targets are int32.
 //
 // Phases (names as in the Footprint):
 //   forward   everything live at the end of forward (the forward peak)
@@ -21,6 +30,7 @@
 #include <vector>
 
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/schedules/vocab_loss.h"
 
 namespace peakbound {
@@ -51,11 +61,15 @@ struct MaterializedVocabBuffers {
   BufferSpec row_sum;       // [N] fp32
   BufferSpec target_logit;  // [N] fp32
   // Backward only.
-  BufferSpec d_hidden_all;  // [N, H] partial dHidden of the whole group
+  BufferSpec d_hidden_all;  // [N, H] partial dHidden of the whole group (fp32 under bf16)
+  BufferSpec g16;           // bf16: [min(N, kLinearTileRows), V/P], a gradient row tile narrowed; f32: 0 bytes
+  BufferSpec d_hidden32;    // bf16 with equal token counts: [T, H] fp32, the reduce-scatter's result; else 0
 };
 MaterializedVocabBuffers materialized_vocab_buffers(const VocabLossShape& s, const VocabLossOptions& o,
                                                     std::uint64_t elem_bytes);
+MaterializedVocabBuffers materialized_vocab_buffers(const VocabLossShape& s, const VocabLossOptions& o, Precision p);
 Footprint materialized_vocab_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+Footprint materialized_vocab_footprint(const VocabLossShape& s, const VocabLossOptions& o, Precision p);
 
 // ---- Ring-DTP -----------------------------------------------------------------------
 // The mode a shape runs: o.mode, or for auto the smaller travelling set (token blocks
@@ -78,21 +92,30 @@ struct RingDtpBuffers {
   // weights: {W shard, dW accumulator [rows_max, H]}; activations: {hidden, targets,
   // lse [Tmax], dX accumulator [Tmax, H]}. Each held twice.
   std::vector<BufferSpec> bwd_lanes;
+  // bf16 only (0 bytes under f32 and in the elem_bytes form), all backward scratch:
+  BufferSpec g16;         // bwd_block's shape in bf16: the gradient block narrowed
+  BufferSpec dx_tile;     // P = 1: [min(chunk, T), H] fp32, a chunk's dX before it is narrowed
+  BufferSpec d_hidden32;  // weights mode, P > 1: [T, H] fp32, dX summed over the hops
   // The fused forward_backward (P = 1 only; empty otherwise): one [min(chunk, T), V]
-  // fp32 block, turned into its gradient in place; nothing else, nothing saved.
+  // fp32 block, turned into its gradient in place; nothing else, nothing saved. Under
+  // bf16 also fused_g16 (that block narrowed) and dx_tile.
   BufferSpec fused_block;
+  BufferSpec fused_g16;
 
   // Lane indices.
   static constexpr int kWeight = 0, kWeightGrad = 1;                         // weights mode
   static constexpr int kHidden = 0, kTargets = 1, kStats = 2, kLse = 2, kHiddenGrad = 3;  // activations mode
 };
 RingDtpBuffers ring_dtp_buffers(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+RingDtpBuffers ring_dtp_buffers(const VocabLossShape& s, const VocabLossOptions& o, Precision p);
 // Ring-DTP in the mode ring_dtp_mode() picks for o.mode (force one by setting o.mode).
 Footprint ring_dtp_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+Footprint ring_dtp_footprint(const VocabLossShape& s, const VocabLossOptions& o, Precision p);
 // Whether Ring-DTP's forward_backward takes the fused form for this shape (P = 1).
 bool ring_dtp_fuses(const VocabLossShape& s);
 // Ring-DTP through forward_backward: the fused form's phase "forward_backward" where it
 // fuses, else ring_dtp_footprint (forward_backward is then forward + backward).
 Footprint ring_dtp_step_footprint(const VocabLossShape& s, const VocabLossOptions& o, std::uint64_t elem_bytes);
+Footprint ring_dtp_step_footprint(const VocabLossShape& s, const VocabLossOptions& o, Precision p);
 
 }  // namespace peakbound

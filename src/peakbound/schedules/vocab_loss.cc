@@ -50,10 +50,49 @@ void validate(const VocabDims& d) {
     throw InvalidArgument("vocab loss vocab " + std::to_string(d.vocab) + " does not fit the int32 targets");
 }
 
+void VocabLoss::expect(Precision p) const {
+  if (p != precision_)
+    throw InvalidArgument("vocab loss runs in " + std::string(precision_name(precision_)) + " but was given " +
+                          std::string(precision_name(p)) + " hidden states");
+}
+
+LossSum VocabLoss::forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
+                           const float* weight) {
+  expect(Precision::f32);
+  return forward_any(hidden, targets, tokens, weight);
+}
+
+LossSum VocabLoss::forward(const bf16* hidden, const std::int32_t* targets, std::int64_t tokens, const bf16* weight) {
+  expect(Precision::bf16);
+  return forward_any(hidden, targets, tokens, weight);
+}
+
+void VocabLoss::backward(float scale, float* d_hidden, float* d_weight) {
+  expect(Precision::f32);
+  backward_any(scale, d_hidden, d_weight);
+}
+
+void VocabLoss::backward(float scale, bf16* d_hidden, float* d_weight) {
+  expect(Precision::bf16);
+  backward_any(scale, d_hidden, d_weight);
+}
+
 LossSum VocabLoss::forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
-                                   const float* weight, float scale, float* d_hidden, float* d_weight) {
-  const LossSum out = forward(hidden, targets, tokens, weight);
-  backward(scale, d_hidden, d_weight);
+                                    const float* weight, float scale, float* d_hidden, float* d_weight) {
+  expect(Precision::f32);
+  return forward_backward_any(hidden, targets, tokens, weight, scale, d_hidden, d_weight);
+}
+
+LossSum VocabLoss::forward_backward(const bf16* hidden, const std::int32_t* targets, std::int64_t tokens,
+                                    const bf16* weight, float scale, bf16* d_hidden, float* d_weight) {
+  expect(Precision::bf16);
+  return forward_backward_any(hidden, targets, tokens, weight, scale, d_hidden, d_weight);
+}
+
+LossSum VocabLoss::forward_backward_any(const void* hidden, const std::int32_t* targets, std::int64_t tokens,
+                                        const void* weight, float scale, void* d_hidden, float* d_weight) {
+  const LossSum out = forward_any(hidden, targets, tokens, weight);
+  backward_any(scale, d_hidden, d_weight);
   return out;
 }
 
@@ -62,6 +101,16 @@ void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::in
                      float beta, float* c, std::int64_t ldc) {
   const auto t0 = std::chrono::steady_clock::now();
   ops::gemm(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  stats_.gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  ++stats_.gemm_calls;
+}
+
+void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                     std::int64_t k, float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb,
+                     float beta, float* c, std::int64_t ldc) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ops::gemm_bf16(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   stats_.gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   ++stats_.gemm_calls;

@@ -10,6 +10,15 @@
 //                 logits exist only as [chunk, V/P] blocks folded into an online LSE
 // All scratch memory comes from the device Arena under Component::vocab, allocated
 // from the BufferSpecs of vocab_footprint.h (the same functions the planner calls).
+//
+// Precision (VocabLossOptions::precision, docs/precision.md): under bf16 the hidden
+// states, d_hidden, the head weight W and Ring-DTP's carried lanes (the W shard in
+// weights mode, the token rows in activations mode) are bf16; the logits (fp32 sums of
+// exact bf16 products, ops::gemm_bf16), the log-sum-exp and row statistics, the loss,
+// dW and every dX/dW accumulator stay fp32. Backward narrows each logit-gradient tile G
+// to bf16 once, then dW += G16^T H (fp32, added into) and dH = G16 W (fp32 sums; where
+// several shards or ranks add into one d_hidden row, in an fp32 d_hidden32 narrowed
+// once at the end). The f32 instantiation makes exactly the f32 code's calls.
 #pragma once
 
 #include <chrono>
@@ -20,6 +29,8 @@
 #include <vector>
 
 #include "peakbound/comm/communicator.h"
+#include "peakbound/core/dtype.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 
 namespace peakbound {
@@ -49,6 +60,7 @@ struct VocabLossOptions {
   float z_loss = 0.0f;               // coefficient of z * lse^2; finite, >= 0
   std::int32_t ignore_index = -100;  // targets equal to it contribute nothing
   RingMode mode = RingMode::automatic;  // Ring-DTP: what circulates
+  Precision precision = Precision::f32;  // bf16: hidden, d_hidden, W and the carried lanes bf16
 };
 
 // InvalidArgument naming the option ("vocab loss chunk must be positive") when a knob
@@ -80,19 +92,26 @@ class VocabLoss {
   virtual std::string name() const = 0;
   // The device whose memory every pointer argument is in.
   virtual Device& device() const = 0;
+  // The precision it was made with (VocabLossOptions::precision): the float* entry
+  // points need f32, the bf16* ones bf16 (InvalidArgument otherwise).
+  Precision precision() const { return precision_; }
   // hidden [T, H], targets [T], weight [vocab_shard(...).rows, H]; they must stay
-  // valid until backward. Collective over the group.
-  virtual LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
-                          const float* weight) = 0;
-  // Gradient of scale x (summed loss): writes d_hidden [T, H], adds into d_weight.
-  virtual void backward(float scale, float* d_hidden, float* d_weight) = 0;
+  // valid until backward. Collective over the group. Reads only; returns the fp32 loss.
+  LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens, const float* weight);
+  LossSum forward(const bf16* hidden, const std::int32_t* targets, std::int64_t tokens, const bf16* weight);
+  // Gradient of scale x (summed loss): writes d_hidden [T, H] (f32 | bf16), adds into
+  // d_weight (fp32 in both precisions).
+  void backward(float scale, float* d_hidden, float* d_weight);
+  void backward(float scale, bf16* d_hidden, float* d_weight);
   // forward then backward in one call, for a caller that knows the scale up front:
   // reads hidden, targets, weight; writes d_hidden [T, H]; adds into d_weight; keeps
   // nothing afterwards. The default is exactly forward + backward; Ring-DTP overrides
   // it at P = 1 with the fused form (each [chunk, V] logits block becomes its gradient
   // at once: 3 GEMMs a block instead of 4, no saved state, a peak of one block).
-  virtual LossSum forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
-                                   const float* weight, float scale, float* d_hidden, float* d_weight);
+  LossSum forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens, const float* weight,
+                           float scale, float* d_hidden, float* d_weight);
+  LossSum forward_backward(const bf16* hidden, const std::int32_t* targets, std::int64_t tokens, const bf16* weight,
+                           float scale, bf16* d_hidden, float* d_weight);
   // Frees what the last forward keeps for its backward (an evaluation forward has no
   // backward: without this its buffers would stay held through whatever runs next).
   virtual void discard() = 0;
@@ -105,9 +124,22 @@ class VocabLoss {
   void reset_stats() { stats_ = {}; }
 
  protected:
+  explicit VocabLoss(Precision p) : precision_(p) {}
+  // The entry points above, their pointers' element type checked against precision():
+  // hidden, weight and d_hidden are float* under f32 and bf16* under bf16.
+  virtual LossSum forward_any(const void* hidden, const std::int32_t* targets, std::int64_t tokens,
+                              const void* weight) = 0;
+  virtual void backward_any(float scale, void* d_hidden, float* d_weight) = 0;
+  // Default: forward_any then backward_any.
+  virtual LossSum forward_backward_any(const void* hidden, const std::int32_t* targets, std::int64_t tokens,
+                                       const void* weight, float scale, void* d_hidden, float* d_weight);
   // ops::gemm, counted and timed into stats() (same arguments as ops::gemm).
   void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
             float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+            std::int64_t ldc);
+  // ops::gemm_bf16 (bf16 A and B, fp32 C), counted and timed the same way.
+  void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+            float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
             std::int64_t ldc);
   // Runs f (a communication call), its seconds counted in stats().comm_seconds.
   template <typename F>
@@ -121,7 +153,9 @@ class VocabLoss {
   }
 
  private:
+  void expect(Precision p) const;
   VocabLossStats stats_;
+  Precision precision_;
 };
 
 std::unique_ptr<VocabLoss> make_materialized_vocab_loss(Device& dev, Communicator& group, const VocabDims& d,

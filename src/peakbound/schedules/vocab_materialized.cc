@@ -3,7 +3,14 @@
 // all-reduces the row max, the sum of exponentials and the target logit, keeps the
 // logits for backward, and there turns them into their gradient in place. Every
 // buffer comes from materialized_vocab_buffers (vocab_footprint.h).
+//
+// bf16 (A = bf16): the hidden states are gathered in bf16 and the logits are fp32 sums
+// of exact products (ops::gemm_bf16). Backward narrows the gradient G in row tiles of
+// kLinearTileRows into g16, then dW += G16^T Hg and dHg = G16 W, both fp32; dHg is
+// reduce-scattered in f32 into d_hidden32 (or all-reduced in place for uneven counts)
+// and narrowed once into d_hidden. A = float makes exactly the f32 calls.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "peakbound/core/error.h"
@@ -11,6 +18,7 @@
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/vocab_rows.h"
+#include "peakbound/nn/linear.h"
 #include "peakbound/schedules/vocab_footprint.h"
 #include "peakbound/schedules/vocab_loss.h"
 
@@ -18,18 +26,35 @@ namespace peakbound {
 
 namespace {
 
-constexpr std::uint64_t kElemBytes = sizeof(float);  // the runtime's data is f32
+template <class A>
+constexpr DType kAct = std::is_same_v<A, bf16> ? DType::bf16 : DType::f32;
 
 class MaterializedVocabLoss final : public VocabLoss {
  public:
   MaterializedVocabLoss(Device& dev, Communicator& g, const VocabDims& d, const VocabLossOptions& o)
-      : dev_(dev), s_(dev.compute_stream()), g_(g), d_(d), o_(o), shard_(vocab_shard(d.vocab, g.size(), g.rank())) {}
+      : VocabLoss(o.precision), dev_(dev), s_(dev.compute_stream()), g_(g), d_(d), o_(o),
+        shard_(vocab_shard(d.vocab, g.size(), g.rank())) {}
 
   std::string name() const override { return "materialized"; }
   Device& device() const override { return dev_; }
 
-  LossSum forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
-                  const float* weight) override {
+  LossSum forward_any(const void* hidden, const std::int32_t* targets, std::int64_t tokens,
+                      const void* weight) override {
+    if (o_.precision == Precision::bf16)
+      return fwd(static_cast<const bf16*>(hidden), targets, tokens, static_cast<const bf16*>(weight));
+    return fwd(static_cast<const float*>(hidden), targets, tokens, static_cast<const float*>(weight));
+  }
+
+  void backward_any(float scale, void* d_hidden, float* d_weight) override {
+    if (o_.precision == Precision::bf16)
+      bwd(scale, static_cast<bf16*>(d_hidden), d_weight);
+    else
+      bwd(scale, static_cast<float*>(d_hidden), d_weight);
+  }
+
+ private:
+  template <class A>
+  LossSum fwd(const A* hidden, const std::int32_t* targets, std::int64_t tokens, const A* weight) {
     comm([&] { check_targets(dev_, g_, targets, tokens, d_.vocab, o_); });
     // A forward without a backward leaves its state held: drop it before allocating
     // this pass's, so two passes never hold their buffers at once.
@@ -41,7 +66,7 @@ class MaterializedVocabLoss final : public VocabLoss {
     shape.dims = d_;
     shape.rank = g_.rank();
     counts_ = shape.tokens;
-    b_ = materialized_vocab_buffers(shape, o_, kElemBytes);
+    b_ = materialized_vocab_buffers(shape, o_, o_.precision);
     const std::size_t P = counts_.size();
     offsets_.assign(P, 0);
     for (std::size_t i = 1; i < P; ++i) offsets_[i] = offsets_[i - 1] + counts_[i - 1];
@@ -51,11 +76,11 @@ class MaterializedVocabLoss final : public VocabLoss {
     // Gather hidden states and targets of the whole group (the same block to every rank).
     hg_ = alloc(b_.hidden_all);
     tg_ = alloc(b_.targets_all);
-    comm([&] { gather(hidden, hg_.as<float>(), H, DType::f32); });
+    comm([&] { gather(hidden, hg_.as<A>(), H, kAct<A>); });
     comm([&] { gather(targets, tg_.as<std::int32_t>(), 1, DType::i32); });
 
     logits_ = alloc(b_.logits);
-    gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<float>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
+    gemm(dev_, s_, false, true, N_, rows, H, 1.0f, hg_.as<A>(), H, weight, H, 0.0f, logits_.as<float>(), rows);
 
     // Row statistics over the whole vocabulary: max, then sum of exp, then target logit.
     lse_ = alloc(b_.lse);
@@ -85,35 +110,71 @@ class MaterializedVocabLoss final : public VocabLoss {
     return out;
   }
 
-  void backward(float scale, float* d_hidden, float* d_weight) override {
+  template <class A>
+  void bwd(float scale, A* d_hidden, float* d_weight) {
     PB_CHECK_MSG(!logits_.empty() || N_ == 0 || shard_.rows == 0, "backward before forward");
     const std::int64_t H = d_.hidden, rows = shard_.rows;
+    const A* weight = static_cast<const A*>(weight_);
     float* G = logits_.as<float>();
     ops::cross_entropy_grad(dev_, s_, G, N_, rows, rows, lse_.as<float>(), tg_.as<std::int32_t>(), shard_.offset,
                             o_.ignore_index, o_.z_loss, scale);
     // dW (this shard) += G^T Hg; dHg = G W, partial over the vocabulary shards.
-    gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
-    Buffer dhg = alloc(b_.d_hidden_all);
-    gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight_, H, 0.0f, dhg.as<float>(), H);
+    Buffer dhg, d32;  // d32: bf16's reduce-scatter result (allocated with the rest: one peak)
+    if constexpr (std::is_same_v<A, float>) {
+      gemm(dev_, s_, true, false, rows, H, N_, 1.0f, G, rows, hg_.as<float>(), H, 1.0f, d_weight, H);
+      dhg = alloc(b_.d_hidden_all);
+      gemm(dev_, s_, false, false, N_, H, rows, 1.0f, G, rows, weight, H, 0.0f, dhg.as<float>(), H);
+    } else {
+      dhg = alloc(b_.d_hidden_all);
+      d32 = alloc(b_.d_hidden32);
+      Buffer g16 = alloc(b_.g16);
+      for (std::int64_t r0 = 0; r0 < N_; r0 += kLinearTileRows) {  // G narrowed a row tile at a time
+        const std::int64_t n = std::min(kLinearTileRows, N_ - r0);
+        ops::convert(dev_, s_, g16.as<bf16>(), G + r0 * rows, n * rows);
+        gemm(dev_, s_, true, false, rows, H, n, 1.0f, g16.as<bf16>(), rows, hg_.as<bf16>() + r0 * H, H, 1.0f,
+             d_weight, H);
+        gemm(dev_, s_, false, false, n, H, rows, 1.0f, g16.as<bf16>(), rows, weight, H, 0.0f,
+             dhg.as<float>() + r0 * H, H);
+      }
+    }
     comm([&] { dev_.synchronize(s_); });
     logits_.reset();
-    bool uniform = std::all_of(counts_.begin(), counts_.end(), [&](std::int64_t c) { return c == counts_[0]; });
-    if (uniform) {
-      comm([&] {
-        g_.reduce_scatter(dhg.as<float>(), d_hidden, static_cast<std::size_t>(hidden_tokens_ * H), DType::f32,
-                          ReduceOp::sum);
-      });
-    } else {
-      // Uneven token counts: MPI's reduce-scatter-block needs equal blocks.
-      comm([&] { g_.all_reduce(dhg.as<float>(), static_cast<std::size_t>(N_ * H), DType::f32, ReduceOp::sum); });
-      std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
-      dev_.memcpy_async(d_hidden, dhg.as<float>() + off * H, static_cast<std::uint64_t>(hidden_tokens_ * H) * sizeof(float),
-                        CopyKind::device_to_device, s_);
-      comm([&] { dev_.synchronize(s_); });  // dhg is released below
-    }
+    scatter_d_hidden(dhg.as<float>(), d32.as<float>(), d_hidden);
     hg_.reset();
     tg_.reset();
     lse_.reset();
+  }
+
+  // d_hidden = this rank's rows of the group's sum of dHg (f32 collectives; under bf16
+  // reduce-scattered into d32 [T, H] fp32, or all-reduced in dhg, and narrowed once).
+  template <class A>
+  void scatter_d_hidden(float* dhg, float* d32, A* d_hidden) {
+    const std::int64_t H = d_.hidden;
+    bool uniform = std::all_of(counts_.begin(), counts_.end(), [&](std::int64_t c) { return c == counts_[0]; });
+    if (uniform) {
+      float* out = nullptr;
+      if constexpr (std::is_same_v<A, float>)
+        out = d_hidden;
+      else
+        out = d32;
+      comm([&] {
+        g_.reduce_scatter(dhg, out, static_cast<std::size_t>(hidden_tokens_ * H), DType::f32, ReduceOp::sum);
+      });
+      if constexpr (std::is_same_v<A, bf16>) {
+        ops::convert(dev_, s_, d_hidden, out, hidden_tokens_ * H);
+        comm([&] { dev_.synchronize(s_); });  // d32 is released by the caller
+      }
+    } else {
+      // Uneven token counts: MPI's reduce-scatter-block needs equal blocks.
+      comm([&] { g_.all_reduce(dhg, static_cast<std::size_t>(N_ * H), DType::f32, ReduceOp::sum); });
+      std::int64_t off = offsets_[static_cast<std::size_t>(g_.rank())];
+      if constexpr (std::is_same_v<A, float>)
+        dev_.memcpy_async(d_hidden, dhg + off * H, static_cast<std::uint64_t>(hidden_tokens_ * H) * sizeof(float),
+                          CopyKind::device_to_device, s_);
+      else
+        ops::convert(dev_, s_, d_hidden, dhg + off * H, hidden_tokens_ * H);
+      comm([&] { dev_.synchronize(s_); });  // dhg is released by the caller
+    }
   }
 
  private:
@@ -148,7 +209,7 @@ class MaterializedVocabLoss final : public VocabLoss {
   VocabLossOptions o_;
   VocabShard shard_;
   MaterializedVocabBuffers b_;
-  const float* weight_ = nullptr;
+  const void* weight_ = nullptr;
   std::int64_t hidden_tokens_ = 0, N_ = 0;
   std::vector<std::int64_t> counts_, offsets_;
   Buffer hg_, tg_, logits_, lse_;
