@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "peakbound/core/error.h"
@@ -32,7 +33,6 @@ constexpr std::uint64_t kF32 = sizeof(float);
 constexpr Component kC = Component::attention;
 
 std::uint64_t U(std::int64_t v) { return static_cast<std::uint64_t>(v); }
-std::size_t Z(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -187,23 +187,26 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
 RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp) {
   check_ring_attention(c, cp);
   const AttentionDims& d = c.dims;
+  // Under bf16 the carried K/V lanes are bf16 and the kernel's tiles need bf16 room; the
+  // accumulators and row_dot stay fp32.
+  const DType a = activation_dtype(c.precision);
   RingAttentionBuffers b;
   b.kv_ring = b.dkv_ring = b.row_dot = buffer_spec(kC, 0, kF32);
   if (cp == 1) {
     // Nothing moves: the single-rank kernel, D_i in its own workspace.
     const AttentionDims w = whole_dims(c);
-    b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(w)), kF32);
-    b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(w)), kF32);
+    b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(w, a)), kF32);
+    b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(w, false, a)), kF32);
     return b;
   }
   const std::uint64_t T = U(zigzag_widest_tokens(c.seq_len, cp));
   const std::uint64_t block = checked_mul(checked_mul(T, U(d.kv_heads), "ring attention"),
                                           checked_add(U(d.qk_dim), U(d.v_dim), "ring attention"), "ring attention");
-  b.kv_ring = buffer_spec(kC, checked_mul(2, block, "ring attention"), kF32);
+  b.kv_ring = buffer_spec(kC, checked_mul(2, block, "ring attention"), dtype_size(a));
   b.dkv_ring = buffer_spec(kC, checked_mul(3, block, "ring attention"), kF32);
   b.row_dot = buffer_spec(kC, checked_mul(T, U(d.q_heads), "ring attention"), kF32);
-  b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d)), kF32);
-  b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true)), kF32);
+  b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d, a)), kF32);
+  b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true, a)), kF32);
   return b;
 }
 
@@ -216,9 +219,22 @@ Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp) {
   return f;
 }
 
-void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse,
-                            const float* q, const float* k, const float* v, ThreadPool* pool,
-                            RingAttentionStats* stats) {
+namespace {
+
+// The call's pointers must be of the config's precision.
+template <class A>
+void check_precision(const RingAttentionConfig& c) {
+  if (activation_dtype(c.precision) != dtype_of<A>())
+    throw InvalidArgument("ring attention: the config's precision is " + std::string(precision_name(c.precision)) +
+                          " but q, k, v are " + std::string(dtype_name(dtype_of<A>())));
+}
+
+// Written once for A = float | bf16 (q, k, v, dout, out and the carried lanes); A = float
+// is the f32-only code's calls in its order.
+template <class A>
+void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse, const A* q,
+                const A* k, const A* v, ThreadPool* pool, RingAttentionStats* stats) {
+  check_precision<A>(c);
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
@@ -236,20 +252,21 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
   const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
   Buffer kv = allocate(dev, b.kv_ring);
-  float* base = kv.as<float>();
+  A* base = kv.as<A>();
+  constexpr DType kA = dtype_of<A>();
   const std::int64_t block = Tmax * Hkv * (D + Dv);
   const std::vector<std::size_t> k_count = lane_counts(c.seq_len, P, Hkv * D), v_count = lane_counts(c.seq_len, P, Hkv * Dv);
   RingExchange ring(dev, g, kTagForward);
-  const int k_lane = ring.add_carried(k, RingLane{{base, base + block}, DType::f32, k_count});
-  const int v_lane = ring.add_carried(v, RingLane{{base + Tmax * Hkv * D, base + block + Tmax * Hkv * D}, DType::f32, v_count});
+  const int k_lane = ring.add_carried(k, RingLane{{base, base + block}, kA, k_count});
+  const int v_lane = ring.add_carried(v, RingLane{{base + Tmax * Hkv * D, base + block + Tmax * Hkv * D}, kA, v_count});
   // Every row starts empty (lse -inf: out is not read).
   ops::fill(dev, s, lse, T * Hq, kNegInf);
   for (int hop = 0; hop < P; ++hop) {
     ring.begin(hop);
     timer.posted(Timer::carried, hop);
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
-    const float* kc = static_cast<const float*>(ring.carried(k_lane));
-    const float* vc = static_cast<const float*>(ring.carried(v_lane));
+    const A* kc = static_cast<const A*>(ring.carried(k_lane));
+    const A* vc = static_cast<const A*>(ring.carried(v_lane));
     for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
       for (const LocalChunk& kch : chunks_of(blk)) {
         if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
@@ -268,9 +285,11 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
   timer.finish(&g);
 }
 
-void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
-                             float* dv, const float* dout, const float* q, const float* k, const float* v,
-                             const float* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
+template <class A>
+void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk, float* dv,
+                 const A* dout, const A* q, const A* k, const A* v, const A* out, const float* lse, ThreadPool* pool,
+                 RingAttentionStats* stats) {
+  check_precision<A>(c);
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
@@ -291,12 +310,14 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
   Buffer kv = allocate(dev, b.kv_ring), dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot),
          ws = allocate(dev, b.workspace_backward);
   const std::int64_t block = Tmax * Hkv * (D + Dv), k_part = Tmax * Hkv * D;
-  float *kvb = kv.as<float>(), *dkvb = dkv.as<float>();
+  A* kvb = kv.as<A>();
+  float* dkvb = dkv.as<float>();
+  constexpr DType kA = dtype_of<A>();
   float *dk_part = dkvb + 2 * block, *dv_part = dk_part + k_part;  // one block's contribution
   const std::vector<std::size_t> k_count = lane_counts(c.seq_len, P, Hkv * D), v_count = lane_counts(c.seq_len, P, Hkv * Dv);
   RingExchange ring(dev, g, kTagBackward);
-  const int k_lane = ring.add_carried(k, RingLane{{kvb, kvb + block}, DType::f32, k_count});
-  const int v_lane = ring.add_carried(v, RingLane{{kvb + k_part, kvb + block + k_part}, DType::f32, v_count});
+  const int k_lane = ring.add_carried(k, RingLane{{kvb, kvb + block}, kA, k_count});
+  const int v_lane = ring.add_carried(v, RingLane{{kvb + k_part, kvb + block + k_part}, kA, v_count});
   const int dk_lane = ring.add_accumulated(RingLane{{dkvb, dkvb + block}, DType::f32, k_count});
   const int dv_lane = ring.add_accumulated(RingLane{{dkvb + k_part, dkvb + block + k_part}, DType::f32, v_count});
   // D_i = rowsum(dout * out) once for every hop; dq is added into from zero.
@@ -309,8 +330,8 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
     timer.posted(Timer::carried, hop);
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
     const std::int64_t tb = blk.tokens();
-    const float* kc = static_cast<const float*>(ring.carried(k_lane));
-    const float* vc = static_cast<const float*>(ring.carried(v_lane));
+    const A* kc = static_cast<const A*>(ring.carried(k_lane));
+    const A* vc = static_cast<const A*>(ring.carried(v_lane));
     // This rank's part of the block's dK/dV: at hop 0 straight into the travelling
     // accumulator, later into the contribution, added once the running value is in.
     float* dkc = hop == 0 ? static_cast<float*>(ring.accumulator(dk_lane)) : dk_part;
@@ -347,6 +368,31 @@ void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionCo
   });
   dev.synchronize(s);
   timer.finish(&g);
+}
+
+}  // namespace
+
+void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse,
+                            const float* q, const float* k, const float* v, ThreadPool* pool,
+                            RingAttentionStats* stats) {
+  forward_as<float>(dev, g, c, out, lse, q, k, v, pool, stats);
+}
+
+void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse,
+                            const bf16* q, const bf16* k, const bf16* v, ThreadPool* pool, RingAttentionStats* stats) {
+  forward_as<bf16>(dev, g, c, out, lse, q, k, v, pool, stats);
+}
+
+void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
+                             float* dv, const float* dout, const float* q, const float* k, const float* v,
+                             const float* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
+  backward_as<float>(dev, g, c, dq, dk, dv, dout, q, k, v, out, lse, pool, stats);
+}
+
+void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
+                             float* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                             const bf16* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
+  backward_as<bf16>(dev, g, c, dq, dk, dv, dout, q, k, v, out, lse, pool, stats);
 }
 
 }  // namespace peakbound

@@ -19,6 +19,14 @@
 // and into the travelling dK/dV; after the last hop every rank holds the complete dk, dv
 // of its own tokens. dq, dk, dv are WRITTEN.
 //
+// Mixed precision (precision = bf16, the overloads below): q, k, v, dout and out (the
+// forward's out narrowed once by the caller) are bf16 and so are the carried K/V lanes
+// (kv_ring is half the f32 size); out and lse (forward) and dq, dk, dv (backward) are the
+// caller's fp32 running states, and the travelling dK/dV accumulators, the block
+// contribution and row_dot stay fp32: dk, dv are sums over the CP ranks, finished in fp32
+// and narrowed once by the caller after the last hop. The workspaces are sized with
+// DType::bf16.
+//
 // Memory: every internal buffer is allocated per call from the device (component
 // attention) from ring_attention_buffers, so ring_attention_footprint is what a call
 // holds. With CP == 1 nothing moves and the calls are the single-rank kernel's.
@@ -28,6 +36,7 @@
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/ops/attention.h"
 
@@ -40,6 +49,7 @@ struct RingAttentionConfig {
   // takes its rank's shard length).
   AttentionDims dims;
   std::int64_t seq_len = 0;  // S: the whole sequence's tokens, >= 2 * CP (every chunk non-empty)
+  Precision precision = Precision::f32;  // the dtype of q, k, v, dout, out and the carried lanes
 };
 
 // Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP).
@@ -50,7 +60,7 @@ void check_ring_attention(const RingAttentionConfig& c, int cp);
 // accumulators and the block contribution they add (backward), rowsum(dout * out)
 // (backward) and the kernel's tile workspace per pass. Zero bytes where CP == 1 needs none.
 struct RingAttentionBuffers {
-  BufferSpec kv_ring;            // forward and backward: 2 slots x max shard x Hkv x (D + Dv)
+  BufferSpec kv_ring;            // forward and backward: 2 slots x max shard x Hkv x (D + Dv), activation dtype
   BufferSpec dkv_ring;           // backward: the travelling dK/dV (its slots) and one block's contribution
   BufferSpec row_dot;            // backward: [T_r, Hq] f32
   BufferSpec workspace_forward;  // kernel tiles
@@ -94,6 +104,14 @@ void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAtten
 void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const float* dout, const float* q, const float* k, const float* v,
                              const float* out, const float* lse, ThreadPool* pool = nullptr,
+                             RingAttentionStats* stats = nullptr);
+// bf16 (c.precision must be bf16; the f32 forms above need f32): out, lse, dq, dk, dv fp32.
+void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out, float* lse,
+                            const bf16* q, const bf16* k, const bf16* v, ThreadPool* pool = nullptr,
+                            RingAttentionStats* stats = nullptr);
+void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
+                             float* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
+                             const bf16* out, const float* lse, ThreadPool* pool = nullptr,
                              RingAttentionStats* stats = nullptr);
 
 }  // namespace peakbound
