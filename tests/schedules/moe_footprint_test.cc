@@ -138,7 +138,9 @@ TEST(MoeDispatchFootprint, RoundBytesBoundPlanAndEstimate) {
             dispatch_sizes_estimate(DispatchKind::pipelined_llep, shape, P, 700, plan.imbalance, o, 4);
         const std::uint64_t e = dispatch_peak_bytes(shape, est, 4);
         EXPECT_LE(e, budget);
-        if (plan.rounds > 1) EXPECT_GE(e + 4 * (P + 4) * (10 * 16 + 3 * 24) * 4, budget) << "fills the budget";
+        if (plan.rounds > 1) {
+          EXPECT_GE(e + 4 * (P + 4) * (10 * 16 + 3 * 24) * 4, budget) << "fills the budget";
+        }
       }
     }
   DispatchOptions o;
