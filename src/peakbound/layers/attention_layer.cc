@@ -1,9 +1,12 @@
 #include "peakbound/layers/attention_layer.h"
 
+#include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/nn/linear.h"
 #include "peakbound/ops/attention.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
@@ -17,8 +20,9 @@ namespace peakbound {
 namespace {
 
 using u64 = std::uint64_t;
-// The runtime is f32; the footprint functions take the activations' element size as a
-// parameter. Statistics (rstd, lse), RoPE tables and the kernel workspace are f32 always.
+// Activations are f32 or bf16 (config.precision; the elem_bytes footprint forms take the
+// size). Statistics (rstd, lse), RoPE tables, the kernel workspace and the bf16 path's
+// running states (o32, dq32, dkv32, the linear tile) are f32 always.
 const u64 kF32 = dtype_size(DType::f32);
 const Component kC = Component::attention;
 
@@ -37,6 +41,31 @@ AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
 }
 
 Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
+
+Communicator& group_of(Communicator* g) {
+  PB_CHECK_MSG(g != nullptr, "attention layer: cp > 1 needs set_cp_group before a call");
+  return *g;
+}
+
+// dw [rows, cols] += a^T b, a [m, rows], b [m, cols]: a weight gradient, f32 in both
+// precisions (bf16 operands accumulate in fp32 straight into it).
+void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const float* a,
+                     const float* b, float* dw) {
+  ops::gemm(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
+}
+void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const bf16* a,
+                     const bf16* b, float* dw) {
+  ops::gemm_bf16(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
+}
+
+// The dims of one bf16 query chunk: n rows at q_offset r of a sequence, against its keys 0 .. r + n - 1.
+AttentionDims chunk_dims(std::int64_t n, std::int64_t r, const AttentionLayerConfig& c, bool accumulate) {
+  AttentionDims d = dims_of(n, c);
+  d.q_offset = r;
+  d.kv_tokens = r + n;
+  d.accumulate = accumulate;
+  return d;
+}
 
 }  // namespace
 
@@ -82,7 +111,14 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
   RingAttentionConfig r;
   r.dims = dims_of(attention_local_seq_len(c), c);
   r.seq_len = c.seq_len;
+  r.precision = c.precision;
   return r;
+}
+
+// Query rows of the bf16 path's fp32 states (o32, dq32) and of one kernel call: a chunk
+// at cp = 1, this rank's whole shard under cp > 1 (the ring's out / dq).
+std::int64_t state_rows(std::int64_t S, const AttentionLayerConfig& c) {
+  return c.cp > 1 ? S : std::min(S, kAttentionChunkRows);
 }
 
 }  // namespace
@@ -107,13 +143,28 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.lse = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
   // The kernel checks T >= 1; with no tokens there is no call and no workspace.
   // Under cp > 1 the ring attention call allocates its own (ring_attention_footprint).
-  const AttentionDims d = dims_of(S, c);
+  // Under bf16 each kernel call takes a chunk of queries and its tiles need bf16 room.
+  const bool bf = c.precision == Precision::bf16;
+  const AttentionDims d = dims_of(bf ? state_rows(S, c) : S, c);
+  const DType wd = bf ? DType::bf16 : DType::f32;
   const bool kernel = T > 0 && c.cp == 1;
-  b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d)) : 0, kF32);
-  b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d)) : 0, kF32);
+  b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d, wd)) : 0, kF32);
+  b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d, false, wd)) : 0, kF32);
   b.d_o = b.dq = b.q;
   b.dk = b.dv = b.k;
+  const u64 states = bf && T > 0 ? 1 : 0;
+  b.tile = linear_tile_spec(T, std::max({c.hidden, c.q_heads * c.head_dim, c.kv_heads * c.head_dim}), c.precision, kC);
+  b.o32 = b.dq32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), q)), kF32);
+  b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), mul(2, kv))), kF32);
   return b;
+}
+
+AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLayerConfig& c) {
+  return attention_layer_buffers(T, c, dtype_size(activation_dtype(c.precision)));
+}
+
+Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& c) {
+  return attention_layer_footprint(T, c, dtype_size(activation_dtype(c.precision)));
 }
 
 Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& c, u64 elem_bytes) {
@@ -122,11 +173,11 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   for (const char* phase : {"forward", "backward"}) {
     const bool bwd = phase[0] == 'b';
     for (const BufferSpec& s : {b.h, b.rstd, b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos,
-                                b.rope_sin, b.o, b.lse})
+                                b.rope_sin, b.o, b.lse, b.tile, b.o32})
       f.device(phase, s);
     f.device(phase, bwd ? b.workspace_backward : b.workspace_forward);
     if (bwd)
-      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv}) f.device(phase, s);
+      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv, b.dq32, b.dkv32}) f.device(phase, s);
   }
   // Ring attention's internals, live inside the kernel call of each phase.
   if (T > 0 && c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
@@ -138,12 +189,16 @@ AttentionLayer::AttentionLayer(Device& dev, const AttentionLayerConfig& config, 
     : dev_(dev), cfg_(config), p_(params), g_(grads) {
   check_attention_layer_config(cfg_);
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Q = cfg_.q_heads * D, K = cfg_.kv_heads * D;
-  auto expect = [](const Tensor& t, const Shape& s, const char* name, const char* which) {
-    if (t.raw() == nullptr || t.dtype() != DType::f32 || !(t.shape() == s))
-      throw InvalidArgument(std::string("attention layer: ") + which + " " + name + " is " + t.shape().str() +
-                            (t.raw() == nullptr ? " (null)" : "") + ", want " + s.str() + " f32");
+  const DType pd = param_dtype(cfg_.precision);
+  DType want = pd;
+  auto expect = [&want](const Tensor& t, const Shape& s, const char* name, const char* which) {
+    if (t.raw() == nullptr || t.dtype() != want || !(t.shape() == s))
+      throw InvalidArgument(std::string("attention layer: ") + which + " " + name + " is " + t.shape().str() + " " +
+                            std::string(dtype_name(t.dtype())) + (t.raw() == nullptr ? " (null)" : "") + ", want " +
+                            s.str() + " " + std::string(dtype_name(want)));
   };
   for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
+    want = t == &p_ ? pd : DType::f32;
     expect(t->w_in, Shape{H}, "w_in", which);
     expect(t->wq, Shape{Q, H}, "wq", which);
     expect(t->wk, Shape{K, H}, "wk", which);
@@ -185,27 +240,89 @@ void AttentionLayer::rope_tables(float* cos, float* sin, std::int64_t S) {
   ops::rope_tables(dev_, s, cos + at, sin + at, sh.second.len, D, sh.second.begin, cfg_.rope_theta);
 }
 
-void AttentionLayer::attention_forward(float* o, float* lse, const float* q, const float* k, const float* v,
-                                       std::int64_t S, float* ws) {
-  if (cfg_.cp == 1) {
-    ops::attention_forward(dev_, dev_.compute_stream(), o, lse, q, k, v, dims_of(S, cfg_), ws);
-    return;
-  }
-  PB_CHECK_MSG(cp_group_ != nullptr, "attention layer: cp > 1 needs set_cp_group before a call");
-  ring_attention_forward(dev_, *cp_group_, ring_config(cfg_), o, lse, q, k, v);
+std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {
+  const DType a = activation_dtype(cfg_.precision);
+  PB_CHECK_MSG(t.dtype() == a && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
+               std::string("attention layer: ") + what + " is " + t.shape().str() + " " +
+                   std::string(dtype_name(t.dtype())) + ", want [T, " + std::to_string(cfg_.hidden) + "] " +
+                   std::string(dtype_name(a)));
+  return t.dim(0);
 }
 
-std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {
-  PB_CHECK_MSG(t.dtype() == DType::f32 && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
-               std::string("attention layer: ") + what + " is " + t.shape().str() + ", want [T, " +
-                   std::to_string(cfg_.hidden) + "] f32");
-  return t.dim(0);
+template <class A>
+void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t S) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t Hq = cfg_.q_heads, Q = Hq * cfg_.head_dim, K = cfg_.kv_heads * cfg_.head_dim;
+  const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * K;
+  A* o = in.o.as<A>() + b * Q;
+  float* lse = in.lse.as<float>() + b * Hq;
+  if constexpr (std::is_same_v<A, float>) {
+    if (cfg_.cp == 1)
+      ops::attention_forward(dev_, s, o, lse, q, k, v, dims_of(S, cfg_), in.ws.as<float>());
+    else
+      ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o, lse, q, k, v);
+  } else {
+    // fp32 out of up to R query rows at a time, narrowed once into o.
+    float* o32 = in.o32.as<float>();
+    if (cfg_.cp > 1) {
+      ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o32, lse, q, k, v);
+      ops::convert(dev_, s, o, o32, S * Q);
+      return;
+    }
+    const std::int64_t R = state_rows(S, cfg_);
+    for (std::int64_t r = 0; r < S; r += R) {
+      const std::int64_t n = std::min(R, S - r);
+      ops::attention_forward(dev_, s, o32, lse + r * Hq, q + r * Q, k, v, chunk_dims(n, r, cfg_, false),
+                             in.ws.as<float>());
+      ops::convert(dev_, s, o + r * Q, o32, n * Q);
+    }
+  }
+}
+
+template <class A>
+void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
+                                     float* dq32, float* dkv32) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t Hq = cfg_.q_heads, Q = Hq * cfg_.head_dim, K = cfg_.kv_heads * cfg_.head_dim;
+  const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * K;
+  const A* o = in.o.as<A>() + b * Q;
+  const float* lse = in.lse.as<float>() + b * Hq;
+  d_o += b * Q;
+  dq += b * Q;
+  dk += b * K;
+  dv += b * K;
+  if constexpr (std::is_same_v<A, float>) {
+    if (cfg_.cp == 1)
+      ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>());
+    else
+      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq, dk, dv, d_o, q, k, v, o, lse);
+  } else {
+    // dk, dv: fp32 sums over every query chunk (or over the ring), narrowed once.
+    float *dk32 = dkv32, *dv32 = dkv32 + S * K;
+    if (cfg_.cp > 1) {
+      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq32, dk32, dv32, d_o, q, k, v, o, lse);
+      ops::convert(dev_, s, dq, dq32, S * Q);
+    } else {
+      ops::fill(dev_, s, dkv32, 2 * S * K, 0.0f);
+      const std::int64_t R = state_rows(S, cfg_);
+      for (std::int64_t r = 0; r < S; r += R) {
+        const std::int64_t n = std::min(R, S - r);
+        ops::fill(dev_, s, dq32, n * Q, 0.0f);
+        ops::attention_backward(dev_, s, dq32, dk32, dv32, d_o + r * Q, q + r * Q, k, v, o + r * Q, lse + r * Hq,
+                                chunk_dims(n, r, cfg_, true), in.ws.as<float>());
+        ops::convert(dev_, s, dq + r * Q, dq32, n * Q);
+      }
+    }
+    ops::convert(dev_, s, dk, dk32, S * K);
+    ops::convert(dev_, s, dv, dv32, S * K);
+  }
 }
 
 // Allocates the forward's internals and computes them through o and lse. The
 // workspace is the backward's when the caller is backward (one buffer either way).
-void AttentionLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for_backward) {
-  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_, kF32);
+template <class A>
+void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_backward) {
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   in.h = allocate(dev_, b.h);
   in.rstd = allocate(dev_, b.rstd);
   in.q = allocate(dev_, b.q);
@@ -220,86 +337,104 @@ void AttentionLayer::recompute(Internals& in, const float* x, std::int64_t T, bo
   in.o = allocate(dev_, b.o);
   in.lse = allocate(dev_, b.lse);
   in.ws = allocate(dev_, for_backward ? b.workspace_backward : b.workspace_forward);
+  in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
+  in.o32 = allocate(dev_, b.o32);
 
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = Hq * D, K = Hkv * D;
-  float* h = in.h.as<float>();
-  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_in.data<float>(), T, H, cfg_.rms_eps);
+  float* tile = in.tile.as<float>();
+  A* h = in.h.as<A>();
+  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_in.data<A>(), T, H, cfg_.rms_eps);
   // With qk_norm the projections land in q_pre / k_pre (the norm's input, which its
   // backward reads) and the norm writes q / k; without, they land in q / k directly.
-  float* qp = cfg_.qk_norm ? in.q_pre.as<float>() : in.q.as<float>();
-  float* kp = cfg_.qk_norm ? in.k_pre.as<float>() : in.k.as<float>();
-  ops::gemm(dev_, s, false, true, T, Q, H, 1.0f, h, H, p_.wq.data<float>(), H, 0.0f, qp, Q);
-  ops::gemm(dev_, s, false, true, T, K, H, 1.0f, h, H, p_.wk.data<float>(), H, 0.0f, kp, K);
-  ops::gemm(dev_, s, false, true, T, K, H, 1.0f, h, H, p_.wv.data<float>(), H, 0.0f, in.v.as<float>(), K);
+  A* qp = cfg_.qk_norm ? in.q_pre.as<A>() : in.q.as<A>();
+  A* kp = cfg_.qk_norm ? in.k_pre.as<A>() : in.k.as<A>();
+  const auto project = [&](const Tensor& w, std::int64_t n, A* out) {  // out [T, n] = h W^T
+    linear(dev_, s, T, n, {{.a = h, .lda = H, .b = w.data<A>(), .ldb = H, .k = H, .trans_b = true}}, out, n,
+           LinearMode::write, tile);
+  };
+  project(p_.wq, Q, qp);
+  project(p_.wk, K, kp);
+  project(p_.wv, K, in.v.as<A>());
   if (cfg_.qk_norm) {
     // [T, Hq, D] viewed as T*Hq rows of D: RMSNorm over each head's vector.
-    ops::rmsnorm_forward(dev_, s, in.q.as<float>(), in.q_rstd.as<float>(), qp, p_.q_norm.data<float>(), T * Hq, D,
+    ops::rmsnorm_forward(dev_, s, in.q.as<A>(), in.q_rstd.as<float>(), qp, p_.q_norm.data<A>(), T * Hq, D,
                          cfg_.rms_eps);
-    ops::rmsnorm_forward(dev_, s, in.k.as<float>(), in.k_rstd.as<float>(), kp, p_.k_norm.data<float>(), T * Hkv, D,
+    ops::rmsnorm_forward(dev_, s, in.k.as<A>(), in.k_rstd.as<float>(), kp, p_.k_norm.data<A>(), T * Hkv, D,
                          cfg_.rms_eps);
   }
   const std::int64_t S = sequence_length(T, cfg_);
   rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
   for (std::int64_t b = 0; b < T; b += S) {
-    float *q = in.q.as<float>() + b * Q, *k = in.k.as<float>() + b * K;
-    ops::rope_forward(dev_, s, q, k, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
-    attention_forward(in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq, q, k, in.v.as<float>() + b * K, S,
-                      in.ws.as<float>());
+    ops::rope_forward(dev_, s, in.q.as<A>() + b * Q, in.k.as<A>() + b * K, in.cos.as<float>(), in.sin.as<float>(),
+                      S, Hq, Hkv, D);
+    attend_forward<A>(in, b, S);
   }
 }
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
+  if (cfg_.precision == Precision::bf16)
+    forward_as<bf16>(x, y);
+  else
+    forward_as<float>(x, y);
+}
+
+template <class A>
+void AttentionLayer::forward_as(const Tensor& x, const Tensor& y) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
                "attention layer: y must be a distinct [T, H]");
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
   Internals in;
-  recompute(in, x.data<float>(), T, /*for_backward=*/false);
-  // y = x + o Wo^T: the residual copy, then o_proj added into it.
+  recompute<A>(in, x.data<A>(), T, /*for_backward=*/false);
+  // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   const std::int64_t H = cfg_.hidden, Q = cfg_.q_heads * cfg_.head_dim;
   dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
-  ops::gemm(dev_, s, false, true, T, H, Q, 1.0f, in.o.as<float>(), Q, p_.wo.data<float>(), Q, 1.0f, y.data<float>(),
-            H);
+  linear(dev_, s, T, H, {{.a = in.o.as<A>(), .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}},
+         y.data<A>(), H, LinearMode::add, in.tile.as<float>());
   // The internals are freed on return: whatever reuses their memory next is ordered
   // after this work on the compute stream.
 }
 
 void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  if (cfg_.precision == Precision::bf16)
+    backward_as<bf16>(x, dy, dx);
+  else
+    backward_as<float>(x, dy, dx);
+}
+
+template <class A>
+void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "attention layer: token counts differ");
   PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "attention layer: dx must not alias x or dy");
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
-  const float* xp = x.data<float>();
-  const float* dyp = dy.data<float>();
+  const A* xp = x.data<A>();
+  const A* dyp = dy.data<A>();
   Internals in;
-  recompute(in, xp, T, /*for_backward=*/true);
-  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_, kF32);
+  recompute<A>(in, xp, T, /*for_backward=*/true);
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
+  Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)
 
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = Hq * D, K = Hkv * D;
-  float *h = in.h.as<float>(), *q = in.q.as<float>(), *k = in.k.as<float>(), *v = in.v.as<float>();
-  float *dqp = dq.as<float>(), *dkp = dk.as<float>(), *dvp = dv.as<float>();
+  A *h = in.h.as<A>(), *q = in.q.as<A>(), *k = in.k.as<A>();
+  A *dqp = dq.as<A>(), *dkp = dk.as<A>(), *dvp = dv.as<A>();
+  float* tile = in.tile.as<float>();
 
   // o_proj: dWo += dy^T o [H, Q]; d_o = dy Wo [T, Q].
-  ops::gemm(dev_, s, true, false, H, Q, T, 1.0f, dyp, H, in.o.as<float>(), Q, 1.0f, g_.wo.data<float>(), Q);
-  ops::gemm(dev_, s, false, false, T, Q, H, 1.0f, dyp, H, p_.wo.data<float>(), Q, 0.0f, d_o.as<float>(), Q);
+  add_weight_grad(dev_, s, H, Q, T, dyp, in.o.as<A>(), g_.wo.data<float>());
+  linear(dev_, s, T, Q, {{.a = dyp, .lda = H, .b = p_.wo.data<A>(), .ldb = Q, .k = H, .trans_b = false}},
+         d_o.as<A>(), Q, LinearMode::write, tile);
   // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place,
   // sequence by sequence (the workspace is one sequence's).
   const std::int64_t S = sequence_length(T, cfg_);
   for (std::int64_t b = 0; b < T; b += S) {
-    if (cfg_.cp == 1)
-      ops::attention_backward(dev_, s, dqp + b * Q, dkp + b * K, dvp + b * K, d_o.as<float>() + b * Q, q + b * Q,
-                              k + b * K, v + b * K, in.o.as<float>() + b * Q, in.lse.as<float>() + b * Hq,
-                              dims_of(S, cfg_), in.ws.as<float>());
-    else
-      ring_attention_backward(dev_, *cp_group_, ring_config(cfg_), dqp + b * Q, dkp + b * K, dvp + b * K,
-                              d_o.as<float>() + b * Q, q + b * Q, k + b * K, v + b * K, in.o.as<float>() + b * Q,
-                              in.lse.as<float>() + b * Hq);
+    attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>());
     ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
   }
   if (cfg_.qk_norm) {
@@ -307,25 +442,27 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
     // attention backward, is done) and take the projections' gradients there.
     ops::fill(dev_, s, q, T * Q, 0.0f);
     ops::fill(dev_, s, k, T * K, 0.0f);
-    ops::rmsnorm_backward(dev_, s, q, g_.q_norm.data<float>(), dqp, in.q_pre.as<float>(), p_.q_norm.data<float>(),
+    ops::rmsnorm_backward(dev_, s, q, g_.q_norm.data<float>(), dqp, in.q_pre.as<A>(), p_.q_norm.data<A>(),
                           in.q_rstd.as<float>(), T * Hq, D);
-    ops::rmsnorm_backward(dev_, s, k, g_.k_norm.data<float>(), dkp, in.k_pre.as<float>(), p_.k_norm.data<float>(),
+    ops::rmsnorm_backward(dev_, s, k, g_.k_norm.data<float>(), dkp, in.k_pre.as<A>(), p_.k_norm.data<A>(),
                           in.k_rstd.as<float>(), T * Hkv, D);
     dqp = q;
     dkp = k;
   }
   // Projections: dW += d^T h, then dh = dq Wq + dk Wk + dv Wv into h's buffer (h is
   // read for the last time by the weight gradients, on the same stream, before).
-  ops::gemm(dev_, s, true, false, Q, H, T, 1.0f, dqp, Q, h, H, 1.0f, g_.wq.data<float>(), H);
-  ops::gemm(dev_, s, true, false, K, H, T, 1.0f, dkp, K, h, H, 1.0f, g_.wk.data<float>(), H);
-  ops::gemm(dev_, s, true, false, K, H, T, 1.0f, dvp, K, h, H, 1.0f, g_.wv.data<float>(), H);
-  float* dh = h;
-  ops::gemm(dev_, s, false, false, T, H, Q, 1.0f, dqp, Q, p_.wq.data<float>(), H, 0.0f, dh, H);
-  ops::gemm(dev_, s, false, false, T, H, K, 1.0f, dkp, K, p_.wk.data<float>(), H, 1.0f, dh, H);
-  ops::gemm(dev_, s, false, false, T, H, K, 1.0f, dvp, K, p_.wv.data<float>(), H, 1.0f, dh, H);
+  add_weight_grad(dev_, s, Q, H, T, dqp, h, g_.wq.data<float>());
+  add_weight_grad(dev_, s, K, H, T, dkp, h, g_.wk.data<float>());
+  add_weight_grad(dev_, s, K, H, T, dvp, h, g_.wv.data<float>());
+  A* dh = h;
+  linear(dev_, s, T, H,
+         {{.a = dqp, .lda = Q, .b = p_.wq.data<A>(), .ldb = H, .k = Q, .trans_b = false},
+          {.a = dkp, .lda = K, .b = p_.wk.data<A>(), .ldb = H, .k = K, .trans_b = false},
+          {.a = dvp, .lda = K, .b = p_.wv.data<A>(), .ldb = H, .k = K, .trans_b = false}},
+         dh, H, LinearMode::write, tile);
   // dx = dy (the residual path) + input_layernorm's backward, which adds.
   dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
-  ops::rmsnorm_backward(dev_, s, dx.data<float>(), g_.w_in.data<float>(), dh, xp, p_.w_in.data<float>(),
+  ops::rmsnorm_backward(dev_, s, dx.data<A>(), g_.w_in.data<float>(), dh, xp, p_.w_in.data<A>(),
                         in.rstd.as<float>(), T, H);
 }
 

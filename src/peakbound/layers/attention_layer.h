@@ -1,6 +1,7 @@
 // AttentionLayer: the attention sublayer of a Qwen3-MoE / Mixtral decoder layer as
 // transformers computes it (Qwen3MoeAttention / MixtralAttention with the decoder
-// layer's pre-norm and residual), f32, through ops:: on the device's compute stream:
+// layer's pre-norm and residual), f32 or bf16 (config.precision), through ops:: on the
+// device's compute stream:
 //   h = rmsnorm(x) * w_in                               (input_layernorm)
 //   q = h Wq^T [T, Hq*D], k = h Wk^T, v = h Wv^T [T, Hkv*D]   (nn.Linear, no bias)
 //   qk_norm (Qwen3): q, k = rmsnorm over each head's D * q_norm / k_norm, before RoPE
@@ -15,7 +16,19 @@
 // (schedules/context_layout.h), a call takes B x T_r tokens, this rank's shard of each
 // of the B sequences (T_r = zigzag_shard(S, cp, cp_rank).tokens()), RoPE rotates them
 // at their global positions and attention is ring attention over the group
-// (schedules/ring_attention.h): the result is the rows of the cp = 1 layer's. Parameters are views into memory the caller owns
+// (schedules/ring_attention.h): the result is the rows of the cp = 1 layer's.
+// Mixed precision (config.precision = bf16, docs/precision.md): x, y, dx, dy, h, q, k, v,
+// q_pre, k_pre, o, d_o, dq, dk, dv and the parameters are bf16; the parameter gradients,
+// rstd, q/k_rstd, the RoPE tables, lse and the kernel workspace stay fp32. Every activation
+// product goes through nn/linear (one rounding per sum): q/k/v = h W^T, d_o = dy Wo,
+// dh = dq Wq + dk Wk + dv Wv, and y = x + o Wo^T in add mode (x widened, rounded once).
+// The weight gradients are ops::gemm_bf16 with beta 1 straight into the fp32 gradients.
+// Attention keeps fp32 running states: at cp = 1 the queries of each sequence go through
+// the kernel in chunks of kAttentionChunkRows rows (against the keys they can see), each
+// chunk's fp32 out / dq narrowed once into o / dq; dk, dv accumulate over the chunks in
+// fp32 [S, 2 Hkv D] and are narrowed once after the last. Under cp > 1 the ring's fp32
+// out / dq / dk / dv cover this rank's whole shard (schedules/ring_attention.h).
+// Parameters are views into memory the caller owns
 // (a parameter store); backward recomputes everything from x (activation
 // checkpointing), writes dx and ADDS into the parameter gradients. Every internal
 // buffer is allocated per call (component attention) from attention_layer_buffers.
@@ -27,6 +40,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/nn/block.h"
 
@@ -45,7 +59,12 @@ struct AttentionLayerConfig {
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
+  Precision precision = Precision::f32;  // the activations' and parameters' dtype
 };
+
+// Query rows per attention kernel call under bf16 at cp = 1 (a constant, so bf16 results
+// do not depend on the schedule; a multiple of the kernel's 64-row tiles).
+inline constexpr std::int64_t kAttentionChunkRows = 256;
 
 // Tokens of one sequence a call holds on this rank: seq_len, or the zigzag shard's under cp.
 std::int64_t attention_local_seq_len(const AttentionLayerConfig& c);
@@ -53,7 +72,7 @@ std::int64_t attention_local_seq_len(const AttentionLayerConfig& c);
 // Throws InvalidArgument naming the first bad field.
 void check_attention_layer_config(const AttentionLayerConfig& c);
 
-// Views of the parameters (or of their gradients), f32 on the layer's device, in
+// Views of the parameters (param_dtype(precision)) or of their gradients (f32 always) on the layer's device, in
 // nn.Linear layout (out x in): w_in [H], wq [Hq*D, H], wk, wv [Hkv*D, H], wo [H, Hq*D],
 // q_norm, k_norm [D] (left empty without qk_norm).
 struct AttentionLayerTensors {
@@ -71,16 +90,26 @@ struct AttentionLayerTensors {
 // holds all of them (workspace_backward in place of workspace_forward) plus d_o
 // [T, Hq*D], dq [T, Hq*D], dk, dv [T, Hkv*D]; dq/dk before the q/k norm go into q and
 // k's buffers and dh into h's, so nothing else is needed.
+// bf16 only (0 bytes under f32): tile, nn/linear's fp32 tile [min(T, 256), max(H, Q, K)]
+// (forward and backward); o32 [R, Q] fp32, the kernel's out of R query rows (forward and
+// backward, which recomputes o); dq32 [R, Q] and dkv32 [S_r, 2 K] fp32 (backward). R =
+// min(S, kAttentionChunkRows) at cp = 1, S_r (the shard) under cp > 1. The workspaces are
+// sized for R rows and DType::bf16 under bf16.
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   BufferSpec workspace_forward, workspace_backward;
   BufferSpec d_o, dq, dk, dv;
+  BufferSpec tile, o32, dq32, dkv32;
 };
+// The specs of c.precision. The elem_bytes form sizes the activations at elem_bytes
+// (the planner's estimate; the bf16-only specs follow c.precision).
+AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const AttentionLayerConfig& c);
 AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const AttentionLayerConfig& c,
                                               std::uint64_t elem_bytes);
 
 // Phases "forward" and "backward" (component attention only; parameters and their
 // gradients belong to the parameter store's footprint).
+Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c);
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c, std::uint64_t elem_bytes);
 
 class AttentionLayer final : public Block {
@@ -90,7 +119,7 @@ class AttentionLayer final : public Block {
   AttentionLayer(Device& dev, const AttentionLayerConfig& config, const AttentionLayerTensors& params,
                  const AttentionLayerTensors& grads);
 
-  // x, y [T, H] f32; y must not alias x.
+  // x, y [T, H] of the activation dtype; y must not alias x.
   void forward(const Tensor& x, const Tensor& y) override;
   // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -110,12 +139,24 @@ class AttentionLayer final : public Block {
  private:
   // The forward's internals through o and lse, allocated under `attention`.
   struct Internals {
-    Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws;
+    Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws, tile, o32;
   };
-  void recompute(Internals& in, const float* x, std::int64_t T, bool for_backward);
+  // Written once for A = float | bf16 (the activation type); A = float makes the op
+  // calls of the f32-only layer in its order.
+  template <class A>
+  void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward);
+  template <class A>
+  void forward_as(const Tensor& x, const Tensor& y);
+  template <class A>
+  void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
   void rope_tables(float* cos, float* sin, std::int64_t S);
-  void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, std::int64_t S,
-                         float* ws);
+  // One sequence (S rows at row b) through the kernel: o, lse written; bf16 via o32.
+  template <class A>
+  void attend_forward(Internals& in, std::int64_t b, std::int64_t S);
+  // One sequence's dq, dk, dv written (before RoPE's backward); bf16 via dq32 / dkv32.
+  template <class A>
+  void attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
+                       float* dq32, float* dkv32);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
   Device& dev_;

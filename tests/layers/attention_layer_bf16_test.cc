@@ -1,0 +1,297 @@
+// The attention sublayer in bf16 (layers/attention_layer.h, "Mixed precision") against
+// the f32 layer on the same values: parameters, x and dy are drawn, rounded to bf16, and
+// the f32 layer runs on their widened copies, so the two see exactly the same inputs and
+// differ only by bf16's roundings inside the layer. Each stored activation (h, q, k, v,
+// o, d_o, dq, dk, dv, dh, y, dx) rounds by up to 2^-9 relative and a path chains about
+// five of them, and attention's P / dS tiles round once more (the kernel's bf16 test
+// measured 7.8e-3 worst), so y and dx stay within 1e-2 of max|ref| (norm-wise) and every
+// fp32 parameter gradient (an fp32 sum of products of rounded factors) keeps cosine
+// >= 0.999 and its norm within 1% (with one token the exact d wq, d wk are 0: checked to
+// stay noise). Shapes: qk_norm on and off, GQA (6 query heads on
+// one KV head), H != Hq D, odd T (37), a single row, B > 1 sequences per call, and
+// sequences longer than the bf16 query chunk (kAttentionChunkRows) and nn/linear's row
+// tile. Also: the Arena's measured peaks equal attention_layer_footprint in bf16, the
+// bf16-only specs are 0 bytes under f32, gradients are added into, and a layer refuses
+// tensors of the other precision.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/layers/attention_layer.h"
+
+namespace peakbound {
+namespace {
+
+struct Case {
+  std::int64_t T, S, H, Hq, Hkv, D;  // S: seq_len (0: the call is one sequence)
+  bool qk_norm;
+  std::string str() const {
+    return "T=" + std::to_string(T) + " S=" + std::to_string(S) + " H=" + std::to_string(H) +
+           " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+           " qk_norm=" + std::to_string(qk_norm);
+  }
+};
+
+AttentionLayerConfig config_of(const Case& c, Precision p) {
+  AttentionLayerConfig cfg;
+  cfg.hidden = c.H;
+  cfg.q_heads = c.Hq;
+  cfg.kv_heads = c.Hkv;
+  cfg.head_dim = c.D;
+  cfg.qk_norm = c.qk_norm;
+  cfg.seq_len = c.S;
+  cfg.precision = p;
+  return cfg;
+}
+
+using Vec = std::vector<float>;
+
+// n values of N(mean, sd), rounded to bf16 and widened: both layers see exactly these.
+Vec draw(std::int64_t n, std::mt19937& rng, double mean, double sd) {
+  std::normal_distribution<double> d(mean, sd);
+  Vec v(static_cast<std::size_t>(n));
+  for (float& x : v) x = to_f32(to_bf16(static_cast<float>(d(rng))));
+  return v;
+}
+
+// The parameters in AttentionLayer::parameters() order (q_norm, k_norm with qk_norm).
+struct Inputs {
+  std::vector<Vec> params;
+  Vec x, dy;
+};
+
+std::vector<Shape> param_shapes(const Case& c) {
+  const std::int64_t Q = c.Hq * c.D, K = c.Hkv * c.D;
+  std::vector<Shape> s = {Shape{c.H}, Shape{Q, c.H}, Shape{K, c.H}, Shape{K, c.H}, Shape{c.H, Q}};
+  if (c.qk_norm) s.insert(s.end(), {Shape{c.D}, Shape{c.D}});
+  return s;
+}
+
+Inputs draw_inputs(const Case& c, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  Inputs in;
+  for (const Shape& s : param_shapes(c)) {
+    // Norm weights around 1; projections at nn.Linear's scale 1 / sqrt(fan_in).
+    const bool norm = s.ndim() == 1;
+    in.params.push_back(draw(s.numel(), rng, norm ? 1.0 : 0.0, norm ? 0.1 : 1.0 / std::sqrt(double(s[1]))));
+  }
+  in.x = draw(c.T * c.H, rng, 0.0, 1.0);
+  in.dy = draw(c.T * c.H, rng, 0.0, 1.0);
+  return in;
+}
+
+// A buffer of `v` in dtype t (bf16: narrowed, exact for the drawn values).
+Buffer upload(Device& dev, Component comp, const Vec& v, DType t) {
+  Buffer b = dev.allocate(comp, std::max<std::uint64_t>(v.size() * dtype_size(t), 4));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::bf16)
+      b.as<bf16>()[i] = to_bf16(v[i]);
+    else
+      b.as<float>()[i] = v[i];
+  }
+  return b;
+}
+
+Vec download(const Buffer& b, std::size_t n, DType t) {
+  Vec v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = t == DType::bf16 ? to_f32(b.as<bf16>()[i]) : b.as<float>()[i];
+  return v;
+}
+
+struct Result {
+  Vec y, dx;
+  std::vector<Vec> grads;  // fp32, parameters() order
+};
+
+// One forward and `backwards` backward calls of the layer in precision p; checks the
+// Arena's attention peak of each phase against the footprint and that nothing stays live.
+Result run(const Case& c, Precision p, const Inputs& in, int backwards = 1) {
+  const DType a = activation_dtype(p), w = param_dtype(p);
+  CpuDevice dev(256ull << 20);
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+  std::vector<Tensor*> ps = {&pt.w_in, &pt.wq, &pt.wk, &pt.wv, &pt.wo, &pt.q_norm, &pt.k_norm};
+  std::vector<Tensor*> gs = {&gt.w_in, &gt.wq, &gt.wk, &gt.wv, &gt.wo, &gt.q_norm, &gt.k_norm};
+  const std::vector<Shape> shapes = param_shapes(c);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    pb.push_back(upload(dev, Component::params, in.params[i], w));
+    gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
+    *ps[i] = pb.back().tensor(shapes[i], w);
+    *gs[i] = gb.back().tensor(shapes[i], DType::f32);
+  }
+  const AttentionLayerConfig cfg = config_of(c, p);
+  AttentionLayer layer(dev, cfg, pt, gt);
+  const Footprint f = attention_layer_footprint(c.T, cfg);
+  const Shape s{c.T, c.H};
+  Buffer x = upload(dev, Component::workspace, in.x, a), dy = upload(dev, Component::workspace, in.dy, a);
+  Buffer y = upload(dev, Component::workspace, in.x, a), dx = upload(dev, Component::workspace, in.x, a);
+  auto check = [&](const char* phase) {
+    EXPECT_EQ(dev.arena().peak(Component::attention), f.phase(phase).device[static_cast<std::size_t>(Component::attention)])
+        << phase;
+    EXPECT_EQ(dev.arena().live(Component::attention), 0u) << phase;
+  };
+  dev.arena().reset_peaks();
+  layer.forward(x.tensor(s, a), y.tensor(s, a));
+  check("forward");
+  for (int i = 0; i < backwards; ++i) {
+    dev.arena().reset_peaks();
+    layer.backward(x.tensor(s, a), dy.tensor(s, a), dx.tensor(s, a));
+    check("backward");
+  }
+  dev.synchronize();
+  Result r;
+  const auto n = static_cast<std::size_t>(c.T * c.H);
+  r.y = download(y, n, a);
+  r.dx = download(dx, n, a);
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
+  return r;
+}
+
+// max|got - ref| / max|ref|
+double max_relative(const Vec& got, const Vec& ref) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, std::abs(double(got[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+double cosine(const Vec& a, const Vec& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
+double norm_ratio(const Vec& a, const Vec& b) {
+  double aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return std::sqrt(aa / bb);
+}
+
+const char* const kNames[] = {"w_in", "wq", "wk", "wv", "wo", "q_norm", "k_norm"};
+
+TEST(AttentionLayerBf16, MatchesTheF32LayerOnWidenedInputs) {
+  double worst_y = 0, worst_dx = 0, worst_cos = 1, worst_norm = 0;
+  const std::vector<Case> cases = {
+      {37, 0, 40, 4, 2, 16, false},   // odd T, GQA 2:1, H != Hq D
+      {37, 0, 40, 4, 2, 16, true},    // the same with qk_norm
+      {37, 0, 24, 6, 1, 8, true},     // GQA 6:1
+      {1, 0, 20, 2, 2, 8, false},     // a single row
+      {111, 37, 40, 4, 2, 16, true},  // B = 3 sequences of 37
+      {600, 300, 48, 4, 2, 16, true},  // B = 2 of 300: query chunks 256 + 44, linear tiles 256, 256, 88
+      {300, 0, 32, 2, 2, 16, false},  // one sequence over two chunks, MHA
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.str());
+    const Inputs in = draw_inputs(c, static_cast<std::uint32_t>(7 * c.T + c.H + (c.qk_norm ? 1 : 0)));
+    const Result ref = run(c, Precision::f32, in), got = run(c, Precision::bf16, in);
+    const double ey = max_relative(got.y, ref.y), edx = max_relative(got.dx, ref.dx);
+    EXPECT_LE(ey, 1e-2) << "y";
+    EXPECT_LE(edx, 1e-2) << "dx";
+    worst_y = std::max(worst_y, ey);
+    worst_dx = std::max(worst_dx, edx);
+    for (std::size_t i = 0; i < ref.grads.size(); ++i) {
+      if (c.T == 1 && (i == 1 || i == 2 || i >= 5)) {
+        // One token attends to itself alone: o = v whatever q and k are, so the exact
+        // gradients of wq, wk (and the q/k norms) are 0 and both layers hold rounding
+        // noise, whose direction means nothing. It must stay noise next to d wv.
+        const auto amax = [](const Vec& v) {
+          double m = 0;
+          for (float e : v) m = std::max(m, double(std::abs(e)));
+          return m;
+        };
+        EXPECT_LE(amax(got.grads[i]), 1e-3 * amax(ref.grads[3])) << "d " << kNames[i] << " (exactly 0)";
+        continue;
+      }
+      const double cs = cosine(got.grads[i], ref.grads[i]), nr = std::abs(norm_ratio(got.grads[i], ref.grads[i]) - 1);
+      EXPECT_GE(cs, 0.999) << "d " << kNames[i];
+      EXPECT_LE(nr, 1e-2) << "d " << kNames[i] << " norm";
+      worst_cos = std::min(worst_cos, cs);
+      worst_norm = std::max(worst_norm, nr);
+    }
+  }
+  std::printf("bf16 vs f32 attention layer: worst y %.3g, dx %.3g (of max|ref|); worst dW cosine %.6f, |norm ratio - 1| "
+              "%.3g\n",
+              worst_y, worst_dx, worst_cos, worst_norm);
+}
+
+TEST(AttentionLayerBf16, BackwardAddsIntoGradientsAndRewritesDx) {
+  const Case c{37, 0, 40, 4, 2, 16, true};
+  const Inputs in = draw_inputs(c, 11);
+  const Result once = run(c, Precision::bf16, in, 1), twice = run(c, Precision::bf16, in, 2);
+  EXPECT_EQ(once.dx, twice.dx);  // written, bitwise the same
+  for (std::size_t i = 0; i < once.grads.size(); ++i)
+    for (std::size_t j = 0; j < once.grads[i].size(); ++j)
+      ASSERT_NEAR(twice.grads[i][j], 2 * once.grads[i][j], 1e-5 * (1 + std::abs(2 * once.grads[i][j]))) << kNames[i];
+}
+
+TEST(AttentionLayerBf16, FootprintsAreTheF32OnesPlusTheBf16Temporaries) {
+  for (const Case& c : {Case{37, 0, 40, 4, 2, 16, true}, Case{600, 300, 48, 4, 2, 16, false}, Case{0, 0, 16, 2, 2, 8,
+                                                                                                    true}}) {
+    SCOPED_TRACE(c.str());
+    const AttentionLayerConfig f32 = config_of(c, Precision::f32), b16 = config_of(c, Precision::bf16);
+    const AttentionLayerBuffers a = attention_layer_buffers(c.T, f32), b = attention_layer_buffers(c.T, b16);
+    // f32: the bf16-only specs hold nothing, and the elem_bytes form is the same.
+    for (const BufferSpec& s : {a.tile, a.o32, a.dq32, a.dkv32}) EXPECT_EQ(s.bytes, 0u);
+    EXPECT_EQ(attention_layer_buffers(c.T, f32, 4).h.bytes, a.h.bytes);
+    for (const char* ph : {"forward", "backward"})
+      EXPECT_EQ(attention_layer_footprint(c.T, f32).phase(ph).device_total(),
+                attention_layer_footprint(c.T, f32, 4).phase(ph).device_total());
+    // bf16: activations at half the bytes; statistics fp32 as in f32.
+    EXPECT_EQ(2 * b.h.bytes, a.h.bytes);
+    EXPECT_EQ(2 * b.dk.bytes, a.dk.bytes);
+    EXPECT_EQ(b.lse.bytes, a.lse.bytes);
+    EXPECT_EQ(b.rstd.bytes, a.rstd.bytes);
+    if (c.T == 0) {
+      for (const BufferSpec& s : {b.tile, b.o32, b.dq32, b.dkv32}) EXPECT_EQ(s.bytes, 0u);
+      continue;
+    }
+    const std::int64_t S = c.S > 0 ? c.S : c.T, R = std::min(S, kAttentionChunkRows), Q = c.Hq * c.D;
+    EXPECT_GE(b.o32.bytes, static_cast<std::uint64_t>(R * Q) * 4);  // o32: one query chunk, not the sequence
+    EXPECT_LT(b.o32.bytes, static_cast<std::uint64_t>(R * Q) * 4 + 256);
+    EXPECT_GE(b.dkv32.bytes, static_cast<std::uint64_t>(S * 2 * c.Hkv * c.D) * 4);
+    // Measured == footprint in both precisions is run() for every case above.
+    const Inputs in = draw_inputs(c, 5);
+    run(c, Precision::bf16, in);
+  }
+}
+
+TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
+  const Case c{3, 0, 16, 2, 2, 8, false};
+  CpuDevice dev(16 << 20);
+  const std::vector<Shape> shapes = param_shapes(c);
+  std::vector<Buffer> bufs;
+  AttentionLayerTensors p16, p32, g32;
+  std::vector<Tensor*> a = {&p16.w_in, &p16.wq, &p16.wk, &p16.wv, &p16.wo};
+  std::vector<Tensor*> b = {&p32.w_in, &p32.wq, &p32.wk, &p32.wv, &p32.wo};
+  std::vector<Tensor*> g = {&g32.w_in, &g32.wq, &g32.wk, &g32.wv, &g32.wo};
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    bufs.push_back(dev.allocate(Component::params, static_cast<std::uint64_t>(shapes[i].numel()) * 4));
+    *a[i] = bufs.back().tensor(shapes[i], DType::bf16);
+    *b[i] = *g[i] = bufs.back().tensor(shapes[i], DType::f32);
+  }
+  EXPECT_THROW(AttentionLayer(dev, config_of(c, Precision::bf16), p32, g32), InvalidArgument);  // f32 params
+  EXPECT_THROW(AttentionLayer(dev, config_of(c, Precision::bf16), p16, p16), InvalidArgument);  // bf16 grads
+  EXPECT_THROW(AttentionLayer(dev, config_of(c, Precision::f32), p16, g32), InvalidArgument);
+  AttentionLayer layer(dev, config_of(c, Precision::bf16), p16, g32);
+  Buffer x = dev.allocate(Component::workspace, 3 * 16 * 4), y = dev.allocate(Component::workspace, 3 * 16 * 4);
+  EXPECT_ANY_THROW(layer.forward(x.tensor(Shape{3, 16}, DType::f32), y.tensor(Shape{3, 16}, DType::f32)));
+}
+
+}  // namespace
+}  // namespace peakbound
