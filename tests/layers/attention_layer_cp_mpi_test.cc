@@ -1,0 +1,213 @@
+// The attention sublayer under context parallelism (cp = every group size dividing the
+// world, groups of consecutive ranks) against the same layer at cp = 1 on the whole
+// sequences, in both precisions: each rank runs its zigzag shard of each of B sequences
+// (ring attention inside), and its y and dx rows must be the cp = 1 layer's at the
+// shard's positions, its parameter gradients summed over the group the cp = 1 layer's.
+// f32: within 1e-5 of max|ref| (only fp32 summation order differs). bf16: y, dx within
+// 1e-2 of max|ref| over the group, every gradient cosine >= 0.999 and norm within 1%: the
+// ring folds key blocks in another order than the single-rank kernel, so each P / dS
+// tile rounds to bf16 at another running max (up to 2^-9 relative each) and the ring's
+// fp32 out / dq / dk / dv narrow once at values that differ in the last fp32 bits, after
+// which the usual chain of bf16 roundings follows. The Arena's attention peak of each
+// call equals attention_layer_footprint (which merges the ring's) in both precisions.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/layers/attention_layer.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/verify/relative_error.h"
+#include "tests/comm/world.h"
+
+namespace peakbound {
+namespace {
+
+using testing::world;
+using Vec = std::vector<float>;
+
+struct Case {
+  std::int64_t B, S, H, Hq, Hkv, D;
+  bool qk_norm;
+};
+
+std::vector<Shape> param_shapes(const Case& c) {
+  const std::int64_t Q = c.Hq * c.D, K = c.Hkv * c.D;
+  std::vector<Shape> s = {Shape{c.H}, Shape{Q, c.H}, Shape{K, c.H}, Shape{K, c.H}, Shape{c.H, Q}};
+  if (c.qk_norm) s.insert(s.end(), {Shape{c.D}, Shape{c.D}});
+  return s;
+}
+
+// Values rounded to bf16 and widened, so both precisions see the same inputs.
+Vec draw(std::int64_t n, std::mt19937& rng, double mean, double sd) {
+  std::normal_distribution<double> d(mean, sd);
+  Vec v(static_cast<std::size_t>(n));
+  for (float& x : v) x = to_f32(to_bf16(static_cast<float>(d(rng))));
+  return v;
+}
+
+Buffer upload(Device& dev, Component comp, const Vec& v, DType t) {
+  Buffer b = dev.allocate(comp, std::max<std::uint64_t>(v.size() * dtype_size(t), 4));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::bf16)
+      b.as<bf16>()[i] = to_bf16(v[i]);
+    else
+      b.as<float>()[i] = v[i];
+  }
+  return b;
+}
+
+Vec download(const Buffer& b, std::size_t n, DType t) {
+  Vec v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = t == DType::bf16 ? to_f32(b.as<bf16>()[i]) : b.as<float>()[i];
+  return v;
+}
+
+struct Result {
+  Vec y, dx;
+  std::vector<Vec> grads;
+};
+
+// One forward and one backward of this rank's rows `x`, `dy` (B sequences of its shard)
+// on group g (null: cp = 1); checks the measured peaks against the footprint.
+Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy) {
+  const DType a = activation_dtype(p), w = param_dtype(p);
+  CpuDevice dev(256ull << 20);
+  AttentionLayerConfig cfg;
+  cfg.hidden = c.H;
+  cfg.q_heads = c.Hq;
+  cfg.kv_heads = c.Hkv;
+  cfg.head_dim = c.D;
+  cfg.qk_norm = c.qk_norm;
+  cfg.seq_len = c.S;
+  cfg.precision = p;
+  cfg.cp = g ? g->size() : 1;
+  cfg.cp_rank = g ? g->rank() : 0;
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+  Tensor* ps[] = {&pt.w_in, &pt.wq, &pt.wk, &pt.wv, &pt.wo, &pt.q_norm, &pt.k_norm};
+  Tensor* gs[] = {&gt.w_in, &gt.wq, &gt.wk, &gt.wv, &gt.wo, &gt.q_norm, &gt.k_norm};
+  const std::vector<Shape> shapes = param_shapes(c);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    pb.push_back(upload(dev, Component::params, params[i], w));
+    gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
+    *ps[i] = pb.back().tensor(shapes[i], w);
+    *gs[i] = gb.back().tensor(shapes[i], DType::f32);
+  }
+  AttentionLayer layer(dev, cfg, pt, gt);
+  if (g) layer.set_cp_group(g);
+  const std::int64_t T = static_cast<std::int64_t>(x.size()) / c.H;
+  const Footprint f = attention_layer_footprint(T, cfg);
+  const Shape s{T, c.H};
+  Buffer xb = upload(dev, Component::workspace, x, a), dyb = upload(dev, Component::workspace, dy, a);
+  Buffer yb = upload(dev, Component::workspace, x, a), dxb = upload(dev, Component::workspace, x, a);
+  auto check = [&](const char* phase) {
+    EXPECT_EQ(dev.arena().peak(Component::attention), f.phase(phase).device[static_cast<std::size_t>(Component::attention)])
+        << phase;
+    EXPECT_EQ(dev.arena().live(Component::attention), 0u) << phase;
+  };
+  dev.arena().reset_peaks();
+  layer.forward(xb.tensor(s, a), yb.tensor(s, a));
+  check("forward");
+  dev.arena().reset_peaks();
+  layer.backward(xb.tensor(s, a), dyb.tensor(s, a), dxb.tensor(s, a));
+  check("backward");
+  dev.synchronize();
+  Result r{download(yb, x.size(), a), download(dxb, x.size(), a), {}};
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
+  return r;
+}
+
+// The rows of B sequences of S tokens [B S, H] at this rank's zigzag positions.
+Vec shard_rows(const Vec& v, const Case& c, const CpShard& sh) {
+  Vec out;
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t t = 0; t < sh.tokens(); ++t) {
+      const auto at = v.begin() + (b * c.S + sh.position(t)) * c.H;
+      out.insert(out.end(), at, at + c.H);
+    }
+  return out;
+}
+
+double cosine(const Vec& a, const Vec& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  return ab / std::sqrt(aa * bb);
+}
+
+double norm_ratio(const Vec& a, const Vec& b) {
+  double aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  return std::sqrt(aa / bb);
+}
+
+double max_relative(const Vec& got, const Vec& ref) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    err = std::max(err, std::abs(double(got[i]) - ref[i])), scale = std::max(scale, std::abs(double(ref[i])));
+  return err / scale;
+}
+
+void run_group(Communicator& g, Precision p) {
+  const int cp = g.size();
+  const bool bf = p == Precision::bf16;
+  double worst = 0, worst_cos = 1;
+  for (const Case& c : {Case{2, 37, 40, 4, 2, 16, true}, Case{1, 2 * cp + 1, 24, 6, 1, 8, false},
+                        Case{1, 601, 32, 4, 2, 16, true}}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp) + " " + std::string(precision_name(p)) + " B=" + std::to_string(c.B) +
+                 " S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv));
+    std::mt19937 rng(static_cast<std::uint32_t>(c.S * 5 + c.H));
+    std::vector<Vec> params;
+    for (const Shape& s : param_shapes(c)) {
+      const bool norm = s.ndim() == 1;
+      params.push_back(draw(s.numel(), rng, norm ? 1.0 : 0.0, norm ? 0.1 : 1.0 / std::sqrt(double(s[1]))));
+    }
+    const Vec x = draw(c.B * c.S * c.H, rng, 0.0, 1.0), dy = draw(c.B * c.S * c.H, rng, 0.0, 1.0);
+    const Result ref = run(c, p, nullptr, params, x, dy);
+    const CpShard sh = zigzag_shard(c.S, cp, g.rank());
+    Result got = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh));
+    const Vec ref_y = shard_rows(ref.y, c, sh), ref_dx = shard_rows(ref.dx, c, sh);
+    const auto n = static_cast<std::int64_t>(ref_y.size());
+    for (auto [gv, rv, name] : {std::tuple{&got.y, &ref_y, "y"}, std::tuple{&got.dx, &ref_dx, "dx"}}) {
+      const double e = verify::group_relative_error(g, gv->data(), rv->data(), n);
+      EXPECT_LE(e, bf ? 1e-2 : 1e-5) << name;
+      worst = std::max(worst, e);
+    }
+    for (std::size_t i = 0; i < got.grads.size(); ++i) {
+      Vec& gr = got.grads[i];
+      g.all_reduce(gr.data(), gr.size(), DType::f32, ReduceOp::sum);
+      if (bf) {
+        const double cs = cosine(gr, ref.grads[i]);
+        EXPECT_GE(cs, 0.999) << "gradient " << i;
+        EXPECT_LE(std::abs(norm_ratio(gr, ref.grads[i]) - 1), 1e-2) << "gradient " << i;
+        worst_cos = std::min(worst_cos, cs);
+      } else {
+        EXPECT_LE(max_relative(gr, ref.grads[i]), 1e-5) << "gradient " << i;
+      }
+    }
+  }
+  if (world().rank() == 0)
+    std::printf("attention layer cp=%d %s vs cp=1: worst y/dx %.3g of max|ref|, worst summed dW cosine %.6f\n", cp,
+                std::string(precision_name(p)).c_str(), worst, worst_cos);
+}
+
+TEST(AttentionLayerCp, MatchesTheSingleRankLayerInBothPrecisions) {
+  Communicator& w = world();
+  for (int cp = 1; cp <= w.size(); ++cp) {
+    if (w.size() % cp != 0) continue;
+    std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
+    ASSERT_EQ(g->size(), cp);
+    if (cp == 1) continue;  // the cp = 1 layer is the reference
+    for (Precision p : {Precision::f32, Precision::bf16}) run_group(*g, p);
+  }
+}
+
+}  // namespace
+}  // namespace peakbound
