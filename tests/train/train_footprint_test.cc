@@ -5,6 +5,11 @@
 #include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/train_footprint.h"
 
+#include <array>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
 #include "tests/train/train_footprint_check.h"
@@ -74,6 +79,156 @@ TEST(TrainFootprint, PhasesAndEstimate) {
   const Footprint z = train_footprint(none);
   EXPECT_EQ(z.device_peak(Component::checkpoints), 0u);
   EXPECT_EQ(z.device_peak(Component::layer), 0u);
+}
+
+// ---- f32 pinned: the totals train_footprint gave before the bf16 form (read from the
+// code at 22de779), so the precision refactor provably leaves every f32 phase and
+// component byte-identical. Configurations: the tiny model at one rank (none, all,
+// SCO with four of six boundaries offloaded, the held-out loss), and rank 1 of 2 and
+// rank 3 of 4 (cp 2 on a length its chunks split unevenly; ranks without tokens; the
+// dispatch estimate at skew 2).
+struct PinConfig {
+  const char* name;
+  TrainFootprintInputs in;
+};
+std::vector<PinConfig> pin_configs(Precision p) {
+  auto make = [p](const Variant& v, std::int64_t layers, int world, int rank, int cp, std::int64_t seq_len) {
+    TrainFootprintInputs in;
+    in.model = tiny_model(layers);
+    in.world = world;
+    in.rank = rank;
+    in.layout.cp = cp;
+    in.layout.ep = world;
+    in.layout.vocab = world;
+    in.sequences = 2;
+    in.seq_len = seq_len;
+    in.schedules.dispatch = v.dispatch;
+    in.schedules.ring_dtp = v.ring_dtp;
+    in.schedules.checkpoint.schedule = v.checkpoint;
+    in.schedules.precision = p;
+    in.optimizer = v.optimizer;
+    return in;
+  };
+  std::vector<PinConfig> out;
+  out.push_back({"none", make(kNone, 3, 1, 0, 1, 24)});
+  out.push_back({"all", make(kAll, 3, 1, 0, 1, 24)});
+  out.push_back({"all sco offloaded, eval", make(kAll, 6, 1, 0, 1, 24)});
+  out.back().in.schedules.checkpoint.resident_layers = 1;
+  out.back().in.evaluates = true;
+  out.push_back({"none cp 2 rank 1 of 2", make(kNone, 3, 2, 1, 2, 27)});
+  out.push_back({"all cp 2 rank 1 of 2, eval", make(kAll, 3, 2, 1, 2, 27)});
+  out.back().in.evaluates = true;
+  out.push_back({"all rank 3 of 4, uneven, skew 2", make(kAll, 3, 4, 3, 1, 24)});
+  out.back().in.rank_sequences = {2, 0, 2, 1};
+  out.back().in.skew = 2.0;
+  out.push_back({"none rank 2 of 4, no tokens", make(kNone, 3, 4, 2, 1, 24)});
+  out.back().in.rank_sequences = {2, 1, 0, 2};
+  return out;
+}
+
+// FNV-1a over every phase's name and per-component device and host bytes, in order.
+std::uint64_t digest(const Footprint& f) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  auto byte = [&h](unsigned char b) { h = (h ^ b) * 0x100000001b3ull; };
+  auto word = [&byte](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(v >> (8 * i)));
+  };
+  for (const Footprint::Phase& p : f.phases()) {
+    for (char ch : p.name) byte(static_cast<unsigned char>(ch));
+    for (std::size_t c = 0; c < kNumComponents; ++c) {
+      word(p.device[c]);
+      word(p.host[c]);
+    }
+  }
+  return h;
+}
+
+struct Pinned {
+  std::uint64_t digest;
+  std::array<std::uint64_t, kNumComponents> device_peak;
+  std::uint64_t host_peak;
+  std::vector<std::pair<std::string, std::uint64_t>> phase_device;  // every phase's device total
+};
+
+void print_pinned(const char* name, const Footprint& f) {
+  std::printf("    // %s\n    {0x%016llxull,\n     {", name, static_cast<unsigned long long>(digest(f)));
+  for (Component c : kAllComponents) std::printf("%llu, ", static_cast<unsigned long long>(f.device_peak(c)));
+  std::printf("},\n     %llu,\n     {", static_cast<unsigned long long>(f.host_peak_total()));
+  for (const Footprint::Phase& p : f.phases())
+    std::printf("{\"%s\", %llu}, ", p.name.c_str(), static_cast<unsigned long long>(p.device_total()));
+  std::printf("}},\n");
+}
+
+TEST(TrainFootprint, F32TotalsPinned) {
+  const std::vector<PinConfig> configs = pin_configs(Precision::f32);
+  // {digest, device peak per component (kAllComponents order), host peak, each phase's device total}
+  const std::vector<Pinned> pinned = {
+      // none
+      {0x9fe421480d4e691aull, {1282048, 1282048, 1679616, 18432, 191232, 70400, 78336, 123136, 61952, 1536}, 559872,
+       {{"optimizer load", 4229888}, {"embedding forward", 4274944}, {"forward attention", 4310784},
+        {"forward dense mlp", 4316672}, {"forward mlp", 4427776}, {"loss forward", 4332544},
+        {"loss backward", 4344320}, {"final norm backward", 4274176}, {"backward mlp", 4492544},
+        {"backward dense mlp", 4359680}, {"backward attention recompute", 4329216}, {"backward attention", 4364032},
+        {"embedding backward", 4281088}, {"optimizer", 4229888}}},
+      // all
+      {0xe87bfa156020bc91ull, {1282048, 1282048, 0, 18432, 191232, 57600, 78336, 123136, 61952, 1536}, 4500736,
+       {{"optimizer load", 2550272}, {"embedding forward", 2613760}, {"forward attention", 2631168},
+        {"forward dense mlp", 2643200}, {"forward mlp", 2748160}, {"loss forward", 2651904},
+        {"loss backward", 2651904}, {"final norm backward", 2594560}, {"backward mlp", 2812928},
+        {"backward dense mlp", 2692352}, {"backward attention recompute", 2649600}, {"backward attention", 2684416},
+        {"embedding backward", 2619904}, {"optimizer", 2568704}}},
+      // all sco offloaded, eval
+      {0xb08dcf2d557c88d4ull, {2544640, 2544640, 0, 24576, 191232, 58624, 78336, 123136, 61952, 1536}, 9551104,
+       {{"optimizer load", 5075456}, {"embedding forward", 5138944}, {"forward attention", 5162496},
+        {"forward dense mlp", 5168384}, {"forward mlp", 5279488}, {"loss forward", 5183232},
+        {"loss backward", 5183232}, {"loss eval", 5165568}, {"final norm backward", 5125888},
+        {"backward mlp", 5344256}, {"backward dense mlp", 5217536}, {"backward attention recompute", 5180928},
+        {"backward attention", 5215744}, {"embedding backward", 5145088}, {"optimizer", 5093888}}},
+      // none cp 2 rank 1 of 2
+      {0xfa7f65e99c69f4d7ull, {722432, 722432, 840192, 10752, 111360, 46848, 68352, 71936, 30976, 1536}, 280064,
+       {{"optimizer load", 2240256}, {"embedding forward", 2282752}, {"forward attention", 2298368},
+        {"forward dense mlp", 2291200}, {"forward mlp", 2355968}, {"loss forward", 2303488},
+        {"loss backward", 2313472}, {"final norm backward", 2267136}, {"backward mlp", 2393600},
+        {"backward dense mlp", 2316288}, {"backward attention recompute", 2309120}, {"backward attention", 2341376},
+        {"embedding backward", 2286336}, {"optimizer", 2240256}}},
+      // all cp 2 rank 1 of 2, eval
+      {0x49509c352ad296b8ull, {722432, 722432, 0, 10752, 111360, 36096, 68352, 71936, 30976, 1536}, 2262272,
+       {{"optimizer load", 1400064}, {"embedding forward", 1453312}, {"forward attention", 1458176},
+        {"forward dense mlp", 1454592}, {"forward mlp", 1515776}, {"loss forward", 1449216},
+        {"loss backward", 1462528}, {"loss eval", 1445120}, {"final norm backward", 1426944},
+        {"backward mlp", 1553408}, {"backward dense mlp", 1483264}, {"backward attention recompute", 1468928},
+        {"backward attention", 1501184}, {"embedding backward", 1456896}, {"optimizer", 1410816}}},
+      // all rank 3 of 4, uneven, skew 2
+      {0xf16a31f5866545abull, {445440, 445440, 0, 9216, 684288, 46592, 56576, 61696, 15616, 1536}, 1148160,
+       {{"optimizer load", 829696}, {"embedding forward", 881408}, {"forward attention", 879616},
+        {"forward dense mlp", 876544}, {"forward mlp", 1234688}, {"loss forward", 879872}, {"loss backward", 899584},
+        {"final norm backward", 854016}, {"backward mlp", 1550080}, {"backward dense mlp", 901120},
+        {"backward attention recompute", 888832}, {"backward attention", 914432}, {"embedding backward", 884480},
+        {"optimizer", 838912}}},
+      // none rank 2 of 4, no tokens
+      {0xfb4c7998da6d943full, {445440, 445440, 422400, 0, 191232, 67840, 0, 0, 15616, 1024}, 140800,
+       {{"optimizer load", 1252096}, {"embedding forward", 1291008}, {"forward attention", 1252096},
+        {"forward dense mlp", 1252096}, {"forward mlp", 1403648}, {"loss forward", 1306624},
+        {"loss backward", 1320960}, {"final norm backward", 1254144}, {"backward mlp", 1443328},
+        {"backward dense mlp", 1252096}, {"backward attention recompute", 1252096}, {"backward attention", 1252096},
+        {"embedding backward", 1291008}, {"optimizer", 1252096}}},
+  };
+  ASSERT_EQ(pinned.size(), configs.size());
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    SCOPED_TRACE(configs[i].name);
+    const Footprint f = train_footprint(configs[i].in);
+    const Pinned& want = pinned[i];
+    for (Component c : kAllComponents)
+      EXPECT_EQ(f.device_peak(c), want.device_peak[static_cast<std::size_t>(c)]) << component_name(c);
+    EXPECT_EQ(f.host_peak_total(), want.host_peak);
+    ASSERT_EQ(f.phases().size(), want.phase_device.size());
+    for (std::size_t k = 0; k < want.phase_device.size(); ++k) {
+      EXPECT_EQ(f.phases()[k].name, want.phase_device[k].first);
+      EXPECT_EQ(f.phases()[k].device_total(), want.phase_device[k].second) << want.phase_device[k].first;
+    }
+    EXPECT_EQ(digest(f), want.digest) << "a phase's per-component device or host bytes changed";
+    if (::testing::Test::HasFailure()) print_pinned(configs[i].name, f);
+  }
 }
 
 TEST(TrainFootprint, RejectsBadInputs) {
