@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -264,6 +265,44 @@ inline Params random_params(const MoeLayerConfig& c, std::mt19937& rng, int hot_
       P.w_gate[hot_expert * H + a] = static_cast<float>(kHotGap / H + P.w_gate[hot_expert * H + a]);
   }
   return P;
+}
+
+// For the bf16 tests: every value rounded to bf16 and widened back, so a bf16 layer and
+// an f32 layer given these see exactly the same inputs.
+inline void round_to_bf16(Vec& v) {
+  for (double& x : v) x = to_f32(to_bf16(static_cast<float>(x)));
+}
+inline void round_to_bf16(Params& P) {
+  for (Vec* v : {&P.w_post, &P.w_gate, &P.experts, &P.shared_gate, &P.shared_up, &P.shared_down,
+                 &P.shared_expert_gate, &P.dense_gate, &P.dense_up, &P.dense_down})
+    round_to_bf16(*v);
+}
+
+// The smallest router margin over the tokens of f: min_t log(p_(K) / p_(K+1)), the logit
+// gap between the last chosen expert and the first left out (infinity when K = E). A
+// bf16 router's logits differ from an f32 router's by about 1e-3 (h rounds by 2^-9), so a
+// margin well above that keeps both choosing the same experts.
+inline double topk_margin(const Forward& f, std::int64_t T, std::int64_t E, std::int64_t K) {
+  double m = INFINITY;
+  if (K >= E) return m;
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::vector<double> p(f.probs.begin() + t * E, f.probs.begin() + (t + 1) * E);
+    std::sort(p.begin(), p.end(), std::greater<>());
+    m = std::min(m, std::log(p[static_cast<std::size_t>(K - 1)] / p[static_cast<std::size_t>(K)]));
+  }
+  return m;
+}
+
+// cos(a, b) of two gradients; 1 when both are exactly zero (an expert no token chose).
+inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  if (aa == 0 && bb == 0) return 1.0;
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
 }
 
 }  // namespace peakbound::moe_ref

@@ -13,6 +13,10 @@ DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidd
   return b;
 }
 
+DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidden, Precision p) {
+  return decoder_layer_buffers(tokens, hidden, dtype_size(activation_dtype(p)));
+}
+
 DecoderLayer::DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, Block& mlp)
     : dev_(dev), hidden_(hidden), attention_(attention), mlp_(mlp) {}
 

@@ -7,13 +7,16 @@
 // recomputes its own internals), then the attention sublayer's backward from x (which
 // recomputes its internals again: one extra attention forward per layer per step, the
 // price of keeping no mid-layer activation; see the note in docs/training.md).
-// mid and its gradient are per-call buffers (component layer, [T, H] each).
+// mid and its gradient are per-call buffers (component layer, [T, H] each), in x's dtype:
+// f32, or bf16 when both sublayers run in bf16 (AttentionLayerConfig::precision,
+// MoeLayerConfig::precision; each sublayer refuses tensors of the other dtype).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/nn/block.h"
 
@@ -25,6 +28,8 @@ struct DecoderLayerBuffers {
   BufferSpec mid, d_mid;
 };
 DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidden, std::uint64_t elem_bytes);
+// The same in activation_dtype(p) (what the layer allocates for x of that dtype).
+DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidden, Precision p);
 
 class DecoderLayer final : public Block {
  public:

@@ -1,10 +1,13 @@
 #include "peakbound/layers/moe_layer.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <string>
+#include <type_traits>
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/nn/linear.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/rmsnorm.h"
@@ -15,8 +18,8 @@ namespace peakbound {
 namespace {
 
 using u64 = std::uint64_t;
-// The runtime is f32; the footprint functions take the activations' element size as a
-// parameter. Statistics (rstd, router probs and weights, the gate logit) are f32 always.
+// Activations are f32 or bf16 (MoeLayerConfig::precision); the elem_bytes footprint forms
+// take their size. Statistics (rstd, router probs and weights, the gate logit) are f32 always.
 const u64 kF32 = dtype_size(DType::f32);
 const Component kC = Component::layer;
 
@@ -32,10 +35,42 @@ MoeRouterShape router_shape(std::int64_t T, const MoeLayerConfig& c) {
 bool has_shared(const MoeLayerConfig& c) { return !c.dense() && c.shared_experts > 0; }
 bool has_gate(const MoeLayerConfig& c) { return has_shared(c) && c.shared_gate; }
 
+// C (fp32) = op(a) op(b) + beta C with a, b of the activation type: ops::gemm (f32) or
+// ops::gemm_bf16 (fp32 accumulation).
+template <class A>
+void gemm_f32c(Device& dev, Stream& st, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const A* a,
+               std::int64_t lda, const A* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if constexpr (std::is_same_v<A, float>)
+    ops::gemm(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  else
+    ops::gemm_bf16(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The SwiGLU FFN in either precision: the f32 forms take no tile.
+void ffn_forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const float* x,
+                 const SwigluFfnWeights& w, float* gate, float* up, float* act, float* out, bool acc, float*) {
+  swiglu_ffn_forward(dev, s, m, H, F, x, w, gate, up, act, out, acc);
+}
+void ffn_forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const bf16* x,
+                 const SwigluFfnWeightsBf16& w, bf16* gate, bf16* up, bf16* act, bf16* out, bool acc, float* tile) {
+  swiglu_ffn_forward(dev, s, m, H, F, x, w, gate, up, act, out, acc, tile);
+}
+void ffn_backward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const float* x,
+                  const SwigluFfnWeights& w, const float* dout, float* gate, float* up, float* act,
+                  const SwigluFfnGrads& dw, float* dx, bool acc, float*) {
+  swiglu_ffn_backward(dev, s, m, H, F, x, w, dout, gate, up, act, dw, dx, acc);
+}
+void ffn_backward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const bf16* x,
+                  const SwigluFfnWeightsBf16& w, const bf16* dout, bf16* gate, bf16* up, bf16* act,
+                  const SwigluFfnGrads& dw, bf16* dx, bool acc, float* tile) {
+  swiglu_ffn_backward(dev, s, m, H, F, x, w, dout, gate, up, act, dw, dx, acc, tile);
+}
+
 }  // namespace
 
+// tile and gate_dz: bf16 only (null under f32).
 struct MoeLayer::Internals {
-  Buffer h, rstd, probs, ids, weights, gate, up, act, shared_out, gate_logit;
+  Buffer h, rstd, probs, ids, weights, gate, up, act, shared_out, gate_logit, tile, gate_dz;
 };
 
 void check_moe_layer_config(const MoeLayerConfig& c) {
@@ -104,9 +139,9 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a
   MoeLayerBuffers b;
   b.h = buffer_spec(kC, mul(t, H), a);
   b.rstd = buffer_spec(kC, t, kF32);
-  if (!c.dense()) b.router = moe_router_buffers(router_shape(T, c), kC);
+  if (!c.dense()) b.router = moe_router_buffers(router_shape(T, c), c.precision, kC);
   else b.router = {buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32),
-                   buffer_spec(kC, 0, kF32)};
+                   buffer_spec(kC, 0, kF32), buffer_spec(kC, 0, kF32)};
   const std::int64_t side = c.side_ffn();
   if (side > 0) b.ffn = swiglu_ffn_buffers(side_ffn_tile_rows(T, c.side_tile), side, a, kC);
   else b.ffn = swiglu_ffn_buffers(0, 1, a, kC);  // no side FFN: empty specs
@@ -114,7 +149,20 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a
   b.shared_out = buffer_spec(kC, mul(g, mul(t, H)), a);
   b.gate_logit = buffer_spec(kC, mul(g, t), kF32);
   b.dh = buffer_spec(kC, mul(t, H), a);
+  // bf16 only: dz apart from the fp32 z, and the fp32 tile of every linear (router and
+  // gate dh contributions [T, H], the side SwiGLU's [R, max(H, side)]).
+  const bool bf = c.precision == Precision::bf16;
+  b.gate_dz = buffer_spec(kC, mul(bf ? g : 0, t), dtype_size(DType::bf16));
+  b.tile = linear_tile_spec(T, std::max(c.hidden, side), c.precision, kC);
   return b;
+}
+
+MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c) {
+  return moe_layer_buffers(T, c, dtype_size(activation_dtype(c.precision)));
+}
+
+Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c) {
+  return moe_layer_footprint(T, c, dtype_size(activation_dtype(c.precision)));
 }
 
 Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c, u64 elem_bytes) {
@@ -125,10 +173,13 @@ Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c, u64 elem_
     for (const BufferSpec& s : {b.h, b.rstd, b.router.probs, b.router.ids, b.router.weights, b.ffn.gate, b.ffn.up,
                                 b.shared_out, b.gate_logit})
       f.device(phase, s);
+    if (bwd || c.side_ffn() > 0) f.device(phase, b.tile);  // 0 bytes under f32
     if (bwd) {
       f.device(phase, b.ffn.act);
       f.device(phase, b.router.d_weights);
       f.device(phase, b.dh);
+      f.device(phase, b.router.d_logits16);  // 0 bytes under f32
+      f.device(phase, b.gate_dz);            // 0 bytes under f32
     }
   }
   return f;
@@ -139,10 +190,13 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
     : dev_(dev), cfg_(config), p_(params), g_(grads), aux_(aux) {
   check_moe_layer_config(cfg_);
   const std::int64_t H = cfg_.hidden;
-  auto expect = [](const Tensor& t, const Shape& s, const char* name, const char* which) {
-    if (t.raw() == nullptr || t.dtype() != DType::f32 || !(t.shape() == s))
-      throw InvalidArgument(std::string("moe layer: ") + which + " " + name + " is " + t.shape().str() +
-                            (t.raw() == nullptr ? " (null)" : "") + ", want " + s.str() + " f32");
+  // Parameters in param_dtype(precision), gradients f32.
+  DType want = DType::f32;
+  auto expect = [&want](const Tensor& t, const Shape& s, const char* name, const char* which) {
+    if (t.raw() == nullptr || t.dtype() != want || !(t.shape() == s))
+      throw InvalidArgument(std::string("moe layer: ") + which + " " + name + " is " + t.shape().str() + " " +
+                            std::string(dtype_name(t.dtype())) + (t.raw() == nullptr ? " (null)" : "") + ", want " +
+                            s.str() + " " + std::string(dtype_name(want)));
   };
   if (!cfg_.dense()) {
     ep_rank_ = ep_group.rank();
@@ -155,6 +209,7 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
   const std::int64_t local = cfg_.dense() ? 0 : cfg_.experts / ep_size_;
   const std::int64_t expert_elems = local * 3 * cfg_.ffn * H, side = cfg_.side_ffn();
   for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
+    want = t == &p_ ? param_dtype(cfg_.precision) : DType::f32;
     expect(t->w_post, Shape{H}, "w_post", which);
     if (cfg_.dense()) {
       expect(t->dense_gate, Shape{side, H}, "dense_gate", which);
@@ -163,10 +218,11 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
       continue;
     }
     expect(t->w_gate, Shape{cfg_.experts, H}, "w_gate", which);
-    if (t->experts.raw() == nullptr || t->experts.dtype() != DType::f32 || t->experts.numel() != expert_elems)
-      throw InvalidArgument(std::string("moe layer: ") + which + " experts is " + t->experts.shape().str() +
-                            ", want " + std::to_string(local) + " local experts x 3FH = " +
-                            std::to_string(expert_elems) + " f32 elements");
+    if (t->experts.raw() == nullptr || t->experts.dtype() != want || t->experts.numel() != expert_elems)
+      throw InvalidArgument(std::string("moe layer: ") + which + " experts is " + t->experts.shape().str() + " " +
+                            std::string(dtype_name(t->experts.dtype())) + ", want " + std::to_string(local) +
+                            " local experts x 3FH = " + std::to_string(expert_elems) + " " +
+                            std::string(dtype_name(want)) + " elements");
     if (side > 0) {
       expect(t->shared_gate, Shape{side, H}, "shared_gate", which);
       expect(t->shared_up, Shape{side, H}, "shared_up", which);
@@ -175,21 +231,24 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
     if (cfg_.shared_gate) expect(t->shared_expert_gate, Shape{1, H}, "shared_expert_gate", which);
   }
   if (!cfg_.dense())
-    dispatch_ = std::make_unique<MoeDispatch>(dev_, ep_group, moe_layer_dispatch_shape(cfg_), cfg_.kind, cfg_.dispatch);
+    dispatch_ = std::make_unique<MoeDispatch>(dev_, ep_group, moe_layer_dispatch_shape(cfg_), cfg_.kind, cfg_.dispatch,
+                                              cfg_.precision);
 }
 
 std::int64_t MoeLayer::check_shape(const Tensor& t, const char* what) const {
-  PB_CHECK_MSG(t.dtype() == DType::f32 && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
-               std::string("moe layer: ") + what + " is " + t.shape().str() + ", want [T, " +
-                   std::to_string(cfg_.hidden) + "] f32");
+  const DType a = activation_dtype(cfg_.precision);
+  PB_CHECK_MSG(t.dtype() == a && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
+               std::string("moe layer: ") + what + " is " + t.shape().str() + " " + std::string(dtype_name(t.dtype())) +
+                   ", want [T, " + std::to_string(cfg_.hidden) + "] " + std::string(dtype_name(a)));
   return t.dim(0);
 }
 
 // Allocates the internals both passes hold and computes the norm, the router (its
 // statistics added only by a forward) and the side SwiGLU's gate/up/act (and, with the
 // shared gate, the shared output and the gate logit).
-void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for_backward) {
-  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_, kF32);
+template <class A>
+void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_backward) {
+  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_);
   in.h = allocate(dev_, b.h);
   in.rstd = allocate(dev_, b.rstd);
   in.probs = allocate(dev_, b.router.probs);
@@ -200,15 +259,16 @@ void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for
   // Forward writes act over gate (swiglu's out may alias its gate): only backward, which
   // reuses the three as its scratch, holds act apart.
   if (for_backward) in.act = allocate(dev_, b.ffn.act);
-  float* act = for_backward ? in.act.as<float>() : in.gate.as<float>();
+  A* act = for_backward ? in.act.as<A>() : in.gate.as<A>();
   in.shared_out = allocate(dev_, b.shared_out);
   in.gate_logit = allocate(dev_, b.gate_logit);
+  if (for_backward || cfg_.side_ffn() > 0) in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
   if (T == 0) return;
 
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden;
-  float* h = in.h.as<float>();
-  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_post.data<float>(), T, H, cfg_.rms_eps);
+  A* h = in.h.as<A>();
+  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_post.data<A>(), T, H, cfg_.rms_eps);
   if (!cfg_.dense()) {
     float* counts = nullptr;
     float* prob_sums = nullptr;
@@ -216,116 +276,155 @@ void MoeLayer::recompute(Internals& in, const float* x, std::int64_t T, bool for
       counts = aux_->counts;
       prob_sums = aux_->prob_sums;
     }
-    moe_router_forward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<float>(), in.probs.as<float>(),
+    moe_router_forward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<A>(), in.probs.as<float>(),
                        in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums);
   }
   if (has_gate(cfg_)) {
-    // z = h W_sg^T [T, 1]; the shared experts' output kept apart for the gate, tile by
-    // tile (a single tile's gate/up/act stay valid for the backward).
-    ops::gemm(dev_, s, false, true, T, 1, H, 1.0f, h, H, p_.shared_expert_gate.data<float>(), H, 0.0f,
+    // z = h W_sg^T [T, 1] (fp32); the shared experts' output kept apart for the gate, tile
+    // by tile (a single tile's gate/up/act stay valid for the backward).
+    gemm_f32c(dev_, s, false, true, T, 1, H, h, H, p_.shared_expert_gate.data<A>(), H, 0.0f,
               in.gate_logit.as<float>(), 1);
     const std::int64_t R = side_ffn_tile_rows(T, cfg_.side_tile);
     for (std::int64_t r0 = 0; r0 < T; r0 += R)
-      swiglu_ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights(),
-                         in.gate.as<float>(), in.up.as<float>(), act, in.shared_out.as<float>() + r0 * H, false);
+      ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights<A>(), in.gate.as<A>(),
+                  in.up.as<A>(), act, in.shared_out.as<A>() + r0 * H, false, in.tile.as<float>());
   }
 }
 
-SwigluFfnWeights MoeLayer::side_weights() const {
+template <class A>
+SwigluFfnWeightsOf<A> MoeLayer::side_weights() const {
   const MoeLayerTensors& w = p_;
-  return cfg_.dense()
-             ? SwigluFfnWeights{w.dense_gate.data<float>(), w.dense_up.data<float>(), w.dense_down.data<float>()}
-             : SwigluFfnWeights{w.shared_gate.data<float>(), w.shared_up.data<float>(), w.shared_down.data<float>()};
+  return cfg_.dense() ? SwigluFfnWeightsOf<A>{w.dense_gate.data<A>(), w.dense_up.data<A>(), w.dense_down.data<A>()}
+                      : SwigluFfnWeightsOf<A>{w.shared_gate.data<A>(), w.shared_up.data<A>(), w.shared_down.data<A>()};
 }
 
-void MoeLayer::side_forward(Internals& in, const float* h, std::int64_t T, float* y) {
-  // y += SwiGLU(h), tile by tile; act written over gate.
+template <class A>
+void MoeLayer::side_forward(Internals& in, const A* h, std::int64_t T, A* y) {
+  // y += SwiGLU(h), tile by tile; act written over gate (bf16: the down product added
+  // into y through nn/linear, one rounding).
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, R = side_ffn_tile_rows(T, cfg_.side_tile);
   for (std::int64_t r0 = 0; r0 < T; r0 += R)
-    swiglu_ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights(),
-                       in.gate.as<float>(), in.up.as<float>(), in.gate.as<float>(), y + r0 * H,
-                       /*accumulate_out=*/true);
+    ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights<A>(), in.gate.as<A>(),
+                in.up.as<A>(), in.gate.as<A>(), y + r0 * H, /*accumulate_out=*/true, in.tile.as<float>());
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& y) {
+  if (cfg_.precision == Precision::bf16)
+    forward_as<bf16>(x, y);
+  else
+    forward_as<float>(x, y);
+}
+
+template <class A>
+void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
                "moe layer: y must be a distinct [T, H]");
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden;
   Internals in;
-  recompute(in, T > 0 ? x.data<float>() : nullptr, T, /*for_backward=*/false);
-  float* yp = T > 0 ? y.data<float>() : nullptr;
-  const float* h = in.h.as<float>();
+  recompute<A>(in, T > 0 ? x.data<A>() : nullptr, T, /*for_backward=*/false);
+  A* yp = T > 0 ? y.data<A>() : nullptr;
+  const A* h = in.h.as<A>();
   if (cfg_.dense()) {
     if (T == 0) return;
     // y = x + SwiGLU(h).
     dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
-    side_forward(in, h, T, yp);
+    side_forward<A>(in, h, T, yp);
     return;
   }
   // routed (written into y; a collective: every rank calls it, T = 0 included), + x, + shared.
-  dispatch_->forward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<float>(), yp);
+  dispatch_->forward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp);
   if (T == 0) return;
-  ops::axpy(dev_, s, yp, x.data<float>(), T * H, 1.0f);
+  ops::axpy(dev_, s, yp, x.data<A>(), T * H, 1.0f);
   if (has_gate(cfg_)) {
-    ops::row_gate_forward(dev_, s, yp, in.shared_out.as<float>(), in.gate_logit.as<float>(), T, H, true);
+    ops::row_gate_forward(dev_, s, yp, in.shared_out.as<A>(), in.gate_logit.as<float>(), T, H, true);
   } else if (cfg_.side_ffn() > 0) {
-    side_forward(in, h, T, yp);
+    side_forward<A>(in, h, T, yp);
   }
   // The internals are freed on return: whatever reuses their memory next is ordered
   // after this work on the compute stream.
 }
 
 void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  if (cfg_.precision == Precision::bf16)
+    backward_as<bf16>(x, dy, dx);
+  else
+    backward_as<float>(x, dy, dx);
+}
+
+// The Qwen2-MoE gate's backward: d shared = sigmoid(z) dy into shared_out's buffer, dz
+// (f32: into gate_logit's buffer over z; bf16: into gate_dz, apart from the fp32 z); then
+// dW_sg += dz^T h [1, H] (fp32) and dh (+)= dz W_sg (bf16: one rounding).
+template <class A>
+void MoeLayer::gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh, bool dh_written) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden;
+  float* z = in.gate_logit.as<float>();
+  A* dshared = in.shared_out.as<A>();
+  A* dz = nullptr;
+  if constexpr (std::is_same_v<A, float>)
+    dz = z;
+  else
+    dz = in.gate_dz.as<bf16>();
+  ops::row_gate_backward(dev_, s, dshared, dz, dy, dshared, z, T, H);
+  gemm_f32c(dev_, s, true, false, 1, H, T, dz, 1, in.h.as<A>(), H, 1.0f, g_.shared_expert_gate.data<float>(), H);
+  linear(dev_, s, T, H, {{.a = dz, .lda = 1, .b = p_.shared_expert_gate.data<A>(), .ldb = H, .k = 1, .trans_b = false}},
+         dh, H, dh_written ? LinearMode::add : LinearMode::write, in.tile.as<float>());
+}
+
+template <class A>
+void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "moe layer: token counts differ");
   PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "moe layer: dx must not alias x or dy");
   Stream& s = dev_.compute_stream();
-  const float* xp = T > 0 ? x.data<float>() : nullptr;
-  const float* dyp = T > 0 ? dy.data<float>() : nullptr;
+  const A* xp = T > 0 ? x.data<A>() : nullptr;
+  const A* dyp = T > 0 ? dy.data<A>() : nullptr;
   Internals in;
-  recompute(in, xp, T, /*for_backward=*/true);
-  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_, kF32);
+  recompute<A>(in, xp, T, /*for_backward=*/true);
+  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_);
   Buffer d_weights = allocate(dev_, b.router.d_weights), dh_buf = allocate(dev_, b.dh);
+  Buffer d_logits16 = allocate(dev_, b.router.d_logits16);  // bf16 only (else null)
+  in.gate_dz = allocate(dev_, b.gate_dz);                    // bf16 only (else null)
 
   const std::int64_t H = cfg_.hidden, Fs = cfg_.side_ffn();
-  float* h = in.h.as<float>();
-  float* dh = dh_buf.as<float>();
+  A* h = in.h.as<A>();
+  A* dh = dh_buf.as<A>();
+  float* tile = in.tile.as<float>();
   bool dh_written = false;
   if (!cfg_.dense()) {
     // Routed experts (collective, T = 0 included): dh written, d_weights written,
     // this rank's expert gradients added.
-    dispatch_->backward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<float>(), dyp, dh,
+    dispatch_->backward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), dyp, dh,
                         d_weights.as<float>(), g_.experts.data<float>());
     if (T == 0) return;
     // Router: dlogits (with the aux term) into probs, dW_gate added, dh added.
-    moe_router_backward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<float>(), d_weights.as<float>(),
-                        in.probs.as<float>(), in.ids.as<std::int32_t>(), aux_ != nullptr ? aux_->aux_grad : nullptr,
-                        g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true);
+    const MoeRouterShape rs = router_shape(T, cfg_);
+    const float* aux_grad = aux_ != nullptr ? aux_->aux_grad : nullptr;
+    if constexpr (std::is_same_v<A, float>)
+      moe_router_backward(dev_, s, rs, h, p_.w_gate.data<float>(), d_weights.as<float>(), in.probs.as<float>(),
+                          in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true);
+    else
+      moe_router_backward(dev_, s, rs, h, p_.w_gate.data<bf16>(), d_weights.as<float>(), in.probs.as<float>(),
+                          in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
+                          d_logits16.as<bf16>(), tile);
     dh_written = true;
   }
   if (T == 0) return;
   if (Fs > 0) {
     const MoeLayerTensors& g = g_;
-    const bool dense = cfg_.dense();
-    const SwigluFfnWeights sw = side_weights();
+    const SwigluFfnWeightsOf<A> sw = side_weights<A>();
     const SwigluFfnGrads sg =
-        dense ? SwigluFfnGrads{g.dense_gate.data<float>(), g.dense_up.data<float>(), g.dense_down.data<float>()}
-              : SwigluFfnGrads{g.shared_gate.data<float>(), g.shared_up.data<float>(), g.shared_down.data<float>()};
-    const float* dout = dyp;
+        cfg_.dense() ? SwigluFfnGrads{g.dense_gate.data<float>(), g.dense_up.data<float>(), g.dense_down.data<float>()}
+                     : SwigluFfnGrads{g.shared_gate.data<float>(), g.shared_up.data<float>(),
+                                      g.shared_down.data<float>()};
+    const A* dout = dyp;
     if (has_gate(cfg_)) {
-      // d shared = sigmoid(z) dy into shared_out's buffer, dz into gate_logit's; then
-      // dW_sg += dz^T h [1, H] and dh (+)= dz W_sg.
-      float* z = in.gate_logit.as<float>();
-      float* dshared = in.shared_out.as<float>();
-      ops::row_gate_backward(dev_, s, dshared, z, dyp, dshared, z, T, H);
-      ops::gemm(dev_, s, true, false, 1, H, T, 1.0f, z, 1, h, H, 1.0f, g_.shared_expert_gate.data<float>(), H);
-      ops::gemm(dev_, s, false, false, T, H, 1, 1.0f, z, 1, p_.shared_expert_gate.data<float>(), H,
-                dh_written ? 1.0f : 0.0f, dh, H);
+      gated_backward<A>(in, T, dyp, dh, dh_written);
       dh_written = true;
-      dout = dshared;
+      dout = in.shared_out.as<A>();  // d shared
     }
     // Tile by tile: gate/up/act of the tile (recomputed unless the gated path's single
     // tile still holds them), then its backward: dh rows written or added, dW added.
@@ -334,17 +433,17 @@ void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     for (std::int64_t r0 = 0; r0 < T; r0 += R) {
       const std::int64_t rows = std::min(R, T - r0);
       if (!held)
-        swiglu_ffn_forward(dev_, s, rows, H, Fs, h + r0 * H, sw, in.gate.as<float>(), in.up.as<float>(),
-                           in.act.as<float>(), nullptr, false);
-      swiglu_ffn_backward(dev_, s, rows, H, Fs, h + r0 * H, sw, dout + r0 * H, in.gate.as<float>(),
-                          in.up.as<float>(), in.act.as<float>(), sg, dh + r0 * H, dh_written);
+        ffn_forward(dev_, s, rows, H, Fs, h + r0 * H, sw, in.gate.as<A>(), in.up.as<A>(), in.act.as<A>(), nullptr,
+                    false, tile);
+      ffn_backward(dev_, s, rows, H, Fs, h + r0 * H, sw, dout + r0 * H, in.gate.as<A>(), in.up.as<A>(),
+                   in.act.as<A>(), sg, dh + r0 * H, dh_written, tile);
     }
     dh_written = true;
   }
   PB_CHECK_MSG(dh_written, "moe layer: no path wrote dh");
   // dx = dy (the residual path) + post_attention_layernorm's backward, which adds.
   dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
-  ops::rmsnorm_backward(dev_, s, dx.data<float>(), g_.w_post.data<float>(), dh, xp, p_.w_post.data<float>(),
+  ops::rmsnorm_backward(dev_, s, dx.data<A>(), g_.w_post.data<float>(), dh, xp, p_.w_post.data<A>(),
                         in.rstd.as<float>(), T, H);
 }
 
@@ -360,8 +459,11 @@ std::vector<Parameter> MoeLayer::parameters() const {
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, local = cfg_.experts / ep_size_;
   for (std::int64_t i = 0; i < local; ++i) {
     const std::string name = "mlp.experts." + std::to_string(ep_rank_ * local + i) + ".";
+    // Element offsets into the flat buffer, in bytes of its dtype (bf16 parameters, f32
+    // gradients).
     auto view = [&](const Tensor& t, std::int64_t offset, Shape shape) {
-      return Tensor(t.data<float>() + i * 3 * F * H + offset, shape, DType::f32, t.location());
+      const auto at = static_cast<std::uint64_t>(i * 3 * F * H + offset) * dtype_size(t.dtype());
+      return Tensor(static_cast<std::byte*>(t.raw()) + at, shape, t.dtype(), t.location());
     };
     out.push_back({name + "gate_proj.weight", view(p_.experts, 0, Shape{F, H}), view(g_.experts, 0, Shape{F, H})});
     out.push_back(

@@ -1,6 +1,6 @@
 // MoeLayer: the second half of a decoder layer (the FFN sublayer with its pre-norm and
-// residual) as transformers computes it, f32, through ops:: on the device's compute
-// stream. Two variants:
+// residual) as transformers computes it, f32 or bf16 (MoeLayerConfig::precision), through
+// ops:: on the device's compute stream. Two variants:
 //   MoE (Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock, Qwen2-MoE / DeepSeek shared experts):
 //     h      = rmsnorm(x) * w_post                        (post_attention_layernorm)
 //     logits = h W_gate^T [T, E]; probs = softmax; ids, weights = top-k (renormalised
@@ -17,6 +17,18 @@
 // and ADDS INTO every parameter gradient, this rank's expert gradients included.
 // Every internal buffer comes from moe_layer_buffers (Component::layer), allocated per
 // call; the dispatch's own buffers are its footprint's (schedules/moe_footprint.h).
+//
+// bf16 (mixed precision, docs/precision.md): x, y, dx, dy, h, the side SwiGLU's gate/up/
+// act, shared_out and dh are bf16, and so are the parameters (w_post, w_gate, experts,
+// the shared or dense SwiGLU, shared_expert_gate); every parameter gradient is fp32
+// (gemm_bf16 beta 1, rmsnorm's fp32 dweight, the dispatch's fp32 expert gradients).
+// Statistics stay fp32: rstd, the router's logits/probs (one gemm_bf16 straight into
+// them), ids, weights and d_weights, and the shared gate's logit z (its gemm_bf16's C).
+// Roundings: y = bf16(bf16(routed + x) + shared) (the side SwiGLU's down product is added
+// through nn/linear, one rounding; the gated path's row_gate adds in one); dh takes the
+// routed dx (written by the dispatch), then adds the router's d_logits16 W_gate, the
+// gate's dz W_sg and the side SwiGLU's dx, each through nn/linear add mode: one rounding
+// per contribution. The fp32 tile all of them share is MoeLayerBuffers::tile.
 //
 // Collective: forward and backward of an MoE layer call MoeDispatch, a collective over
 // the expert-parallel group: every rank of the group calls them the same number of
@@ -72,6 +84,8 @@ struct MoeLayerConfig {
   std::int64_t side_tile = kSideFfnTileRows;
   DispatchKind kind = DispatchKind::standard_ep;
   DispatchOptions dispatch;
+  // The activation and parameter precision (the dispatch's too); f32 by default.
+  Precision precision = Precision::f32;
 
   bool dense() const { return dense_ffn > 0; }
   // The one SwiGLU beside the routed experts: S * Fs (MoE), dense_ffn (dense).
@@ -93,8 +107,8 @@ MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float 
 // (schedules/moe_footprint.h), which size the dispatch's own buffers. MoE configs only.
 MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c);
 
-// Views of the parameters (or of their gradients), f32 on the layer's device, nn.Linear
-// layout (out x in). Leave empty what the variant does not use.
+// Views of the parameters (param_dtype(precision)) or of their gradients (f32 always) on
+// the layer's device, nn.Linear layout (out x in). Leave empty what the variant does not use.
 //   w_post        [H]                     post_attention_layernorm.weight (both variants)
 //   w_gate        [E, H]                  the router (MoE)
 //   experts       (E/EP) x 3FH elements   this rank's experts e = rank*E/EP + i, each
@@ -123,24 +137,38 @@ struct MoeAuxState {
 // One call's internals on T tokens (Component::layer); "(act)": elements of elem_bytes.
 //   h [T, H] (act), rstd [T] f32                           both variants, both phases
 //   router: probs [T, E] f32, ids [T, K] i32, weights [T, K] f32 (both phases),
-//           d_weights [T, K] f32 (backward)                MoE only
+//           d_weights [T, K] f32, d_logits16 [T, E] bf16   MoE only
+//           (backward; d_logits16 bf16 only, else 0 bytes)
 //   ffn: gate, up [R, side_ffn] (act) both phases;         shared experts (MoE, S > 0) or dense MLP,
 //        act [R, side_ffn] (act) backward only              R = side_ffn_tile_rows(T, side_tile)
-//        (forward writes act over gate)
-//   shared_out [T, H] (act), gate_logit [T] f32            shared_gate only; backward
+//        (forward writes act over gate; ffn.tile is 0 bytes: the layer's tile serves it)
+//   shared_out [T, H] (act), gate_logit [T] f32            shared_gate only; f32 backward
 //                                                          writes d gate_logit into gate_logit
+//   gate_dz [T] bf16                                       shared_gate under bf16 only (dz
+//                                                          apart from the fp32 z), backward
+//   tile [min(T, 256), max(H, side_ffn)] f32               bf16 only (linear_tile_spec): forward
+//                                                          with a side FFN, backward always
 //   dh [T, H] (act)                                        backward
+// The bf16-only specs follow c.precision and are 0 bytes under f32, so the f32 specs are
+// those of before the bf16 path.
 struct MoeLayerBuffers {
   BufferSpec h, rstd;
   MoeRouterBuffers router;
   SwigluFfnBuffers ffn;
   BufferSpec shared_out, gate_logit;
   BufferSpec dh;
+  BufferSpec gate_dz{}, tile{};
 };
+// Activations in activation_dtype(c.precision).
+MoeLayerBuffers moe_layer_buffers(std::int64_t tokens, const MoeLayerConfig& c);
+// Activations in elements of elem_bytes (the planner's estimate; the bf16-only specs still
+// follow c.precision).
 MoeLayerBuffers moe_layer_buffers(std::int64_t tokens, const MoeLayerConfig& c, std::uint64_t elem_bytes);
 
 // Phases "forward" and "backward", Component::layer only (parameters and gradients are
-// the parameter store's, the dispatch's buffers dispatch_footprint's).
+// the parameter store's, the dispatch's buffers dispatch_footprint's). Without
+// elem_bytes: the activations of c.precision (what the layer allocates).
+Footprint moe_layer_footprint(std::int64_t tokens, const MoeLayerConfig& c);
 Footprint moe_layer_footprint(std::int64_t tokens, const MoeLayerConfig& c, std::uint64_t elem_bytes);
 
 class MoeLayer final : public Block {
@@ -153,7 +181,7 @@ class MoeLayer final : public Block {
   MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& config, const MoeLayerTensors& params,
            const MoeLayerTensors& grads, const MoeAuxState* aux);
 
-  // x, y [T, H] f32 (T >= 0, may differ per rank); y must not alias x. MoE: collective
+  // x, y [T, H] of activation_dtype(precision) (T >= 0, may differ per rank); y must not alias x. MoE: collective
   // over ep_group (every rank calls it, T = 0 included).
   void forward(const Tensor& x, const Tensor& y) override;
   // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient
@@ -173,12 +201,22 @@ class MoeLayer final : public Block {
   const DispatchStats* dispatch_stats() const { return dispatch_ ? &dispatch_->stats() : nullptr; }
 
  private:
+  // The bodies, written once over the activation type A (float | bf16), in the .cc.
   struct Internals;
-  void recompute(Internals& in, const float* x, std::int64_t T, bool for_backward);
+  template <class A>
+  void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward);
   // The side SwiGLU's weights (dense MLP or shared experts), and y += SwiGLU(h) over row
   // tiles (gate/up of `in` are the tile's scratch).
-  SwigluFfnWeights side_weights() const;
-  void side_forward(Internals& in, const float* h, std::int64_t T, float* y);
+  template <class A>
+  SwigluFfnWeightsOf<A> side_weights() const;
+  template <class A>
+  void side_forward(Internals& in, const A* h, std::int64_t T, A* y);
+  template <class A>
+  void forward_as(const Tensor& x, const Tensor& y);
+  template <class A>
+  void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
+  template <class A>
+  void gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh, bool dh_written);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
   Device& dev_;

@@ -2,11 +2,67 @@
 
 #include <string>
 
+#include <type_traits>
+
 #include "peakbound/core/error.h"
+#include "peakbound/nn/linear.h"
+#include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/moe_router.h"
 
 namespace peakbound {
+
+namespace {
+
+// C (fp32) = alpha op(a) op(b) + beta C with a, b of the activation type A: ops::gemm for
+// f32, ops::gemm_bf16 (fp32 accumulation) for bf16.
+template <class A>
+void gemm_f32c(Device& dev, Stream& st, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const A* a,
+               std::int64_t lda, const A* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if constexpr (std::is_same_v<A, float>)
+    ops::gemm(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  else
+    ops::gemm_bf16(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class A>
+void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate, float* probs,
+                    std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
+  check_moe_router_shape(s);
+  PB_CHECK_MSG((counts == nullptr) == (prob_sums == nullptr), "moe router: counts and prob_sums go together");
+  const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
+  if (T == 0) return;
+  gemm_f32c(dev, st, false, true, T, E, H, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T (fp32)
+  ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
+  if (counts != nullptr) ops::moe_router_stats(dev, st, counts, prob_sums, probs, ids, T, E, K);
+}
+
+// f32: dlogits stay in probs and are the GEMMs' operand (d_logits16 and tile unused).
+// bf16: dlogits are narrowed once into d_logits16, the operand of both products.
+template <class A>
+void router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate,
+                     const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
+                     float* dw_gate, A* dx, bool accumulate_dx, A* d_logits16, float* tile) {
+  check_moe_router_shape(s);
+  const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
+  if (T == 0) return;
+  float* dlogits = probs;  // probs are read for the last time by the backward kernel
+  ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
+  const A* dl = nullptr;
+  if constexpr (std::is_same_v<A, float>) {
+    dl = dlogits;
+  } else {
+    PB_CHECK_MSG(d_logits16 != nullptr, "moe router: a bf16 backward needs d_logits16");
+    ops::convert(dev, st, d_logits16, dlogits, T * E);
+    dl = d_logits16;
+  }
+  gemm_f32c(dev, st, true, false, E, H, T, dl, E, x, H, 1.0f, dw_gate, H);  // dW_gate += dlogits^T x
+  // x is read for the last time above, so dx may alias it. dx (+)= dlogits W_gate.
+  linear(dev, st, T, H, {{.a = dl, .lda = E, .b = w_gate, .ldb = H, .k = E, .trans_b = false}}, dx, H,
+         accumulate_dx ? LinearMode::add : LinearMode::write, tile);
+}
+
+}  // namespace
 
 void check_moe_router_shape(const MoeRouterShape& s) {
   if (s.tokens < 0) throw InvalidArgument("moe router: tokens must be >= 0, got " + std::to_string(s.tokens));
@@ -22,7 +78,14 @@ MoeRouterBuffers moe_router_buffers(const MoeRouterShape& s, Component c) {
   const auto T = static_cast<std::uint64_t>(s.tokens);
   const std::uint64_t te = checked_mul(T, static_cast<std::uint64_t>(s.experts), "moe router [T, E]");
   const std::uint64_t tk = checked_mul(T, static_cast<std::uint64_t>(s.top_k), "moe router [T, K]");
-  return {buffer_spec(c, te, 4), buffer_spec(c, tk, 4), buffer_spec(c, tk, 4), buffer_spec(c, tk, 4)};
+  return {buffer_spec(c, te, 4), buffer_spec(c, tk, 4), buffer_spec(c, tk, 4), buffer_spec(c, tk, 4),
+          buffer_spec(c, 0, 2)};
+}
+
+MoeRouterBuffers moe_router_buffers(const MoeRouterShape& s, Precision p, Component c) {
+  MoeRouterBuffers b = moe_router_buffers(s, c);
+  if (p == Precision::bf16) b.d_logits16 = buffer_spec(c, b.probs.bytes / 4, dtype_size(DType::bf16));  // [T, E]
+  return b;
 }
 
 MoeAuxBuffers moe_aux_buffers(std::int64_t experts, Component c) {
@@ -44,26 +107,26 @@ Footprint moe_router_footprint(const MoeRouterShape& s) {
 
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                         float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
-  check_moe_router_shape(s);
-  PB_CHECK_MSG((counts == nullptr) == (prob_sums == nullptr), "moe router: counts and prob_sums go together");
-  const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
-  if (T == 0) return;
-  ops::gemm(dev, st, false, true, T, E, H, 1.0f, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T
-  ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
-  if (counts != nullptr) ops::moe_router_stats(dev, st, counts, prob_sums, probs, ids, T, E, K);
+  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums);
+}
+
+void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
+  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums);
 }
 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
                          float* dw_gate, float* dx, bool accumulate_dx) {
-  check_moe_router_shape(s);
-  const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
-  if (T == 0) return;
-  float* dlogits = probs;  // probs are read for the last time by the backward kernel
-  ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
-  ops::gemm(dev, st, true, false, E, H, T, 1.0f, dlogits, E, x, H, 1.0f, dw_gate, H);  // dW_gate += dlogits^T x
-  // x is read for the last time above, so dx may alias it. dx (+)= dlogits W_gate.
-  ops::gemm(dev, st, false, false, T, H, E, 1.0f, dlogits, E, w_gate, H, accumulate_dx ? 1.0f : 0.0f, dx, H);
+  router_backward<float>(dev, st, s, x, w_gate, d_weights, probs, ids, aux_grad, dw_gate, dx, accumulate_dx, nullptr,
+                         nullptr);
+}
+
+void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
+                         const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
+                         float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile) {
+  router_backward<bf16>(dev, st, s, x, w_gate, d_weights, probs, ids, aux_grad, dw_gate, dx, accumulate_dx,
+                        d_logits16, tile);
 }
 
 MoeRouter::MoeRouter(Device& dev, MoeRouterShape shape) : dev_(dev), s_(shape) {

@@ -27,12 +27,21 @@
 // counts, prob_sums, E, N = L x T, router_aux_loss_coef) once, and hands the same
 // aux_grad to every layer's backward. A recompute forward (activation checkpointing)
 // passes null counts and prob_sums so that nothing is counted twice.
+//
+// bf16 (mixed precision, docs/precision.md): x, w_gate and dx are bf16; the logits are
+// one gemm_bf16 straight into the fp32 probs, and probs, weights, d_weights, counts,
+// prob_sums, aux_grad and dw_gate stay fp32. The backward narrows dlogits once into
+// d_logits16 [T, E] (bf16, caller's), the operand of dW_gate += d_logits16^T x (fp32,
+// gemm_bf16 beta 1) and of dx (+)= d_logits16 W_gate (nn/linear: one rounding, through the
+// caller's fp32 tile of linear_tile_spec(T, H)).
 #pragma once
 
 #include <cstdint>
 
 #include "peakbound/core/buffer.h"
+#include "peakbound/core/dtype.h"
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 
 namespace peakbound {
@@ -50,14 +59,17 @@ struct MoeRouterShape {
 void check_moe_router_shape(const MoeRouterShape& s);
 
 // One router's per-layer buffers (component c): probs [T, E] f32, ids [T, K] int32,
-// weights [T, K] f32, d_weights [T, K] f32.
+// weights [T, K] f32, d_weights [T, K] f32, and under bf16 d_logits16 [T, E] bf16 (the
+// backward's narrowed dlogits; 0 bytes under f32).
 struct MoeRouterBuffers {
   BufferSpec probs, ids, weights, d_weights;
+  BufferSpec d_logits16{};
   std::uint64_t reserved() const {
-    return probs.reserved() + ids.reserved() + weights.reserved() + d_weights.reserved();
+    return probs.reserved() + ids.reserved() + weights.reserved() + d_weights.reserved() + d_logits16.reserved();
   }
 };
 MoeRouterBuffers moe_router_buffers(const MoeRouterShape& s, Component c = Component::layer);
+MoeRouterBuffers moe_router_buffers(const MoeRouterShape& s, Precision p, Component c = Component::layer);
 
 // The model's aux-loss buffers, one set for all layers (component c): counts [E],
 // prob_sums [E], aux_grad [E], loss [1], all f32.
@@ -79,8 +91,16 @@ void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
                          float* dw_gate, float* dx, bool accumulate_dx);
+// bf16 forms (see the top): d_logits16 [T, E] is written (scratch), tile is the fp32
+// scratch of linear_tile_spec(T, H, Precision::bf16). dx may alias x, as in f32.
+void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums);
+void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
+                         const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
+                         float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile);
 
-// A router holding its buffers (from moe_router_buffers) across forward and backward.
+// A router holding its buffers (from moe_router_buffers) across forward and backward,
+// f32 (the MoE layer calls the free functions in either precision).
 // After backward, probs() holds dlogits.
 class MoeRouter {
  public:
