@@ -8,10 +8,13 @@
 // measured peak against moe_layer_footprint at each rank's token count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "peakbound/comm/single_rank.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/moe_layer.h"
 #include "tests/comm/world.h"
@@ -36,27 +39,31 @@ Buffer upload(Device& dev, const double* v, std::size_t n) {
   return b;
 }
 
-Tensor put(Device& dev, std::vector<Buffer>& keep, Component comp, Shape s, const Vec* src, std::int64_t offset) {
-  keep.push_back(dev.allocate(comp, static_cast<std::uint64_t>(s.numel()) * 4));
-  float* p = keep.back().as<float>();
-  for (std::int64_t i = 0; i < s.numel(); ++i) p[i] = src ? static_cast<float>((*src)[offset + i]) : 0.0f;
-  return Tensor(p, s, DType::f32, Location::device);
+Tensor put(Device& dev, std::vector<Buffer>& keep, Component comp, Shape s, const Vec* src, std::int64_t offset,
+           DType dt = DType::f32) {
+  keep.push_back(dev.allocate(comp, static_cast<std::uint64_t>(s.numel()) * dtype_size(dt)));
+  for (std::int64_t i = 0; i < s.numel(); ++i) {
+    const float v = src ? static_cast<float>((*src)[offset + i]) : 0.0f;
+    if (dt == DType::bf16) keep.back().as<bf16>()[i] = to_bf16(v);
+    else keep.back().as<float>()[i] = v;
+  }
+  return Tensor(keep.back().data(), s, dt, Location::device);
 }
 
 MoeLayerTensors tensors(Device& dev, std::vector<Buffer>& keep, Component comp, const MoeLayerConfig& c,
-                        const Params& P, bool zero, int rank, int ep) {
+                        const Params& P, bool zero, int rank, int ep, DType dt = DType::f32) {
   const std::int64_t H = c.hidden, W = c.side_ffn(), local = c.experts / ep, X = 3 * c.ffn * H;
   auto src = [&](const Vec& v) { return zero ? nullptr : &v; };
   MoeLayerTensors t;
-  t.w_post = put(dev, keep, comp, Shape{H}, src(P.w_post), 0);
-  t.w_gate = put(dev, keep, comp, Shape{c.experts, H}, src(P.w_gate), 0);
-  t.experts = put(dev, keep, comp, Shape{local, X}, src(P.experts), rank * local * X);
+  t.w_post = put(dev, keep, comp, Shape{H}, src(P.w_post), 0, dt);
+  t.w_gate = put(dev, keep, comp, Shape{c.experts, H}, src(P.w_gate), 0, dt);
+  t.experts = put(dev, keep, comp, Shape{local, X}, src(P.experts), rank * local * X, dt);
   if (c.shared_experts > 0) {
-    t.shared_gate = put(dev, keep, comp, Shape{W, H}, src(P.shared_gate), 0);
-    t.shared_up = put(dev, keep, comp, Shape{W, H}, src(P.shared_up), 0);
-    t.shared_down = put(dev, keep, comp, Shape{H, W}, src(P.shared_down), 0);
+    t.shared_gate = put(dev, keep, comp, Shape{W, H}, src(P.shared_gate), 0, dt);
+    t.shared_up = put(dev, keep, comp, Shape{W, H}, src(P.shared_up), 0, dt);
+    t.shared_down = put(dev, keep, comp, Shape{H, W}, src(P.shared_down), 0, dt);
   }
-  if (c.shared_gate) t.shared_expert_gate = put(dev, keep, comp, Shape{1, H}, src(P.shared_expert_gate), 0);
+  if (c.shared_gate) t.shared_expert_gate = put(dev, keep, comp, Shape{1, H}, src(P.shared_expert_gate), 0, dt);
   return t;
 }
 
@@ -147,6 +154,129 @@ void expect_exact(const MoeLayerConfig& base, int hot, const char* what, bool ex
   }
 }
 
+// A bf16 device tensor's values as floats.
+std::vector<float> host(const Tensor& t) {
+  std::vector<float> v(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
+  return v;
+}
+
+double rel(const float* a, const float* ref, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    num = std::max(num, std::abs(double(a[i]) - ref[i]));
+    den = std::max(den, std::abs(double(ref[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+struct Bf16Worst {
+  double y = 0, dx = 0, cos = 1;
+};
+
+// One bf16 layer over the world (each rank its own rows, rank 1 none) against one bf16
+// layer at EP 1 holding every expert on all N tokens (run on every rank), from the same
+// bf16 values. Per row the two compute the same roundings (row-wise ops, gemm_bf16 per
+// row); what differs is fp32 summation order (the combine, the replicated gradients'
+// world sum, expert gradients accumulated over other row groupings), which can move a
+// stored bf16 by an ulp: y and dx within 1e-2 of max|EP 1| (norm-wise), every gradient
+// cosine >= 0.999, the router counts equal, and the measured peak the bf16 footprint.
+void expect_bf16_matches_ep1(MoeLayerConfig base, int hot, const char* what, Bf16Worst& w) {
+  Communicator& g = world();
+  const int ep = g.size(), rank = g.rank();
+  std::int64_t N = 0, off = 0;
+  for (int r = 0; r < ep; ++r) {
+    if (r < rank) off += tokens_of(r);
+    N += tokens_of(r);
+  }
+  const std::int64_t Tr = tokens_of(rank), H = base.hidden, E = base.experts;
+  base.precision = Precision::bf16;
+  std::mt19937 rng(23);
+  Params P = moe_ref::random_params(base, rng, hot);
+  Vec x = moe_ref::randn(N * H, rng, hot >= 0 ? 1.0 : 0.0, hot >= 0 ? 0.2 : 1.0);
+  Vec dy = moe_ref::randn(N * H, rng, 0, 1), aux_grad = moe_ref::randn(E, rng, 0, 0.5);
+  moe_ref::round_to_bf16(P);
+  for (Vec* v : {&x, &dy, &aux_grad}) moe_ref::round_to_bf16(*v);
+  const Vec zeros(static_cast<std::size_t>(E), 0.0);
+
+  // EP 1 on every rank: all experts, all N tokens.
+  CpuDevice dev1(128ull << 20);
+  std::vector<Buffer> keep1;
+  SingleRankCommunicator one;
+  const MoeLayerTensors pt1 = tensors(dev1, keep1, Component::params, base, P, false, 0, 1, DType::bf16);
+  const MoeLayerTensors gt1 = tensors(dev1, keep1, Component::grads, base, P, true, 0, 1);
+  const Tensor c1 = put(dev1, keep1, Component::workspace, Shape{E}, &zeros, 0);
+  const Tensor s1 = put(dev1, keep1, Component::workspace, Shape{E}, &zeros, 0);
+  const Tensor ag1 = put(dev1, keep1, Component::workspace, Shape{E}, &aux_grad, 0);
+  const MoeAuxState aux1{c1.data<float>(), s1.data<float>(), ag1.data<float>()};
+  MoeLayer layer1(dev1, one, base, pt1, gt1, &aux1);
+  const Shape sN{N, H};
+  const Tensor x1 = put(dev1, keep1, Component::workspace, sN, &x, 0, DType::bf16);
+  const Tensor dy1 = put(dev1, keep1, Component::workspace, sN, &dy, 0, DType::bf16);
+  const Tensor y1 = put(dev1, keep1, Component::workspace, sN, nullptr, 0, DType::bf16);
+  const Tensor dx1 = put(dev1, keep1, Component::workspace, sN, nullptr, 0, DType::bf16);
+  layer1.forward(x1, y1);
+  layer1.backward(x1, dy1, dx1);
+  dev1.synchronize();
+  const std::vector<float> ry = host(y1), rdx = host(dx1), rcounts = host(c1);
+
+  for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
+    SCOPED_TRACE(std::string(what) + " bf16 " + std::string(dispatch_kind_name(kind)) + " EP=" + std::to_string(ep) +
+                 " rank=" + std::to_string(rank));
+    MoeLayerConfig cfg = base;
+    cfg.kind = kind;
+    cfg.dispatch.min_spill = 4;
+    cfg.dispatch.cap = 7;
+    CpuDevice dev(128ull << 20);
+    std::vector<Buffer> keep;
+    const MoeLayerTensors pt = tensors(dev, keep, Component::params, cfg, P, false, rank, ep, DType::bf16);
+    const MoeLayerTensors gt = tensors(dev, keep, Component::grads, cfg, P, true, rank, ep);
+    const Tensor ct = put(dev, keep, Component::workspace, Shape{E}, &zeros, 0);
+    const Tensor st = put(dev, keep, Component::workspace, Shape{E}, &zeros, 0);
+    const Tensor ag = put(dev, keep, Component::workspace, Shape{E}, &aux_grad, 0);
+    const MoeAuxState aux{ct.data<float>(), st.data<float>(), ag.data<float>()};
+    MoeLayer layer(dev, g, cfg, pt, gt, &aux);
+    const Shape s{Tr, H};
+    const Tensor xb = put(dev, keep, Component::workspace, s, &x, off * H, DType::bf16);
+    const Tensor dyb = put(dev, keep, Component::workspace, s, &dy, off * H, DType::bf16);
+    const Tensor yb = put(dev, keep, Component::workspace, s, nullptr, 0, DType::bf16);
+    const Tensor dxb = put(dev, keep, Component::workspace, s, nullptr, 0, DType::bf16);
+    dev.arena().reset_peaks();
+    layer.forward(xb, yb);
+    layer.backward(xb, dyb, dxb);
+    dev.synchronize();
+    EXPECT_EQ(dev.arena().peak(Component::layer),
+              moe_layer_footprint(Tr, cfg).phase("backward").device[static_cast<std::size_t>(Component::layer)]);
+    EXPECT_EQ(dev.arena().live(Component::layer), 0u);
+
+    const auto n = static_cast<std::size_t>(Tr * H), at = static_cast<std::size_t>(off * H);
+    const double ey = rel(host(yb).data(), ry.data() + at, n), edx = rel(host(dxb).data(), rdx.data() + at, n);
+    EXPECT_LE(ey, 1e-2) << "y";
+    EXPECT_LE(edx, 1e-2) << "dx";
+    w.y = std::max(w.y, ey);
+    w.dx = std::max(w.dx, edx);
+    auto cos = [&](const char* name, const std::vector<float>& got, const std::vector<float>& want) {
+      const double c = moe_ref::cosine(got, want);
+      EXPECT_GE(c, 0.999) << name;
+      w.cos = std::min(w.cos, c);
+    };
+    const std::int64_t X = (E / ep) * 3 * cfg.ffn * H;
+    const std::vector<float> all_experts = host(gt1.experts);
+    cos("d experts (own)", host(gt.experts),
+        std::vector<float>(all_experts.begin() + rank * X, all_experts.begin() + (rank + 1) * X));
+    cos("d w_post (world sum)", world_sum(gt.w_post), host(gt1.w_post));
+    cos("d w_gate (world sum)", world_sum(gt.w_gate), host(gt1.w_gate));
+    if (cfg.shared_experts > 0) {
+      cos("d shared_gate", world_sum(gt.shared_gate), host(gt1.shared_gate));
+      cos("d shared_up", world_sum(gt.shared_up), host(gt1.shared_up));
+      cos("d shared_down", world_sum(gt.shared_down), host(gt1.shared_down));
+    }
+    if (cfg.shared_gate) cos("d shared_expert_gate", world_sum(gt.shared_expert_gate), host(gt1.shared_expert_gate));
+    EXPECT_EQ(world_sum(ct), rcounts) << "counts";
+  }
+}
+
 MoeLayerConfig config(std::int64_t K, bool norm, std::int64_t S, std::int64_t Fs, bool gate) {
   MoeLayerConfig c;
   c.hidden = 20;
@@ -169,6 +299,17 @@ TEST(MoeLayerMpi, EveryDispatchKindMatchesTheReference) {
 TEST(MoeLayerMpi, EveryTokenToOneExpert) {
   expect_exact(config(2, true, 1, 7, true), 7, "hot expert 7 k=2", /*expect_spill=*/true);
   expect_exact(config(4, false, 0, 0, false), 0, "hot expert 0 k=4");
+}
+
+TEST(MoeLayerMpi, Bf16AtEveryEpMatchesBf16AtEp1) {
+  Bf16Worst w;
+  expect_bf16_matches_ep1(config(2, true, 0, 0, false), -1, "qwen3 k=2", w);
+  expect_bf16_matches_ep1(config(4, false, 2, 5, false), -1, "shared k=4", w);
+  expect_bf16_matches_ep1(config(1, true, 1, 9, true), -1, "gated shared k=1", w);
+  expect_bf16_matches_ep1(config(2, true, 1, 7, true), 7, "hot expert 7 k=2", w);
+  if (world().rank() == 0)
+    std::printf("moe layer bf16, EP %d vs EP 1: worst y %.3g, dx %.3g of max|ref|, lowest gradient cosine %.7f\n",
+                world().size(), w.y, w.dx, w.cos);
 }
 
 }  // namespace
