@@ -6,12 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/gemm.h"
 
 namespace peakbound::cpu {
 namespace {
@@ -88,6 +91,68 @@ TEST(GemmBf16, MatchesADoubleReferenceOnEveryPathTransposeAndBlockEdge) {
     for (const Case& c : cases) check_case(path, c, rng);
   if (!bf16_gemm_path_supported(Bf16GemmPath::native))
     GTEST_SKIP() << "this CPU lacks AVX512-BF16: only the convert path was checked";
+}
+
+// The edges of every kernel: rows around the 12-row tile (1, 11, 12, 13), columns around
+// the 32-column strip and its 16-lane halves (1, 31, 33), depths of one pair, an odd last
+// pair and around the 384-deep K block (1, 2, 3, 383, 385), every transpose, written and
+// added into; then the parallel forms (column tasks up to 512 rows of a row-major A, row
+// blocks past them), one with an odd K read in place.
+TEST(GemmBf16, MatchesADoubleReferenceOnEveryTileEdge) {
+  std::mt19937 rng(23);
+  for (Bf16GemmPath path : runnable_paths())
+    for (int t = 0; t < 4; ++t)
+      for (std::int64_t m : {1, 11, 12, 13})
+        for (std::int64_t n : {1, 31, 33})
+          for (std::int64_t k : {1, 2, 3, 383, 385})
+            for (float beta : {0.0f, 1.0f})
+              check_case(path, {t / 2 == 1, t % 2 == 1, m, n, k, (m + n + k) % 2, 1.0f, beta}, rng);
+  const Case parallel[] = {
+      {false, true, 300, 200, 101, 1, 1.0f, 1.0f},  {false, false, 520, 70, 77, 0, 1.0f, 0.0f},
+      {true, false, 260, 96, 130, 2, 1.0f, 1.0f},   {true, true, 64, 300, 200, 0, 1.0f, 0.0f},
+      {false, false, 100, 1030, 50, 0, 1.0f, 1.0f},
+  };
+  for (Bf16GemmPath path : runnable_paths())
+    for (const Case& c : parallel) check_case(path, c, rng);
+}
+
+// A row of C does not depend on M, on which rows share a call, or on the thread count:
+// the product over all rows, on 1 thread and on 2, is bitwise the products over row
+// pieces (1, 11, 12 and the rest rows), written and added into, every transpose.
+TEST(GemmBf16, NativeRowsDoNotDependOnMOrThreads) {
+  if (!bf16_gemm_path_supported(Bf16GemmPath::native)) GTEST_SKIP() << "this CPU lacks AVX512-BF16";
+  const int threads_before = blas_num_threads();
+  std::mt19937 rng(29);
+  for (const std::int64_t m : {40, 700})
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t / 2 == 1, tb = t % 2 == 1;
+      const std::int64_t n = 77, k = 391, lda = ta ? m : k, ldb = tb ? k : n;
+      const auto a = random_bf16(static_cast<std::size_t>(m * k), rng);
+      const auto b = random_bf16(static_cast<std::size_t>(n * k), rng);
+      std::vector<float> base(static_cast<std::size_t>(m * n));
+      std::normal_distribution<float> d;
+      for (float& x : base) x = d(rng);
+      for (float beta : {0.0f, 1.0f}) {
+        std::vector<std::vector<float>> outs;
+        for (int threads : {1, 2, 0}) {  // 0: the pieces
+          std::vector<float> c = base;
+          set_blas_threads(std::max(threads, 1));
+          const std::vector<std::int64_t> cuts = threads == 0 ? std::vector<std::int64_t>{0, 1, 12, 24, m}
+                                                              : std::vector<std::int64_t>{0, m};
+          for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+            const std::int64_t r0 = cuts[i], r1 = cuts[i + 1];
+            gemm_bf16(Bf16GemmPath::native, ta, tb, r1 - r0, n, k, 1.0f, a.data() + (ta ? r0 : r0 * lda), lda,
+                      b.data(), ldb, beta, c.data() + r0 * n, n);
+          }
+          outs.push_back(c);
+        }
+        set_blas_threads(threads_before);
+        for (std::size_t v = 1; v < outs.size(); ++v)
+          for (std::size_t i = 0; i < outs[0].size(); ++i)
+            ASSERT_EQ(std::memcmp(&outs[0][i], &outs[v][i], sizeof(float)), 0)
+                << "m " << m << " ta " << ta << " tb " << tb << " beta " << beta << " variant " << v << " at " << i << ": " << outs[0][i] << " vs " << outs[v][i];
+      }
+    }
 }
 
 TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {

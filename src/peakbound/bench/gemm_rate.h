@@ -34,4 +34,27 @@ nlohmann::json gemm_rates_json(const std::vector<GemmRate>& rates, std::int64_t 
 // One line: "f32 123.4 GFLOP/s (openblas sgemm); bf16 234.5 GFLOP/s (native), 110.2 (convert)".
 std::string gemm_rates_line(const std::vector<GemmRate>& rates);
 
+// The small products the trainer makes (tiny-moe: H 256, heads of D 32, experts of F 512,
+// vocab 16384 split over P ranks, 128..512-token batches): C[m,n] = op(A) op(B) with
+// trans_a / trans_b as the layers call them (weights stored [out, in], so forward is NT,
+// dX is NN and dW is TN).
+struct GemmShape {
+  std::string name;
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+};
+std::vector<GemmShape> trainer_gemm_shapes();
+
+// Median flop rates of one shape: f32 (ops::gemm) and bf16 on each runnable CPU path
+// (native is 0 where the CPU lacks AVX512-BF16). Each timed run repeats the product
+// until about 5 ms have passed; `repeats` runs per path, the median kept.
+struct GemmShapeRate {
+  GemmShape shape;
+  double f32 = 0, native = 0, convert = 0;
+};
+std::vector<GemmShapeRate> measure_gemm_shape_rates(std::string_view device_kind, const std::vector<GemmShape>& shapes,
+                                                    int repeats);
+// [{name, trans_a, trans_b, m, n, k, f32_flops_per_second, native_..., convert_...}]
+nlohmann::json gemm_shape_rates_json(const std::vector<GemmShapeRate>& rates);
+
 }  // namespace peakbound

@@ -39,6 +39,7 @@ struct InfoFlags {
   int gemm_repeats = 5;
   std::string device = "cpu";
   bool json = false;
+  bool gemm_shapes = false;
 };
 
 Command add_info_command(CLI::App& root) {
@@ -51,17 +52,22 @@ Command add_info_command(CLI::App& root) {
   int_flag(c.app, "--gemm-repeats", f->gemm_repeats, "Timed runs of each GEMM (the median is printed)", 1, 1000);
   device_flag(c.app, f->device);
   c.app->add_flag("--json", f->json, "Print the same as one JSON object");
+  c.app->add_flag("--gemm-shapes", f->gemm_shapes,
+                  "Also time the trainer's small products (tiny-moe shapes): f32, bf16 native and convert");
   c.run = [f] {
     auto world = world_communicator();
     if (world->rank() != 0) return 0;
     std::vector<GemmRate> rates;
     if (f->gemm_size > 0) rates = measure_gemm_rates(f->device, f->gemm_size, f->gemm_repeats);
+    std::vector<GemmShapeRate> shapes;
+    if (f->gemm_shapes) shapes = measure_gemm_shape_rates(f->device, trainer_gemm_shapes(), f->gemm_repeats);
     if (f->json) {
       nlohmann::json j = {{"version", PEAKBOUND_VERSION}, {"build_type", PEAKBOUND_BUILD_TYPE},
                           {"compiler", PEAKBOUND_COMPILER}, {"blas_core", ops::blas_core_name()},
                           {"blas_threads", ops::blas_num_threads()}, {"bf16_gemm_path", ops::bf16_gemm_path()},
                           {"ranks", world->size()}, {"communicator", world->backend()}};
       if (!rates.empty()) j["gemm"] = gemm_rates_json(rates, f->gemm_size, f->gemm_repeats);
+      if (!shapes.empty()) j["gemm_shapes"] = gemm_shape_rates_json(shapes);
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
@@ -73,6 +79,12 @@ Command add_info_command(CLI::App& root) {
     if (!rates.empty())
       std::printf("  gemm: %s; %s, %lld^3, median of %d\n", gemm_rates_line(rates).c_str(), f->device.c_str(),
                   static_cast<long long>(f->gemm_size), f->gemm_repeats);
+    if (!shapes.empty()) std::printf("  %-28s %5s %5s %5s  %8s %8s %8s GFLOP/s\n", "shape", "m", "n", "k", "f32",
+                                     "native", "convert");
+    for (const GemmShapeRate& r : shapes)
+      std::printf("  %-28s %5lld %5lld %5lld  %8.1f %8.1f %8.1f\n", r.shape.name.c_str(),
+                  static_cast<long long>(r.shape.m), static_cast<long long>(r.shape.n),
+                  static_cast<long long>(r.shape.k), r.f32 / 1e9, r.native / 1e9, r.convert / 1e9);
     return 0;
   };
   return c;

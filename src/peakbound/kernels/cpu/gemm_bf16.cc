@@ -9,12 +9,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "peakbound/core/error.h"
@@ -30,6 +32,11 @@ namespace {
 // native path: a kMr x kNr tile of fp32 accumulators; blocks of kMc rows, kKc depth
 // (kKc / 2 pairs) and kNc columns.
 constexpr std::int64_t kMr = 12, kNr = 32, kKc = 384, kMc = 96, kNc = 1024;
+// Up to this many rows of a non-transposed A and columns of C, a K block is one parallel
+// call over column strips: each task packs its B strip and runs every row on it, A read
+// in place (at most 384 KiB of it per block, from L2), never packed. Larger products pack
+// A per 96-row block, where the tile's broadcasts use constant offsets.
+constexpr std::int64_t kColumnTaskRows = 512, kColumnTaskCols = 512;
 // convert path: blocks widened to f32 and handed to sgemm.
 constexpr std::int64_t kCvtM = 1024, kCvtK = 512, kCvtN = 2048;
 // Below this many multiply-adds the product runs on the caller's thread alone: a
@@ -52,35 +59,88 @@ struct Operand {
 
 std::uint32_t pair(std::uint32_t lo, std::uint32_t hi) { return lo | (hi << 16); }
 
-std::uint32_t load_pair(const bf16* p) {
-  std::uint32_t u;
-  std::memcpy(&u, p, sizeof u);  // little-endian: p[0] low, p[1] high
-  return u;
+// 16 rows of 16 u32 transposed in registers: afterwards r[q] lane i is the old r[i] lane q.
+PB_AVX512_BF16 inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int h = 0; h < 16; h += 8)
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// Whole pairs [0, whole) of n <= 16 rows (row i at rows + i * ld bf16s, its pairs
+// contiguous) as pair-major u32: out[p * W + i] for i < n (W = 12: an A strip; W = 32: a
+// half of a B strip, the other half another call's).
+PB_AVX512_BF16 void pack_rows16(const bf16* rows, std::int64_t ld, std::int64_t n, std::int64_t whole,
+                                std::int64_t W, std::uint32_t* out) {
+  const __mmask16 rows_mask = static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+  for (std::int64_t p0 = 0; p0 < whole; p0 += 16) {
+    const std::int64_t q_end = std::min<std::int64_t>(16, whole - p0);
+    const __mmask16 mask = static_cast<__mmask16>(q_end == 16 ? 0xFFFF : (1u << q_end) - 1);
+    __m512i r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < n ? _mm512_maskz_loadu_epi32(mask, rows + i * ld + 2 * p0) : _mm512_setzero_si512();
+    transpose16(r);
+    for (std::int64_t q = 0; q < q_end; ++q) _mm512_mask_storeu_epi32(out + (p0 + q) * W, rows_mask, r[q]);
+  }
+}
+
+// W u32 (W <= 32) of pairs (lo[i], hi[i]) for i < w, zero for i >= w; hi null: zero high halves.
+PB_AVX512_BF16 void interleave_pairs(const bf16* lo, const bf16* hi, std::int64_t w, std::int64_t W,
+                                     std::uint32_t* out) {
+  static const __m512i idx0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                               38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  static const __m512i idx1 = _mm512_add_epi16(idx0, _mm512_set1_epi16(16));
+  const __mmask32 m = w >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << w) - 1);
+  const __m512i l = _mm512_maskz_loadu_epi16(m, lo);
+  const __m512i h = hi ? _mm512_maskz_loadu_epi16(m, hi) : _mm512_setzero_si512();
+  const __m512i v0 = _mm512_permutex2var_epi16(l, idx0, h);
+  if (W == 32) {
+    _mm512_storeu_si512(out, v0);
+    _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(l, idx1, h));
+  } else {
+    _mm512_mask_storeu_epi32(out, static_cast<__mmask16>((1u << W) - 1), v0);
+  }
 }
 
 // One strip of a packed operand: W rows [i0, i0 + W) of `op` (an [M, K] view) over depth
 // [k0, k0 + kc), as K pairs of W u32 each, zero past row `rows` (the edge) and past an
-// odd kc. A full strip's whole pairs take the stored layout's contiguous direction; the
-// edges go element by element. A strips rows of A (W = kMr); B strips rows of B^T
-// (W = kNr), i.e. columns of B.
+// odd kc. Transposed views interleave two depths in registers; a full strip of a row-major
+// view transposes 16 x 16 blocks of pairs; the rest goes element by element. A strips
+// rows of A (W = kMr), B strips rows of B^T (W = kNr), i.e. columns of B.
 template <std::int64_t W>
-void pack_strip(const Operand& op, std::int64_t i0, std::int64_t rows, std::int64_t k0, std::int64_t kc,
-                std::uint32_t* out) {
-  const std::int64_t pairs = (kc + 1) / 2, whole = kc / 2;
-  const bool full = rows >= W;
-  if (full && !op.trans) {  // row i holds its K pairs contiguously
-    for (std::int64_t r = 0; r < W; ++r) {
-      const bf16* row = op.p + (i0 + r) * op.ld + k0;
-      for (std::int64_t p = 0; p < whole; ++p) out[p * W + r] = load_pair(row + 2 * p);
-    }
-  } else if (full) {  // depth k holds rows i contiguously: two depths make the pairs
-    for (std::int64_t p = 0; p < whole; ++p) {
+PB_AVX512_BF16 void pack_strip(const Operand& op, std::int64_t i0, std::int64_t rows, std::int64_t k0,
+                               std::int64_t kc, std::uint32_t* out) {
+  const std::int64_t pairs = (kc + 1) / 2, whole = kc / 2, w = std::min(W, rows);
+  if (op.trans) {  // depth k holds rows i contiguously: two depths make the pairs
+    for (std::int64_t p = 0; p < pairs; ++p) {
       const bf16* lo = op.p + (k0 + 2 * p) * op.ld + i0;
-      const bf16* hi = lo + op.ld;
-      for (std::int64_t r = 0; r < W; ++r) out[p * W + r] = pair(lo[r].bits, hi[r].bits);
+      interleave_pairs(lo, 2 * p + 1 < kc ? lo + op.ld : nullptr, w, W, out + p * W);
     }
+    return;
   }
-  for (std::int64_t p = full ? whole : 0; p < pairs; ++p) {
+  std::int64_t done = 0;
+  if (rows >= W) {
+    for (std::int64_t h = 0; h < W; h += 16)
+      pack_rows16(op.p + (i0 + h) * op.ld + k0, op.ld, std::min<std::int64_t>(16, W - h), whole, W, out + h);
+    done = whole;
+  }
+  for (std::int64_t p = done; p < pairs; ++p) {
     const std::int64_t k = k0 + 2 * p;
     const bool has_hi = 2 * p + 1 < kc;
     for (std::int64_t r = 0; r < W; ++r)
@@ -107,57 +167,82 @@ void pack_b_strip(const Operand& b, std::int64_t k0, std::int64_t kc, std::int64
 // not read), C = alpha * tile + beta * C (the first block), C += alpha * tile (later ones).
 enum class Update : std::uint8_t { write, scale_add, add };
 
-// C[kMr, kNr] (row stride ldc) updated with alpha * the product of the packed A strip
-// and the packed B strip over `pairs` K pairs. C's rows are prefetched while the
-// products run.
-PB_AVX512_BF16 void tile_native(std::int64_t pairs, const std::uint32_t* ap, const std::uint32_t* bp, float* c,
-                                std::int64_t ldc, float alpha, float beta, Update update) {
-  __m512 acc[kMr][2];
+// Where a tile reads A's K pairs: pair p of the tile's row r is the u32 at bytes
+// p + r * rs + p * ps onwards. A packed strip: rs 4, ps 4 * kMr; A read in place (not
+// transposed): rs 2 * lda, ps 4.
+struct ASrc {
+  const unsigned char* p;
+  std::int64_t rs, ps;
+};
+
+// C[R, cols] (cols <= kNr, row stride ldc) updated with alpha * (R rows of A via `a`) x
+// (the packed B strip) over `pairs` K pairs, and with `odd` one more pair whose A high
+// half is taken as zero (A's odd last K read in place; B's packed high half is zero there
+// too). Every element is the same fp32 arithmetic whatever R, cols and where A lives, so
+// a row of C does not depend on M or on which rows share the tile. C's rows are
+// prefetched while the products run.
+template <int R, bool Packed>
+PB_AVX512_BF16 void tile_native(std::int64_t pairs, bool odd, ASrc a, const std::uint32_t* bp, std::int64_t cols,
+                                float* c, std::int64_t ldc, float alpha, float beta, Update update) {
+  __m512 acc[R][2];
 #pragma GCC unroll 12
-  for (int r = 0; r < kMr; ++r) {
+  for (int r = 0; r < R; ++r) {
     acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     if (update != Update::write) {
       _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
     }
   }
-  for (std::int64_t p = 0; p < pairs; ++p) {
+  const unsigned char* ap = a.p;
+  // A packed strip's strides are constants, so the 12 broadcasts use immediate offsets.
+  const std::int64_t rs = Packed ? 4 : a.rs, ps = Packed ? 4 * kMr : a.ps;
+  for (std::int64_t p = 0; p < pairs; ++p, bp += kNr, ap += ps) {
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp);
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
-    bp += kNr;
 #pragma GCC unroll 12
-    for (int r = 0; r < kMr; ++r) {
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[r]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t u;
+      std::memcpy(&u, ap + r * rs, sizeof u);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(u));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
     }
-    ap += kMr;
+  }
+  if (odd) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
+    for (int r = 0; r < R; ++r) {
+      std::uint16_t lo;
+      std::memcpy(&lo, ap + r * rs, sizeof lo);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(lo));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 mask[2] = {static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1),
+                             static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0)};
 #pragma GCC unroll 12
-  for (int r = 0; r < kMr; ++r) {
+  for (int r = 0; r < R; ++r) {
     float* row = c + r * ldc;
     for (int h = 0; h < 2; ++h) {
       __m512 v = _mm512_mul_ps(va, acc[r][h]);
-      if (update == Update::scale_add) v = _mm512_fmadd_ps(vb, _mm512_loadu_ps(row + 16 * h), v);
-      if (update == Update::add) v = _mm512_add_ps(_mm512_loadu_ps(row + 16 * h), v);
-      _mm512_storeu_ps(row + 16 * h, v);
+      if (update == Update::scale_add) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[h], row + 16 * h), v);
+      if (update == Update::add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[h], row + 16 * h), v);
+      _mm512_mask_storeu_ps(row + 16 * h, mask[h], v);
     }
   }
 }
 
-// An edge tile: rows x cols of C (fewer than kMr x kNr) through a full-size scratch tile.
-void edge_tile(std::int64_t pairs, const std::uint32_t* ap, const std::uint32_t* bp, std::int64_t rows,
-               std::int64_t cols, float* c, std::int64_t ldc, float alpha, float beta, Update update) {
-  alignas(64) float tile[kMr * kNr];
-  tile_native(pairs, ap, bp, tile, kNr, 1.0f, 0.0f, Update::write);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < cols; ++j) {
-      float& out = c[r * ldc + j];
-      const float v = alpha * tile[r * kNr + j];
-      out = update == Update::write ? v : update == Update::scale_add ? v + beta * out : out + v;
-    }
+using TileFn = void (*)(std::int64_t, bool, ASrc, const std::uint32_t*, std::int64_t, float*, std::int64_t, float,
+                        float, Update);
+template <bool Packed, std::size_t... I>
+constexpr std::array<TileFn, sizeof...(I)> tile_table(std::index_sequence<I...>) {
+  return {&tile_native<static_cast<int>(I) + 1, Packed>...};
 }
+// kTiles[packed][r - 1] computes r rows, reading A packed (rs 4, ps 4 kMr) or in place.
+constexpr std::array<TileFn, kMr> kTiles[2] = {tile_table<false>(std::make_index_sequence<kMr>{}),
+                                               tile_table<true>(std::make_index_sequence<kMr>{})};
 
 // The pool the native path runs on: ops::blas_num_threads() threads, remade when that
 // count changes; callers hold a reference while they use it.
@@ -183,6 +268,34 @@ void run_tasks(std::int64_t tasks, bool parallel, const std::function<void(std::
   pool->parallel_for(tasks, fn);
 }
 
+// One K block [pc, pc + kc) of a native product, as the tiles see it.
+struct Block {
+  const Operand& a;
+  std::int64_t m, pc, kc;
+  float alpha, beta;
+  Update update;
+  float* c;  // C's column jc + (the strip's offset) is added per strip
+  std::int64_t ldc;
+};
+
+// Rows [i0, i0 + rows) of A (packed in `abuf`, or with abuf null read in place: A not
+// transposed) against packed B strip `bp` (columns j .. j + cols of the block's C).
+void run_rows(const Block& k, std::int64_t i0, std::int64_t rows, const std::uint32_t* abuf,
+              const std::uint32_t* bp, std::int64_t j, std::int64_t cols) {
+  const std::int64_t pairs = (k.kc + 1) / 2;
+  for (std::int64_t s = 0; s < rows; s += kMr) {
+    const std::int64_t r = std::min(kMr, rows - s);
+    float* ct = k.c + (i0 + s) * k.ldc + j;
+    if (abuf) {
+      const ASrc src{reinterpret_cast<const unsigned char*>(abuf + s * pairs), 4, 4 * kMr};
+      kTiles[1][r - 1](pairs, false, src, bp, cols, ct, k.ldc, k.alpha, k.beta, k.update);
+    } else {
+      const ASrc src{reinterpret_cast<const unsigned char*>(k.a.p + (i0 + s) * k.a.ld + k.pc), 2 * k.a.ld, 4};
+      kTiles[0][r - 1](k.kc / 2, k.kc % 2 == 1, src, bp, cols, ct, k.ldc, k.alpha, k.beta, k.update);
+    }
+  }
+}
+
 void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
                  std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   const Operand A{a, lda, ta}, B{b, ldb, tb};
@@ -196,30 +309,33 @@ void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
     for (std::int64_t pc = 0; pc < k; pc += kKc) {
       const std::int64_t kc = std::min(kKc, k - pc), pairs = (kc + 1) / 2;
       const Update update = pc > 0 ? Update::add : beta == 0.0f ? Update::write : Update::scale_add;
+      const Block blk{A, m, pc, kc, alpha, beta, update, c + jc, ldc};
       std::uint32_t* bpacked = bbuf.data();
+      auto strip = [&, bpacked](std::int64_t t) { return bpacked + t * pairs * kNr; };
+      auto cols = [&](std::int64_t t) { return std::min(kNr, nc - t * kNr); };
+      if (!ta && m <= kColumnTaskRows && n <= kColumnTaskCols) {  // one call: each task packs a B strip and runs every row on it
+        run_tasks(strips, parallel, [&](std::int64_t t) {
+          pack_b_strip(B, pc, kc, jc, nc, t * kNr, bpacked);
+          run_rows(blk, 0, m, nullptr, strip(t), t * kNr, cols(t));
+        });
+        continue;
+      }
       run_tasks(strips, parallel, [&, bpacked](std::int64_t t) { pack_b_strip(B, pc, kc, jc, nc, t * kNr, bpacked); });
-      // Each task packs its row block of A once and runs it against a group of column
-      // strips; the strips split into groups only when row blocks alone are too few to
-      // keep every thread busy (A is then packed once per group).
+      // Each task packs a row block of A and runs it against a group of column strips; the
+      // strips split into groups only when row blocks alone are too few to keep every
+      // thread busy (A is then packed once per group).
       const std::int64_t row_blocks = (m + kMc - 1) / kMc;
       const std::int64_t want_groups = parallel ? (2 * threads + row_blocks - 1) / row_blocks : 1;
       const std::int64_t per_group = (strips + std::min(strips, want_groups) - 1) / std::min(strips, want_groups);
       const std::int64_t groups = (strips + per_group - 1) / per_group;
-      run_tasks(row_blocks * groups, parallel, [&, bpacked](std::int64_t task) {
+      run_tasks(row_blocks * groups, parallel, [&](std::int64_t task) {
         thread_local std::vector<std::uint32_t> abuf;
-        abuf.resize(static_cast<std::size_t>(kMc * kKc / 2));
         const std::int64_t ic = task / groups * kMc, mc = std::min(kMc, m - ic);
+        abuf.resize(static_cast<std::size_t>(kMc * kKc / 2));
         pack_a(A, ic, mc, pc, kc, abuf.data());
         const std::int64_t t_end = std::min(strips, (task % groups + 1) * per_group);
-        for (std::int64_t t = task % groups * per_group; t < t_end; ++t) {
-          const std::int64_t j = t * kNr, cols = std::min(kNr, nc - j);
-          for (std::int64_t s = 0; s < mc; s += kMr) {
-            const std::uint32_t *ap = abuf.data() + s * pairs, *bp = bpacked + t * pairs * kNr;
-            float* ct = c + (ic + s) * ldc + jc + j;
-            if (s + kMr <= mc && cols == kNr) tile_native(pairs, ap, bp, ct, ldc, alpha, beta, update);
-            else edge_tile(pairs, ap, bp, std::min(kMr, mc - s), cols, ct, ldc, alpha, beta, update);
-          }
-        }
+        for (std::int64_t t = task % groups * per_group; t < t_end; ++t)
+          run_rows(blk, ic, mc, abuf.data(), strip(t), t * kNr, cols(t));
       });
     }
   }

@@ -11,10 +11,18 @@
 //            adding two bf16 products per lane). Operands are packed in K pairs:
 //              A panel: for each pair p, 12 rows x (A[r,2p], A[r,2p+1])   (one u32 each)
 //              B panel: for each pair p, 32 columns x (B[2p,j], B[2p+1,j])
-//            with zero padding at the M, N and odd-K edges. Blocks: KC 384 (a B
+//            with zero padding at the N and odd-K edges; packing transposes 16 x 16
+//            blocks of pairs or interleaves two depths in registers. Blocks: KC 384 (a B
 //            micro-panel of 24 KiB stays in L1), MC 96 (an A block of 72 KiB in L2),
 //            NC 1024 (a B block of 768 KiB), tuned on Zen 4: 2x sgemm's rate on one
 //            core; the C tile is updated in the kernel while its rows are prefetched.
+//            Tiles of 1-12 rows (the M edge needs no scratch) and 1-32 columns (masked
+//            loads and stores of C). Small products (A not transposed, M and N <= 512)
+//            do not pack A: the tile reads A's K pairs in place, and a K block is one
+//            parallel call over column strips, each task packing its own B strip.
+//            Every element of C is the same fp32 arithmetic on every route (the pair
+//            order and the 384-deep K blocks are fixed), so a row of C does not depend
+//            on M, on which rows share a call, or on the thread count (tested bitwise).
 //   convert  elsewhere (AVX2-only CPUs): each block of A and B is widened to f32 in its
 //            stored orientation and multiplied by OpenBLAS's sgemm; the widening costs
 //            O(MK + KN) per block against O(MNK) for the product (0.90-0.95x sgemm's
