@@ -32,11 +32,13 @@ namespace {
 // native path: a kMr x kNr tile of fp32 accumulators; blocks of kMc rows, kKc depth
 // (kKc / 2 pairs) and kNc columns.
 constexpr std::int64_t kMr = 12, kNr = 32, kKc = 384, kMc = 96, kNc = 1024;
-// Up to this many rows of a non-transposed A and columns of C, a K block is one parallel
-// call over column strips: each task packs its B strip and runs every row on it, A read
-// in place (at most 384 KiB of it per block, from L2), never packed. Larger products pack
-// A per 96-row block, where the tile's broadcasts use constant offsets.
+// Up to this many rows of a non-transposed A and columns of C, a product is one parallel
+// call over column strips (gemm_columns): each task packs its B strip and runs every row
+// on it, A read in place (at most 384 KiB of it per K block, from L2), never packed.
+// Larger products pack A per 96-row block, where the tile's broadcasts use constant
+// offsets, and make two parallel calls per K block (B's packing, then the row blocks).
 constexpr std::int64_t kColumnTaskRows = 512, kColumnTaskCols = 512;
+static_assert(kColumnTaskCols <= kNc, "gemm_columns keeps every strip's B block in the kNc x kKc buffer");
 // convert path: blocks widened to f32 and handed to sgemm.
 constexpr std::int64_t kCvtM = 1024, kCvtK = 512, kCvtN = 2048;
 // Below this many multiply-adds the product runs on the caller's thread alone: a
@@ -296,6 +298,24 @@ void run_rows(const Block& k, std::int64_t i0, std::int64_t rows, const std::uin
   }
 }
 
+// A product of a non-transposed A with M, N <= kColumnTaskRows, kColumnTaskCols: one
+// parallel call over column strips; each task takes its strip through every K block in
+// order, packing the strip's B block (at a fixed offset of its own in `bbuf`) and running
+// every row of A, read in place, against it.
+void gemm_columns(const Operand& A, const Operand& B, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                  float beta, float* c, std::int64_t ldc, bool parallel, std::uint32_t* bbuf) {
+  run_tasks((n + kNr - 1) / kNr, parallel, [&](std::int64_t t) {
+    std::uint32_t* bp = bbuf + t * (kKc / 2) * kNr;
+    for (std::int64_t pc = 0; pc < k; pc += kKc) {
+      const std::int64_t kc = std::min(kKc, k - pc);
+      const Update update = pc > 0 ? Update::add : beta == 0.0f ? Update::write : Update::scale_add;
+      const Block blk{A, m, pc, kc, alpha, beta, update, c, ldc};
+      pack_strip<kNr>(Operand{B.p, B.ld, !B.trans}, t * kNr, n - t * kNr, pc, kc, bp);
+      run_rows(blk, 0, m, nullptr, bp, t * kNr, std::min(kNr, n - t * kNr));
+    }
+  });
+}
+
 void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
                  std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   const Operand A{a, lda, ta}, B{b, ldb, tb};
@@ -303,6 +323,8 @@ void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   const std::int64_t threads = std::max(1, blas_num_threads());
   thread_local std::vector<std::uint32_t> bbuf;
   bbuf.resize(static_cast<std::size_t>(kNc * kKc / 2));
+  if (!ta && m <= kColumnTaskRows && n <= kColumnTaskCols)
+    return gemm_columns(A, B, m, n, k, alpha, beta, c, ldc, parallel, bbuf.data());
   for (std::int64_t jc = 0; jc < n; jc += kNc) {
     const std::int64_t nc = std::min(kNc, n - jc);
     const std::int64_t strips = (nc + kNr - 1) / kNr;
@@ -313,13 +335,6 @@ void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
       std::uint32_t* bpacked = bbuf.data();
       auto strip = [&, bpacked](std::int64_t t) { return bpacked + t * pairs * kNr; };
       auto cols = [&](std::int64_t t) { return std::min(kNr, nc - t * kNr); };
-      if (!ta && m <= kColumnTaskRows && n <= kColumnTaskCols) {  // one call: each task packs a B strip and runs every row on it
-        run_tasks(strips, parallel, [&](std::int64_t t) {
-          pack_b_strip(B, pc, kc, jc, nc, t * kNr, bpacked);
-          run_rows(blk, 0, m, nullptr, strip(t), t * kNr, cols(t));
-        });
-        continue;
-      }
       run_tasks(strips, parallel, [&, bpacked](std::int64_t t) { pack_b_strip(B, pc, kc, jc, nc, t * kNr, bpacked); });
       // Each task packs a row block of A and runs it against a group of column strips; the
       // strips split into groups only when row blocks alone are too few to keep every
