@@ -13,6 +13,7 @@
 #include "peakbound/layers/moe_layer.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/embedding.h"
+#include "peakbound/ops/host_convert.h"
 #include "peakbound/ops/moe_router.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/schedules/checkpoint_offload.h"
@@ -57,6 +58,20 @@ bool is_norm_weight(const TensorEntry& e) {
   const std::string suffix = "norm.weight";
   return e.shape.size() == 1 && n.size() >= suffix.size() &&
          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Element i (of the whole tensor) of v's initial value under seed, initializer std sd.
+float init_value(u64 seed, double sd, const ParameterView& v, u64 i) {
+  if (is_norm_weight(v.entry)) return 1.0f;
+  return static_cast<float>(sd * normal_at(mix(seed ^ mix(fnv1a(v.name()))), i));
+}
+
+// dst (device, bf16) [n] = to_bf16(src) (host fp32 [n]); waits for the copy.
+void upload_bf16(Device& dev, void* dst, const std::vector<float>& src) {
+  std::vector<bf16> h(src.size());
+  ops::host_to_bf16(h.data(), src.data(), static_cast<std::int64_t>(src.size()));
+  dev.memcpy_async(dst, h.data(), h.size() * sizeof(bf16), CopyKind::host_to_device, dev.copy_stream());
+  dev.synchronize(dev.copy_stream());
 }
 
 Shape shape_of(const std::vector<std::int64_t>& d) {
@@ -151,13 +166,13 @@ ModelAuxBuffers model_aux_buffers(std::int64_t experts) {
   return b;
 }
 
-ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden) {
+ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision precision) {
   if (tokens < 0 || hidden < 1) throw InvalidArgument("model batch buffers: tokens must be >= 0 and hidden >= 1");
   const u64 t = static_cast<u64>(tokens);
   const u64 th = checked_mul(t, static_cast<u64>(hidden), "[T, H]");
   ModelBatchBuffers b;
   b.ids = b.targets = buffer_spec(Component::workspace, t, sizeof(std::int32_t));
-  b.x = b.y = b.hn = b.d_hn = b.dy = buffer_spec(Component::layer, th, sizeof(float));
+  b.x = b.y = b.hn = b.d_hn = b.dy = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
   b.rstd = buffer_spec(Component::layer, t, sizeof(float));
   return b;
 }
@@ -178,7 +193,8 @@ struct MoeTransformer::Pass {
 
 Tensor MoeTransformer::view(ParameterStore& s, const std::string& name, bool grad) const {
   const ParameterView& v = s.view(name);
-  return Tensor(grad ? s.grad(v) : s.param(v), shape_of(v.shape), DType::f32, Location::device);
+  if (grad) return Tensor(s.grad(v), shape_of(v.shape), DType::f32, Location::device);
+  return Tensor(s.param_raw(v), shape_of(v.shape), s.param_dtype(), Location::device);
 }
 
 // A layer's non-expert tensor: a view into the gathered slot the layer always uses.
@@ -186,7 +202,8 @@ Tensor MoeTransformer::slot_view(std::int64_t layer, const std::string& name, bo
   const auto [unit, v] = fsdp_->find(name);
   if (unit != FsdpUnits::layer(layer)) throw InternalError("moe transformer: " + name + " is not in its layer's unit");
   const Buffer& slot = grad ? grad_slots_[layer % 2] : param_slots_[layer % 2];
-  return Tensor(slot.as<float>() + v->offset, shape_of(v->shape), DType::f32, Location::device);
+  const DType t = grad ? DType::f32 : fsdp_->param_dtype();  // gradients are f32 in both precisions
+  return Tensor(slot.as<std::byte>() + v->offset * dtype_size(t), shape_of(v->shape), t, Location::device);
 }
 
 // A decoder layer under FSDP: its unit is gathered into its slot before forward and
@@ -196,14 +213,14 @@ class MoeTransformer::FsdpBlock final : public Block {
   FsdpBlock(MoeTransformer& m, std::int64_t layer, Block& inner) : m_(m), l_(layer), inner_(inner) {}
   void forward(const Tensor& x, const Tensor& y) override {
     mark_phase(m_.dev_.arena(), "forward layer", l_);  // the memory timeline's phase
-    m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].as<float>());
+    m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].data());
     inner_.forward(x, y);
   }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
     mark_phase(m_.dev_.arena(), "backward layer", l_);  // with the layer's recomputation
     const std::size_t u = FsdpUnits::layer(l_);
     float* grads = m_.grad_slots_[l_ % 2].as<float>();
-    m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].as<float>());
+    m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].data());
     ops::fill(m_.dev_, m_.dev_.compute_stream(), grads, static_cast<std::int64_t>(m_.fsdp_->layout(u).elements), 0.0f);
     inner_.backward(x, dy, dx);
     m_.fsdp_->reduce_add(u, grads);
@@ -236,15 +253,18 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   sg.vocab = groups_.vocab->size();
   sg.vocab_rank = groups_.vocab->rank();
   sg.vocab_replicas = groups_.vocab_replicas->size();
-  const ModelStoreSpecs specs = model_store_specs(c, sg);
-  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world);
+  store_specs_ = model_store_specs(c, sg);
+  const ModelStoreSpecs& specs = store_specs_;
+  const Precision prec = schedules_.precision;
+  schedules_.vocab.precision = prec;  // the model's precision rules the head's
+  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec);
   const FsdpBuffers& fb = fsdp_->buffers();
   for (int k = 0; k < 2; ++k) {
     param_slots_[k] = dev.allocate(fb.layer_params.component, fb.layer_params.bytes);
     grad_slots_[k] = dev.allocate(fb.layer_grads.component, fb.layer_grads.bytes);
   }
-  experts_ = std::make_unique<ParameterStore>(dev, table_, specs.experts.select, specs.experts.options);
-  head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options);
+  experts_ = std::make_unique<ParameterStore>(dev, table_, specs.experts.select, specs.experts.options, prec);
+  head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options, prec);
 
   // The aux-loss state shared by every MoE layer.
   const ModelAuxBuffers ab = model_aux_buffers(E);
@@ -258,7 +278,8 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto layer = std::make_unique<Layer>();
-    const AttentionLayerConfig ac = model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank());
+    AttentionLayerConfig ac = model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank());
+    ac.precision = prec;
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2; ++g) {
       at[g].w_in = slot_view(l, p + "input_layernorm.weight", g);
@@ -274,8 +295,9 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
     if (ac.cp > 1) layer->attention->set_cp_group(groups_.cp.get());
 
-    const MoeLayerConfig mc =
+    MoeLayerConfig mc =
         moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
+    mc.precision = prec;
     MoeLayerTensors mt[2];
     const bool moe = c.is_moe_layer(l);
     for (int g = 0; g < 2; ++g) mt[g].w_post = slot_view(l, p + "post_attention_layernorm.weight", g);
@@ -301,8 +323,9 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
         }
       for (int g = 0; g < 2; ++g) {
         mt[g].w_gate = slot_view(l, gate, g);
-        float* base = g ? experts_->grad(first) : experts_->param(first);
-        mt[g].experts = Tensor(base, Shape{per, expert_floats}, DType::f32, Location::device);
+        void* base = g ? static_cast<void*>(experts_->grad(first)) : experts_->param_raw(first);
+        mt[g].experts = Tensor(base, Shape{per, expert_floats}, g ? DType::f32 : experts_->param_dtype(),
+                               Location::device);
       }
       if (c.num_shared_experts > 0) {
         const std::string sp = p + (c.family == "qwen2_moe" ? "mlp.shared_expert." : "mlp.shared_experts.");
@@ -341,12 +364,10 @@ std::vector<const DispatchStats*> MoeTransformer::dispatch_stats() const {
 }
 
 void MoeTransformer::init_parameters(std::uint64_t seed) {
+  if (schedules_.precision == Precision::bf16) return init_bf16(seed);
   const double sd = config_.initializer_range;
   // Element i of tensor v (of the full tensor) under this seed.
-  auto value = [&](const ParameterView& v, u64 i) {
-    if (is_norm_weight(v.entry)) return 1.0f;
-    return static_cast<float>(sd * normal_at(mix(seed ^ mix(fnv1a(v.name()))), i));
-  };
+  auto value = [&](const ParameterView& v, u64 i) { return init_value(seed, sd, v, i); };
   std::vector<float> host;
   for (ParameterStore* s : stores()) {
     for (const ParameterView& v : *s) {
@@ -376,7 +397,74 @@ void MoeTransformer::init_parameters(std::uint64_t seed) {
   }
 }
 
+// Under bf16: the same fp32 values as the f32 init, laid out as each params buffer
+// (padding zero), kept as the pending masters; the device gets to_bf16 of them.
+void MoeTransformer::init_bf16(std::uint64_t seed) {
+  const double sd = config_.initializer_range;
+  for (ParameterStore* s : stores()) {
+    std::vector<float> master(static_cast<std::size_t>(s->elements()), 0.0f);
+    for (const ParameterView& v : *s) {
+      std::int64_t row = 1;
+      for (std::size_t d = 1; d < v.entry.shape.size(); ++d) row *= v.entry.shape[d];
+      const u64 first = static_cast<u64>(v.rows.begin * row);
+      for (std::int64_t i = 0; i < v.numel(); ++i)
+        master[v.offset + static_cast<u64>(i)] = init_value(seed, sd, v, first + static_cast<u64>(i));
+    }
+    upload_bf16(dev_, s->params_raw(), master);
+    s->set_pending_master(std::move(master));
+  }
+  // This rank's slice [r n/G, (r+1) n/G) of each unit, at the unit's shard offset.
+  const u64 r = static_cast<u64>(groups_.world->rank());
+  std::vector<float> master(static_cast<std::size_t>(fsdp_->shard_elements()), 0.0f);
+  for (std::size_t u = 0; u < fsdp_->size(); ++u) {
+    const u64 len = fsdp_->shard_len(u), lo = r * len, hi = lo + len, at = fsdp_->shard_offset(u);
+    for (const ParameterView& v : fsdp_->layout(u).views) {
+      const u64 b = std::max(lo, v.offset), e = std::min(hi, v.offset + static_cast<u64>(v.numel()));
+      for (u64 k = b; k < e; ++k) master[at + k - lo] = init_value(seed, sd, v, k - v.offset);
+    }
+  }
+  upload_bf16(dev_, fsdp_->params_shard_raw(), master);
+  fsdp_->set_pending_master(std::move(master));
+}
+
+// Under bf16: the checkpoint's values through for_each_hf_tensor into host fp32 vectors
+// laid out as each params buffer (the pending masters), to_bf16 of them on the device.
+void MoeTransformer::load_hf_bf16(const std::string& dir) {
+  const StoreSpec* specs[2] = {&store_specs_.experts, &store_specs_.head};
+  for (int k = 0; k < 2; ++k) {
+    ParameterStore& st = k ? *head_ : *experts_;
+    std::vector<float> master(static_cast<std::size_t>(st.elements()), 0.0f);
+    for_each_hf_tensor(dir, table_, specs[k]->select, [&](const ParameterView& v, const float* x, u64 n) {
+      const ParameterView& w = st.view(v.name());
+      if (n != static_cast<u64>(w.numel())) throw InternalError("moe transformer: " + v.name() + " size mismatch");
+      std::copy(x, x + n, master.begin() + static_cast<std::ptrdiff_t>(w.offset));
+    });
+    upload_bf16(dev_, st.params_raw(), master);
+    st.set_pending_master(std::move(master));
+  }
+  // Every unit's tensors in one pass; this rank keeps the part inside its slice of each.
+  std::vector<ShardSelector> units;
+  for (std::size_t u = 0; u < fsdp_->size(); ++u) units.push_back(fsdp_unit_selector(table_, u));
+  const ShardSelector any = [&units](const TensorEntry& e) -> std::optional<RowRange> {
+    for (const ShardSelector& sel : units)
+      if (auto rows = sel(e)) return rows;
+    return std::nullopt;
+  };
+  const u64 r = static_cast<u64>(groups_.world->rank());
+  std::vector<float> master(static_cast<std::size_t>(fsdp_->shard_elements()), 0.0f);
+  for_each_hf_tensor(dir, table_, any, [&](const ParameterView& v, const float* x, u64 n) {
+    const auto [u, w] = fsdp_->find(v.name());
+    if (n != static_cast<u64>(w->numel())) throw InternalError("moe transformer: " + v.name() + " size mismatch");
+    const u64 len = fsdp_->shard_len(u), lo = r * len, hi = lo + len;
+    const u64 b = std::max(lo, w->offset), e = std::min(hi, w->offset + n);
+    for (u64 i = b; i < e; ++i) master[fsdp_->shard_offset(u) + i - lo] = x[i - w->offset];
+  });
+  upload_bf16(dev_, fsdp_->params_shard_raw(), master);
+  fsdp_->set_pending_master(std::move(master));
+}
+
 void MoeTransformer::load_hf(const std::string& dir) {
+  if (schedules_.precision == Precision::bf16) return load_hf_bf16(dir);
   for (ParameterStore* s : stores()) load_hf_weights(dir, *s);
   // One unit at a time, whole, through a store of the unit's layout; this rank keeps its slice.
   const u64 r = static_cast<u64>(groups_.world->rank());
@@ -439,7 +527,7 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
     throw InvalidArgument("the ranks of a context-parallel group must hold the same sequences (each takes its "
                           "zigzag shard of every one); some groups' differ");
   p.world_tokens = flags[1];
-  const ModelBatchBuffers bb = model_batch_buffers(p.T, H);
+  const ModelBatchBuffers bb = model_batch_buffers(p.T, H, schedules_.precision);
   const u64 tb = bb.ids.bytes;
   p.ids = dev_.allocate(bb.ids.component, bb.ids.bytes);
   p.targets = dev_.allocate(bb.targets.component, bb.targets.bytes);
@@ -452,17 +540,25 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
   for (auto& l : layers_) l->attention->set_seq_len(S);
   p.x = dev_.allocate(bb.x.component, bb.x.bytes);
   Stream& s = dev_.compute_stream();
-  {
-    // The embedding, gathered for its forward only (its backward needs no weights).
-    const BufferSpec& es = fsdp_->buffers().embed_params;
-    Buffer table = dev_.allocate(es.component, es.bytes);
-    fsdp_->gather(FsdpUnits::embed(), table.as<float>());
-    const float* w = table.as<float>() + fsdp_->find("model.embed_tokens.weight").second->offset;
-    if (p.T > 0) ops::embedding_forward(dev_, s, p.x.as<float>(), p.ids.as<std::int32_t>(), w, p.T, H, 0, V);
-    dev_.synchronize(s);
-  }
+  if (schedules_.precision == Precision::bf16)
+    embed<bf16>(p);
+  else
+    embed<float>(p);
   ops::fill(dev_, s, counts_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
   ops::fill(dev_, s, prob_sums_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
+}
+
+// The embedding, gathered for its forward only (its backward needs no weights): x = table[ids].
+template <class A>
+void MoeTransformer::embed(Pass& p) {
+  const std::int64_t V = config_.vocab_size, H = config_.hidden_size;
+  Stream& s = dev_.compute_stream();
+  const BufferSpec& es = fsdp_->buffers().embed_params;
+  Buffer table = dev_.allocate(es.component, es.bytes);
+  fsdp_->gather(FsdpUnits::embed(), table.data());
+  const A* w = table.as<A>() + fsdp_->find("model.embed_tokens.weight").second->offset;
+  if (p.T > 0) ops::embedding_forward(dev_, s, p.x.as<A>(), p.ids.as<std::int32_t>(), w, p.T, H, 0, V);
+  dev_.synchronize(s);
 }
 
 // The ranks of a context-parallel group must bring the same sequences (each keeps its
@@ -497,13 +593,15 @@ void MoeTransformer::finish_aux(Pass& p, float aux_scale, bool want_grad) {
                     prob_sums_.as<float>(), E, moe_layers_ * p.world_tokens, coef * aux_scale);
 }
 
-BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::int32_t* targets,
-                                           std::int64_t sequences, std::int64_t S, float ce_scale, float aux_scale) {
+template <class A>
+BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std::int32_t* targets,
+                                              std::int64_t sequences, std::int64_t S, float ce_scale, float aux_scale) {
+  constexpr DType kA = dtype_of<A>();
   Pass p;
   mark_phase(dev_.arena(), "embedding");
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
-  const ModelBatchBuffers bb = model_batch_buffers(T, H);
+  const ModelBatchBuffers bb = model_batch_buffers(T, H, schedules_.precision);
   Stream& s = dev_.compute_stream();
   // A rank without tokens holds no boundaries but still runs every layer: the MoE
   // layers' dispatch is collective over the expert-parallel group.
@@ -512,15 +610,15 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
     stack_.reset();
     std::vector<Block*> blocks;
     for (auto& l : layers_) blocks.push_back(l->fsdp.get());
-    stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, DType::f32, schedules_.checkpoint);
+    stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, kA, schedules_.checkpoint);
     stack_tokens_ = T;
   }
   Buffer y = dev_.allocate(bb.y.component, bb.y.bytes);
   const Shape sh{T, H};
   if (empty) {
-    for (auto& l : layers_) l->fsdp->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
+    for (auto& l : layers_) l->fsdp->forward(p.x.tensor(sh, kA), y.tensor(sh, kA));
   } else {
-    stack_->forward(p.x.tensor(sh, DType::f32), y.tensor(sh, DType::f32));
+    stack_->forward(p.x.tensor(sh, kA), y.tensor(sh, kA));
   }
   finish_aux(p, aux_scale, true);
 
@@ -530,13 +628,13 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   const std::size_t nu = fsdp_->norm();
   const u64 norm_at = fsdp_->find("model.norm.weight").second->offset;
   Buffer norm_w = dev_.allocate(fb.norm_params.component, fb.norm_params.bytes);
-  fsdp_->gather(nu, norm_w.as<float>());
+  fsdp_->gather(nu, norm_w.data());
   Buffer hn = dev_.allocate(bb.hn.component, bb.hn.bytes);
   Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const float* w_norm = norm_w.as<float>() + norm_at;
-  if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<float>(), rstd.as<float>(), y.as<float>(), w_norm, T, H, eps);
-  const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
+  const A* w_norm = norm_w.as<A>() + norm_at;
+  if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<A>(), rstd.as<float>(), y.as<A>(), w_norm, T, H, eps);
+  const A* w_head = head_->contains("lm_head.weight") ? head_->param_as<A>("lm_head.weight") : nullptr;
   float* d_head = head_->contains("lm_head.weight") ? head_->grad("lm_head.weight") : nullptr;
   // The scale is known up front (the trainer counted the valid targets): a one-rank
   // vocabulary group takes Ring-DTP's fused form (no recompute, one logits block).
@@ -544,12 +642,12 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   Buffer d_hn;
   if (schedules_.ring_dtp && groups_.vocab->size() == 1) {
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
-    ls = vocab_loss_->forward_backward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head, ce_scale,
-                                       d_hn.as<float>(), d_head);
+    ls = vocab_loss_->forward_backward(hn.as<A>(), p.targets.as<std::int32_t>(), T, w_head, ce_scale,
+                                       d_hn.as<A>(), d_head);
   } else {
-    ls = vocab_loss_->forward(hn.as<float>(), p.targets.as<std::int32_t>(), T, w_head);
+    ls = vocab_loss_->forward(hn.as<A>(), p.targets.as<std::int32_t>(), T, w_head);
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
-    vocab_loss_->backward(ce_scale, d_hn.as<float>(), d_head);
+    vocab_loss_->backward(ce_scale, d_hn.as<A>(), d_head);
   }
   hn.reset();
   Buffer dy = dev_.allocate(bb.dy.component, bb.dy.bytes);
@@ -557,8 +655,8 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
     Buffer norm_g = dev_.allocate(fb.norm_grads.component, fb.norm_grads.bytes);
     ops::fill(dev_, s, norm_g.as<float>(), static_cast<std::int64_t>(fsdp_->layout(nu).elements), 0.0f);
     if (T > 0) {
-      ops::fill(dev_, s, dy.as<float>(), T * H, 0.0f);
-      ops::rmsnorm_backward(dev_, s, dy.as<float>(), norm_g.as<float>() + norm_at, d_hn.as<float>(), y.as<float>(),
+      ops::fill(dev_, s, dy.as<A>(), T * H, 0.0f);
+      ops::rmsnorm_backward(dev_, s, dy.as<A>(), norm_g.as<float>() + norm_at, d_hn.as<A>(), y.as<A>(),
                             w_norm, rstd.as<float>(), T, H);
     }
     fsdp_->reduce_add(nu, norm_g.as<float>());
@@ -570,9 +668,9 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
   // The stack copied x into its first boundary: x's buffer takes dx.
   if (empty) {
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
-      (*it)->fsdp->backward(p.x.tensor(sh, DType::f32), dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
+      (*it)->fsdp->backward(p.x.tensor(sh, kA), dy.tensor(sh, kA), p.x.tensor(sh, kA));
   } else {
-    stack_->backward(dy.tensor(sh, DType::f32), p.x.tensor(sh, DType::f32));
+    stack_->backward(dy.tensor(sh, kA), p.x.tensor(sh, kA));
   }
   mark_phase(dev_.arena(), "embedding backward");
   {
@@ -582,7 +680,7 @@ BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::i
     ops::fill(dev_, s, emb_g.as<float>(), static_cast<std::int64_t>(fsdp_->layout(eu).elements), 0.0f);
     if (T > 0)
       ops::embedding_backward(dev_, s, emb_g.as<float>() + fsdp_->find("model.embed_tokens.weight").second->offset,
-                              p.ids.as<std::int32_t>(), p.x.as<float>(), T, H, 0, config_.vocab_size);
+                              p.ids.as<std::int32_t>(), p.x.as<A>(), T, H, 0, config_.vocab_size);
     fsdp_->reduce_add(eu, emb_g.as<float>());
   }
   dev_.synchronize();
@@ -602,19 +700,21 @@ BatchSums MoeTransformer::batch_sums(const LossSum& ls, const Pass& p) const {
   return out;
 }
 
-BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
-                                  std::int64_t S) {
+template <class A>
+BatchSums MoeTransformer::forward_as(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                                     std::int64_t S) {
+  constexpr DType kA = dtype_of<A>();
   Pass p;
   mark_phase(dev_.arena(), "eval");
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
-  const ModelBatchBuffers bb = model_batch_buffers(T, H);
+  const ModelBatchBuffers bb = model_batch_buffers(T, H, schedules_.precision);
   const Shape sh{T, H};
   Buffer other = dev_.allocate(bb.y.component, bb.y.bytes);
   Buffer* in = &p.x;
   Buffer* out = &other;
   for (auto& l : layers_) {
-    l->fsdp->forward(in->tensor(sh, DType::f32), out->tensor(sh, DType::f32));
+    l->fsdp->forward(in->tensor(sh, kA), out->tensor(sh, kA));
     std::swap(in, out);
   }
   finish_aux(p, 1.0f, false);
@@ -622,17 +722,30 @@ BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* t
   Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   const FsdpBuffers& fb = fsdp_->buffers();
   Buffer norm_w = dev_.allocate(fb.norm_params.component, fb.norm_params.bytes);
-  fsdp_->gather(fsdp_->norm(), norm_w.as<float>());
+  fsdp_->gather(fsdp_->norm(), norm_w.data());
   if (T > 0)
-    ops::rmsnorm_forward(dev_, s, out->as<float>(), rstd.as<float>(), in->as<float>(),
-                         norm_w.as<float>() + fsdp_->find("model.norm.weight").second->offset, T, H,
+    ops::rmsnorm_forward(dev_, s, out->as<A>(), rstd.as<float>(), in->as<A>(),
+                         norm_w.as<A>() + fsdp_->find("model.norm.weight").second->offset, T, H,
                          static_cast<float>(config_.rms_norm_eps));
   norm_w.reset();
-  const float* w_head = head_->contains("lm_head.weight") ? head_->param("lm_head.weight") : nullptr;
-  const LossSum ls = vocab_loss_->forward(out->as<float>(), p.targets.as<std::int32_t>(), T, w_head);
+  const A* w_head = head_->contains("lm_head.weight") ? head_->param_as<A>("lm_head.weight") : nullptr;
+  const LossSum ls = vocab_loss_->forward(out->as<A>(), p.targets.as<std::int32_t>(), T, w_head);
   vocab_loss_->discard();  // no backward follows: nothing of it may stay held
   dev_.synchronize();
   return batch_sums(ls, p);
+}
+
+BatchSums MoeTransformer::forward_backward(const std::int32_t* ids, const std::int32_t* targets,
+                                           std::int64_t sequences, std::int64_t S, float ce_scale, float aux_scale) {
+  if (schedules_.precision == Precision::bf16)
+    return forward_backward_as<bf16>(ids, targets, sequences, S, ce_scale, aux_scale);
+  return forward_backward_as<float>(ids, targets, sequences, S, ce_scale, aux_scale);
+}
+
+BatchSums MoeTransformer::forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                                  std::int64_t S) {
+  if (schedules_.precision == Precision::bf16) return forward_as<bf16>(ids, targets, sequences, S);
+  return forward_as<float>(ids, targets, sequences, S);
 }
 
 }  // namespace peakbound

@@ -55,7 +55,11 @@ struct ModelSchedules {
   bool ring_dtp = false;  // false: the materialized vocab-parallel baseline
   VocabLossOptions vocab;
   CheckpointOptions checkpoint;  // schedule resident (baseline) or sco
-  Precision precision = Precision::f32;  // the numeric mode; not read yet (the layers move to it later)
+  // The numeric mode (docs/precision.md): under bf16 every layer, the embedding, the final
+  // norm, the head (vocab.precision is overridden by it), the batch buffers and the
+  // checkpointed stack's boundaries are bf16, the parameters the model computes with are
+  // bf16 (FSDP units, both stores), and the gradients, rstd and statistics stay f32.
+  Precision precision = Precision::f32;
 };
 
 // One micro-batch's sums on this rank.
@@ -99,7 +103,7 @@ struct ModelAuxBuffers {
 };
 ModelAuxBuffers model_aux_buffers(std::int64_t experts);
 
-// One micro-batch of T tokens of hidden H (f32):
+// One micro-batch of T tokens of hidden H (x, y, hn, d_hn, dy in activation_dtype(p), rstd f32):
 //   ids, targets [T] i32 (workspace)     the whole forward_backward
 //   x [T, H] (layer)                      the embedding output, then dx
 //   y [T, H] (layer)                      the stack's output, until the final norm's backward
@@ -109,7 +113,7 @@ ModelAuxBuffers model_aux_buffers(std::int64_t experts);
 struct ModelBatchBuffers {
   BufferSpec ids, targets, x, y, hn, rstd, d_hn, dy;
 };
-ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden);
+ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32);
 
 // Throws InvalidArgument naming the first feature of `c` the trainer does not
 // implement (a config.json setting in c.unmodelled, such as a non-SiLU hidden_act or RoPE
@@ -142,9 +146,12 @@ class MoeTransformer {
   // Deterministic initialisation from a seed, independent of the layout: every
   // element's value is a function of (seed, tensor name, index), so any layout holds
   // the same model. Linear and embedding weights N(0, initializer_range), RMSNorm
-  // weights 1.
+  // weights 1. Under bf16 the fp32 values (the same an f32 model gets) become the FSDP
+  // units' and stores' pending masters (set_pending_master, for the Trainer's master)
+  // and the device holds to_bf16 of them.
   void init_parameters(std::uint64_t seed);
-  // The weights of a Hugging Face model directory (train/hf_checkpoint.h).
+  // The weights of a Hugging Face model directory (train/hf_checkpoint.h); under bf16,
+  // as init_parameters: fp32 pending masters on the host, to_bf16 of them on the device.
   void load_hf(const std::string& dir);
   void zero_grads();
 
@@ -171,6 +178,16 @@ class MoeTransformer {
   struct Pass;
   class FsdpBlock;
   void prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
+  // The bodies over the activation type A (float | bf16), dispatched on the precision.
+  template <class A>
+  void embed(Pass& p);
+  template <class A>
+  BatchSums forward_backward_as(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
+                                std::int64_t S, float ce_scale, float aux_scale);
+  template <class A>
+  BatchSums forward_as(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
+  void init_bf16(std::uint64_t seed);
+  void load_hf_bf16(const std::string& dir);
   bool same_sequences(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
                       std::int64_t S) const;
   void finish_aux(Pass& p, float aux_scale, bool want_grad);
@@ -187,6 +204,7 @@ class MoeTransformer {
   std::unique_ptr<FsdpUnits> fsdp_;
   Buffer param_slots_[2], grad_slots_[2];  // the gathered layer units: layer l uses slot l % 2
   std::unique_ptr<ParameterStore> experts_, head_;
+  ModelStoreSpecs store_specs_;  // the selectors the stores were built with (load_hf under bf16)
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<VocabLoss> vocab_loss_;
   Buffer counts_, prob_sums_, aux_grad_, aux_loss_;

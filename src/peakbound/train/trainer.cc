@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 
 #include "peakbound/core/error.h"
@@ -21,8 +22,8 @@ std::int64_t valid_targets(const MicroBatch& b, std::int32_t ignore) {
 
 }  // namespace
 
-TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements) {
-  return TrainerShardBuffers{buffer_spec(Component::params, shard_elements, sizeof(float)),
+TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements, Precision p) {
+  return TrainerShardBuffers{buffer_spec(Component::params, shard_elements, dtype_size(param_dtype(p))),
                              buffer_spec(Component::grads, shard_elements, sizeof(float))};
 }
 
@@ -42,11 +43,21 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
     slices_.push_back({stores[i], groups[i], stores[i]->elements() / G, shard_elems_});
     shard_elems_ += stores[i]->elements() / G;
   }
-  const TrainerShardBuffers sb = trainer_shard_buffers(shard_elems_);
+  const Precision prec = model.schedules().precision;
+  const TrainerShardBuffers sb = trainer_shard_buffers(shard_elems_, prec);
   param_shard_ = dev.allocate(sb.params.component, sb.params.bytes);
   grad_shard_ = dev.allocate(sb.grads.component, sb.grads.bytes);
-  ParamShard shard{param_shard_.data(), DType::f32, grad_shard_.data(), DType::f32,
+  ParamShard shard{param_shard_.data(), param_dtype(prec), grad_shard_.data(), DType::f32,
                    static_cast<std::int64_t>(shard_elems_)};
+  if (prec == Precision::bf16) {
+    // The model holds only bf16 copies: the master comes from what init / load left.
+    std::vector<float> master = take_pending_masters();
+    opt_ = make_optimizer_schedule(options_.optimizer, OptimizerContext{dev, host, pool, *model.groups().world},
+                                   shard, options_.optimizer_options);
+    opt_->load(master.data());  // writes param_shard_ = to_bf16(master)
+    publish();
+    return;
+  }
   opt_ = make_optimizer_schedule(options_.optimizer, OptimizerContext{dev, host, pool, *model.groups().world}, shard,
                                  options_.optimizer_options);
   // The master weights: this rank's slice of every store.
@@ -64,6 +75,36 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
 }
 
 Trainer::~Trainer() = default;
+
+std::vector<float> Trainer::take_pending_masters() {
+  FsdpUnits& fsdp = model_.fsdp();
+  bool missing = !fsdp.has_pending_master();
+  for (const Slice& s : slices_) missing = missing || !s.store->has_pending_master();
+  if (missing) throw InvalidArgument("trainer: a bf16 model needs init_parameters or load_hf before its Trainer");
+  std::vector<float> master(shard_elems_);
+  const std::vector<float> f = fsdp.take_pending_master();
+  std::copy(f.begin(), f.begin() + static_cast<std::ptrdiff_t>(fsdp_len_), master.begin());
+  for (const Slice& s : slices_) {
+    const std::vector<float> m = s.store->take_pending_master();
+    const auto from = static_cast<std::ptrdiff_t>(s.len * static_cast<std::uint64_t>(s.group->rank()));
+    std::copy(m.begin() + from, m.begin() + from + static_cast<std::ptrdiff_t>(s.len),
+              master.begin() + static_cast<std::ptrdiff_t>(s.offset));
+  }
+  return master;
+}
+
+void Trainer::publish() {
+  Device& dev = model_.experts().device();
+  FsdpUnits& fsdp = model_.fsdp();
+  const DType t = fsdp.param_dtype();
+  const std::uint64_t es = dtype_size(t);
+  dev.synchronize();
+  dev.memcpy_async(fsdp.params_shard_raw(), param_shard_.data(), fsdp_len_ * es, CopyKind::device_to_device,
+                   dev.compute_stream());
+  dev.synchronize();
+  for (const Slice& s : slices_)
+    s.group->all_gather(param_shard_.as<std::byte>() + s.offset * es, s.store->params_raw(), s.len, t);
+}
 
 StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -167,12 +208,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
   }
   mark_phase(dev.arena(), "optimizer");
   const OptimizerStepTimes t = opt_->step(lr, clip);
-  dev.synchronize();
-  dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
-                   dev.compute_stream());
-  dev.synchronize();
-  for (const Slice& s : slices_)
-    s.group->all_gather(param_shard_.as<float>() + s.offset, s.store->params_data(), s.len, DType::f32);
+  publish();
 
   StepStats st;
   st.step = step_;
@@ -257,17 +293,10 @@ void Trainer::restore(const float* master, const float* m, const float* v, std::
   if (step < optimizer_steps)
     throw InvalidArgument("trainer: a restored step (" + std::to_string(step) + ") must be >= the optimizer's updates (" +
                           std::to_string(optimizer_steps) + ")");
-  Device& dev = model_.experts().device();
   // The optimizer writes the parameter shard from the master weights; from there the
   // FSDP shard and the stores are written as at the end of a step.
-  opt_->restore(master, m, v, optimizer_steps);
-  dev.synchronize();
-  FsdpUnits& fsdp = model_.fsdp();
-  dev.memcpy_async(fsdp.params_shard(), param_shard_.data(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
-                   dev.compute_stream());
-  dev.synchronize();
-  for (const Slice& sl : slices_)
-    sl.group->all_gather(param_shard_.as<float>() + sl.offset, sl.store->params_data(), sl.len, DType::f32);
+  opt_->restore(master, m, v, optimizer_steps);  // bf16: narrowed with AdamW's rounding
+  publish();
   step_ = step;
 }
 

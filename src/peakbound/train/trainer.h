@@ -14,6 +14,11 @@
 // The optimizer state therefore lives sharded over the data-parallel ranks (fp32 master,
 // m and v of 1/G of every parameter per rank) on the device or offloaded
 // (OffloadStreamAdamW, the `adam` schedule).
+// Under bf16 (ModelSchedules::precision) the optimizer's shard holds bf16 parameters (AdamW
+// narrows its fp32 master into them, round to nearest even) and f32 gradients; the
+// compute copy the model holds (FSDP shard, store slices all-gathered in bf16) is always
+// to_bf16(master). The reduce-scatter of the stores' gradients stays f32, and so do the
+// master, m and v a checkpoint holds.
 // Loss = (sum of cross-entropy over the world's valid targets) / their count
 //        + the mean over micro-batches of the aux loss.
 #pragma once
@@ -83,19 +88,22 @@ struct StepStats {
 // number, say) to abandon the step. Must be cheap; called on every rank.
 using StopCheck = std::function<std::int64_t()>;
 
-// The shard buffers (f32, held for the trainer's life): this rank's slice of every
-// store side by side, `shard_elements` = the sum over stores of elements / group size;
+// The shard buffers (held for the trainer's life; params in param_dtype(p), grads f32):
+// this rank's slice of every store side by side, `shard_elements` = the sum over stores of elements / group size;
 // params (Component::params) holds the updated slices, grads (Component::grads) the
 // reduce-scattered gradients.
 struct TrainerShardBuffers {
   BufferSpec params, grads;
 };
-TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements);
+TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements, Precision p = Precision::f32);
 
 class Trainer {
  public:
   // Allocates the shard buffers and the optimizer state and loads the model's current
-  // parameters as the master weights. Collective over the world.
+  // parameters as the master weights: under f32 read back from the device, under bf16 the
+  // pending masters init_parameters / load_hf left (taken; InvalidArgument, one line, when
+  // there are none; a second Trainer on the model finds none), after which the model
+  // computes with to_bf16 of them. Collective over the world.
   Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options);
   ~Trainer();
 
@@ -141,6 +149,12 @@ class Trainer {
   std::uint64_t fsdp_len_ = 0;  // the FSDP units' shard, first in the shard buffers
   Buffer param_shard_, grad_shard_;
   std::string first_nonfinite_gradient() const;
+  // The master's bf16 (or f32) copy in the shard buffer written where the model computes
+  // with it: the FSDP shard (a device copy) and each store's slices (all-gathered over its
+  // group in the param dtype). Collective over the world.
+  void publish();
+  // Under bf16: the first master from the model's pending masters, at the shard's offsets.
+  std::vector<float> take_pending_masters();
 
   std::unique_ptr<OptimizerSchedule> opt_;
   std::int64_t step_ = 0;
