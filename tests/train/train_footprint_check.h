@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/schedules/moe_dispatch.h"
@@ -69,11 +70,14 @@ struct Measured {
 
 // One step of `sequences` x `seq_len` tokens per rank; ep the largest divisor of the
 // world and E, the head over every rank.
-// rank_sequences: every rank's sequences (empty: `sequences` on every rank).
+// rank_sequences: every rank's sequences (empty: `sequences` on every rank). precision:
+// the model's (ModelSchedules::precision), which train_footprint reads from the same
+// schedules.
 inline Measured run_step(Communicator& world, const Variant& v, const ModelConfig& config,
                          std::int64_t sequences = 2, std::int64_t seq_len = 24,
                          const CheckpointOptions* checkpoint = nullptr,
-                         const std::vector<std::int64_t>& rank_sequences = {}, int cp = 1) {
+                         const std::vector<std::int64_t>& rank_sequences = {}, int cp = 1,
+                         Precision precision = Precision::f32) {
   const int W = world.size(), r = world.rank();
   if (!rank_sequences.empty()) sequences = rank_sequences[static_cast<std::size_t>(r)];
   ParallelLayout layout;
@@ -91,6 +95,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   sched.ring_dtp = v.ring_dtp;
   if (checkpoint) sched.checkpoint = *checkpoint;
   sched.checkpoint.schedule = v.checkpoint;
+  sched.precision = precision;
   MoeTransformer model(dev, host, groups, config, sched);
   model.init_parameters(7);
   TrainerOptions to;
@@ -139,10 +144,11 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
 // Measured == footprint per component (device and host) and in total.
 inline void check(Communicator& world, const Variant& v, const ModelConfig& config,
                   const CheckpointOptions* checkpoint = nullptr, const std::vector<std::int64_t>& rank_sequences = {},
-                  int cp = 1, std::int64_t seq_len = 24) {
+                  int cp = 1, std::int64_t seq_len = 24, Precision precision = Precision::f32) {
   SCOPED_TRACE(std::string(v.name) + " at rank " + std::to_string(world.rank()) + " of " +
-               std::to_string(world.size()) + ", cp " + std::to_string(cp));
-  const Measured m = run_step(world, v, config, 2, seq_len, checkpoint, rank_sequences, cp);
+               std::to_string(world.size()) + ", cp " + std::to_string(cp) + ", " +
+               std::string(precision_name(precision)));
+  const Measured m = run_step(world, v, config, 2, seq_len, checkpoint, rank_sequences, cp, precision);
   const Footprint& f = m.footprint;
   for (Component c : kAllComponents) {
     EXPECT_EQ(m.device[static_cast<std::size_t>(c)], f.device_peak(c)) << "device " << component_name(c);
@@ -170,8 +176,10 @@ inline void check(Communicator& world, const Variant& v, const ModelConfig& conf
   EXPECT_GT(f.device_peak(Component::vocab), 0u);
   if (world.rank() == 0) {
     std::printf(
-        "%s at %d ranks, cp %d: device peak %llu (measured %llu; with the max sizes %llu), host peak %llu (measured %llu)\n",
-        v.name, world.size(), cp, static_cast<unsigned long long>(f.device_peak_total()),
+        "%s %s at %d ranks, cp %d: device peak %llu (measured %llu; with the max sizes %llu), host peak %llu "
+        "(measured %llu)\n",
+        v.name, std::string(precision_name(precision)).c_str(), world.size(), cp,
+        static_cast<unsigned long long>(f.device_peak_total()),
         static_cast<unsigned long long>(m.device_total), static_cast<unsigned long long>(fm.device_peak_total()),
         static_cast<unsigned long long>(f.host_peak_total()), static_cast<unsigned long long>(m.host_total));
     for (const Footprint::Phase& p : f.phases())

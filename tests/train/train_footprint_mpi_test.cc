@@ -2,7 +2,7 @@
 // head over every rank): after one Trainer::step the Arena's measured peaks equal the
 // footprint per component and in total, with schedules none (standard EP,
 // materialized vocab, resident boundaries, device AdamW) and all (PipelinedLLEP,
-// Ring-DTP, SCO, offload_stream AdamW), and under context parallelism.
+// Ring-DTP, SCO, offload_stream AdamW), and under context parallelism; in f32 and bf16.
 #include "tests/comm/world.h"
 #include "tests/train/train_footprint_check.h"
 
@@ -35,6 +35,32 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintContextParallel) {
     if (world.size() % cp != 0) continue;
     check(world, kNone, tiny_model(), nullptr, {}, cp, 27);
     check(world, kAll, tiny_model(), nullptr, {}, cp, 27);
+  }
+}
+
+// The same in bf16 (ModelSchedules::precision): the bf16 model's measured peaks equal
+// train_footprint per component and in total, at every world size and cp.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16) {
+  Communicator& world = testing::world();
+  check(world, kNone, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+  check(world, kAll, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+}
+
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16RanksWithoutTokens) {
+  Communicator& world = testing::world();
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  check(world, kNone, tiny_model(), nullptr, seqs, 1, 24, Precision::bf16);
+  check(world, kAll, tiny_model(), nullptr, seqs, 1, 24, Precision::bf16);
+}
+
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16ContextParallel) {
+  Communicator& world = testing::world();
+  if (world.size() == 1) GTEST_SKIP() << "context parallelism needs 2 or more ranks";
+  for (int cp = 2; cp <= world.size(); ++cp) {
+    if (world.size() % cp != 0) continue;
+    check(world, kNone, tiny_model(), nullptr, {}, cp, 27, Precision::bf16);
+    check(world, kAll, tiny_model(), nullptr, {}, cp, 27, Precision::bf16);
   }
 }
 

@@ -231,6 +231,126 @@ TEST(TrainFootprint, F32TotalsPinned) {
   }
 }
 
+// bf16 (ModelSchedules::precision): one step of the bf16 model, measured == footprint per
+// component and phase-peak, as the f32 tests above.
+TEST(TrainFootprint, MeasuredEqualsFootprintBf16None) {
+  SingleRankCommunicator world;
+  check(world, kNone, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+}
+
+TEST(TrainFootprint, MeasuredEqualsFootprintBf16All) {
+  SingleRankCommunicator world;
+  check(world, kAll, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+}
+
+TEST(TrainFootprint, MeasuredEqualsFootprintBf16ScoOffloaded) {
+  SingleRankCommunicator world;
+  CheckpointOptions o;
+  o.resident_layers = 1;
+  check(world, kAll, tiny_model(6), &o, {}, 1, 24, Precision::bf16);
+  // Odd T (a single sequence of 37 tokens): [T, H] bf16 rows not a multiple of the alignment.
+  const Measured m = run_step(world, kAll, tiny_model(6), 1, 37, &o, {}, 1, Precision::bf16);
+  for (Component c : kAllComponents) {
+    EXPECT_EQ(m.device[static_cast<std::size_t>(c)], m.footprint.device_peak(c)) << component_name(c);
+    EXPECT_EQ(m.host[static_cast<std::size_t>(c)], m.footprint.host_peak(c)) << component_name(c);
+  }
+}
+
+// bf16 against f32 on the same inputs. Shrink: the parameters the model computes with
+// (FSDP shard and slots, the stores' params, the trainer's param shard: 2 bytes instead
+// of 4, up to the Arena's 256-byte rounding per buffer), the checkpoint boundaries
+// (device and host), the layers' activations and the dispatch's rows, the host staging
+// of parameters. Unchanged: every gradient (f32 in both), the optimizer's device state
+// (fp32 master, m, v), the reduce scratch and workspace (comm, workspace). Attention
+// carries fp32 tiles under bf16 (o32/dq32 [min(S, 256), Q], dkv32 [S, 2K]): at the tiny
+// model (H 32, T 48) they outweigh the halved activations and attention grows; at a
+// realistic shape (H 256, 2 x 1024 tokens) it shrinks. The vocabulary loss does not
+// shrink: its logits / blocks are fp32 in both precisions and bf16 adds the narrowed
+// gradient tile g16 (and d_hidden32 [T, H] fp32); it measures 0.93x-1.56x of f32 at
+// the realistic shape (1.56x: the fused P = 1 block gets a bf16 copy of itself).
+void expect_bf16_smaller(const TrainFootprintInputs& bf16_in, bool attention_shrinks) {
+  TrainFootprintInputs f32_in = bf16_in;
+  f32_in.schedules.precision = Precision::f32;
+  const Footprint a = train_footprint(f32_in), b = train_footprint(bf16_in);
+  auto dev = [](const Footprint& f, Component c) { return f.device_peak(c); };
+  auto halved = [](std::uint64_t f32, std::uint64_t bf) {
+    // 256 bytes of rounding for each of the at most 16 buffers a component holds at once
+    return 2 * bf >= f32 && bf <= f32 / 2 + 16 * 256;
+  };
+  EXPECT_TRUE(halved(dev(a, Component::params), dev(b, Component::params)))
+      << dev(a, Component::params) << " -> " << dev(b, Component::params);
+  EXPECT_TRUE(halved(dev(a, Component::checkpoints), dev(b, Component::checkpoints)));
+  EXPECT_TRUE(halved(a.host_peak(Component::checkpoints), b.host_peak(Component::checkpoints)));
+  for (Component c : {Component::grads, Component::optimizer, Component::comm, Component::workspace})
+    EXPECT_EQ(dev(a, c), dev(b, c)) << component_name(c);
+  std::vector<Component> shrink = {Component::layer, Component::dispatch};
+  if (attention_shrinks) shrink.push_back(Component::attention);
+  for (Component c : shrink) {
+    EXPECT_LE(dev(b, c), dev(a, c)) << component_name(c);
+    if (dev(a, c) > 0) {
+      EXPECT_LT(dev(b, c), dev(a, c)) << component_name(c);
+    }
+  }
+  EXPECT_LT(b.device_peak_total(), a.device_peak_total());
+  if (a.host_peak_total() > 0) {
+    EXPECT_LT(b.host_peak_total(), a.host_peak_total());
+  }
+  // Phase by phase: the same phases, gradients and optimizer state byte-equal.
+  ASSERT_EQ(a.phases().size(), b.phases().size());
+  for (std::size_t k = 0; k < a.phases().size(); ++k) {
+    const Footprint::Phase &pa = a.phases()[k], &pb = b.phases()[k];
+    EXPECT_EQ(pa.name, pb.name);
+    for (Component c : {Component::grads, Component::optimizer})
+      EXPECT_EQ(pa.device[static_cast<std::size_t>(c)], pb.device[static_cast<std::size_t>(c)])
+          << pa.name << " " << component_name(c);
+    EXPECT_LT(pb.device_total(), pa.device_total()) << pa.name;
+  }
+}
+
+TEST(TrainFootprint, Bf16SmallerThanF32) {
+  for (const PinConfig& pc : pin_configs(Precision::bf16)) {
+    SCOPED_TRACE(pc.name);
+    expect_bf16_smaller(pc.in, /*attention_shrinks=*/false);
+  }
+  // The tiny model's attention grows under bf16 (its fp32 tiles).
+  TrainFootprintInputs in = inputs();
+  in.schedules.precision = Precision::bf16;
+  const Footprint b = train_footprint(in);
+  EXPECT_GT(b.device_peak(Component::attention), train_footprint(inputs()).device_peak(Component::attention));
+}
+
+// A model of realistic proportions (the tiny model's layout at H 256, head_dim 64, V 4096,
+// 2 x 1024 tokens): every activation-carrying component but the vocabulary loss shrinks.
+TEST(TrainFootprint, Bf16SmallerThanF32AtRealisticShape) {
+  for (const PinConfig& pc : pin_configs(Precision::bf16)) {
+    SCOPED_TRACE(pc.name);
+    TrainFootprintInputs in = pc.in;
+    in.model.hidden_size = 256;
+    in.model.head_dim = 64;
+    in.model.vocab_size = 4096;
+    in.model.dense_intermediate_size = 4 * 256;
+    in.model.moe_intermediate_size = 2 * 256;
+    in.seq_len = in.seq_len * 1024 / 24;
+    if (in.layout.cp > 1) in.seq_len += 1;  // uneven zigzag chunks, as the pinned cp configs
+    expect_bf16_smaller(in, /*attention_shrinks=*/true);
+    const Footprint a = train_footprint([&] {
+      TrainFootprintInputs f = in;
+      f.schedules.precision = Precision::f32;
+      return f;
+    }()), b = train_footprint(in);
+    std::printf("%-32s device peak f32 %10llu bf16 %10llu (%.3f); attention %.3f, vocab %.3f, layer %.3f\n", pc.name,
+                static_cast<unsigned long long>(a.device_peak_total()),
+                static_cast<unsigned long long>(b.device_peak_total()),
+                static_cast<double>(b.device_peak_total()) / static_cast<double>(a.device_peak_total()),
+                static_cast<double>(b.device_peak(Component::attention)) /
+                    static_cast<double>(std::max<std::uint64_t>(1, a.device_peak(Component::attention))),
+                static_cast<double>(b.device_peak(Component::vocab)) /
+                    static_cast<double>(std::max<std::uint64_t>(1, a.device_peak(Component::vocab))),
+                static_cast<double>(b.device_peak(Component::layer)) /
+                    static_cast<double>(std::max<std::uint64_t>(1, a.device_peak(Component::layer))));
+  }
+}
+
 TEST(TrainFootprint, RejectsBadInputs) {
   TrainFootprintInputs in = inputs();
   in.seq_len = 0;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/layers/decoder_layer.h"
@@ -23,7 +24,7 @@ namespace peakbound {
 namespace {
 
 using u64 = std::uint64_t;
-constexpr u64 kF32 = 4;  // the runtime's activations and parameters
+constexpr u64 kF32 = 4;  // gradients, the master, m, v and statistics in both precisions
 
 // Adds a phase of another footprint (device and host, per component) into `phase`.
 // Its bytes are already Arena-reserved sums (multiples of the alignment), which
@@ -59,7 +60,8 @@ class TrainFootprintBuilder {
  public:
   explicit TrainFootprintBuilder(const TrainFootprintInputs& in)
       : in_(in), c_(in.model), cp_(static_cast<int>(in.layout.cp)), L_(in.model.num_layers),
-        H_(in.model.hidden_size), sch_(in.schedules) {}
+        H_(in.model.hidden_size), sch_(in.schedules), p_(in.schedules.precision),
+        act_bytes_(dtype_size(activation_dtype(p_))) {}
 
   Footprint build() {
     check_trainable(c_);
@@ -71,8 +73,9 @@ class TrainFootprintBuilder {
     size_stack();
     optimizer_load();
     embedding_forward();
-    const AttentionLayerConfig ac = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_);
-    att_ = attention_layer_footprint(T_, ac, kF32);
+    AttentionLayerConfig ac = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_);
+    ac.precision = p_;  // as MoeTransformer sets it: its bf16 tiles follow it
+    att_ = attention_layer_footprint(T_, ac);
     forward_attention();
     plan_mlps();
     mlp_forwards();
@@ -114,36 +117,35 @@ class TrainFootprintBuilder {
     const ModelStoreSpecs specs = model_store_specs(c_, g_);
     // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
     // parameters and of gradients, all held for the model's life.
-    fb_ = fsdp_buffers(*table_, g_.world);
+    fb_ = fsdp_buffers(*table_, g_.world, p_);
     resident_dev_ = {fb_.params_shard, fb_.grads_shard, fb_.scratch, fb_.layer_params,
                      fb_.layer_params, fb_.layer_grads, fb_.layer_grads};
-    u64 shard = fb_.params_shard.bytes / kF32;
+    u64 shard = fb_.grads_shard.bytes / kF32;  // the gradients are f32 in both precisions
     const StoreSpec* stores[2] = {&specs.experts, &specs.head};
     const int group_size[2] = {g_.ep_replicas, g_.vocab_replicas};
     for (int i = 0; i < 2; ++i) {
       const ParameterLayout lay = parameter_layout(*table_, stores[i]->select, stores[i]->options);
-      const ParameterStoreBuffers b = parameter_store_buffers(lay, kF32);
+      const ParameterStoreBuffers b = parameter_store_buffers(lay, p_);
       resident_dev_.push_back(b.params);
       resident_dev_.push_back(b.grads);
       shard = checked_add(shard, lay.elements / static_cast<u64>(group_size[i]), "trainer shard");
     }
-    const TrainerShardBuffers sb = trainer_shard_buffers(shard);
+    const TrainerShardBuffers sb = trainer_shard_buffers(shard, p_);
     resident_dev_.push_back(sb.params);
     resident_dev_.push_back(sb.grads);
     const ModelAuxBuffers ab = model_aux_buffers(c_.num_experts);
     for (const BufferSpec& b : {ab.counts, ab.prob_sums, ab.aux_grad, ab.loss}) resident_dev_.push_back(b);
-    opt_ = optimizer_footprint(
-        in_.optimizer,
-        optimizer_shape(ParamShard{nullptr, DType::f32, nullptr, DType::f32, static_cast<std::int64_t>(shard)}),
-        in_.optimizer_options);
-    bb_ = model_batch_buffers(T_, H_);
-    db_ = decoder_layer_buffers(T_, H_, kF32);
+    // The optimizer's shard: parameters in the model's param dtype, gradients f32.
+    const ParamShard ps{nullptr, param_dtype(p_), nullptr, DType::f32, static_cast<std::int64_t>(shard)};
+    opt_ = optimizer_footprint(in_.optimizer, optimizer_shape(ps), in_.optimizer_options);
+    bb_ = model_batch_buffers(T_, H_, p_);
+    db_ = decoder_layer_buffers(T_, H_, act_bytes_);
   }
   // The stack (built on the first step with tokens): the checkpoint ring and host boundaries.
   void size_stack() {
     stacked_ = T_ > 0;
     if (stacked_)
-      cb_ = checkpoint_buffers(L_, checked_mul(static_cast<u64>(T_), static_cast<u64>(H_), "[T, H]"), kF32,
+      cb_ = checkpoint_buffers(L_, checked_mul(static_cast<u64>(T_), static_cast<u64>(H_), "[T, H]"), act_bytes_,
                                sch_.checkpoint);
     ringed_ = stacked_ ? cb_.placement.ringed() : L_;
   }
@@ -213,22 +215,23 @@ class TrainFootprintBuilder {
       const std::int64_t i = moe ? moe_index++ : -1;
       const bool every = moe && !in_.dispatch_layers.empty();
       if (l != (moe ? last_moe : last_dense) && !every) continue;
-      const MoeLayerConfig mc = moe_layer_config(c_, l, eps, sch_.dispatch, sch_.dispatch_options);
+      MoeLayerConfig mc = moe_layer_config(c_, l, eps, sch_.dispatch, sch_.dispatch_options);
+      mc.precision = p_;  // as MoeTransformer sets it (its dispatch's too)
       Mlp m;
       m.layer = l;
       const std::string kind = moe ? "mlp" : "dense mlp";
       const std::string suffix = l == (moe ? last_moe : last_dense) ? "" : " (layer " + std::to_string(l) + ")";
       m.fwd = "forward " + kind + suffix;
       m.bwd = "backward " + kind + suffix;
-      m.layer_fp = moe_layer_footprint(T_, mc, kF32);
+      m.layer_fp = moe_layer_footprint(T_, mc);
       if (moe) {
         const MoeShape shape = moe_layer_dispatch_shape(mc);
         DispatchSizes ds = every          ? in_.dispatch_layers[static_cast<std::size_t>(i)]
                            : in_.dispatch ? *in_.dispatch
                                           : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep, group_tokens, skew,
-                                                                    sch_.dispatch_options);
+                                                                    sch_.dispatch_options, p_);
         if (!every && !in_.dispatch) ds.tokens = T_;  // its host scratch is this rank's own
-        m.dispatch_fp = dispatch_footprint(shape, ds, kF32);
+        m.dispatch_fp = dispatch_footprint(shape, ds, p_);
         m.dispatch = true;
       }
       mlps_.push_back(std::move(m));
@@ -272,9 +275,11 @@ class TrainFootprintBuilder {
     // A one-rank group under Ring-DTP runs the fused forward_backward: d_hn is allocated
     // first and one phase of the loss holds it with the fused block (both phases below).
     const bool fused = sch_.ring_dtp && ring_dtp_fuses(vs);
-    const Footprint voc = fused          ? ring_dtp_step_footprint(vs, sch_.vocab, kF32)
-                          : sch_.ring_dtp ? ring_dtp_footprint(vs, sch_.vocab, kF32)
-                                          : materialized_vocab_footprint(vs, sch_.vocab, kF32);
+    VocabLossOptions vo = sch_.vocab;
+    vo.precision = p_;  // the model's precision rules the head's (MoeTransformer)
+    const Footprint voc = fused          ? ring_dtp_step_footprint(vs, vo, p_)
+                          : sch_.ring_dtp ? ring_dtp_footprint(vs, vo, p_)
+                                          : materialized_vocab_footprint(vs, vo, p_);
     {
       const std::string ph = "loss forward";
       persistent(ph, true);
@@ -300,7 +305,7 @@ class TrainFootprintBuilder {
       const std::string ph = "loss eval";
       persistent(ph, true);
       batch(ph, {bb_.x, bb_.y, bb_.rstd});
-      const Footprint plain = fused ? ring_dtp_footprint(vs, sch_.vocab, kF32) : voc;
+      const Footprint plain = fused ? ring_dtp_footprint(vs, vo, p_) : voc;
       add_phase(f_, ph, plain.phase("forward"));
     }
     {
@@ -344,6 +349,8 @@ class TrainFootprintBuilder {
   const int cp_;
   const std::int64_t L_, H_;
   const ModelSchedules& sch_;
+  const Precision p_;    // in.schedules.precision
+  const u64 act_bytes_;  // activations and their gradients: 4 (f32) or 2 (bf16)
   std::optional<TensorTable> table_;
   std::int64_t T_ = 0;
   Footprint f_{"train"};

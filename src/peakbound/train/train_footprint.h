@@ -39,6 +39,17 @@
 // per-layer sizes (`dispatch_layers`) every MoE layer is its own pair of phases.
 // A rank with no tokens builds no stack (no ring, no boundaries) but still runs the
 // dispatch, which is what its phases then hold.
+//
+// Precision: in.schedules.precision, as the model reads it. Every spec function gets it
+// (bf16 temporaries such as linear tiles, attention's o32/dq32/dkv32, the vocab's
+// g16/d_hidden32 and the dispatch's expert tile are 0 bytes under f32, so the f32
+// footprint is the one of before the bf16 form, byte for byte). Under bf16 the batch
+// buffers (x, y, hn, d_hn, dy), mid/d_mid, the checkpoint boundaries (ring, residents,
+// host slots, gradient ping-pong), every layer's activations, the dispatch's rows, the
+// parameters the model computes with (FSDP shard and gathered slots, the stores' params,
+// the trainer's param shard) and the optimizer's param staging are 2 bytes an element;
+// gradients (FSDP, stores, trainer shard), the reduce scratch, the fp32 master, m and v,
+// rstd, the aux state, the vocab logits and statistics stay 4.
 #pragma once
 
 #include <cstdint>
