@@ -224,6 +224,19 @@ TEST(Precision, Bf16SchedulesAllAgainstNone) {
   const double rel = std::abs(l1 - l0) / std::abs(l0);
   EXPECT_LE(rel, 1e-3) << l1 << " vs " << l0;
   const GradDiff d = compare_gradients(*all->model, *none->model, 0.999, 2e-2);
+  // The evaluation forward (no stack, nothing kept) in bf16: the same loss as the training
+  // forward of the same batch, and nothing of the vocabulary loss left held.
+  for (ModelRun* r : {none.get(), all.get()}) {
+    std::vector<std::int32_t> ids, tgt;
+    batch(0, ids, tgt);
+    std::int64_t valid = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t != -100; });
+    const BatchSums e = r->model->forward(ids.data(), tgt.data(), 2, 24);
+    double ce = e.ce;
+    testing::world().all_reduce(&valid, 1, DType::i64, ReduceOp::sum);
+    testing::world().all_reduce(&ce, 1, DType::f64, ReduceOp::sum);
+    EXPECT_LE(std::abs(ce / double(valid) + e.aux - (r == all.get() ? l1 : l0)), 1e-6 * l0);
+    EXPECT_EQ(r->dev->arena().live(Component::vocab), 0u);
+  }
   // SCO against resident boundaries, every other schedule off: the same math, bitwise.
   ModelSchedules sco = schedules(false, Precision::bf16);
   sco.checkpoint.schedule = CheckpointSchedule::sco;
