@@ -11,12 +11,12 @@
 //     a fresh bf16 model and trainer gives the straight run's losses bitwise (restore
 //     narrows the master with AdamW's rounding, so the compute copy is the same bits);
 //   - every schedule on (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW) against every
-//     schedule off, both bf16: loss within 1e-3 relative, each gradient norm-wise within
-//     2e-2 and cosine >= 0.999. Why not bitwise: a schedule changes the fp32 summation
-//     order (the dispatch's combine, the vocabulary loss's blocks), about 1e-6 relative,
-//     which now and then flips one bf16 rounding of an activation by an ulp (2^-8
-//     relative), and flips propagate at ulp scale. A router near-tie can switch an
-//     expert: the seed is picked for that test (see there).
+//     schedule off, both bf16, every expert selected: loss within 1e-3 relative, each
+//     gradient norm-wise within 5e-2 and cosine >= 0.999. Why not bitwise: a schedule
+//     changes the fp32 summation order (the dispatch's combine, the vocabulary loss's
+//     blocks), about 1e-6 relative, which now and then flips one bf16 rounding of an
+//     activation by an ulp (2^-8 relative), and flips propagate at ulp scale. Why every
+//     expert: a router near-tie would switch an expert on some machines (see there).
 //     SCO against resident boundaries moves memory only: bitwise.
 #include <gtest/gtest.h>
 
@@ -213,17 +213,24 @@ TEST(Precision, Bf16StepAgainstF32OnTheSameParameters) {
 }
 
 TEST(Precision, Bf16SchedulesAllAgainstNone) {
-  // Seed 3, picked: seeds 1-7 were tried at 1-4 ranks. 4, 5 and 7 switch an expert at some
-  // rank counts (a router near-tie: layer 2's expert 5 (seed 4, 3-4 ranks), expert 1 (seed 5,
-  // 2 ranks), expert 3 (seed 7, 2-4 ranks), cosine down to 0 there); 1, 2 and 6 switch none
-  // but reach 2.0e-2 to 2.2e-2 norm-wise (cosine >= 0.99984); 3 stays within 2e-2 (worst 1.97e-2).
+  // Every expert selected (top 8 of 8), as in the test above: with top 2 of 8 a router
+  // near-tie switches a token's expert on some seeds and rank counts (seeds 1-7 tried: 4, 5
+  // and 7 switch one, cosine down to 0 for that expert), and whether it switches depends on
+  // the machine's GEMM bits (native or convert path, OpenBLAS's kernels), so a top-2 bound
+  // would hold on one CPU kind and fail on another. Without switches, what a schedule
+  // changes is the fp32 summation order, which now and then flips a bf16 rounding by an ulp
+  // (2^-8 relative). Measured over seeds 1-6 at 1-4 ranks: loss within 1.8e-4 relative,
+  // worst gradient cosine 0.99982, worst norm-wise error (max|a-b| / max|b| per tensor)
+  // 3.3e-2, on the small q_norm / k_norm vectors (8 elements) where one flip weighs most.
+  // Bounds: loss 1e-3, cosine 0.999, norm-wise 5e-2 (1.5x the worst measured).
   const std::uint64_t seed = 3;
-  std::unique_ptr<ModelRun> none = make_run(schedules(false, Precision::bf16), seed);
-  std::unique_ptr<ModelRun> all = make_run(schedules(true, Precision::bf16), seed);
+  const std::int64_t every_expert = 8;
+  std::unique_ptr<ModelRun> none = make_run(schedules(false, Precision::bf16), seed, every_expert);
+  std::unique_ptr<ModelRun> all = make_run(schedules(true, Precision::bf16), seed, every_expert);
   const double l0 = one_step(*none->model), l1 = one_step(*all->model);
   const double rel = std::abs(l1 - l0) / std::abs(l0);
   EXPECT_LE(rel, 1e-3) << l1 << " vs " << l0;
-  const GradDiff d = compare_gradients(*all->model, *none->model, 0.999, 2e-2);
+  const GradDiff d = compare_gradients(*all->model, *none->model, 0.999, 5e-2);
   // The evaluation forward (no stack, nothing kept) in bf16: the same loss as the training
   // forward of the same batch, and nothing of the vocabulary loss left held.
   for (ModelRun* r : {none.get(), all.get()}) {
@@ -240,7 +247,7 @@ TEST(Precision, Bf16SchedulesAllAgainstNone) {
   // SCO against resident boundaries, every other schedule off: the same math, bitwise.
   ModelSchedules sco = schedules(false, Precision::bf16);
   sco.checkpoint.schedule = CheckpointSchedule::sco;
-  std::unique_ptr<ModelRun> offloaded = make_run(sco, seed);
+  std::unique_ptr<ModelRun> offloaded = make_run(sco, seed, every_expert);
   EXPECT_EQ(one_step(*offloaded->model), l0);
   const GradDiff same = compare_gradients(*offloaded->model, *none->model, 0.999, 0.0);
   if (testing::world().rank() == 0)
