@@ -318,15 +318,116 @@ def make(family, out_root):
           f"{len(saved)} checkpoint tensors")
 
 
+def run_loaded(family, d, dtype, input_ids):
+    """from_pretrained of the fixture directory in `dtype`, one forward and backward of the
+    batch: the output, the model and its gradients under the checkpoint's names."""
+    cls = FAMILIES[family][1]
+    model = cls.from_pretrained(d, dtype=dtype, attn_implementation="eager")
+    model.train()
+    out = model(input_ids=input_ids, labels=input_ids, output_router_logits=True)
+    out.loss.backward()
+    return out, model, split_fused({n: p.grad for n, p in model.named_parameters()}, model.config)
+
+
+def routing_flips(cfg, ref_router_logits, router_logits):
+    """Rows (over all layers) whose top-k expert set under `router_logits` differs from the
+    one under `ref_router_logits`, with the reference's k-th minus (k+1)-th probability
+    there, and the largest change of a router probability."""
+    k = cfg.num_experts_per_tok
+    flips, noise = [], 0.0
+    for layer, (a, b) in enumerate(zip(ref_router_logits, router_logits)):
+        pa = torch.softmax(a.double(), dim=-1)
+        pb = torch.softmax(b.double(), dim=-1)
+        noise = max(noise, float((pa - pb).abs().max()))
+        sa = pa.topk(k, dim=-1).indices.sort(dim=-1).values
+        sb = pb.topk(k, dim=-1).indices.sort(dim=-1).values
+        srt = pa.sort(dim=-1, descending=True).values
+        for row in (sa != sb).any(dim=-1).nonzero().flatten().tolist():
+            flips.append({"layer": layer, "row": row, "fp32_experts": sa[row].tolist(),
+                          "bf16_experts": sb[row].tolist(),
+                          "fp32_margin": float(srt[row, k - 1] - srt[row, k])})
+    return flips, noise
+
+
+def make_bf16(family, out_root):
+    """reference_bf16.{safetensors,json} for an existing fixture directory, left as it is:
+    the committed model.safetensors loaded by transformers in bf16 (from_pretrained rounds
+    each fp32 weight to nearest bf16, as peakbound's bf16 load does), the batch of
+    reference.safetensors run forward and backward. The loss and logits are transformers'
+    (its cross-entropy upcasts the bf16 logits to fp32); the gradients are the bf16
+    parameters' bf16 gradients, widened exactly to fp32."""
+    d = os.path.join(out_root, family)
+    ref = load_file(os.path.join(d, "reference.safetensors"))
+    input_ids = ref["input_ids"]
+    out32, _, _ = run_loaded(family, d, torch.float32, input_ids)
+    out, model, grads = run_loaded(family, d, torch.bfloat16, input_ids)
+    cfg = model.config
+    names = {n[len("grad."):] for n in ref if n.startswith("grad.")}
+    if sorted(grads) != sorted(names):
+        sys.exit(f"{family}: bf16 gradient names differ from the fixture's: {sorted(set(grads) ^ names)[:6]}")
+    ce, aux = recompute_losses(cfg, out.logits.detach().float(), [r.detach().float() for r in out.router_logits],
+                               input_ids)
+    res = {
+        "input_ids": input_ids.contiguous(),
+        "loss": out.loss.detach().reshape(()).float().contiguous(),
+        "ce_loss": ce.reshape(()).float().contiguous(),
+        "aux_loss": out.aux_loss.detach().reshape(()).float().contiguous(),
+        "logits": out.logits.detach().float().contiguous(),
+    }
+    for n, g in grads.items():
+        res["grad." + n] = g.float().contiguous()
+    save_file(res, os.path.join(d, "reference_bf16.safetensors"))
+
+    def rel(a, b):
+        return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+    def cos(a, b):
+        a, b = a.double().flatten(), b.double().flatten()
+        return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-300))
+
+    cosines = {n: cos(g, ref["grad." + n]) for n, g in grads.items()}
+    worst = min(cosines, key=cosines.get)
+    flips, noise = routing_flips(cfg, [r.detach() for r in out32.router_logits],
+                                 [r.detach() for r in out.router_logits])
+    info = {
+        "family": family,
+        "generated_by": "scripts/hf_reference/make_fixtures.py --dtype bf16",
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "dtype": "bfloat16 (from_pretrained(dtype=torch.bfloat16) of model.safetensors)",
+        "gradients": "bf16 gradients of the bf16 parameters, widened exactly to fp32",
+        "batch": "input_ids of reference.safetensors",
+        "loss_rel_vs_fp32": abs(float(out.loss.detach()) - float(ref["loss"])) / abs(float(ref["loss"])),
+        "ce_loss_rel_vs_fp32": abs(float(ce) - float(ref["ce_loss"])) / abs(float(ref["ce_loss"])),
+        "aux_loss_rel_vs_fp32": abs(float(out.aux_loss.detach()) - float(ref["aux_loss"])) / abs(float(ref["aux_loss"])),
+        "logits_rel_vs_fp32": rel(out.logits.detach(), ref["logits"]),
+        "grad_cosine_vs_fp32": cosines,
+        "worst_grad_cosine": {"tensor": worst, "cosine": cosines[worst]},
+        "router_prob_max_change_vs_fp32": noise,
+        "routing_flips_vs_fp32": flips,
+    }
+    with open(os.path.join(d, "reference_bf16.json"), "w") as fh:
+        json.dump(info, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    print(f"{family} bf16: loss {float(out.loss.detach()):.6f} ({info['loss_rel_vs_fp32']:.2e} rel of fp32), worst grad "
+          f"cosine {cosines[worst]:.6f} ({worst}), router probabilities moved <= {noise:.2e}, "
+          f"{len(flips)} top-k flips" + "".join(f"; layer {f['layer']} row {f['row']} {f['fp32_experts']} -> "
+                                               f"{f['bf16_experts']} (fp32 margin {f['fp32_margin']:.2e})"
+                                               for f in flips))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root (default %(default)s)")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="f32: build the families and their fp32 references; bf16: add reference_bf16.* to "
+                         "the existing family directories, which stay as they are (default %(default)s)")
     ap.add_argument("families", nargs="*", default=list(FAMILIES), help="default: all")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)  # same reductions on every machine
     for fam in args.families:
-        make(fam, args.out)
+        (make_bf16 if args.dtype == "bf16" else make)(fam, args.out)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,26 @@
 // loss terms and every gradient to 1e-4 relative. At N ranks the batch's sequences are
 // spread over the ranks (ranks past the batch hold none), experts over the largest EP
 // that divides both N and E, the head over all N ranks.
+//
+// bf16 (ModelSchedules::precision; load_hf rounds each fp32 weight to nearest bf16, as
+// transformers' from_pretrained(dtype=bfloat16) does): the same batch against
+// transformers in fp32 (reference.safetensors) and in bf16 (reference_bf16.safetensors,
+// make_fixtures.py --dtype bf16): the loss within 1% relative of both, and every tensor's
+// gradient cosine >= 0.999 against the fp32 gradients (issue 28's bounds). Why these hold
+// and no tighter: each stored bf16 activation rounds by up to 2^-9 relative and the model
+// chains some 15 of them (2 layers of ~5, the norm, the head), which moves the loss by
+// about 1e-3 (transformers bf16 vs fp32: 8e-4 qwen3_moe, 1.5e-4 mixtral); gradients are
+// fp32 sums of bf16 products and keep their direction unless a token's top-k experts
+// switch: a router near-tie flipped by bf16 noise moves a whole token's contribution
+// between two experts (see the families' reference_bf16.json for the flips transformers'
+// own bf16 run makes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +44,8 @@ namespace {
 
 const std::string kFixtures = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/";
 constexpr double kTol = 1e-4;
+constexpr double kBf16LossTol = 1e-2;   // relative, against both transformers references
+constexpr double kBf16Cosine = 0.999;   // every tensor's gradient against transformers fp32
 
 struct Variant {
   const char* name;
@@ -36,30 +54,87 @@ struct Variant {
   CheckpointSchedule checkpoint;
 };
 
-void check_family(const std::string& family, const Variant& v) {
-  SCOPED_TRACE(family + " " + v.name);
+// Per checkpoint tensor (the reference's grad.<name>, in file order): dot with the fp32
+// reference, dot with the bf16 reference, |got|^2, |fp32|^2, |bf16|^2, elements seen.
+struct CosineSums {
+  std::vector<std::string> names;
+  std::map<std::string, std::size_t> index;
+  std::vector<double> sums;  // 6 per tensor
+  explicit CosineSums(const SafeTensorsFile& ref) {
+    for (const SafeTensorInfo& t : ref.tensors())
+      if (t.name.rfind("grad.", 0) == 0) {
+        index[t.name.substr(5)] = names.size();
+        names.push_back(t.name.substr(5));
+      }
+    sums.assign(6 * names.size(), 0.0);
+  }
+  void add(const std::string& name, const float* got, const float* want32, const float* want16, std::int64_t n) {
+    double* s = &sums[6 * index.at(name)];
+    for (std::int64_t k = 0; k < n; ++k) {
+      const double g = got[k], a = want32[k], b = want16[k];
+      s[0] += g * a;
+      s[1] += g * b;
+      s[2] += g * g;
+      s[3] += a * a;
+      s[4] += b * b;
+    }
+    s[5] += static_cast<double>(n);
+  }
+};
+
+// The bf16 gradients' cosines, the sums taken over the world (each tensor counted once):
+// every tensor seen whole and >= kBf16Cosine against fp32; the worst printed by rank 0.
+void check_cosines(CosineSums& c, const SafeTensorsFile& ref, const std::string& what) {
+  Communicator& world = testing::world();
+  world.all_reduce(c.sums.data(), c.sums.size(), DType::f64, ReduceOp::sum);
+  double worst32 = 2, worst16 = 2;
+  std::string name32, name16;
+  for (std::size_t i = 0; i < c.names.size(); ++i) {
+    const double* s = &c.sums[6 * i];
+    EXPECT_EQ(s[5], static_cast<double>(ref.info("grad." + c.names[i]).numel())) << "grad " << c.names[i];
+    const double c32 = s[0] / std::sqrt(s[2] * s[3]), c16 = s[1] / std::sqrt(s[2] * s[4]);
+    EXPECT_GE(c32, kBf16Cosine) << "grad " << c.names[i] << " cosine against transformers fp32 (" << what << ")";
+    if (!(c32 >= worst32)) worst32 = c32, name32 = c.names[i];
+    if (!(c16 >= worst16)) worst16 = c16, name16 = c.names[i];
+  }
+  if (world.rank() == 0)
+    std::printf("  %s: worst gradient cosine vs transformers fp32 %.6f (%s), vs transformers bf16 %.6f (%s)\n",
+                what.c_str(), worst32, name32.c_str(), worst16, name16.c_str());
+}
+
+// A family's model under one variant and precision on this rank, after load_hf and one
+// forward and backward of this rank's share of the reference batch.
+struct FamilyRun {
+  ModelConfig config;
+  ParallelLayout layout;
+  ProcessGroups groups;
+  CpuDevice dev{256 << 20};
+  HostMemory host;
+  std::unique_ptr<MoeTransformer> model;
+  BatchSums sums;
+  double ce = 0;  // the world's mean cross-entropy
+};
+
+void run_family(FamilyRun& run, const std::string& dir, const SafeTensorsFile& ref, const Variant& v,
+                Precision prec) {
   Communicator& world = testing::world();
   const int W = world.size(), r = world.rank();
-  const std::string dir = kFixtures + family;
-  const ModelConfig config = load_hf_config(dir);
-  const SafeTensorsFile ref = SafeTensorsFile::open(dir + "/reference.safetensors");
+  run.config = load_hf_config(dir);
   const std::vector<std::int64_t> ids64 = ref.read_i64("input_ids");
   const std::int64_t B = ref.info("input_ids").shape[0], S = ref.info("input_ids").shape[1];
 
-  ParallelLayout layout;
-  layout.ep = W;
-  while (config.num_experts % layout.ep != 0 || W % layout.ep != 0) --layout.ep;
-  layout.vocab = W;
-  ProcessGroups groups = ProcessGroups::split(world, layout);
+  run.layout.ep = W;
+  while (run.config.num_experts % run.layout.ep != 0 || W % run.layout.ep != 0) --run.layout.ep;
+  run.layout.vocab = W;
+  run.groups = ProcessGroups::split(world, run.layout);
 
-  CpuDevice dev(256 << 20);
-  HostMemory host;
   ModelSchedules sched;
   sched.dispatch = v.dispatch;
   sched.ring_dtp = v.ring_dtp;
   sched.checkpoint.schedule = v.checkpoint;
-  MoeTransformer model(dev, host, groups, config, sched);
-  model.load_hf(dir);
+  sched.precision = prec;
+  run.model = std::make_unique<MoeTransformer>(run.dev, run.host, run.groups, run.config, sched);
+  run.model->load_hf(dir);
 
   // This rank's sequences: a contiguous block, the first B % W ranks one more.
   const std::int64_t base = B / W, extra = B % W;
@@ -71,22 +146,61 @@ void check_family(const std::string& family, const Variant& v) {
       targets.push_back(t + 1 < S ? static_cast<std::int32_t>(ids64[b * S + t + 1]) : -100);
     }
   const float ce_scale = 1.0f / static_cast<float>(B * (S - 1));
-  model.zero_grads();
-  const BatchSums sums = model.forward_backward(ids.data(), targets.data(), mine, S, ce_scale, 1.0f);
-  double ce[2] = {sums.ce, static_cast<double>(sums.tokens)};
+  run.model->zero_grads();
+  run.sums = run.model->forward_backward(ids.data(), targets.data(), mine, S, ce_scale, 1.0f);
+  double ce[2] = {run.sums.ce, static_cast<double>(run.sums.tokens)};
   world.all_reduce(ce, 2, DType::f64, ReduceOp::sum);
   ASSERT_EQ(ce[1], static_cast<double>(B * (S - 1)));
+  run.ce = ce[0] / ce[1];
+}
 
+// max|got - want| / max|want| over one tensor's elements (want read at want_offset + k).
+double rel_err(const float* got, const std::vector<float>& want, std::int64_t want_offset, std::int64_t n) {
+  double num = 0, den = 0;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const double w = want[static_cast<std::size_t>(want_offset + k)];
+    num = std::max(num, std::abs(static_cast<double>(got[k]) - w));
+    den = std::max(den, std::abs(w));
+  }
+  return den > 0 ? num / den : num;
+}
+
+void check_family(const std::string& family, const Variant& v, Precision prec = Precision::f32) {
+  const bool bf = prec == Precision::bf16;
+  SCOPED_TRACE(family + " " + v.name + (bf ? " bf16" : ""));
+  Communicator& world = testing::world();
+  const int W = world.size(), r = world.rank();
+  const std::string dir = kFixtures + family;
+  const SafeTensorsFile ref = SafeTensorsFile::open(dir + "/reference.safetensors");
+  const SafeTensorsFile ref16 = SafeTensorsFile::open(dir + "/reference_bf16.safetensors");
+  FamilyRun run;
+  run_family(run, dir, ref, v, prec);
+  if (::testing::Test::HasFatalFailure()) return;
+  MoeTransformer& model = *run.model;
+  const double got_ce = run.ce, aux = run.sums.aux;
   const double want_ce = ref.read_f32("ce_loss")[0];
-  const double want_aux = config.router_aux_loss_coef * ref.read_f32("aux_loss")[0];
-  const double got_ce = ce[0] / ce[1];
-  EXPECT_LT(std::abs(got_ce - want_ce) / std::abs(want_ce), kTol) << "ce " << got_ce << " vs " << want_ce;
-  EXPECT_LT(std::abs(sums.aux - want_aux) / std::abs(want_aux), kTol) << "aux " << sums.aux << " vs " << want_aux;
-  const double want_loss = ref.read_f32("loss")[0];
-  EXPECT_LT(std::abs(got_ce + sums.aux - want_loss) / std::abs(want_loss), kTol);
+  const double want_aux = run.config.router_aux_loss_coef * ref.read_f32("aux_loss")[0];
+  if (bf) {
+    const double loss = got_ce + aux, want32 = ref.read_f32("loss")[0], want16 = ref16.read_f32("loss")[0];
+    const double e32 = std::abs(loss - want32) / std::abs(want32), e16 = std::abs(loss - want16) / std::abs(want16);
+    EXPECT_LT(e32, kBf16LossTol) << "loss " << loss << " vs transformers fp32 " << want32;
+    EXPECT_LT(e16, kBf16LossTol) << "loss " << loss << " vs transformers bf16 " << want16;
+    if (r == 0)
+      std::printf("%s %s bf16 at %d ranks (ep %lld): loss %.7f, rel err vs transformers fp32 %.3g (%.7f), vs bf16 "
+                  "%.3g (%.7f); aux %.7f (fp32 ref %.7f)\n",
+                  family.c_str(), v.name, W, static_cast<long long>(run.layout.ep), loss, e32, want32, e16, want16,
+                  aux, want_aux);
+  } else {
+    EXPECT_LT(std::abs(got_ce - want_ce) / std::abs(want_ce), kTol) << "ce " << got_ce << " vs " << want_ce;
+    EXPECT_LT(std::abs(aux - want_aux) / std::abs(want_aux), kTol) << "aux " << aux << " vs " << want_aux;
+    const double want_loss = ref.read_f32("loss")[0];
+    EXPECT_LT(std::abs(got_ce + aux - want_loss) / std::abs(want_loss), kTol);
+  }
 
   // Gradients: each store summed over its replica group, then every tensor this rank
-  // holds against transformers' (the rows it holds).
+  // holds against transformers' (the rows it holds). Under bf16 the cosine sums, each
+  // tensor's rows counted on one rank of its replica group (the FSDP units on rank 0).
+  CosineSums cosines(ref);
   std::vector<ParameterStore*> stores = model.stores();
   std::vector<Communicator*> sgroups = model.store_groups();
   std::int64_t checked = 0;
@@ -98,16 +212,16 @@ void check_family(const std::string& family, const Variant& v) {
       const std::vector<float> full = ref.read_f32("grad." + pv.name());
       std::int64_t row = 1;
       for (std::size_t d = 1; d < pv.entry.shape.size(); ++d) row *= pv.entry.shape[d];
-      const float* got = s.grad(pv);
-      double num = 0, den = 0;
-      for (std::int64_t k = 0; k < pv.numel(); ++k) {
-        const double want = full[static_cast<std::size_t>(pv.rows.begin * row + k)];
-        num = std::max(num, std::abs(static_cast<double>(got[k]) - want));
-        den = std::max(den, std::abs(want));
-      }
-      const double e = den > 0 ? num / den : num;
+      const double e = rel_err(s.grad(pv), full, pv.rows.begin * row, pv.numel());
       worst = std::max(worst, e);
-      EXPECT_LT(e, kTol) << "grad " << pv.name();
+      if (!bf) {
+        EXPECT_LT(e, kTol) << "grad " << pv.name();
+      }
+      if (bf && sgroups[i]->rank() == 0) {
+        const std::vector<float> full16 = ref16.read_f32("grad." + pv.name());
+        const auto at = static_cast<std::size_t>(pv.rows.begin * row);
+        cosines.add(pv.name(), s.grad(pv), full.data() + at, full16.data() + at, pv.numel());
+      }
       ++checked;
     }
   }
@@ -118,15 +232,14 @@ void check_family(const std::string& family, const Variant& v) {
     fsdp.gather_grads(u, unit.data());
     for (const ParameterView& pv : fsdp.layout(u).views) {
       const std::vector<float> full = ref.read_f32("grad." + pv.name());
-      double num = 0, den = 0;
-      for (std::int64_t k = 0; k < pv.numel(); ++k) {
-        const double want = full[static_cast<std::size_t>(k)];
-        num = std::max(num, std::abs(static_cast<double>(unit[pv.offset + static_cast<std::size_t>(k)]) - want));
-        den = std::max(den, std::abs(want));
-      }
-      const double e = den > 0 ? num / den : num;
+      const double e = rel_err(unit.data() + pv.offset, full, 0, pv.numel());
       worst = std::max(worst, e);
-      EXPECT_LT(e, kTol) << "grad " << pv.name();
+      if (!bf) {
+        EXPECT_LT(e, kTol) << "grad " << pv.name();
+      }
+      if (bf && r == 0)
+        cosines.add(pv.name(), unit.data() + pv.offset, full.data(), ref16.read_f32("grad." + pv.name()).data(),
+                pv.numel());
       ++checked;
     }
   }
@@ -134,9 +247,10 @@ void check_family(const std::string& family, const Variant& v) {
   world.all_reduce(&all, 1, DType::i64, ReduceOp::sum);
   EXPECT_GT(all, 0);
   if (r == 0)
-    std::printf("%s %s at %d ranks (ep %lld): ce %.7f (ref %.7f), aux %.7f (ref %.7f), worst grad rel err %.3g\n",
-                family.c_str(), v.name, W, static_cast<long long>(layout.ep), got_ce, want_ce, sums.aux, want_aux,
-                worst);
+    std::printf("%s %s%s at %d ranks (ep %lld): ce %.7f (ref %.7f), aux %.7f (ref %.7f), worst grad rel err %.3g\n",
+                family.c_str(), v.name, bf ? " bf16" : "", W, static_cast<long long>(run.layout.ep), got_ce, want_ce,
+                aux, want_aux, worst);
+  if (bf) check_cosines(cosines, ref, family + " " + v.name + " bf16");
 }
 
 const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident};
@@ -149,6 +263,14 @@ TEST(HfReference, Qwen3MoeMatchesTransformers) {
 
 TEST(HfReference, MixtralMatchesTransformers) {
   for (const Variant& v : {kNone, kAll, kLlep}) check_family("mixtral", v);
+}
+
+TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {
+  for (const Variant& v : {kNone, kAll, kLlep}) check_family("qwen3_moe", v, Precision::bf16);
+}
+
+TEST(HfReference, MixtralBf16MatchesTransformers) {
+  for (const Variant& v : {kNone, kAll, kLlep}) check_family("mixtral", v, Precision::bf16);
 }
 
 }  // namespace
