@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/gemm.h"
 
@@ -50,6 +51,13 @@ std::vector<std::uint16_t> bits(const std::vector<bf16>& v) {
 struct PathGuard {
   std::string before = ops::bf16_gemm_path();
   ~PathGuard() { ops::set_bf16_gemm_path(before); }
+};
+
+// OpenBLAS's thread count for a scope, restored after.
+struct BlasThreads {
+  int before = cpu::blas_num_threads();
+  explicit BlasThreads(int n) { cpu::set_blas_threads(n); }
+  ~BlasThreads() { cpu::set_blas_threads(before); }
 };
 
 constexpr std::int64_t N = 40, K1 = 400, K2 = 72;  // K1 crosses the native path's 384-deep K block
@@ -128,6 +136,13 @@ void check_bf16_against_full_m(Device& dev, Stream& s, std::int64_t M, std::int6
   for (std::size_t i = tile_floats; i < tile.size(); ++i) ASSERT_EQ(tile[i], sentinel) << "tile overrun at " << i;
 }
 
+// The native path's row bits never depend on M or the thread count (its K order is fixed
+// per element). The convert path's are OpenBLAS's sgemm's: with several threads it splits
+// the rows among them, and some of its kernels sum a row's products in an order that
+// depends on where the row falls in a thread's share (measured: OpenBLAS 0.3.21's Haswell
+// kernels at 2 threads, M 600 against 256-row tiles, differ in the last bit; its Cooperlake
+// kernels do not). So the convert path is checked on one OpenBLAS thread, where the split
+// is the call's own 1024-row blocks.
 TEST(Linear, Bf16IsBitwiseOneFullMGemmRoundedOnceOnBothPaths) {
   CpuDevice dev(16 << 20);
   Stream& s = dev.compute_stream();
@@ -138,6 +153,7 @@ TEST(Linear, Bf16IsBitwiseOneFullMGemmRoundedOnceOnBothPaths) {
     ++paths;
     const std::string path(cpu::bf16_gemm_path_name(p));
     ops::set_bf16_gemm_path(path);
+    BlasThreads threads(p == cpu::Bf16GemmPath::convert ? 1 : cpu::blas_num_threads());
     for (std::int64_t M : {1, 255, 256, 257, 600})
       for (LinearMode mode : {LinearMode::write, LinearMode::add}) check_bf16_against_full_m(dev, s, M, N, mode, path);
     check_bf16_against_full_m(dev, s, 300, N + 3, LinearMode::add, path);  // strided out: row by row conversions

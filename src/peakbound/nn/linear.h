@@ -11,7 +11,9 @@
 // tile; each term's ops::gemm_bf16 accumulates into the tile (beta 0 for the first in
 // write mode, else 1); the tile is narrowed once into out. A sum of several products
 // therefore rounds once, and out is bitwise to_bf16 of one full-m gemm_bf16 per term
-// into an fp32 C (holding the widened out in add mode).
+// into an fp32 C (holding the widened out in add mode): always on the native GEMM path;
+// on the convert path when OpenBLAS's sgemm gives a row the same bits whichever of its
+// threads computes it (its Haswell kernels at 2 threads do not: tests/nn/linear_test.cc).
 //
 // Weight gradients need no helper: ops::gemm_bf16 with beta 1 adds straight into the
 // fp32 gradient.
