@@ -20,6 +20,11 @@ std::int64_t valid_targets(const MicroBatch& b, std::int32_t ignore) {
   return n;
 }
 
+std::string first_nonfinite_in(const std::vector<float>& g, const std::vector<ShardSegment>& segments,
+                               Communicator& world);
+std::string first_nonfinite_bf16(Device& dev, const void* shard, std::uint64_t n,
+                                 const std::vector<ShardSegment>& segments, Communicator& world);
+
 }  // namespace
 
 TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements, Precision p) {
@@ -184,8 +189,13 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
     std::snprintf(what, sizeof what, "step %lld: the loss is %g (aux %g), the gradient norm %g",
                   static_cast<long long>(step_), ce_mean, sums[1] / static_cast<double>(micro.size()), clip.norm);
     const std::string first = first_nonfinite_gradient();
-    const std::string message =
+    std::string message =
         std::string(what) + (first.empty() ? "; every gradient is finite" : "; first non-finite gradient: " + first);
+    // Under bf16 the compute copy can hold an inf the fp32 master does not: name it too.
+    if (model_.schedules().precision == Precision::bf16) {
+      const std::string p = first_nonfinite_bf16(dev, param_shard_.data(), shard_elems_, shard_segments(), world);
+      if (!p.empty()) message += "; first non-finite bf16 parameter: " + p;
+    }
     if (!options_.skip_nonfinite) {
       --step_;
       throw NonFinite(message);
@@ -257,19 +267,15 @@ std::vector<ShardSegment> Trainer::shard_segments() const {
   return out;
 }
 
-// The first gradient element that is not finite, in shard order on the lowest rank
-// that holds one: "NAME element I (rank R)", or "" when every gradient is finite.
-// Collective over the world.
-std::string Trainer::first_nonfinite_gradient() const {
-  Communicator& world = *model_.groups().world;
-  Device& dev = model_.experts().device();
-  std::vector<float> g(shard_elems_);
-  dev.synchronize();
-  dev.memcpy_async(g.data(), grad_shard_.data(), shard_elems_ * sizeof(float), CopyKind::device_to_host,
-                   dev.copy_stream());
-  dev.synchronize(dev.copy_stream());
+namespace {
+
+// The first element of `g` (this rank's shard, on the host) that is not finite, in shard
+// order on the lowest rank that holds one: "NAME element I (VALUE) on rank R", or "" when
+// every element is finite. Collective over the world.
+std::string first_nonfinite_in(const std::vector<float>& g, const std::vector<ShardSegment>& segments,
+                               Communicator& world) {
   std::string found;
-  for (const ShardSegment& s : shard_segments()) {
+  for (const ShardSegment& s : segments) {
     for (std::uint64_t i = 0; i < s.count && found.empty(); ++i)
       if (!std::isfinite(g[s.shard_offset + i]))
         found = s.name + " element " + std::to_string(s.begin + i) + " (" + std::to_string(g[s.shard_offset + i]) + ")";
@@ -284,6 +290,32 @@ std::string Trainer::first_nonfinite_gradient() const {
   if (world.rank() == root) std::snprintf(text, sizeof text, "%s on rank %d", found.c_str(), root);
   world.broadcast(text, sizeof text, DType::u8, root);
   return text;
+}
+
+// Under bf16, the same for the compute copy in the shard buffer (`shard`, n bf16 values):
+// a master beyond bf16's range (about 3.39e38) rounds to inf there while it is finite.
+std::string first_nonfinite_bf16(Device& dev, const void* shard, std::uint64_t n,
+                                 const std::vector<ShardSegment>& segments, Communicator& world) {
+  std::vector<bf16> h(n);
+  dev.synchronize();
+  dev.memcpy_async(h.data(), shard, n * sizeof(bf16), CopyKind::device_to_host, dev.copy_stream());
+  dev.synchronize(dev.copy_stream());
+  std::vector<float> w(n);
+  for (std::uint64_t i = 0; i < n; ++i) w[i] = to_f32(h[i]);
+  return first_nonfinite_in(w, segments, world);
+}
+
+}  // namespace
+
+// The first gradient element that is not finite (first_nonfinite_in). Collective.
+std::string Trainer::first_nonfinite_gradient() const {
+  Device& dev = model_.experts().device();
+  std::vector<float> g(shard_elems_);
+  dev.synchronize();
+  dev.memcpy_async(g.data(), grad_shard_.data(), shard_elems_ * sizeof(float), CopyKind::device_to_host,
+                   dev.copy_stream());
+  dev.synchronize(dev.copy_stream());
+  return first_nonfinite_in(g, shard_segments(), *model_.groups().world);
 }
 
 void Trainer::read_shard(float* master, float* m, float* v) const { opt_->read_state(master, m, v); }
