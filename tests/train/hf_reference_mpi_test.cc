@@ -19,7 +19,7 @@
 // fp32 sums of bf16 products and keep their direction unless a token's top-k experts
 // switch: a router near-tie flipped by bf16 noise moves a whole token's contribution
 // between two experts (see the families' reference_bf16.json for the flips transformers'
-// own bf16 run makes).
+// own bf16 run makes). The bf16 variants add context parallelism 2 where the world is even.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +52,7 @@ struct Variant {
   DispatchKind dispatch;
   bool ring_dtp;
   CheckpointSchedule checkpoint;
+  std::int64_t cp = 1;  // context parallel: consecutive groups of cp ranks share sequences
 };
 
 // Per checkpoint tensor (the reference's grad.<name>, in file order): dot with the fp32
@@ -126,6 +127,7 @@ void run_family(FamilyRun& run, const std::string& dir, const SafeTensorsFile& r
   run.layout.ep = W;
   while (run.config.num_experts % run.layout.ep != 0 || W % run.layout.ep != 0) --run.layout.ep;
   run.layout.vocab = W;
+  run.layout.cp = v.cp;
   run.groups = ProcessGroups::split(world, run.layout);
 
   ModelSchedules sched;
@@ -136,9 +138,11 @@ void run_family(FamilyRun& run, const std::string& dir, const SafeTensorsFile& r
   run.model = std::make_unique<MoeTransformer>(run.dev, run.host, run.groups, run.config, sched);
   run.model->load_hf(dir);
 
-  // This rank's sequences: a contiguous block, the first B % W ranks one more.
-  const std::int64_t base = B / W, extra = B % W;
-  const std::int64_t mine = base + (r < extra ? 1 : 0), first = r * base + std::min<std::int64_t>(r, extra);
+  // This rank's sequences: a contiguous block per data-parallel rank d = r / cp of W / cp
+  // (every rank of a cp group the same), the first B % (W / cp) one more.
+  const std::int64_t D = W / v.cp, d = r / v.cp;
+  const std::int64_t base = B / D, extra = B % D;
+  const std::int64_t mine = base + (d < extra ? 1 : 0), first = d * base + std::min<std::int64_t>(d, extra);
   std::vector<std::int32_t> ids, targets;
   for (std::int64_t b = first; b < first + mine; ++b)
     for (std::int64_t t = 0; t < S; ++t) {
@@ -186,9 +190,10 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
     EXPECT_LT(e32, kBf16LossTol) << "loss " << loss << " vs transformers fp32 " << want32;
     EXPECT_LT(e16, kBf16LossTol) << "loss " << loss << " vs transformers bf16 " << want16;
     if (r == 0)
-      std::printf("%s %s bf16 at %d ranks (ep %lld): loss %.7f, rel err vs transformers fp32 %.3g (%.7f), vs bf16 "
+      std::printf("%s %s bf16 at %d ranks (ep %lld, cp %lld): loss %.7f, rel err vs transformers fp32 %.3g (%.7f), vs bf16 "
                   "%.3g (%.7f); aux %.7f (fp32 ref %.7f)\n",
-                  family.c_str(), v.name, W, static_cast<long long>(run.layout.ep), loss, e32, want32, e16, want16,
+                  family.c_str(), v.name, W, static_cast<long long>(run.layout.ep),
+                  static_cast<long long>(run.layout.cp), loss, e32, want32, e16, want16,
                   aux, want_aux);
   } else {
     EXPECT_LT(std::abs(got_ce - want_ce) / std::abs(want_ce), kTol) << "ce " << got_ce << " vs " << want_ce;
@@ -247,8 +252,9 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
   world.all_reduce(&all, 1, DType::i64, ReduceOp::sum);
   EXPECT_GT(all, 0);
   if (r == 0)
-    std::printf("%s %s%s at %d ranks (ep %lld): ce %.7f (ref %.7f), aux %.7f (ref %.7f), worst grad rel err %.3g\n",
-                family.c_str(), v.name, bf ? " bf16" : "", W, static_cast<long long>(run.layout.ep), got_ce, want_ce,
+    std::printf("%s %s%s at %d ranks (ep %lld, cp %lld): ce %.7f (ref %.7f), aux %.7f (ref %.7f), worst grad rel err %.3g\n",
+                family.c_str(), v.name, bf ? " bf16" : "", W, static_cast<long long>(run.layout.ep),
+                static_cast<long long>(run.layout.cp), got_ce, want_ce,
                 aux, want_aux, worst);
   if (bf) check_cosines(cosines, ref, family + " " + v.name + " bf16");
 }
@@ -256,6 +262,19 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
 const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident};
 const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco};
 const Variant kLlep{"llep", DispatchKind::llep, false, CheckpointSchedule::resident};
+// bf16 only (the fp32 test's layouts stay as they were): context parallelism 2 where the
+// world is even, each rank computing its zigzag half of its group's sequences.
+const Variant kNoneCp2{"none cp 2", DispatchKind::standard_ep, false, CheckpointSchedule::resident, 2};
+const Variant kAllCp2{"all cp 2", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 2};
+
+std::vector<Variant> bf16_variants() {
+  std::vector<Variant> v{kNone, kAll, kLlep};
+  if (testing::world().size() % 2 == 0) {
+    v.push_back(kNoneCp2);
+    v.push_back(kAllCp2);
+  }
+  return v;
+}
 
 TEST(HfReference, Qwen3MoeMatchesTransformers) {
   for (const Variant& v : {kNone, kAll, kLlep}) check_family("qwen3_moe", v);
@@ -266,11 +285,11 @@ TEST(HfReference, MixtralMatchesTransformers) {
 }
 
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {
-  for (const Variant& v : {kNone, kAll, kLlep}) check_family("qwen3_moe", v, Precision::bf16);
+  for (const Variant& v : bf16_variants()) check_family("qwen3_moe", v, Precision::bf16);
 }
 
 TEST(HfReference, MixtralBf16MatchesTransformers) {
-  for (const Variant& v : {kNone, kAll, kLlep}) check_family("mixtral", v, Precision::bf16);
+  for (const Variant& v : bf16_variants()) check_family("mixtral", v, Precision::bf16);
 }
 
 }  // namespace
