@@ -59,7 +59,8 @@ struct TrainerOptions {
   OptimizerOptions optimizer_options;
   LrSchedule lr;
   // A non-finite loss or gradient norm: false stops (step() throws NonFinite naming the
-  // step and the first non-finite gradient, before any parameter changes); true skips
+  // step and the first non-finite gradient and, under bf16, the first non-finite bf16
+  // parameter (a master beyond bf16's range rounds to inf), before any parameter changes); true skips
   // the update (the step is counted, StepStats::skipped set, the optimizer state untouched).
   bool skip_nonfinite = false;
 };
