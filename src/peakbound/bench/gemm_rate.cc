@@ -15,7 +15,6 @@
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/stopwatch.h"
 #include "peakbound/device/device.h"
-#include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/gemm.h"
 
 namespace peakbound {
@@ -125,7 +124,8 @@ std::vector<GemmShapeRate> measure_gemm_shape_rates(std::string_view device_kind
     // native first, after OpenBLAS's spinning workers (see measure_gemm_rates) have slept.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     try {
-      if (dev->backend() == Backend::cpu && cpu::bf16_gemm_path_supported(cpu::Bf16GemmPath::native)) r.native = bf16_rate("native");
+      // native where the process runs it (as measure_gemm_rates: the op layer chose it).
+      if (dev->backend() == Backend::cpu && before == "native") r.native = bf16_rate("native");
       r.convert = bf16_rate("convert");
     } catch (...) {
       ops::set_bf16_gemm_path(before);
