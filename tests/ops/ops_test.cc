@@ -52,6 +52,12 @@ TEST(Ops, GemmBf16RunsTheProcessPathAndRefusesABadOne) {
                    want.data(), N);
     ops::gemm_bf16(dev, dev.compute_stream(), false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, got.data(), N);
     EXPECT_EQ(got, want) << path;
+    // ops::gemm on bf16 operands is this call (what code written over both types uses),
+    // here adding into C (beta 1): the kernel's bits again.
+    cpu::gemm_bf16(cpu::parse_bf16_gemm_path(path), true, false, M, N, K, 0.5f, a.data(), M, b.data(), N, 1.0f,
+                   want.data(), N);
+    ops::gemm(dev, dev.compute_stream(), true, false, M, N, K, 0.5f, a.data(), M, b.data(), N, 1.0f, got.data(), N);
+    EXPECT_EQ(got, want) << path;
   }
   EXPECT_THROW(ops::set_bf16_gemm_path("fastest"), InvalidArgument);
   ops::set_bf16_gemm_path(before);

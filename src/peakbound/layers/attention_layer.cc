@@ -9,7 +9,6 @@
 #include "peakbound/nn/linear.h"
 #include "peakbound/ops/attention.h"
 #include "peakbound/ops/elementwise.h"
-#include "peakbound/ops/gemm.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/rope.h"
 #include "peakbound/schedules/context_layout.h"
@@ -45,17 +44,6 @@ Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.compon
 Communicator& group_of(Communicator* g) {
   PB_CHECK_MSG(g != nullptr, "attention layer: cp > 1 needs set_cp_group before a call");
   return *g;
-}
-
-// dw [rows, cols] += a^T b, a [m, rows], b [m, cols]: a weight gradient, f32 in both
-// precisions (bf16 operands accumulate in fp32 straight into it).
-void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const float* a,
-                     const float* b, float* dw) {
-  ops::gemm(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
-}
-void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const bf16* a,
-                     const bf16* b, float* dw) {
-  ops::gemm_bf16(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
 }
 
 // The dims of one bf16 query chunk: n rows at q_offset r of a sequence, against its keys 0 .. r + n - 1.

@@ -35,17 +35,6 @@ MoeRouterShape router_shape(std::int64_t T, const MoeLayerConfig& c) {
 bool has_shared(const MoeLayerConfig& c) { return !c.dense() && c.shared_experts > 0; }
 bool has_gate(const MoeLayerConfig& c) { return has_shared(c) && c.shared_gate; }
 
-// C (fp32) = op(a) op(b) + beta C with a, b of the activation type: ops::gemm (f32) or
-// ops::gemm_bf16 (fp32 accumulation).
-template <class A>
-void gemm_f32c(Device& dev, Stream& st, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const A* a,
-               std::int64_t lda, const A* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  if constexpr (std::is_same_v<A, float>)
-    ops::gemm(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-  else
-    ops::gemm_bf16(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-}
-
 // The SwiGLU FFN in either precision: the f32 forms take no tile.
 void ffn_forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_t F, const float* x,
                  const SwigluFfnWeights& w, float* gate, float* up, float* act, float* out, bool acc, float*) {
@@ -282,8 +271,8 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
   if (has_gate(cfg_)) {
     // z = h W_sg^T [T, 1] (fp32); the shared experts' output kept apart for the gate, tile
     // by tile (a single tile's gate/up/act stay valid for the backward).
-    gemm_f32c(dev_, s, false, true, T, 1, H, h, H, p_.shared_expert_gate.data<A>(), H, 0.0f,
-              in.gate_logit.as<float>(), 1);
+    ops::gemm(dev_, s, false, true, T, 1, H, 1.0f, h, H, p_.shared_expert_gate.data<A>(), H, 0.0f,
+              in.gate_logit.as<float>(), 1);  // fp32 gate logits (bf16 operands accumulate in fp32)
     const std::int64_t R = side_ffn_tile_rows(T, cfg_.side_tile);
     for (std::int64_t r0 = 0; r0 < T; r0 += R)
       ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights<A>(), in.gate.as<A>(),
@@ -369,7 +358,8 @@ void MoeLayer::gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh,
   else
     dz = in.gate_dz.as<bf16>();
   ops::row_gate_backward(dev_, s, dshared, dz, dy, dshared, z, T, H);
-  gemm_f32c(dev_, s, true, false, 1, H, T, dz, 1, in.h.as<A>(), H, 1.0f, g_.shared_expert_gate.data<float>(), H);
+  ops::gemm(dev_, s, true, false, 1, H, T, 1.0f, dz, 1, in.h.as<A>(), H, 1.0f, g_.shared_expert_gate.data<float>(),
+            H);
   linear(dev_, s, T, H, {{.a = dz, .lda = 1, .b = p_.shared_expert_gate.data<A>(), .ldb = H, .k = 1, .trans_b = false}},
          dh, H, dh_written ? LinearMode::add : LinearMode::write, in.tile.as<float>());
 }

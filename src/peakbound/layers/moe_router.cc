@@ -14,17 +14,6 @@ namespace peakbound {
 
 namespace {
 
-// C (fp32) = alpha op(a) op(b) + beta C with a, b of the activation type A: ops::gemm for
-// f32, ops::gemm_bf16 (fp32 accumulation) for bf16.
-template <class A>
-void gemm_f32c(Device& dev, Stream& st, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const A* a,
-               std::int64_t lda, const A* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  if constexpr (std::is_same_v<A, float>)
-    ops::gemm(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-  else
-    ops::gemm_bf16(dev, st, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-}
-
 template <class A>
 void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate, float* probs,
                     std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
@@ -32,7 +21,7 @@ void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x
   PB_CHECK_MSG((counts == nullptr) == (prob_sums == nullptr), "moe router: counts and prob_sums go together");
   const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
   if (T == 0) return;
-  gemm_f32c(dev, st, false, true, T, E, H, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T (fp32)
+  ops::gemm(dev, st, false, true, T, E, H, 1.0f, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T (fp32)
   ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
   if (counts != nullptr) ops::moe_router_stats(dev, st, counts, prob_sums, probs, ids, T, E, K);
 }
@@ -56,7 +45,7 @@ void router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const A* 
     ops::convert(dev, st, d_logits16, dlogits, T * E);
     dl = d_logits16;
   }
-  gemm_f32c(dev, st, true, false, E, H, T, dl, E, x, H, 1.0f, dw_gate, H);  // dW_gate += dlogits^T x
+  ops::gemm(dev, st, true, false, E, H, T, 1.0f, dl, E, x, H, 1.0f, dw_gate, H);  // dW_gate += dlogits^T x
   // x is read for the last time above, so dx may alias it. dx (+)= dlogits W_gate.
   linear(dev, st, T, H, {{.a = dl, .lda = E, .b = w_gate, .ldb = H, .k = E, .trans_b = false}}, dx, H,
          accumulate_dx ? LinearMode::add : LinearMode::write, tile);

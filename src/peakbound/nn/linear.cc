@@ -67,4 +67,14 @@ void linear(Device& dev, Stream& s, std::int64_t m, std::int64_t n, std::initial
   }
 }
 
+template <class A>
+void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const A* a,
+                     const A* b, float* dw) {
+  ops::gemm(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
+}
+template void add_weight_grad<float>(Device&, Stream&, std::int64_t, std::int64_t, std::int64_t, const float*,
+                                     const float*, float*);
+template void add_weight_grad<bf16>(Device&, Stream&, std::int64_t, std::int64_t, std::int64_t, const bf16*,
+                                    const bf16*, float*);
+
 }  // namespace peakbound

@@ -15,8 +15,8 @@
 // on the convert path when OpenBLAS's sgemm gives a row the same bits whichever of its
 // threads computes it (its Haswell kernels at 2 threads do not: tests/nn/linear_test.cc).
 //
-// Weight gradients need no helper: ops::gemm_bf16 with beta 1 adds straight into the
-// fp32 gradient.
+// Weight gradients (add_weight_grad below) need no tile: ops::gemm with bf16 operands and
+// beta 1 adds straight into the fp32 gradient.
 #pragma once
 
 #include <cstdint>
@@ -63,5 +63,12 @@ void linear(Device& dev, Stream& s, std::int64_t m, std::int64_t n, std::initial
 // overwritten (it holds the fp32 sums of each row tile before they are narrowed).
 void linear(Device& dev, Stream& s, std::int64_t m, std::int64_t n, std::initializer_list<LinearTerm<bf16>> terms,
             bf16* out, std::int64_t ldc, LinearMode mode, float* tile);
+
+// A weight gradient, A = float | bf16: dw [rows, cols] += a^T b, a [m, rows], b [m, cols].
+// ADDS INTO dw, which is fp32 in both precisions (one ops::gemm with beta 1: bf16 operands
+// accumulate in fp32 straight into it). m = 0 adds nothing.
+template <class A>
+void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const A* a,
+                     const A* b, float* dw);
 
 }  // namespace peakbound

@@ -4,7 +4,6 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/nn/linear.h"
-#include "peakbound/ops/gemm.h"
 #include "peakbound/ops/swiglu.h"
 
 namespace peakbound {
@@ -13,17 +12,6 @@ namespace {
 
 void check_sizes(std::int64_t m, std::int64_t hidden, std::int64_t ffn) {
   PB_CHECK_MSG(m >= 0 && hidden > 0 && ffn > 0, "swiglu ffn: m must be >= 0, hidden and ffn > 0");
-}
-
-// dw [rows, cols] += a^T b, a [m, rows], b [m, cols]: a weight gradient, f32 in both
-// precisions (bf16 operands accumulate in fp32 straight into it).
-void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const float* a,
-                     const float* b, float* dw) {
-  ops::gemm(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
-}
-void add_weight_grad(Device& dev, Stream& s, std::int64_t rows, std::int64_t cols, std::int64_t m, const bf16* a,
-                     const bf16* b, float* dw) {
-  ops::gemm_bf16(dev, s, true, false, rows, cols, m, 1.0f, a, rows, b, cols, 1.0f, dw, cols);
 }
 
 LinearMode mode_of(bool accumulate) { return accumulate ? LinearMode::add : LinearMode::write; }

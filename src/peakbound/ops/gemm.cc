@@ -74,6 +74,12 @@ void gemm_bf16(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t 
            [=] { cpu::gemm_bf16(path, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
 }
 
+void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc) {
+  gemm_bf16(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 std::string bf16_gemm_path() { return std::string(cpu::bf16_gemm_path_name(current_bf16_path())); }
 
 void set_bf16_gemm_path(std::string_view name) {

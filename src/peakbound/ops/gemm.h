@@ -1,7 +1,9 @@
-// GEMM through the device's backend (OpenBLAS on the CPU device), row-major f32:
-// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, written (beta = 0) or added into
-// (beta = 1). With trans_a, A is stored [K,M]; with trans_b, B is stored [N,K].
-// Leading dimensions are row strides.
+// GEMM through the device's backend (OpenBLAS on the CPU device), row-major:
+// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C. WRITES C (beta = 0) or ADDS INTO it
+// (beta = 1). With trans_a, A is stored [K,M]; with trans_b, B is stored [N,K]. Leading
+// dimensions are row strides. C, alpha and beta are fp32 in both forms; A and B are f32 or
+// both bf16 (overload resolution picks the form by their pointer type), and bf16 operands
+// accumulate in fp32: each product of two bf16 values is exact in fp32.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +21,14 @@ void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, st
 
 // The same product with bf16 A and B, accumulated in fp32 into the f32 C (the mixed-
 // precision GEMM): on the CPU device kernels/cpu/gemm_bf16.h on the path below, on
-// CUDA cuBLAS's GemmEx (bf16 inputs, CUBLAS_COMPUTE_32F).
+// CUDA cuBLAS's GemmEx (bf16 inputs, CUBLAS_COMPUTE_32F). The gemm overload below is this
+// call; code written over both operand types (template <class A>) calls gemm.
 void gemm_bf16(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
                std::int64_t ldc);
+void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+          float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
 
 // The CPU path of gemm_bf16 for this process: "native" (AVX512-BF16 dot products) or
 // "convert" (blocks widened to f32 for sgemm). Chosen on first use: the environment's

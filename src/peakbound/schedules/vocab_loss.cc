@@ -96,8 +96,9 @@ LossSum VocabLoss::forward_backward_any(const void* hidden, const std::int32_t* 
   return out;
 }
 
+template <class A>
 void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                     std::int64_t k, float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                     std::int64_t k, float alpha, const A* a, std::int64_t lda, const A* b, std::int64_t ldb,
                      float beta, float* c, std::int64_t ldc) {
   const auto t0 = std::chrono::steady_clock::now();
   ops::gemm(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -105,16 +106,11 @@ void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::in
   stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   ++stats_.gemm_calls;
 }
-
-void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                     std::int64_t k, float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb,
-                     float beta, float* c, std::int64_t ldc) {
-  const auto t0 = std::chrono::steady_clock::now();
-  ops::gemm_bf16(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  stats_.gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  ++stats_.gemm_calls;
-}
+template void VocabLoss::gemm<float>(Device&, Stream&, bool, bool, std::int64_t, std::int64_t, std::int64_t, float,
+                                     const float*, std::int64_t, const float*, std::int64_t, float, float*,
+                                     std::int64_t);
+template void VocabLoss::gemm<bf16>(Device&, Stream&, bool, bool, std::int64_t, std::int64_t, std::int64_t, float,
+                                    const bf16*, std::int64_t, const bf16*, std::int64_t, float, float*, std::int64_t);
 
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens) {
   std::vector<std::int64_t> counts(static_cast<std::size_t>(group.size()));

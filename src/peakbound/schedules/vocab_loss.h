@@ -133,13 +133,11 @@ class VocabLoss {
   // Default: forward_any then backward_any.
   virtual LossSum forward_backward_any(const void* hidden, const std::int32_t* targets, std::int64_t tokens,
                                        const void* weight, float scale, void* d_hidden, float* d_weight);
-  // ops::gemm, counted and timed into stats() (same arguments as ops::gemm).
+  // ops::gemm (same arguments; A = float | bf16 operands, fp32 C: bf16 accumulates in
+  // fp32), counted and timed into stats().
+  template <class A>
   void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-            float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-            std::int64_t ldc);
-  // ops::gemm_bf16 (bf16 A and B, fp32 C), counted and timed the same way.
-  void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-            float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+            float alpha, const A* a, std::int64_t lda, const A* b, std::int64_t ldb, float beta, float* c,
             std::int64_t ldc);
   // Runs f (a communication call), its seconds counted in stats().comm_seconds.
   template <typename F>
