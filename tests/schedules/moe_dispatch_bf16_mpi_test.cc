@@ -304,7 +304,23 @@ TEST(MoeDispatchBf16, TensorsOfTheOtherPrecisionAreRefused) {
   MoeDispatch d(dev, g, s, DispatchKind::standard_ep, DispatchOptions{}, Precision::bf16);
   std::vector<float> x(4), w(1, 1.0f), y(4), params(at(12 / g.size() * s.expert_floats()));
   std::vector<std::int32_t> ids = {0};
-  EXPECT_THROW(d.forward(x.data(), 1, ids.data(), w.data(), params.data(), y.data()), InvalidArgument);
+  try {
+    d.forward(x.data(), 1, ids.data(), w.data(), params.data(), y.data());
+    ADD_FAILURE() << "a bf16 dispatch ran f32 tensors";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moe dispatch runs in bf16 but was given f32 tensors");
+  }
+  std::vector<float> dw(1), dparams(params.size());
+  EXPECT_THROW(d.backward(x.data(), 1, ids.data(), w.data(), params.data(), y.data(), x.data(), dw.data(),
+                          dparams.data()),
+               InvalidArgument);
+  // And the other way: an f32 dispatch refuses bf16 tensors, forward and backward.
+  MoeDispatch d32(dev, g, s, DispatchKind::standard_ep, DispatchOptions{}, Precision::f32);
+  std::vector<bf16> x16(4), y16(4), params16(params.size());
+  EXPECT_THROW(d32.forward(x16.data(), 1, ids.data(), w.data(), params16.data(), y16.data()), InvalidArgument);
+  EXPECT_THROW(d32.backward(x16.data(), 1, ids.data(), w.data(), params16.data(), y16.data(), x16.data(), dw.data(),
+                            dparams.data()),
+               InvalidArgument);
 }
 
 }  // namespace

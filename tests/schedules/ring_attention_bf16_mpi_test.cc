@@ -183,9 +183,18 @@ TEST(RingAttentionBf16, EntryPointsRefuseTheOtherPrecision) {
   std::vector<float> x(64 * 8, 0.0f);
   std::vector<bf16> h(64 * 8);
   c.precision = Precision::bf16;  // refused on every rank before anything moves
-  EXPECT_THROW(ring_attention_forward(dev, w, c, x.data(), x.data(), x.data(), x.data(), x.data()), InvalidArgument);
+  try {
+    ring_attention_forward(dev, w, c, x.data(), x.data(), x.data(), x.data(), x.data());
+    ADD_FAILURE() << "a bf16 ring attention ran f32 q, k, v";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "ring attention runs in bf16 but was given f32 q, k, v");
+  }
+  float* f = x.data();
+  EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, f, f, f, f, f, f), InvalidArgument);
   c.precision = Precision::f32;
   EXPECT_THROW(ring_attention_forward(dev, w, c, x.data(), x.data(), h.data(), h.data(), h.data()), InvalidArgument);
+  const bf16* b = h.data();
+  EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, b, b, b, b, b, f), InvalidArgument);
 }
 
 }  // namespace

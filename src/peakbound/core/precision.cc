@@ -24,4 +24,10 @@ DType activation_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 
 
 DType param_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f32; }
 
+void check_precision(Precision have, Precision given, std::string_view who, std::string_view what) {
+  if (have != given)
+    throw InvalidArgument(std::string(who) + " runs in " + std::string(precision_name(have)) + " but was given " +
+                          std::string(precision_name(given)) + " " + std::string(what));
+}
+
 }  // namespace peakbound

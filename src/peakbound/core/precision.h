@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "peakbound/core/dtype.h"
 
@@ -22,5 +23,17 @@ Precision parse_precision(std::string_view text, std::string_view setting = "pre
 DType activation_dtype(Precision p);
 // The dtype of the parameters the model computes with under p (the master stays f32).
 DType param_dtype(Precision p);
+
+// The precision whose activations are A (float: f32, bf16: bf16).
+template <class A>
+constexpr Precision precision_of() {
+  static_assert(std::is_same_v<A, float> || std::is_same_v<A, bf16>, "activations are float or bf16");
+  return std::is_same_v<A, float> ? Precision::f32 : Precision::bf16;
+}
+
+// A call's tensors (of precision `given`) against the precision `have` that the object or
+// config `who` runs in: when they differ, the one-line InvalidArgument
+// "<who> runs in <have> but was given <given> <what>".
+void check_precision(Precision have, Precision given, std::string_view who, std::string_view what = "tensors");
 
 }  // namespace peakbound

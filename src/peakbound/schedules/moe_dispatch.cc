@@ -21,52 +21,46 @@ MoeDispatch::MoeDispatch(Device& dev, Communicator& ep_group, MoeShape shape, Di
   comm_ = &dev_.create_stream("moe-comm");
 }
 
-namespace {
-
-void check_precision(Precision have, Precision called) {
-  if (have != called)
-    throw InvalidArgument("moe dispatch: a " + std::string(precision_name(have)) + " dispatch called with " +
-                          std::string(precision_name(called)) + " tensors");
+template <class A>
+void MoeDispatch::run_forward(const A* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                              const A* expert_params, A* y) {
+  check_precision(precision_, precision_of<A>(), "moe dispatch");
+  Io<A> io;
+  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.y = y;
+  run(io);
 }
 
-}  // namespace
+template <class A>
+void MoeDispatch::run_backward(const A* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                               const A* expert_params, const A* dy, A* dx, float* d_weights, float* d_expert_params) {
+  check_precision(precision_, precision_of<A>(), "moe dispatch");
+  Io<A> io;
+  io.backward = true;
+  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.dy = dy;
+  io.dx = dx, io.dw = d_weights, io.dparams = d_expert_params;
+  run(io);
+}
 
 void MoeDispatch::forward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                           const float* expert_params, float* y) {
-  check_precision(precision_, Precision::f32);
-  Io<float> io;
-  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.y = y;
-  run(io);
+  run_forward(x, tokens, expert_ids, weights, expert_params, y);
 }
 
 void MoeDispatch::backward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                            const float* expert_params, const float* dy, float* dx, float* d_weights,
                            float* d_expert_params) {
-  check_precision(precision_, Precision::f32);
-  Io<float> io;
-  io.backward = true;
-  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.dy = dy;
-  io.dx = dx, io.dw = d_weights, io.dparams = d_expert_params;
-  run(io);
+  run_backward(x, tokens, expert_ids, weights, expert_params, dy, dx, d_weights, d_expert_params);
 }
 
 void MoeDispatch::forward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                           const bf16* expert_params, bf16* y) {
-  check_precision(precision_, Precision::bf16);
-  Io<bf16> io;
-  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.y = y;
-  run(io);
+  run_forward(x, tokens, expert_ids, weights, expert_params, y);
 }
 
 void MoeDispatch::backward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
                            const bf16* expert_params, const bf16* dy, bf16* dx, float* d_weights,
                            float* d_expert_params) {
-  check_precision(precision_, Precision::bf16);
-  Io<bf16> io;
-  io.backward = true;
-  io.x = x, io.tokens = tokens, io.ids = expert_ids, io.w = weights, io.params = expert_params, io.dy = dy;
-  io.dx = dx, io.dw = d_weights, io.dparams = d_expert_params;
-  run(io);
+  run_backward(x, tokens, expert_ids, weights, expert_params, dy, dx, d_weights, d_expert_params);
 }
 
 }  // namespace peakbound

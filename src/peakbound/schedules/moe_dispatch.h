@@ -98,6 +98,14 @@ class MoeDispatch {
   class Pass;
   template <class A>
   void run(const Io<A>& io);
+  // The public forward / backward for A = float | bf16: the precision checked against A's
+  // (one-line InvalidArgument), then run.
+  template <class A>
+  void run_forward(const A* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                   const A* expert_params, A* y);
+  template <class A>
+  void run_backward(const A* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
+                    const A* expert_params, const A* dy, A* dx, float* d_weights, float* d_expert_params);
 
   Device& dev_;
   Communicator& g_;

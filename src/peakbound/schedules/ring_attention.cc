@@ -221,20 +221,12 @@ Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp) {
 
 namespace {
 
-// The call's pointers must be of the config's precision.
-template <class A>
-void check_precision(const RingAttentionConfig& c) {
-  if (activation_dtype(c.precision) != dtype_of<A>())
-    throw InvalidArgument("ring attention: the config's precision is " + std::string(precision_name(c.precision)) +
-                          " but q, k, v are " + std::string(dtype_name(dtype_of<A>())));
-}
-
 // Written once for A = float | bf16 (q, k, v, dout, out and the carried lanes); A = float
 // is the f32-only code's calls in its order.
 template <class A>
 void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse, const A* q,
                 const A* k, const A* v, ThreadPool* pool, RingAttentionStats* stats) {
-  check_precision<A>(c);
+  check_precision(c.precision, precision_of<A>(), "ring attention", "q, k, v");
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
@@ -289,7 +281,7 @@ template <class A>
 void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk, float* dv,
                  const A* dout, const A* q, const A* k, const A* v, const A* out, const float* lse, ThreadPool* pool,
                  RingAttentionStats* stats) {
-  check_precision<A>(c);
+  check_precision(c.precision, precision_of<A>(), "ring attention", "q, k, v");
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();

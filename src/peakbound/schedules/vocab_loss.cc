@@ -51,9 +51,7 @@ void validate(const VocabDims& d) {
 }
 
 void VocabLoss::expect(Precision p) const {
-  if (p != precision_)
-    throw InvalidArgument("vocab loss runs in " + std::string(precision_name(precision_)) + " but was given " +
-                          std::string(precision_name(p)) + " hidden states");
+  check_precision(precision_, p, "vocab loss", "hidden states");
 }
 
 LossSum VocabLoss::forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
