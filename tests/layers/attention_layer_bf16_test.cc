@@ -24,9 +24,14 @@
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/attention_layer.h"
+#include "tests/layers/attention_layer_harness.h"
 
 namespace peakbound {
 namespace {
+
+using attention_test::draw;
+using attention_test::Result;
+using attention_test::Vec;
 
 struct Case {
   std::int64_t T, S, H, Hq, Hkv, D;  // S: seq_len (0: the call is one sequence)
@@ -39,119 +44,26 @@ struct Case {
 };
 
 AttentionLayerConfig config_of(const Case& c, Precision p) {
-  AttentionLayerConfig cfg;
-  cfg.hidden = c.H;
-  cfg.q_heads = c.Hq;
-  cfg.kv_heads = c.Hkv;
-  cfg.head_dim = c.D;
-  cfg.qk_norm = c.qk_norm;
-  cfg.seq_len = c.S;
-  cfg.precision = p;
-  return cfg;
+  return attention_test::config(c.H, c.Hq, c.Hkv, c.D, c.qk_norm, c.S, p);
 }
 
-using Vec = std::vector<float>;
-
-// n values of N(mean, sd), rounded to bf16 and widened: both layers see exactly these.
-Vec draw(std::int64_t n, std::mt19937& rng, double mean, double sd) {
-  std::normal_distribution<double> d(mean, sd);
-  Vec v(static_cast<std::size_t>(n));
-  for (float& x : v) x = to_f32(to_bf16(static_cast<float>(d(rng))));
-  return v;
-}
-
-// The parameters in AttentionLayer::parameters() order (q_norm, k_norm with qk_norm).
 struct Inputs {
-  std::vector<Vec> params;
+  std::vector<Vec> params;  // AttentionLayer::parameters() order
   Vec x, dy;
 };
-
-std::vector<Shape> param_shapes(const Case& c) {
-  const std::int64_t Q = c.Hq * c.D, K = c.Hkv * c.D;
-  std::vector<Shape> s = {Shape{c.H}, Shape{Q, c.H}, Shape{K, c.H}, Shape{K, c.H}, Shape{c.H, Q}};
-  if (c.qk_norm) s.insert(s.end(), {Shape{c.D}, Shape{c.D}});
-  return s;
-}
 
 Inputs draw_inputs(const Case& c, std::uint32_t seed) {
   std::mt19937 rng(seed);
   Inputs in;
-  for (const Shape& s : param_shapes(c)) {
-    // Norm weights around 1; projections at nn.Linear's scale 1 / sqrt(fan_in).
-    const bool norm = s.ndim() == 1;
-    in.params.push_back(draw(s.numel(), rng, norm ? 1.0 : 0.0, norm ? 0.1 : 1.0 / std::sqrt(double(s[1]))));
-  }
+  in.params = attention_test::draw_params(config_of(c, Precision::f32), rng);
   in.x = draw(c.T * c.H, rng, 0.0, 1.0);
   in.dy = draw(c.T * c.H, rng, 0.0, 1.0);
   return in;
 }
 
-// A buffer of `v` in dtype t (bf16: narrowed, exact for the drawn values).
-Buffer upload(Device& dev, Component comp, const Vec& v, DType t) {
-  Buffer b = dev.allocate(comp, std::max<std::uint64_t>(v.size() * dtype_size(t), 4));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (t == DType::bf16)
-      b.as<bf16>()[i] = to_bf16(v[i]);
-    else
-      b.as<float>()[i] = v[i];
-  }
-  return b;
-}
-
-Vec download(const Buffer& b, std::size_t n, DType t) {
-  Vec v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = t == DType::bf16 ? to_f32(b.as<bf16>()[i]) : b.as<float>()[i];
-  return v;
-}
-
-struct Result {
-  Vec y, dx;
-  std::vector<Vec> grads;  // fp32, parameters() order
-};
-
-// One forward and `backwards` backward calls of the layer in precision p; checks the
-// Arena's attention peak of each phase against the footprint and that nothing stays live.
+// One forward and `backwards` backward calls of the layer in precision p (peaks checked).
 Result run(const Case& c, Precision p, const Inputs& in, int backwards = 1) {
-  const DType a = activation_dtype(p), w = param_dtype(p);
-  CpuDevice dev(256ull << 20);
-  std::vector<Buffer> pb, gb;
-  AttentionLayerTensors pt, gt;
-  std::vector<Tensor*> ps = {&pt.w_in, &pt.wq, &pt.wk, &pt.wv, &pt.wo, &pt.q_norm, &pt.k_norm};
-  std::vector<Tensor*> gs = {&gt.w_in, &gt.wq, &gt.wk, &gt.wv, &gt.wo, &gt.q_norm, &gt.k_norm};
-  const std::vector<Shape> shapes = param_shapes(c);
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    pb.push_back(upload(dev, Component::params, in.params[i], w));
-    gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
-    *ps[i] = pb.back().tensor(shapes[i], w);
-    *gs[i] = gb.back().tensor(shapes[i], DType::f32);
-  }
-  const AttentionLayerConfig cfg = config_of(c, p);
-  AttentionLayer layer(dev, cfg, pt, gt);
-  const Footprint f = attention_layer_footprint(c.T, cfg);
-  const Shape s{c.T, c.H};
-  Buffer x = upload(dev, Component::workspace, in.x, a), dy = upload(dev, Component::workspace, in.dy, a);
-  Buffer y = upload(dev, Component::workspace, in.x, a), dx = upload(dev, Component::workspace, in.x, a);
-  auto check = [&](const char* phase) {
-    EXPECT_EQ(dev.arena().peak(Component::attention), f.phase(phase).device[static_cast<std::size_t>(Component::attention)])
-        << phase;
-    EXPECT_EQ(dev.arena().live(Component::attention), 0u) << phase;
-  };
-  dev.arena().reset_peaks();
-  layer.forward(x.tensor(s, a), y.tensor(s, a));
-  check("forward");
-  for (int i = 0; i < backwards; ++i) {
-    dev.arena().reset_peaks();
-    layer.backward(x.tensor(s, a), dy.tensor(s, a), dx.tensor(s, a));
-    check("backward");
-  }
-  dev.synchronize();
-  Result r;
-  const auto n = static_cast<std::size_t>(c.T * c.H);
-  r.y = download(y, n, a);
-  r.dx = download(dx, n, a);
-  for (std::size_t i = 0; i < shapes.size(); ++i)
-    r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
-  return r;
+  return attention_test::run_layer(config_of(c, p), in.params, in.x, in.dy, nullptr, backwards);
 }
 
 // max|got - ref| / max|ref|
@@ -274,7 +186,7 @@ TEST(AttentionLayerBf16, FootprintsAreTheF32OnesPlusTheBf16Temporaries) {
 TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
   const Case c{3, 0, 16, 2, 2, 8, false};
   CpuDevice dev(16 << 20);
-  const std::vector<Shape> shapes = param_shapes(c);
+  const std::vector<Shape> shapes = attention_test::param_shapes(config_of(c, Precision::bf16));
   std::vector<Buffer> bufs;
   AttentionLayerTensors p16, p32, g32;
   std::vector<Tensor*> a = {&p16.w_in, &p16.wq, &p16.wk, &p16.wv, &p16.wo};

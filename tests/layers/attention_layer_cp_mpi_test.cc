@@ -25,104 +25,32 @@
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/verify/relative_error.h"
 #include "tests/comm/world.h"
+#include "tests/layers/attention_layer_harness.h"
 
 namespace peakbound {
 namespace {
 
+using attention_test::draw;
+using attention_test::Result;
+using attention_test::Vec;
 using testing::world;
-using Vec = std::vector<float>;
 
 struct Case {
   std::int64_t B, S, H, Hq, Hkv, D;
   bool qk_norm;
 };
 
-std::vector<Shape> param_shapes(const Case& c) {
-  const std::int64_t Q = c.Hq * c.D, K = c.Hkv * c.D;
-  std::vector<Shape> s = {Shape{c.H}, Shape{Q, c.H}, Shape{K, c.H}, Shape{K, c.H}, Shape{c.H, Q}};
-  if (c.qk_norm) s.insert(s.end(), {Shape{c.D}, Shape{c.D}});
-  return s;
+AttentionLayerConfig config_of(const Case& c, Precision p) {
+  return attention_test::config(c.H, c.Hq, c.Hkv, c.D, c.qk_norm, c.S, p);
 }
-
-// Values rounded to bf16 and widened, so both precisions see the same inputs.
-Vec draw(std::int64_t n, std::mt19937& rng, double mean, double sd) {
-  std::normal_distribution<double> d(mean, sd);
-  Vec v(static_cast<std::size_t>(n));
-  for (float& x : v) x = to_f32(to_bf16(static_cast<float>(d(rng))));
-  return v;
-}
-
-Buffer upload(Device& dev, Component comp, const Vec& v, DType t) {
-  Buffer b = dev.allocate(comp, std::max<std::uint64_t>(v.size() * dtype_size(t), 4));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (t == DType::bf16)
-      b.as<bf16>()[i] = to_bf16(v[i]);
-    else
-      b.as<float>()[i] = v[i];
-  }
-  return b;
-}
-
-Vec download(const Buffer& b, std::size_t n, DType t) {
-  Vec v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = t == DType::bf16 ? to_f32(b.as<bf16>()[i]) : b.as<float>()[i];
-  return v;
-}
-
-struct Result {
-  Vec y, dx;
-  std::vector<Vec> grads;
-};
 
 // One forward and one backward of this rank's rows `x`, `dy` (B sequences of its shard)
 // on group g (null: cp = 1); checks the measured peaks against the footprint.
 Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy) {
-  const DType a = activation_dtype(p), w = param_dtype(p);
-  CpuDevice dev(256ull << 20);
-  AttentionLayerConfig cfg;
-  cfg.hidden = c.H;
-  cfg.q_heads = c.Hq;
-  cfg.kv_heads = c.Hkv;
-  cfg.head_dim = c.D;
-  cfg.qk_norm = c.qk_norm;
-  cfg.seq_len = c.S;
-  cfg.precision = p;
+  AttentionLayerConfig cfg = config_of(c, p);
   cfg.cp = g ? g->size() : 1;
   cfg.cp_rank = g ? g->rank() : 0;
-  std::vector<Buffer> pb, gb;
-  AttentionLayerTensors pt, gt;
-  Tensor* ps[] = {&pt.w_in, &pt.wq, &pt.wk, &pt.wv, &pt.wo, &pt.q_norm, &pt.k_norm};
-  Tensor* gs[] = {&gt.w_in, &gt.wq, &gt.wk, &gt.wv, &gt.wo, &gt.q_norm, &gt.k_norm};
-  const std::vector<Shape> shapes = param_shapes(c);
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    pb.push_back(upload(dev, Component::params, params[i], w));
-    gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
-    *ps[i] = pb.back().tensor(shapes[i], w);
-    *gs[i] = gb.back().tensor(shapes[i], DType::f32);
-  }
-  AttentionLayer layer(dev, cfg, pt, gt);
-  if (g) layer.set_cp_group(g);
-  const std::int64_t T = static_cast<std::int64_t>(x.size()) / c.H;
-  const Footprint f = attention_layer_footprint(T, cfg);
-  const Shape s{T, c.H};
-  Buffer xb = upload(dev, Component::workspace, x, a), dyb = upload(dev, Component::workspace, dy, a);
-  Buffer yb = upload(dev, Component::workspace, x, a), dxb = upload(dev, Component::workspace, x, a);
-  auto check = [&](const char* phase) {
-    EXPECT_EQ(dev.arena().peak(Component::attention), f.phase(phase).device[static_cast<std::size_t>(Component::attention)])
-        << phase;
-    EXPECT_EQ(dev.arena().live(Component::attention), 0u) << phase;
-  };
-  dev.arena().reset_peaks();
-  layer.forward(xb.tensor(s, a), yb.tensor(s, a));
-  check("forward");
-  dev.arena().reset_peaks();
-  layer.backward(xb.tensor(s, a), dyb.tensor(s, a), dxb.tensor(s, a));
-  check("backward");
-  dev.synchronize();
-  Result r{download(yb, x.size(), a), download(dxb, x.size(), a), {}};
-  for (std::size_t i = 0; i < shapes.size(); ++i)
-    r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
-  return r;
+  return attention_test::run_layer(cfg, params, x, dy, g);
 }
 
 // The rows of B sequences of S tokens [B S, H] at this rank's zigzag positions.
@@ -164,11 +92,7 @@ void run_group(Communicator& g, Precision p) {
     SCOPED_TRACE("cp=" + std::to_string(cp) + " " + std::string(precision_name(p)) + " B=" + std::to_string(c.B) +
                  " S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv));
     std::mt19937 rng(static_cast<std::uint32_t>(c.S * 5 + c.H));
-    std::vector<Vec> params;
-    for (const Shape& s : param_shapes(c)) {
-      const bool norm = s.ndim() == 1;
-      params.push_back(draw(s.numel(), rng, norm ? 1.0 : 0.0, norm ? 0.1 : 1.0 / std::sqrt(double(s[1]))));
-    }
+    const std::vector<Vec> params = attention_test::draw_params(config_of(c, p), rng);
     const Vec x = draw(c.B * c.S * c.H, rng, 0.0, 1.0), dy = draw(c.B * c.S * c.H, rng, 0.0, 1.0);
     const Result ref = run(c, p, nullptr, params, x, dy);
     const CpShard sh = zigzag_shard(c.S, cp, g.rank());

@@ -1,0 +1,136 @@
+// What the attention layer's bf16 test and its context-parallel test share: inputs drawn
+// as floats exactly representable in bf16 (so the f32 and the bf16 layer see the same
+// values), moved to and from device buffers of either dtype, and one layer built on its
+// own CPU device and run forward then backward, the Arena's attention peak of each call
+// checked against attention_layer_footprint and nothing left live.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "peakbound/comm/communicator.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/layers/attention_layer.h"
+
+namespace peakbound::attention_test {
+
+using Vec = std::vector<float>;
+
+// n values of N(mean, sd), rounded to bf16 and widened.
+inline Vec draw(std::int64_t n, std::mt19937& rng, double mean, double sd) {
+  std::normal_distribution<double> d(mean, sd);
+  Vec v(static_cast<std::size_t>(n));
+  for (float& x : v) x = to_f32(to_bf16(static_cast<float>(d(rng))));
+  return v;
+}
+
+// A buffer of `v` in dtype t (bf16: narrowed, exact for drawn values); at least 4 bytes.
+inline Buffer upload(Device& dev, Component comp, const Vec& v, DType t) {
+  Buffer b = dev.allocate(comp, std::max<std::uint64_t>(v.size() * dtype_size(t), 4));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::bf16)
+      b.as<bf16>()[i] = to_bf16(v[i]);
+    else
+      b.as<float>()[i] = v[i];
+  }
+  return b;
+}
+
+// The first n elements of b (dtype t), widened.
+inline Vec download(const Buffer& b, std::size_t n, DType t) {
+  Vec v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = t == DType::bf16 ? to_f32(b.as<bf16>()[i]) : b.as<float>()[i];
+  return v;
+}
+
+// The config of a layer of hidden H, Hq / Hkv heads of D, over sequences of S tokens (0:
+// the call is one sequence), in precision p, cp 1.
+inline AttentionLayerConfig config(std::int64_t H, std::int64_t Hq, std::int64_t Hkv, std::int64_t D, bool qk_norm,
+                                   std::int64_t S, Precision p) {
+  AttentionLayerConfig cfg;
+  cfg.hidden = H;
+  cfg.q_heads = Hq;
+  cfg.kv_heads = Hkv;
+  cfg.head_dim = D;
+  cfg.qk_norm = qk_norm;
+  cfg.seq_len = S;
+  cfg.precision = p;
+  return cfg;
+}
+
+// The parameters' shapes in AttentionLayer::parameters() order (q_norm, k_norm with qk_norm).
+inline std::vector<Shape> param_shapes(const AttentionLayerConfig& c) {
+  const std::int64_t H = c.hidden, D = c.head_dim, Q = c.q_heads * D, K = c.kv_heads * D;
+  std::vector<Shape> s = {Shape{H}, Shape{Q, H}, Shape{K, H}, Shape{K, H}, Shape{H, Q}};
+  if (c.qk_norm) s.insert(s.end(), {Shape{D}, Shape{D}});
+  return s;
+}
+
+// The parameters drawn in that order: norm weights around 1, projections at nn.Linear's
+// scale 1 / sqrt(fan_in).
+inline std::vector<Vec> draw_params(const AttentionLayerConfig& c, std::mt19937& rng) {
+  std::vector<Vec> params;
+  for (const Shape& s : param_shapes(c)) {
+    const bool norm = s.ndim() == 1;
+    params.push_back(draw(s.numel(), rng, norm ? 1.0 : 0.0, norm ? 0.1 : 1.0 / std::sqrt(double(s[1]))));
+  }
+  return params;
+}
+
+struct Result {
+  Vec y, dx;
+  std::vector<Vec> grads;  // fp32, parameters() order
+};
+
+// One forward and `backwards` backward calls of the layer of cfg (parameters `params` in
+// param_dtype, zero fp32 gradients) on rows x, dy [T, H] in activation_dtype; g: the
+// cp group (cfg.cp > 1), else null. Checks each call's Arena attention peak against the
+// footprint and that nothing stays live.
+inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
+                        Communicator* g = nullptr, int backwards = 1) {
+  const DType a = activation_dtype(cfg.precision), w = param_dtype(cfg.precision);
+  CpuDevice dev(256ull << 20);
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+  Tensor* ps[] = {&pt.w_in, &pt.wq, &pt.wk, &pt.wv, &pt.wo, &pt.q_norm, &pt.k_norm};
+  Tensor* gs[] = {&gt.w_in, &gt.wq, &gt.wk, &gt.wv, &gt.wo, &gt.q_norm, &gt.k_norm};
+  const std::vector<Shape> shapes = param_shapes(cfg);
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    pb.push_back(upload(dev, Component::params, params[i], w));
+    gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
+    *ps[i] = pb.back().tensor(shapes[i], w);
+    *gs[i] = gb.back().tensor(shapes[i], DType::f32);
+  }
+  AttentionLayer layer(dev, cfg, pt, gt);
+  if (g) layer.set_cp_group(g);
+  const std::int64_t T = static_cast<std::int64_t>(x.size()) / cfg.hidden;
+  const Footprint f = attention_layer_footprint(T, cfg);
+  const Shape s{T, cfg.hidden};
+  Buffer xb = upload(dev, Component::workspace, x, a), dyb = upload(dev, Component::workspace, dy, a);
+  Buffer yb = upload(dev, Component::workspace, x, a), dxb = upload(dev, Component::workspace, x, a);
+  auto check = [&](const char* phase) {
+    const std::uint64_t want = f.phase(phase).device[static_cast<std::size_t>(Component::attention)];
+    EXPECT_EQ(dev.arena().peak(Component::attention), want) << phase;
+    EXPECT_EQ(dev.arena().live(Component::attention), 0u) << phase;
+  };
+  dev.arena().reset_peaks();
+  layer.forward(xb.tensor(s, a), yb.tensor(s, a));
+  check("forward");
+  for (int i = 0; i < backwards; ++i) {
+    dev.arena().reset_peaks();
+    layer.backward(xb.tensor(s, a), dyb.tensor(s, a), dxb.tensor(s, a));
+    check("backward");
+  }
+  dev.synchronize();
+  Result r{download(yb, x.size(), a), download(dxb, x.size(), a), {}};
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
+  return r;
+}
+
+}  // namespace peakbound::attention_test
