@@ -26,6 +26,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/moe_layer.h"
+#include "tests/layers/moe_layer_harness.h"
 #include "tests/layers/moe_layer_reference.h"
 
 namespace peakbound {
@@ -33,83 +34,14 @@ namespace {
 
 using moe_ref::Params;
 using moe_ref::Vec;
+using moe_test::Case;
+using moe_test::host;
+using moe_test::put;
+using moe_test::tensors;
 
 constexpr double kTol = 1e-2;     // y, dx: max|bf16 - f32| / max|f32|
 constexpr double kCosine = 0.999;  // every parameter gradient
 constexpr double kMargin = 0.015;  // the router's top-k margin in logits (see the top)
-
-struct Case {
-  std::int64_t T = 0, H = 20, F = 6, E = 8, K = 2;
-  bool norm = true;
-  std::int64_t S = 0, Fs = 0;
-  bool gate = false;
-  std::int64_t dense = 0;
-  int hot = -1;
-  std::int64_t tile = kSideFfnTileRows;
-  std::string str() const {
-    return "T=" + std::to_string(T) + " F=" + std::to_string(F) + " K=" + std::to_string(K) + " S=" +
-           std::to_string(S) + " Fs=" + std::to_string(Fs) + " gate=" + std::to_string(gate) + " dense=" +
-           std::to_string(dense) + " hot=" + std::to_string(hot) + " tile=" + std::to_string(tile);
-  }
-  MoeLayerConfig config(Precision p) const {
-    MoeLayerConfig c;
-    c.hidden = H;
-    c.dense_ffn = dense;
-    c.ffn = F;
-    c.experts = E;
-    c.top_k = K;
-    c.norm_topk_prob = norm;
-    c.shared_experts = S;
-    c.shared_ffn = Fs;
-    c.shared_gate = gate;
-    c.side_tile = tile;
-    c.precision = p;
-    return c;
-  }
-};
-
-// Device tensor of shape s in dtype dt from src (from element offset), or zeros.
-Tensor put(Device& dev, std::vector<Buffer>& keep, Component comp, Shape s, const Vec* src, DType dt,
-           std::int64_t offset = 0) {
-  keep.push_back(dev.allocate(comp, static_cast<std::uint64_t>(s.numel()) * dtype_size(dt)));
-  for (std::int64_t i = 0; i < s.numel(); ++i) {
-    const float v = src ? static_cast<float>((*src)[static_cast<std::size_t>(offset + i)]) : 0.0f;
-    if (dt == DType::bf16) keep.back().as<bf16>()[i] = to_bf16(v);
-    else keep.back().as<float>()[i] = v;
-  }
-  return Tensor(keep.back().data(), s, dt, Location::device);
-}
-
-// Every parameter of c (src) or zero gradients (src null), in dt.
-MoeLayerTensors tensors(Device& dev, std::vector<Buffer>& keep, Component comp, const MoeLayerConfig& c,
-                        const Params& P, bool zero, DType dt) {
-  const std::int64_t H = c.hidden, W = c.side_ffn();
-  auto src = [&](const Vec& v) { return zero ? nullptr : &v; };
-  MoeLayerTensors t;
-  t.w_post = put(dev, keep, comp, Shape{H}, src(P.w_post), dt);
-  if (c.dense()) {
-    t.dense_gate = put(dev, keep, comp, Shape{W, H}, src(P.dense_gate), dt);
-    t.dense_up = put(dev, keep, comp, Shape{W, H}, src(P.dense_up), dt);
-    t.dense_down = put(dev, keep, comp, Shape{H, W}, src(P.dense_down), dt);
-    return t;
-  }
-  t.w_gate = put(dev, keep, comp, Shape{c.experts, H}, src(P.w_gate), dt);
-  t.experts = put(dev, keep, comp, Shape{c.experts, 3 * c.ffn * H}, src(P.experts), dt);
-  if (c.shared_experts > 0) {
-    t.shared_gate = put(dev, keep, comp, Shape{W, H}, src(P.shared_gate), dt);
-    t.shared_up = put(dev, keep, comp, Shape{W, H}, src(P.shared_up), dt);
-    t.shared_down = put(dev, keep, comp, Shape{H, W}, src(P.shared_down), dt);
-  }
-  if (c.shared_gate) t.shared_expert_gate = put(dev, keep, comp, Shape{1, H}, src(P.shared_expert_gate), dt);
-  return t;
-}
-
-std::vector<float> host(const Tensor& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
-  return v;
-}
 
 struct Result {
   std::vector<float> y, dx, counts, sums;

@@ -18,6 +18,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/moe_layer.h"
 #include "tests/comm/world.h"
+#include "tests/layers/moe_layer_harness.h"
 #include "tests/layers/moe_layer_reference.h"
 
 namespace peakbound {
@@ -26,6 +27,8 @@ namespace {
 using moe_ref::Params;
 using moe_ref::rel_err;
 using moe_ref::Vec;
+using moe_test::host;
+using moe_test::put;
 using testing::world;
 
 constexpr double kTol = 1e-5;
@@ -39,32 +42,11 @@ Buffer upload(Device& dev, const double* v, std::size_t n) {
   return b;
 }
 
-Tensor put(Device& dev, std::vector<Buffer>& keep, Component comp, Shape s, const Vec* src, std::int64_t offset,
-           DType dt = DType::f32) {
-  keep.push_back(dev.allocate(comp, static_cast<std::uint64_t>(s.numel()) * dtype_size(dt)));
-  for (std::int64_t i = 0; i < s.numel(); ++i) {
-    const float v = src ? static_cast<float>((*src)[offset + i]) : 0.0f;
-    if (dt == DType::bf16) keep.back().as<bf16>()[i] = to_bf16(v);
-    else keep.back().as<float>()[i] = v;
-  }
-  return Tensor(keep.back().data(), s, dt, Location::device);
-}
-
+// Rank `rank` of ep's tensors: every parameter, its slice of E / ep experts.
 MoeLayerTensors tensors(Device& dev, std::vector<Buffer>& keep, Component comp, const MoeLayerConfig& c,
                         const Params& P, bool zero, int rank, int ep, DType dt = DType::f32) {
-  const std::int64_t H = c.hidden, W = c.side_ffn(), local = c.experts / ep, X = 3 * c.ffn * H;
-  auto src = [&](const Vec& v) { return zero ? nullptr : &v; };
-  MoeLayerTensors t;
-  t.w_post = put(dev, keep, comp, Shape{H}, src(P.w_post), 0, dt);
-  t.w_gate = put(dev, keep, comp, Shape{c.experts, H}, src(P.w_gate), 0, dt);
-  t.experts = put(dev, keep, comp, Shape{local, X}, src(P.experts), rank * local * X, dt);
-  if (c.shared_experts > 0) {
-    t.shared_gate = put(dev, keep, comp, Shape{W, H}, src(P.shared_gate), 0, dt);
-    t.shared_up = put(dev, keep, comp, Shape{W, H}, src(P.shared_up), 0, dt);
-    t.shared_down = put(dev, keep, comp, Shape{H, W}, src(P.shared_down), 0, dt);
-  }
-  if (c.shared_gate) t.shared_expert_gate = put(dev, keep, comp, Shape{1, H}, src(P.shared_expert_gate), 0, dt);
-  return t;
+  const std::int64_t local = c.experts / ep;
+  return moe_test::tensors(dev, keep, comp, c, P, zero, dt, rank * local, local);
 }
 
 // World sum of a device tensor, in place on a host copy.
@@ -154,14 +136,6 @@ void expect_exact(const MoeLayerConfig& base, int hot, const char* what, bool ex
   }
 }
 
-// A bf16 device tensor's values as floats.
-std::vector<float> host(const Tensor& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
-  return v;
-}
-
 double rel(const float* a, const float* ref, std::size_t n) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -206,16 +180,16 @@ void expect_bf16_matches_ep1(MoeLayerConfig base, int hot, const char* what, Bf1
   SingleRankCommunicator one;
   const MoeLayerTensors pt1 = tensors(dev1, keep1, Component::params, base, P, false, 0, 1, DType::bf16);
   const MoeLayerTensors gt1 = tensors(dev1, keep1, Component::grads, base, P, true, 0, 1);
-  const Tensor c1 = put(dev1, keep1, Component::workspace, Shape{E}, &zeros, 0);
-  const Tensor s1 = put(dev1, keep1, Component::workspace, Shape{E}, &zeros, 0);
-  const Tensor ag1 = put(dev1, keep1, Component::workspace, Shape{E}, &aux_grad, 0);
+  const Tensor c1 = put(dev1, keep1, Component::workspace, Shape{E}, &zeros);
+  const Tensor s1 = put(dev1, keep1, Component::workspace, Shape{E}, &zeros);
+  const Tensor ag1 = put(dev1, keep1, Component::workspace, Shape{E}, &aux_grad);
   const MoeAuxState aux1{c1.data<float>(), s1.data<float>(), ag1.data<float>()};
   MoeLayer layer1(dev1, one, base, pt1, gt1, &aux1);
   const Shape sN{N, H};
-  const Tensor x1 = put(dev1, keep1, Component::workspace, sN, &x, 0, DType::bf16);
-  const Tensor dy1 = put(dev1, keep1, Component::workspace, sN, &dy, 0, DType::bf16);
-  const Tensor y1 = put(dev1, keep1, Component::workspace, sN, nullptr, 0, DType::bf16);
-  const Tensor dx1 = put(dev1, keep1, Component::workspace, sN, nullptr, 0, DType::bf16);
+  const Tensor x1 = put(dev1, keep1, Component::workspace, sN, &x, DType::bf16);
+  const Tensor dy1 = put(dev1, keep1, Component::workspace, sN, &dy, DType::bf16);
+  const Tensor y1 = put(dev1, keep1, Component::workspace, sN, nullptr, DType::bf16);
+  const Tensor dx1 = put(dev1, keep1, Component::workspace, sN, nullptr, DType::bf16);
   layer1.forward(x1, y1);
   layer1.backward(x1, dy1, dx1);
   dev1.synchronize();
@@ -232,16 +206,16 @@ void expect_bf16_matches_ep1(MoeLayerConfig base, int hot, const char* what, Bf1
     std::vector<Buffer> keep;
     const MoeLayerTensors pt = tensors(dev, keep, Component::params, cfg, P, false, rank, ep, DType::bf16);
     const MoeLayerTensors gt = tensors(dev, keep, Component::grads, cfg, P, true, rank, ep);
-    const Tensor ct = put(dev, keep, Component::workspace, Shape{E}, &zeros, 0);
-    const Tensor st = put(dev, keep, Component::workspace, Shape{E}, &zeros, 0);
-    const Tensor ag = put(dev, keep, Component::workspace, Shape{E}, &aux_grad, 0);
+    const Tensor ct = put(dev, keep, Component::workspace, Shape{E}, &zeros);
+    const Tensor st = put(dev, keep, Component::workspace, Shape{E}, &zeros);
+    const Tensor ag = put(dev, keep, Component::workspace, Shape{E}, &aux_grad);
     const MoeAuxState aux{ct.data<float>(), st.data<float>(), ag.data<float>()};
     MoeLayer layer(dev, g, cfg, pt, gt, &aux);
     const Shape s{Tr, H};
-    const Tensor xb = put(dev, keep, Component::workspace, s, &x, off * H, DType::bf16);
-    const Tensor dyb = put(dev, keep, Component::workspace, s, &dy, off * H, DType::bf16);
-    const Tensor yb = put(dev, keep, Component::workspace, s, nullptr, 0, DType::bf16);
-    const Tensor dxb = put(dev, keep, Component::workspace, s, nullptr, 0, DType::bf16);
+    const Tensor xb = put(dev, keep, Component::workspace, s, &x, DType::bf16, off * H);
+    const Tensor dyb = put(dev, keep, Component::workspace, s, &dy, DType::bf16, off * H);
+    const Tensor yb = put(dev, keep, Component::workspace, s, nullptr, DType::bf16);
+    const Tensor dxb = put(dev, keep, Component::workspace, s, nullptr, DType::bf16);
     dev.arena().reset_peaks();
     layer.forward(xb, yb);
     layer.backward(xb, dyb, dxb);

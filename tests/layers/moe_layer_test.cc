@@ -19,6 +19,7 @@
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/model/presets.h"
+#include "tests/layers/moe_layer_harness.h"
 #include "tests/layers/moe_layer_reference.h"
 
 namespace peakbound {
@@ -27,75 +28,16 @@ namespace {
 using moe_ref::Params;
 using moe_ref::rel_err;
 using moe_ref::Vec;
+using moe_test::Case;
 
 constexpr double kTol = 1e-5;
 
-struct Case {
-  std::int64_t T = 0, H = 20, F = 6, E = 8, K = 2;
-  bool norm = true;
-  std::int64_t S = 0, Fs = 0;
-  bool gate = false;
-  std::int64_t dense = 0;
-  int hot = -1;  // every token's first choice is this expert
-  std::int64_t tile = kSideFfnTileRows;  // the side SwiGLU's row tile
-  std::string str() const {
-    return "T=" + std::to_string(T) + " H=" + std::to_string(H) + " E=" + std::to_string(E) + " K=" +
-           std::to_string(K) + " norm=" + std::to_string(norm) + " S=" + std::to_string(S) + " Fs=" +
-           std::to_string(Fs) + " gate=" + std::to_string(gate) + " dense=" + std::to_string(dense) +
-           " hot=" + std::to_string(hot) + " tile=" + std::to_string(tile);
-  }
-  MoeLayerConfig config() const {
-    MoeLayerConfig c;
-    c.hidden = H;
-    c.dense_ffn = dense;
-    c.ffn = F;
-    c.experts = E;
-    c.top_k = K;
-    c.norm_topk_prob = norm;
-    c.shared_experts = S;
-    c.shared_ffn = Fs;
-    c.shared_gate = gate;
-    c.rms_eps = 1e-6f;
-    c.side_tile = tile;
-    return c;
-  }
-};
-
-// Device memory for the parameters (or zero gradients) of ranks' expert slice
-// [first, first + count) (a stand-in for the parameter store), filled from doubles.
+// Device parameters (or zero gradients) of every expert, kept alive with their buffers.
 struct DeviceParams {
   std::vector<Buffer> bufs;
   MoeLayerTensors t;
-
-  DeviceParams(Device& dev, Component comp, const MoeLayerConfig& c, const Params& P, bool zero,
-               std::int64_t first = 0, std::int64_t count = -1) {
-    const std::int64_t H = c.hidden;
-    auto make = [&](Shape s, const Vec& src, std::int64_t offset = 0) {
-      bufs.push_back(dev.allocate(comp, static_cast<std::uint64_t>(s.numel()) * 4));
-      float* p = bufs.back().as<float>();
-      for (std::int64_t i = 0; i < s.numel(); ++i) p[i] = zero ? 0.0f : static_cast<float>(src[offset + i]);
-      return Tensor(p, s, DType::f32, Location::device);
-    };
-    t.w_post = make(Shape{H}, P.w_post);
-    if (c.dense()) {
-      const std::int64_t F = c.dense_ffn;
-      t.dense_gate = make(Shape{F, H}, P.dense_gate);
-      t.dense_up = make(Shape{F, H}, P.dense_up);
-      t.dense_down = make(Shape{H, F}, P.dense_down);
-      return;
-    }
-    if (count < 0) count = c.experts;
-    const std::int64_t X = 3 * c.ffn * H;
-    t.w_gate = make(Shape{c.experts, H}, P.w_gate);
-    t.experts = make(Shape{count, X}, P.experts, first * X);
-    if (c.shared_experts > 0) {
-      const std::int64_t W = c.side_ffn();
-      t.shared_gate = make(Shape{W, H}, P.shared_gate);
-      t.shared_up = make(Shape{W, H}, P.shared_up);
-      t.shared_down = make(Shape{H, W}, P.shared_down);
-    }
-    if (c.shared_gate) t.shared_expert_gate = make(Shape{1, H}, P.shared_expert_gate);
-  }
+  DeviceParams(Device& dev, Component comp, const MoeLayerConfig& c, const Params& P, bool zero)
+      : t(moe_test::tensors(dev, bufs, comp, c, P, zero)) {}
 };
 
 Buffer upload(Device& dev, const Vec& v) {
