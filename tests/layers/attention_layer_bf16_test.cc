@@ -197,7 +197,12 @@ TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
     *a[i] = bufs.back().tensor(shapes[i], DType::bf16);
     *b[i] = *g[i] = bufs.back().tensor(shapes[i], DType::f32);
   }
-  EXPECT_THROW(AttentionLayer(dev, config_of(c, Precision::bf16), p32, g32), InvalidArgument);  // f32 params
+  try {
+    AttentionLayer(dev, config_of(c, Precision::bf16), p32, g32);
+    ADD_FAILURE() << "a bf16 layer took f32 parameters";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "attention layer: parameter w_in is [16] f32, want [16] bf16");
+  }
   EXPECT_THROW(AttentionLayer(dev, config_of(c, Precision::bf16), p16, p16), InvalidArgument);  // bf16 grads
   EXPECT_THROW(AttentionLayer(dev, config_of(c, Precision::f32), p16, g32), InvalidArgument);
   AttentionLayer layer(dev, config_of(c, Precision::bf16), p16, g32);

@@ -6,6 +6,7 @@
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/layers/layer_tensor_checks.h"
 #include "peakbound/nn/linear.h"
 #include "peakbound/ops/attention.h"
 #include "peakbound/ops/elementwise.h"
@@ -180,10 +181,7 @@ AttentionLayer::AttentionLayer(Device& dev, const AttentionLayerConfig& config, 
   const DType pd = param_dtype(cfg_.precision);
   DType want = pd;
   auto expect = [&want](const Tensor& t, const Shape& s, const char* name, const char* which) {
-    if (t.raw() == nullptr || t.dtype() != want || !(t.shape() == s))
-      throw InvalidArgument(std::string("attention layer: ") + which + " " + name + " is " + t.shape().str() + " " +
-                            std::string(dtype_name(t.dtype())) + (t.raw() == nullptr ? " (null)" : "") + ", want " +
-                            s.str() + " " + std::string(dtype_name(want)));
+    expect_layer_tensor(t, s, want, "attention layer", which, name);
   };
   for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
     want = t == &p_ ? pd : DType::f32;
@@ -229,12 +227,7 @@ void AttentionLayer::rope_tables(float* cos, float* sin, std::int64_t S) {
 }
 
 std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {
-  const DType a = activation_dtype(cfg_.precision);
-  PB_CHECK_MSG(t.dtype() == a && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
-               std::string("attention layer: ") + what + " is " + t.shape().str() + " " +
-                   std::string(dtype_name(t.dtype())) + ", want [T, " + std::to_string(cfg_.hidden) + "] " +
-                   std::string(dtype_name(a)));
-  return t.dim(0);
+  return layer_activation_rows(t, cfg_.hidden, activation_dtype(cfg_.precision), "attention layer", what);
 }
 
 template <class A>

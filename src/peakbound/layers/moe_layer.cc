@@ -7,6 +7,7 @@
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/layers/layer_tensor_checks.h"
 #include "peakbound/nn/linear.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
@@ -182,10 +183,7 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
   // Parameters in param_dtype(precision), gradients f32.
   DType want = DType::f32;
   auto expect = [&want](const Tensor& t, const Shape& s, const char* name, const char* which) {
-    if (t.raw() == nullptr || t.dtype() != want || !(t.shape() == s))
-      throw InvalidArgument(std::string("moe layer: ") + which + " " + name + " is " + t.shape().str() + " " +
-                            std::string(dtype_name(t.dtype())) + (t.raw() == nullptr ? " (null)" : "") + ", want " +
-                            s.str() + " " + std::string(dtype_name(want)));
+    expect_layer_tensor(t, s, want, "moe layer", which, name);
   };
   if (!cfg_.dense()) {
     ep_rank_ = ep_group.rank();
@@ -225,11 +223,7 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
 }
 
 std::int64_t MoeLayer::check_shape(const Tensor& t, const char* what) const {
-  const DType a = activation_dtype(cfg_.precision);
-  PB_CHECK_MSG(t.dtype() == a && t.ndim() == 2 && t.dim(1) == cfg_.hidden,
-               std::string("moe layer: ") + what + " is " + t.shape().str() + " " + std::string(dtype_name(t.dtype())) +
-                   ", want [T, " + std::to_string(cfg_.hidden) + "] " + std::string(dtype_name(a)));
-  return t.dim(0);
+  return layer_activation_rows(t, cfg_.hidden, activation_dtype(cfg_.precision), "moe layer", what);
 }
 
 // Allocates the internals both passes hold and computes the norm, the router (its
