@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "peakbound/device/cpu/cpu_device.h"
+#include "tests/layers/layer_checks.h"
 #include "tests/layers/reference.h"
 
 namespace peakbound {
@@ -447,20 +448,7 @@ TEST(AttentionLayer, BackwardAddsIntoGradientsAndWritesDx) {
   const std::vector<Parameter> params = layer.parameters();
   ASSERT_EQ(params.size(), 7u);
   EXPECT_EQ(params[0].name, "input_layernorm.weight");
-  std::vector<std::vector<float>> once;
-  for (const Parameter& p : params) once.emplace_back(p.grad.data<float>(), p.grad.data<float>() + p.grad.numel());
-  const std::vector<float> dx1(dxb.as<float>(), dxb.as<float>() + c.T * c.H);
-  run();
-  for (std::size_t k = 0; k < params.size(); ++k)
-    for (std::int64_t i = 0; i < params[k].grad.numel(); ++i)
-      ASSERT_NEAR(params[k].grad.data<float>()[i], 2 * once[k][static_cast<std::size_t>(i)],
-                  1e-5 * (1 + std::abs(2 * once[k][static_cast<std::size_t>(i)])))
-          << params[k].name;
-  for (std::int64_t i = 0; i < c.T * c.H; ++i) ASSERT_EQ(dxb.as<float>()[i], dx1[static_cast<std::size_t>(i)]);
-  layer.zero_grad();
-  dev.synchronize();
-  for (const Parameter& p : params)
-    for (std::int64_t i = 0; i < p.grad.numel(); ++i) ASSERT_EQ(p.grad.data<float>()[i], 0.0f) << p.name;
+  layer_test::expect_backward_adds_into_grads(layer, dev, run, dxb.tensor(s, DType::f32));
 }
 
 // Measured Arena peaks of one forward and one backward call equal the footprint, per

@@ -10,10 +10,12 @@
 
 #include "peakbound/device/device.h"
 #include "peakbound/layers/moe_layer.h"
+#include "tests/layers/layer_checks.h"
 #include "tests/layers/moe_layer_reference.h"
 
 namespace peakbound::moe_test {
 
+using layer_test::host;  // a device tensor (f32 or bf16) as floats
 using moe_ref::Params;
 using moe_ref::Vec;
 
@@ -93,14 +95,6 @@ inline MoeLayerTensors tensors(Device& dev, std::vector<Buffer>& keep, Component
   }
   if (c.shared_gate) t.shared_expert_gate = put(dev, keep, comp, Shape{1, H}, src(P.shared_expert_gate), dt);
   return t;
-}
-
-// A device tensor's values (f32 or bf16) as floats.
-inline std::vector<float> host(const Tensor& t) {
-  std::vector<float> v(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
-  return v;
 }
 
 }  // namespace peakbound::moe_test
