@@ -13,6 +13,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/model/hf_config.h"
 #include "peakbound/model/presets.h"
+#include "peakbound/train/fsdp_units.h"
 
 namespace peakbound {
 namespace {
@@ -84,6 +85,64 @@ TEST(ParameterStore, MeasuredPeaksEqualTheFootprintAndViewsFollowTheTable) {
         EXPECT_EQ(dev.arena().live(), 0u);
       }
     }
+  }
+}
+
+void expect_same_layout(const ParameterLayout& a, const ParameterLayout& b, const std::string& what) {
+  ASSERT_EQ(a.elements, b.elements) << what;
+  ASSERT_EQ(a.numel, b.numel) << what;
+  ASSERT_EQ(a.views.size(), b.views.size()) << what;
+  for (std::size_t i = 0; i < a.views.size(); ++i) {
+    EXPECT_EQ(a.views[i].entry.name, b.views[i].entry.name) << what;
+    EXPECT_EQ(a.views[i].offset, b.views[i].offset) << what << " " << a.views[i].entry.name;
+    EXPECT_EQ(a.views[i].shape, b.views[i].shape) << what << " " << a.views[i].entry.name;
+    EXPECT_EQ(a.views[i].rows.begin, b.views[i].rows.begin) << what;
+    EXPECT_EQ(a.views[i].rows.end, b.views[i].rows.end) << what;
+  }
+}
+
+// fsdp_unit_layouts builds every unit in one pass over the table, and train_footprint
+// lays stores out over the materialized entries: both must be the layouts the model's
+// own stores get (parameter_layout over the table with the unit's selector).
+TEST(ParameterStore, OnePassAndEntryLayoutsEqualTheSelectorLayouts) {
+  ModelConfig tiny = preset_config("tiny-moe");
+  tiny.num_layers = 3;  // one dense layer, then MoE layers
+  for (const ModelConfig& c : {tiny, tiny_gpt_oss()}) {
+    const TensorTable table(c);
+    const std::vector<TensorEntry> entries = table.entries();
+    for (int G : {1, 3, 4}) {
+      const std::vector<ParameterLayout> units = fsdp_unit_layouts(table, G);
+      ASSERT_EQ(units.size(), static_cast<std::size_t>(c.num_layers) + 2);
+      std::int64_t covered = 0;
+      for (std::size_t u = 0; u < units.size(); ++u) {
+        const std::string what = c.name + " G " + std::to_string(G) + " unit " + std::to_string(u);
+        const ParameterLayout want = parameter_layout(table, fsdp_unit_selector(table, u), fsdp_layout_options(G));
+        expect_same_layout(units[u], want, what);
+        expect_same_layout(parameter_layout(entries, fsdp_unit_selector(table, u), fsdp_layout_options(G)), want,
+                           what + " (entries)");
+        EXPECT_GT(units[u].numel, 0) << what;
+        for (const ParameterView& v : units[u].views) {  // 0 the embedding, 1 + l layer l, L + 1 the final norm
+          if (u == 0) EXPECT_EQ(v.entry.kind, TensorKind::embedding) << what;
+          else if (u == units.size() - 1) EXPECT_TRUE(v.entry.layer < 0 && v.entry.kind == TensorKind::norm) << what;
+          else EXPECT_EQ(v.entry.layer, static_cast<std::int64_t>(u) - 1) << what << " " << v.entry.name;
+        }
+        covered += units[u].numel;
+      }
+      std::int64_t fsdp_numel = 0;  // every tensor but the experts and the head is in exactly one unit
+      for (const TensorEntry& e : entries)
+        if (e.kind != TensorKind::expert && e.kind != TensorKind::head) {
+          std::int64_t n = 1;
+          for (std::int64_t d : e.shape) n *= d;
+          fsdp_numel += n;
+        }
+      EXPECT_EQ(covered, fsdp_numel) << c.name;
+    }
+    const ShardSelector experts = [](const TensorEntry& e) -> std::optional<RowRange> {
+      if (e.kind != TensorKind::expert) return std::nullopt;
+      return RowRange{0, e.shape[0]};
+    };
+    expect_same_layout(parameter_layout(entries, experts, LayoutOptions{1, 64}),
+                       parameter_layout(table, experts, LayoutOptions{1, 64}), c.name + " experts");
   }
 }
 

@@ -15,24 +15,23 @@ bool fsdp_kind(const TensorEntry& e) { return e.kind != TensorKind::expert && e.
 
 }  // namespace
 
-ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u) {
-  const auto L = static_cast<std::size_t>(table.config().num_layers);
-  if (u > L + 1) throw InvalidArgument("fsdp: unit " + std::to_string(u) + " of " + std::to_string(L + 2));
-  auto whole = [](const TensorEntry& e) { return RowRange{0, e.shape.empty() ? 1 : e.shape[0]}; };
-  if (u == 0)
-    return [whole](const TensorEntry& e) -> std::optional<RowRange> {
-      if (e.kind == TensorKind::embedding) return whole(e);
-      return std::nullopt;
-    };
-  if (u == L + 1)
-    return [whole](const TensorEntry& e) -> std::optional<RowRange> {
-      if (e.layer < 0 && e.kind == TensorKind::norm) return whole(e);
-      return std::nullopt;
-    };
-  const auto l = static_cast<std::int64_t>(u - 1);
-  return [whole, l](const TensorEntry& e) -> std::optional<RowRange> {
-    if (e.layer == l && fsdp_kind(e)) return whole(e);
+std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_layers) {
+  if (e.kind == TensorKind::embedding) return 0;
+  if (e.layer < 0) {
+    if (e.kind == TensorKind::norm) return static_cast<std::size_t>(num_layers) + 1;
     return std::nullopt;
+  }
+  if (fsdp_kind(e)) return static_cast<std::size_t>(e.layer) + 1;
+  return std::nullopt;
+}
+
+ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u) {
+  const std::int64_t L = table.config().num_layers;
+  if (u > static_cast<std::size_t>(L) + 1)
+    throw InvalidArgument("fsdp: unit " + std::to_string(u) + " of " + std::to_string(L + 2));
+  return [u, L](const TensorEntry& e) -> std::optional<RowRange> {
+    if (fsdp_unit_of(e, L) != u) return std::nullopt;
+    return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
   };
 }
 
@@ -42,15 +41,28 @@ LayoutOptions fsdp_layout_options(int group_size) {
 }
 
 std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size) {
-  const LayoutOptions opt = fsdp_layout_options(group_size);
+  // One pass over the table (a 235B model's has tens of thousands of expert entries),
+  // each entry into its unit's layout in table order: what parameter_layout with
+  // fsdp_unit_selector(u) builds for each u.
+  const std::int64_t L = table.config().num_layers;
+  std::vector<ParameterLayoutBuilder> units(static_cast<std::size_t>(L) + 2,
+                                            ParameterLayoutBuilder(fsdp_layout_options(group_size)));
+  table.for_each([&](const TensorEntry& e) {
+    if (const std::optional<std::size_t> u = fsdp_unit_of(e, L))
+      units[*u].add(e, RowRange{0, e.shape.empty() ? 1 : e.shape[0]});
+  });
   std::vector<ParameterLayout> out;
-  for (std::size_t u = 0; u < static_cast<std::size_t>(table.config().num_layers) + 2; ++u)
-    out.push_back(parameter_layout(table, fsdp_unit_selector(table, u), opt));
+  out.reserve(units.size());
+  for (ParameterLayoutBuilder& b : units) out.push_back(std::move(b).finish());
   return out;
 }
 
 FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision) {
-  const std::vector<ParameterLayout> units = fsdp_unit_layouts(table, group_size);
+  return fsdp_buffers(fsdp_unit_layouts(table, group_size), group_size, precision);
+}
+
+FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision) {
+  PB_CHECK_MSG(units.size() >= 2, "fsdp: the unit layouts hold the embedding and the final norm at least");
   const auto G = static_cast<u64>(group_size);
   u64 shard = 0, max_shard = 0, max_layer = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {

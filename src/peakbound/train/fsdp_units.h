@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,8 @@ namespace peakbound {
 ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u);
 LayoutOptions fsdp_layout_options(int group_size);
 std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size);
+// The unit holding entry e of a model of num_layers layers (none: an expert or head tensor).
+std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_layers);
 
 // The *_params specs are in param_dtype(precision) (4 or 2 bytes an element); the
 // *_grads specs and the scratch are f32 in both precisions.
@@ -52,6 +55,9 @@ struct FsdpBuffers {
   BufferSpec norm_params, norm_grads;             // the final norm gathered / its full gradient
 };
 FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision = Precision::f32);
+// The same from the layouts fsdp_unit_layouts returned (a planner that sizes many runs of
+// one model computes them once).
+FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision);
 
 class FsdpUnits {
  public:

@@ -46,37 +46,51 @@ std::int64_t ParameterView::numel() const {
   return n;
 }
 
-ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select,
-                                 const LayoutOptions& options) {
+ParameterLayoutBuilder::ParameterLayoutBuilder(const LayoutOptions& options) : options_(options) {
   if (options.align == 0 || options.total_multiple == 0)
     throw InvalidArgument("parameter layout: align and total_multiple must be positive");
-  const std::uint64_t align = options.align;
-  ParameterLayout out;
-  out.views.reserve(static_cast<std::size_t>(table.size()));
+}
+
+void ParameterLayoutBuilder::add(const TensorEntry& e, const RowRange& rows) {
+  if (rows.begin < 0 || rows.begin > rows.end || rows.end > dim0(e) || (e.shape.empty() && rows.rows() != 1))
+    throw InvalidArgument("parameter layout: rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
+                          ") of '" + e.name + "' are outside its " + std::to_string(dim0(e)) + " rows");
+  ParameterView v;
+  v.entry = e;
+  v.rows = rows;
+  v.shape = e.shape;
+  if (!v.shape.empty()) v.shape[0] = rows.rows();
+  v.offset = out_.elements;
+  const auto n = static_cast<std::uint64_t>(v.numel());
+  out_.numel += v.numel();
+  // Round each view's end up so the next one starts aligned.
+  const std::uint64_t align = options_.align;
+  const std::uint64_t end = checked_add(out_.elements, n, "parameter store size");
+  out_.elements = checked_mul((end + align - 1) / align, align, "parameter store size");
+  out_.views.push_back(std::move(v));
+}
+
+ParameterLayout ParameterLayoutBuilder::finish() && {
+  const std::uint64_t m = options_.total_multiple;
+  out_.elements = checked_mul((out_.elements + m - 1) / m, m, "parameter store size");
+  return std::move(out_);
+}
+
+ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select,
+                                 const LayoutOptions& options) {
+  ParameterLayoutBuilder b(options);
   table.for_each([&](const TensorEntry& e) {
-    const std::optional<RowRange> rows = select(e);
-    if (!rows) return;
-    if (rows->begin < 0 || rows->begin > rows->end || rows->end > dim0(e) ||
-        (e.shape.empty() && rows->rows() != 1))
-      throw InvalidArgument("parameter layout: rows [" + std::to_string(rows->begin) + ", " +
-                            std::to_string(rows->end) + ") of '" + e.name + "' are outside its " +
-                            std::to_string(dim0(e)) + " rows");
-    ParameterView v;
-    v.entry = e;
-    v.rows = *rows;
-    v.shape = e.shape;
-    if (!v.shape.empty()) v.shape[0] = rows->rows();
-    v.offset = out.elements;
-    const auto n = static_cast<std::uint64_t>(v.numel());
-    out.numel += v.numel();
-    // Round each view's end up so the next one starts aligned.
-    const std::uint64_t end = checked_add(out.elements, n, "parameter store size");
-    out.elements = checked_mul((end + align - 1) / align, align, "parameter store size");
-    out.views.push_back(std::move(v));
+    if (const std::optional<RowRange> rows = select(e)) b.add(e, *rows);
   });
-  const std::uint64_t m = options.total_multiple;
-  out.elements = checked_mul((out.elements + m - 1) / m, m, "parameter store size");
-  return out;
+  return std::move(b).finish();
+}
+
+ParameterLayout parameter_layout(std::span<const TensorEntry> entries, const ShardSelector& select,
+                                 const LayoutOptions& options) {
+  ParameterLayoutBuilder b(options);
+  for (const TensorEntry& e : entries)
+    if (const std::optional<RowRange> rows = select(e)) b.add(e, *rows);
+  return std::move(b).finish();
 }
 
 ParameterStoreBuffers parameter_store_buffers(const ParameterLayout& layout, std::uint64_t param_bytes,

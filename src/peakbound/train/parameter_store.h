@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -82,9 +83,29 @@ struct LayoutOptions {
   std::uint64_t total_multiple = kViewAlignElements;
 };
 
+// Builds a layout view by view, in the order the views are added (parameter_layout adds
+// the selected entries in table order); several builders fed from one pass over a large
+// table build several layouts at the cost of one (fsdp_unit_layouts).
+class ParameterLayoutBuilder {
+ public:
+  // Throws InvalidArgument for an align or total_multiple of 0.
+  explicit ParameterLayoutBuilder(const LayoutOptions& options);
+  // Throws InvalidArgument when rows are outside [0, dim 0) of e.
+  void add(const TensorEntry& e, const RowRange& rows);
+  ParameterLayout finish() &&;
+
+ private:
+  LayoutOptions options_;
+  ParameterLayout out_;
+};
+
 // Throws InvalidArgument when the selector returns rows outside [0, dim 0), or for an
 // align or total_multiple of 0.
 ParameterLayout parameter_layout(const TensorTable& table, const ShardSelector& select,
+                                 const LayoutOptions& options = {});
+// The same over the table's entries (TensorTable::entries(), in table order), which a
+// caller sizing many stores of one large model materializes once.
+ParameterLayout parameter_layout(std::span<const TensorEntry> entries, const ShardSelector& select,
                                  const LayoutOptions& options = {});
 
 // The two device buffers a ParameterStore allocates: params at param_bytes per element,

@@ -1,8 +1,12 @@
 #include "peakbound/train/train_footprint.h"
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/precision.h"
@@ -25,6 +29,29 @@ namespace {
 
 using u64 = std::uint64_t;
 constexpr u64 kF32 = 4;  // gradients, the master, m, v and statistics in both precisions
+
+// The table's entries and the FSDP unit layouts of the last model sized over a group of
+// `world` ranks. They depend on neither the rank nor the schedules, and `plan` sizes one
+// model for many ranks, policies and contexts (a 235B model's table has ~37k entries:
+// rebuilding them per call made a 256-device plan take minutes).
+struct ModelLayouts {
+  std::vector<TensorEntry> entries;
+  std::vector<ParameterLayout> fsdp_units;
+};
+std::shared_ptr<const ModelLayouts> model_layouts(const ModelConfig& c, const TensorTable& table, int world) {
+  static std::mutex mu;
+  static std::optional<std::pair<ModelConfig, int>> key;
+  static std::shared_ptr<const ModelLayouts> cached;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!key || key->first != c || key->second != world) {
+    auto m = std::make_shared<ModelLayouts>();
+    m->entries = table.entries();
+    m->fsdp_units = fsdp_unit_layouts(table, world);
+    cached = std::move(m);
+    key.emplace(c, world);
+  }
+  return cached;
+}
 
 // Adds a phase of another footprint (device and host, per component) into `phase`.
 // Its bytes are already Arena-reserved sums (multiples of the alignment), which
@@ -117,18 +144,19 @@ class TrainFootprintBuilder {
     const ModelStoreSpecs specs = model_store_specs(c_, g_);
     // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
     // parameters and of gradients, all held for the model's life.
-    fb_ = fsdp_buffers(*table_, g_.world, p_);
+    const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, *table_, g_.world);
+    fb_ = fsdp_buffers(lay->fsdp_units, g_.world, p_);
     resident_dev_ = {fb_.params_shard, fb_.grads_shard, fb_.scratch, fb_.layer_params,
                      fb_.layer_params, fb_.layer_grads, fb_.layer_grads};
     u64 shard = fb_.grads_shard.bytes / kF32;  // the gradients are f32 in both precisions
     const StoreSpec* stores[2] = {&specs.experts, &specs.head};
     const int group_size[2] = {g_.ep_replicas, g_.vocab_replicas};
     for (int i = 0; i < 2; ++i) {
-      const ParameterLayout lay = parameter_layout(*table_, stores[i]->select, stores[i]->options);
-      const ParameterStoreBuffers b = parameter_store_buffers(lay, p_);
+      const ParameterLayout store = parameter_layout(lay->entries, stores[i]->select, stores[i]->options);
+      const ParameterStoreBuffers b = parameter_store_buffers(store, p_);
       resident_dev_.push_back(b.params);
       resident_dev_.push_back(b.grads);
-      shard = checked_add(shard, lay.elements / static_cast<u64>(group_size[i]), "trainer shard");
+      shard = checked_add(shard, store.elements / static_cast<u64>(group_size[i]), "trainer shard");
     }
     const TrainerShardBuffers sb = trainer_shard_buffers(shard, p_);
     resident_dev_.push_back(sb.params);
