@@ -33,6 +33,29 @@ TEST(ReachBudget, FixedStateIsTheTrainFootprintsPersistentPhase) {
   EXPECT_LE(none.bytes, reach_fixed_state(c, layout, 2, 1024, "none").bytes);
 }
 
+// Under bf16 (bench reach --precision bf16) the fixed state is the bf16 train footprint's:
+// the parameters halve (fp32 master, gradients and m/v stay), so it is smaller than f32's.
+TEST(ReachBudget, Bf16FixedStateIsTheBf16TrainFootprints) {
+  const ModelConfig c = preset_config("tiny-moe");
+  const ParallelLayout layout{2, 2, 2};
+  for (const char* s : {"none", "all"}) {
+    SCOPED_TRACE(s);
+    const ReachFixedState f32 = reach_fixed_state(c, layout, 2, 64, s);
+    const ReachFixedState b16 = reach_fixed_state(c, layout, 2, 64, s, Precision::bf16);
+    EXPECT_LT(b16.bytes, f32.bytes);
+    TrainFootprintInputs in;
+    in.model = c;
+    in.layout = layout;
+    in.world = 2;
+    in.rank = b16.rank;
+    in.seq_len = 64;
+    in.skew = 2;
+    in.schedules.precision = Precision::bf16;
+    EXPECT_LE(b16.bytes, train_footprint(in).device_peak_total());
+    if (std::string(s) == "none") EXPECT_EQ(b16.bytes, train_footprint(in).phase(b16.phase).device_total());
+  }
+}
+
 TEST(ReachBudget, RefusesBelowTheLeanestConfigurationNamingIt) {
   const ModelConfig c = preset_config("tiny-moe");
   const ParallelLayout layout{2, 2, 2};

@@ -32,10 +32,13 @@ void expect_exact_but_dispatch(const std::string& args, bool evaluated) {
 }
 
 TEST(EvalFootprintCli, PlannedVocabEqualsMeasuredWhenTheRunEvaluates) {
-  // One rank, schedules all: Ring-DTP's fused training loss, the plain forward for the eval.
-  expect_exact_but_dispatch("train --model " + kFixture + " --steps 2 --seq-len 32 --eval-every 1", true);
-  expect_exact_but_dispatch("train --model " + kFixture + " --steps 1 --seq-len 32 --eval-batches 0", false);
-  expect_exact_but_dispatch("train --steps 1 --seq-len 64 --eval-every 1", true);
+  // One rank, schedules all: Ring-DTP's fused training loss, the plain forward for the eval;
+  // in both precisions (bf16: the footprints' fp32 tiles and bf16 rows, train_footprint).
+  for (const char* p : {" --precision f32", " --precision bf16"}) {
+    expect_exact_but_dispatch("train --model " + kFixture + " --steps 2 --seq-len 32 --eval-every 1" + p, true);
+    expect_exact_but_dispatch("train --model " + kFixture + " --steps 1 --seq-len 32 --eval-batches 0" + p, false);
+    expect_exact_but_dispatch(std::string("train --steps 1 --seq-len 64 --eval-every 1") + p, true);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // `peakbound plan --trainer-defaults` on a run `peakbound train` executes prints the
 // same per-component device peaks as `train`'s own printed plan (its "planned" column,
 // the trainer's footprint at the worst routing skew): one rank, and two ranks under
-// context parallelism when mpirun is there. A bf16 plan of the same run stays an
-// estimate and says why.
+// context parallelism when mpirun is there, in both precisions (--precision). bf16
+// gradients stay an estimate and say why.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -38,29 +38,62 @@ void expect_same_numbers(const CliRun& plan, const CliRun& train, const std::str
       << what << ": total";
 }
 
+// In both precisions: --precision goes to train and to plan (whose --trainer-defaults
+// keeps it), and the bf16 plan is the trainer's own bf16 footprint.
 TEST(PlanTrainer, OneRankMatchesTrainsPrintedPlan) {
-  for (const char* sched : {"all", "none"}) {
-    const std::string s = sched;
-    CliRun plan = run_cli("plan --model tiny-moe --devices 1 --context 96 --schedules " + s + " --trainer-defaults --json");
-    CliRun train = run_cli("train --model tiny-moe --steps 1 --seq-len 96 --schedules " + s + " --eval-every 0 --json", 300);
-    expect_same_numbers(plan, train, "1 rank, schedules " + s);
-  }
+  for (const char* prec : {"f32", "bf16"})
+    for (const char* sched : {"all", "none"}) {
+      const std::string s = sched, p = prec;
+      CliRun plan = run_cli("plan --model tiny-moe --devices 1 --context 96 --schedules " + s + " --precision " + p +
+                            " --trainer-defaults --json");
+      CliRun train = run_cli("train --model tiny-moe --steps 1 --seq-len 96 --schedules " + s + " --precision " + p +
+                                 " --eval-every 0 --json",
+                             300);
+      expect_same_numbers(plan, train, "1 rank, schedules " + s + ", " + p);
+    }
 }
 
 TEST(PlanTrainer, TwoRanksContextParallelMatchesTrainsPrintedPlan) {
   if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
-  CliRun plan = run_cli(
-      "plan --model tiny-moe --devices 2 --ep 2 --cp 2 --vocab-group 2 --context 90 --schedules all --trainer-defaults --json");
-  CliRun train = run_mpi("train --model tiny-moe --steps 1 --seq-len 90 --cp 2 --schedules all --eval-every 0 --json", 2, 300);
-  expect_same_numbers(plan, train, "2 ranks, cp 2");
+  for (const char* prec : {"f32", "bf16"}) {
+    const std::string p = prec;
+    CliRun plan = run_cli("plan --model tiny-moe --devices 2 --ep 2 --cp 2 --vocab-group 2 --context 90 --schedules all "
+                          "--trainer-defaults --json --precision " + p);
+    CliRun train = run_mpi(
+        "train --model tiny-moe --steps 1 --seq-len 90 --cp 2 --schedules all --eval-every 0 --json --precision " + p, 2,
+        300);
+    expect_same_numbers(plan, train, "2 ranks, cp 2, " + p);
+  }
 }
 
-TEST(PlanTrainer, Bf16PlanIsAnEstimateAndSaysWhy) {
+// A Hugging Face config in bf16: plan --precision bf16 is train --precision bf16's own plan.
+TEST(PlanTrainer, HuggingFaceConfigInBf16MatchesTrainsPrintedPlan) {
+  const std::string fixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/mixtral";
+  CliRun plan = run_cli("plan --model " + fixture + " --devices 1 --context 64 --precision bf16 --trainer-defaults --json");
+  CliRun train = run_cli("train --model " + fixture + " --steps 1 --seq-len 64 --precision bf16 --eval-every 0 --json", 300);
+  expect_same_numbers(plan, train, "mixtral fixture, bf16");
+}
+
+// plan's default (bf16 parameters and activations, fp32 gradients and state) is a run the
+// trainer executes: its footprint, not an estimate. bf16 gradients stay an estimate and say
+// why; --trainer-defaults without --precision takes train's default precision.
+TEST(PlanTrainer, Bf16PlanIsTheTrainersFootprintBf16GradientsAreAnEstimate) {
   CliRun r = run_cli("plan --model tiny-moe --devices 1 --context 96 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["source"]["scheduled"], "trainer_footprint") << r.out;
+  CliRun b = run_cli("plan --model tiny-moe --devices 1 --context 96 --precision bf16 --json");
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(b.out)["components"], nlohmann::json::parse(r.out)["components"]);
+  r = run_cli("plan --model tiny-moe --devices 1 --context 96 --grad-dtype bf16 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json p = nlohmann::json::parse(r.out);
   EXPECT_EQ(p["source"]["scheduled"], "estimate");
-  EXPECT_NE(p["estimate_reason"].get<std::string>().find("f32"), std::string::npos) << p["estimate_reason"];
+  EXPECT_NE(p["estimate_reason"].get<std::string>().find("fp32"), std::string::npos) << p["estimate_reason"];
+  r = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults --json");
+  CliRun f = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults --precision f32 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(r.out, f.out);  // train's default precision is f32 in this release
   r = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("source       the trainer's footprint"), std::string::npos) << r.out;

@@ -46,6 +46,45 @@ TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
   std::remove(metrics.c_str());
 }
 
+// --precision bf16 trains (bf16 activations and compute parameters, fp32 master): its
+// JSON says so, the loss is finite and falls, and the plan is what the run measured, per
+// component but the routing-bound dispatch (measured at most planned). The same run in f32
+// says f32 and starts from the same initial loss within bf16 rounding (1e-2 relative:
+// each stored activation rounds by up to 2^-9 and a step chains a few dozen roundings).
+TEST(CliTrain, Bf16RunSaysSoAndMeasuresItsPlan) {
+  const CliRun b = run_cli("train --steps 4 --seq-len 32 --precision bf16 --json", 300);
+  ASSERT_EQ(b.code, 0) << b.err << b.out;
+  EXPECT_NE(b.out.find("precision bf16"), std::string::npos) << b.out;
+  const nlohmann::json j = last_json_line(b.out);
+  EXPECT_EQ(j["precision"], "bf16");
+  for (const auto& [name, row] : j["peaks"].items()) {
+    if (name == "total") continue;
+    if (name == "dispatch") EXPECT_LE(row["measured_bytes"].get<std::int64_t>(), row["planned_bytes"].get<std::int64_t>());
+    else EXPECT_EQ(row["planned_bytes"].get<std::int64_t>(), row["measured_bytes"].get<std::int64_t>()) << name;
+  }
+  const CliRun f = run_cli("train --steps 4 --seq-len 32 --precision f32 --json", 300);
+  ASSERT_EQ(f.code, 0) << f.err << f.out;
+  const nlohmann::json k = last_json_line(f.out);
+  EXPECT_EQ(k["precision"], "f32");
+  const double b0 = j["first_loss"].get<double>(), f0 = k["first_loss"].get<double>();
+  EXPECT_NEAR(b0, f0, 1e-2 * f0);
+  EXPECT_NE(b0, f0);  // the bf16 run is not the f32 run
+  EXPECT_LT(j["final_loss"].get<double>(), b0);
+  // bf16 parameters and activations: the planned params and layer bytes are below f32's.
+  EXPECT_LT(j["peaks"]["params"]["planned_bytes"].get<std::int64_t>(), k["peaks"]["params"]["planned_bytes"].get<std::int64_t>());
+  EXPECT_LT(j["peaks"]["layer"]["planned_bytes"].get<std::int64_t>(), k["peaks"]["layer"]["planned_bytes"].get<std::int64_t>());
+}
+
+TEST(CliTrain, PrecisionErrorsAreOneLineNamingTheFlag) {
+  for (const char* cmd : {"train --precision f16", "eval --data x.bin --precision fp8",
+                          "bench reach --precision half", "plan --precision f64"})
+    peakbound::testing::expect_one_line_error(run_cli(cmd), "--precision");
+  // plan: --param-dtype is the older spelling of the same dtype; a contradiction is refused.
+  peakbound::testing::expect_one_line_error(run_cli("plan --model tiny-moe --precision f32 --param-dtype bf16"),
+                                            "--param-dtype bf16");
+  EXPECT_EQ(run_cli("plan --model tiny-moe --precision bf16 --param-dtype bfloat16").code, 0);
+}
+
 // A config file gives the flags; the command line overrides it.
 TEST(CliTrain, TakesAConfigFileThatFlagsOverride) {
   const std::string toml = ::testing::TempDir() + "/train.toml";
@@ -177,7 +216,17 @@ TEST(CliEval, PrintsLossAndTokensAsJson) {
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tokens"], 64);
+  EXPECT_EQ(j["precision"], "f32");
   EXPECT_GT(j["loss"].get<double>(), 0);
+  // The bf16 model (weights to_bf16 of the checkpoint's, fp32 statistics and sums): the
+  // same tokens, the loss within bf16 rounding (1e-2 relative), not the f32 bits.
+  CliRun b = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --precision bf16 --json", 120);
+  ASSERT_EQ(b.code, 0) << b.err;
+  const nlohmann::json bj = nlohmann::json::parse(b.out);
+  EXPECT_EQ(bj["precision"], "bf16");
+  EXPECT_EQ(bj["tokens"], 64);
+  EXPECT_NEAR(bj["loss"].get<double>(), j["loss"].get<double>(), 1e-2 * j["loss"].get<double>());
+  EXPECT_NE(bj["loss"].get<double>(), j["loss"].get<double>());
   if (peakbound::testing::have_mpirun()) {
     // Each window split over 2 ranks (--cp 2): the same loss over the same tokens.
     CliRun cp = peakbound::testing::run_mpi(

@@ -38,6 +38,7 @@ PlanInputs hand_inputs() {
   in.ep = 2;
   in.vocab_group = 2;
   in.device_memory = 1ull << 30;
+  in.analytic = true;  // the estimate's rules, whether or not the trainer could run it
   in.comm_reserve = 1000;
   in.workspace_reserve = 3000;
   in.dispatch_cap = 128;
@@ -194,6 +195,7 @@ TEST(MemoryModel, MonotoneInContextAndDevices) {
   in.devices = 8;
   in.ep = 8;
   in.device_memory = 80ull << 30;
+  in.analytic = true;  // the estimate's monotonicity (the trainer's footprint: plan_trainer_test)
   ParamCount pc = count_params(in.model);
   for (ScheduleSet s : {ScheduleSet::none(), ScheduleSet::all()}) {
     std::uint64_t prev = 0;

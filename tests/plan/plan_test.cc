@@ -19,6 +19,7 @@ PlanInputs preset_inputs(const std::string& name, std::int64_t context) {
   in.vocab_group = 0;
   in.device_memory = 141ull << 30;
   in.schedules = ScheduleSet::all();
+  in.analytic = true;  // the estimate's rules (a bf16 run of a trainable preset is otherwise the trainer's footprint)
   return in;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,6 +13,7 @@
 #include "peakbound/train/copy_task.h"
 #include "peakbound/train/run.h"
 #include "peakbound/train/run_checkpoint.h"
+#include "peakbound/train/run_resume.h"
 #include "peakbound/train/sequence_source.h"
 #include "tests/cli/run_cli.h"
 
@@ -181,6 +183,136 @@ TEST(Run, StopAfterAStepSavesTheLastCompleteStep) {
   EXPECT_EQ(resumed.steps_done(), stopped_at);
   while (!resumed.done()) resumed.step();
   EXPECT_EQ(resumed.finish().steps, 5 - stopped_at);
+}
+
+// The precision is the model's (ModelSchedules::precision, resolve_run) and the run record's.
+TEST(RunSettings, PrecisionReachesTheModelAndThePlan) {
+  RunSettings s;
+  EXPECT_EQ(s.precision, Precision::f32);  // this release's default
+  EXPECT_EQ(resolve_run(s, 1).schedules.precision, Precision::f32);
+  s.precision = Precision::bf16;
+  const RunShape shape = resolve_run(s, 1);
+  EXPECT_EQ(shape.schedules.precision, Precision::bf16);
+  EXPECT_EQ(run_footprint_inputs(s, shape, 1, 0).schedules.precision, Precision::bf16);
+  EXPECT_EQ(model_schedules(ScheduleSet::all(), Precision::bf16).precision, Precision::bf16);
+  EXPECT_EQ(model_schedules(ScheduleSet::all()).precision, Precision::f32);
+}
+
+// A resume may change the precision (the master is fp32 either way): said, not refused; a
+// checkpoint from before the record was an f32 run's.
+TEST(RunResume, PrecisionMayChangeAndIsSaid) {
+  const nlohmann::json model = {{"name", "m"}};
+  const nlohmann::json f32 = {{"manifest", 1}, {"run", {{"precision", "f32"}, {"steps", 4}}}};
+  const nlohmann::json old = {{"run", {{"steps", 4}}}};
+  const nlohmann::json bf16_run = {{"precision", "bf16"}, {"steps", 4}, {"data", nullptr}};
+  EXPECT_NE(check_resume(f32, bf16_run, model, 1).find("--precision bf16 (the checkpoint's run: f32)"), std::string::npos)
+      << check_resume(f32, bf16_run, model, 1);
+  EXPECT_NE(check_resume(old, bf16_run, model, 1).find("--precision bf16 (the checkpoint's run: f32)"), std::string::npos)
+      << check_resume(old, bf16_run, model, 1);
+  const nlohmann::json f32_run = {{"precision", "f32"}, {"steps", 4}, {"data", nullptr}};
+  EXPECT_EQ(check_resume(f32, f32_run, model, 1).find("--precision"), std::string::npos);
+  EXPECT_EQ(check_resume(old, f32_run, model, 1).find("--precision"), std::string::npos);
+}
+
+std::vector<float> master_of(peakbound::Run& run) {
+  Trainer& t = run.trainer();
+  std::vector<float> master(t.shard_elements()), m(master.size()), v(master.size());
+  t.read_shard(master.data(), m.data(), v.data());
+  return master;
+}
+
+std::size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return a.size() + b.size();
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+// A bf16 run resumes bitwise: 6 steps straight against 3, a save, a fresh Run resumed
+// from it and 3 more: every step's loss and the final fp32 master bit for bit (restore
+// narrows the master with AdamW's rounding, so the compute copy is the same bf16). The
+// checkpoint's run record says bf16.
+TEST(Run, Bf16ResumeIsBitwise) {
+  RunSettings s;
+  s.steps = 6;
+  s.seq_len = 16;
+  s.eval_batches = 0;
+  s.precision = Precision::bf16;
+  s.validate(1);
+  std::vector<double> straight, resumed;
+  std::vector<float> straight_master;
+  {
+    peakbound::Run run(s);
+    while (!run.done()) straight.push_back(run.step().stats.loss);
+    straight_master = master_of(run);
+  }
+  const std::string dir = ::testing::TempDir() + "/run_test_bf16_resume";
+  std::filesystem::remove_all(dir);
+  s.save_dir = dir;
+  s.validate(1);
+  {
+    peakbound::Run run(s);
+    for (int k = 0; k < 3; ++k) resumed.push_back(run.step().stats.loss);
+    run.save();
+  }
+  const nlohmann::json manifest = read_checkpoint_manifest(resolve_checkpoint(dir));
+  EXPECT_EQ(manifest["step"], 3);
+  EXPECT_EQ(manifest["run"]["precision"], "bf16");
+  s.resume = dir;
+  s.validate(1);
+  std::vector<float> resumed_master;
+  {
+    peakbound::Run run(s);
+    EXPECT_EQ(run.steps_done(), 3);
+    while (!run.done()) resumed.push_back(run.step().stats.loss);
+    resumed_master = master_of(run);
+  }
+  ASSERT_EQ(straight.size(), resumed.size());
+  for (std::size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
+  EXPECT_EQ(bits_differ(straight_master, resumed_master), 0u) << "of " << straight_master.size();
+}
+
+// An f32 checkpoint resumes under bf16: the resumed run's master is the checkpoint's bit
+// for bit, the change is said, and its next steps' losses are the f32 run's within bf16
+// rounding (2e-2 relative: the compute copy rounds each parameter by up to 2^-9 and the
+// activations round too).
+TEST(Run, F32CheckpointResumesUnderBf16) {
+  RunSettings s;
+  s.steps = 5;
+  s.seq_len = 16;
+  s.eval_batches = 0;
+  const std::string dir = ::testing::TempDir() + "/run_test_f32_to_bf16";
+  std::filesystem::remove_all(dir);
+  s.save_dir = dir;
+  s.validate(1);
+  std::vector<float> saved_master;
+  std::vector<double> f32_losses;
+  {
+    peakbound::Run run(s);
+    for (int k = 0; k < 3; ++k) run.step();
+    run.save();
+    saved_master = master_of(run);
+    while (!run.done()) f32_losses.push_back(run.step().stats.loss);
+    run.finish();
+  }
+  const std::string step3 = (std::filesystem::path(dir) / "step-00000003").string();
+  ASSERT_TRUE(std::filesystem::exists(step3)) << step3;
+  s.resume = step3;
+  s.precision = Precision::bf16;
+  s.save_dir = "";
+  s.validate(1);
+  std::string said;
+  peakbound::Run run(s, [&](const std::string& t) { said += t; });
+  EXPECT_EQ(run.steps_done(), 3);
+  EXPECT_EQ(bits_differ(master_of(run), saved_master), 0u);
+  EXPECT_NE(said.find("--precision bf16 (the checkpoint's run: f32)"), std::string::npos) << said;
+  std::vector<double> bf16_losses;
+  while (!run.done()) bf16_losses.push_back(run.step().stats.loss);
+  ASSERT_EQ(bf16_losses.size(), f32_losses.size());
+  for (std::size_t i = 0; i < f32_losses.size(); ++i) {
+    EXPECT_NEAR(bf16_losses[i], f32_losses[i], 2e-2 * f32_losses[i]) << "step " << i + 4;
+    EXPECT_NE(bf16_losses[i], f32_losses[i]) << "step " << i + 4 << ": the resumed run is not bf16";
+  }
 }
 
 }  // namespace

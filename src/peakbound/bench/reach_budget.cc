@@ -9,7 +9,7 @@
 namespace peakbound::bench {
 
 ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout& layout, int world,
-                                  std::int64_t context, const std::string& schedules) {
+                                  std::int64_t context, const std::string& schedules, Precision precision) {
   // The footprint inputs `train` plans with (train/run.h), for one sequence of `context`
   // tokens and the worst routing the layout allows; no held-out loss (its phase is not
   // one of the two below).
@@ -19,7 +19,8 @@ ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout
   settings.batch = 1;
   settings.eval_batches = 0;
   settings.plan_skew = 0;
-  const RunShape shape{model, layout, model_schedules(settings.schedules)};
+  settings.precision = precision;
+  const RunShape shape{model, layout, model_schedules(settings.schedules, settings.precision)};
   TrainFootprintInputs in = run_footprint_inputs(settings, shape, world, 0);
   ReachFixedState worst;
   for (int r = 0; r < world; ++r) {
@@ -37,12 +38,12 @@ ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout
 
 void check_reach_budget(std::uint64_t budget, const std::string& flag, const ModelConfig& model,
                         const ParallelLayout& layout, int world, std::int64_t smallest_context,
-                        const std::vector<std::string>& schedules) {
+                        const std::vector<std::string>& schedules, Precision precision) {
   if (schedules.empty()) return;
   ReachFixedState least;
   std::string leanest;
   for (const std::string& s : schedules) {
-    const ReachFixedState st = reach_fixed_state(model, layout, world, smallest_context, s);
+    const ReachFixedState st = reach_fixed_state(model, layout, world, smallest_context, s, precision);
     if (leanest.empty() || st.bytes < least.bytes) least = st, leanest = s;
   }
   if (budget >= least.bytes) return;

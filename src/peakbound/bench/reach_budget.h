@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/core/precision.h"
 #include "peakbound/model/model_config.h"
 #include "peakbound/train/process_groups.h"
 
@@ -22,18 +23,19 @@ struct ReachFixedState {
   std::string phase;        // the footprint phase it is ("optimizer load" or "optimizer")
 };
 
-// One job of `train --schedules schedules --seq-len context --batch 1 --eval-batches 0`
-// on `world` ranks in `layout` (resolved: no zeros): what its ranks hold whatever the
+// One job of `train --schedules schedules --seq-len context --batch 1 --eval-batches 0
+// --precision precision` on `world` ranks in `layout` (resolved: no zeros): what its ranks hold whatever the
 // routing. Throws InvalidArgument for a schedule list ScheduleSet::parse refuses or a
 // layout or model train_footprint refuses.
 ReachFixedState reach_fixed_state(const ModelConfig& model, const ParallelLayout& layout, int world,
-                                  std::int64_t context, const std::string& schedules);
+                                  std::int64_t context, const std::string& schedules,
+                                  Precision precision = Precision::f32);
 
 // Refuses (InvalidArgument, one line naming `flag`, the minimum and the configuration
 // that needs the least) a `budget` below every configuration's fixed state at the
 // smallest context the search tries: no job of the search could fit.
 void check_reach_budget(std::uint64_t budget, const std::string& flag, const ModelConfig& model,
                         const ParallelLayout& layout, int world, std::int64_t smallest_context,
-                        const std::vector<std::string>& schedules);
+                        const std::vector<std::string>& schedules, Precision precision = Precision::f32);
 
 }  // namespace peakbound::bench

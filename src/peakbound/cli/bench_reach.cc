@@ -37,6 +37,7 @@
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/schedule_set.h"
 #include "peakbound/train/moe_transformer.h"
+#include "peakbound/train/run.h"
 
 #include <unistd.h>
 
@@ -49,6 +50,7 @@ struct ReachFlags {
   std::string device = "cpu";  // passed to every train job
   int ranks = 4;
   std::string model = "tiny-moe";
+  std::string precision = std::string(precision_name(RunSettings{}.precision));  // passed to every train job
   std::int64_t cp = 0, ep = 0, vocab_group = 0;
   std::string configs = "none,llep,dtp,sco,adam,all";
   std::int64_t start = 512, max_context = std::int64_t{1} << 20, multiple = 64;
@@ -129,7 +131,7 @@ class Runner {
                              std::to_string(f_.ep), "--vocab-group", std::to_string(f_.vocab_group), "--schedules",
                              schedules, "--device-memory", std::to_string(budget_), "--no-plan-check",
                              "--eval-batches", "0", "--warmup", "0", "--json"});
-    argv.insert(argv.end(), {"--device", f_.device});
+    argv.insert(argv.end(), {"--device", f_.device, "--precision", f_.precision});
     if (!timeline.empty()) argv.insert(argv.end(), {"--memory-timeline", timeline});
     bench::Stopwatch w;
     const bench::ProcessResult p = bench::run_process(argv);
@@ -227,6 +229,7 @@ std::vector<std::string> schedule_lists(const std::vector<Config>& configs) {
 nlohmann::json reach_header(const ReachFlags& f, std::int64_t budget, std::int64_t cp) {
   return {{"bench", "reach"},
           {"model", f.model},
+          {"precision", f.precision},
           {"ranks", f.ranks},
           {"layout", {{"cp", cp}, {"ep", f.ep}, {"vocab_group", f.vocab_group}}},
           {"budget_bytes", budget},
@@ -478,6 +481,7 @@ Command add_reach(CLI::App& parent) {
       ->capture_default_str();
   int_flag(app, "--ranks", f->ranks, "Ranks every job runs on (mpirun -np)", 1, 1 << 16);
   text_flag(app, "--model", f->model, "A preset or a Hugging Face config (as train's --model)")->capture_default_str();
+  text_flag(app, "--precision", f->precision, "bf16 or f32: every job's train --precision")->capture_default_str();
   int_flag(app, "--cp", f->cp, "Context-parallel size (0 = all ranks split every sequence)", 0, 1 << 16);
   int_flag(app, "--ep", f->ep, "Expert-parallel size (0 = train's default)", 0, 1 << 16);
   int_flag(app, "--vocab-group", f->vocab_group, "Ranks sharing the LM head (0 = all)", 0, 1 << 16);
@@ -503,6 +507,8 @@ Command add_reach(CLI::App& parent) {
     // Everything a job or the comparison reads, checked before the first job (the search
     // takes minutes to hours).
     const std::vector<Config> configs = parse_configs(f->configs);
+    const Precision precision = parse_precision(f->precision, "--precision");
+    f->precision = std::string(precision_name(precision));  // as train spells it (bfloat16 -> bf16)
     const std::uint64_t budget = parse_bytes(f->budget, "--budget");
     const std::int64_t cp = f->cp > 0 ? f->cp : f->ranks;
     if (f->ranks % cp != 0) throw InvalidArgument("--cp " + std::to_string(cp) + " does not divide --ranks");
@@ -517,7 +523,8 @@ Command add_reach(CLI::App& parent) {
     if (f->ranks > 1) bench::require_program(f->mpirun, "--mpirun");
     // The smallest context the search tries is at least --multiple: below every
     // configuration's fixed state there, no job can fit.
-    bench::check_reach_budget(budget, "--budget", model, layout, f->ranks, f->multiple, schedule_lists(configs));
+    bench::check_reach_budget(budget, "--budget", model, layout, f->ranks, f->multiple, schedule_lists(configs),
+                              precision);
   };
   cmd.run = [f] { return run_reach(*f); };
   return cmd;

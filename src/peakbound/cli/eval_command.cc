@@ -20,6 +20,7 @@
 #include "peakbound/cli/flags.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/launcher.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/core/units.h"
 #include "peakbound/io/token_file.h"
 #include "peakbound/ops/gemm.h"
@@ -41,6 +42,7 @@ struct EvalFlags {
   std::int64_t ep = 0, vocab_group = 0, cp = 1;
   std::uint64_t seed = 1;
   std::string device_memory = "4GiB";
+  std::string precision = std::string(precision_name(RunSettings{}.precision));  // --precision, as train's
   bool json = false;
 };
 
@@ -84,8 +86,10 @@ int run_eval(const EvalFlags& f) {
   const std::int64_t N = window_count(f, file);  // its tokens were checked by validate()
 
   // The run's setup (device, groups, model); the forward's math is the same under every schedule.
+  ModelSchedules schedules;
+  schedules.precision = parse_precision(f.precision, "--precision");
   RunModel run(std::move(world_in), f.device, parse_bytes(f.device_memory, "--device-memory"), f.model, c, layout,
-               ModelSchedules{}, f.seed);
+               schedules, f.seed);
   Communicator* world = run.world.get();
   MoeTransformer& model = *run.model;
 
@@ -112,6 +116,7 @@ int run_eval(const EvalFlags& f) {
                                        {"windows", N},
                                        {"context", S},  // the window's length (--seq-len)
                                        {"model", c.name},
+                                       {"precision", precision_name(schedules.precision)},
                                        {"ranks", W},
                                        {"cp", layout.cp}}
                             .dump()
@@ -142,8 +147,12 @@ Command add_eval(CLI::App& parent) {
   seed_flag(app, "--seed", f->seed, "Initialisation seed of a preset model");
   device_flag(app, f->device);
   text_flag(app, "--device-memory", f->device_memory, "Device budget per rank")->capture_default_str();
+  text_flag(app, "--precision", f->precision,
+            "bf16 (the forward in bf16 with fp32 statistics and loss sums, as train's) or f32")
+      ->capture_default_str();
   app->add_flag("--json", f->json, "Print {\"loss\", \"tokens\", ...} as JSON");
   cmd.validate = [f, app] {
+    (void)parse_precision(f->precision, "--precision");
     if (app->count("--context") > 0 && app->count("--seq-len") > 0)
       throw InvalidArgument("--context is an alias of --seq-len: give one");
     if (app->count("--context") > 0) f->seq_name = "--context";

@@ -13,11 +13,13 @@
 #include "peakbound/cli/flags.h"
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/core/units.h"
 #include "peakbound/core/values.h"
 #include "peakbound/model/hf_config.h"
 #include "peakbound/model/presets.h"
 #include "peakbound/plan/plan.h"
+#include "peakbound/train/run.h"
 
 namespace peakbound::cli {
 
@@ -62,7 +64,8 @@ struct PlanFlags {
   std::int64_t prefetch_depth;
   std::string adam_bucket;
   std::string skew = "balanced";
-  std::string param_dtype = "bf16";
+  std::string precision;            // --precision; empty: not given
+  std::string param_dtype = "bf16";  // --param-dtype, the older spelling of --precision's parameter dtype
   std::string grad_dtype = "f32";
   std::string comm_reserve, workspace_reserve;
   bool reach = false;
@@ -70,11 +73,26 @@ struct PlanFlags {
   bool trainer_defaults = false;
 };
 
+// --precision bf16|f32 (train's): parameters and activations 2 or 4 bytes; gradients
+// (--grad-dtype, f32 by default) and optimizer state 4. --param-dtype, the older
+// spelling, sets the same parameter and activation dtype: alone it rules, with
+// --precision it must agree (a contradiction is one line). Neither: bf16.
+void apply_precision(PlanFlags& f, const CLI::App& a) {
+  if (a.count("--precision") == 0) return;
+  const Precision p = parse_precision(f.precision, "--precision");
+  const std::string named(precision_name(p));
+  if (a.count("--param-dtype") > 0 && shard_dtype(f.param_dtype, "--param-dtype") != param_dtype(p))
+    throw InvalidArgument("--precision " + named + " and --param-dtype " + f.param_dtype +
+                          " contradict (--param-dtype is the older spelling of the same dtype): give one");
+  f.param_dtype = named;
+}
+
 // --trainer-defaults: the settings of a `peakbound train` run, for each flag not given
-// explicitly: f32 parameters and activations, no fixed reserves, unlimited host
-// memory, and the worst routing skew (train's --plan-skew default).
+// explicitly: train's default precision, no fixed reserves, unlimited host memory, and
+// the worst routing skew (train's --plan-skew default).
 void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
-  if (a.count("--param-dtype") == 0) f.param_dtype = "f32";
+  if (a.count("--param-dtype") == 0 && a.count("--precision") == 0)
+    f.param_dtype = std::string(precision_name(RunSettings{}.precision));
   if (a.count("--comm-reserve") == 0) f.comm_reserve = "0";
   if (a.count("--workspace-reserve") == 0) f.workspace_reserve = "0";
   if (a.count("--host-memory") == 0) f.host_memory = "0";
@@ -171,17 +189,24 @@ Command add_plan_command(CLI::App& root) {
   int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward", 1, 1024);
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_option("--skew", f->skew, "Routing skew at the busiest EP rank: balanced, worst, or a factor >= 1")->capture_default_str();
-  a->add_option("--param-dtype", f->param_dtype, "Parameter and activation dtype (bf16, f32)")->capture_default_str();
+  a->add_option("--precision", f->precision,
+                "What `train --precision` runs: bf16 (parameters and activations 2 bytes) or f32 (4); gradients "
+                "(--grad-dtype) and optimizer state 4 (default: bf16, or train's with --trainer-defaults)");
+  a->add_option("--param-dtype", f->param_dtype,
+                "Parameter and activation dtype (bf16, f32): the older spelling of --precision; both must agree")
+      ->capture_default_str();
   a->add_option("--grad-dtype", f->grad_dtype, "Gradient shard dtype (f32, bf16)")->capture_default_str();
   a->add_option("--comm-reserve", f->comm_reserve, "Fixed reserve for the runtime and communication buffers")->capture_default_str();
   a->add_option("--workspace-reserve", f->workspace_reserve, "Fixed reserve for GEMM workspace and slack")->capture_default_str();
   a->add_flag("--reach", f->reach, "Also search the largest context that fits, baseline and scheduled");
   a->add_flag("--json", f->json, "Print one JSON object");
   a->add_flag("--trainer-defaults", f->trainer_defaults,
-              "Plan what `peakbound train` runs: f32, no reserves, unlimited host memory, the worst skew (each unless "
-              "given); with a trainable model and --fsdp 0 the peaks are then the trainer's own footprint");
+              "Plan what `peakbound train` runs: train's default --precision, no reserves, unlimited host memory, the "
+              "worst skew (each unless given); with a trainable model and --fsdp 0 the peaks are then the trainer's "
+              "own footprint");
   add_config_flag(a);
   c.run = [f, a] {
+    apply_precision(*f, *a);
     if (f->trainer_defaults) apply_trainer_defaults(*f, *a);
     Plan p = make_plan(to_inputs(*f), f->reach);
     if (f->json)

@@ -21,6 +21,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/launcher.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/train/progress.h"
 #include "peakbound/train/run.h"
 
@@ -31,6 +32,7 @@ namespace {
 struct TrainFlags {
   RunSettings run;  // every knob and its default (train/run.h)
   std::string schedules = "all";
+  std::string precision = std::string(precision_name(RunSettings{}.precision));  // parsed into run.precision
   bool json = false;
 };
 
@@ -122,6 +124,10 @@ Command add_train(CLI::App& parent) {
   real_flag(app, "--max-grad-norm", f->run.max_grad_norm, "Global gradient-norm clipping (0 = off)", 0.0, 1e9);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
+  text_flag(app, "--precision", f->precision,
+            "bf16 (activations, compute parameters and communication in bf16; fp32 master weights, gradients, "
+            "optimizer state and statistics) or f32 throughout")
+      ->capture_default_str();
   int_flag(app, "--ep", f->run.ep, "Expert-parallel size (0 = the largest that divides ranks and experts)", 0, 1 << 24);
   int_flag(app, "--vocab-group", f->run.vocab_group, "Ranks sharing the LM head by vocabulary (0 = all)", 0, 1 << 24);
   int_flag(app, "--cp", f->run.cp, "Context-parallel size: consecutive ranks splitting every sequence (ring attention)", 1,
@@ -165,6 +171,7 @@ Command add_train(CLI::App& parent) {
                               .outputs = {{"--metrics", f->run.metrics}}, .memory_timeline = f->run.memory_timeline,
                               .world = launcher_size()});
     f->run.schedules = ScheduleSet::parse(f->schedules, "--schedules");
+    f->run.precision = parse_precision(f->precision, "--precision");
     f->run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
   };
   cmd.run = [f] { return run_train(*f); };

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "peakbound/core/precision.h"
 #include "peakbound/model/model_config.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_plan.h"
@@ -32,6 +33,9 @@ struct PlanInputs {
   // Run.
   std::int64_t context = 0;           // tokens per sequence
   std::int64_t sequences = 1;         // sequences per step per data-parallel group
+  // The element sizes. `plan --precision bf16|f32` sets parameters and activations to 2
+  // or 4 bytes with gradients and state at 4: what `train --precision` runs (other sizes
+  // are the analytic estimate's).
   std::int64_t param_bytes = 2;       // bf16 parameters and activations
   std::int64_t activation_bytes = 2;
   std::int64_t grad_bytes = 4;        // fp32 gradient shards (accumulation in fp32)
@@ -65,6 +69,10 @@ struct PlanInputs {
   // share (1 = balanced; 0 = the worst case the layout allows).
   double skew = 1.0;
 
+  // The analytic estimate even for a run the trainer executes (tests of the estimate's
+  // own rules, which a trainable bf16 or f32 run would otherwise bypass).
+  bool analytic = false;
+
   // Fixed reserves (CUDA context and NCCL buffers; GEMM workspace and allocator slack).
   std::uint64_t comm_reserve = 1ull << 30;
   std::uint64_t workspace_reserve = 512ull << 20;
@@ -76,6 +84,14 @@ struct PlanInputs {
   // Throws InvalidArgument naming the first inconsistency (EP not dividing the experts...).
   void validate() const;
   std::int64_t fsdp_size() const { return fsdp > 0 ? fsdp : devices; }
+  // The runtime precision whose activations are activation_bytes wide (2: bf16, 4: f32),
+  // whose footprint forms count what that runtime allocates (its fp32 temporaries under
+  // bf16); none for another size, which only the elem_bytes estimates model.
+  std::optional<Precision> activation_precision() const {
+    if (activation_bytes == 2) return Precision::bf16;
+    if (activation_bytes == 4) return Precision::f32;
+    return std::nullopt;
+  }
   DispatchOptions dispatch_options() const;
   // This device's share of its node's host memory; MemoryLedger::kUnlimited when unlimited.
   std::uint64_t host_budget() const;

@@ -12,22 +12,27 @@ namespace peakbound {
 
 namespace {
 
-constexpr std::int64_t kTrainerBytes = 4;  // the trainer's parameters, activations, gradients, optimizer state
+constexpr std::int64_t kF32Bytes = 4;  // gradients and optimizer state in both precisions
 std::size_t C(Component c) { return static_cast<std::size_t>(c); }
 
 }  // namespace
 
 std::optional<std::string> not_a_trainer_run(const PlanInputs& in) {
+  if (in.analytic) return std::string("the analytic estimate was asked for");
   try {
     check_trainable(in.model);
   } catch (const InvalidArgument& e) {
     return std::string("the trainer cannot train this model (") + e.what() + ")";
   }
-  if (in.param_bytes != kTrainerBytes || in.activation_bytes != kTrainerBytes)
-    return std::string("parameters and activations of ") + std::to_string(in.param_bytes) +
-           " bytes (the trainer runs f32: --param-dtype f32)";
-  if (in.grad_bytes != kTrainerBytes) return std::string("gradients of ") + std::to_string(in.grad_bytes) + " bytes (the trainer's are f32)";
-  if (in.optimizer_state_bytes != kTrainerBytes) return std::string("optimizer state that is not f32");
+  // The trainer's two precisions: parameters and activations both bf16 (2 bytes) or both
+  // f32 (4), gradients and optimizer state f32 in either.
+  if (in.param_bytes != in.activation_bytes || !in.activation_precision())
+    return std::string("parameters of ") + std::to_string(in.param_bytes) + " and activations of " +
+           std::to_string(in.activation_bytes) + " bytes (the trainer runs both in bf16 or both in f32: --precision)";
+  if (in.grad_bytes != kF32Bytes)
+    return std::string("gradients of ") + std::to_string(in.grad_bytes) +
+           " bytes (the trainer reduces gradients in fp32: --grad-dtype f32)";
+  if (in.optimizer_state_bytes != kF32Bytes) return std::string("optimizer state that is not f32");
   if (in.fsdp_size() != in.devices) return std::string("an FSDP group smaller than the devices (the trainer shards over all)");
   try {
     check_context_split(in.cp, in.context);
@@ -46,7 +51,8 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   run.seq_len = in.context;
   run.batch = in.sequences;
   run.schedules = schedules;
-  const RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules)};
+  run.precision = *in.activation_precision();
+  const RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules, run.precision)};
   TrainFootprintInputs t = run_footprint_inputs(run, shape, static_cast<int>(in.devices), rank);
   // The planner's knobs over the schedules' defaults; the dispatch at the plan's imbalance.
   ModelSchedules& s = t.schedules;

@@ -1,7 +1,7 @@
 // The plan of a run that `peakbound train` can execute: when the planner's inputs
-// describe a trainer run exactly (a trainable model, f32 parameters, activations,
-// gradients and optimizer state, FSDP over every device, a layout the trainer
-// accepts), the planner's per-component peaks are the trainer's own footprint
+// describe a trainer run exactly (a trainable model, parameters and activations both
+// bf16 or both f32 (train --precision), f32 gradients and optimizer state, FSDP over
+// every device, a layout the trainer accepts), the planner's per-component peaks are the trainer's own footprint
 // (train/train_footprint.h, which the tests check equals the Arena's measured peaks),
 // not the analytic estimate. The fixed reserves (comm, workspace) are added on top,
 // as in every phase of the estimate.

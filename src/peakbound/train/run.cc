@@ -67,7 +67,7 @@ std::string pad(std::string s, std::size_t w) {
 // The run's record in its checkpoints (RunState.run): what defines it and what a resume
 // may change (train/run_resume.h).
 nlohmann::json run_record(const RunSettings& f, const RunShape& s, std::int64_t world) {
-  return {{"model", f.model}, {"schedules", f.schedules.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
+  return {{"model", f.model}, {"precision", precision_name(f.precision)}, {"schedules", f.schedules.str()}, {"seq_len", f.seq_len}, {"batch", f.batch},
           {"accumulation", f.accumulation}, {"steps", f.steps}, {"lr", f.lr}, {"cp", s.layout.cp},
           {"ep", s.layout.ep}, {"vocab_group", s.layout.vocab}, {"ranks", world},
           {"data", f.data.empty() ? nlohmann::json(nullptr) : data_identity(f.data)},
@@ -138,8 +138,9 @@ std::unique_ptr<Device> agreed_device(Communicator& world, const std::string& ki
 
 }  // namespace
 
-ModelSchedules model_schedules(const ScheduleSet& set) {
+ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
   ModelSchedules m;
+  m.precision = precision;
   m.dispatch = set.dispatch();
   m.ring_dtp = set.ring_dtp();
   m.checkpoint.schedule = set.checkpoint();
@@ -150,7 +151,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   RunShape s;
   s.config = load_model_spec(f.model);
   check_trainable(s.config);
-  s.schedules = model_schedules(f.schedules);
+  s.schedules = model_schedules(f.schedules, f.precision);
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
   return s;
@@ -344,10 +345,12 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   const std::uint64_t planned_total = static_cast<std::uint64_t>(s.planned[kNumComponents]);
   s.budget = f.device_memory == "auto" ? auto_device_budget(planned_total) : parse_bytes(f.device_memory, "--device-memory");
   std::string text = format(
-      "peakbound train: %s (%s), %lld parameters, %d ranks (cp %lld, ep %lld, vocab group %lld), schedules %s\n",
+      "peakbound train: %s (%s), %lld parameters, %d ranks (cp %lld, ep %lld, vocab group %lld), schedules %s, "
+      "precision %s\n",
       c.name.c_str(), c.family.c_str(), static_cast<long long>(TensorTable(c).total_numel()), s.W,
       static_cast<long long>(s.shape.layout.cp), static_cast<long long>(s.shape.layout.ep),
-      static_cast<long long>(s.shape.layout.vocab), f.schedules.str().c_str());
+      static_cast<long long>(s.shape.layout.vocab), f.schedules.str().c_str(),
+      std::string(precision_name(f.precision)).c_str());
   text += format("plan (per device, from the footprints): peak %s of %s budget\n",
                  format_bytes(double(planned_total)).c_str(), format_bytes(double(s.budget)).c_str());
   std::string row;
@@ -557,10 +560,13 @@ RunSummary Run::finish() {
   if (!f.memory_timeline.empty()) {
     MemoryTimeline t = arena.take_timeline();
     const ModelConfig& c = s.shape.config;
-    t.title = c.name + ", schedules " + f.schedules.str() + ", seq_len " + std::to_string(f.seq_len) + ", cp " +
-              std::to_string(s.shape.layout.cp) + ", rank " + std::to_string(s.rank) + "/" + std::to_string(s.W);
-    t.meta = nlohmann::json{{"model", c.name}, {"schedules", f.schedules.str()}, {"seq_len", f.seq_len},
-                            {"batch", f.batch}, {"cp", s.shape.layout.cp}, {"ep", s.shape.layout.ep}, {"ranks", s.W}}
+    t.title = c.name + ", schedules " + f.schedules.str() + ", " + std::string(precision_name(f.precision)) +
+              ", seq_len " + std::to_string(f.seq_len) + ", cp " + std::to_string(s.shape.layout.cp) + ", rank " +
+              std::to_string(s.rank) + "/" + std::to_string(s.W);
+    t.meta = nlohmann::json{{"model", c.name},   {"precision", precision_name(f.precision)},
+                            {"schedules", f.schedules.str()}, {"seq_len", f.seq_len},
+                            {"batch", f.batch},  {"cp", s.shape.layout.cp},
+                            {"ep", s.shape.layout.ep},        {"ranks", s.W}}
                  .dump();
     write_memory_timeline(memory_timeline_path(f.memory_timeline, s.rank, s.W), t);
   }
@@ -590,6 +596,7 @@ RunSummary Run::finish() {
   sum.steps = s.step - s.s0;
   sum.skipped = s.skipped;
   sum.run = {{"model", s.shape.config.name},
+             {"precision", precision_name(f.precision)},
              {"ranks", s.W},
              {"cp", s.shape.layout.cp},
              {"schedules", f.schedules.str()},
@@ -625,6 +632,7 @@ nlohmann::json RunSummary::json() const {
     if (i < kNumComponents) table[name]["at_peak_bytes"] = at_peak[i];
   }
   nlohmann::json j = {{"model", run["model"]},
+                      {"precision", run["precision"]},
                       {"ranks", run["ranks"]},
                       {"cp", run["cp"]},
                       {"schedules", run["schedules"]},

@@ -73,6 +73,11 @@ struct RunSettings {
   // reserves dispatch memory for (0: the worst the layout allows).
   std::string device = "cpu";
   std::string device_memory = "auto";
+  // The numeric mode (core/precision.h, docs/precision.md): bf16 activations and compute
+  // parameters with fp32 master weights, gradients and optimizer state, or f32
+  // throughout. The model's (ModelSchedules::precision) and the plan's. The CLI parses
+  // it with parse_precision (its one-line error names --precision).
+  Precision precision = Precision::f32;
   bool plan_check = true;
   double plan_skew = 0;
   // The held-out loss every eval_every steps (0: at the end only) over eval_batches
@@ -97,14 +102,15 @@ struct RunSettings {
 };
 
 // The schedule set's runtime choices for the model (ScheduleSet's one mapping; the
-// optimizer's is ScheduleSet::optimizer()). Each schedule's options keep their defaults.
-ModelSchedules model_schedules(const ScheduleSet& set);
+// optimizer's is ScheduleSet::optimizer()) under the run's precision. Each schedule's
+// options keep their defaults.
+ModelSchedules model_schedules(const ScheduleSet& set, Precision precision = Precision::f32);
 
 // What the settings resolve to before anything is built.
 struct RunShape {
   ModelConfig config;
   ParallelLayout layout;
-  ModelSchedules schedules;  // the schedule set's runtime choices (ScheduleSet)
+  ModelSchedules schedules;  // the schedule set's runtime choices (ScheduleSet) and the precision
 };
 RunShape resolve_run(const RunSettings& s, int world, SettingSpelling spell = field_spelling);
 
@@ -150,7 +156,7 @@ struct RunSummary {
   std::int64_t steps = 0, skipped = 0;
   std::string text() const;          // the table and the loss line, as `peakbound train` prints them
   nlohmann::json json() const;       // the same and the run's shape (`train --json`)
-  nlohmann::json run;                // model, ranks, cp, schedules, steps, inputs_per_step, step_seconds
+  nlohmann::json run;                // model, precision, ranks, cp, schedules, steps, inputs_per_step, step_seconds
 };
 
 class Run {

@@ -110,11 +110,16 @@ std::string check_resume(const nlohmann::json& manifest, const nlohmann::json& r
   const std::pair<const char*, const char*> knobs[] = {
       {"steps", "--steps"}, {"save_every", "--save-every"}, {"eval_every", "--eval-every"}, {"batch", "--batch"},
       {"accumulation", "--accumulation"}, {"lr", "--lr"}, {"schedules", "--schedules"}, {"ranks", "ranks"},
-      {"cp", "--cp"}, {"ep", "--ep"}, {"vocab_group", "--vocab-group"}};
+      {"cp", "--cp"}, {"ep", "--ep"}, {"vocab_group", "--vocab-group"},
+      {"precision", "--precision"}};  // the checkpoint's master is fp32 in both precisions
   for (const auto& [key, flag] : knobs)
     if (was.contains(key) && run.contains(key) && was[key] != run[key])
       changed += std::string(changed.empty() ? "" : ", ") + flag + " " + shown(run[key]) + " (the checkpoint's run: " +
                  shown(was[key]) + ")";
+  // A checkpoint from before the record of the precision was written by an f32 run.
+  if (!was.contains("precision") && run.contains("precision") && run["precision"] != "f32")
+    changed += std::string(changed.empty() ? "" : ", ") + "--precision " + shown(run["precision"]) +
+               " (the checkpoint's run: f32)";
   if (!run["data"].is_null() && was.contains("data") && !was["data"].is_null() &&
       was["data"].value("path", std::string()) != run["data"].value("path", std::string()))
     changed += std::string(changed.empty() ? "" : ", ") + "--data " + run["data"].value("path", std::string()) +

@@ -2,7 +2,8 @@
 // that define the run (the model, the data or built-in task, the seed, the sequence
 // length) must be the checkpoint's; the others (the steps, the save and eval cadence,
 // the batch split, the learning rate, the schedules, the layout over ranks, which resumes
-// exactly) may change and are said.
+// exactly, and the precision: the checkpoint's master is fp32 in both, and a bf16 run
+// computes with its rounding) may change and are said.
 #pragma once
 
 #include <cstdint>
