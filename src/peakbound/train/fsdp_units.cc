@@ -12,6 +12,8 @@ namespace {
 using u64 = std::uint64_t;
 
 bool fsdp_kind(const TensorEntry& e) { return e.kind != TensorKind::expert && e.kind != TensorKind::head; }
+// A unit holds each of its tensors whole.
+RowRange whole(const TensorEntry& e) { return RowRange{0, e.shape.empty() ? 1 : e.shape[0]}; }
 
 }  // namespace
 
@@ -31,7 +33,7 @@ ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u) {
     throw InvalidArgument("fsdp: unit " + std::to_string(u) + " of " + std::to_string(L + 2));
   return [u, L](const TensorEntry& e) -> std::optional<RowRange> {
     if (fsdp_unit_of(e, L) != u) return std::nullopt;
-    return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
+    return whole(e);
   };
 }
 
@@ -49,7 +51,7 @@ std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int gro
                                             ParameterLayoutBuilder(fsdp_layout_options(group_size)));
   table.for_each([&](const TensorEntry& e) {
     if (const std::optional<std::size_t> u = fsdp_unit_of(e, L))
-      units[*u].add(e, RowRange{0, e.shape.empty() ? 1 : e.shape[0]});
+      units[*u].add(e, whole(e));
   });
   std::vector<ParameterLayout> out;
   out.reserve(units.size());

@@ -38,12 +38,14 @@ struct ModelLayouts {
   std::vector<TensorEntry> entries;
   std::vector<ParameterLayout> fsdp_units;
 };
-std::shared_ptr<const ModelLayouts> model_layouts(const ModelConfig& c, const TensorTable& table, int world) {
+// Throws InvalidArgument for a config the TensorTable refuses (a cached one was accepted).
+std::shared_ptr<const ModelLayouts> model_layouts(const ModelConfig& c, int world) {
   static std::mutex mu;
   static std::optional<std::pair<ModelConfig, int>> key;
   static std::shared_ptr<const ModelLayouts> cached;
   const std::lock_guard<std::mutex> lock(mu);
   if (!key || key->first != c || key->second != world) {
+    const TensorTable table(c);
     auto m = std::make_shared<ModelLayouts>();
     m->entries = table.entries();
     m->fsdp_units = fsdp_unit_layouts(table, world);
@@ -94,7 +96,6 @@ class TrainFootprintBuilder {
     check_trainable(c_);
     g_ = StoreGroups::of(in_.layout, in_.world, in_.rank);
     check_inputs();
-    table_.emplace(c_);
     T_ = tokens_of(in_.rank);
     size_persistent();
     size_stack();
@@ -144,7 +145,7 @@ class TrainFootprintBuilder {
     const ModelStoreSpecs specs = model_store_specs(c_, g_);
     // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
     // parameters and of gradients, all held for the model's life.
-    const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, *table_, g_.world);
+    const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, g_.world);
     fb_ = fsdp_buffers(lay->fsdp_units, g_.world, p_);
     resident_dev_ = {fb_.params_shard, fb_.grads_shard, fb_.scratch, fb_.layer_params,
                      fb_.layer_params, fb_.layer_grads, fb_.layer_grads};
@@ -379,7 +380,6 @@ class TrainFootprintBuilder {
   const ModelSchedules& sch_;
   const Precision p_;    // in.schedules.precision
   const u64 act_bytes_;  // activations and their gradients: 4 (f32) or 2 (bf16)
-  std::optional<TensorTable> table_;
   std::int64_t T_ = 0;
   Footprint f_{"train"};
   FsdpBuffers fb_;
