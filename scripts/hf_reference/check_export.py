@@ -62,7 +62,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tokens.bin")
         write_tokens(path, tokens)
-        out = subprocess.run([a.binary, "eval", "--model", a.exported, "--data", path, "--context", str(S), "--windows",
+        out = subprocess.run([a.binary, "eval", "--precision", "f32", "--model", a.exported, "--data", path, "--context", str(S), "--windows",
                               str(N), "--json"], capture_output=True, text=True, check=True)
         pb = json.loads(out.stdout.strip().splitlines()[-1])
     rel = abs(pb["loss"] - hf_loss) / abs(hf_loss)

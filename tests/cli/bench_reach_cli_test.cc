@@ -17,7 +17,7 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
 #endif
   if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
   const CliRun r = testing::run_cli(
-      "bench reach --ranks 2 --cp 2 --budget 300MiB --configs none,all --start 256 --multiple 128 "
+      "bench reach --precision f32 --ranks 2 --cp 2 --budget 300MiB --configs none,all --start 256 --multiple 128 "
       "--max-context 1024 --trial-steps 2 --resolution 0.25 --json",
       600);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -49,7 +49,7 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
   // Side by side at the baseline's reach; the plan beside the measured at the scheduled reach.
   EXPECT_EQ(j.at("throughput_at_baseline_reach").at("context").get<std::int64_t>(), base);
   EXPECT_GT(j.at("throughput_ratio_at_baseline_reach").get<double>(), 0);
-  // The same model on the same data under both: the losses agree to f32 rounding (the
+  // The same model on the same data under both: the losses agree to f32 rounding (in f32; the
   // first before any update, the last after the trial's updates).
   const nlohmann::json& losses = j["throughput_at_baseline_reach"].at("losses");
   ASSERT_FALSE(losses.empty());

@@ -90,10 +90,13 @@ TEST(PlanTrainer, Bf16PlanIsTheTrainersFootprintBf16GradientsAreAnEstimate) {
   EXPECT_EQ(p["source"]["scheduled"], "estimate");
   EXPECT_NE(p["estimate_reason"].get<std::string>().find("fp32"), std::string::npos) << p["estimate_reason"];
   r = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults --json");
-  CliRun f = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults --precision f32 --json");
+  CliRun f = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults --precision bf16 --json");
+  CliRun g = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults --precision f32 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_EQ(f.code, 0) << f.err;
-  EXPECT_EQ(r.out, f.out);  // train's default precision is f32 in this release
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(r.out, f.out);  // train's default precision is bf16
+  EXPECT_NE(r.out, g.out);
   r = run_cli("plan --model tiny-moe --devices 1 --context 96 --trainer-defaults");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("source       the trainer's footprint"), std::string::npos) << r.out;

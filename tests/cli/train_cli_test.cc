@@ -151,14 +151,14 @@ TEST(CliTrain, RunsUnderMpiWithEveryScheduleSet) {
 
 // --cp splits every sequence over consecutive ranks: 2 ranks at --cp 2 with 2 sequences
 // a group train on the global batch of 2 ranks at --cp 1 with 1 each, the same losses to
-// fp32 rounding (every schedule on; 33 tokens, which 4 chunks do not divide).
+// fp32 rounding (in f32; every schedule on; 33 tokens, which 4 chunks do not divide).
 TEST(CliTrain, ContextParallelTrainsAsCp1) {
   if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
   auto losses = [](const std::string& layout) {
     const std::string metrics = ::testing::TempDir() + "/cp.jsonl";
-    CliRun r = peakbound::testing::run_mpi("train --steps 3 --seq-len 33 --eval-every 0 --json --metrics " + metrics +
-                                               " " + layout,
-                                           2, 300);
+    CliRun r = peakbound::testing::run_mpi(
+        "train --precision f32 --steps 3 --seq-len 33 --eval-every 0 --json --metrics " + metrics + " " + layout, 2,
+        300);
     EXPECT_EQ(r.code, 0) << r.err << r.out;
     std::ifstream m(metrics);
     std::vector<double> out;
@@ -212,15 +212,16 @@ TEST(CliEval, PrintsLossAndTokensAsJson) {
       f.write(reinterpret_cast<const char*>(&t), 2);
     }
   }
-  CliRun r = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --json", 120);
+  CliRun r = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --precision f32 --json", 120);
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tokens"], 64);
   EXPECT_EQ(j["precision"], "f32");
   EXPECT_GT(j["loss"].get<double>(), 0);
   // The bf16 model (weights to_bf16 of the checkpoint's, fp32 statistics and sums): the
-  // same tokens, the loss within bf16 rounding (1e-2 relative), not the f32 bits.
-  CliRun b = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --precision bf16 --json", 120);
+  // same tokens, the loss within bf16 rounding (1e-2 relative), not the f32 bits. bf16 is
+  // the default.
+  CliRun b = run_cli("eval --model " + kFixture + " --data " + path + " --context 16 --json", 120);
   ASSERT_EQ(b.code, 0) << b.err;
   const nlohmann::json bj = nlohmann::json::parse(b.out);
   EXPECT_EQ(bj["precision"], "bf16");
@@ -230,7 +231,7 @@ TEST(CliEval, PrintsLossAndTokensAsJson) {
   if (peakbound::testing::have_mpirun()) {
     // Each window split over 2 ranks (--cp 2): the same loss over the same tokens.
     CliRun cp = peakbound::testing::run_mpi(
-        "eval --model " + kFixture + " --data " + path + " --context 16 --cp 2 --json", 2, 120);
+        "eval --model " + kFixture + " --data " + path + " --context 16 --cp 2 --precision f32 --json", 2, 120);
     ASSERT_EQ(cp.code, 0) << cp.err;
     const nlohmann::json k = last_json_line(cp.out);
     EXPECT_EQ(k["tokens"], 64);

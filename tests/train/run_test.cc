@@ -188,12 +188,13 @@ TEST(Run, StopAfterAStepSavesTheLastCompleteStep) {
 // The precision is the model's (ModelSchedules::precision, resolve_run) and the run record's.
 TEST(RunSettings, PrecisionReachesTheModelAndThePlan) {
   RunSettings s;
-  EXPECT_EQ(s.precision, Precision::f32);  // this release's default
-  EXPECT_EQ(resolve_run(s, 1).schedules.precision, Precision::f32);
-  s.precision = Precision::bf16;
+  EXPECT_EQ(s.precision, Precision::bf16);  // the default
+  EXPECT_EQ(resolve_run(s, 1).schedules.precision, Precision::bf16);
+  EXPECT_EQ(run_footprint_inputs(s, resolve_run(s, 1), 1, 0).schedules.precision, Precision::bf16);
+  s.precision = Precision::f32;
   const RunShape shape = resolve_run(s, 1);
-  EXPECT_EQ(shape.schedules.precision, Precision::bf16);
-  EXPECT_EQ(run_footprint_inputs(s, shape, 1, 0).schedules.precision, Precision::bf16);
+  EXPECT_EQ(shape.schedules.precision, Precision::f32);
+  EXPECT_EQ(run_footprint_inputs(s, shape, 1, 0).schedules.precision, Precision::f32);
   EXPECT_EQ(model_schedules(ScheduleSet::all(), Precision::bf16).precision, Precision::bf16);
   EXPECT_EQ(model_schedules(ScheduleSet::all()).precision, Precision::f32);
 }
@@ -278,6 +279,7 @@ TEST(Run, Bf16ResumeIsBitwise) {
 // activations round too).
 TEST(Run, F32CheckpointResumesUnderBf16) {
   RunSettings s;
+  s.precision = Precision::f32;
   s.steps = 5;
   s.seq_len = 16;
   s.eval_batches = 0;

@@ -76,8 +76,9 @@ struct RunSettings {
   // The numeric mode (core/precision.h, docs/precision.md): bf16 activations and compute
   // parameters with fp32 master weights, gradients and optimizer state, or f32
   // throughout. The model's (ModelSchedules::precision) and the plan's. The CLI parses
-  // it with parse_precision (its one-line error names --precision).
-  Precision precision = Precision::f32;
+  // it with parse_precision (its one-line error names --precision). bf16 by default, as
+  // the runs this engine is for are trained; f32 is bit for bit what it was before bf16.
+  Precision precision = Precision::bf16;
   bool plan_check = true;
   double plan_skew = 0;
   // The held-out loss every eval_every steps (0: at the end only) over eval_batches
