@@ -27,4 +27,25 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, std::int64_t n);
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up, std::int64_t n);
 
+// gpt-oss's clamped form (transformers' GptOssExperts._apply_gate), with alpha
+// (swiglu_alpha, 1.702) and limit (swiglu_limit, 7.0):
+//   g = min(gate, limit), u = clamp(up, -limit, limit)
+//   out = (u + 1) * (g * sigmoid(alpha * g))
+// in that order of operations. Backward as torch's autograd takes it: a clamp passes the
+// gradient strictly inside its bounds and stops it on and past them (torch 2.15 gives 0 at
+// x == limit):
+//   dgate = gate < limit ? dout (u + 1) s (1 + alpha g (1 - s)) : 0,  s = sigmoid(alpha g)
+//   dup   = -limit < up < limit ? dout g s : 0
+// Aliasing and the bf16 forms as above. (gpt-oss stores gate and up interleaved along the
+// last axis; these take them apart, as the loader lays them out.)
+struct ClampedSwiglu {
+  float alpha = 1.702f, limit = 7.0f;
+};
+void swiglu_clamped_forward(float* out, const float* gate, const float* up, std::int64_t n, ClampedSwiglu c);
+void swiglu_clamped_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                             std::int64_t n, ClampedSwiglu c);
+void swiglu_clamped_forward(bf16* out, const bf16* gate, const bf16* up, std::int64_t n, ClampedSwiglu c);
+void swiglu_clamped_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
+                             std::int64_t n, ClampedSwiglu c);
+
 }  // namespace peakbound::cpu
