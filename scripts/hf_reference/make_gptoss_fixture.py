@@ -10,7 +10,13 @@ transformers code it stands for before a model uses it. This writes, in f32 on t
     swiglu.out [T, I]         GptOssExperts._apply_gate(gate_up)
     swiglu.dout [T, I]        a seeded upstream gradient
     swiglu.dgate_up [T, 2I]   d sum(out * dout) / d gate_up (autograd), interleaved
-  reference.json              versions, alpha and limit
+    attention.<case>.{q, k, v, sinks, out, dout, dq, dk, dv, dsinks}
+                              transformers' gpt-oss eager_attention_forward (its sinks join
+                              every softmax denominator) on seeded q [T, Hq, D], k and v
+                              [T, Hkv, D], sinks [Hq], causal (case `full`) and with a
+                              sliding window of 7 keys (case `window7`), and autograd's
+                              gradients of sum(out * dout); token-major as peakbound's kernels
+  reference.json              versions, alpha and limit, the attention shapes
 
 Run from the repository root with the virtual environment of requirements.txt:
   scripts/hf_reference/.venv/bin/python scripts/hf_reference/make_gptoss_fixture.py
@@ -28,6 +34,36 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 T, I = 23, 13
 SEED = 77
+ATT = dict(T=29, Hq=4, Hkv=2, D=8)
+WINDOWS = {"full": 0, "window7": 7}
+
+
+class _Stub(torch.nn.Module):  # what eager_attention_forward reads from its module
+    def __init__(self, sinks, groups):
+        super().__init__()
+        self.sinks = sinks
+        self.num_key_value_groups = groups
+        self.training = False
+
+
+def attention_case(g, window):
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+    T, Hq, Hkv, D = ATT["T"], ATT["Hq"], ATT["Hkv"], ATT["D"]
+    q = torch.randn(T, Hq, D, generator=g).requires_grad_(True)
+    k = torch.randn(T, Hkv, D, generator=g).requires_grad_(True)
+    v = torch.randn(T, Hkv, D, generator=g).requires_grad_(True)
+    sinks = torch.randn(Hq, generator=g).requires_grad_(True)
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    visible = (j <= i) & ((i - j < window) if window > 0 else torch.ones(T, T, dtype=torch.bool))
+    mask = torch.zeros(T, T).masked_fill(~visible, torch.finfo(torch.float32).min)[None, None]
+    out, _ = eager_attention_forward(_Stub(sinks, Hq // Hkv), q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                     v.transpose(0, 1)[None], mask, scaling=D ** -0.5)
+    out = out[0]  # [T, Hq, D]
+    dout = torch.randn(out.shape, generator=g)
+    (out * dout).sum().backward()
+    return {"q": q, "k": k, "v": v, "sinks": sinks, "out": out, "dout": dout, "dq": q.grad, "dk": k.grad,
+            "dv": v.grad, "dsinks": sinks.grad}
 
 
 def main():
@@ -45,16 +81,21 @@ def main():
     out = experts._apply_gate(gate_up)
     dout = torch.randn(out.shape, generator=g)
     (out * dout).sum().backward()
+    tensors = {"swiglu.gate_up": gate_up.detach(), "swiglu.out": out.detach(), "swiglu.dout": dout,
+               "swiglu.dgate_up": gate_up.grad}
+    for case, window in WINDOWS.items():
+        for name, t in attention_case(g, window).items():
+            tensors[f"attention.{case}.{name}"] = t.detach()
     d = os.path.join(a.out, "gpt_oss_parts")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "gpt_oss_parts.safetensors")
-    save_file({"swiglu.gate_up": gate_up.detach().contiguous(), "swiglu.out": out.detach().contiguous(),
-               "swiglu.dout": dout.contiguous(), "swiglu.dgate_up": gate_up.grad.contiguous()}, path)
+    save_file({k: t.contiguous() for k, t in tensors.items()}, path)
     os.chmod(path, 0o644)
     with open(os.path.join(d, "reference.json"), "w") as f:
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "python": platform.python_version(), "seed": SEED, "T": T, "I": I,
-                   "swiglu_alpha": experts.alpha, "swiglu_limit": experts.limit,
+                   "swiglu_alpha": experts.alpha, "swiglu_limit": experts.limit, "attention": ATT,
+                   "attention_windows": WINDOWS,
                    "module": "transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts._apply_gate"}, f, indent=1)
         f.write("\n")
     print(json.dumps({"out": d}))
