@@ -79,6 +79,16 @@ def qwen3_moe_config():
     )
 
 
+def qwen3_moe_yarn_config():
+    # Qwen3-MoE with YaRN (rope_type "yarn", as Qwen3 configs extend past their 32K
+    # pretraining length), scaled so that it acts within the 16-token batch: an original
+    # length of 8 and factor 4 interpolate every frequency but the first (head_dim 8).
+    cfg = qwen3_moe_config()
+    cfg.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 8}
+    return cfg
+
+
 def mixtral_config():
     return transformers.MixtralConfig(
         **COMMON,
@@ -93,6 +103,7 @@ def mixtral_config():
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM),
+    "qwen3_moe_yarn": (qwen3_moe_yarn_config, transformers.Qwen3MoeForCausalLM),
 }
 
 

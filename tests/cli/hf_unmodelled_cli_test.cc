@@ -37,15 +37,22 @@ std::string edited_copy(const std::string& name, const std::function<void(nlohma
   return dir;
 }
 
-TEST(HfUnmodelledCli, TrainRefusesGeluAndYarnNamingTheField) {
+TEST(HfUnmodelledCli, TrainRefusesGeluAndLinearRopeNamingTheField) {
   const std::string gelu = edited_copy("gelu", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; });
   CliRun r = run_cli("train --model " + gelu + " --steps 1 --seq-len 16 --symbols 8 --schedules none", 60);
   expect_one_line_error(r, "hidden_act = \"gelu\": the trainer implements SiLU (\"silu\") only");
   const std::string yarn = edited_copy("yarn", [](nlohmann::json& j) {
-    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 10000.0}};
+    j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 10000.0}};
   });
   r = run_cli("train --model " + yarn + " --steps 1 --seq-len 16 --symbols 8 --schedules none", 60);
-  expect_one_line_error(r, "rope_parameters.rope_type = \"yarn\"");
+  expect_one_line_error(r, "rope_parameters.rope_type = \"linear\"");
+  // YaRN without its pretraining length: one line naming the field.
+  const std::string bare = edited_copy("yarn_bare", [](nlohmann::json& j) {
+    j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 10000.0}};
+  });
+  r = run_cli("train --model " + bare + " --steps 1 --seq-len 16 --symbols 8 --schedules none", 60);
+  expect_one_line_error(r, "original_max_position_embeddings");
+  fs::remove_all(bare);
   fs::remove_all(gelu);
   fs::remove_all(yarn);
 }

@@ -357,10 +357,15 @@ ModelConfig modelled(ModelConfig c) {
 TEST(HfConfig, DeepSeekV3EqualsPreset) {
   const ModelConfig c = parse_hf_config(json::parse(kDeepSeekV3), "deepseek-v3");
   EXPECT_EQ(modelled(c), preset_config("deepseek-v3"));
-  // YaRN and the routed scaling are recorded, for the trainer to refuse.
-  ASSERT_EQ(c.unmodelled.size(), 2u);
-  EXPECT_EQ(c.unmodelled[0].rfind("rope_scaling.type = \"yarn\"", 0), 0u) << c.unmodelled[0];
-  EXPECT_EQ(c.unmodelled[1].rfind("routed_scaling_factor = 2.5", 0), 0u) << c.unmodelled[1];
+  // YaRN is read (mscale = mscale_all_dim: cos and sin unscaled); the routed scaling is
+  // recorded, for the trainer to refuse.
+  EXPECT_TRUE(c.rope_scaling.yarn);
+  EXPECT_EQ(c.rope_scaling.factor, 40.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position, 4096);
+  EXPECT_EQ(c.rope_scaling.attention_factor, 1.0);
+  EXPECT_TRUE(c.rope_scaling.truncate);
+  ASSERT_EQ(c.unmodelled.size(), 1u);
+  EXPECT_EQ(c.unmodelled[0].rfind("routed_scaling_factor = 2.5", 0), 0u) << c.unmodelled[0];
   EXPECT_EQ(c.attention, AttentionKind::mla);
   EXPECT_EQ(c.router_scoring, RouterScoring::sigmoid);
   EXPECT_TRUE(c.router_score_correction);

@@ -1,4 +1,5 @@
-// The model against Hugging Face transformers' own Qwen3-MoE and Mixtral: the fixtures
+// The model against Hugging Face transformers' own Qwen3-MoE (plain RoPE and YaRN) and
+// Mixtral: the fixtures
 // (scripts/hf_reference/make_fixtures.py) hold a tiny random model of each family as
 // save_pretrained wrote it, a batch of input ids, and transformers' loss, cross-entropy,
 // aux loss and every parameter gradient (fp32, eager attention, labels = input_ids).
@@ -282,6 +283,19 @@ TEST(HfReference, Qwen3MoeMatchesTransformers) {
 
 TEST(HfReference, MixtralMatchesTransformers) {
   for (const Variant& v : {kNone, kAll, kLlep}) check_family("mixtral", v);
+}
+
+// YaRN (rope_parameters.rope_type "yarn", factor 4 over an original length of 8, so every
+// frequency but the first is interpolated within the 16-token batch and cos and sin carry
+// its 1.139 attention factor), with context parallelism where the world is even: the zigzag
+// shards' tables start mid-sequence.
+TEST(HfReference, Qwen3MoeYarnMatchesTransformers) {
+  std::vector<Variant> variants{kNone, kAll};
+  if (testing::world().size() % 2 == 0) {
+    variants.push_back(kNoneCp2);
+    variants.push_back(kAllCp2);
+  }
+  for (const Variant& v : variants) check_family("qwen3_moe_yarn", v);
 }
 
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {

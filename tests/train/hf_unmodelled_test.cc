@@ -60,17 +60,20 @@ TEST(HfUnmodelled, ActivationOtherThanSiluIsRefused) {
   EXPECT_EQ(refusal(j), "");
 }
 
-TEST(HfUnmodelled, RopeScalingIsRefused) {
+TEST(HfUnmodelled, RopeScalingOtherThanYarnIsRefused) {
   json yarn = fixture("qwen3_moe");
   yarn["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32},
                              {"rope_theta", 10000.0}};
-  EXPECT_HAS(refusal(yarn), "rope_parameters.rope_type = \"yarn\"");
-  EXPECT_HAS(refusal(yarn), "only the unscaled RoPE");
+  EXPECT_EQ(refusal(yarn), "");  // YaRN is modelled (model/rope_scaling.h)
+  // One RoPE for every layer: a YaRN object per attention type is not read.
+  yarn["rope_parameters"] = {{"full_attention", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
+  EXPECT_HAS(refusal(yarn), "rope_parameters.full_attention.rope_type = \"yarn\"");
 
   json linear = fixture("mixtral");
   linear.erase("rope_parameters");
   linear["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   EXPECT_HAS(refusal(linear), "rope_scaling.type = \"linear\"");
+  EXPECT_HAS(refusal(linear), "the unscaled RoPE and YaRN");
   linear["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
   EXPECT_HAS(refusal(linear), "rope_scaling.rope_type = \"dynamic\"");
   linear["rope_scaling"] = {{"rope_type", "default"}};
@@ -132,11 +135,12 @@ TEST(HfUnmodelled, OtherModelChangingFieldsAreReadOrRefused) {
   EXPECT_EQ(refusal(j), "");
 }
 
-// Planning a released checkpoint still works: DeepSeek-V3's YaRN is recorded, not fatal.
+// Planning a released checkpoint still works: what the trainer does not model is recorded,
+// not fatal.
 TEST(HfUnmodelled, ImportStillTakesScaledModels) {
   json j = fixture("qwen3_moe");
   j["hidden_act"] = "gelu";
-  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
   const ModelConfig c = parse_hf_config(j, "m");
   ASSERT_EQ(c.unmodelled.size(), 2u);
   EXPECT_HAS(c.unmodelled[0], "hidden_act");

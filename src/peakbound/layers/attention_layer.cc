@@ -217,13 +217,14 @@ void AttentionLayer::rope_tables(float* cos, float* sin, std::int64_t S) {
   Stream& s = dev_.compute_stream();
   const std::int64_t D = cfg_.head_dim;
   if (cfg_.cp == 1) {
-    ops::rope_tables(dev_, s, cos, sin, S, D, 0, cfg_.rope_theta);
+    ops::rope_tables(dev_, s, cos, sin, S, D, 0, cfg_.rope_theta, cfg_.rope_scaling);
     return;
   }
   const CpShard sh = zigzag_shard(cfg_.seq_len, cfg_.cp, cfg_.cp_rank);
-  ops::rope_tables(dev_, s, cos, sin, sh.first.len, D, sh.first.begin, cfg_.rope_theta);
+  ops::rope_tables(dev_, s, cos, sin, sh.first.len, D, sh.first.begin, cfg_.rope_theta, cfg_.rope_scaling);
   const std::int64_t at = ops::rope_table_elems(sh.first.len, D);
-  ops::rope_tables(dev_, s, cos + at, sin + at, sh.second.len, D, sh.second.begin, cfg_.rope_theta);
+  ops::rope_tables(dev_, s, cos + at, sin + at, sh.second.len, D, sh.second.begin, cfg_.rope_theta,
+                   cfg_.rope_scaling);
 }
 
 std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) const {

@@ -42,18 +42,21 @@
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
+#include "peakbound/model/rope_scaling.h"
 #include "peakbound/nn/block.h"
 
 namespace peakbound {
 
 // The sublayer's sizes (from the HF config: hidden_size, num_attention_heads,
-// num_key_value_heads, head_dim, rope_theta, rms_norm_eps; qk_norm for Qwen3).
+// num_key_value_heads, head_dim, rope_theta and YaRN's rope scaling, rms_norm_eps; qk_norm
+// for Qwen3).
 struct AttentionLayerConfig {
   std::int64_t hidden = 0;    // H
   std::int64_t q_heads = 0;   // Hq
   std::int64_t kv_heads = 0;  // Hkv, divides Hq
   std::int64_t head_dim = 0;  // D, even (RoPE)
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;   // YaRN (model/rope_scaling.h); default: plain RoPE
   float rms_eps = 1e-6f;
   bool qk_norm = false;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence

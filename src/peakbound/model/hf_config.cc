@@ -268,6 +268,74 @@ double number_or(const json& config, const HfFields& r, const char* field, doubl
   return v.get<double>();
 }
 
+// The rope object whose rope_type counts: transformers 5's rope_parameters when it names a
+// type, else transformers 4's rope_scaling (standardize_rope_params merges them so).
+// Null when neither is an object naming a type.
+const json* rope_object(const json& config, std::string* where) {
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!config.contains(key) || !config.at(key).is_object()) continue;
+    const json& o = config.at(key);
+    for (const char* type : {"rope_type", "type"})
+      if (o.contains(type) && o.at(type).is_string()) {
+        *where = key;
+        return &o;
+      }
+  }
+  return nullptr;
+}
+
+std::string rope_type_of(const json& o) {
+  for (const char* type : {"rope_type", "type"})  // rope_type wins, as transformers reads them
+    if (o.contains(type) && !o.at(type).is_null()) return o.at(type).is_string() ? o.at(type).get<std::string>() : "";
+  return "default";
+}
+
+// YaRN (rope_type "yarn") as transformers' _compute_yarn_parameters reads it: factor (null:
+// max_position_embeddings / original_max_position_embeddings), original_max_position_embeddings,
+// beta_fast / beta_slow (null or 0: 32 and 1), truncate (default true), and the cos/sin
+// factor: attention_factor, else get_mscale(factor, mscale) / get_mscale(factor,
+// mscale_all_dim) when both are non-zero, else get_mscale(factor).
+void read_rope_scaling(const json& config, const HfFields& r, ModelConfig& c) {
+  std::string where;
+  const json* o = rope_object(config, &where);
+  if (o == nullptr || rope_type_of(*o) != "yarn") return;
+  auto number = [&](const char* key, double fallback) {
+    if (!o->contains(key) || o->at(key).is_null()) return fallback;
+    const json& v = o->at(key);
+    if (!v.is_number()) r.fail(where + "." + key + " must be a number, got " + v.type_name());
+    return v.get<double>();
+  };
+  RopeScaling& y = c.rope_scaling;
+  y.yarn = true;
+  const double original = number("original_max_position_embeddings", 0.0);
+  if (!(original > 0.0))
+    r.fail(where + ": yarn needs original_max_position_embeddings (the pretraining context), a number > 0");
+  y.original_max_position = static_cast<std::int64_t>(original);
+  double factor = number("factor", 0.0);
+  if (!o->contains("factor") || o->at("factor").is_null()) {
+    const double max_position = number_or(config, r, "max_position_embeddings", 0.0);
+    if (!(max_position > 0.0))
+      r.fail(where + ": yarn without a factor needs max_position_embeddings (factor = it / the original)");
+    factor = max_position / original;
+  }
+  y.factor = factor;
+  const double beta_fast = number("beta_fast", 0.0), beta_slow = number("beta_slow", 0.0);
+  y.beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;  // transformers: `get("beta_fast") or 32`
+  y.beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+  if (o->contains("truncate") && !o->at("truncate").is_null()) {
+    if (!o->at("truncate").is_boolean()) r.fail(where + ".truncate must be true or false");
+    y.truncate = o->at("truncate").get<bool>();
+  }
+  const double mscale = number("mscale", 0.0), mscale_all_dim = number("mscale_all_dim", 0.0);
+  if (o->contains("attention_factor") && !o->at("attention_factor").is_null())
+    y.attention_factor = number("attention_factor", 1.0);
+  else if (mscale != 0.0 && mscale_all_dim != 0.0)
+    y.attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim);
+  else
+    y.attention_factor = yarn_get_mscale(factor);
+}
+
+
 // The training fields: norm epsilon, the aux-loss coefficient (counted only when
 // output_router_logits is true, as transformers does), the init scale. Defaults are
 // transformers' (Mixtral's eps 1e-5, the others 1e-6; aux coefficient 0.001).
@@ -292,16 +360,22 @@ std::string quoted(const json& v) {
 }
 
 // The RoPE settings of one rope_scaling / rope_parameters object (`where` is its field
-// name): a rope_type (or the legacy "type") other than "default", and a partial rotary
-// factor other than 1, change the rotary embedding the trainer computes.
-void audit_rope_object(const json& o, const std::string& where, std::vector<std::string>& out) {
+// name): a rope_type (or the legacy "type") other than "default" (or "yarn" where
+// `yarn_read`: the object read_rope_scaling reads), and a partial rotary factor other than
+// 1, change the rotary embedding the trainer computes. A per-attention-type object
+// (!top_level) may only say "default": the trainer has one RoPE for every layer.
+void audit_rope_object(const json& o, const std::string& where, bool top_level, bool yarn_read,
+                       std::vector<std::string>& out) {
   for (const char* key : {"rope_type", "type"}) {
     if (!o.contains(key) || o.at(key).is_null()) continue;
     const json& t = o.at(key);
-    if (!t.is_string() || t.get<std::string>() != "default")
+    const bool ok = t.is_string() && (t.get<std::string>() == "default" || (yarn_read && t.get<std::string>() == "yarn"));
+    if (!ok)
       out.push_back(where + "." + key + " = " + quoted(t) +
-                    ": the trainer implements only the unscaled RoPE (rope_type \"default\"; yarn, linear, "
-                    "dynamic, llama3 and longrope are not)");
+                    (top_level ? ": the trainer implements the unscaled RoPE and YaRN (rope_type \"default\" or "
+                                 "\"yarn\"; linear, dynamic, llama3 and longrope are not)"
+                               : ": the trainer implements one RoPE for every layer (per attention type only "
+                                 "\"default\")"));
     break;  // rope_type wins over type, as transformers reads them
   }
   if (o.contains("partial_rotary_factor") && !o.at("partial_rotary_factor").is_null() &&
@@ -325,18 +399,23 @@ void audit_unmodelled(const json& config, ModelConfig& c) {
   }
   // RoPE scaling: transformers 4's rope_scaling, transformers 5's rope_parameters (one
   // object, or one per attention type), and a top-level partial_rotary_factor.
+  // The object read_rope_scaling reads may say yarn; the other may not contradict it.
+  std::string read_from;
+  const json* read = rope_object(config, &read_from);
+  const std::string read_type = read != nullptr ? rope_type_of(*read) : "default";
   if (present("rope_scaling")) {
     const json& v = config.at("rope_scaling");
-    if (v.is_object())
-      audit_rope_object(v, "rope_scaling", out);
-    else
-      out.push_back("rope_scaling = " + quoted(v) + ": the trainer implements only the unscaled RoPE (null)");
+    if (v.is_object()) {
+      audit_rope_object(v, "rope_scaling", true, read == &v && read_type == "yarn", out);
+    } else {
+      out.push_back("rope_scaling = " + quoted(v) + ": the trainer implements the unscaled RoPE (null) and YaRN");
+    }
   }
   if (present("rope_parameters") && config.at("rope_parameters").is_object()) {
     const json& v = config.at("rope_parameters");
-    audit_rope_object(v, "rope_parameters", out);
+    audit_rope_object(v, "rope_parameters", true, read == &v && read_type == "yarn", out);
     for (const auto& [k, sub] : v.items())
-      if (sub.is_object()) audit_rope_object(sub, "rope_parameters." + k, out);
+      if (sub.is_object()) audit_rope_object(sub, "rope_parameters." + k, false, false, out);
   }
   if (present("partial_rotary_factor") &&
       !(config.at("partial_rotary_factor").is_number() && config.at("partial_rotary_factor").get<double>() == 1.0))
@@ -403,6 +482,7 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
   }
   read_sliding_window(r, c);
   read_rope_theta(config, r, c);
+  read_rope_scaling(config, r, c);
   read_training_fields(config, r, c);
   audit_unmodelled(config, c);
 

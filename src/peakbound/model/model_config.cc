@@ -147,6 +147,20 @@ void ModelConfig::validate() const {
   // Negated so that NaN fails too.
   if (!(rope_theta > 0.0 && rope_theta < 1e300))
     c.fail("rope_theta must be a finite number > 0, got " + std::to_string(rope_theta));
+  if (rope_scaling.yarn) {
+    const RopeScaling& y = rope_scaling;
+    if (!(y.factor >= 1.0 && y.factor < 1e6))
+      c.fail("the yarn rope scaling's factor must be a finite number >= 1, got " + std::to_string(y.factor));
+    if (y.original_max_position <= 0)
+      c.fail("the yarn rope scaling's original_max_position_embeddings must be > 0, got " +
+             std::to_string(y.original_max_position));
+    if (!(y.beta_fast > 0.0 && y.beta_fast < 1e6 && y.beta_slow > 0.0 && y.beta_slow < 1e6))
+      c.fail("the yarn rope scaling's beta_fast and beta_slow must be finite numbers > 0, got " +
+             std::to_string(y.beta_fast) + " and " + std::to_string(y.beta_slow));
+    if (!(y.attention_factor > 0.0 && y.attention_factor < 1e6))
+      c.fail("the yarn rope scaling's attention_factor must be a finite number > 0, got " +
+             std::to_string(y.attention_factor));
+  }
   if (!(rms_norm_eps >= 0.0 && rms_norm_eps < 1.0))
     c.fail("rms_norm_eps must be in [0, 1), got " + std::to_string(rms_norm_eps));
   if (!(router_aux_loss_coef >= 0.0 && router_aux_loss_coef < 1e6))

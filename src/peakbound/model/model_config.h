@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "peakbound/model/rope_scaling.h"
+
 namespace peakbound {
 
 // GQA covers MHA (kv heads == heads) and MQA (one kv head). MLA is DeepSeek's
@@ -79,9 +81,11 @@ struct ModelConfig {
   std::int64_t v_head_dim = 0;
 
   // RoPE base (Hugging Face rope_theta): inv_freq[i] = rope_theta^(-2i / rotary dim).
-  // Only the plain ("default") rotary embedding is modelled; a scaled one (YaRN, linear,
-  // dynamic...) is recorded in `unmodelled` below.
+  // The plain ("default") rotary embedding and YaRN (rope_type "yarn": rope_scaling,
+  // model/rope_scaling.h) are modelled; another scaled one (linear, dynamic, llama3,
+  // longrope) is recorded in `unmodelled` below.
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
 
   // Settings of an imported config.json that change what the model computes without
   // changing its shape, and that the trainer does not implement: each one line naming the

@@ -33,6 +33,12 @@ Preset deepseek_v3() {
   c.qk_rope_head_dim = 64;
   c.v_head_dim = 128;
   c.num_mtp_layers = 1;
+  // rope_scaling: yarn, factor 40, beta 32 / 1, mscale = mscale_all_dim = 1 (so cos and sin
+  // keep their scale; the attention's softmax scale takes mscale^2), original 4096.
+  c.rope_scaling.yarn = true;
+  c.rope_scaling.factor = 40.0;
+  c.rope_scaling.original_max_position = 4096;
+  c.rope_scaling.attention_factor = 1.0;
   Preset p;
   p.config = c;
   p.published_total = 671e9;
@@ -116,6 +122,13 @@ Preset gpt_oss_120b() {
   c.attention_sinks = true;
   c.sliding_window = 128;
   c.num_sliding_layers = 18;  // layer_types alternates sliding, full
+  // rope_scaling: yarn, factor 32, beta 32 / 1, original 4096, truncate false; cos and sin
+  // scaled by transformers' get_mscale(32) = 0.1 ln 32 + 1.
+  c.rope_scaling.yarn = true;
+  c.rope_scaling.factor = 32.0;
+  c.rope_scaling.original_max_position = 4096;
+  c.rope_scaling.truncate = false;
+  c.rope_scaling.attention_factor = yarn_get_mscale(32.0);
   Preset p;
   p.config = c;
   p.published_total = 116.83e9;

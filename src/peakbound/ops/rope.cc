@@ -25,11 +25,11 @@ std::int64_t rope_table_elems(std::int64_t t, std::int64_t d) {
 }
 
 void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t, std::int64_t d,
-                 std::int64_t offset, double theta) {
+                 std::int64_t offset, double theta, const RopeScaling& scaling) {
   dispatch(dev, s, "rope_tables", {cos, sin},
            [&] { cpu::rope_check(t, d, offset, theta); },
-           [&](void* stream) { cuda::rope_tables(stream, cos, sin, t, d, offset, theta); },
-           [=] { cpu::rope_tables(cos, sin, t, d, offset, theta); });
+           [&](void* stream) { cuda::rope_tables(stream, cos, sin, t, d, offset, theta, scaling); },
+           [=] { cpu::rope_tables(cos, sin, t, d, offset, theta, scaling); });
 }
 
 namespace {

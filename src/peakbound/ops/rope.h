@@ -11,14 +11,16 @@
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/device/device.h"
+#include "peakbound/model/rope_scaling.h"
 
 namespace peakbound::ops {
 
 // Elements in each of the cos and sin tables: T * D / 2.
 std::int64_t rope_table_elems(std::int64_t t, std::int64_t d);
 
+// With YaRN (model/rope_scaling.h): its frequencies and cos/sin factor.
 void rope_tables(Device& dev, Stream& s, float* cos, float* sin, std::int64_t t, std::int64_t d,
-                 std::int64_t offset, double theta);
+                 std::int64_t offset, double theta, const RopeScaling& scaling = {});
 
 // q [T, Hq, D] and k [T, Hkv, D] rotated by +angle. Either may be null with 0 heads.
 void rope_forward(Device& dev, Stream& s, float* q, float* k, const float* cos, const float* sin,

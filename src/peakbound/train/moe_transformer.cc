@@ -149,6 +149,7 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
   ac.kv_heads = c.num_kv_heads;
   ac.head_dim = c.head_dim;
   ac.rope_theta = c.rope_theta;
+  ac.rope_scaling = c.rope_scaling;
   ac.rms_eps = static_cast<float>(c.rms_norm_eps);
   ac.qk_norm = c.qk_norm;
   ac.seq_len = S;

@@ -18,15 +18,16 @@ void rope_check(std::int64_t t, std::int64_t d, std::int64_t offset, double thet
 }
 
 void rope_tables(float* cos, float* sin, std::int64_t t, std::int64_t d, std::int64_t offset,
-                 double theta) {
+                 double theta, const RopeScaling& scaling) {
   rope_check(t, d, offset, theta);
   const std::int64_t half = d / 2;
+  const double a = scaling.yarn ? scaling.attention_factor : 1.0;
   for (std::int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -static_cast<double>(2 * i) / static_cast<double>(d));
+    const double inv_freq = rope_inv_freq(theta, scaling, i, d);
     for (std::int64_t p = 0; p < t; ++p) {
       const double angle = static_cast<double>(offset + p) * inv_freq;
-      cos[p * half + i] = static_cast<float>(std::cos(angle));
-      sin[p * half + i] = static_cast<float>(std::sin(angle));
+      cos[p * half + i] = static_cast<float>(std::cos(angle) * a);
+      sin[p * half + i] = static_cast<float>(std::sin(angle) * a);
     }
   }
 }

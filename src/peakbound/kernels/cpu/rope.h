@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "peakbound/core/dtype.h"
+#include "peakbound/model/rope_scaling.h"
 
 namespace peakbound::cpu {
 
@@ -26,9 +27,11 @@ void rope_check(std::int64_t t, std::int64_t d, std::int64_t offset, double thet
 // WRITES cos [T, D/2] and sin [T, D/2] for positions offset .. offset + T - 1. The
 // inverse frequency, the angle, cos and sin are computed in double and rounded to
 // float once at the end (transformers computes the angle in float32, whose rounding
-// grows with the position: ~position * 2^-24 radians).
+// grows with the position: ~position * 2^-24 radians). With YaRN (model/rope_scaling.h)
+// the inverse frequencies are YaRN's and cos and sin are multiplied by its
+// attention_factor before the rounding.
 void rope_tables(float* cos, float* sin, std::int64_t t, std::int64_t d, std::int64_t offset,
-                 double theta);
+                 double theta, const RopeScaling& scaling = {});
 
 // x [T, heads, D] rotated IN PLACE by +angle (forward) or -angle (backward: x is the
 // gradient of the forward's output and becomes the gradient of its input).

@@ -20,14 +20,15 @@ template <> __device__ inline bf16 stored<bf16>(float x) {
 }
 
 __global__ void rope_tables_k(float* cos_t, float* sin_t, std::int64_t t, std::int64_t d, std::int64_t offset,
-                              double theta) {
+                              double theta, RopeScaling scaling) {
   const std::int64_t half = d / 2;
+  const double a = scaling.yarn ? scaling.attention_factor : 1.0;
   for (std::int64_t e = first_index(); e < t * half; e += grid_stride()) {
     const std::int64_t p = e / half, i = e % half;
-    const double inv_freq = pow(theta, -static_cast<double>(2 * i) / static_cast<double>(d));
+    const double inv_freq = rope_inv_freq(theta, scaling, i, d);
     const double angle = static_cast<double>(offset + p) * inv_freq;
-    cos_t[e] = static_cast<float>(cos(angle));
-    sin_t[e] = static_cast<float>(sin(angle));
+    cos_t[e] = static_cast<float>(cos(angle) * a);
+    sin_t[e] = static_cast<float>(sin(angle) * a);
   }
 }
 
@@ -133,9 +134,9 @@ void gate_backward(void* s, S* dx, S* dz, const S* dout, const S* x, const float
 }  // namespace
 
 void rope_tables(void* s, float* cos_t, float* sin_t, std::int64_t t, std::int64_t d, std::int64_t offset,
-                 double theta) {
+                 double theta, const RopeScaling& scaling) {
   if (t <= 0) return;
-  rope_tables_k<<<blocks_for(t * (d / 2)), kThreads, 0, native(s)>>>(cos_t, sin_t, t, d, offset, theta);
+  rope_tables_k<<<blocks_for(t * (d / 2)), kThreads, 0, native(s)>>>(cos_t, sin_t, t, d, offset, theta, scaling);
   check_launch("rope_tables");
 }
 

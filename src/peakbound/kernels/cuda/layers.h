@@ -21,11 +21,12 @@
 #include <cstdint>
 
 #include "peakbound/core/dtype.h"
+#include "peakbound/model/rope_scaling.h"
 
 namespace peakbound::cuda {
 
 void rope_tables(void* stream, float* cos, float* sin, std::int64_t t, std::int64_t d, std::int64_t offset,
-                 double theta);
+                 double theta, const RopeScaling& scaling);
 void rope_rotate(void* stream, float* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
                  std::int64_t d, float sign);
 void rope_rotate(void* stream, bf16* x, const float* cos, const float* sin, std::int64_t t, std::int64_t heads,
