@@ -25,6 +25,9 @@ namespace peakbound {
 // 0 for a dtype this reader does not know.
 std::size_t safetensors_dtype_size(std::string_view dtype);
 
+// A tensor shape as errors print it: "[2, 3, 4]" ("[]" for a scalar).
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
 struct SafeTensorInfo {
   std::string name;
   std::string dtype;

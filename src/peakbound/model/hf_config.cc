@@ -335,7 +335,6 @@ void read_rope_scaling(const json& config, const HfFields& r, ModelConfig& c) {
     y.attention_factor = yarn_get_mscale(factor);
 }
 
-
 // The training fields: norm epsilon, the aux-loss coefficient (counted only when
 // output_router_logits is true, as transformers does), the init scale. Defaults are
 // transformers' (Mixtral's eps 1e-5, the others 1e-6; aux coefficient 0.001).

@@ -50,6 +50,9 @@ inline double yarn_get_mscale(double scale, double mscale = 1.0) {
   return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
 }
 
+// What cos and sin are multiplied by: YaRN's attention_factor, else 1.
+PB_ROPE_HOST_DEVICE inline double rope_table_factor(const RopeScaling& s) { return s.yarn ? s.attention_factor : 1.0; }
+
 // inv_freq[i] for the rotary dimension d (even), in double.
 PB_ROPE_HOST_DEVICE inline double rope_inv_freq(double theta, const RopeScaling& s, std::int64_t i, std::int64_t d) {
   const double extrapolation = pow(theta, -static_cast<double>(2 * i) / static_cast<double>(d));

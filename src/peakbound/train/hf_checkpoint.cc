@@ -26,12 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
@@ -161,14 +155,14 @@ HfFiles open_checked(const std::string& dir, const TensorTable& table) {
     if (it == where.end()) {
       std::string looked = files[0].path();
       if (files.size() > 1) looked = std::to_string(files.size()) + " shards of " + dir;
-      throw InvalidArgument(looked + ": missing tensor '" + e.name + "' " + shape_str(e.shape) + " that model '" +
+      throw InvalidArgument(looked + ": missing tensor '" + e.name + "' " + shape_text(e.shape) + " that model '" +
                             table.config().name + "' (" + table.config().family + ") needs");
     }
     const SafeTensorsFile& f = files[it->second];
     const SafeTensorInfo& t = f.info(e.name);
     if (t.shape != e.shape)
-      throw InvalidArgument(f.path() + ": tensor '" + e.name + "' has shape " + shape_str(t.shape) +
-                            ", config.json implies " + shape_str(e.shape));
+      throw InvalidArgument(f.path() + ": tensor '" + e.name + "' has shape " + shape_text(t.shape) +
+                            ", config.json implies " + shape_text(e.shape));
     if (!convertible(t.dtype))
       throw InvalidArgument(f.path() + ": tensor '" + e.name + "' is " + t.dtype +
                             "; weights must be F32, BF16, F16 or F64");
@@ -176,7 +170,7 @@ HfFiles open_checked(const std::string& dir, const TensorTable& table) {
   for (const SafeTensorsFile& f : files)
     for (const SafeTensorInfo& t : f.tensors())
       if (!known.count(t.name) && !hf_ignored_tensor(table.config(), t.name))
-        throw InvalidArgument(f.path() + ": unknown tensor '" + t.name + "' " + shape_str(t.shape) + ": model '" +
+        throw InvalidArgument(f.path() + ": unknown tensor '" + t.name + "' " + shape_text(t.shape) + ": model '" +
                               table.config().name + "' (" + table.config().family + ") has no such parameter");
   return h;
 }

@@ -7,6 +7,12 @@
 
 namespace peakbound::cpu {
 
+void top_k_descending(std::int32_t* order, const float* v, std::int64_t n, std::int64_t k) {
+  std::iota(order, order + n, 0);
+  std::partial_sort(order, order + k, order + n,
+                    [v](std::int32_t a, std::int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
+}
+
 void moe_router_forward(float* probs, std::int32_t* ids, float* weights, const float* logits, std::int64_t T,
                         std::int64_t E, std::int64_t K, bool norm_topk_prob) {
   std::vector<std::int32_t> order(static_cast<std::size_t>(E));
@@ -24,12 +30,7 @@ void moe_router_forward(float* probs, std::int32_t* ids, float* weights, const f
     const float inv = static_cast<float>(1.0 / sum);
     for (std::int64_t e = 0; e < E; ++e) p[e] *= inv;
 
-    // Top-k: descending prob, ties to the lower index (a strict total order, so the
-    // selection does not depend on the sort's implementation).
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [p](std::int32_t a, std::int32_t b) {
-      return p[a] > p[b] || (p[a] == p[b] && a < b);
-    });
+    top_k_descending(order.data(), p, E, K);  // descending prob, ties to the lower index
     std::int32_t* id = ids + t * K;
     float* w = weights + t * K;
     double selected = 0.0;

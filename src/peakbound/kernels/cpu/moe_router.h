@@ -19,6 +19,12 @@
 
 namespace peakbound::cpu {
 
+// The routers' top-k order (this softmax router's and moe_router_sigmoid.h's): WRITES
+// order[0..k) with the indices of the k largest of v[0..n), in descending order of value,
+// ties to the LOWER index first (a strict total order, so the selection does not depend on
+// the sort's implementation). order holds n entries; 0 <= k <= n.
+void top_k_descending(std::int32_t* order, const float* v, std::int64_t n, std::int64_t k);
+
 // logits [T, E] -> probs [T, E], ids [T, K] int32, weights [T, K], all WRITTEN. probs may
 // alias logits (each row is read before it is written).
 void moe_router_forward(float* probs, std::int32_t* ids, float* weights, const float* logits, std::int64_t T,

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/moe_router.h"
 
 namespace peakbound::cpu {
 
@@ -32,10 +32,7 @@ void moe_router_sigmoid_forward(float* scores, std::int32_t* ids, float* weights
   const float kOut = -std::numeric_limits<float>::infinity();
   std::vector<float> choice(static_cast<std::size_t>(E)), group(static_cast<std::size_t>(G));
   std::vector<std::int32_t> order(static_cast<std::size_t>(std::max(E, G)));
-  // A strict total order: descending value, ties to the lower index.
-  auto by = [](const float* v) {
-    return [v](std::int32_t a, std::int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
-  };
+  std::vector<bool> kept(static_cast<std::size_t>(G));
   for (std::int64_t t = 0; t < T; ++t) {
     const float* l = logits + t * E;
     float* s = scores + t * E;
@@ -57,14 +54,12 @@ void moe_router_sigmoid_forward(float* scores, std::int32_t* ids, float* weights
       }
       group[static_cast<std::size_t>(g)] = a + b;
     }
-    std::iota(order.begin(), order.begin() + G, 0);
-    std::partial_sort(order.begin(), order.begin() + r.topk_group, order.begin() + G, by(group.data()));
-    std::vector<bool> kept(static_cast<std::size_t>(G), false);
+    top_k_descending(order.data(), group.data(), G, r.topk_group);
+    std::fill(kept.begin(), kept.end(), false);
     for (std::int64_t g = 0; g < r.topk_group; ++g) kept[static_cast<std::size_t>(order[static_cast<std::size_t>(g)])] = true;
     for (std::int64_t e = 0; e < E; ++e)
       if (!kept[static_cast<std::size_t>(e / per)]) choice[static_cast<std::size_t>(e)] = kOut;
-    std::iota(order.begin(), order.begin() + E, 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.begin() + E, by(choice.data()));
+    top_k_descending(order.data(), choice.data(), E, K);
     std::int32_t* id = ids + t * K;
     float* w = weights + t * K;
     float sum = 0.0f;

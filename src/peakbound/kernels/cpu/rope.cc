@@ -21,7 +21,7 @@ void rope_tables(float* cos, float* sin, std::int64_t t, std::int64_t d, std::in
                  double theta, const RopeScaling& scaling) {
   rope_check(t, d, offset, theta);
   const std::int64_t half = d / 2;
-  const double a = scaling.yarn ? scaling.attention_factor : 1.0;
+  const double a = rope_table_factor(scaling);
   for (std::int64_t i = 0; i < half; ++i) {
     const double inv_freq = rope_inv_freq(theta, scaling, i, d);
     for (std::int64_t p = 0; p < t; ++p) {

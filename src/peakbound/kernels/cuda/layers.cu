@@ -22,7 +22,7 @@ template <> __device__ inline bf16 stored<bf16>(float x) {
 __global__ void rope_tables_k(float* cos_t, float* sin_t, std::int64_t t, std::int64_t d, std::int64_t offset,
                               double theta, RopeScaling scaling) {
   const std::int64_t half = d / 2;
-  const double a = scaling.yarn ? scaling.attention_factor : 1.0;
+  const double a = rope_table_factor(scaling);
   for (std::int64_t e = first_index(); e < t * half; e += grid_stride()) {
     const std::int64_t p = e / half, i = e % half;
     const double inv_freq = rope_inv_freq(theta, scaling, i, d);
