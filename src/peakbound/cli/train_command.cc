@@ -68,9 +68,13 @@ void print(const std::string& text) {
 }
 
 int run_train(const TrainFlags& f) {
+  // Before anything slow or collective: under mpirun a rank still building its model
+  // (or still in MPI's start-up) when the forwarded SIGUSR1 arrives would otherwise die
+  // of it while its peers stop gracefully. A signal during the start-up stops the run
+  // at step 1's first micro-batch boundary.
+  install_stop_signals();
   Run run(f.run, print, [] { return static_cast<std::int64_t>(g_stop_signal); });
   if (run.done()) return 0;  // a resume at or past --steps: nothing to train
-  install_stop_signals();
   const bool lead = run.world().rank() == 0;
   // One line refreshed in place on a terminal; under mpirun the launcher hands every
   // rank a pseudo-terminal even when the job's output goes to a file, so plain lines.
