@@ -16,6 +16,15 @@ transformers code it stands for before a model uses it. This writes, in f32 on t
                               [T, Hkv, D], sinks [Hq], causal (case `full`) and with a
                               sliding window of 7 keys (case `window7`), and autograd's
                               gradients of sum(out * dout); token-major as peakbound's kernels
+    layer.<case>.{x, dy, y, dx}
+    layer.<case>.<name> / layer.<case>.grad.<name>
+                              the attention sublayer as the decoder layer runs it:
+                              y = x + GptOssAttention(input_layernorm(x)) with its rotary
+                              embedding (the config's YaRN), eager attention, every parameter
+                              seeded (q/k/v/o biases, sinks, nonzero), x [T, H] one sequence;
+                              case `full` (full_attention) and `sliding` (sliding_attention,
+                              sliding_window 5); <name> is the HF name under
+                              model.layers.0 (input_layernorm.weight, self_attn.q_proj.bias...)
   reference.json              versions, alpha and limit, the attention shapes
 
 Run from the repository root with the virtual environment of requirements.txt:
@@ -66,6 +75,50 @@ def attention_case(g, window):
             "dv": v.grad, "dsinks": sinks.grad}
 
 
+LAYER = dict(T=29, H=24, Hq=4, Hkv=2, D=8, sliding_window=5)
+
+
+def layer_case(g, layer_type):
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention, GptOssRMSNorm, GptOssRotaryEmbedding
+    L = LAYER
+    cfg = GptOssConfig(hidden_size=L["H"], num_attention_heads=L["Hq"], num_key_value_heads=L["Hkv"],
+                       head_dim=L["D"], num_hidden_layers=1, sliding_window=L["sliding_window"],
+                       layer_types=[layer_type], num_local_experts=2, intermediate_size=8)
+    cfg._attn_implementation = "eager"
+    attn = GptOssAttention(cfg, 0).float()
+    norm = GptOssRMSNorm(L["H"], eps=cfg.rms_norm_eps)
+    rope = GptOssRotaryEmbedding(cfg)
+    params = {"input_layernorm.weight": norm.weight}
+    for n, t in attn.named_parameters():
+        params["self_attn." + n] = t
+    with torch.no_grad():
+        for n, t in params.items():
+            if n.endswith("layernorm.weight"):
+                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
+            elif n.endswith("weight"):
+                t.copy_(torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
+            else:  # biases and sinks
+                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    T = L["T"]
+    x = torch.randn(1, T, L["H"], generator=g).requires_grad_(True)
+    pos = torch.arange(T)[None]
+    cos, sin = rope(x, pos)
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    W = L["sliding_window"] if layer_type == "sliding_attention" else 0
+    visible = (j <= i) & ((i - j < W) if W > 0 else torch.ones(T, T, dtype=torch.bool))
+    mask = torch.zeros(T, T).masked_fill(~visible, torch.finfo(torch.float32).min)[None, None]
+    o, _ = attn(hidden_states=norm(x), position_embeddings=(cos, sin), attention_mask=mask)
+    y = x + o
+    dy = torch.randn(y.shape, generator=g)
+    (y * dy).sum().backward()
+    out = {"x": x[0], "dy": dy[0], "y": y[0], "dx": x.grad[0]}
+    for n, t in params.items():
+        out[n] = t
+        out["grad." + n] = t.grad
+    return out, float(rope.attention_scaling)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root (default %(default)s)")
@@ -86,6 +139,11 @@ def main():
     for case, window in WINDOWS.items():
         for name, t in attention_case(g, window).items():
             tensors[f"attention.{case}.{name}"] = t.detach()
+    layer_scaling = None
+    for case, layer_type in {"full": "full_attention", "sliding": "sliding_attention"}.items():
+        tensors_case, layer_scaling = layer_case(g, layer_type)
+        for name, t in tensors_case.items():
+            tensors[f"layer.{case}.{name}"] = t.detach()
     d = os.path.join(a.out, "gpt_oss_parts")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "gpt_oss_parts.safetensors")
@@ -95,7 +153,8 @@ def main():
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "python": platform.python_version(), "seed": SEED, "T": T, "I": I,
                    "swiglu_alpha": experts.alpha, "swiglu_limit": experts.limit, "attention": ATT,
-                   "attention_windows": WINDOWS,
+                   "attention_windows": WINDOWS, "layer": LAYER,
+                   "layer_rope": GptOssConfig().rope_parameters, "layer_attention_scaling": layer_scaling,
                    "module": "transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts._apply_gate"}, f, indent=1)
         f.write("\n")
     print(json.dumps({"out": d}))

@@ -1,6 +1,6 @@
 // The attention sublayer under context parallelism (cp = every group size dividing the
 // world, groups of consecutive ranks) against the same layer at cp = 1 on the whole
-// sequences, in both precisions: each rank runs its zigzag shard of each of B sequences
+// sequences, in both precisions, with and without gpt-oss's biases, sinks and windows: each rank runs its zigzag shard of each of B sequences
 // (ring attention inside), and its y and dx rows must be the cp = 1 layer's at the
 // shard's positions, its parameter gradients summed over the group the cp = 1 layer's.
 // f32: within 1e-5 of max|ref| (only fp32 summation order differs). bf16: y, dx within
@@ -38,10 +38,15 @@ using testing::world;
 struct Case {
   std::int64_t B, S, H, Hq, Hkv, D;
   bool qk_norm;
+  bool gpt_oss = false;     // q/k/v/o biases and sinks
+  std::int64_t window = 0;  // sliding window (keys)
 };
 
 AttentionLayerConfig config_of(const Case& c, Precision p) {
-  return attention_test::config(c.H, c.Hq, c.Hkv, c.D, c.qk_norm, c.S, p);
+  AttentionLayerConfig cfg = attention_test::config(c.H, c.Hq, c.Hkv, c.D, c.qk_norm, c.S, p);
+  cfg.qkv_bias = cfg.out_bias = cfg.sinks = c.gpt_oss;
+  cfg.window = c.window;
+  return cfg;
 }
 
 // One forward and one backward of this rank's rows `x`, `dy` (B sequences of its shard)
@@ -87,10 +92,14 @@ void run_group(Communicator& g, Precision p) {
   const int cp = g.size();
   const bool bf = p == Precision::bf16;
   double worst = 0, worst_cos = 1;
+  // The last three: gpt-oss's attention (biases, sinks) with windows that end inside a
+  // zigzag chunk, span several, or cover the whole sequence.
   for (const Case& c : {Case{2, 37, 40, 4, 2, 16, true}, Case{1, 2 * cp + 1, 24, 6, 1, 8, false},
-                        Case{1, 601, 32, 4, 2, 16, true}}) {
+                        Case{1, 601, 32, 4, 2, 16, true}, Case{2, 37, 24, 4, 2, 8, false, true, 5},
+                        Case{1, 301, 32, 4, 2, 16, false, true, 64}, Case{1, 23, 24, 4, 4, 8, false, true, 0}}) {
     SCOPED_TRACE("cp=" + std::to_string(cp) + " " + std::string(precision_name(p)) + " B=" + std::to_string(c.B) +
-                 " S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv));
+                 " S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
+                 " gpt_oss=" + std::to_string(c.gpt_oss) + " window=" + std::to_string(c.window));
     std::mt19937 rng(static_cast<std::uint32_t>(c.S * 5 + c.H));
     const std::vector<Vec> params = attention_test::draw_params(config_of(c, p), rng);
     const Vec x = draw(c.B * c.S * c.H, rng, 0.0, 1.0), dy = draw(c.B * c.S * c.H, rng, 0.0, 1.0);

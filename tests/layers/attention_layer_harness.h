@@ -63,21 +63,43 @@ inline AttentionLayerConfig config(std::int64_t H, std::int64_t Hq, std::int64_t
   return cfg;
 }
 
-// The parameters' shapes in AttentionLayer::parameters() order (q_norm, k_norm with qk_norm).
-inline std::vector<Shape> param_shapes(const AttentionLayerConfig& c) {
+// The tensors of AttentionLayerTensors in AttentionLayer::parameters() order, each with its
+// shape, for the config's optional parts (q_norm, k_norm with qk_norm; bq, bk, bv with
+// qkv_bias; bo with out_bias; sinks with sinks).
+struct ParamSlot {
+  Tensor AttentionLayerTensors::*member;
+  Shape shape;
+  bool norm;  // an RMSNorm weight (drawn around 1)
+};
+inline std::vector<ParamSlot> param_slots(const AttentionLayerConfig& c) {
   const std::int64_t H = c.hidden, D = c.head_dim, Q = c.q_heads * D, K = c.kv_heads * D;
-  std::vector<Shape> s = {Shape{H}, Shape{Q, H}, Shape{K, H}, Shape{K, H}, Shape{H, Q}};
-  if (c.qk_norm) s.insert(s.end(), {Shape{D}, Shape{D}});
+  using T = AttentionLayerTensors;
+  std::vector<ParamSlot> s = {{&T::w_in, Shape{H}, true},
+                              {&T::wq, Shape{Q, H}, false},
+                              {&T::wk, Shape{K, H}, false},
+                              {&T::wv, Shape{K, H}, false},
+                              {&T::wo, Shape{H, Q}, false}};
+  if (c.qk_norm) s.insert(s.end(), {{&T::q_norm, Shape{D}, true}, {&T::k_norm, Shape{D}, true}});
+  if (c.qkv_bias) s.insert(s.end(), {{&T::bq, Shape{Q}, false}, {&T::bk, Shape{K}, false}, {&T::bv, Shape{K}, false}});
+  if (c.out_bias) s.push_back({&T::bo, Shape{H}, false});
+  if (c.sinks) s.push_back({&T::sinks, Shape{c.q_heads}, false});
+  return s;
+}
+
+inline std::vector<Shape> param_shapes(const AttentionLayerConfig& c) {
+  std::vector<Shape> s;
+  for (const ParamSlot& p : param_slots(c)) s.push_back(p.shape);
   return s;
 }
 
 // The parameters drawn in that order: norm weights around 1, projections at nn.Linear's
-// scale 1 / sqrt(fan_in).
+// scale 1 / sqrt(fan_in), biases and sinks N(0, 0.5).
 inline std::vector<Vec> draw_params(const AttentionLayerConfig& c, std::mt19937& rng) {
   std::vector<Vec> params;
-  for (const Shape& s : param_shapes(c)) {
-    const bool norm = s.ndim() == 1;
-    params.push_back(draw(s.numel(), rng, norm ? 1.0 : 0.0, norm ? 0.1 : 1.0 / std::sqrt(double(s[1]))));
+  for (const ParamSlot& p : param_slots(c)) {
+    const Shape& s = p.shape;
+    params.push_back(draw(s.numel(), rng, p.norm ? 1.0 : 0.0,
+                          p.norm ? 0.1 : s.ndim() == 1 ? 0.5 : 1.0 / std::sqrt(double(s[1]))));
   }
   return params;
 }
@@ -97,14 +119,13 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   CpuDevice dev(256ull << 20);
   std::vector<Buffer> pb, gb;
   AttentionLayerTensors pt, gt;
-  Tensor* ps[] = {&pt.w_in, &pt.wq, &pt.wk, &pt.wv, &pt.wo, &pt.q_norm, &pt.k_norm};
-  Tensor* gs[] = {&gt.w_in, &gt.wq, &gt.wk, &gt.wv, &gt.wo, &gt.q_norm, &gt.k_norm};
+  const std::vector<ParamSlot> slots = param_slots(cfg);
   const std::vector<Shape> shapes = param_shapes(cfg);
   for (std::size_t i = 0; i < shapes.size(); ++i) {
     pb.push_back(upload(dev, Component::params, params[i], w));
     gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
-    *ps[i] = pb.back().tensor(shapes[i], w);
-    *gs[i] = gb.back().tensor(shapes[i], DType::f32);
+    pt.*slots[i].member = pb.back().tensor(shapes[i], w);
+    gt.*slots[i].member = gb.back().tensor(shapes[i], DType::f32);
   }
   AttentionLayer layer(dev, cfg, pt, gt);
   if (g) layer.set_cp_group(g);

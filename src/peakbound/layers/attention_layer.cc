@@ -37,6 +37,7 @@ AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   d.qk_dim = c.head_dim;
   d.v_dim = c.head_dim;
   d.scale = 0.0f;  // 1 / sqrt(D), transformers' self.scaling = head_dim ** -0.5
+  d.window = c.window;
   return d;
 }
 
@@ -70,6 +71,7 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (!(c.rope_theta > 0.0)) bad("rope_theta must be positive (got " + std::to_string(c.rope_theta) + ")");
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
+  if (c.window < 0) bad("window must be >= 0 (got " + std::to_string(c.window) + ")");
   if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
         std::to_string(c.cp_rank) + ")");
@@ -145,6 +147,9 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.tile = linear_tile_spec(T, std::max({c.hidden, c.q_heads * c.head_dim, c.kv_heads * c.head_dim}), c.precision, kC);
   b.o32 = b.dq32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), q)), kF32);
   b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), mul(2, kv))), kF32);
+  const u64 sinks = c.sinks && T > 0 ? 1 : 0;
+  b.sinks32 = buffer_spec(kC, mul(sinks, U(c.q_heads)), kF32);
+  b.sink_row_dot = buffer_spec(kC, mul(sinks, mul(U(S), U(c.q_heads))), kF32);
   return b;
 }
 
@@ -162,11 +167,11 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   for (const char* phase : {"forward", "backward"}) {
     const bool bwd = phase[0] == 'b';
     for (const BufferSpec& s : {b.h, b.rstd, b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos,
-                                b.rope_sin, b.o, b.lse, b.tile, b.o32})
+                                b.rope_sin, b.o, b.lse, b.tile, b.o32, b.sinks32})
       f.device(phase, s);
     f.device(phase, bwd ? b.workspace_backward : b.workspace_forward);
     if (bwd)
-      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv, b.dq32, b.dkv32}) f.device(phase, s);
+      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv, b.dq32, b.dkv32, b.sink_row_dot}) f.device(phase, s);
   }
   // Ring attention's internals, live inside the kernel call of each phase.
   if (T > 0 && c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
@@ -194,6 +199,13 @@ AttentionLayer::AttentionLayer(Device& dev, const AttentionLayerConfig& config, 
       expect(t->q_norm, Shape{D}, "q_norm", which);
       expect(t->k_norm, Shape{D}, "k_norm", which);
     }
+    if (cfg_.qkv_bias) {
+      expect(t->bq, Shape{Q}, "bq", which);
+      expect(t->bk, Shape{K}, "bk", which);
+      expect(t->bv, Shape{K}, "bv", which);
+    }
+    if (cfg_.out_bias) expect(t->bo, Shape{H}, "bo", which);
+    if (cfg_.sinks) expect(t->sinks, Shape{cfg_.q_heads}, "sinks", which);
   }
 }
 
@@ -238,16 +250,22 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
   const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * K;
   A* o = in.o.as<A>() + b * Q;
   float* lse = in.lse.as<float>() + b * Hq;
+  // The sinks join the finished rows' fp32 state (the kernel's or the ring's out and lse).
+  const auto sink = [&](float* out, float* l, std::int64_t rows) {
+    if (cfg_.sinks) ops::attention_sinks_forward(dev_, s, out, l, in.sinks32.as<float>(), rows, Hq, cfg_.head_dim);
+  };
   if constexpr (std::is_same_v<A, float>) {
     if (cfg_.cp == 1)
       ops::attention_forward(dev_, s, o, lse, q, k, v, dims_of(S, cfg_), in.ws.as<float>());
     else
       ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o, lse, q, k, v);
+    sink(o, lse, S);
   } else {
     // fp32 out of up to R query rows at a time, narrowed once into o.
     float* o32 = in.o32.as<float>();
     if (cfg_.cp > 1) {
       ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o32, lse, q, k, v);
+      sink(o32, lse, S);
       ops::convert(dev_, s, o, o32, S * Q);
       return;
     }
@@ -256,6 +274,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
       const std::int64_t n = std::min(R, S - r);
       ops::attention_forward(dev_, s, o32, lse + r * Hq, q + r * Q, k, v, chunk_dims(n, r, cfg_, false),
                              in.ws.as<float>());
+      sink(o32, lse + r * Hq, n);
       ops::convert(dev_, s, o + r * Q, o32, n * Q);
     }
   }
@@ -321,6 +340,7 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   in.ws = allocate(dev_, for_backward ? b.workspace_backward : b.workspace_forward);
   in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
   in.o32 = allocate(dev_, b.o32);
+  in.sinks32 = allocate(dev_, b.sinks32);  // sinks only (else null)
 
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
@@ -332,19 +352,31 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   // backward reads) and the norm writes q / k; without, they land in q / k directly.
   A* qp = cfg_.qk_norm ? in.q_pre.as<A>() : in.q.as<A>();
   A* kp = cfg_.qk_norm ? in.k_pre.as<A>() : in.k.as<A>();
-  const auto project = [&](const Tensor& w, std::int64_t n, A* out) {  // out [T, n] = h W^T
+  // out [T, n] = h W^T (+ bias: the zeroed output takes the bias, then the product adds).
+  const auto project = [&](const Tensor& w, const Tensor& bias, std::int64_t n, A* out) {
+    const bool biased = cfg_.qkv_bias;
+    if (biased) {
+      ops::fill(dev_, s, out, T * n, 0.0f);
+      ops::add_bias(dev_, s, out, bias.data<A>(), T, n);
+    }
     linear(dev_, s, T, n, {{.a = h, .lda = H, .b = w.data<A>(), .ldb = H, .k = H, .trans_b = true}}, out, n,
-           LinearMode::write, tile);
+           biased ? LinearMode::add : LinearMode::write, tile);
   };
-  project(p_.wq, Q, qp);
-  project(p_.wk, K, kp);
-  project(p_.wv, K, in.v.as<A>());
+  project(p_.wq, p_.bq, Q, qp);
+  project(p_.wk, p_.bk, K, kp);
+  project(p_.wv, p_.bv, K, in.v.as<A>());
   if (cfg_.qk_norm) {
     // [T, Hq, D] viewed as T*Hq rows of D: RMSNorm over each head's vector.
     ops::rmsnorm_forward(dev_, s, in.q.as<A>(), in.q_rstd.as<float>(), qp, p_.q_norm.data<A>(), T * Hq, D,
                          cfg_.rms_eps);
     ops::rmsnorm_forward(dev_, s, in.k.as<A>(), in.k_rstd.as<float>(), kp, p_.k_norm.data<A>(), T * Hkv, D,
                          cfg_.rms_eps);
+  }
+  if (cfg_.sinks) {
+    if constexpr (std::is_same_v<A, float>)
+      dev_.memcpy_async(in.sinks32.data(), p_.sinks.raw(), p_.sinks.nbytes(), CopyKind::device_to_device, s);
+    else
+      ops::convert(dev_, s, in.sinks32.as<float>(), p_.sinks.data<A>(), Hq);
   }
   const std::int64_t S = sequence_length(T, cfg_);
   rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
@@ -374,6 +406,7 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y) {
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   const std::int64_t H = cfg_.hidden, Q = cfg_.q_heads * cfg_.head_dim;
   dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+  if (cfg_.out_bias) ops::add_bias(dev_, s, y.data<A>(), p_.bo.data<A>(), T, H);
   linear(dev_, s, T, H, {{.a = in.o.as<A>(), .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}},
          y.data<A>(), H, LinearMode::add, in.tile.as<float>());
   // The internals are freed on return: whatever reuses their memory next is ordered
@@ -401,6 +434,7 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
   Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)
+  Buffer row_dot = allocate(dev_, b.sink_row_dot);                          // sinks only (else null)
 
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = Hq * D, K = Hkv * D;
@@ -408,14 +442,21 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   A *dqp = dq.as<A>(), *dkp = dk.as<A>(), *dvp = dv.as<A>();
   float* tile = in.tile.as<float>();
 
-  // o_proj: dWo += dy^T o [H, Q]; d_o = dy Wo [T, Q].
+  // o_proj: dWo += dy^T o [H, Q] (dbo += colsum dy); d_o = dy Wo [T, Q].
   add_weight_grad(dev_, s, H, Q, T, dyp, in.o.as<A>(), g_.wo.data<float>());
+  if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dyp, T, H);
   linear(dev_, s, T, Q, {{.a = dyp, .lda = H, .b = p_.wo.data<A>(), .ldb = Q, .k = H, .trans_b = false}},
          d_o.as<A>(), Q, LinearMode::write, tile);
   // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place,
   // sequence by sequence (the workspace is one sequence's).
   const std::int64_t S = sequence_length(T, cfg_);
   for (std::int64_t b = 0; b < T; b += S) {
+    if (cfg_.sinks) {  // dsinks from the merged lse and rowsum(d_o * o) of this sequence
+      ops::attention_row_dot(dev_, s, row_dot.as<float>(), d_o.as<A>() + b * Q, in.o.as<A>() + b * Q,
+                             dims_of(S, cfg_));
+      ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b * Hq,
+                                    row_dot.as<float>(), in.sinks32.as<float>(), S, Hq);
+    }
     attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>());
     ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
   }
@@ -433,6 +474,11 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   }
   // Projections: dW += d^T h, then dh = dq Wq + dk Wk + dv Wv into h's buffer (h is
   // read for the last time by the weight gradients, on the same stream, before).
+  if (cfg_.qkv_bias) {
+    ops::add_column_sums(dev_, s, g_.bq.data<float>(), dqp, T, Q);
+    ops::add_column_sums(dev_, s, g_.bk.data<float>(), dkp, T, K);
+    ops::add_column_sums(dev_, s, g_.bv.data<float>(), dvp, T, K);
+  }
   add_weight_grad(dev_, s, Q, H, T, dqp, h, g_.wq.data<float>());
   add_weight_grad(dev_, s, K, H, T, dkp, h, g_.wk.data<float>());
   add_weight_grad(dev_, s, K, H, T, dvp, h, g_.wv.data<float>());
@@ -458,6 +504,13 @@ std::vector<Parameter> AttentionLayer::parameters() const {
     out.push_back({"q_norm.weight", p_.q_norm, g_.q_norm});
     out.push_back({"k_norm.weight", p_.k_norm, g_.k_norm});
   }
+  if (cfg_.qkv_bias) {
+    out.push_back({"q_proj.bias", p_.bq, g_.bq});
+    out.push_back({"k_proj.bias", p_.bk, g_.bk});
+    out.push_back({"v_proj.bias", p_.bv, g_.bv});
+  }
+  if (cfg_.out_bias) out.push_back({"o_proj.bias", p_.bo, g_.bo});
+  if (cfg_.sinks) out.push_back({"sinks", p_.sinks, g_.sinks});
   return out;
 }
 

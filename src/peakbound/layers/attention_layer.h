@@ -1,13 +1,17 @@
-// AttentionLayer: the attention sublayer of a Qwen3-MoE / Mixtral decoder layer as
-// transformers computes it (Qwen3MoeAttention / MixtralAttention with the decoder
-// layer's pre-norm and residual), f32 or bf16 (config.precision), through ops:: on the
-// device's compute stream:
+// AttentionLayer: the attention sublayer of a Qwen3-MoE / Mixtral / gpt-oss decoder layer
+// as transformers computes it (Qwen3MoeAttention / MixtralAttention / GptOssAttention with
+// the decoder layer's pre-norm and residual), f32 or bf16 (config.precision), through ops::
+// on the device's compute stream:
 //   h = rmsnorm(x) * w_in                               (input_layernorm)
-//   q = h Wq^T [T, Hq*D], k = h Wk^T, v = h Wv^T [T, Hkv*D]   (nn.Linear, no bias)
+//   q = h Wq^T + bq [T, Hq*D], k = h Wk^T + bk, v = h Wv^T + bv [T, Hkv*D]
+//                                                       (nn.Linear; biases with qkv_bias)
 //   qk_norm (Qwen3): q, k = rmsnorm over each head's D * q_norm / k_norm, before RoPE
 //   q, k = rope(q, k, positions 0 .. T-1, theta)        (rotate_half)
-//   o = causal GQA attention(q, k, v), scale D^-0.5
-//   y = x + o Wo^T                                      (o_proj [H, Hq*D])
+//   o = causal GQA attention(q, k, v), scale D^-0.5, within `window` keys when window > 0,
+//       each head's sink logit in its softmax denominator with sinks (gpt-oss)
+//   y = x + bo + o Wo^T                                 (o_proj [H, Hq*D]; bo with out_bias)
+// A bias is added to the zeroed output before the product goes in (bf16: one rounding for
+// q, k, v), and the gradients are column sums of the upstream gradient.
 // A call takes T = B x S tokens: B whole sequences of seq_len S each, one after the
 // other (seq_len 0: the call is one sequence of T). Positions restart at 0 in every
 // sequence and no token attends across a sequence boundary; the projections run over
@@ -59,6 +63,14 @@ struct AttentionLayerConfig {
   RopeScaling rope_scaling;   // YaRN (model/rope_scaling.h); default: plain RoPE
   float rms_eps = 1e-6f;
   bool qk_norm = false;
+  // gpt-oss's attention: biases on q/k/v_proj and on o_proj, a learned sink logit per
+  // query head joining every softmax denominator (kernels/cpu/attention_sinks.h), and a
+  // sliding window of `window` keys including the query's own (transformers'
+  // sliding_window; 0: full causal). Biases and sinks have CPU kernels only so far.
+  bool qkv_bias = false;
+  bool out_bias = false;
+  bool sinks = false;
+  std::int64_t window = 0;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
@@ -77,9 +89,10 @@ void check_attention_layer_config(const AttentionLayerConfig& c);
 
 // Views of the parameters (param_dtype(precision)) or of their gradients (f32 always) on the layer's device, in
 // nn.Linear layout (out x in): w_in [H], wq [Hq*D, H], wk, wv [Hkv*D, H], wo [H, Hq*D],
-// q_norm, k_norm [D] (left empty without qk_norm).
+// q_norm, k_norm [D] (left empty without qk_norm), bq [Hq*D], bk, bv [Hkv*D] (qkv_bias),
+// bo [H] (out_bias), sinks [Hq] (sinks).
 struct AttentionLayerTensors {
-  Tensor w_in, wq, wk, wv, wo, q_norm, k_norm;
+  Tensor w_in, wq, wk, wv, wo, q_norm, k_norm, bq, bk, bv, bo, sinks;
 };
 
 // One call's internals on T tokens (component attention). Forward: h [T, H], rstd [T],
@@ -98,11 +111,15 @@ struct AttentionLayerTensors {
 // backward, which recomputes o); dq32 [R, Q] and dkv32 [S_r, 2 K] fp32 (backward). R =
 // min(S, kAttentionChunkRows) at cp = 1, S_r (the shard) under cp > 1. The workspaces are
 // sized for R rows and DType::bf16 under bf16.
+// Sinks only (else 0 bytes): sinks32 [Hq] f32, the sink logits widened (forward and
+// backward), and sink_row_dot [S_r, Hq] f32, one sequence's rowsum(d_o * o) for the sinks'
+// gradient (backward).
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   BufferSpec workspace_forward, workspace_backward;
   BufferSpec d_o, dq, dk, dv;
   BufferSpec tile, o32, dq32, dkv32;
+  BufferSpec sinks32, sink_row_dot;
 };
 // The specs of c.precision. The elem_bytes form sizes the activations at elem_bytes
 // (the planner's estimate; the bf16-only specs follow c.precision).
@@ -128,7 +145,8 @@ class AttentionLayer final : public Block {
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   // HF names under self_attn / input_layernorm: input_layernorm.weight,
   // q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight, then q_norm.weight,
-  // k_norm.weight with qk_norm.
+  // k_norm.weight with qk_norm, q_proj.bias, k_proj.bias, v_proj.bias with qkv_bias,
+  // o_proj.bias with out_bias, sinks with sinks.
   std::vector<Parameter> parameters() const override;
   void zero_grad() override;
 
@@ -142,7 +160,7 @@ class AttentionLayer final : public Block {
  private:
   // The forward's internals through o and lse, allocated under `attention`.
   struct Internals {
-    Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws, tile, o32;
+    Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws, tile, o32, sinks32;
   };
   // Written once for A = float | bf16 (the activation type); A = float makes the op
   // calls of the f32-only layer in its order.

@@ -1,6 +1,7 @@
 #include "peakbound/ops/attention.h"
 
 #include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/kernels/cpu/attention_sinks.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/kernels/cuda/attention.h"
 #include "peakbound/ops/backend.h"
@@ -75,6 +76,20 @@ void attention_row_dot(Device& dev, Stream& s, float* row_dot, const bf16* dout,
            [&] { check_attention_dims(dims); },
            [&](void* stream) { cuda::attention_row_dot(stream, row_dot, dout, out, dims); },
            [=] { cpu::attention_row_dot(row_dot, dout, out, dims); });
+}
+
+void attention_sinks_forward(Device& dev, Stream& s, float* out, float* lse, const float* sinks, std::int64_t T,
+                             std::int64_t Hq, std::int64_t Dv) {
+  dispatch(dev, s, "attention_sinks_forward", {out, lse, sinks},
+           [&](void*) { no_kernel(dev, "attention_sinks_forward"); },
+           [=] { cpu::attention_sinks_forward(out, lse, sinks, T, Hq, Dv); });
+}
+
+void attention_sinks_backward(Device& dev, Stream& s, float* dsinks, const float* lse, const float* row_dot,
+                              const float* sinks, std::int64_t T, std::int64_t Hq) {
+  dispatch(dev, s, "attention_sinks_backward", {dsinks, lse, row_dot, sinks},
+           [&](void*) { no_kernel(dev, "attention_sinks_backward"); },
+           [=] { cpu::attention_sinks_backward(dsinks, lse, row_dot, sinks, T, Hq); });
 }
 
 }  // namespace peakbound::ops

@@ -43,4 +43,13 @@ void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv,
 void attention_row_dot(Device& dev, Stream& s, float* row_dot, const bf16* dout, const bf16* out,
                        const AttentionDims& dims);
 
+// Attention sinks (gpt-oss; kernels/cpu/attention_sinks.h; no CUDA kernel yet: Unavailable
+// there). Forward: out [T, Hq, Dv] (fp32 state) and lse [T, Hq] READ and WRITTEN, the sinks
+// [Hq] merged into the finished rows. Backward: dsinks [Hq] ADDED INTO from the merged lse
+// and row_dot (attention_row_dot of the merged out).
+void attention_sinks_forward(Device& dev, Stream& s, float* out, float* lse, const float* sinks, std::int64_t T,
+                             std::int64_t Hq, std::int64_t Dv);
+void attention_sinks_backward(Device& dev, Stream& s, float* dsinks, const float* lse, const float* row_dot,
+                              const float* sinks, std::int64_t T, std::int64_t Hq);
+
 }  // namespace peakbound::ops

@@ -48,6 +48,37 @@ void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::i
            [=] { cpu::add(out, a, b, n); });
 }
 
+namespace {
+
+template <class A>
+void add_bias_as(Device& dev, Stream& s, A* y, const A* bias, std::int64_t rows, std::int64_t cols) {
+  dispatch(dev, s, "add_bias", {y, bias},
+           [&](void*) { no_kernel(dev, "add_bias"); },
+           [=] { cpu::add_bias(y, bias, rows, cols); });
+}
+
+template <class A>
+void add_column_sums_as(Device& dev, Stream& s, float* acc, const A* x, std::int64_t rows, std::int64_t cols) {
+  dispatch(dev, s, "add_column_sums", {acc, x},
+           [&](void*) { no_kernel(dev, "add_column_sums"); },
+           [=] { cpu::add_column_sums(acc, x, rows, cols); });
+}
+
+}  // namespace
+
+void add_bias(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols) {
+  add_bias_as(dev, s, y, bias, rows, cols);
+}
+void add_bias(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) {
+  add_bias_as(dev, s, y, bias, rows, cols);
+}
+void add_column_sums(Device& dev, Stream& s, float* acc, const float* x, std::int64_t rows, std::int64_t cols) {
+  add_column_sums_as(dev, s, acc, x, rows, cols);
+}
+void add_column_sums(Device& dev, Stream& s, float* acc, const bf16* x, std::int64_t rows, std::int64_t cols) {
+  add_column_sums_as(dev, s, acc, x, rows, cols);
+}
+
 void convert(Device& dev, Stream& s, bf16* out, const float* in, std::int64_t n) {
   dispatch(dev, s, "convert", {out, in},
            [&](void* stream) { cuda::convert(stream, out, in, n); },

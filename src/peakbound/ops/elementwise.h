@@ -19,6 +19,13 @@ void fill(Device& dev, Stream& s, bf16* x, std::int64_t n, float v);            
 void axpy(Device& dev, Stream& s, bf16* y, const bf16* x, std::int64_t n, float a);    // y = bf16(y + a x)
 void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::int64_t n);  // out = bf16(a + b)
 
+// Linear biases (kernels/cpu/elementwise.h; no CUDA kernel yet: Unavailable there).
+// y [rows, cols] += bias [cols] on every row; acc [cols] (fp32) += the column sums of x.
+void add_bias(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols);
+void add_bias(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
+void add_column_sums(Device& dev, Stream& s, float* acc, const float* x, std::int64_t rows, std::int64_t cols);
+void add_column_sums(Device& dev, Stream& s, float* acc, const bf16* x, std::int64_t rows, std::int64_t cols);
+
 // out [n] = to_bf16(in) / to_f32(in); out must not overlap in.
 void convert(Device& dev, Stream& s, bf16* out, const float* in, std::int64_t n);
 void convert(Device& dev, Stream& s, float* out, const bf16* in, std::int64_t n);

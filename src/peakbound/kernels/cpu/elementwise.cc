@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "peakbound/core/error.h"
 
@@ -38,6 +39,20 @@ void axpy_t(T* y, const T* x, std::int64_t n, float a) {
 template <typename T>
 void add_t(T* out, const T* a, const T* b, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
+}
+
+template <typename T>
+void add_bias_t(T* y, const T* bias, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) y[r * cols + c] = narrow<T>(widen(y[r * cols + c]) + widen(bias[c]));
+}
+
+template <typename T>
+void add_column_sums_t(float* acc, const T* x, std::int64_t rows, std::int64_t cols) {
+  std::vector<double> sum(static_cast<std::size_t>(cols), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) sum[static_cast<std::size_t>(c)] += widen(x[r * cols + c]);
+  for (std::int64_t c = 0; c < cols; ++c) acc[c] = static_cast<float>(acc[c] + sum[static_cast<std::size_t>(c)]);
 }
 
 void to_bf16_scalar(bf16* out, const float* in, std::int64_t n) {
@@ -161,6 +176,15 @@ SimdLevel convert_level() {
 
 void fill(float* x, std::int64_t n, float v) { fill_t(x, n, v); }
 void fill(bf16* x, std::int64_t n, float v) { fill_t(x, n, v); }
+
+void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
+void add_bias(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
+void add_column_sums(float* acc, const float* x, std::int64_t rows, std::int64_t cols) {
+  add_column_sums_t(acc, x, rows, cols);
+}
+void add_column_sums(float* acc, const bf16* x, std::int64_t rows, std::int64_t cols) {
+  add_column_sums_t(acc, x, rows, cols);
+}
 
 void scale(float* x, std::int64_t n, float a) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= a;
