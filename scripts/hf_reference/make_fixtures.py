@@ -100,10 +100,41 @@ def mixtral_config():
     )
 
 
+def mixtral_sliding_config():
+    # Mixtral with a sliding window of 5 keys (every layer slides whenever it is set), so
+    # most of the 16-token rows see only part of their prefix.
+    cfg = mixtral_config()
+    cfg.sliding_window = 5
+    return cfg
+
+
+def qwen2_moe_config():
+    # Qwen2-MoE: q/k/v biases, one shared expert behind its sigmoid gate, top-k weights not
+    # renormalised, and a sliding window of 5 on layer 0 only (transformers 5.24 slides the
+    # even layers below max_window_layers).
+    return transformers.Qwen2MoeConfig(
+        **COMMON,
+        num_experts=8,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+        intermediate_size=64,  # dense-MLP width; unused because every layer is MoE
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        use_sliding_window=True,
+        sliding_window=5,
+        max_window_layers=2,
+        qkv_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM),
     "qwen3_moe_yarn": (qwen3_moe_yarn_config, transformers.Qwen3MoeForCausalLM),
+    "mixtral_sliding": (mixtral_sliding_config, transformers.MixtralForCausalLM),
+    "qwen2_moe": (qwen2_moe_config, transformers.Qwen2MoeForCausalLM),
 }
 
 
@@ -120,7 +151,9 @@ def build_model(family):
     with torch.no_grad():
         gen = torch.Generator().manual_seed(SEED + 1)
         for name, p in model.named_parameters():
-            if "norm" in name:
+            # Biases start at 0 in transformers: jittered too, so a loader or a forward
+            # that drops one shows (no family without biases draws more).
+            if "norm" in name or name.endswith(".bias"):
                 p.add_(NORM_JITTER * torch.randn(p.shape, generator=gen))
     model.train()  # dropout is 0 and jitter is 0: train mode changes nothing numerically
     return cfg, model
@@ -183,8 +216,9 @@ def topk_margin(cfg, router_logits):
 def split_fused(params_grads, cfg):
     """In-memory (fused) parameter name -> tensor, rewritten by hand into the checkpoint's
     per-expert names; used to check save_pretrained's conversion independently."""
-    gate_up_names = {"qwen3_moe": ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
-                                   "mlp.experts.{e}.down_proj.weight", "mlp.gate.weight"),
+    qwen = ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+            "mlp.experts.{e}.down_proj.weight", "mlp.gate.weight")
+    gate_up_names = {"qwen3_moe": qwen, "qwen2_moe": qwen,
                      "mixtral": ("block_sparse_moe.experts.{e}.w1.weight",
                                  "block_sparse_moe.experts.{e}.w3.weight",
                                  "block_sparse_moe.experts.{e}.w2.weight",

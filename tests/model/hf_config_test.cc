@@ -417,6 +417,51 @@ TEST(HfConfig, LayerTypesMustCoverEveryLayer) {
   EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "'layer_types' has 35 entries");
 }
 
+TEST(HfConfig, LayerTypesAreKnownNames) {
+  json j = json::parse(kGptOss120B);
+  j["layer_types"][3] = "chunked_attention";
+  EXPECT_HAS(error_of([&] { parse_hf_config(j, "x"); }), "'layer_types' has \"chunked_attention\"");
+}
+
+// Which layers slide, family by family, as transformers 5.24 builds their masks when the
+// config lists no layer_types: gpt-oss from layer 0 every other; Qwen2-MoE the even layers
+// below max_window_layers; Qwen3-MoE and Mixtral every layer; layer_types, when given, rule.
+TEST(HfConfig, SlidingLayersFollowEachFamilysRule) {
+  json j = json::parse(kGptOss120B);
+  ModelConfig c = parse_hf_config(j, "x");
+  EXPECT_EQ(c.attention_window(0), 128);
+  EXPECT_EQ(c.attention_window(1), 0);
+  EXPECT_EQ(c.attention_window(34), 128);
+  EXPECT_EQ(c.sliding_layers.size(), 18u);
+  j["layer_types"] = json::array();
+  for (int i = 0; i < 36; ++i) j["layer_types"].push_back(i >= 30 ? "sliding_attention" : "full_attention");
+  c = parse_hf_config(j, "x");
+  EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{30, 31, 32, 33, 34, 35}));
+  EXPECT_EQ(c.attention_window(29), 0);
+
+  j = json::parse(kQwen15MoE);
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 64;
+  j["max_window_layers"] = 5;
+  c = parse_hf_config(j, "x");
+  EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{0, 2, 4}));
+  j["use_sliding_window"] = false;
+  EXPECT_EQ(parse_hf_config(j, "x").num_sliding_layers, 0);
+}
+
+TEST(HfConfig, SlidingLayersAreValidated) {
+  ModelConfig c = preset_config("gpt-oss-120b");
+  c.sliding_layers.push_back(40);
+  c.num_sliding_layers = static_cast<std::int64_t>(c.sliding_layers.size());
+  EXPECT_HAS(error_of([&] { c.validate(); }), "sliding_layers entry 40 is outside [0, 36)");
+  c = preset_config("gpt-oss-120b");
+  c.num_sliding_layers = 3;
+  EXPECT_HAS(error_of([&] { c.validate(); }), "sliding_layers lists 18 layers but num_sliding_layers is 3");
+  c = preset_config("gpt-oss-120b");
+  std::swap(c.sliding_layers[0], c.sliding_layers[1]);
+  EXPECT_HAS(error_of([&] { c.validate(); }), "sliding_layers must be increasing");
+}
+
 TEST(HfConfig, Qwen2MoeSharedExpertAndPublishedCounts) {
   const ModelConfig c = parse_hf_config(json::parse(kQwen15MoE), "qwen1.5-moe-a2.7b");
   EXPECT_EQ(c.num_shared_experts, 1);

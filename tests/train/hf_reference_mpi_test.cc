@@ -1,5 +1,5 @@
-// The model against Hugging Face transformers' own Qwen3-MoE (plain RoPE and YaRN) and
-// Mixtral: the fixtures
+// The model against Hugging Face transformers' own Qwen3-MoE (plain RoPE and YaRN), Mixtral
+// (also with a sliding window) and Qwen2-MoE: the fixtures
 // (scripts/hf_reference/make_fixtures.py) hold a tiny random model of each family as
 // save_pretrained wrote it, a batch of input ids, and transformers' loss, cross-entropy,
 // aux loss and every parameter gradient (fp32, eager attention, labels = input_ids).
@@ -296,6 +296,26 @@ TEST(HfReference, Qwen3MoeYarnMatchesTransformers) {
     variants.push_back(kAllCp2);
   }
   for (const Variant& v : variants) check_family("qwen3_moe_yarn", v);
+}
+
+// Sliding-window attention: Mixtral with a window of 5 keys on every layer, and Qwen2-MoE
+// (q/k/v biases, a shared expert behind its sigmoid gate, top-k weights not renormalised)
+// with the window on layer 0 only (its layer_types). Context parallelism where the world is
+// even: the ring skips and masks by global positions across the zigzag chunks.
+std::vector<Variant> with_cp2(std::vector<Variant> v) {
+  if (testing::world().size() % 2 == 0) {
+    v.push_back(kNoneCp2);
+    v.push_back(kAllCp2);
+  }
+  return v;
+}
+
+TEST(HfReference, MixtralSlidingWindowMatchesTransformers) {
+  for (const Variant& v : with_cp2({kNone, kAll})) check_family("mixtral_sliding", v);
+}
+
+TEST(HfReference, Qwen2MoeMatchesTransformers) {
+  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("qwen2_moe", v);
 }
 
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -107,18 +109,22 @@ TEST(HfUnmodelled, TrainingNoiseAndScalesAreRefused) {
 // were already refused by check_trainable; each value here changes the model.
 TEST(HfUnmodelled, OtherModelChangingFieldsAreReadOrRefused) {
   json j = fixture("qwen3_moe");
-  j["attention_bias"] = true;
-  EXPECT_HAS(refusal(j), "attention biases");
+  j["attention_bias"] = true;  // q, k, v and o_proj biases: implemented
+  EXPECT_TRUE(parse_hf_config(j, "m").attention_qkv_bias);
+  EXPECT_TRUE(parse_hf_config(j, "m").attention_out_bias);
+  EXPECT_EQ(refusal(j), "");
   j = fixture("qwen3_moe");
-  j["use_sliding_window"] = true;
+  j["use_sliding_window"] = true;  // Qwen3-MoE (transformers 5.24) slides every layer
   j["sliding_window"] = 16;
-  EXPECT_HAS(refusal(j), "sliding-window");
+  EXPECT_EQ(parse_hf_config(j, "m").sliding_layers, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(refusal(j), "");
   j.erase("use_sliding_window");  // absent: false, as transformers' Qwen configs default it
   EXPECT_EQ(parse_hf_config(j, "m").num_sliding_layers, 0);
   EXPECT_EQ(refusal(j), "");
   j = fixture("mixtral");
   j["sliding_window"] = 16;  // Mixtral slides whenever sliding_window is set
-  EXPECT_HAS(refusal(j), "sliding-window");
+  EXPECT_EQ(parse_hf_config(j, "m").attention_window(1), 16);
+  EXPECT_EQ(refusal(j), "");
   j = fixture("qwen3_moe");
   j["tie_word_embeddings"] = true;
   EXPECT_HAS(refusal(j), "tied embeddings");

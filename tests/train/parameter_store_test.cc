@@ -34,7 +34,7 @@ ModelConfig tiny_gpt_oss() {
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = 3;
-  c.num_sliding_layers = 1;
+  c.set_sliding_layers([](std::int64_t i) { return i == 0; });
   return c;
 }
 

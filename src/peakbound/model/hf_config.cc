@@ -55,29 +55,36 @@ void read_gqa(const HfFields& r, ModelConfig& c, bool head_dim_required) {
   }
 }
 
-// Window and how many layers use it. Qwen gates the window with
-// use_sliding_window (false when absent, as transformers' Qwen configs default it) and
-// slides only layers >= max_window_layers; gpt-oss lists layer_types (alternating when
-// absent); Mistral-style configs slide everywhere.
+// The window and the layers that use it, as transformers 5.24 builds each family's masks:
+// layer_types when the config lists them (every family that has them saves them); without,
+// gpt-oss alternates from layer 0, Qwen2-MoE slides the even layers below
+// max_window_layers, Qwen2 / Qwen3 the layers from max_window_layers on, and Qwen3-MoE and
+// the Mistral-style families (Mixtral) every layer. The Qwen families gate the window with
+// use_sliding_window (false when absent, as their configs default it).
 void read_sliding_window(const HfFields& r, ModelConfig& c) {
   const std::string& t = r.model_type();
   const bool qwen = t == "qwen3_moe" || t == "qwen2_moe" || t == "qwen3" || t == "qwen2";
   if (!r.has("sliding_window") || !r.boolean_or("use_sliding_window", !qwen)) return;
   c.sliding_window = r.integer("sliding_window");
   if (c.sliding_window == 0) return;
+  const std::int64_t max_window = r.integer_or("max_window_layers", 0);
   if (r.has("layer_types")) {
-    std::vector<std::string> types = r.string_list_or_empty("layer_types");
+    const std::vector<std::string> types = r.string_list_or_empty("layer_types");
     if (static_cast<std::int64_t>(types.size()) != c.num_layers)
       r.fail("field 'layer_types' has " + std::to_string(types.size()) +
              " entries but num_hidden_layers is " + std::to_string(c.num_layers));
-    c.num_sliding_layers = std::count(types.begin(), types.end(), "sliding_attention");
-  } else if (r.model_type() == "gpt_oss") {
-    c.num_sliding_layers = (c.num_layers + 1) / 2;  // layers 0, 2, 4, ... slide
-  } else if (r.present("use_sliding_window")) {
-    c.num_sliding_layers =
-        c.num_layers - std::min(c.num_layers, r.integer_or("max_window_layers", 0));
+    for (const std::string& type : types)
+      if (type != "sliding_attention" && type != "full_attention")
+        r.fail("field 'layer_types' has \"" + type + "\"; known: \"sliding_attention\", \"full_attention\"");
+    c.set_sliding_layers([&](std::int64_t i) { return types[static_cast<std::size_t>(i)] == "sliding_attention"; });
+  } else if (t == "gpt_oss") {
+    c.set_sliding_layers([](std::int64_t i) { return i % 2 == 0; });
+  } else if (t == "qwen2_moe") {
+    c.set_sliding_layers([&](std::int64_t i) { return i % 2 == 0 && i < max_window; });
+  } else if (t == "qwen2" || t == "qwen3") {
+    c.set_sliding_layers([&](std::int64_t i) { return i >= max_window; });
   } else {
-    c.num_sliding_layers = c.num_layers;
+    c.set_sliding_layers([](std::int64_t) { return true; });
   }
 }
 
@@ -153,7 +160,7 @@ void read_qwen_moe(const HfFields& r, ModelConfig& c, bool qwen3) {
     c.qk_norm = true;
     c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", false);
   } else {
-    c.attention_qkv_bias = true;
+    c.attention_qkv_bias = r.boolean_or("qkv_bias", true);  // Qwen2-MoE's field (transformers 5.x)
     if (c.num_experts > 0) {
       c.shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size");
       if (c.shared_expert_intermediate_size > 0) {

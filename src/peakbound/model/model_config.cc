@@ -20,6 +20,10 @@ bool ModelConfig::is_moe_layer(std::int64_t layer) const {
   return !std::binary_search(mlp_only_layers.begin(), mlp_only_layers.end(), layer);
 }
 
+std::int64_t ModelConfig::attention_window(std::int64_t layer) const {
+  return std::binary_search(sliding_layers.begin(), sliding_layers.end(), layer) ? sliding_window : 0;
+}
+
 std::int64_t ModelConfig::num_moe_layers() const {
   std::int64_t n = 0;
   for (std::int64_t i = 0; i < num_layers; ++i) n += is_moe_layer(i) ? 1 : 0;
@@ -176,6 +180,17 @@ void ModelConfig::validate() const {
            ") exceeds num_layers (" + std::to_string(num_layers) + ")");
   if (num_sliding_layers > 0 && sliding_window == 0)
     c.fail("num_sliding_layers > 0 needs sliding_window > 0");
+  if (static_cast<std::int64_t>(sliding_layers.size()) != num_sliding_layers)
+    c.fail("sliding_layers lists " + std::to_string(sliding_layers.size()) + " layers but num_sliding_layers is " +
+           std::to_string(num_sliding_layers));
+  for (std::size_t i = 0; i < sliding_layers.size(); ++i) {
+    const std::int64_t layer = sliding_layers[i];
+    if (layer < 0 || layer >= num_layers)
+      c.fail("sliding_layers entry " + std::to_string(layer) + " is outside [0, " + std::to_string(num_layers) + ")");
+    if (i > 0 && layer <= sliding_layers[i - 1])
+      c.fail("sliding_layers must be increasing without repeats (" + std::to_string(layer) + " after " +
+             std::to_string(sliding_layers[i - 1]) + ")");
+  }
 }
 
 }  // namespace peakbound

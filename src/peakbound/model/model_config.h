@@ -110,11 +110,25 @@ struct ModelConfig {
   // apart from the headline total, as DeepSeek reports it.
   std::int64_t num_mtp_layers = 0;
 
-  // Informational: window length and how many layers use it (gpt-oss: 128, half).
+  // Sliding-window attention: the window in keys (transformers' sliding_window: a query
+  // sees itself and the window - 1 keys before it) and the layers that use it, increasing
+  // without repeats (gpt-oss: 128 on layers 0, 2, 4, ...; Mixtral: every layer when set);
+  // num_sliding_layers is their count. The other layers attend to the whole causal prefix.
   std::int64_t sliding_window = 0;
   std::int64_t num_sliding_layers = 0;
+  std::vector<std::int64_t> sliding_layers;
 
   bool is_moe_layer(std::int64_t layer) const;
+  // The attention window of a layer: sliding_window for a sliding layer, else 0 (none).
+  std::int64_t attention_window(std::int64_t layer) const;
+  // Sets sliding_layers (and num_sliding_layers) to the layers where slides(i) holds.
+  template <class Pred>
+  void set_sliding_layers(Pred slides) {
+    sliding_layers.clear();
+    for (std::int64_t i = 0; i < num_layers; ++i)
+      if (slides(i)) sliding_layers.push_back(i);
+    num_sliding_layers = static_cast<std::int64_t>(sliding_layers.size());
+  }
   std::int64_t num_moe_layers() const;
   // Per-head width of queries and keys: head_dim, or nope + rope under MLA.
   std::int64_t qk_head_dim() const;

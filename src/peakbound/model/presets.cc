@@ -121,7 +121,7 @@ Preset gpt_oss_120b() {
   c.attention_out_bias = true;
   c.attention_sinks = true;
   c.sliding_window = 128;
-  c.num_sliding_layers = 18;  // layer_types alternates sliding, full
+  c.set_sliding_layers([](std::int64_t i) { return i % 2 == 0; });  // layer_types: sliding, full, ... (18 of 36)
   // rope_scaling: yarn, factor 32, beta 32 / 1, original 4096, truncate false; cos and sin
   // scaled by transformers' get_mscale(32) = 0.1 ln 32 + 1.
   c.rope_scaling.yarn = true;

@@ -60,9 +60,17 @@ bool is_norm_weight(const TensorEntry& e) {
          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Element i (of the whole tensor) of v's initial value under seed, initializer std sd.
+bool is_bias(const TensorEntry& e) {
+  const std::string& n = e.name;
+  return n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+}
+
+// Element i (of the whole tensor) of v's initial value under seed, initializer std sd:
+// RMSNorm weights 1 and Linear biases 0 (as transformers' _init_weights), the rest
+// N(0, sd^2) (gpt-oss's sinks too).
 float init_value(u64 seed, double sd, const ParameterView& v, u64 i) {
   if (is_norm_weight(v.entry)) return 1.0f;
+  if (is_bias(v.entry)) return 0.0f;
   return static_cast<float>(sd * normal_at(mix(seed ^ mix(fnv1a(v.name()))), i));
 }
 
@@ -92,9 +100,6 @@ void check_trainable(const ModelConfig& c) {
     throw InvalidArgument("model '" + c.name + "': config.json sets " + c.unmodelled.front() +
                           "; refusing to train a different model than the config describes");
   if (c.attention != AttentionKind::gqa) unsupported(c, "MLA attention");
-  if (c.attention_qkv_bias || c.attention_out_bias) unsupported(c, "attention biases");
-  if (c.attention_sinks) unsupported(c, "attention sinks");
-  if (c.num_sliding_layers > 0) unsupported(c, "sliding-window attention");
   if (c.router_scoring != RouterScoring::softmax) unsupported(c, "sigmoid router scoring");
   if (c.router_bias || c.router_score_correction) unsupported(c, "router biases");
   if (c.mlp_bias) unsupported(c, "MLP biases");
@@ -152,6 +157,9 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
   ac.rope_scaling = c.rope_scaling;
   ac.rms_eps = static_cast<float>(c.rms_norm_eps);
   ac.qk_norm = c.qk_norm;
+  ac.qkv_bias = c.attention_qkv_bias;
+  ac.out_bias = c.attention_out_bias;
+  ac.sinks = c.attention_sinks;
   ac.seq_len = S;
   ac.cp = cp;
   ac.cp_rank = cp_rank;
@@ -240,6 +248,9 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     : dev_(dev), host_(host), groups_(groups), config_(config), table_(config), schedules_(schedules) {
   check_trainable(config_);
   const ModelConfig& c = config_;
+  if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks))
+    throw Unavailable("model '" + c.name + "': attention biases and sinks have CPU kernels only so far; train it " +
+                      "with --device cpu");
   const std::int64_t H = c.hidden_size, E = c.num_experts;
   const std::int64_t ep = groups_.ep->size(), ep_rank = groups_.ep->rank();
   if (E > 0 && E % ep != 0)
@@ -281,6 +292,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     auto layer = std::make_unique<Layer>();
     AttentionLayerConfig ac = model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank());
     ac.precision = prec;
+    ac.window = c.attention_window(l);
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2; ++g) {
       at[g].w_in = slot_view(l, p + "input_layernorm.weight", g);
@@ -292,6 +304,13 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
         at[g].q_norm = slot_view(l, p + "self_attn.q_norm.weight", g);
         at[g].k_norm = slot_view(l, p + "self_attn.k_norm.weight", g);
       }
+      if (c.attention_qkv_bias) {
+        at[g].bq = slot_view(l, p + "self_attn.q_proj.bias", g);
+        at[g].bk = slot_view(l, p + "self_attn.k_proj.bias", g);
+        at[g].bv = slot_view(l, p + "self_attn.v_proj.bias", g);
+      }
+      if (c.attention_out_bias) at[g].bo = slot_view(l, p + "self_attn.o_proj.bias", g);
+      if (c.attention_sinks) at[g].sinks = slot_view(l, p + "self_attn.sinks", g);
     }
     layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
     if (ac.cp > 1) layer->attention->set_cp_group(groups_.cp.get());
