@@ -25,6 +25,14 @@ transformers code it stands for before a model uses it. This writes, in f32 on t
                               case `full` (full_attention) and `sliding` (sliding_attention,
                               sliding_window 5); <name> is the HF name under
                               model.layers.0 (input_layernorm.weight, self_attn.q_proj.bias...)
+    mlp.{x, dy, y, dx}, mlp.<name>, mlp.grad.<name>
+                              the MoE sublayer as the decoder layer runs it:
+                              y = x + GptOssMLP(post_attention_layernorm(x)) (the router's
+                              bias and top-k softmax, the fused interleaved experts with their
+                              biases and the clamped SwiGLU, eager experts), every parameter
+                              seeded, weights scaled so that some gate and up values pass the
+                              clamp; <name> is the HF name under model.layers.0
+                              (mlp.router.bias, mlp.experts.gate_up_proj...)
   reference.json              versions, alpha and limit, the attention shapes
 
 Run from the repository root with the virtual environment of requirements.txt:
@@ -119,6 +127,48 @@ def layer_case(g, layer_type):
     return out, float(rope.attention_scaling)
 
 
+MLP = dict(T=29, H=24, F=13, E=6, K=2)
+
+
+def mlp_case(g):
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP, GptOssRMSNorm
+    M = MLP
+    cfg = GptOssConfig(hidden_size=M["H"], intermediate_size=M["F"], num_local_experts=M["E"],
+                       num_experts_per_tok=M["K"], num_hidden_layers=1)
+    cfg._experts_implementation = "eager"
+    mlp = GptOssMLP(cfg).float()
+    norm = GptOssRMSNorm(M["H"], eps=cfg.rms_norm_eps)
+    params = {"post_attention_layernorm.weight": norm.weight}
+    for n, t in mlp.named_parameters():
+        params["mlp." + n] = t
+    with torch.no_grad():
+        for n, t in params.items():
+            if n.endswith("layernorm.weight"):
+                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
+            elif n == "mlp.router.weight":
+                t.copy_(torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
+            elif n in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, in, out]
+                t.copy_(4.0 * torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
+            else:  # biases
+                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    x = torch.randn(1, M["T"], M["H"], generator=g).requires_grad_(True)
+    o, _ = mlp(norm(x))
+    y = x + o
+    dy = torch.randn(y.shape, generator=g)
+    (y * dy).sum().backward()
+    with torch.no_grad():  # how far the routing is from a tie (the reimplementation must pick the same experts)
+        logits = torch.nn.functional.linear(norm(x)[0], mlp.router.weight, mlp.router.bias).double()
+        top = logits.sort(dim=-1, descending=True).values
+        margin = float((top[:, M["K"] - 1] - top[:, M["K"]]).min())
+        gate_up = norm(x)[0] @ mlp.experts.gate_up_proj + mlp.experts.gate_up_proj_bias[:, None, :]
+        clamped = float((gate_up.abs() >= cfg.swiglu_limit).double().mean())
+    out = {"x": x[0], "dy": dy[0], "y": y[0], "dx": x.grad[0]}
+    for n, t in params.items():
+        out[n] = t
+        out["grad." + n] = t.grad
+    return out, margin, clamped
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root (default %(default)s)")
@@ -144,6 +194,9 @@ def main():
         tensors_case, layer_scaling = layer_case(g, layer_type)
         for name, t in tensors_case.items():
             tensors[f"layer.{case}.{name}"] = t.detach()
+    mlp_tensors, mlp_margin, mlp_clamped = mlp_case(g)
+    for name, t in mlp_tensors.items():
+        tensors[f"mlp.{name}"] = t.detach()
     d = os.path.join(a.out, "gpt_oss_parts")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "gpt_oss_parts.safetensors")
@@ -153,7 +206,8 @@ def main():
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "python": platform.python_version(), "seed": SEED, "T": T, "I": I,
                    "swiglu_alpha": experts.alpha, "swiglu_limit": experts.limit, "attention": ATT,
-                   "attention_windows": WINDOWS, "layer": LAYER,
+                   "attention_windows": WINDOWS, "layer": LAYER, "mlp": MLP, "mlp_topk_logit_margin": mlp_margin,
+                   "mlp_fraction_of_gate_up_at_or_past_the_limit": mlp_clamped,
                    "layer_rope": GptOssConfig().rope_parameters, "layer_attention_scaling": layer_scaling,
                    "module": "transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts._apply_gate"}, f, indent=1)
         f.write("\n")

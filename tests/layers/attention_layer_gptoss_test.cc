@@ -18,12 +18,15 @@
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/model/rope_scaling.h"
 #include "tests/layers/attention_layer_harness.h"
+#include "tests/layers/layer_checks.h"
 
 namespace peakbound {
 namespace {
 
 using attention_test::Result;
 using attention_test::Vec;
+using layer_test::cosine;
+using layer_test::max_relative;
 
 const SafeTensorsFile& fixture() {
   static const SafeTensorsFile f = SafeTensorsFile::open(std::string(PEAKBOUND_SOURCE_DIR) +
@@ -53,19 +56,6 @@ AttentionLayerConfig gptoss_config(std::int64_t window, Precision p) {
   c.qkv_bias = c.out_bias = c.sinks = true;
   c.window = window;
   return c;
-}
-
-double max_relative(const Vec& got, const Vec& ref) {
-  double err = 0, scale = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i)
-    err = std::max(err, std::abs(double(got[i]) - ref[i])), scale = std::max(scale, std::abs(double(ref[i])));
-  return err / scale;
-}
-
-double cosine(const Vec& a, const Vec& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
-  return ab / std::sqrt(aa * bb);
 }
 
 struct Errors {

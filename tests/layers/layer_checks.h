@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <functional>
@@ -20,6 +21,27 @@ inline std::vector<float> host(const Tensor& t) {
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
   return v;
+}
+
+// max|got - ref| / max|ref| over the whole tensor (the project's relative error).
+inline double max_relative(const std::vector<float>& got, const std::vector<float>& ref) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, std::abs(double(got[i]) - ref[i]));
+    scale = std::max(scale, std::abs(double(ref[i])));
+  }
+  return err / scale;
+}
+
+// The cosine of the angle between a and b (a gradient's direction against a reference's).
+inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
 }
 
 // After one call of `backward` (which runs the layer's backward into dx and synchronizes),

@@ -409,7 +409,16 @@ TEST(MoeLayer, ConfigFromTheModel) {
   EXPECT_FALSE(d3.shared_gate);
   EXPECT_THROW(moe_layer_dispatch_shape(d0), InvalidArgument);
 
-  const ModelConfig oss = preset_config("gpt-oss-120b");
+  // gpt-oss: the router's and the experts' biases, the clamped SwiGLU, packed rows of
+  // 3FH + 2F + H; a dense MLP with biases is still refused.
+  ModelConfig oss = preset_config("gpt-oss-120b");
+  const MoeLayerConfig g = moe_layer_config(oss, 0, 1e-5f, DispatchKind::standard_ep, {});
+  EXPECT_TRUE(g.router_bias && g.expert_bias && g.clamped);
+  EXPECT_FLOAT_EQ(g.clamp.limit, 7.0f);
+  EXPECT_FLOAT_EQ(g.clamp.alpha, 1.702f);
+  EXPECT_EQ(moe_layer_dispatch_shape(g).expert_floats(), 3 * 2880 * 2880 + 2 * 2880 + 2880);
+  oss.num_experts = 0;
+  oss.dense_intermediate_size = 64;
   EXPECT_THROW(moe_layer_config(oss, 0, 1e-5f, DispatchKind::standard_ep, {}), InvalidArgument);  // mlp_bias
 }
 

@@ -88,11 +88,11 @@ MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float 
   auto bad = [](const std::string& what) { throw InvalidArgument("moe layer: " + what); };
   if (layer < 0 || layer >= m.num_layers)
     bad("layer " + std::to_string(layer) + " is outside [0, num_layers = " + std::to_string(m.num_layers) + ")");
-  if (m.mlp_bias) bad("mlp_bias is not supported (MLPs without biases only)");
   MoeLayerConfig c;
   c.hidden = m.hidden_size;
   c.rms_eps = rms_eps;
   if (!m.is_moe_layer(layer)) {
+    if (m.mlp_bias) bad("mlp_bias on a dense MLP is not supported (only gpt-oss's routed experts take biases)");
     if (m.dense_intermediate_size <= 0)
       bad("layer " + std::to_string(layer) + " is dense but dense_intermediate_size is " +
           std::to_string(m.dense_intermediate_size));
@@ -100,7 +100,11 @@ MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float 
     check_moe_layer_config(c);
     return c;
   }
-  if (m.router_bias) bad("router_bias is not supported (a router Linear without bias only)");
+  if (m.mlp_bias && m.num_shared_experts > 0) bad("mlp_bias on shared experts is not supported");
+  c.router_bias = m.router_bias;
+  c.expert_bias = m.mlp_bias;
+  c.clamped = m.swiglu_limit > 0.0;
+  c.clamp = ops::SwigluClamp{static_cast<float>(m.swiglu_alpha), static_cast<float>(m.swiglu_limit)};
   if (m.router_score_correction) bad("router_score_correction (e_score_correction_bias) is not supported");
   c.ffn = m.moe_intermediate_size;
   c.experts = m.num_experts;
@@ -119,7 +123,11 @@ MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float 
 MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c) {
   check_moe_layer_config(c);
   if (c.dense()) throw InvalidArgument("moe layer: a dense layer has no routed experts");
-  return MoeShape{c.hidden, c.ffn, c.experts, c.top_k};
+  MoeShape s{c.hidden, c.ffn, c.experts, c.top_k};
+  s.bias = c.expert_bias;
+  s.clamped = c.clamped;
+  s.clamp = c.clamp;
+  return s;
 }
 
 MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a) {
@@ -194,7 +202,8 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
                             ")");
   }
   const std::int64_t local = cfg_.dense() ? 0 : cfg_.experts / ep_size_;
-  const std::int64_t expert_elems = local * 3 * cfg_.ffn * H, side = cfg_.side_ffn();
+  const std::int64_t expert_elems = cfg_.dense() ? 0 : local * moe_layer_dispatch_shape(cfg_).expert_floats();
+  const std::int64_t side = cfg_.side_ffn();
   for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
     want = t == &p_ ? param_dtype(cfg_.precision) : DType::f32;
     expect(t->w_post, Shape{H}, "w_post", which);
@@ -205,10 +214,12 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
       continue;
     }
     expect(t->w_gate, Shape{cfg_.experts, H}, "w_gate", which);
+    if (cfg_.router_bias) expect(t->w_gate_bias, Shape{cfg_.experts}, "w_gate_bias", which);
     if (t->experts.raw() == nullptr || t->experts.dtype() != want || t->experts.numel() != expert_elems)
       throw InvalidArgument(std::string("moe layer: ") + which + " experts is " + t->experts.shape().str() + " " +
                             std::string(dtype_name(t->experts.dtype())) + ", want " + std::to_string(local) +
-                            " local experts x 3FH = " + std::to_string(expert_elems) + " " +
+                            " local experts x " + (cfg_.expert_bias ? "(3FH + 2F + H)" : "3FH") + " = " +
+                            std::to_string(expert_elems) + " " +
                             std::string(dtype_name(want)) + " elements");
     if (side > 0) {
       expect(t->shared_gate, Shape{side, H}, "shared_gate", which);
@@ -260,7 +271,8 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
       prob_sums = aux_->prob_sums;
     }
     moe_router_forward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<A>(), in.probs.as<float>(),
-                       in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums);
+                       in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums,
+                       cfg_.router_bias ? p_.w_gate_bias.data<A>() : nullptr);
   }
   if (has_gate(cfg_)) {
     // z = h W_sg^T [T, 1] (fp32); the shared experts' output kept apart for the gate, tile
@@ -389,11 +401,12 @@ void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) 
     const float* aux_grad = aux_ != nullptr ? aux_->aux_grad : nullptr;
     if constexpr (std::is_same_v<A, float>)
       moe_router_backward(dev_, s, rs, h, p_.w_gate.data<float>(), d_weights.as<float>(), in.probs.as<float>(),
-                          in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true);
+                          in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
+                          cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr);
     else
       moe_router_backward(dev_, s, rs, h, p_.w_gate.data<bf16>(), d_weights.as<float>(), in.probs.as<float>(),
                           in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
-                          d_logits16.as<bf16>(), tile);
+                          d_logits16.as<bf16>(), tile, cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr);
     dh_written = true;
   }
   if (T == 0) return;
@@ -440,13 +453,15 @@ std::vector<Parameter> MoeLayer::parameters() const {
     return out;
   }
   out.push_back({"mlp.gate.weight", p_.w_gate, g_.w_gate});
+  if (cfg_.router_bias) out.push_back({"mlp.gate.bias", p_.w_gate_bias, g_.w_gate_bias});
   const std::int64_t H = cfg_.hidden, F = cfg_.ffn, local = cfg_.experts / ep_size_;
+  const std::int64_t EF = moe_layer_dispatch_shape(cfg_).expert_floats();
   for (std::int64_t i = 0; i < local; ++i) {
     const std::string name = "mlp.experts." + std::to_string(ep_rank_ * local + i) + ".";
     // Element offsets into the flat buffer, in bytes of its dtype (bf16 parameters, f32
     // gradients).
     auto view = [&](const Tensor& t, std::int64_t offset, Shape shape) {
-      const auto at = static_cast<std::uint64_t>(i * 3 * F * H + offset) * dtype_size(t.dtype());
+      const auto at = static_cast<std::uint64_t>(i * EF + offset) * dtype_size(t.dtype());
       return Tensor(static_cast<std::byte*>(t.raw()) + at, shape, t.dtype(), t.location());
     };
     out.push_back({name + "gate_proj.weight", view(p_.experts, 0, Shape{F, H}), view(g_.experts, 0, Shape{F, H})});
@@ -454,6 +469,13 @@ std::vector<Parameter> MoeLayer::parameters() const {
         {name + "up_proj.weight", view(p_.experts, F * H, Shape{F, H}), view(g_.experts, F * H, Shape{F, H})});
     out.push_back({name + "down_proj.weight", view(p_.experts, 2 * F * H, Shape{H, F}),
                    view(g_.experts, 2 * F * H, Shape{H, F})});
+    if (cfg_.expert_bias) {
+      const std::int64_t b = 3 * F * H;
+      out.push_back({name + "gate_proj.bias", view(p_.experts, b, Shape{F}), view(g_.experts, b, Shape{F})});
+      out.push_back({name + "up_proj.bias", view(p_.experts, b + F, Shape{F}), view(g_.experts, b + F, Shape{F})});
+      out.push_back(
+          {name + "down_proj.bias", view(p_.experts, b + 2 * F, Shape{H}), view(g_.experts, b + 2 * F, Shape{H})});
+    }
   }
   if (cfg_.shared_experts > 0) {
     const std::string pre = cfg_.shared_experts == 1 && cfg_.shared_gate ? "mlp.shared_expert." : "mlp.shared_experts.";

@@ -76,6 +76,13 @@ struct MoeLayerConfig {
   std::int64_t shared_experts = 0;  // S >= 0 (0: Qwen3-MoE, Mixtral)
   std::int64_t shared_ffn = 0;      // Fs, one shared expert's width (> 0 when S > 0)
   bool shared_gate = false;         // Qwen2-MoE's shared_expert_gate; needs S > 0
+  // gpt-oss: the router Linear's bias [E] (logits = h W_gate^T + b), the routed experts'
+  // biases and clamped SwiGLU (MoeShape bias / clamp: each expert [W_gate | W_up | W_down |
+  // b_gate | b_up | b_down]). The clamp applies when clamped is set.
+  bool router_bias = false;
+  bool expert_bias = false;
+  bool clamped = false;
+  ops::SwigluClamp clamp;
   float rms_eps = 1e-6f;
   // The side SwiGLU (dense MLP or shared experts) runs over row tiles of at most this
   // many tokens, so its [tile, side_ffn] intermediates stop growing with the context
@@ -111,15 +118,18 @@ MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c);
 // the layer's device, nn.Linear layout (out x in). Leave empty what the variant does not use.
 //   w_post        [H]                     post_attention_layernorm.weight (both variants)
 //   w_gate        [E, H]                  the router (MoE)
-//   experts       (E/EP) x 3FH elements   this rank's experts e = rank*E/EP + i, each
-//                                         [W_gate F,H | W_up F,H | W_down H,F] contiguous
-//                                         (any shape with that many elements, e.g. [E/EP, 3FH])
+//   w_gate_bias   [E]                     the router's bias (router_bias)
+//   experts       (E/EP) x EF elements    this rank's experts e = rank*E/EP + i, each
+//                                         [W_gate F,H | W_up F,H | W_down H,F] contiguous,
+//                                         EF = 3FH, with expert_bias then [b_gate F | b_up F |
+//                                         b_down H]: EF = 3FH + 2F + H
+//                                         (any shape with that many elements, e.g. [E/EP, EF])
 //   shared_gate, shared_up [S*Fs, H], shared_down [H, S*Fs]   (MoE with S > 0)
 //   shared_expert_gate [1, H]             (MoE with shared_gate)
 //   dense_gate, dense_up [Fd, H], dense_down [H, Fd]           (dense)
 struct MoeLayerTensors {
   Tensor w_post, w_gate, experts, shared_gate, shared_up, shared_down, shared_expert_gate, dense_gate, dense_up,
-      dense_down;
+      dense_down, w_gate_bias;
 };
 
 // The model's aux-loss statistics (layers/moe_router.h, ops::moe_aux_loss), device [E]

@@ -16,12 +16,13 @@ namespace {
 
 template <class A>
 void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate, float* probs,
-                    std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
+                    std::int32_t* ids, float* weights, float* counts, float* prob_sums, const A* bias) {
   check_moe_router_shape(s);
   PB_CHECK_MSG((counts == nullptr) == (prob_sums == nullptr), "moe router: counts and prob_sums go together");
   const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
   if (T == 0) return;
   ops::gemm(dev, st, false, true, T, E, H, 1.0f, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T (fp32)
+  if (bias != nullptr) ops::add_bias(dev, st, probs, bias, T, E);                      // + bias (gpt-oss)
   ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
   if (counts != nullptr) ops::moe_router_stats(dev, st, counts, prob_sums, probs, ids, T, E, K);
 }
@@ -31,12 +32,13 @@ void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x
 template <class A>
 void router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate,
                      const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                     float* dw_gate, A* dx, bool accumulate_dx, A* d_logits16, float* tile) {
+                     float* dw_gate, A* dx, bool accumulate_dx, A* d_logits16, float* tile, float* dbias) {
   check_moe_router_shape(s);
   const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
   if (T == 0) return;
   float* dlogits = probs;  // probs are read for the last time by the backward kernel
   ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
+  if (dbias != nullptr) ops::add_column_sums(dev, st, dbias, dlogits, T, E);
   const A* dl = nullptr;
   if constexpr (std::is_same_v<A, float>) {
     dl = dlogits;
@@ -95,27 +97,30 @@ Footprint moe_router_footprint(const MoeRouterShape& s) {
 }
 
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
-                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
-  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums);
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
+                        const float* bias) {
+  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums, bias);
 }
 
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
-                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums) {
-  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums);
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
+                        const bf16* bias) {
+  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums, bias);
 }
 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                         float* dw_gate, float* dx, bool accumulate_dx) {
+                         float* dw_gate, float* dx, bool accumulate_dx, float* dbias) {
   router_backward<float>(dev, st, s, x, w_gate, d_weights, probs, ids, aux_grad, dw_gate, dx, accumulate_dx, nullptr,
-                         nullptr);
+                         nullptr, dbias);
 }
 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                         float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile) {
+                         float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile,
+                         float* dbias) {
   router_backward<bf16>(dev, st, s, x, w_gate, d_weights, probs, ids, aux_grad, dw_gate, dx, accumulate_dx,
-                        d_logits16, tile);
+                        d_logits16, tile, dbias);
 }
 
 MoeRouter::MoeRouter(Device& dev, MoeRouterShape shape) : dev_(dev), s_(shape) {

@@ -86,18 +86,23 @@ MoeAuxBuffers moe_aux_buffers(std::int64_t experts, Component c = Component::wor
 Footprint moe_router_footprint(const MoeRouterShape& s);
 
 // The free functions (caller-owned buffers).
+// bias [E] (gpt-oss's router; null: none): logits = x W_gate^T + bias, in fp32; dbias [E]
+// (f32) is then ADDED into with the column sums of dlogits.
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
-                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums);
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
+                        const float* bias = nullptr);
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                         float* dw_gate, float* dx, bool accumulate_dx);
+                         float* dw_gate, float* dx, bool accumulate_dx, float* dbias = nullptr);
 // bf16 forms (see the top): d_logits16 [T, E] is written (scratch), tile is the fp32
 // scratch of linear_tile_spec(T, H, Precision::bf16). dx may alias x, as in f32.
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
-                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums);
+                        float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
+                        const bf16* bias = nullptr);
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                         float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile);
+                         float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile,
+                         float* dbias = nullptr);
 
 // A router holding its buffers (from moe_router_buffers) across forward and backward,
 // f32 (the MoE layer calls the free functions in either precision).

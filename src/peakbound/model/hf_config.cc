@@ -194,6 +194,10 @@ void read_gpt_oss(const HfFields& r, ModelConfig& c) {
   c.mlp_bias = true;
   c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", true);
   c.attention_sinks = true;
+  c.swiglu_limit = r.number_or("swiglu_limit", 7.0);  // GptOssConfig's defaults
+  c.swiglu_alpha = r.number_or("swiglu_alpha", 1.702);
+  if (!(c.swiglu_limit > 0.0 && c.swiglu_limit < 1e6)) r.fail("field 'swiglu_limit' must be a finite number > 0");
+  if (!(c.swiglu_alpha > 0.0 && c.swiglu_alpha < 1e6)) r.fail("field 'swiglu_alpha' must be a finite number > 0");
 }
 
 // Dense Llama-like families; each differs only in which biases and norms exist.
@@ -447,9 +451,10 @@ void audit_unmodelled(const json& config, ModelConfig& c) {
     if (!v.is_number() || v.get<double>() != f.value) out.push_back(std::string(f.key) + " = " + quoted(v) + ": " + f.what);
   }
   // Features with no neutral value: any non-null value changes the model.
+  const bool gpt_oss = c.family == "gpt_oss";  // its experts' clamped SwiGLU is modelled
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping", "attention_multiplier",
                           "query_pre_attn_scalar", "swiglu_limit"})
-    if (present(key)) out.push_back(std::string(key) + " = " + quoted(config.at(key)) + ": not implemented by the trainer (null)");
+    if (present(key) && !(gpt_oss && std::string_view(key) == "swiglu_limit")) out.push_back(std::string(key) + " = " + quoted(config.at(key)) + ": not implemented by the trainer (null)");
 }
 
 }  // namespace

@@ -63,6 +63,13 @@ std::int64_t HfFields::integer_or(const char* key, std::int64_t fallback) const 
   return has(key) ? to_int(key, j_.at(key)) : fallback;
 }
 
+double HfFields::number_or(const char* key, double fallback) const {
+  if (!has(key)) return fallback;
+  const nlohmann::json& v = j_.at(key);
+  if (!v.is_number()) fail("field '" + std::string(key) + "' must be a number, got " + std::string(v.type_name()));
+  return v.get<double>();
+}
+
 std::int64_t HfFields::integer_any(std::initializer_list<const char*> keys) const {
   const char* found = nullptr;
   std::int64_t value = 0;

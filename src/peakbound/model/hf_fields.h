@@ -37,6 +37,8 @@ class HfFields {
   std::int64_t integer_any(std::initializer_list<const char*> keys) const;
 
   bool boolean_or(const char* key, bool fallback) const;
+  // A number (integer or real) or the fallback when absent or null; anything else fails.
+  double number_or(const char* key, double fallback) const;
   std::string string_or(const char* key, const std::string& fallback) const;
   std::vector<std::int64_t> int_list_or_empty(const char* key) const;
   std::vector<std::string> string_list_or_empty(const char* key) const;

@@ -62,6 +62,10 @@ struct ModelConfig {
   bool router_bias = false;          // gpt-oss: the router Linear has a bias [E]
   bool router_score_correction = false;  // DeepSeek-V3 e_score_correction_bias [E]
   bool mlp_bias = false;  // every MLP (dense, routed, shared) has biases (gpt-oss experts)
+  // gpt-oss's clamped SwiGLU in the routed experts (swiglu_limit, swiglu_alpha): 0 means
+  // the plain silu(gate) * up.
+  double swiglu_limit = 0.0;
+  double swiglu_alpha = 1.702;
 
   // Attention.
   AttentionKind attention = AttentionKind::gqa;

@@ -114,6 +114,8 @@ Preset gpt_oss_120b() {
   c.norm_topk_prob = true;
   c.router_bias = true;
   c.mlp_bias = true;
+  c.swiglu_limit = 7.0;  // the clamped SwiGLU, alpha 1.702
+  c.swiglu_alpha = 1.702;
   c.num_heads = 64;
   c.num_kv_heads = 8;
   c.head_dim = 64;

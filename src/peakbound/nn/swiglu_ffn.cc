@@ -4,6 +4,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/nn/linear.h"
+#include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/swiglu.h"
 
 namespace peakbound {
@@ -23,14 +24,31 @@ void forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_
              const SwigluFfnWeightsOf<A>& w, A* gate, A* up, A* act, A* out, bool accumulate_out, float* tile) {
   check_sizes(m, H, F);
   if (m == 0) return;
-  linear(dev, s, m, F, {{.a = x, .lda = H, .b = w.gate, .ldb = H, .k = H, .trans_b = true}}, gate, F,
-         LinearMode::write, tile);  // gate = x W_gate^T
-  linear(dev, s, m, F, {{.a = x, .lda = H, .b = w.up, .ldb = H, .k = H, .trans_b = true}}, up, F, LinearMode::write,
-         tile);                                        // up = x W_up^T
-  ops::swiglu_forward(dev, s, act, gate, up, m * F);  // act = silu(gate) up
+  const bool biased = w.b_gate != nullptr;
+  PB_CHECK_MSG(biased == (w.b_up != nullptr) && biased == (w.b_down != nullptr),
+               "swiglu ffn: the three biases go together");
+  PB_CHECK_MSG(!(biased && accumulate_out), "swiglu ffn: a biased FFN writes its output");
+  // A bias: the zeroed output takes it, then the product adds (one rounding).
+  const auto bias = [&](A* y, const A* b, std::int64_t n) {
+    if (b == nullptr) return;
+    ops::fill(dev, s, y, m * n, 0.0f);
+    ops::add_bias(dev, s, y, b, m, n);
+  };
+  const LinearMode into = biased ? LinearMode::add : LinearMode::write;
+  bias(gate, w.b_gate, F);
+  linear(dev, s, m, F, {{.a = x, .lda = H, .b = w.gate, .ldb = H, .k = H, .trans_b = true}}, gate, F, into,
+         tile);  // gate = x W_gate^T (+ b_gate)
+  bias(up, w.b_up, F);
+  linear(dev, s, m, F, {{.a = x, .lda = H, .b = w.up, .ldb = H, .k = H, .trans_b = true}}, up, F, into,
+         tile);  // up = x W_up^T (+ b_up)
+  if (w.clamp != nullptr)
+    ops::swiglu_clamped_forward(dev, s, act, gate, up, m * F, *w.clamp);  // act = (u + 1) g sigmoid(alpha g)
+  else
+    ops::swiglu_forward(dev, s, act, gate, up, m * F);  // act = silu(gate) up
   if (out == nullptr) return;
+  bias(out, w.b_down, H);
   linear(dev, s, m, H, {{.a = act, .lda = F, .b = w.down, .ldb = F, .k = F, .trans_b = true}}, out, H,
-         mode_of(accumulate_out), tile);  // out (+)= act W_down^T
+         biased ? LinearMode::add : mode_of(accumulate_out), tile);  // out (+)= act W_down^T (+ b_down)
 }
 
 template <class A>
@@ -39,11 +57,21 @@ void backward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64
               bool accumulate_dx, float* tile) {
   check_sizes(m, H, F);
   if (m == 0) return;
+  const bool biased = w.b_gate != nullptr;
+  PB_CHECK_MSG(!biased || (dw.b_gate && dw.b_up && dw.b_down), "swiglu ffn: a biased FFN needs its bias gradients");
   add_weight_grad(dev, s, H, F, m, dout, act, dw.down);  // dW_down += dout^T act
+  if (biased) ops::add_column_sums(dev, s, dw.b_down, dout, m, H);
   A* dact = act;                                         // act is no longer needed
   linear(dev, s, m, F, {{.a = dout, .lda = H, .b = w.down, .ldb = F, .k = H, .trans_b = false}}, dact, F,
-         LinearMode::write, tile);                                 // dact = dout W_down
-  ops::swiglu_backward(dev, s, gate, up, dact, gate, up, m * F);  // dgate, dup in place
+         LinearMode::write, tile);  // dact = dout W_down
+  if (w.clamp != nullptr)
+    ops::swiglu_clamped_backward(dev, s, gate, up, dact, gate, up, m * F, *w.clamp);  // dgate, dup in place
+  else
+    ops::swiglu_backward(dev, s, gate, up, dact, gate, up, m * F);  // dgate, dup in place
+  if (biased) {
+    ops::add_column_sums(dev, s, dw.b_gate, gate, m, F);
+    ops::add_column_sums(dev, s, dw.b_up, up, m, F);
+  }
   add_weight_grad(dev, s, F, H, m, gate, x, dw.gate);             // dW_gate += dgate^T x
   add_weight_grad(dev, s, F, H, m, up, x, dw.up);                 // dW_up += dup^T x
   // x is read for the last time above, so dx may alias it. One sum: bf16 rounds it once.

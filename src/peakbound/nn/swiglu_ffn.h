@@ -38,14 +38,24 @@
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
+#include "peakbound/ops/swiglu.h"
 
 namespace peakbound {
 
+// gpt-oss's experts (null / absent elsewhere): biases on the three projections
+// (gate = x W_gate^T + b_gate, up = x W_up^T + b_up, out = act W_down^T + b_down; a bias
+// goes into the zeroed output before the product, one bf16 rounding) and the clamped
+// activation (ops::SwigluClamp) in place of silu(gate) up. The bias gradients are ADDED
+// into (f32): column sums of dgate, dup and dout over the m rows.
 template <class T>
 struct SwigluFfnWeightsOf {
   const T* gate = nullptr;  // [F, H]
   const T* up = nullptr;    // [F, H]
   const T* down = nullptr;  // [H, F]
+  const T* b_gate = nullptr;  // [F] (all three biases or none)
+  const T* b_up = nullptr;    // [F]
+  const T* b_down = nullptr;  // [H]
+  const ops::SwigluClamp* clamp = nullptr;  // null: silu(gate) * up
 };
 using SwigluFfnWeights = SwigluFfnWeightsOf<float>;
 using SwigluFfnWeightsBf16 = SwigluFfnWeightsOf<bf16>;
@@ -54,6 +64,9 @@ struct SwigluFfnGrads {
   float* gate = nullptr;  // [F, H], added into
   float* up = nullptr;    // [F, H], added into
   float* down = nullptr;  // [H, F], added into
+  float* b_gate = nullptr;  // [F], added into (with the weights' biases)
+  float* b_up = nullptr;    // [F]
+  float* b_down = nullptr;  // [H]
 };
 
 // The three [m, F] intermediates and the fp32 linear tile, as one caller allocates them

@@ -50,8 +50,8 @@ void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::i
 
 namespace {
 
-template <class A>
-void add_bias_as(Device& dev, Stream& s, A* y, const A* bias, std::int64_t rows, std::int64_t cols) {
+template <class A, class B>
+void add_bias_as(Device& dev, Stream& s, A* y, const B* bias, std::int64_t rows, std::int64_t cols) {
   dispatch(dev, s, "add_bias", {y, bias},
            [&](void*) { no_kernel(dev, "add_bias"); },
            [=] { cpu::add_bias(y, bias, rows, cols); });
@@ -70,6 +70,9 @@ void add_bias(Device& dev, Stream& s, float* y, const float* bias, std::int64_t 
   add_bias_as(dev, s, y, bias, rows, cols);
 }
 void add_bias(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) {
+  add_bias_as(dev, s, y, bias, rows, cols);
+}
+void add_bias(Device& dev, Stream& s, float* y, const bf16* bias, std::int64_t rows, std::int64_t cols) {
   add_bias_as(dev, s, y, bias, rows, cols);
 }
 void add_column_sums(Device& dev, Stream& s, float* acc, const float* x, std::int64_t rows, std::int64_t cols) {

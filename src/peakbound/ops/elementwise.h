@@ -23,6 +23,7 @@ void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::i
 // y [rows, cols] += bias [cols] on every row; acc [cols] (fp32) += the column sums of x.
 void add_bias(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
+void add_bias(Device& dev, Stream& s, float* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_column_sums(Device& dev, Stream& s, float* acc, const float* x, std::int64_t rows, std::int64_t cols);
 void add_column_sums(Device& dev, Stream& s, float* acc, const bf16* x, std::int64_t rows, std::int64_t cols);
 

@@ -434,7 +434,15 @@ class MoeDispatch::Pass {
   // products through its fp32 tile, each stored activation rounded once).
   void expert(std::int64_t slot, std::int64_t a, std::int64_t m) {
     const A* W = weights_of(slot);
-    const SwigluFfnWeightsOf<A> w{W, W + F_ * H_, W + 2 * F_ * H_};  // [W_gate | W_up | W_down]
+    // [W_gate | W_up | W_down] (+ [b_gate | b_up | b_down]: gpt-oss)
+    SwigluFfnWeightsOf<A> w{W, W + F_ * H_, W + 2 * F_ * H_};
+    const A* B = W + 3 * F_ * H_;
+    if (s_.bias) {
+      w.b_gate = B;
+      w.b_up = B + F_;
+      w.b_down = B + 2 * F_;
+    }
+    if (s_.clamped) w.clamp = &s_.clamp;
     const A* X = xg_.as<A>() + a * H_;
     A *G = gate_.as<A>() + a * F_, *U = up_.as<A>() + a * F_, *Act = act_.as<A>() + a * F_;
     A* O = outg_.as<A>() + a * H_;
@@ -446,7 +454,13 @@ class MoeDispatch::Pass {
     A* DY = dyg_.as<A>() + a * H_;
     ops::moe_dot_scale_rows(dev_, cs_, dwg_ + a, DY, O, wg_ + a, m, H_);
     float* dW = grads_of(slot);
-    const SwigluFfnGrads dw{dW, dW + F_ * H_, dW + 2 * F_ * H_};
+    SwigluFfnGrads dw{dW, dW + F_ * H_, dW + 2 * F_ * H_};
+    if (s_.bias) {
+      float* dB = dW + 3 * F_ * H_;
+      dw.b_gate = dB;
+      dw.b_up = dB + F_;
+      dw.b_down = dB + 2 * F_;
+    }
     if constexpr (kBf16)
       swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, O, false, tile_.as<float>());
     else

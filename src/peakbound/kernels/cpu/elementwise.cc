@@ -41,8 +41,8 @@ void add_t(T* out, const T* a, const T* b, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
 }
 
-template <typename T>
-void add_bias_t(T* y, const T* bias, std::int64_t rows, std::int64_t cols) {
+template <typename T, typename B>
+void add_bias_t(T* y, const B* bias, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) y[r * cols + c] = narrow<T>(widen(y[r * cols + c]) + widen(bias[c]));
 }
@@ -179,6 +179,7 @@ void fill(bf16* x, std::int64_t n, float v) { fill_t(x, n, v); }
 
 void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
 void add_bias(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
+void add_bias(float* y, const bf16* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
 void add_column_sums(float* acc, const float* x, std::int64_t rows, std::int64_t cols) {
   add_column_sums_t(acc, x, rows, cols);
 }

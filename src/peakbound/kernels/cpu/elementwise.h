@@ -25,6 +25,7 @@ void add(bf16* out, const bf16* a, const bf16* b, std::int64_t n);  // out = to_
 // each summed in double over the rows and added once (a bias's gradient).
 void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
+void add_bias(float* y, const bf16* bias, std::int64_t rows, std::int64_t cols);  // fp32 y, bf16 bias
 void add_column_sums(float* acc, const float* x, std::int64_t rows, std::int64_t cols);
 void add_column_sums(float* acc, const bf16* x, std::int64_t rows, std::int64_t cols);
 
