@@ -129,12 +129,30 @@ def qwen2_moe_config():
     )
 
 
+def gpt_oss_config():
+    # gpt-oss: q/k/v/o biases, a sink logit per head, layer 0 sliding (window 5) and layer 1
+    # full, the released YaRN (factor 32 over 4096: within the batch it acts through its
+    # frequencies and the 1.35 factor on cos and sin), the router's bias and softmax over the
+    # top-k logits, fused interleaved experts with biases and the clamped SwiGLU.
+    cfg = transformers.GptOssConfig(
+        **COMMON,
+        num_local_experts=8,
+        intermediate_size=16,
+        sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"],
+        attention_bias=True,
+    )
+    cfg._experts_implementation = "eager"
+    return cfg
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM),
     "qwen3_moe_yarn": (qwen3_moe_yarn_config, transformers.Qwen3MoeForCausalLM),
     "mixtral_sliding": (mixtral_sliding_config, transformers.MixtralForCausalLM),
     "qwen2_moe": (qwen2_moe_config, transformers.Qwen2MoeForCausalLM),
+    "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM),
 }
 
 
@@ -153,7 +171,7 @@ def build_model(family):
         for name, p in model.named_parameters():
             # Biases start at 0 in transformers: jittered too, so a loader or a forward
             # that drops one shows (no family without biases draws more).
-            if "norm" in name or name.endswith(".bias"):
+            if "norm" in name or name.endswith(".bias") or name.endswith("_bias"):
                 p.add_(NORM_JITTER * torch.randn(p.shape, generator=gen))
     model.train()  # dropout is 0 and jitter is 0: train mode changes nothing numerically
     return cfg, model
@@ -215,7 +233,10 @@ def topk_margin(cfg, router_logits):
 
 def split_fused(params_grads, cfg):
     """In-memory (fused) parameter name -> tensor, rewritten by hand into the checkpoint's
-    per-expert names; used to check save_pretrained's conversion independently."""
+    per-expert names; used to check save_pretrained's conversion independently. gpt-oss's
+    checkpoint keeps the in-memory fused tensors as they are."""
+    if cfg.model_type == "gpt_oss":
+        return dict(params_grads)
     qwen = ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
             "mlp.experts.{e}.down_proj.weight", "mlp.gate.weight")
     gate_up_names = {"qwen3_moe": qwen, "qwen2_moe": qwen,

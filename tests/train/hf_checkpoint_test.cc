@@ -26,6 +26,8 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/hf_config.h"
+#include "peakbound/model/tensor_table.h"
+#include "peakbound/train/gpt_oss_experts.h"
 
 namespace peakbound {
 namespace {
@@ -71,6 +73,49 @@ TEST(HfCheckpoint, LoadsTheFixturesBitwiseAtEveryExpertParallelRank) {
         for (std::uint64_t i = 0; i < m.store.elements(); ++i) ASSERT_EQ(m.store.grads_data()[i], 0.0f);
       }
     }
+  }
+}
+
+// gpt-oss's checkpoint experts, fused (the gpt_oss fixture: f32) and MXFP4 (gpt_oss_mxfp4:
+// `_blocks` / `_scales` as the hub's), read into the trainer's packed rows: every expert row
+// equals gpt_oss_pack_expert of the checkpoint's (or transformers' dequantized) tensors,
+// bit for bit, and every other tensor is the file's.
+TEST(HfCheckpoint, GptOssExpertsLoadIntoThePackedRowsFusedAndMxfp4) {
+  for (const char* family : {"gpt_oss", "gpt_oss_mxfp4"}) {
+    SCOPED_TRACE(family);
+    const std::string dir = kFixtures + family;
+    const bool mx = std::string(family) == "gpt_oss_mxfp4";
+    const ModelConfig c = load_hf_config(dir);
+    const SafeTensorsFile file = SafeTensorsFile::open(dir + "/model.safetensors");
+    const SafeTensorsFile deq = mx ? SafeTensorsFile::open(dir + "/dequantized.safetensors") : file;
+    const TensorTable table(c, TableLayout::trainer);
+    ASSERT_TRUE(table.converts_experts());
+    const std::int64_t H = c.hidden_size, F = c.moe_intermediate_size, EF = gpt_oss_expert_floats(H, F);
+    std::int64_t experts_seen = 0, others = 0;
+    const ShardSelector all = [](const TensorEntry& e) -> std::optional<RowRange> {
+      return RowRange{0, e.shape.empty() ? 1 : e.shape[0]};
+    };
+    for_each_hf_tensor(dir, table, all, [&](const ParameterView& v, const float* x, std::uint64_t n) {
+      ASSERT_EQ(n, static_cast<std::uint64_t>(v.numel()));
+      if (v.entry.kind != TensorKind::expert) {
+        const std::vector<float> want = file.read_f32(v.name());
+        EXPECT_EQ(std::memcmp(x, want.data(), n * sizeof(float)), 0) << v.name();
+        ++others;
+        return;
+      }
+      const std::string p = "model.layers." + std::to_string(v.entry.layer) + ".mlp.experts.";
+      const std::int64_t e = v.entry.expert;
+      const std::vector<float> gu = deq.read_f32(p + "gate_up_proj"), d = deq.read_f32(p + "down_proj");
+      const std::vector<float> gub = file.read_f32(p + "gate_up_proj_bias"), db = file.read_f32(p + "down_proj_bias");
+      std::vector<float> packed(static_cast<std::size_t>(EF));
+      gpt_oss_pack_expert(packed.data(), gu.data() + e * H * 2 * F, gub.data() + e * 2 * F, d.data() + e * F * H,
+                          db.data() + e * H, H, F);
+      const float* want = packed.data() + gpt_oss_piece_offset(v.name(), H, F);
+      EXPECT_EQ(std::memcmp(x, want, n * sizeof(float)), 0) << v.name();
+      ++experts_seen;
+    });
+    EXPECT_EQ(experts_seen, 6 * c.num_experts * c.num_layers);
+    EXPECT_GT(others, 0);
   }
 }
 

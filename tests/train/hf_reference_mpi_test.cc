@@ -37,6 +37,7 @@
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/hf_config.h"
 #include "peakbound/train/fsdp_units.h"
+#include "peakbound/train/gpt_oss_experts.h"
 #include "peakbound/train/moe_transformer.h"
 #include "tests/comm/world.h"
 
@@ -159,6 +160,23 @@ void run_family(FamilyRun& run, const std::string& dir, const SafeTensorsFile& r
   run.ce = ce[0] / ce[1];
 }
 
+// transformers' gradient of a parameter the model holds, by the model's name: as the
+// reference stores it, except gpt-oss's experts, which the model holds one packed row per
+// expert (TableLayout::trainer): those are the fused reference gradients packed by
+// train/gpt_oss_experts.h and sliced to the piece.
+std::vector<float> reference_grad(const SafeTensorsFile& ref, const ModelConfig& c, const ParameterView& pv) {
+  if (c.family != "gpt_oss" || pv.entry.kind != TensorKind::expert) return ref.read_f32("grad." + pv.name());
+  const std::int64_t H = c.hidden_size, F = c.moe_intermediate_size, e = pv.entry.expert;
+  const std::string p = "grad.model.layers." + std::to_string(pv.entry.layer) + ".mlp.experts.";
+  const std::vector<float> gu = ref.read_f32(p + "gate_up_proj"), gub = ref.read_f32(p + "gate_up_proj_bias");
+  const std::vector<float> d = ref.read_f32(p + "down_proj"), db = ref.read_f32(p + "down_proj_bias");
+  std::vector<float> packed(static_cast<std::size_t>(gpt_oss_expert_floats(H, F)));
+  gpt_oss_pack_expert(packed.data(), gu.data() + e * H * 2 * F, gub.data() + e * 2 * F, d.data() + e * F * H,
+                      db.data() + e * H, H, F);
+  const std::int64_t at = gpt_oss_piece_offset(pv.name(), H, F);
+  return std::vector<float>(packed.begin() + at, packed.begin() + at + pv.entry.numel());
+}
+
 // max|got - want| / max|want| over one tensor's elements (want read at want_offset + k).
 double rel_err(const float* got, const std::vector<float>& want, std::int64_t want_offset, std::int64_t n) {
   double num = 0, den = 0;
@@ -215,7 +233,7 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
     ParameterStore& s = *stores[i];
     sgroups[i]->all_reduce(s.grads_data(), s.elements(), DType::f32, ReduceOp::sum);
     for (const ParameterView& pv : s) {
-      const std::vector<float> full = ref.read_f32("grad." + pv.name());
+      const std::vector<float> full = reference_grad(ref, run.config, pv);
       std::int64_t row = 1;
       for (std::size_t d = 1; d < pv.entry.shape.size(); ++d) row *= pv.entry.shape[d];
       const double e = rel_err(s.grad(pv), full, pv.rows.begin * row, pv.numel());
@@ -316,6 +334,13 @@ TEST(HfReference, MixtralSlidingWindowMatchesTransformers) {
 
 TEST(HfReference, Qwen2MoeMatchesTransformers) {
   for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("qwen2_moe", v);
+}
+
+// gpt-oss: attention biases and sinks, layer 0 sliding (window 5), YaRN, the router's bias,
+// the experts' biases and clamped SwiGLU, loaded from the checkpoint's fused interleaved
+// experts into the trainer's packed rows; every dispatch kind, context parallelism 2.
+TEST(HfReference, GptOssMatchesTransformers) {
+  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("gpt_oss", v);
 }
 
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {

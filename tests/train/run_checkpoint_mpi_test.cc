@@ -441,36 +441,44 @@ TEST(RunCheckpoint, AFailedSaveLeavesThePreviousCheckpoint) {
 // checkpoint was saved from, bit for bit (the transformers side: scripts/hf_reference/check_export.py).
 TEST(RunCheckpoint, ExportWritesTheSavedModel) {
   Communicator& world = testing::world();
-  const std::string fixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
-  std::ifstream in(fixture + "/config.json");
-  std::stringstream text;
-  text << in.rdbuf();
   RunSetup s = default_setup(true);
-  s.config = load_hf_config(fixture + "/config.json");
-  s.hf_dir = fixture;
   const std::string dir = test_dir("export"), out = dir + "_hf";
-  fresh(dir);
-  std::vector<float> saved;
-  {
-    TrainRun a(s);
-    a.step(1);
-    a.step(2);
-    RunState st;
-    st.step = 2;
-    st.hf_config = text.str();
-    save_checkpoint(dir, *a.trainer, st, s.config, s.layout);
-    saved = a.all_parameters();
+  // gpt-oss too: the run holds its experts as packed rows, the export fuses them back
+  // into the checkpoint's interleaved gate_up_proj (and the load takes them apart again).
+  for (const char* family : {"qwen3_moe", "gpt_oss"}) {
+    SCOPED_TRACE(family);
+    const std::string fixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/" + family;
+    std::ifstream in(fixture + "/config.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    s = default_setup(true);
+    s.config = load_hf_config(fixture + "/config.json");
+    s.hf_dir = fixture;
+    fresh(dir);
+    std::vector<float> saved;
+    {
+      TrainRun a(s);
+      a.step(1);
+      a.step(2);
+      RunState st;
+      st.step = 2;
+      st.hf_config = text.str();
+      save_checkpoint(dir, *a.trainer, st, s.config, s.layout);
+      saved = a.all_parameters();
+    }
+    if (world.rank() == 0) {
+      std::filesystem::remove_all(out);
+      EXPECT_EQ(export_hf(resolve_checkpoint(dir), out), DType::f32);  // the fixture's float32
+    }
+    world.barrier();
+    RunSetup t = s;
+    t.hf_dir = out;
+    TrainRun b(t);
+    const std::vector<float> got = b.all_parameters();
+    ASSERT_EQ(got.size(), saved.size());
+    EXPECT_EQ(std::memcmp(got.data(), saved.data(), got.size() * sizeof(float)), 0);
+    world.barrier();
   }
-  if (world.rank() == 0) {
-    EXPECT_EQ(export_hf(resolve_checkpoint(dir), out), DType::f32);  // the fixture's float32
-  }
-  world.barrier();
-  RunSetup t = s;
-  t.hf_dir = out;
-  TrainRun b(t);
-  const std::vector<float> got = b.all_parameters();
-  ASSERT_EQ(got.size(), saved.size());
-  EXPECT_EQ(std::memcmp(got.data(), saved.data(), got.size() * sizeof(float)), 0);
   // A checkpoint of a preset has no config.json: export says why.
   const std::string preset = test_dir("export_preset");
   fresh(preset);

@@ -201,6 +201,37 @@ Preset tiny_moe() {
   return p;
 }
 
+// gpt-oss's architecture at tiny-moe's size: every layer MoE (its experts with biases and
+// the clamped SwiGLU, the router with its bias), attention with q/k/v/o biases and sinks,
+// the even layers sliding over 128 keys, the released YaRN.
+Preset tiny_gptoss() {
+  Preset p;
+  ModelConfig c = small_model("tiny-gptoss", 16384, 256, 4, 8, 8, 32);
+  c.family = "gpt_oss";
+  c.num_dense_layers = 0;
+  c.dense_intermediate_size = 0;
+  c.moe_intermediate_size = 256;
+  c.router_bias = true;
+  c.mlp_bias = true;
+  c.swiglu_limit = 7.0;
+  c.swiglu_alpha = 1.702;
+  c.attention_qkv_bias = true;
+  c.attention_out_bias = true;
+  c.attention_sinks = true;
+  c.sliding_window = 128;
+  c.set_sliding_layers([](std::int64_t i) { return i % 2 == 0; });
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 150000.0;
+  c.rope_scaling.yarn = true;
+  c.rope_scaling.factor = 32.0;
+  c.rope_scaling.original_max_position = 4096;
+  c.rope_scaling.truncate = false;
+  c.rope_scaling.attention_factor = yarn_get_mscale(32.0);
+  p.config = c;
+  p.source = "peakbound";
+  return p;
+}
+
 Preset small_moe() {
   Preset p;
   p.config = small_model("small-moe", 32768, 512, 8, 16, 8, 64);
@@ -211,7 +242,7 @@ Preset small_moe() {
 const std::vector<Preset>& all_presets() {
   static const std::vector<Preset> presets = {deepseek_v3(), qwen3_235b(),   gpt_oss_120b(),
                                               mixtral_8x22b(), qwen3_30b(), tiny_moe(),
-                                              small_moe()};
+                                              tiny_gptoss(),   small_moe()};
   return presets;
 }
 

@@ -134,7 +134,7 @@ KindNumel sum_by_kind(const std::vector<TensorTemplate>& ts, const Checked& n) {
 
 }  // namespace
 
-TensorTable::TensorTable(const ModelConfig& c) : config_(c) {
+TensorTable::TensorTable(const ModelConfig& c, TableLayout layout) : config_(c), layout_(layout) {
   c.validate();
   const Checked n(c.name);
   const std::int64_t H = c.hidden_size;
@@ -193,6 +193,17 @@ TensorTable::TensorTable(const ModelConfig& c) : config_(c) {
     if (mixtral) {
       experts_prefix_ = "block_sparse_moe.experts.";
       x.gated_mlp("", H, F, c.mlp_bias, ek, "w1", "w3", "w2");
+    } else if (gpt_oss && layout == TableLayout::trainer) {
+      // The trainer's packed row per expert (train/gpt_oss_experts.h).
+      experts_prefix_ = "mlp.experts.";
+      x.add("gate_proj.weight", {F, H}, ek);
+      x.add("up_proj.weight", {F, H}, ek);
+      x.add("down_proj.weight", {H, F}, ek);
+      if (c.mlp_bias) {
+        x.add("gate_proj.bias", {F}, ek);
+        x.add("up_proj.bias", {F}, ek);
+        x.add("down_proj.bias", {H}, ek);
+      }
     } else if (gpt_oss) {
       // GptOssExperts: gate and up interleaved in one [H, 2F] matrix per expert,
       // stored as parameters (not Linear), so in x out orientation.

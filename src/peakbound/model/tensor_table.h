@@ -73,13 +73,24 @@ using KindNumel = std::array<std::int64_t, kNumTensorKinds>;
 // Counting is O(templates); names are expanded only by for_each / entries, in
 // checkpoint order (embedding, layer 0 ... L-1, final norm, lm_head; within a layer
 // attention, norms, then the MLP with experts in index order).
+// Which names and shapes the table gives gpt-oss's routed experts (every other family's
+// are the same in both): `checkpoint`, the fused tensors its files hold (above); `trainer`,
+// one entry per expert as the trainer packs them (train/gpt_oss_experts.h), in nn.Linear
+// layout and this order: mlp.experts.{e}.gate_proj.weight [F, H], up_proj.weight [F, H],
+// down_proj.weight [H, F], gate_proj.bias [F], up_proj.bias [F], down_proj.bias [H]. The
+// element counts are equal; the loader and the exporter convert between the two.
+enum class TableLayout : std::uint8_t { checkpoint, trainer };
+
 class TensorTable {
  public:
   // Validates the config (InvalidArgument on an impossible one, or when a size
   // product overflows 64 bits).
-  explicit TensorTable(const ModelConfig& config);
+  explicit TensorTable(const ModelConfig& config, TableLayout layout = TableLayout::checkpoint);
 
   const ModelConfig& config() const { return config_; }
+  TableLayout layout() const { return layout_; }
+  // The trainer layout of a family whose experts the checkpoint stores fused (gpt-oss).
+  bool converts_experts() const { return layout_ == TableLayout::trainer && config_.family == "gpt_oss"; }
 
   // Templates: model-level tensors with full names (embed_tokens; norm and lm_head).
   const std::vector<TensorTemplate>& head_tensors() const { return head_; }
@@ -112,6 +123,7 @@ class TensorTable {
 
  private:
   ModelConfig config_;
+  TableLayout layout_ = TableLayout::checkpoint;
   std::vector<TensorTemplate> head_, tail_, dense_layer_, moe_layer_, expert_;
   std::string experts_prefix_;
   bool fused_experts_ = false;

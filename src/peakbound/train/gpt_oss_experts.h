@@ -16,11 +16,31 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "peakbound/core/error.h"
 
 namespace peakbound {
 
 inline std::int64_t gpt_oss_expert_floats(std::int64_t hidden, std::int64_t ffn) {
   return 3 * ffn * hidden + 2 * ffn + hidden;
+}
+
+// Where a piece of the trainer's expert row starts, from its table name
+// ("model.layers.0.mlp.experts.3.up_proj.bias" -> F H + ... ): gate_proj.weight 0,
+// up_proj.weight FH, down_proj.weight 2FH, gate_proj.bias 3FH, up_proj.bias 3FH + F,
+// down_proj.bias 3FH + 2F.
+inline std::int64_t gpt_oss_piece_offset(const std::string& name, std::int64_t H, std::int64_t F) {
+  const std::size_t last = name.rfind('.');
+  const std::size_t dot = last == std::string::npos || last == 0 ? std::string::npos : name.rfind('.', last - 1);
+  const std::string piece = dot == std::string::npos ? name : name.substr(dot + 1);
+  if (piece == "gate_proj.weight") return 0;
+  if (piece == "up_proj.weight") return F * H;
+  if (piece == "down_proj.weight") return 2 * F * H;
+  if (piece == "gate_proj.bias") return 3 * F * H;
+  if (piece == "up_proj.bias") return 3 * F * H + F;
+  if (piece == "down_proj.bias") return 3 * F * H + 2 * F;
+  throw InternalError("'" + name + "' is not a piece of a gpt-oss expert row");
 }
 
 template <class T>

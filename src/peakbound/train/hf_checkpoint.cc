@@ -16,9 +16,11 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/io/atomic_file.h"
+#include "peakbound/io/mxfp4.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/hf_config.h"
 #include "peakbound/ops/host_convert.h"
+#include "peakbound/train/gpt_oss_experts.h"
 
 namespace peakbound {
 
@@ -129,6 +131,9 @@ namespace {
 struct HfFiles {
   std::vector<SafeTensorsFile> files;
   std::unordered_map<std::string, std::size_t> where;
+  // Weights stored as MXFP4 (gpt-oss's released experts): `name` absent, `name`_blocks and
+  // `name`_scales present in one file (io/mxfp4.h), dequantized to f32 as they are read.
+  std::unordered_set<std::string> mxfp4;
 };
 
 HfFiles open_checked(const std::string& dir, const TensorTable& table) {
@@ -152,6 +157,24 @@ HfFiles open_checked(const std::string& dir, const TensorTable& table) {
   table.for_each([&](const TensorEntry& e) {
     known.insert(e.name);
     auto it = where.find(e.name);
+    const auto blocks = where.find(e.name + "_blocks"), scales = where.find(e.name + "_scales");
+    if (it == where.end() && blocks != where.end() && scales != where.end()) {
+      const SafeTensorsFile& f = files[blocks->second];
+      if (scales->second != blocks->second)
+        throw InvalidArgument(f.path() + ": " + e.name + "_blocks and _scales are in different shards; an MXFP4 "
+                              "weight's two halves are read from one file");
+      const std::vector<std::int64_t>& b = f.info(e.name + "_blocks").shape;  // [E, N, G, 16] -> [E, G*32, N]
+      const std::vector<std::int64_t> deq =
+          b.size() == 4 ? std::vector<std::int64_t>{b[0], b[2] * kMxfp4BlockElements, b[1]} : b;
+      if (deq != e.shape)
+        throw InvalidArgument(f.path() + ": MXFP4 tensor '" + e.name + "_blocks' " + shape_text(b) +
+                              " dequantizes to " + shape_text(deq) + ", config.json implies " + shape_text(e.shape));
+      known.insert(e.name + "_blocks");
+      known.insert(e.name + "_scales");
+      h.mxfp4.insert(e.name);
+      where.emplace(e.name, blocks->second);
+      return;
+    }
     if (it == where.end()) {
       std::string looked = files[0].path();
       if (files.size() > 1) looked = std::to_string(files.size()) + " shards of " + dir;
@@ -175,15 +198,84 @@ HfFiles open_checked(const std::string& dir, const TensorTable& table) {
   return h;
 }
 
+// count elements of a checkpoint tensor from element `first`, as f32: F32 and BF16 sliced
+// from the mapping, another dtype through the whole tensor's conversion.
+std::vector<float> read_slice_f32(const SafeTensorsFile& f, const std::string& name, std::uint64_t first,
+                                  std::uint64_t count) {
+  const SafeTensorInfo& t = f.info(name);
+  std::vector<float> out(count);
+  if (t.dtype == "F32") {
+    std::memcpy(out.data(), f.bytes(name).data() + first * sizeof(float), count * sizeof(float));
+  } else if (t.dtype == "BF16") {
+    std::vector<bf16> b(count);
+    std::memcpy(b.data(), f.bytes(name).data() + first * sizeof(bf16), count * sizeof(bf16));
+    for (std::uint64_t i = 0; i < count; ++i) out[i] = to_f32(b[i]);
+  } else {
+    const std::vector<float> all = f.read_f32(name);
+    std::copy(all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(first + count),
+              out.begin());
+  }
+  return out;
+}
+
+// gpt-oss's expert (layer, e) from the checkpoint's fused tensors, packed as the trainer
+// holds it (train/gpt_oss_experts.h), checked finite.
+std::vector<float> gpt_oss_packed_expert(const HfFiles& h, const ModelConfig& c, std::int64_t layer, std::int64_t e) {
+  const std::int64_t H = c.hidden_size, F = c.moe_intermediate_size;
+  const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+  auto slice = [&](const std::string& name, std::int64_t per_expert) {
+    const std::string full = p + name;
+    const SafeTensorsFile& f = h.files[h.where.at(full)];
+    const auto first = static_cast<std::uint64_t>(e * per_expert), n = static_cast<std::uint64_t>(per_expert);
+    std::vector<float> v =
+        h.mxfp4.count(full) ? read_mxfp4(f, full, e, e + 1).values : read_slice_f32(f, full, first, n);
+    check_finite_weights(v.data(), n, full, f.path(), first);
+    return v;
+  };
+  const std::vector<float> gu = slice("gate_up_proj", 2 * F * H), d = slice("down_proj", F * H);
+  std::vector<float> gub(static_cast<std::size_t>(2 * F), 0.0f), db(static_cast<std::size_t>(H), 0.0f);
+  if (c.mlp_bias) {
+    gub = slice("gate_up_proj_bias", 2 * F);
+    db = slice("down_proj_bias", H);
+  }
+  std::vector<float> packed(static_cast<std::size_t>(gpt_oss_expert_floats(H, F)));
+  gpt_oss_pack_expert(packed.data(), gu.data(), gub.data(), d.data(), db.data(), H, F);
+  if (!c.mlp_bias) packed.resize(static_cast<std::size_t>(3 * F * H));
+  return packed;
+}
+
 }  // namespace
 
 void for_each_hf_tensor(const std::string& dir, const TensorTable& table, const ShardSelector& select,
                         const HfTensorFn& fn) {
-  const HfFiles h = open_checked(dir, table);
+  // gpt-oss's experts in the trainer's layout come from the checkpoint's fused tensors:
+  // the files are checked against the checkpoint's names, each expert packed once.
+  const bool convert = table.converts_experts();
+  const HfFiles h = open_checked(dir, convert ? TensorTable(table.config()) : table);
+  std::int64_t packed_layer = -1, packed_expert = -1;
+  std::vector<float> packed;
   // Each selected tensor's rows as f32 on the host: F32 straight from the mapping (through
   // an aligned copy where the mapping is not 4-byte aligned), other dtypes converted.
   for (const ParameterView& v : parameter_layout(table, select).views) {
+    if (convert && v.entry.kind == TensorKind::expert) {
+      if (v.entry.layer != packed_layer || v.entry.expert != packed_expert) {
+        packed = gpt_oss_packed_expert(h, table.config(), v.entry.layer, v.entry.expert);
+        packed_layer = v.entry.layer;
+        packed_expert = v.entry.expert;
+      }
+      const std::int64_t H = table.config().hidden_size, F = table.config().moe_intermediate_size;
+      const std::int64_t row = v.entry.shape.size() > 1 ? v.entry.shape[1] : 1;
+      const std::int64_t at = gpt_oss_piece_offset(v.name(), H, F) + v.rows.begin * row;
+      if (v.numel() > 0) fn(v, packed.data() + at, static_cast<std::uint64_t>(v.numel()));
+      continue;
+    }
     const SafeTensorsFile& f = h.files[h.where.at(v.name())];
+    if (h.mxfp4.count(v.name())) {  // the rows (experts) held, dequantized
+      const std::vector<float> deq = read_mxfp4(f, v.name(), v.rows.begin, v.rows.end).values;
+      check_finite_weights(deq.data(), deq.size(), v.name(), f.path(), 0);
+      if (!deq.empty()) fn(v, deq.data(), deq.size());
+      continue;
+    }
     const SafeTensorInfo& t = f.info(v.name());
     const std::int64_t full_rows = t.shape.empty() ? 1 : t.shape[0];
     const std::int64_t row = full_rows == 0 ? 0 : t.numel() / full_rows;

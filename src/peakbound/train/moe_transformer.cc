@@ -101,10 +101,10 @@ void check_trainable(const ModelConfig& c) {
                           "; refusing to train a different model than the config describes");
   if (c.attention != AttentionKind::gqa) unsupported(c, "MLA attention");
   if (c.router_scoring != RouterScoring::softmax) unsupported(c, "sigmoid router scoring");
-  if (c.router_bias || c.router_score_correction) unsupported(c, "router biases");
-  if (c.mlp_bias) unsupported(c, "MLP biases");
+  if (c.router_score_correction) unsupported(c, "router score correction (e_score_correction_bias)");
+  // gpt-oss's router and expert biases are modelled (its MoE layer); nobody else's.
+  if ((c.router_bias || c.mlp_bias) && c.family != "gpt_oss") unsupported(c, "router or MLP biases");
   if (c.tie_word_embeddings) unsupported(c, "tied embeddings");
-  if (c.family == "gpt_oss") unsupported(c, "gpt-oss's fused experts");
   if (c.num_shared_experts > 1 && c.family != "deepseek_v3" && c.family != "deepseek_v2")
     unsupported(c, "more than one separately stored shared expert");
   if (c.num_experts == 0 && c.num_layers == 0) unsupported(c, "a model without layers");
@@ -245,7 +245,7 @@ class MoeTransformer::FsdpBlock final : public Block {
 
 MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& groups, const ModelConfig& config,
                                const ModelSchedules& schedules)
-    : dev_(dev), host_(host), groups_(groups), config_(config), table_(config), schedules_(schedules) {
+    : dev_(dev), host_(host), groups_(groups), config_(config), table_(config, TableLayout::trainer), schedules_(schedules) {
   check_trainable(config_);
   const ModelConfig& c = config_;
   if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks))
@@ -323,26 +323,33 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     for (int g = 0; g < 2; ++g) mt[g].w_post = slot_view(l, p + "post_attention_layernorm.weight", g);
     if (moe) {
       ++moe_layers_;
-      const bool mixtral = c.family == "mixtral";
-      const std::string gate = p + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+      const bool mixtral = c.family == "mixtral", gpt_oss = c.family == "gpt_oss";
+      const std::string router = p + (mixtral ? "block_sparse_moe.gate." : gpt_oss ? "mlp.router." : "mlp.gate.");
+      const std::string gate = router + "weight";
       // This rank's first expert of the layer: its experts are packed from there.
       const std::string first = p + table_.experts_prefix() + std::to_string(ep_rank * per) + "." +
                                 (mixtral ? "w1.weight" : "gate_proj.weight");
-      const std::int64_t expert_floats = 3 * c.moe_intermediate_size * H;
-      // The packed store puts each expert's gate, up, down back to back, experts in order.
-      const char* names[3] = {mixtral ? "w1.weight" : "gate_proj.weight", mixtral ? "w3.weight" : "up_proj.weight",
-                              mixtral ? "w2.weight" : "down_proj.weight"};
+      const std::int64_t F = c.moe_intermediate_size;
+      const std::int64_t expert_floats = moe_layer_dispatch_shape(mc).expert_floats();
+      // The packed store puts each expert's gate, up, down back to back (gpt-oss: then its
+      // three biases), experts in order.
+      const char* names[6] = {mixtral ? "w1.weight" : "gate_proj.weight", mixtral ? "w3.weight" : "up_proj.weight",
+                              mixtral ? "w2.weight" : "down_proj.weight", "gate_proj.bias", "up_proj.bias",
+                              "down_proj.bias"};
+      const std::int64_t at[6] = {0, F * H, 2 * F * H, 3 * F * H, 3 * F * H + F, 3 * F * H + 2 * F};
+      const int pieces = mc.expert_bias ? 6 : 3;
       const std::uint64_t origin = experts_->view(first).offset;
       for (std::int64_t i = 0; i < per; ++i)
-        for (int k = 0; k < 3; ++k) {
+        for (int k = 0; k < pieces; ++k) {
           const std::string n =
               p + table_.experts_prefix() + std::to_string(ep_rank * per + i) + "." + names[k];
-          const u64 want = origin + static_cast<u64>(i * expert_floats + k * c.moe_intermediate_size * H);
+          const u64 want = origin + static_cast<u64>(i * expert_floats + at[k]);
           if (experts_->view(n).offset != want)
             throw InternalError("moe transformer: expert tensor " + n + " is not where MoeDispatch reads it");
         }
       for (int g = 0; g < 2; ++g) {
         mt[g].w_gate = slot_view(l, gate, g);
+        if (mc.router_bias) mt[g].w_gate_bias = slot_view(l, router + "bias", g);
         void* base = g ? static_cast<void*>(experts_->grad(first)) : experts_->param_raw(first);
         mt[g].experts = Tensor(base, Shape{per, expert_floats}, g ? DType::f32 : experts_->param_dtype(),
                                Location::device);

@@ -25,6 +25,7 @@
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/describe.h"
 #include "peakbound/model/hf_config.h"
+#include "peakbound/train/gpt_oss_experts.h"
 #include "peakbound/train/hf_checkpoint.h"
 
 namespace peakbound {
@@ -647,10 +648,46 @@ DType export_hf(const std::string& step_dir, const std::string& out_dir, std::op
   text << in.rdbuf();
   // The default is the dtype of the Hugging Face model the run started from (load_hf_config parsed it already).
   HfModelWriter writer(dtype.value_or(hf_config_dtype(nlohmann::json::parse(text.str()))));
-  const TensorTable table(config);
+  const TensorTable table(config);  // the checkpoint's names (gpt-oss: its fused experts)
   std::vector<float> whole_tensor;  // one tensor at a time, stored by the writer in its dtype
+  // gpt-oss: the run holds each expert as one packed row (TableLayout::trainer); a layer's
+  // four fused tensors are rebuilt from them (train/gpt_oss_experts.h) at its first one.
+  std::map<std::string, std::vector<float>> fused;
+  const TensorTable trainer(config, TableLayout::trainer);
+  auto fuse_layer = [&](std::int64_t layer) {
+    const std::int64_t E = config.num_experts, H = config.hidden_size, F = config.moe_intermediate_size;
+    const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+    std::vector<float>& gu = fused[p + "gate_up_proj"];
+    std::vector<float>& gub = fused[p + "gate_up_proj_bias"];
+    std::vector<float>& d = fused[p + "down_proj"];
+    std::vector<float>& db = fused[p + "down_proj_bias"];
+    gu.assign(static_cast<std::size_t>(E * H * 2 * F), 0.0f);
+    gub.assign(static_cast<std::size_t>(E * 2 * F), 0.0f);
+    d.assign(static_cast<std::size_t>(E * F * H), 0.0f);
+    db.assign(static_cast<std::size_t>(E * H), 0.0f);
+    std::vector<float> packed(static_cast<std::size_t>(gpt_oss_expert_floats(H, F)), 0.0f);
+    for (std::int64_t x = 0; x < E; ++x) {
+      std::uint64_t at = 0;
+      for (const TensorTemplate& t : trainer.expert_tensors()) {
+        const std::string name = p + std::to_string(x) + "." + t.name;
+        const auto n = static_cast<std::uint64_t>(t.numel);
+        ShardSegment whole{name, t.shape, 0, n, 0};
+        if (fill(index, name, whole, packed.data() + at) != n)
+          bad_checkpoint("'" + step_dir + "' does not hold every element of " + name + " exactly once");
+        at += n;
+      }
+      gpt_oss_unpack_expert(packed.data(), gu.data() + x * H * 2 * F, gub.data() + x * 2 * F, d.data() + x * F * H,
+                            db.data() + x * H, H, F);
+    }
+  };
   for (const TensorEntry& e : table.entries()) {
     if (hf_ignored_tensor(config, e.name)) continue;
+    if (trainer.converts_experts() && e.kind == TensorKind::expert) {
+      if (!fused.count(e.name)) fuse_layer(e.layer);
+      writer.add(e.name, e.shape, fused.at(e.name));
+      fused.erase(e.name);
+      continue;
+    }
     ShardSegment whole{e.name, e.shape, 0, static_cast<std::uint64_t>(e.numel()), 0};
     whole_tensor.assign(static_cast<std::size_t>(e.numel()), 0.0f);
     if (fill(index, e.name, whole, whole_tensor.data()) != whole.count)

@@ -45,7 +45,7 @@ std::shared_ptr<const ModelLayouts> model_layouts(const ModelConfig& c, int worl
   static std::shared_ptr<const ModelLayouts> cached;
   const std::lock_guard<std::mutex> lock(mu);
   if (!key || key->first != c || key->second != world) {
-    const TensorTable table(c);
+    const TensorTable table(c, TableLayout::trainer);  // the trainer's stores (gpt-oss: per-expert rows)
     auto m = std::make_shared<ModelLayouts>();
     m->entries = table.entries();
     m->fsdp_units = fsdp_unit_layouts(table, world);
