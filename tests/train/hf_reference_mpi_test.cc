@@ -95,7 +95,9 @@ void check_cosines(CosineSums& c, const SafeTensorsFile& ref, const std::string&
   for (std::size_t i = 0; i < c.names.size(); ++i) {
     const double* s = &c.sums[6 * i];
     EXPECT_EQ(s[5], static_cast<double>(ref.info("grad." + c.names[i]).numel())) << "grad " << c.names[i];
-    const double c32 = s[0] / std::sqrt(s[2] * s[3]), c16 = s[1] / std::sqrt(s[2] * s[4]);
+    // A gradient that is exactly zero in both (an expert no token chose) matches: cosine 1.
+    const double c32 = s[2] == 0 && s[3] == 0 ? 1.0 : s[0] / std::sqrt(s[2] * s[3]);
+    const double c16 = s[2] == 0 && s[4] == 0 ? 1.0 : s[1] / std::sqrt(s[2] * s[4]);
     EXPECT_GE(c32, kBf16Cosine) << "grad " << c.names[i] << " cosine against transformers fp32 (" << what << ")";
     if (!(c32 >= worst32)) worst32 = c32, name32 = c.names[i];
     if (!(c16 >= worst16)) worst16 = c16, name16 = c.names[i];
@@ -345,6 +347,14 @@ TEST(HfReference, GptOssMatchesTransformers) {
 
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("qwen3_moe", v, Precision::bf16);
+}
+
+// bf16 with q/k/v biases, a window on layer 0 and the gated shared expert. (The
+// mixtral_sliding fixture has a router near-tie, margin 2.5e-5, that bf16 flips in
+// transformers and here alike: one expert's gradient then has cosine 0.896 against fp32 and
+// 0.9998 against transformers' bf16; it is not held to the fp32 bound.)
+TEST(HfReference, Qwen2MoeBf16MatchesTransformers) {
+  for (const Variant& v : bf16_variants()) check_family("qwen2_moe", v, Precision::bf16);
 }
 
 TEST(HfReference, MixtralBf16MatchesTransformers) {
