@@ -25,6 +25,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/attention_layer.h"
 #include "tests/layers/attention_layer_harness.h"
+#include "tests/layers/layer_checks.h"
 
 namespace peakbound {
 namespace {
@@ -76,15 +77,7 @@ double max_relative(const Vec& got, const Vec& ref) {
   return scale > 0 ? err / scale : err;
 }
 
-double cosine(const Vec& a, const Vec& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ab += double(a[i]) * b[i];
-    aa += double(a[i]) * a[i];
-    bb += double(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
+using layer_test::cosine;
 
 double norm_ratio(const Vec& a, const Vec& b) {
   double aa = 0, bb = 0;

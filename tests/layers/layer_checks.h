@@ -33,7 +33,8 @@ inline double max_relative(const std::vector<float>& got, const std::vector<floa
   return err / scale;
 }
 
-// The cosine of the angle between a and b (a gradient's direction against a reference's).
+// cos(a, b) of two gradients (a gradient's direction against a reference's): 1 when both
+// are exactly zero (an expert no token chose), 0 when only one is.
 inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
   double ab = 0, aa = 0, bb = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -41,7 +42,8 @@ inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
     aa += double(a[i]) * a[i];
     bb += double(b[i]) * b[i];
   }
-  return ab / std::sqrt(aa * bb);
+  if (aa == 0 && bb == 0) return 1.0;
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
 }
 
 // After one call of `backward` (which runs the layer's backward into dx and synchronizes),

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "peakbound/layers/moe_layer.h"
+#include "tests/layers/layer_checks.h"
 #include "tests/layers/reference.h"
 
 namespace peakbound::moe_ref {
@@ -293,16 +294,6 @@ inline double topk_margin(const Forward& f, std::int64_t T, std::int64_t E, std:
   return m;
 }
 
-// cos(a, b) of two gradients; 1 when both are exactly zero (an expert no token chose).
-inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ab += double(a[i]) * b[i];
-    aa += double(a[i]) * a[i];
-    bb += double(b[i]) * b[i];
-  }
-  if (aa == 0 && bb == 0) return 1.0;
-  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
-}
+using layer_test::cosine;  // cos(a, b) of two gradients (tests/layers/layer_checks.h)
 
 }  // namespace peakbound::moe_ref

@@ -16,6 +16,7 @@
 #include "peakbound/kernels/cpu/elementwise.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/gemm.h"
+#include "tests/layers/layer_checks.h"
 
 namespace peakbound {
 namespace {
@@ -176,15 +177,7 @@ double max_relative(const std::vector<float>& got, const std::vector<float>& ref
   return err / scale;
 }
 
-double cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    ab += double(a[i]) * b[i];
-    aa += double(a[i]) * a[i];
-    bb += double(b[i]) * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
+using layer_test::cosine;
 
 double norm_ratio(const std::vector<float>& a, const std::vector<float>& b) {
   double aa = 0, bb = 0;
