@@ -192,3 +192,34 @@ TEST(Bf16Elementwise, FillAddAxpyAreTheF32KernelsRoundedOnce) {
 
 }  // namespace
 }  // namespace peakbound::cpu
+
+namespace peakbound::cpu {
+namespace {
+
+// The bias kernels on odd shapes: broadcast_rows copies the bias into every row (both
+// dtypes, bitwise), then add_bias adds it again (bf16: the f32 sum rounded once), and
+// add_column_sums adds each column's sum into an accumulator that already holds a value.
+TEST(BiasKernels, BroadcastAddAndColumnSums) {
+  const std::int64_t rows = 5, cols = 7;
+  std::vector<float> bias(cols), y(rows * cols, -1.0f), acc(cols, 0.5f);
+  for (std::int64_t c = 0; c < cols; ++c) bias[c] = 0.25f * static_cast<float>(c) - 0.7f;
+  broadcast_rows(y.data(), bias.data(), rows, cols);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) ASSERT_EQ(y[r * cols + c], bias[c]);
+  add_bias(y.data(), bias.data(), rows, cols);
+  for (std::int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(y[i], 2.0f * bias[i % cols]);
+  add_column_sums(acc.data(), y.data(), rows, cols);
+  for (std::int64_t c = 0; c < cols; ++c) EXPECT_FLOAT_EQ(acc[c], 0.5f + 2.0f * rows * bias[c]);
+
+  std::vector<bf16> b16(cols), y16(rows * cols), want(rows * cols);
+  for (std::int64_t c = 0; c < cols; ++c) b16[c] = peakbound::to_bf16(bias[c] * 1.001f);
+  broadcast_rows(y16.data(), b16.data(), rows, cols);
+  for (std::int64_t i = 0; i < rows * cols; ++i) want[i] = b16[i % cols];
+  ASSERT_EQ(bits_of(y16), bits_of(want));
+  add_bias(y16.data(), b16.data(), rows, cols);
+  for (std::int64_t i = 0; i < rows * cols; ++i) want[i] = peakbound::to_bf16(2.0f * peakbound::to_f32(b16[i % cols]));
+  EXPECT_EQ(bits_of(y16), bits_of(want));
+}
+
+}  // namespace
+}  // namespace peakbound::cpu

@@ -352,13 +352,10 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   // backward reads) and the norm writes q / k; without, they land in q / k directly.
   A* qp = cfg_.qk_norm ? in.q_pre.as<A>() : in.q.as<A>();
   A* kp = cfg_.qk_norm ? in.k_pre.as<A>() : in.k.as<A>();
-  // out [T, n] = h W^T (+ bias: the zeroed output takes the bias, then the product adds).
+  // out [T, n] = h W^T (+ bias: every row starts as the bias, then the product adds).
   const auto project = [&](const Tensor& w, const Tensor& bias, std::int64_t n, A* out) {
     const bool biased = cfg_.qkv_bias;
-    if (biased) {
-      ops::fill(dev_, s, out, T * n, 0.0f);
-      ops::add_bias(dev_, s, out, bias.data<A>(), T, n);
-    }
+    if (biased) ops::broadcast_rows(dev_, s, out, bias.data<A>(), T, n);
     linear(dev_, s, T, n, {{.a = h, .lda = H, .b = w.data<A>(), .ldb = H, .k = H, .trans_b = true}}, out, n,
            biased ? LinearMode::add : LinearMode::write, tile);
   };

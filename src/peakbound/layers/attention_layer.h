@@ -10,7 +10,7 @@
 //   o = causal GQA attention(q, k, v), scale D^-0.5, within `window` keys when window > 0,
 //       each head's sink logit in its softmax denominator with sinks (gpt-oss)
 //   y = x + bo + o Wo^T                                 (o_proj [H, Hq*D]; bo with out_bias)
-// A bias is added to the zeroed output before the product goes in (bf16: one rounding for
+// A bias is every row of the output before the product adds in (bf16: one rounding for
 // q, k, v), and the gradients are column sums of the upstream gradient.
 // A call takes T = B x S tokens: B whole sequences of seq_len S each, one after the
 // other (seq_len 0: the call is one sequence of T). Positions restart at 0 in every

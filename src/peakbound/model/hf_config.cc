@@ -454,7 +454,8 @@ void audit_unmodelled(const json& config, ModelConfig& c) {
   const bool gpt_oss = c.family == "gpt_oss";  // its experts' clamped SwiGLU is modelled
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping", "attention_multiplier",
                           "query_pre_attn_scalar", "swiglu_limit"})
-    if (present(key) && !(gpt_oss && std::string_view(key) == "swiglu_limit")) out.push_back(std::string(key) + " = " + quoted(config.at(key)) + ": not implemented by the trainer (null)");
+    if (present(key) && !(gpt_oss && std::string_view(key) == "swiglu_limit"))
+      out.push_back(std::string(key) + " = " + quoted(config.at(key)) + ": not implemented by the trainer (null)");
 }
 
 }  // namespace

@@ -28,11 +28,9 @@ void forward(Device& dev, Stream& s, std::int64_t m, std::int64_t H, std::int64_
   PB_CHECK_MSG(biased == (w.b_up != nullptr) && biased == (w.b_down != nullptr),
                "swiglu ffn: the three biases go together");
   PB_CHECK_MSG(!(biased && accumulate_out), "swiglu ffn: a biased FFN writes its output");
-  // A bias: the zeroed output takes it, then the product adds (one rounding).
+  // A bias: every row of the output starts as it, then the product adds (one rounding).
   const auto bias = [&](A* y, const A* b, std::int64_t n) {
-    if (b == nullptr) return;
-    ops::fill(dev, s, y, m * n, 0.0f);
-    ops::add_bias(dev, s, y, b, m, n);
+    if (b != nullptr) ops::broadcast_rows(dev, s, y, b, m, n);
   };
   const LinearMode into = biased ? LinearMode::add : LinearMode::write;
   bias(gate, w.b_gate, F);

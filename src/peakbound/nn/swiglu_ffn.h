@@ -44,7 +44,7 @@ namespace peakbound {
 
 // gpt-oss's experts (null / absent elsewhere): biases on the three projections
 // (gate = x W_gate^T + b_gate, up = x W_up^T + b_up, out = act W_down^T + b_down; a bias
-// goes into the zeroed output before the product, one bf16 rounding) and the clamped
+// is every row of the output before the product adds, one bf16 rounding) and the clamped
 // activation (ops::SwigluClamp) in place of silu(gate) up. The bias gradients are ADDED
 // into (f32): column sums of dgate, dup and dout over the m rows.
 template <class T>

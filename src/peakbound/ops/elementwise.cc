@@ -50,6 +50,13 @@ void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::i
 
 namespace {
 
+template <class A>
+void broadcast_rows_as(Device& dev, Stream& s, A* y, const A* bias, std::int64_t rows, std::int64_t cols) {
+  dispatch(dev, s, "broadcast_rows", {y, bias},
+           [&](void*) { no_kernel(dev, "broadcast_rows"); },
+           [=] { cpu::broadcast_rows(y, bias, rows, cols); });
+}
+
 template <class A, class B>
 void add_bias_as(Device& dev, Stream& s, A* y, const B* bias, std::int64_t rows, std::int64_t cols) {
   dispatch(dev, s, "add_bias", {y, bias},
@@ -66,6 +73,12 @@ void add_column_sums_as(Device& dev, Stream& s, float* acc, const A* x, std::int
 
 }  // namespace
 
+void broadcast_rows(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols) {
+  broadcast_rows_as(dev, s, y, bias, rows, cols);
+}
+void broadcast_rows(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) {
+  broadcast_rows_as(dev, s, y, bias, rows, cols);
+}
 void add_bias(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols) {
   add_bias_as(dev, s, y, bias, rows, cols);
 }

@@ -20,7 +20,11 @@ void axpy(Device& dev, Stream& s, bf16* y, const bf16* x, std::int64_t n, float 
 void add(Device& dev, Stream& s, bf16* out, const bf16* a, const bf16* b, std::int64_t n);  // out = bf16(a + b)
 
 // Linear biases (kernels/cpu/elementwise.h; no CUDA kernel yet: Unavailable there).
-// y [rows, cols] += bias [cols] on every row; acc [cols] (fp32) += the column sums of x.
+// broadcast_rows: y [rows, cols] = bias [cols] on every row (then a GEMM in add mode gives a
+// biased product, one rounding); add_bias: y += bias on every row; add_column_sums: acc
+// [cols] (fp32) += the column sums of x.
+void broadcast_rows(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols);
+void broadcast_rows(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(Device& dev, Stream& s, float* y, const bf16* bias, std::int64_t rows, std::int64_t cols);

@@ -248,9 +248,10 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     : dev_(dev), host_(host), groups_(groups), config_(config), table_(config, TableLayout::trainer), schedules_(schedules) {
   check_trainable(config_);
   const ModelConfig& c = config_;
-  if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks))
-    throw Unavailable("model '" + c.name + "': attention biases and sinks have CPU kernels only so far; train it " +
-                      "with --device cpu");
+  if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks ||
+                                       c.router_bias || c.mlp_bias || c.swiglu_limit > 0.0))
+    throw Unavailable("model '" + c.name + "': attention biases and sinks, router and expert biases and the clamped " +
+                      "SwiGLU have CPU kernels only so far; train it with --device cpu");
   const std::int64_t H = c.hidden_size, E = c.num_experts;
   const std::int64_t ep = groups_.ep->size(), ep_rank = groups_.ep->rank();
   if (E > 0 && E % ep != 0)

@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -39,6 +40,11 @@ void axpy_t(T* y, const T* x, std::int64_t n, float a) {
 template <typename T>
 void add_t(T* out, const T* a, const T* b, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<T>(widen(a[i]) + widen(b[i]));
+}
+
+template <typename T>
+void broadcast_rows_t(T* y, const T* bias, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) std::copy(bias, bias + cols, y + r * cols);
 }
 
 template <typename T, typename B>
@@ -177,6 +183,12 @@ SimdLevel convert_level() {
 void fill(float* x, std::int64_t n, float v) { fill_t(x, n, v); }
 void fill(bf16* x, std::int64_t n, float v) { fill_t(x, n, v); }
 
+void broadcast_rows(float* y, const float* bias, std::int64_t rows, std::int64_t cols) {
+  broadcast_rows_t(y, bias, rows, cols);
+}
+void broadcast_rows(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) {
+  broadcast_rows_t(y, bias, rows, cols);
+}
 void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
 void add_bias(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
 void add_bias(float* y, const bf16* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }

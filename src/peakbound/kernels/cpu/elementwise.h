@@ -20,9 +20,12 @@ void fill(bf16* x, std::int64_t n, float v);                  // x = to_bf16(v)
 void axpy(bf16* y, const bf16* x, std::int64_t n, float a);    // y = to_bf16(y + a * x)
 void add(bf16* out, const bf16* a, const bf16* b, std::int64_t n);  // out = to_bf16(a + b)
 
-// Linear biases. add_bias: y [rows, cols] += bias [cols] on every row (bf16: rounded once
-// per element). add_column_sums: acc [cols] (fp32) += the column sums of x [rows, cols],
+// Linear biases. broadcast_rows: y [rows, cols] = bias [cols] on every row (a biased
+// product's start: the GEMM then adds into it). add_bias: y [rows, cols] += bias [cols] on
+// every row (bf16: rounded once per element). add_column_sums: acc [cols] (fp32) += the column sums of x [rows, cols],
 // each summed in double over the rows and added once (a bias's gradient).
+void broadcast_rows(float* y, const float* bias, std::int64_t rows, std::int64_t cols);
+void broadcast_rows(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(float* y, const float* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_bias(float* y, const bf16* bias, std::int64_t rows, std::int64_t cols);  // fp32 y, bf16 bias
