@@ -338,6 +338,10 @@ TEST(MoeLayer, RejectsBadConfigAndParameterShapes) {
   MoeLayerConfig cfg = c.config();
   MoeLayerConfig bad = cfg;
   bad.scoring = RouterScoring::sigmoid;
+  bad.n_group = 3;  // does not divide the 8 experts
+  EXPECT_THROW(check_moe_layer_config(bad), InvalidArgument);
+  bad = cfg;
+  bad.score_correction = true;  // a correction bias needs sigmoid scoring
   EXPECT_THROW(check_moe_layer_config(bad), InvalidArgument);
   bad = cfg;
   bad.top_k = 9;
@@ -362,6 +366,10 @@ TEST(MoeLayer, RejectsBadConfigAndParameterShapes) {
   DeviceParams dp(dev, Component::params, cfg, P, false), dg(dev, Component::grads, cfg, P, true);
   bad = cfg;
   bad.scoring = RouterScoring::sigmoid;
+  bad.n_group = 3;
+  EXPECT_THROW(MoeLayer(dev, one, bad, dp.t, dg.t, nullptr), InvalidArgument);
+  bad.n_group = 1;
+  bad.score_correction = true;  // and no correction tensor given
   EXPECT_THROW(MoeLayer(dev, one, bad, dp.t, dg.t, nullptr), InvalidArgument);
   MoeLayerTensors t = dp.t;
   t.experts = Tensor(t.experts.raw(), Shape{7, 3 * c.F * c.H}, DType::f32, Location::device);  // one expert short
@@ -399,10 +407,18 @@ TEST(MoeLayer, ConfigFromTheModel) {
   const MoeLayerConfig d0 = moe_layer_config(ds, 0, 1e-6f, DispatchKind::standard_ep, {});
   EXPECT_TRUE(d0.dense());
   EXPECT_EQ(d0.dense_ffn, ds.dense_intermediate_size);
+  // DeepSeek-V3's router: sigmoid, 8 groups keeping 4, times 2.5, the correction bias.
+  const MoeLayerConfig ds3 = moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {});
+  EXPECT_EQ(ds3.scoring, RouterScoring::sigmoid);
+  EXPECT_EQ(ds3.n_group, 8);
+  EXPECT_EQ(ds3.topk_group, 4);
+  EXPECT_FLOAT_EQ(ds3.routed_scaling, 2.5f);
+  EXPECT_TRUE(ds3.score_correction);
+  ds.router_scoring = RouterScoring::softmax;  // grouping and a scale with softmax: refused
   EXPECT_THROW(moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {}), InvalidArgument);
   ds.router_score_correction = false;
-  EXPECT_THROW(moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {}), InvalidArgument);
-  ds.router_scoring = RouterScoring::softmax;
+  ds.n_group = ds.topk_group = 1;
+  ds.routed_scaling_factor = 1.0;
   const MoeLayerConfig d3 = moe_layer_config(ds, ds.num_dense_layers, 1e-6f, DispatchKind::standard_ep, {});
   EXPECT_EQ(d3.shared_experts, ds.num_shared_experts);
   EXPECT_EQ(d3.side_ffn(), ds.num_shared_experts * ds.moe_intermediate_size);

@@ -11,6 +11,7 @@
 #include "peakbound/nn/linear.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/gemm.h"
+#include "peakbound/ops/moe_router.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/row_gate.h"
 
@@ -30,7 +31,9 @@ u64 mul(u64 a, u64 b) { return checked_mul(a, b, "moe layer buffer size"); }
 Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
 
 MoeRouterShape router_shape(std::int64_t T, const MoeLayerConfig& c) {
-  return MoeRouterShape{T, c.hidden, c.experts, c.top_k, c.norm_topk_prob};
+  return MoeRouterShape{.tokens = T, .hidden = c.hidden, .experts = c.experts, .top_k = c.top_k,
+                        .norm_topk_prob = c.norm_topk_prob, .scoring = c.scoring, .n_group = c.n_group,
+                        .topk_group = c.topk_group, .routed_scaling = c.routed_scaling};
 }
 
 bool has_shared(const MoeLayerConfig& c) { return !c.dense() && c.shared_experts > 0; }
@@ -69,9 +72,13 @@ void check_moe_layer_config(const MoeLayerConfig& c) {
   if (c.dense_ffn < 0) bad("dense_ffn must be >= 0 (got " + std::to_string(c.dense_ffn) + ")");
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.dense()) return;
-  if (c.scoring != RouterScoring::softmax)
-    bad("router scoring '" + std::string(router_scoring_name(c.scoring)) +
-        "' is not supported (softmax only; DeepSeek-V3's sigmoid router is not implemented)");
+  if (c.scoring == RouterScoring::softmax && (c.score_correction || c.n_group != 1 || c.topk_group != 1 ||
+                                              c.routed_scaling != 1.0f))
+    bad("score_correction, n_group, topk_group and routed_scaling need sigmoid scoring");
+  if (c.scoring == RouterScoring::sigmoid && c.router_bias)
+    bad("router_bias with sigmoid scoring is not supported (gpt-oss's biased router is softmax)");
+  if (!(c.routed_scaling > 0.0f))
+    bad("routed_scaling must be positive (got " + std::to_string(c.routed_scaling) + ")");
   if (c.ffn <= 0) bad("ffn must be positive (got " + std::to_string(c.ffn) + ")");
   if (c.experts <= 0) bad("experts must be positive (got " + std::to_string(c.experts) + ")");
   if (c.top_k < 1 || c.top_k > c.experts)
@@ -81,6 +88,7 @@ void check_moe_layer_config(const MoeLayerConfig& c) {
     bad("shared_ffn must be positive with shared experts (got " + std::to_string(c.shared_ffn) + ")");
   if (c.shared_gate && c.shared_experts == 0) bad("shared_gate needs shared_experts > 0");
   check_dispatch_options(c.dispatch);
+  check_moe_router_shape(router_shape(0, c));  // sigmoid groups against E and K
 }
 
 MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float rms_eps, DispatchKind kind,
@@ -105,12 +113,15 @@ MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float 
   c.expert_bias = m.mlp_bias;
   c.clamped = m.swiglu_limit > 0.0;
   c.clamp = ops::SwigluClamp{static_cast<float>(m.swiglu_alpha), static_cast<float>(m.swiglu_limit)};
-  if (m.router_score_correction) bad("router_score_correction (e_score_correction_bias) is not supported");
   c.ffn = m.moe_intermediate_size;
   c.experts = m.num_experts;
   c.top_k = m.top_k;
   c.norm_topk_prob = m.norm_topk_prob;
   c.scoring = m.router_scoring;
+  c.score_correction = m.router_score_correction;
+  c.n_group = m.n_group;
+  c.topk_group = m.topk_group;
+  c.routed_scaling = static_cast<float>(m.routed_scaling_factor);
   c.shared_experts = m.num_shared_experts;
   c.shared_ffn = m.num_shared_experts > 0 ? m.shared_expert_width() : 0;
   c.shared_gate = m.shared_expert_gate;
@@ -215,6 +226,12 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
     }
     expect(t->w_gate, Shape{cfg_.experts, H}, "w_gate", which);
     if (cfg_.router_bias) expect(t->w_gate_bias, Shape{cfg_.experts}, "w_gate_bias", which);
+    if (t == &p_) {  // the f32 buffers (parameter views only)
+      want = DType::f32;
+      if (cfg_.score_correction) expect(t->correction, Shape{cfg_.experts}, "correction", which);
+      if (t->loads.raw() != nullptr) expect(t->loads, Shape{cfg_.experts}, "loads", which);
+      want = param_dtype(cfg_.precision);
+    }
     if (t->experts.raw() == nullptr || t->experts.dtype() != want || t->experts.numel() != expert_elems)
       throw InvalidArgument(std::string("moe layer: ") + which + " experts is " + t->experts.shape().str() + " " +
                             std::string(dtype_name(t->experts.dtype())) + ", want " + std::to_string(local) +
@@ -272,7 +289,11 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
     }
     moe_router_forward(dev_, s, router_shape(T, cfg_), h, p_.w_gate.data<A>(), in.probs.as<float>(),
                        in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums,
-                       cfg_.router_bias ? p_.w_gate_bias.data<A>() : nullptr);
+                       cfg_.router_bias ? p_.w_gate_bias.data<A>() : nullptr,
+                       cfg_.score_correction ? p_.correction.data<float>() : nullptr);
+    if (!for_backward && p_.loads.raw() != nullptr && (aux_ == nullptr || aux_->count_loads))
+      ops::moe_router_stats(dev_, s, p_.loads.data<float>(), nullptr, in.probs.as<float>(),
+                            in.ids.as<std::int32_t>(), T, cfg_.experts, cfg_.top_k);
   }
   if (has_gate(cfg_)) {
     // z = h W_sg^T [T, 1] (fp32); the shared experts' output kept apart for the gate, tile

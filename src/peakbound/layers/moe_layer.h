@@ -72,7 +72,14 @@ struct MoeLayerConfig {
   std::int64_t experts = 0;  // E routed experts, divisible by the EP group's size
   std::int64_t top_k = 0;    // K, 1 <= K <= E
   bool norm_topk_prob = true;
-  RouterScoring scoring = RouterScoring::softmax;  // sigmoid (DeepSeek-V3) is refused
+  // softmax (Qwen, Mixtral, gpt-oss) or sigmoid (DeepSeek-V3, Kimi-K2: group-limited over
+  // n_group groups keeping topk_group, weights times routed_scaling; layers/moe_router.h).
+  RouterScoring scoring = RouterScoring::softmax;
+  std::int64_t n_group = 1, topk_group = 1;
+  float routed_scaling = 1.0f;
+  // DeepSeek-V3's e_score_correction_bias [E] (sigmoid only): added to the scores for the
+  // choice only, read from MoeLayerTensors::correction; not trained by gradients.
+  bool score_correction = false;
   std::int64_t shared_experts = 0;  // S >= 0 (0: Qwen3-MoE, Mixtral)
   std::int64_t shared_ffn = 0;      // Fs, one shared expert's width (> 0 when S > 0)
   bool shared_gate = false;         // Qwen2-MoE's shared_expert_gate; needs S > 0
@@ -82,7 +89,7 @@ struct MoeLayerConfig {
   bool router_bias = false;
   bool expert_bias = false;
   bool clamped = false;
-  ops::SwigluClamp clamp;
+  ops::SwigluClamp clamp{};
   float rms_eps = 1e-6f;
   // The side SwiGLU (dense MLP or shared experts) runs over row tiles of at most this
   // many tokens, so its [tile, side_ffn] intermediates stop growing with the context
@@ -99,14 +106,14 @@ struct MoeLayerConfig {
   std::int64_t side_ffn() const { return dense() ? dense_ffn : shared_experts * shared_ffn; }
 };
 
-// Throws InvalidArgument naming the first bad field (sigmoid scoring included).
+// Throws InvalidArgument naming the first bad field.
 void check_moe_layer_config(const MoeLayerConfig& c);
 
 // The sublayer of decoder layer `layer` of model m (rms_eps: the HF config's
 // rms_norm_eps, which ModelConfig does not carry): MoE when m.is_moe_layer(layer), else
 // dense of dense_intermediate_size. Throws InvalidArgument, naming the field, for what
-// this layer does not compute: router_bias, router_score_correction, mlp_bias, sigmoid
-// scoring, a dense layer without dense_intermediate_size.
+// this layer does not compute: mlp_bias on a dense MLP or shared experts, a dense layer
+// without dense_intermediate_size.
 MoeLayerConfig moe_layer_config(const ModelConfig& m, std::int64_t layer, float rms_eps, DispatchKind kind,
                                 const DispatchOptions& options);
 
@@ -127,9 +134,16 @@ MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c);
 //   shared_gate, shared_up [S*Fs, H], shared_down [H, S*Fs]   (MoE with S > 0)
 //   shared_expert_gate [1, H]             (MoE with shared_gate)
 //   dense_gate, dense_up [Fd, H], dense_down [H, Fd]           (dense)
+// Two buffers, f32 whatever the precision, in the parameter views only (leave them empty
+// in the gradient views: nothing differentiates them):
+//   correction    [E]  e_score_correction_bias (score_correction), read
+//   loads         [E]  optional (empty: skipped): every forward call that is not the
+//                      backward's recompute ADDS this layer's token-copies per expert (the
+//                      load the auxiliary-loss-free update reads; MoE only)
 struct MoeLayerTensors {
   Tensor w_post, w_gate, experts, shared_gate, shared_up, shared_down, shared_expert_gate, dense_gate, dense_up,
       dense_down, w_gate_bias;
+  Tensor correction, loads;
 };
 
 // The model's aux-loss statistics (layers/moe_router.h, ops::moe_aux_loss), device [E]
@@ -138,10 +152,12 @@ struct MoeLayerTensors {
 //                      a checkpointed stack calls forward once per layer per step; the
 //                      backward's recompute adds nothing)
 //   aux_grad           backward reads it (d aux / d probs per expert; null: no aux loss)
+//   count_loads        false: no forward adds into MoeLayerTensors::loads (an evaluation)
 struct MoeAuxState {
   float* counts = nullptr;
   float* prob_sums = nullptr;
   const float* aux_grad = nullptr;
+  bool count_loads = true;
 };
 
 // One call's internals on T tokens (Component::layer); "(act)": elements of elem_bytes.

@@ -14,16 +14,27 @@ namespace peakbound {
 
 namespace {
 
+ops::SigmoidRouting sigmoid_routing(const MoeRouterShape& s) {
+  return {.n_group = s.n_group, .topk_group = s.topk_group, .norm_topk_prob = s.norm_topk_prob,
+          .routed_scaling_factor = s.routed_scaling};
+}
+
 template <class A>
 void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate, float* probs,
-                    std::int32_t* ids, float* weights, float* counts, float* prob_sums, const A* bias) {
+                    std::int32_t* ids, float* weights, float* counts, float* prob_sums, const A* bias,
+                    const float* correction) {
   check_moe_router_shape(s);
   PB_CHECK_MSG((counts == nullptr) == (prob_sums == nullptr), "moe router: counts and prob_sums go together");
+  PB_CHECK_MSG(correction == nullptr || s.scoring == RouterScoring::sigmoid,
+               "moe router: a correction bias needs sigmoid scoring");
   const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
   if (T == 0) return;
   ops::gemm(dev, st, false, true, T, E, H, 1.0f, x, H, w_gate, H, 0.0f, probs, E);  // logits = x W_gate^T (fp32)
   if (bias != nullptr) ops::add_bias(dev, st, probs, bias, T, E);                      // + bias (gpt-oss)
-  ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
+  if (s.scoring == RouterScoring::sigmoid)  // sigmoid scores in place
+    ops::moe_router_sigmoid_forward(dev, st, probs, ids, weights, probs, correction, T, E, K, sigmoid_routing(s));
+  else
+    ops::moe_router_forward(dev, st, probs, ids, weights, probs, T, E, K, s.norm_topk_prob);  // softmax in place
   if (counts != nullptr) ops::moe_router_stats(dev, st, counts, prob_sums, probs, ids, T, E, K);
 }
 
@@ -37,7 +48,12 @@ void router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const A* 
   const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
   if (T == 0) return;
   float* dlogits = probs;  // probs are read for the last time by the backward kernel
-  ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
+  if (s.scoring == RouterScoring::sigmoid) {
+    PB_CHECK_MSG(aux_grad == nullptr, "moe router: sigmoid scoring takes no aux-loss gradient");
+    ops::moe_router_sigmoid_backward(dev, st, dlogits, d_weights, probs, ids, T, E, K, sigmoid_routing(s));
+  } else {
+    ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
+  }
   if (dbias != nullptr) ops::add_column_sums(dev, st, dbias, dlogits, T, E);
   const A* dl = nullptr;
   if constexpr (std::is_same_v<A, float>) {
@@ -62,6 +78,13 @@ void check_moe_router_shape(const MoeRouterShape& s) {
   if (s.top_k < 1 || s.top_k > s.experts)
     throw InvalidArgument("moe router: top_k must be in [1, experts = " + std::to_string(s.experts) + "], got " +
                           std::to_string(s.top_k));
+  if (s.scoring == RouterScoring::sigmoid) {
+    try {
+      cpu::check_sigmoid_routing(s.experts, s.top_k, sigmoid_routing(s));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("moe router: ") + e.what());
+    }
+  }
 }
 
 MoeRouterBuffers moe_router_buffers(const MoeRouterShape& s, Component c) {
@@ -98,14 +121,14 @@ Footprint moe_router_footprint(const MoeRouterShape& s) {
 
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                         float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
-                        const float* bias) {
-  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums, bias);
+                        const float* bias, const float* correction) {
+  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums, bias, correction);
 }
 
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                         float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
-                        const bf16* bias) {
-  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums, bias);
+                        const bf16* bias, const float* correction) {
+  router_forward(dev, st, s, x, w_gate, probs, ids, weights, counts, prob_sums, bias, correction);
 }
 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,

@@ -43,6 +43,7 @@
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
+#include "peakbound/model/model_config.h"
 
 namespace peakbound {
 
@@ -52,10 +53,17 @@ struct MoeRouterShape {
   std::int64_t experts = 0;
   std::int64_t top_k = 0;
   bool norm_topk_prob = true;  // Qwen3-MoE's config field; true for Mixtral
+  // DeepSeek-V3 / Kimi-K2 (scoring sigmoid): probs holds the sigmoid scores, the choice
+  // adds the correction bias and is limited to the topk_group best of n_group groups,
+  // the weights are the chosen scores (renormalised with norm_topk_prob) times
+  // routed_scaling (kernels/cpu/moe_router_sigmoid.h). No aux loss (aux_grad must be null).
+  RouterScoring scoring = RouterScoring::softmax;
+  std::int64_t n_group = 1, topk_group = 1;
+  float routed_scaling = 1.0f;
 };
 
-// Throws InvalidArgument naming the field for tokens < 0, hidden/experts < 1, or top_k
-// outside [1, experts].
+// Throws InvalidArgument naming the field for tokens < 0, hidden/experts < 1, top_k
+// outside [1, experts], or (sigmoid) groups that do not fit the experts.
 void check_moe_router_shape(const MoeRouterShape& s);
 
 // One router's per-layer buffers (component c): probs [T, E] f32, ids [T, K] int32,
@@ -88,9 +96,12 @@ Footprint moe_router_footprint(const MoeRouterShape& s);
 // The free functions (caller-owned buffers).
 // bias [E] (gpt-oss's router; null: none): logits = x W_gate^T + bias, in fp32; dbias [E]
 // (f32) is then ADDED into with the column sums of dlogits.
+// correction [E] f32 (sigmoid scoring's e_score_correction_bias; null: zeros): added to
+// the scores for the choice only; no gradient reaches it (a buffer, moved between steps by
+// ops::moe_router_bias_update).
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                         float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
-                        const float* bias = nullptr);
+                        const float* bias = nullptr, const float* correction = nullptr);
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
                          float* dw_gate, float* dx, bool accumulate_dx, float* dbias = nullptr);
@@ -98,7 +109,7 @@ void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const
 // scratch of linear_tile_spec(T, H, Precision::bf16). dx may alias x, as in f32.
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                         float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
-                        const bf16* bias = nullptr);
+                        const bf16* bias = nullptr, const float* correction = nullptr);
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
                          float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile,

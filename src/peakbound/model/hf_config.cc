@@ -81,7 +81,7 @@ void read_sliding_window(const HfFields& r, ModelConfig& c) {
     c.set_sliding_layers([](std::int64_t i) { return i % 2 == 0; });
   } else if (t == "qwen2_moe") {
     c.set_sliding_layers([&](std::int64_t i) { return i % 2 == 0 && i < max_window; });
-  } else if (t == "qwen2" || t == "qwen3") {
+  } else if (t == "qwen2" || t == "qwen3" || t == "dots1") {
     c.set_sliding_layers([&](std::int64_t i) { return i >= max_window; });
   } else {
     c.set_sliding_layers([](std::int64_t) { return true; });
@@ -134,8 +134,16 @@ void read_deepseek(const HfFields& r, ModelConfig& c, bool v3_defaults) {
     c.router_scoring =
         read_scoring(r, v3_defaults ? RouterScoring::sigmoid : RouterScoring::softmax);
     c.norm_topk_prob = r.boolean_or("norm_topk_prob", v3_defaults);
-    c.router_score_correction =
-        r.string_or("topk_method", v3_defaults ? "noaux_tc" : "greedy") == "noaux_tc";
+    const std::string method = r.string_or("topk_method", v3_defaults ? "noaux_tc" : "greedy");
+    c.router_score_correction = method == "noaux_tc";
+    // Group-limited choice: noaux_tc (V3, Kimi-K2) always groups (transformers' defaults
+    // n_group 8, topk_group 4, routed_scaling_factor 2.5); V2's group_limited_greedy groups
+    // a softmax, which the trainer does not implement (audit_unmodelled names it).
+    if (method == "noaux_tc") {
+      c.n_group = r.integer_or("n_group", 8);
+      c.topk_group = r.integer_or("topk_group", 4);
+      c.routed_scaling_factor = r.number_or("routed_scaling_factor", 2.5);
+    }
   }
   c.num_mtp_layers = r.integer_or("num_nextn_predict_layers", 0);
   read_dense_width(r, c);
@@ -168,6 +176,30 @@ void read_qwen_moe(const HfFields& r, ModelConfig& c, bool qwen3) {
         c.shared_expert_gate = true;
       }
     }
+  }
+  read_dense_width(r, c);
+}
+
+// dots.llm1 (rednote, model_type dots1): Qwen3's attention (q/k RMSNorm per head) with
+// DeepSeek-V3's MoE: the sigmoid router with its score-correction bias, group-limited top-k
+// (Dots1Config's defaults: one group), routed_scaling_factor, shared experts stored as one
+// MLP, first_k_dense_replace leading dense layers.
+void read_dots1(const HfFields& r, ModelConfig& c) {
+  read_gqa(r, c, false);
+  c.qk_norm = true;
+  c.attention_qkv_bias = c.attention_out_bias = r.boolean_or("attention_bias", false);
+  c.num_experts = r.integer_any({"n_routed_experts", "num_local_experts"});
+  if (c.num_experts > 0) {
+    c.top_k = r.integer("num_experts_per_tok");
+    c.moe_intermediate_size = r.integer("moe_intermediate_size");
+    c.num_shared_experts = r.integer_or("n_shared_experts", 0);
+    c.num_dense_layers = r.integer_or("first_k_dense_replace", 0);
+    c.router_scoring = RouterScoring::sigmoid;
+    c.router_score_correction = true;
+    c.norm_topk_prob = r.boolean_or("norm_topk_prob", false);
+    c.n_group = r.integer_or("n_group", 1);
+    c.topk_group = r.integer_or("topk_group", 1);
+    c.routed_scaling_factor = r.number_or("routed_scaling_factor", 1.0);
   }
   read_dense_width(r, c);
 }
@@ -442,7 +474,6 @@ void audit_unmodelled(const json& config, ModelConfig& c) {
   for (const Fixed& f : {Fixed{"attention_dropout", 0.0, "the trainer implements no attention dropout (0.0)"},
                          Fixed{"hidden_dropout", 0.0, "the trainer implements no dropout (0.0)"},
                          Fixed{"router_jitter_noise", 0.0, "the trainer implements no router jitter (0.0)"},
-                         Fixed{"routed_scaling_factor", 1.0, "the trainer does not scale the routed experts (1.0)"},
                          Fixed{"embedding_multiplier", 1.0, "the trainer does not scale the embedding (1.0)"},
                          Fixed{"residual_multiplier", 1.0, "the trainer does not scale the residual (1.0)"},
                          Fixed{"logits_scaling", 1.0, "the trainer does not scale the logits (1.0)"}}) {
@@ -450,6 +481,17 @@ void audit_unmodelled(const json& config, ModelConfig& c) {
     const json& v = config.at(f.key);
     if (!v.is_number() || v.get<double>() != f.value) out.push_back(std::string(f.key) + " = " + quoted(v) + ": " + f.what);
   }
+  // The routed experts' scale: modelled with DeepSeek's sigmoid router (ModelConfig::
+  // routed_scaling_factor), fixed at 1 with any other.
+  if (present("routed_scaling_factor") && c.router_scoring != RouterScoring::sigmoid) {
+    const json& v = config.at("routed_scaling_factor");
+    if (!v.is_number() || v.get<double>() != 1.0)
+      out.push_back("routed_scaling_factor = " + quoted(v) +
+                    ": the trainer scales the routed experts only with sigmoid scoring (1.0)");
+  }
+  if (present("topk_method") && config.at("topk_method").is_string() &&
+      config.at("topk_method").get<std::string>() == "group_limited_greedy")
+    out.push_back("topk_method = \"group_limited_greedy\": the trainer implements \"greedy\" and \"noaux_tc\"");
   // Features with no neutral value: any non-null value changes the model.
   const bool gpt_oss = c.family == "gpt_oss";  // its experts' clamped SwiGLU is modelled
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping", "attention_multiplier",
@@ -469,7 +511,8 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
   if (config.contains("model_type") && config.at("model_type").is_string())
     model_type = config.at("model_type").get<std::string>();
 
-  const bool known = model_type == "deepseek_v3" || model_type == "deepseek_v2" ||
+  const bool known = model_type == "deepseek_v3" || model_type == "deepseek_v2" || model_type == "kimi_k2" ||
+                     model_type == "dots1" ||
                      model_type == "qwen3_moe" || model_type == "qwen2_moe" ||
                      model_type == "mixtral" || model_type == "gpt_oss" ||
                      model_type == "llama" || model_type == "mistral" || model_type == "qwen2" ||
@@ -479,10 +522,12 @@ ModelConfig parse_hf_config(const nlohmann::json& config, std::string name,
   ModelConfig c;
   c.name = std::move(name);
   read_common(r, c);
-  if (model_type == "deepseek_v3" || model_type == "deepseek_v2") {
-    read_deepseek(r, c, model_type == "deepseek_v3");
+  if (model_type == "deepseek_v3" || model_type == "deepseek_v2" || model_type == "kimi_k2") {
+    read_deepseek(r, c, model_type != "deepseek_v2");  // Kimi-K2 is DeepSeek-V3's architecture
   } else if (model_type == "qwen3_moe" || model_type == "qwen2_moe") {
     read_qwen_moe(r, c, model_type == "qwen3_moe");
+  } else if (model_type == "dots1") {
+    read_dots1(r, c);
   } else if (model_type == "mixtral") {
     read_mixtral(r, c);
   } else if (model_type == "gpt_oss") {

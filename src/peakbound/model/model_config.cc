@@ -75,6 +75,10 @@ class Checker {
 
 }  // namespace
 
+bool ModelConfig::merged_shared_experts() const {
+  return family == "deepseek_v3" || family == "deepseek_v2" || family == "kimi_k2" || family == "dots1";
+}
+
 void ModelConfig::validate() const {
   if (name.empty()) throw InvalidArgument("model config has an empty name");
   Checker c(*this);
@@ -122,6 +126,13 @@ void ModelConfig::validate() const {
              std::to_string(num_experts) + ")");
     c.positive("moe_intermediate_size", moe_intermediate_size);
   }
+  c.positive("n_group", n_group);
+  if (topk_group < 1 || topk_group > n_group)
+    c.fail("topk_group must be in [1, n_group = " + std::to_string(n_group) + "], got " + std::to_string(topk_group));
+  if (num_experts > 0 && num_experts % n_group != 0)
+    c.fail("n_group (" + std::to_string(n_group) + ") must divide num_experts (" + std::to_string(num_experts) + ")");
+  if (!(routed_scaling_factor > 0.0) || !(routed_scaling_factor < 1e6))
+    c.fail("routed_scaling_factor must be positive and finite, got " + std::to_string(routed_scaling_factor));
   if (shared_expert_gate && num_shared_experts == 0)
     c.fail("shared_expert_gate needs num_shared_experts > 0");
 

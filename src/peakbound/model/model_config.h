@@ -61,6 +61,13 @@ struct ModelConfig {
   bool norm_topk_prob = false;       // renormalise the top-k weights to sum to 1
   bool router_bias = false;          // gpt-oss: the router Linear has a bias [E]
   bool router_score_correction = false;  // DeepSeek-V3 e_score_correction_bias [E]
+  // DeepSeek-V3's group-limited routing (sigmoid scoring): the experts form n_group equal
+  // groups and each token chooses among the topk_group best (n_group, topk_group); the
+  // routed experts' weights are multiplied by routed_scaling_factor. 1, 1, 1.0: no limit,
+  // no scaling.
+  std::int64_t n_group = 1;
+  std::int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
   bool mlp_bias = false;  // every MLP (dense, routed, shared) has biases (gpt-oss experts)
   // gpt-oss's clamped SwiGLU in the routed experts (swiglu_limit, swiglu_alpha): 0 means
   // the plain silu(gate) * up.
@@ -138,6 +145,9 @@ struct ModelConfig {
   std::int64_t qk_head_dim() const;
   // Per-head width of values: head_dim, or v_head_dim under MLA.
   std::int64_t value_head_dim() const;
+  // The shared experts are stored as one MLP of width num_shared_experts x the shared
+  // width (DeepSeek's families: deepseek_v2, deepseek_v3, kimi_k2, dots1).
+  bool merged_shared_experts() const;
   // Width of one shared expert after applying the 0 = moe_intermediate_size rule.
   std::int64_t shared_expert_width() const;
 

@@ -24,6 +24,9 @@ Preset deepseek_v3() {
   c.router_scoring = RouterScoring::sigmoid;
   c.norm_topk_prob = true;
   c.router_score_correction = true;  // topk_method noaux_tc
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.routed_scaling_factor = 2.5;
   c.attention = AttentionKind::mla;
   c.num_heads = 128;
   c.num_kv_heads = 128;

@@ -4,6 +4,11 @@
 
 namespace peakbound {
 
+bool is_router_buffer(const TensorEntry& e) {
+  static constexpr std::string_view kSuffix = ".e_score_correction_bias";
+  return e.kind == TensorKind::router && e.name.ends_with(kSuffix);
+}
+
 std::string_view tensor_kind_name(TensorKind k) {
   switch (k) {
     case TensorKind::embedding: return "embedding";
@@ -121,8 +126,6 @@ void layer_common(Group& g, const ModelConfig& c) {
   g.add("post_attention_layernorm.weight", {c.hidden_size}, TensorKind::norm);
 }
 
-bool is_deepseek(const ModelConfig& c) { return c.family == "deepseek_v3" || c.family == "deepseek_v2"; }
-
 KindNumel sum_by_kind(const std::vector<TensorTemplate>& ts, const Checked& n) {
   KindNumel s{};
   for (const TensorTemplate& t : ts) {
@@ -175,7 +178,7 @@ TensorTable::TensorTable(const ModelConfig& c, TableLayout layout) : config_(c),
     // Qwen2-MoE names its single one shared_expert (singular) and gates it.
     const std::int64_t S = c.num_shared_experts, W = c.shared_expert_width();
     const TensorKind sk = TensorKind::shared_expert;
-    if (S > 0 && is_deepseek(c) && !c.mlp_bias) {
+    if (S > 0 && c.merged_shared_experts() && !c.mlp_bias) {
       g.gated_mlp("mlp.shared_experts.", H, n.mul(S, W), false, sk);
     } else if (S == 1) {
       g.gated_mlp(c.family == "qwen2_moe" ? "mlp.shared_expert." : "mlp.shared_experts.", H, W,

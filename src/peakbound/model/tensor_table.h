@@ -55,6 +55,12 @@ struct TensorEntry {
   std::int64_t numel() const;
 };
 
+// True for a checkpoint tensor that is model state but not a trained parameter: DeepSeek's
+// mlp.gate.e_score_correction_bias (a torch buffer, moved between steps by the
+// auxiliary-loss-free update, not by gradients). The trainer holds these apart from the
+// parameters it optimizes (f32, replicated) and checkpoints and exports them by name.
+bool is_router_buffer(const TensorEntry& e);
+
 // One tensor of a group, before the layer / expert index is substituted. `name`
 // is relative: to "model.layers.{i}." for layer groups, to the experts prefix plus
 // "{e}." for per-expert templates. For a fused expert template, `shape` is one

@@ -1,6 +1,7 @@
 #include "peakbound/ops/moe_router.h"
 
 #include "peakbound/kernels/cpu/moe_router.h"
+#include "peakbound/kernels/cpu/moe_router_sigmoid.h"
 #include "peakbound/kernels/cuda/moe_router.h"
 #include "peakbound/ops/backend.h"
 
@@ -37,6 +38,29 @@ void moe_router_backward(Device& dev, Stream& s, float* dlogits, const float* dw
              cuda::moe_router_backward(stream, dlogits, dweights, probs, ids, aux_grad, T, E, K, norm_topk_prob);
            },
            [=] { cpu::moe_router_backward(dlogits, dweights, probs, ids, aux_grad, T, E, K, norm_topk_prob); });
+}
+
+void moe_router_sigmoid_forward(Device& dev, Stream& s, float* scores, std::int32_t* ids, float* weights,
+                                const float* logits, const float* correction, std::int64_t T, std::int64_t E,
+                                std::int64_t K, const SigmoidRouting& r) {
+  dispatch(dev, s, "moe_router_sigmoid_forward", {scores, ids, weights, logits, correction},
+           [&](void*) { no_kernel(dev, "moe_router_sigmoid_forward"); },
+           [=] { cpu::moe_router_sigmoid_forward(scores, ids, weights, logits, correction, T, E, K, r); });
+}
+
+void moe_router_sigmoid_backward(Device& dev, Stream& s, float* dlogits, const float* dweights, const float* scores,
+                                 const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
+                                 const SigmoidRouting& r) {
+  dispatch(dev, s, "moe_router_sigmoid_backward", {dlogits, dweights, scores, ids},
+           [&](void*) { no_kernel(dev, "moe_router_sigmoid_backward"); },
+           [=] { cpu::moe_router_sigmoid_backward(dlogits, dweights, scores, ids, T, E, K, r); });
+}
+
+void moe_router_bias_update(Device& dev, Stream& s, float* correction, const float* load, std::int64_t E,
+                            float speed) {
+  dispatch(dev, s, "moe_router_bias_update", {correction, load},
+           [&](void*) { no_kernel(dev, "moe_router_bias_update"); },
+           [=] { cpu::moe_router_bias_update(correction, load, E, speed); });
 }
 
 }  // namespace peakbound::ops

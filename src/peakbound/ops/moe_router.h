@@ -6,13 +6,14 @@
 #include <cstdint>
 
 #include "peakbound/device/device.h"
+#include "peakbound/kernels/cpu/moe_router_sigmoid.h"
 
 namespace peakbound::ops {
 
 // logits [T, E] -> probs [T, E], ids [T, K], weights [T, K], WRITTEN (probs may alias logits).
 void moe_router_forward(Device& dev, Stream& s, float* probs, std::int32_t* ids, float* weights, const float* logits,
                         std::int64_t T, std::int64_t E, std::int64_t K, bool norm_topk_prob);
-// ADDS these tokens' slot counts and prob sums into counts [E] and prob_sums [E].
+// ADDS these tokens' slot counts and prob sums into counts [E] and prob_sums [E] (may be null).
 void moe_router_stats(Device& dev, Stream& s, float* counts, float* prob_sums, const float* probs,
                       const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K);
 // loss [1] (unscaled aux) and aux_grad [E] (coef-scaled d aux / d probs), WRITTEN; either may be null.
@@ -23,5 +24,18 @@ void moe_aux_loss(Device& dev, Stream& s, float* loss, float* aux_grad, const fl
 void moe_router_backward(Device& dev, Stream& s, float* dlogits, const float* dweights, const float* probs,
                          const std::int32_t* ids, const float* aux_grad, std::int64_t T, std::int64_t E,
                          std::int64_t K, bool norm_topk_prob);
+
+// DeepSeek-V3's sigmoid group-limited router and its auxiliary-loss-free bias update
+// (kernels/cpu/moe_router_sigmoid.h for the math; CPU kernels only: on CUDA they throw
+// Unavailable naming the op). correction [E] (e_score_correction_bias) may be null.
+using cpu::SigmoidRouting;
+void moe_router_sigmoid_forward(Device& dev, Stream& s, float* scores, std::int32_t* ids, float* weights,
+                                const float* logits, const float* correction, std::int64_t T, std::int64_t E,
+                                std::int64_t K, const SigmoidRouting& r);
+void moe_router_sigmoid_backward(Device& dev, Stream& s, float* dlogits, const float* dweights, const float* scores,
+                                 const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
+                                 const SigmoidRouting& r);
+void moe_router_bias_update(Device& dev, Stream& s, float* correction, const float* load, std::int64_t E,
+                            float speed);
 
 }  // namespace peakbound::ops

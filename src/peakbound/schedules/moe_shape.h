@@ -15,7 +15,7 @@ struct MoeShape {
   std::int64_t hidden = 0, ffn = 0, experts = 0, top_k = 0;
   bool bias = false;     // gpt-oss: the three projections' biases after the weights
   bool clamped = false;  // gpt-oss: ops::SwigluClamp activation
-  ops::SwigluClamp clamp;
+  ops::SwigluClamp clamp{};
   std::int64_t expert_floats() const { return 3 * ffn * hidden + (bias ? 2 * ffn + hidden : 0); }
 };
 

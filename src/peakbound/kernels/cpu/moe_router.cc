@@ -50,11 +50,12 @@ void moe_router_stats(float* counts, float* prob_sums, const float* probs, const
   std::vector<double> c(static_cast<std::size_t>(E), 0.0), s(static_cast<std::size_t>(E), 0.0);
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t k = 0; k < K; ++k) c[static_cast<std::size_t>(ids[t * K + k])] += 1.0;
-    for (std::int64_t e = 0; e < E; ++e) s[static_cast<std::size_t>(e)] += probs[t * E + e];
+    if (prob_sums != nullptr)
+      for (std::int64_t e = 0; e < E; ++e) s[static_cast<std::size_t>(e)] += probs[t * E + e];
   }
   for (std::int64_t e = 0; e < E; ++e) {
     counts[e] += static_cast<float>(c[static_cast<std::size_t>(e)]);
-    prob_sums[e] += static_cast<float>(s[static_cast<std::size_t>(e)]);
+    if (prob_sums != nullptr) prob_sums[e] += static_cast<float>(s[static_cast<std::size_t>(e)]);
   }
 }
 

@@ -35,6 +35,7 @@ void moe_router_forward(float* probs, std::int32_t* ids, float* weights, const f
 //   prob_sums[e] += sum over t of probs[t, e]
 // Summed over every MoE layer of one forward (and nothing else), they give transformers'
 // aux loss through moe_aux_loss. Counts are exact integers in f32 below 2^24 slots.
+// prob_sums may be null (counts only: a layer's expert loads for the aux-free bias update).
 void moe_router_stats(float* counts, float* prob_sums, const float* probs, const std::int32_t* ids, std::int64_t T,
                       std::int64_t E, std::int64_t K);
 

@@ -50,10 +50,10 @@ __global__ void router_stats_k(float* counts, float* prob_sums, const float* pro
     double c = 0.0, s = 0.0;
     for (std::int64_t t = 0; t < T; ++t) {
       for (std::int64_t k = 0; k < K; ++k) c += ids[t * K + k] == e ? 1.0 : 0.0;
-      s += probs[t * E + e];
+      if (prob_sums != nullptr) s += probs[t * E + e];
     }
     counts[e] += static_cast<float>(c);
-    prob_sums[e] += static_cast<float>(s);
+    if (prob_sums != nullptr) prob_sums[e] += static_cast<float>(s);
   }
 }
 
