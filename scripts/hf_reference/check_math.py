@@ -120,10 +120,18 @@ def check(d):
     return worst <= TOL
 
 
+# The families whose math forward() writes out (plain RoPE, no window, biases, sinks, shared
+# experts or sigmoid router); the others are checked against transformers alone.
+RECOMPUTED = ("qwen3_moe", "mixtral")
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf"
-    ok = all([check(os.path.join(root, f)) for f in sorted(os.listdir(root))
-              if os.path.isfile(os.path.join(root, f, "config.json"))])
+    dirs = [f for f in sorted(os.listdir(root)) if os.path.isfile(os.path.join(root, f, "config.json"))]
+    skipped = [f for f in dirs if f not in RECOMPUTED]
+    if skipped:
+        print("not recomputed here (transformers is their reference): " + ", ".join(skipped))
+    ok = all([check(os.path.join(root, f)) for f in dirs if f in RECOMPUTED])
     if not ok:
         sys.exit(f"fp64 recompute differs from the fixture by more than {TOL} relative")
 

@@ -146,6 +146,32 @@ def gpt_oss_config():
     return cfg
 
 
+def dots1_config():
+    # dots.llm1: Qwen3's attention (q/k norms) with DeepSeek-V3's MoE: the sigmoid router with
+    # its e_score_correction_bias (jittered: transformers starts it at 0), 8 experts in 4
+    # groups of 2 with the best 2 groups kept, top-3, renormalised and times 2.5, two shared
+    # experts as one MLP; layer 0 dense (first_k_dense_replace 1), layer 2 sliding (window 5,
+    # max_window_layers 2). No aux loss (transformers' Dots1ForCausalLM adds none).
+    c = {k: v for k, v in COMMON.items() if k not in ("router_aux_loss_coef", "output_router_logits")}
+    c.update(num_hidden_layers=3, num_experts_per_tok=3)
+    return transformers.Dots1Config(
+        **c,
+        n_routed_experts=8,
+        n_shared_experts=2,
+        moe_intermediate_size=16,
+        intermediate_size=48,
+        first_k_dense_replace=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        sliding_window=5,
+        max_window_layers=2,
+        attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM),
@@ -153,7 +179,36 @@ FAMILIES = {
     "mixtral_sliding": (mixtral_sliding_config, transformers.MixtralForCausalLM),
     "qwen2_moe": (qwen2_moe_config, transformers.Qwen2MoeForCausalLM),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM),
+    "dots1": (dots1_config, transformers.Dots1ForCausalLM),
 }
+
+BUFFER_SUFFIX = "e_score_correction_bias"  # a torch buffer in the checkpoint: no gradient
+
+
+def sigmoid_routed(cfg):
+    """DeepSeek-V3's router (sigmoid scores, a correction bias for the choice, groups)."""
+    return hasattr(cfg, "n_group") and cfg.model_type in ("dots1", "deepseek_v3")
+
+
+def sigmoid_choice(cfg, logits, bias):
+    """The router's choice as DeepseekV3TopkRouter / Dots1TopkRouter make it, in double:
+    (the top-k expert ids sorted, the smallest top-k margin, the smallest group margin)."""
+    k, G, kg = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+    choice = logits.double().sigmoid() + bias.double()
+    E = choice.shape[-1]
+    groups = choice.view(-1, G, E // G).topk(2, dim=-1)[0].sum(-1)
+    gs = groups.sort(dim=-1, descending=True).values
+    group_margin = float((gs[:, kg - 1] - gs[:, kg]).min()) if kg < G else float("inf")
+    keep = torch.zeros_like(groups).scatter_(1, groups.topk(kg, dim=-1)[1], 1.0)
+    masked = choice.masked_fill(~keep.repeat_interleave(E // G, dim=1).bool(), float("-inf"))
+    ms = masked.sort(dim=-1, descending=True).values
+    ids = masked.topk(k, dim=-1).indices.sort(dim=-1).values
+    return ids, float((ms[:, k - 1] - ms[:, k]).min()), group_margin
+
+
+def router_biases(model):
+    return [m.gate.e_score_correction_bias.detach() for m in model.modules() if hasattr(m, "gate")
+            and hasattr(m.gate, BUFFER_SUFFIX)]
 
 
 def num_experts_of(cfg):
@@ -173,6 +228,9 @@ def build_model(family):
             # that drops one shows (no family without biases draws more).
             if "norm" in name or name.endswith(".bias") or name.endswith("_bias"):
                 p.add_(NORM_JITTER * torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():  # DeepSeek's correction bias: 0 at first
+            if name.endswith(BUFFER_SUFFIX):
+                b.copy_(0.05 * torch.randn(b.shape, generator=gen))
     model.train()  # dropout is 0 and jitter is 0: train mode changes nothing numerically
     return cfg, model
 
@@ -206,6 +264,8 @@ def recompute_losses(cfg, logits, router_logits, input_ids):
     ce = torch.nn.functional.cross_entropy(
         logits[:, :-1, :].reshape(-1, V).double(), input_ids[:, 1:].reshape(-1)
     )
+    if sigmoid_routed(cfg):  # no load-balancing loss
+        return ce, torch.zeros((), dtype=torch.float64)
     # Switch-Transformer balance loss over ALL layers' rows at once (L*N rows):
     #   f_e = (#top-k assignments to e over all rows) / rows;  P_e = sum softmax_e / rows
     #   aux = E * sum_e f_e * P_e
@@ -220,10 +280,13 @@ def recompute_losses(cfg, logits, router_logits, input_ids):
     return ce, aux
 
 
-def topk_margin(cfg, router_logits):
+def topk_margin(cfg, router_logits, biases=None):
     """Smallest gap between the k-th and (k+1)-th router probability over all rows: how far
-    every routing decision is from a tie (an fp32 reimplementation must pick the same experts)."""
+    every routing decision is from a tie (an fp32 reimplementation must pick the same experts).
+    Sigmoid routing: the smallest gap of the biased choice, in the top-k and between groups."""
     k = cfg.num_experts_per_tok
+    if sigmoid_routed(cfg):
+        return min(min(sigmoid_choice(cfg, r, b)[1:]) for r, b in zip(router_logits, biases))
     m = float("inf")
     for r in router_logits:
         p = torch.softmax(r.double(), dim=-1).sort(dim=-1, descending=True).values
@@ -239,7 +302,7 @@ def split_fused(params_grads, cfg):
         return dict(params_grads)
     qwen = ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
             "mlp.experts.{e}.down_proj.weight", "mlp.gate.weight")
-    gate_up_names = {"qwen3_moe": qwen, "qwen2_moe": qwen,
+    gate_up_names = {"qwen3_moe": qwen, "qwen2_moe": qwen, "dots1": qwen,
                      "mixtral": ("block_sparse_moe.experts.{e}.w1.weight",
                                  "block_sparse_moe.experts.{e}.w3.weight",
                                  "block_sparse_moe.experts.{e}.w2.weight",
@@ -264,6 +327,11 @@ def split_fused(params_grads, cfg):
     return out
 
 
+def ref_biases(ref):
+    names = [n for n in ref if n.startswith("bias.")]
+    return [ref[n] for n in sorted(names, key=lambda n: int(n.split(".")[3]))]
+
+
 def verify_reload(family, d, cfg, ref):
     """Load the written directory the way a user would (from_pretrained), rerun the batch and
     compare with what was written: the checkpoint, the names and the gradients agree."""
@@ -272,6 +340,10 @@ def verify_reload(family, d, cfg, ref):
     model.train()
     out = model(input_ids=ref["input_ids"], labels=ref["input_ids"], output_router_logits=True)
     out.loss.backward()
+    if sigmoid_routed(cfg):  # the correction bias came back from the checkpoint
+        for b, want in zip(router_biases(model), ref_biases(ref)):
+            if not torch.equal(b, want):
+                sys.exit(f"{family}: the reloaded e_score_correction_bias differs from the saved one")
     worst = 0.0
     def rel(a, b):
         return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
@@ -296,10 +368,11 @@ def make(family, out_root):
 
     ce, aux = recompute_losses(cfg, out.logits.detach(), [r.detach() for r in out.router_logits],
                                input_ids)
-    coef = cfg.router_aux_loss_coef
+    coef = getattr(cfg, "router_aux_loss_coef", 0.0) if not sigmoid_routed(cfg) else 0.0
     total = ce + coef * aux
+    aux_out = out.aux_loss.detach() if out.aux_loss is not None else torch.zeros(())
     checks = {
-        "aux_loss_vs_recomputed_rel": abs(float(out.aux_loss.detach()) - float(aux)) / abs(float(aux)),
+        "aux_loss_vs_recomputed_rel": abs(float(aux_out) - float(aux)) / max(abs(float(aux)), 1e-30),
         "loss_vs_ce_plus_coef_aux_rel": abs(float(out.loss.detach()) - float(total)) / abs(float(total)),
     }
     for name, v in checks.items():
@@ -321,19 +394,24 @@ def make(family, out_root):
         grads = save_like_checkpoint(model, {n: p.grad for n, p in params.items()}, tmp)
     saved = load_file(os.path.join(d, "model.safetensors"))
     assert sorted(grads) == sorted(saved), "gradient names differ from checkpoint names"
+    # The correction bias is a buffer: the checkpoint holds its value, no gradient exists.
+    grads = {n: g for n, g in grads.items() if not n.endswith(BUFFER_SUFFIX)}
 
     ref = {
         "input_ids": input_ids.contiguous(),
         "loss": out.loss.detach().reshape(()).float().contiguous(),
         "ce_loss": ce.reshape(()).float().contiguous(),
-        "aux_loss": out.aux_loss.detach().reshape(()).float().contiguous(),
+        "aux_loss": aux_out.reshape(()).float().contiguous(),
         "logits": out.logits.detach().float().contiguous(),
     }
     for n, g in grads.items():
         ref["grad." + n] = g.float().contiguous()
+    for n, t in saved.items():  # the biases the batch was routed with (bias.<checkpoint name>)
+        if n.endswith(BUFFER_SUFFIX):
+            ref["bias." + n] = t.float().contiguous()
     save_file(ref, os.path.join(d, "reference.safetensors"))
     reload_rel = verify_reload(family, d, cfg, ref)
-    margin = topk_margin(cfg, [r.detach() for r in out.router_logits])
+    margin = topk_margin(cfg, [r.detach() for r in out.router_logits], router_biases(model))
     if margin < MIN_TOPK_MARGIN:
         sys.exit(f"{family}: top-k margin {margin:.3e} < {MIN_TOPK_MARGIN}: routing too close "
                  "to a tie for an fp32 reimplementation to be held to the same experts")
@@ -380,7 +458,7 @@ def make(family, out_root):
         json.dump(info, fh, indent=1, sort_keys=True)
         fh.write("\n")
     print(f"{family}: loss {float(out.loss):.6f} = ce {float(ce):.6f} + {coef} * aux "
-          f"{float(out.aux_loss):.6f}; topk margin {info['topk_margin']:.3e}; "
+          f"{float(aux_out):.6f}; topk margin {info['topk_margin']:.3e}; "
           f"{len(saved)} checkpoint tensors")
 
 
@@ -395,12 +473,20 @@ def run_loaded(family, d, dtype, input_ids):
     return out, model, split_fused({n: p.grad for n, p in model.named_parameters()}, model.config)
 
 
-def routing_flips(cfg, ref_router_logits, router_logits):
+def routing_flips(cfg, ref_router_logits, router_logits, biases=None):
     """Rows (over all layers) whose top-k expert set under `router_logits` differs from the
     one under `ref_router_logits`, with the reference's k-th minus (k+1)-th probability
-    there, and the largest change of a router probability."""
+    there, and the largest change of a router probability (sigmoid routing: of a score)."""
     k = cfg.num_experts_per_tok
     flips, noise = [], 0.0
+    if sigmoid_routed(cfg):
+        for layer, (a, b, bias) in enumerate(zip(ref_router_logits, router_logits, biases)):
+            noise = max(noise, float((a.double().sigmoid() - b.double().sigmoid()).abs().max()))
+            sa, sb = sigmoid_choice(cfg, a, bias)[0], sigmoid_choice(cfg, b, bias)[0]
+            for row in (sa != sb).any(dim=-1).nonzero().flatten().tolist():
+                flips.append({"layer": layer, "row": row, "fp32_experts": sa[row].tolist(),
+                              "bf16_experts": sb[row].tolist(), "fp32_margin": float("nan")})
+        return flips, noise
     for layer, (a, b) in enumerate(zip(ref_router_logits, router_logits)):
         pa = torch.softmax(a.double(), dim=-1)
         pb = torch.softmax(b.double(), dim=-1)
@@ -437,7 +523,8 @@ def make_bf16(family, out_root):
         "input_ids": input_ids.contiguous(),
         "loss": out.loss.detach().reshape(()).float().contiguous(),
         "ce_loss": ce.reshape(()).float().contiguous(),
-        "aux_loss": out.aux_loss.detach().reshape(()).float().contiguous(),
+        "aux_loss": (out.aux_loss.detach() if out.aux_loss is not None else torch.zeros(())).reshape(())
+        .float().contiguous(),
         "logits": out.logits.detach().float().contiguous(),
     }
     for n, g in grads.items():
@@ -454,7 +541,7 @@ def make_bf16(family, out_root):
     cosines = {n: cos(g, ref["grad." + n]) for n, g in grads.items()}
     worst = min(cosines, key=cosines.get)
     flips, noise = routing_flips(cfg, [r.detach() for r in out32.router_logits],
-                                 [r.detach() for r in out.router_logits])
+                                 [r.detach() for r in out.router_logits], router_biases(model))
     info = {
         "family": family,
         "generated_by": "scripts/hf_reference/make_fixtures.py --dtype bf16",
@@ -465,7 +552,7 @@ def make_bf16(family, out_root):
         "batch": "input_ids of reference.safetensors",
         "loss_rel_vs_fp32": abs(float(out.loss.detach()) - float(ref["loss"])) / abs(float(ref["loss"])),
         "ce_loss_rel_vs_fp32": abs(float(ce) - float(ref["ce_loss"])) / abs(float(ref["ce_loss"])),
-        "aux_loss_rel_vs_fp32": abs(float(out.aux_loss.detach()) - float(ref["aux_loss"])) / abs(float(ref["aux_loss"])),
+        "aux_loss_rel_vs_fp32": abs(float(res["aux_loss"]) - float(ref["aux_loss"])) / max(abs(float(ref["aux_loss"])), 1e-30),
         "logits_rel_vs_fp32": rel(out.logits.detach(), ref["logits"]),
         "grad_cosine_vs_fp32": cosines,
         "worst_grad_cosine": {"tensor": worst, "cosine": cosines[worst]},

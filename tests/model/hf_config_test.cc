@@ -357,20 +357,48 @@ ModelConfig modelled(ModelConfig c) {
 TEST(HfConfig, DeepSeekV3EqualsPreset) {
   const ModelConfig c = parse_hf_config(json::parse(kDeepSeekV3), "deepseek-v3");
   EXPECT_EQ(modelled(c), preset_config("deepseek-v3"));
-  // YaRN is read (mscale = mscale_all_dim: cos and sin unscaled); the routed scaling is
-  // recorded, for the trainer to refuse.
+  // YaRN is read (mscale = mscale_all_dim: cos and sin unscaled); the group-limited
+  // routing and its scale are modelled (nothing unmodelled).
   EXPECT_TRUE(c.rope_scaling.yarn);
   EXPECT_EQ(c.rope_scaling.factor, 40.0);
   EXPECT_EQ(c.rope_scaling.original_max_position, 4096);
   EXPECT_EQ(c.rope_scaling.attention_factor, 1.0);
   EXPECT_TRUE(c.rope_scaling.truncate);
-  ASSERT_EQ(c.unmodelled.size(), 1u);
-  EXPECT_EQ(c.unmodelled[0].rfind("routed_scaling_factor = 2.5", 0), 0u) << c.unmodelled[0];
+  EXPECT_TRUE(c.unmodelled.empty()) << c.unmodelled[0];
   EXPECT_EQ(c.attention, AttentionKind::mla);
   EXPECT_EQ(c.router_scoring, RouterScoring::sigmoid);
   EXPECT_TRUE(c.router_score_correction);
+  EXPECT_EQ(c.n_group, 8);
+  EXPECT_EQ(c.topk_group, 4);
+  EXPECT_EQ(c.routed_scaling_factor, 2.5);
   EXPECT_EQ(c.num_mtp_layers, 1);
   EXPECT_EQ(count_params(c).total, 671026419200);
+}
+
+// dots.llm1 (the tiny fixture's config.json as transformers 5.24 saved it): Qwen3's attention,
+// DeepSeek-V3's router and shared experts, a dense first layer, the window from
+// max_window_layers on; a routed scale with a softmax router stays unmodelled.
+TEST(HfConfig, Dots1ReadsDeepSeekRoutingOverQwen3Attention) {
+  const ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/dots1");
+  EXPECT_EQ(c.family, "dots1");
+  EXPECT_TRUE(c.unmodelled.empty()) << c.unmodelled[0];
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.attention, AttentionKind::gqa);
+  EXPECT_EQ(c.router_scoring, RouterScoring::sigmoid);
+  EXPECT_TRUE(c.router_score_correction);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.num_shared_experts, 2);
+  EXPECT_TRUE(c.merged_shared_experts());
+  EXPECT_EQ(c.num_dense_layers, 1);
+  EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{2}));
+  json q = json::parse(kQwen3_30B);
+  q["routed_scaling_factor"] = 2.0;
+  const ModelConfig s = parse_hf_config(q, "q");
+  ASSERT_EQ(s.unmodelled.size(), 1u);
+  EXPECT_EQ(s.unmodelled[0].rfind("routed_scaling_factor = 2", 0), 0u) << s.unmodelled[0];
 }
 
 TEST(HfConfig, Qwen3MoeEqualsPresets) {
@@ -635,11 +663,24 @@ TEST(HfConfig, UnknownModelTypeUsesGenericNames) {
   EXPECT_HAS(msg, "missing field 'num_experts_per_tok' or 'experts_per_token'");
   EXPECT_HAS(msg, "model_type my_moe, read with generic field names");
 
-  // An MLA config of an unknown family goes through the DeepSeek field names.
+  // An MLA config of an unknown family goes through the DeepSeek field names; Kimi-K2's
+  // model_type is DeepSeek-V3's architecture with V3's defaults.
   json d = json::parse(kDeepSeekV3);
-  d["model_type"] = "kimi_k2";
+  d["model_type"] = "my_mla";
   c = parse_hf_config(d, "deepseek-v3");
   EXPECT_EQ(c.attention, AttentionKind::mla);
+  EXPECT_EQ(count_params(c).total, 671026419200);
+  d["model_type"] = "kimi_k2";
+  d["n_group"] = 1;
+  d["topk_group"] = 1;
+  d["routed_scaling_factor"] = 2.827;
+  c = parse_hf_config(d, "kimi");
+  EXPECT_EQ(c.family, "kimi_k2");
+  EXPECT_EQ(c.router_scoring, RouterScoring::sigmoid);
+  EXPECT_TRUE(c.router_score_correction);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.routed_scaling_factor, 2.827);
+  EXPECT_TRUE(c.merged_shared_experts());
   EXPECT_EQ(count_params(c).total, 671026419200);
 
   json none = json::parse(kLlama31_8B);

@@ -218,7 +218,10 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
                   aux, want_aux);
   } else {
     EXPECT_LT(std::abs(got_ce - want_ce) / std::abs(want_ce), kTol) << "ce " << got_ce << " vs " << want_ce;
-    EXPECT_LT(std::abs(aux - want_aux) / std::abs(want_aux), kTol) << "aux " << aux << " vs " << want_aux;
+    if (want_aux == 0)  // no aux loss (sigmoid routing): exactly none here either
+      EXPECT_EQ(aux, 0.0) << "aux";
+    else
+      EXPECT_LT(std::abs(aux - want_aux) / std::abs(want_aux), kTol) << "aux " << aux << " vs " << want_aux;
     const double want_loss = ref.read_f32("loss")[0];
     EXPECT_LT(std::abs(got_ce + aux - want_loss) / std::abs(want_loss), kTol);
   }
@@ -345,6 +348,25 @@ TEST(HfReference, GptOssMatchesTransformers) {
   for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("gpt_oss", v);
 }
 
+// dots.llm1: Qwen3's attention with DeepSeek-V3's MoE (the sigmoid router with its
+// e_score_correction_bias loaded from the checkpoint, 4 groups of 2 experts with the best 2
+// kept, top-3 renormalised and times 2.5, two shared experts as one MLP), layer 0 dense,
+// layer 2 sliding; every dispatch kind, context parallelism 2. The biases the model routes
+// with are the checkpoint's, bit for bit.
+TEST(HfReference, Dots1MatchesTransformers) {
+  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("dots1", v);
+  FamilyRun run;
+  const std::string dir = kFixtures + "dots1";
+  const SafeTensorsFile ref = SafeTensorsFile::open(dir + "/reference.safetensors");
+  run_family(run, dir, ref, kNone, Precision::f32);
+  const std::vector<std::pair<std::string, float*>> biases = run.model->router_buffers();
+  ASSERT_EQ(biases.size(), 2u);
+  for (const auto& [name, values] : biases) {
+    const std::vector<float> want = ref.read_f32("bias." + name);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), values)) << name;
+  }
+}
+
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("qwen3_moe", v, Precision::bf16);
 }
@@ -357,6 +379,11 @@ TEST(HfReference, Qwen2MoeBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("qwen2_moe", v, Precision::bf16);
 }
 
+// dots1 is not held to the bf16 bounds: transformers keeps DeepSeek-V3's and dots1's router
+// weight in fp32 under bf16 (_keep_in_fp32_modules_strict: gate.weight and the correction
+// bias), while this model's bf16 FSDP units hold it in bf16. The logits then differ by the
+// weight's rounding and one token of layer 2 changes experts against transformers' bf16 run
+// (its smallest choice margin is 1.5e-3): that expert's gradient has cosine 0.82.
 TEST(HfReference, MixtralBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("mixtral", v, Precision::bf16);
 }

@@ -3,6 +3,9 @@
 // footprint per component and in total, with schedules none (standard EP,
 // materialized vocab, resident boundaries, device AdamW) and all (PipelinedLLEP,
 // Ring-DTP, SCO, offload_stream AdamW), and under context parallelism; in f32 and bf16.
+#include <string>
+
+#include "peakbound/model/hf_config.h"
 #include "tests/comm/world.h"
 #include "tests/train/train_footprint_check.h"
 
@@ -36,6 +39,14 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintContextParallel) {
     check(world, kNone, tiny_model(), nullptr, {}, cp, 27);
     check(world, kAll, tiny_model(), nullptr, {}, cp, 27);
   }
+}
+
+// DeepSeek-V3's router state (the tiny dots.llm1 fixture: two MoE layers with a correction
+// bias each, their loads, a dense layer 0, a sliding layer 2): measured == footprint.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintSigmoidRouter) {
+  const ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/dots1");
+  check(testing::world(), kNone, c);
+  check(testing::world(), kAll, c);
 }
 
 // The same in bf16 (ModelSchedules::precision): the bf16 model's measured peaks equal

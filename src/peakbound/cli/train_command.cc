@@ -126,6 +126,9 @@ Command add_train(CLI::App& parent) {
   int_flag(app, "--warmup", f->run.warmup, "Linear warm-up steps", 0, std::int64_t{1} << 40);
   real_flag(app, "--weight-decay", f->run.weight_decay, "AdamW weight decay", 0.0, 10.0);
   real_flag(app, "--max-grad-norm", f->run.max_grad_norm, "Global gradient-norm clipping (0 = off)", 0.0, 1e9);
+  real_flag(app, "--bias-update-speed", f->run.bias_update_speed,
+            "DeepSeek-V3's aux-loss-free balancing: per-step move of each router correction bias (0 = frozen)", 0.0,
+            1.0);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

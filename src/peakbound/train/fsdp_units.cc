@@ -11,7 +11,10 @@ namespace {
 
 using u64 = std::uint64_t;
 
-bool fsdp_kind(const TensorEntry& e) { return e.kind != TensorKind::expert && e.kind != TensorKind::head; }
+// Router buffers (e_score_correction_bias) are the model's f32 state, not FSDP parameters.
+bool fsdp_kind(const TensorEntry& e) {
+  return e.kind != TensorKind::expert && e.kind != TensorKind::head && !is_router_buffer(e);
+}
 // A unit holds each of its tensors whole.
 RowRange whole(const TensorEntry& e) { return RowRange{0, e.shape.empty() ? 1 : e.shape[0]}; }
 

@@ -100,12 +100,16 @@ void check_trainable(const ModelConfig& c) {
     throw InvalidArgument("model '" + c.name + "': config.json sets " + c.unmodelled.front() +
                           "; refusing to train a different model than the config describes");
   if (c.attention != AttentionKind::gqa) unsupported(c, "MLA attention");
-  if (c.router_scoring != RouterScoring::softmax) unsupported(c, "sigmoid router scoring");
-  if (c.router_score_correction) unsupported(c, "router score correction (e_score_correction_bias)");
+  // DeepSeek-V3's sigmoid router trains without transformers' aux loss (its balance comes
+  // from the correction bias's update, MoeTransformer::update_router_bias).
+  if (c.router_scoring == RouterScoring::sigmoid && c.router_aux_loss_coef > 0)
+    unsupported(c, "the load-balancing aux loss with sigmoid router scoring");
+  if (c.router_score_correction && c.router_scoring != RouterScoring::sigmoid)
+    unsupported(c, "a router score correction with softmax scoring");
   // gpt-oss's router and expert biases are modelled (its MoE layer); nobody else's.
   if ((c.router_bias || c.mlp_bias) && c.family != "gpt_oss") unsupported(c, "router or MLP biases");
   if (c.tie_word_embeddings) unsupported(c, "tied embeddings");
-  if (c.num_shared_experts > 1 && c.family != "deepseek_v3" && c.family != "deepseek_v2")
+  if (c.num_shared_experts > 1 && !c.merged_shared_experts())
     unsupported(c, "more than one separately stored shared expert");
   if (c.num_experts == 0 && c.num_layers == 0) unsupported(c, "a model without layers");
 }
@@ -173,6 +177,12 @@ ModelAuxBuffers model_aux_buffers(std::int64_t experts) {
   b.counts = b.prob_sums = b.aux_grad = buffer_spec(Component::workspace, e, sizeof(float));
   b.loss = buffer_spec(Component::workspace, 1, sizeof(float));
   return b;
+}
+
+ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c) {
+  const u64 M = c.router_score_correction && c.num_experts > 0 ? static_cast<u64>(c.num_moe_layers()) : 0;
+  const u64 n = checked_mul(M, static_cast<u64>(std::max<std::int64_t>(c.num_experts, 0)), "router state [M, E]");
+  return {buffer_spec(Component::params, n, 4), buffer_spec(Component::workspace, n, 4)};
 }
 
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision precision) {
@@ -249,9 +259,10 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   check_trainable(config_);
   const ModelConfig& c = config_;
   if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks ||
-                                       c.router_bias || c.mlp_bias || c.swiglu_limit > 0.0))
-    throw Unavailable("model '" + c.name + "': attention biases and sinks, router and expert biases and the clamped " +
-                      "SwiGLU have CPU kernels only so far; train it with --device cpu");
+                                       c.router_bias || c.mlp_bias || c.swiglu_limit > 0.0 ||
+                                       c.router_scoring == RouterScoring::sigmoid))
+    throw Unavailable("model '" + c.name + "': attention biases and sinks, router and expert biases, the clamped " +
+                      "SwiGLU and the sigmoid router have CPU kernels only so far; train it with --device cpu");
   const std::int64_t H = c.hidden_size, E = c.num_experts;
   const std::int64_t ep = groups_.ep->size(), ep_rank = groups_.ep->rank();
   if (E > 0 && E % ep != 0)
@@ -287,6 +298,15 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   aux_loss_ = dev.allocate(ab.loss.component, ab.loss.bytes);
   aux_state_ = std::make_unique<MoeAuxState>(MoeAuxState{
       counts_.as<float>(), prob_sums_.as<float>(), c.router_aux_loss_coef > 0 ? aux_grad_.as<float>() : nullptr});
+  // DeepSeek-V3's correction biases (zero until loaded) and their loads.
+  const ModelRouterStateBuffers rb = model_router_state_buffers(c);
+  correction_ = dev.allocate(rb.correction.component, rb.correction.bytes);
+  loads_ = dev.allocate(rb.loads.component, rb.loads.bytes);
+  if (rb.correction.bytes > 0) {
+    ops::fill(dev, dev.compute_stream(), correction_.as<float>(), static_cast<std::int64_t>(rb.correction.bytes / 4),
+              0.0f);
+    ops::fill(dev, dev.compute_stream(), loads_.as<float>(), static_cast<std::int64_t>(rb.loads.bytes / 4), 0.0f);
+  }
 
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -348,6 +368,12 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
           if (experts_->view(n).offset != want)
             throw InternalError("moe transformer: expert tensor " + n + " is not where MoeDispatch reads it");
         }
+      if (mc.score_correction) {  // the f32 buffers, in the parameter views only
+        const std::int64_t row = (moe_layers_ - 1) * E;
+        mt[0].correction = Tensor(correction_.as<float>() + row, Shape{E}, DType::f32, Location::device);
+        mt[0].loads = Tensor(loads_.as<float>() + row, Shape{E}, DType::f32, Location::device);
+        router_buffer_names_.push_back(router + "e_score_correction_bias");
+      }
       for (int g = 0; g < 2; ++g) {
         mt[g].w_gate = slot_view(l, gate, g);
         if (mc.router_bias) mt[g].w_gate_bias = slot_view(l, router + "bias", g);
@@ -492,6 +518,21 @@ void MoeTransformer::load_hf_bf16(const std::string& dir) {
 }
 
 void MoeTransformer::load_hf(const std::string& dir) {
+  // The router buffers, whole on every rank, f32 in both precisions.
+  if (!router_buffer_names_.empty()) {
+    std::vector<std::pair<std::string, float*>> dst = router_buffers();
+    const ShardSelector buffers = [](const TensorEntry& e) -> std::optional<RowRange> {
+      if (!is_router_buffer(e)) return std::nullopt;
+      return RowRange{0, e.shape[0]};
+    };
+    for_each_hf_tensor(dir, table_, buffers, [&](const ParameterView& v, const float* x, u64 n) {
+      auto it = std::find_if(dst.begin(), dst.end(), [&](const auto& d) { return d.first == v.name(); });
+      if (it == dst.end() || n != static_cast<u64>(config_.num_experts))
+        throw InternalError("moe transformer: router buffer " + v.name() + " has no place");
+      dev_.memcpy_async(it->second, x, n * sizeof(float), CopyKind::host_to_device, dev_.copy_stream());
+      dev_.synchronize(dev_.copy_stream());
+    });
+  }
   if (schedules_.precision == Precision::bf16) return load_hf_bf16(dir);
   for (ParameterStore* s : stores()) load_hf_weights(dir, *s);
   // One unit at a time, whole, through a store of the unit's layout; this rank keeps its slice.
@@ -504,6 +545,27 @@ void MoeTransformer::load_hf(const std::string& dir) {
                       len * sizeof(float), CopyKind::device_to_device, dev_.compute_stream());
     dev_.synchronize();
   }
+}
+
+std::vector<std::pair<std::string, float*>> MoeTransformer::router_buffers() {
+  std::vector<std::pair<std::string, float*>> out;
+  for (std::size_t m = 0; m < router_buffer_names_.size(); ++m)
+    out.emplace_back(router_buffer_names_[m], correction_.as<float>() + static_cast<std::int64_t>(m) * config_.num_experts);
+  return out;
+}
+
+void MoeTransformer::update_router_bias(float speed) {
+  if (router_buffer_names_.empty()) return;
+  if (!(speed >= 0.0f)) throw InvalidArgument("the router bias update speed must be >= 0");
+  const std::int64_t E = config_.num_experts, M = static_cast<std::int64_t>(router_buffer_names_.size());
+  Stream& s = dev_.compute_stream();
+  dev_.synchronize();
+  groups_.world->all_reduce(loads_.data(), static_cast<std::size_t>(M * E), DType::f32, ReduceOp::sum);
+  if (speed > 0.0f)
+    for (std::int64_t m = 0; m < M; ++m)
+      ops::moe_router_bias_update(dev_, s, correction_.as<float>() + m * E, loads_.as<float>() + m * E, E, speed);
+  ops::fill(dev_, s, loads_.as<float>(), M * E, 0.0f);
+  dev_.synchronize();
 }
 
 void MoeTransformer::zero_grads() {
@@ -733,6 +795,12 @@ BatchSums MoeTransformer::forward_as(const std::int32_t* ids, const std::int32_t
                                      std::int64_t S) {
   constexpr DType kA = dtype_of<A>();
   Pass p;
+  // An evaluation routes tokens but adds nothing to the loads of the bias update.
+  struct NoLoads {
+    MoeAuxState& a;
+    ~NoLoads() { a.count_loads = true; }
+  } no_loads{*aux_state_};
+  aux_state_->count_loads = false;
   mark_phase(dev_.arena(), "eval");
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "peakbound/core/footprint.h"
@@ -103,6 +104,18 @@ struct ModelAuxBuffers {
 };
 ModelAuxBuffers model_aux_buffers(std::int64_t experts);
 
+// DeepSeek-V3's router state (a model with router_score_correction; 0 bytes otherwise),
+// f32 in both precisions, held for the model's life, M = the MoE layers:
+//   correction [M, E] (Component::params)     each MoE layer's e_score_correction_bias, the
+//                                              same on every rank (not FSDP-sharded: nothing
+//                                              differentiates it)
+//   loads [M, E] (Component::workspace)       token-copies per expert this rank routed since
+//                                              the last update_router_bias
+struct ModelRouterStateBuffers {
+  BufferSpec correction, loads;
+};
+ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c);
+
 // One micro-batch of T tokens of hidden H (x, y, hn, d_hn, dy in activation_dtype(p), rstd f32):
 //   ids, targets [T] i32 (workspace)     the whole forward_backward
 //   x [T, H] (layer)                      the embedding output, then dx
@@ -117,7 +130,7 @@ ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, 
 
 // Throws InvalidArgument naming the first feature of `c` the trainer does not
 // implement (a config.json setting in c.unmodelled, such as a non-SiLU hidden_act or RoPE
-// scaling; MLA, biases, attention sinks, sliding windows, sigmoid routing, fused experts,
+// scaling; MLA, router or MLP biases outside gpt-oss, the aux loss with sigmoid routing,
 // tied embeddings, several unmerged shared experts).
 void check_trainable(const ModelConfig& c);
 
@@ -167,6 +180,17 @@ class MoeTransformer {
   // The forward alone (evaluation): nothing kept, no gradient. Collective.
   BatchSums forward(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
 
+  // DeepSeek-V3's auxiliary-loss-free balancing (its report, section 2.1.2), after each
+  // optimizer step: every MoE layer's loads are summed over the world (every rank's tokens
+  // of every micro-batch since the last call) and its correction bias moves by
+  // speed * sign(mean load - load) per expert (ops::moe_router_bias_update); the loads are
+  // then zeroed. speed 0 only zeroes them. No-op without router_score_correction.
+  // Collective over the world.
+  void update_router_bias(float speed);
+  // The router buffers (is_router_buffer: e_score_correction_bias), each whole [E] f32 on
+  // the device, with their checkpoint names, in table order (empty without them).
+  std::vector<std::pair<std::string, float*>> router_buffers();
+
   // Every MoE layer's dispatch statistics of its last pass, in layer order.
   std::vector<const DispatchStats*> dispatch_stats() const;
 
@@ -208,6 +232,8 @@ class MoeTransformer {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<VocabLoss> vocab_loss_;
   Buffer counts_, prob_sums_, aux_grad_, aux_loss_;
+  Buffer correction_, loads_;  // model_router_state_buffers
+  std::vector<std::string> router_buffer_names_;  // correction_'s rows, one per MoE layer
   std::unique_ptr<MoeAuxState> aux_state_;
   std::unique_ptr<CheckpointedStack> stack_;
   std::int64_t stack_tokens_ = -1;

@@ -176,6 +176,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (!(lr >= 0) || !(min_lr >= 0)) bad(lr >= 0 ? "min_lr" : "lr", "must be at least 0");
   if (!(beta2 >= 0 && beta2 < 1)) bad("beta2", "must be in [0, 1)");
   if (!(weight_decay >= 0) || !(max_grad_norm >= 0)) bad(weight_decay >= 0 ? "max_grad_norm" : "weight_decay", "must be at least 0");
+  if (!(bias_update_speed >= 0 && bias_update_speed <= 1)) bad("bias_update_speed", "must be in [0, 1]");
   if (!data.empty() && !task.empty())
     throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
                           ": a run trains on the built-in task or on the token file, not both; drop one");
@@ -379,6 +380,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   topt.optimizer_options.adam.beta2 = static_cast<float>(f.beta2);
   topt.lr = LrSchedule{static_cast<float>(f.lr), static_cast<float>(f.min_lr), f.warmup, f.steps};
   topt.skip_nonfinite = f.on_nonfinite == "skip";
+  topt.router_bias_speed = static_cast<float>(f.bias_update_speed);
   s.trainer.emplace(*s.m->model, s.m->host, s.m->pool, topt);
   s.say("data: " + s.source->describe() + "\n");
 

@@ -63,6 +63,10 @@ struct RunSettings {
   std::int64_t warmup = 10;
   double weight_decay = 0.0, max_grad_norm = 1.0, beta2 = 0.95;
   std::string on_nonfinite = "stop";  // stop (NonFinite names the tensor) or skip the update
+  // DeepSeek-V3's auxiliary-loss-free balancing: each step moves every MoE layer's
+  // e_score_correction_bias by this much per expert against its load error (0: frozen).
+  // Used by models with a score-correction bias only.
+  double bias_update_speed = 0.001;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();

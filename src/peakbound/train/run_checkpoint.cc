@@ -120,6 +120,7 @@ struct CheckpointWriter::Pending {
   fs::path tmp, final_dir;
   std::vector<float> master, m, v;
   std::vector<ShardSegment> segs;
+  std::vector<ShardSegment> model_segs;  // segs, then (rank 0) the router buffers, whole
   std::uint64_t sums[4] = {0, 0, 0, 0};  // model bytes, crc, optim bytes, crc
   std::string error;
   std::atomic<bool> written{false};
@@ -298,11 +299,25 @@ void CheckpointWriter::start(const Trainer& trainer, const RunState& state, cons
   p->v.resize(n);
   trainer.read_shard(p->master.data(), p->m.data(), p->v.data());
   p->segs = trainer.shard_segments();
+  p->model_segs = p->segs;
+  // The router buffers (DeepSeek's e_score_correction_bias: state outside the optimizer,
+  // the same on every rank) in rank 0's model file, whole, after the shard's pieces.
+  if (r == 0) {
+    Device& dev = trainer.model().experts().device();
+    for (const auto& [name, values] : trainer.model().router_buffers()) {
+      const auto E = static_cast<std::uint64_t>(trainer.model().config().num_experts);
+      const std::uint64_t at = p->master.size();
+      p->master.resize(at + E);
+      dev.memcpy_async(p->master.data() + at, values, E * sizeof(float), CopyKind::device_to_host, dev.copy_stream());
+      dev.synchronize(dev.copy_stream());
+      p->model_segs.push_back(ShardSegment{name, {static_cast<std::int64_t>(E)}, 0, E, at});
+    }
+  }
   Pending* q = p.get();
   p->thread = std::thread([q, r] {
     try {
       const std::string mp = (q->tmp / rank_file(r, "model")).string(), op = (q->tmp / rank_file(r, "optim")).string();
-      const FileSum a = write_pieces(mp, q->segs, {q->master.data()}, {""});
+      const FileSum a = write_pieces(mp, q->model_segs, {q->master.data()}, {""});
       const FileSum b = write_pieces(op, q->segs, {q->m.data(), q->v.data()}, {".exp_avg", ".exp_avg_sq"});
       q->sums[0] = a.bytes;
       q->sums[1] = a.crc;
@@ -596,6 +611,7 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
   Communicator& world = *trainer.model().groups().world;
   const std::uint64_t n = trainer.shard_elements();
   std::vector<float> master(n, 0.0f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<std::vector<float>> router;  // the router buffers, in router_buffers() order
   RunState st;
   std::int64_t optimizer_steps = 0;
   std::string error;
@@ -620,12 +636,30 @@ RunState load_checkpoint(const std::string& step_dir, Trainer& trainer) {
                          std::to_string(seg.begin) + ", " + std::to_string(seg.begin + seg.count) +
                          ") (another model, or files missing from it)");
     }
+    // The router buffers, whole on every rank.
+    const auto E = static_cast<std::uint64_t>(trainer.model().config().num_experts);
+    for (const auto& [name, values] : trainer.model().router_buffers()) {
+      (void)values;
+      router.emplace_back(E, 0.0f);
+      const ShardSegment whole{name, {static_cast<std::int64_t>(E)}, 0, E, 0};
+      if (fill(index, name, whole, router.back().data()) != E)
+        bad_checkpoint("'" + step_dir + "' does not hold router buffer " + name +
+                       " exactly once (another model, or files missing from it)");
+    }
   } catch (const Error& e) {
     error = e.what();
   }
   // Agreed: every rank throws the lowest failing rank's message (printed once).
   agree_on(world, error);
   trainer.restore(master.data(), m.data(), v.data(), optimizer_steps, st.step);
+  Device& dev = trainer.model().experts().device();
+  std::size_t k = 0;
+  for (const auto& [name, values] : trainer.model().router_buffers()) {
+    dev.memcpy_async(values, router[k].data(), router[k].size() * sizeof(float), CopyKind::host_to_device,
+                     dev.copy_stream());
+    ++k;
+  }
+  dev.synchronize(dev.copy_stream());
   return st;
 }
 

@@ -5,7 +5,10 @@
 //   rank-RRRRR.model.safetensors   the rank's optimizer-shard pieces of the parameters
 //                                  (the fp32 master weights: the trained parameters in
 //                                  either precision, docs/precision.md), one 1-D tensor per
-//                                  piece under its Hugging Face name
+//                                  piece under its Hugging Face name; rank 0's also holds
+//                                  the router buffers whole (DeepSeek's
+//                                  e_score_correction_bias: model state the optimizer does
+//                                  not own, the same on every rank)
 //   rank-RRRRR.optim.safetensors   AdamW's m and v for the same pieces (NAME.exp_avg,
 //                                  NAME.exp_avg_sq)
 //   config.json                    (rank 0) the Hugging Face config of a model started

@@ -164,6 +164,8 @@ class TrainFootprintBuilder {
     resident_dev_.push_back(sb.grads);
     const ModelAuxBuffers ab = model_aux_buffers(c_.num_experts);
     for (const BufferSpec& b : {ab.counts, ab.prob_sums, ab.aux_grad, ab.loss}) resident_dev_.push_back(b);
+    const ModelRouterStateBuffers rb = model_router_state_buffers(c_);
+    for (const BufferSpec& b : {rb.correction, rb.loads}) resident_dev_.push_back(b);
     // The optimizer's shard: parameters in the model's param dtype, gradients f32.
     const ParamShard ps{nullptr, param_dtype(p_), nullptr, DType::f32, static_cast<std::int64_t>(shard)};
     opt_ = optimizer_footprint(in_.optimizer, optimizer_shape(ps), in_.optimizer_options);

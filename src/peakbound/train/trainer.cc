@@ -34,6 +34,9 @@ TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements, Precisio
 
 Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options)
     : model_(model), options_(options) {
+  if (!(options_.router_bias_speed >= 0.0f && options_.router_bias_speed < 1e3f))
+    throw InvalidArgument("trainer: the router bias update speed must be >= 0 and finite, got " +
+                          std::to_string(options_.router_bias_speed));
   Device& dev = model.experts().device();
   // The FSDP units' shard first (already this rank's slice, reduced layer by layer in the
   // backward), then the slices of the stores held whole.
@@ -158,6 +161,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
       world.all_reduce(&flag, 1, DType::i64, ReduceOp::max);
       if (flag != 0) {
         dev.synchronize();
+        model_.update_router_bias(0.0f);  // the abandoned micro-batches' loads are dropped too
         StepStats st;
         st.step = step_ + 1;
         st.stopped = flag;
@@ -202,6 +206,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
     }
     ++skipped_;
     model_.zero_grads();  // nothing of this step reaches the next one
+    model_.update_router_bias(0.0f);  // nor its routing loads
     StepStats st;
     st.step = step_;
     st.ce = ce_mean;
@@ -219,6 +224,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
   mark_phase(dev.arena(), "optimizer");
   const OptimizerStepTimes t = opt_->step(lr, clip);
   publish();
+  model_.update_router_bias(options_.router_bias_speed);
 
   StepStats st;
   st.step = step_;

@@ -63,6 +63,11 @@ struct TrainerOptions {
   // parameter (a master beyond bf16's range rounds to inf), before any parameter changes); true skips
   // the update (the step is counted, StepStats::skipped set, the optimizer state untouched).
   bool skip_nonfinite = false;
+  // DeepSeek-V3's auxiliary-loss-free balancing: after each update, each MoE layer's
+  // correction bias moves by this much against its experts' load error
+  // (MoeTransformer::update_router_bias; the report's 0.001). 0 freezes the biases. Only
+  // a model with router_score_correction has them.
+  float router_bias_speed = 0.001f;
 };
 
 struct StepStats {
