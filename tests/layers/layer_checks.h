@@ -10,6 +10,8 @@
 #include <functional>
 #include <vector>
 
+#include "peakbound/comm/communicator.h"
+#include "peakbound/core/buffer.h"
 #include "peakbound/core/tensor.h"
 #include "peakbound/device/device.h"
 
@@ -21,6 +23,33 @@ inline std::vector<float> host(const Tensor& t) {
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
   return v;
+}
+
+// A device tensor of shape s and dtype dt (f32 or bf16, rounded to nearest) holding v
+// (empty: zeros), its buffer kept in `keep`.
+inline Tensor put(Device& dev, std::vector<Buffer>& keep, const std::vector<float>& v, Shape s, DType dt,
+                  Component comp) {
+  keep.push_back(dev.allocate(comp, std::max<std::uint64_t>(static_cast<std::uint64_t>(s.numel()) * dtype_size(dt), 4)));
+  for (std::int64_t i = 0; i < s.numel(); ++i) {
+    const float x = v.empty() ? 0.0f : v[static_cast<std::size_t>(i)];
+    if (dt == DType::bf16)
+      keep.back().as<bf16>()[i] = to_bf16(x);
+    else
+      keep.back().as<float>()[i] = x;
+  }
+  return Tensor(keep.back().data(), s, dt, Location::device);
+}
+
+// max|got - ref| / max|ref| over the rows every rank of w holds (each its own got and ref):
+// the largest error over the world against the largest reference value.
+inline double world_max_relative(Communicator& w, const std::vector<float>& got, const std::vector<float>& ref) {
+  double both[2] = {0, 0};
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    both[0] = std::max(both[0], std::abs(double(got[i]) - ref[i]));
+    both[1] = std::max(both[1], std::abs(double(ref[i])));
+  }
+  w.all_reduce(both, 2, DType::f64, ReduceOp::max);
+  return both[0] / both[1];
 }
 
 // max|got - ref| / max|ref| over the whole tensor (the project's relative error).

@@ -30,6 +30,9 @@ namespace {
 
 using layer_test::cosine;
 using layer_test::max_relative;
+using layer_test::put;
+using layer_test::world_max_relative;
+const auto get = layer_test::host;
 using Vec = std::vector<float>;
 using testing::world;
 
@@ -78,25 +81,6 @@ MoeLayerConfig config(DispatchKind kind, Precision p) {
   c.dispatch.cap = 3;
   c.precision = p;
   return c;
-}
-
-Tensor put(Device& dev, std::vector<Buffer>& keep, const Vec& v, Shape s, DType dt, Component comp) {
-  keep.push_back(dev.allocate(comp, std::max<std::uint64_t>(static_cast<std::uint64_t>(s.numel()) * dtype_size(dt), 4)));
-  for (std::int64_t i = 0; i < s.numel(); ++i) {
-    const float x = v.empty() ? 0.0f : v[static_cast<std::size_t>(i)];
-    if (dt == DType::bf16)
-      keep.back().as<bf16>()[i] = to_bf16(x);
-    else
-      keep.back().as<float>()[i] = x;
-  }
-  return Tensor(keep.back().data(), s, dt, Location::device);
-}
-
-Vec get(const Tensor& t) {
-  Vec v(static_cast<std::size_t>(t.numel()));
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    v[static_cast<std::size_t>(i)] = t.dtype() == DType::bf16 ? to_f32(t.data<bf16>()[i]) : t.data<float>()[i];
-  return v;
 }
 
 void run(DispatchKind kind, Precision p) {
@@ -150,13 +134,7 @@ void run(DispatchKind kind, Precision p) {
   dev.synchronize();
 
   for (auto [got, name] : {std::pair{get(y), "y"}, std::pair{get(dx), "dx"}}) {
-    const Vec ref = pick(read(name));
-    double err = 0, scale = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i)
-      err = std::max(err, std::abs(double(got[i]) - ref[i])), scale = std::max(scale, std::abs(double(ref[i])));
-    double both[2] = {err, scale};
-    w.all_reduce(both, 2, DType::f64, ReduceOp::max);
-    EXPECT_LE(both[0] / both[1], bf ? 3e-2 : 1e-5) << name;
+    EXPECT_LE(world_max_relative(w, got, pick(read(name))), bf ? 3e-2 : 1e-5) << name;
   }
   Vec loads = get(pt.loads);
   w.all_reduce(loads.data(), loads.size(), DType::f32, ReduceOp::sum);
