@@ -20,6 +20,17 @@ writes, in f32 on the CPU:
                               split out of transformers' fused in-memory tensors as
                               save_pretrained writes them
     mlp.loads [E]             how many of the tokens' top-k slots chose each expert
+    layer.<case>.{x, dy, y, dx}, layer.<case>.<name>, layer.<case>.grad.<name>
+                              the attention sublayer as the decoder layer runs it:
+                              y = x + DeepseekV3Attention(input_layernorm(x)) with its rotary
+                              embedding, eager attention, one sequence of 29 tokens, every
+                              parameter seeded (norm weights 1 + jitter); cases:
+                              `lora` (q_lora_rank 12: q_a_proj, q_a_layernorm, q_b_proj;
+                              interleaved RoPE; plain rope_theta) and `plain_yarn` (q_proj;
+                              rotate_half RoPE; attention_bias; YaRN factor 4 over 8 positions
+                              with mscale 0.8 and mscale_all_dim 1.2, so cos and sin carry
+                              get_mscale(4, 0.8) / get_mscale(4, 1.2) and the softmax scale
+                              get_mscale(4, 1.2)^2); <name> is the HF name under model.layers.0
   reference.json              versions, the shapes and routing settings, the smallest margins
                               of the choice (top-k and group) so a reimplementation knows how
                               far the routing is from a tie
@@ -101,6 +112,58 @@ def mlp_case(g):
     return out, topk_margin, group_margin
 
 
+ATT = dict(T=29, H=24, heads=3, q_lora_rank=12, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4,
+           v_head_dim=5)
+ATT_CASES = {
+    "lora": dict(q_lora_rank=ATT["q_lora_rank"], rope_interleave=True, attention_bias=False,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "plain_yarn": dict(q_lora_rank=None, rope_interleave=False, attention_bias=True,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                        "original_max_position_embeddings": 8, "mscale": 0.8,
+                                        "mscale_all_dim": 1.2, "beta_fast": 32.0, "beta_slow": 1.0}),
+}
+
+
+def attention_case(g, case):
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (DeepseekV3Attention, DeepseekV3RMSNorm,
+                                                                      DeepseekV3RotaryEmbedding)
+    A, C = ATT, ATT_CASES[case]
+    cfg = DeepseekV3Config(hidden_size=A["H"], num_attention_heads=A["heads"], num_key_value_heads=A["heads"],
+                           q_lora_rank=C["q_lora_rank"], kv_lora_rank=A["kv_lora_rank"],
+                           qk_nope_head_dim=A["qk_nope_head_dim"], qk_rope_head_dim=A["qk_rope_head_dim"],
+                           v_head_dim=A["v_head_dim"], rope_interleave=C["rope_interleave"],
+                           attention_bias=C["attention_bias"], rope_parameters=C["rope_parameters"],
+                           num_hidden_layers=1, max_position_embeddings=64, rms_norm_eps=1e-6)
+    cfg._attn_implementation = "eager"
+    attn = DeepseekV3Attention(cfg, 0).float()
+    norm = DeepseekV3RMSNorm(A["H"], eps=cfg.rms_norm_eps)
+    rope = DeepseekV3RotaryEmbedding(cfg)
+    params = {"input_layernorm.weight": norm.weight}
+    for n, t in attn.named_parameters():
+        params["self_attn." + n] = t
+    with torch.no_grad():
+        for n, t in params.items():
+            if n.endswith("layernorm.weight"):
+                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
+            elif n.endswith("weight"):
+                t.copy_(torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
+            else:  # biases
+                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    T = A["T"]
+    x = torch.randn(1, T, A["H"], generator=g).requires_grad_(True)
+    cos, sin = rope(x, torch.arange(T)[None])
+    mask = torch.full((T, T), torch.finfo(torch.float32).min).triu(1)[None, None]
+    o, _ = attn(hidden_states=norm(x), position_embeddings=(cos, sin), attention_mask=mask)
+    y = x + o
+    dy = torch.randn(y.shape, generator=g)
+    (y * dy).sum().backward()
+    out = {"x": x[0], "dy": dy[0], "y": y[0], "dx": x.grad[0]}
+    for n, t in params.items():
+        out[n] = t
+        out["grad." + n] = t.grad
+    return out, {"softmax_scale": float(attn.scaling), "rope_attention_scaling": float(rope.attention_scaling)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/fixtures/hf", help="fixture root (default %(default)s)")
@@ -110,6 +173,11 @@ def main():
     mlp_tensors, topk_margin, group_margin = mlp_case(g)
     for name, t in mlp_tensors.items():
         tensors[f"mlp.{name}"] = t.detach()
+    scales = {}
+    for case in ATT_CASES:
+        case_tensors, scales[case] = attention_case(g, case)
+        for name, t in case_tensors.items():
+            tensors[f"layer.{case}.{name}"] = t.detach()
     d = os.path.join(a.out, "deepseek_v3_parts")
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "deepseek_v3_parts.safetensors")
@@ -119,7 +187,9 @@ def main():
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "python": platform.python_version(), "seed": SEED, "mlp": MLP,
                    "mlp_topk_choice_margin": topk_margin, "mlp_group_score_margin": group_margin,
-                   "module": "transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE"}, f, indent=1)
+                   "attention": ATT, "attention_cases": ATT_CASES, "attention_scales": scales,
+                   "module": "transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE, DeepseekV3Attention"},
+                  f, indent=1)
         f.write("\n")
     print(json.dumps({"out": d, "tensors": len(tensors), "topk_margin": topk_margin,
                       "group_margin": group_margin}))

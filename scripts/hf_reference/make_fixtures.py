@@ -172,6 +172,40 @@ def dots1_config():
     )
 
 
+def deepseek_v3_config():
+    # DeepSeek-V3: multi-head latent attention (q_lora_rank 12, kv_lora_rank 10, qk = 6 nope +
+    # 4 interleaved rope, v 5) with DeepSeek's YaRN (factor 4 over 16 positions, mscale =
+    # mscale_all_dim = 1: cos and sin unscaled, the softmax scale times get_mscale(4)^2), and
+    # dots1's MoE (the sigmoid router with seeded correction biases, 4 groups of 2 experts, the
+    # best 2 kept, top-3 x 2.5) with one shared expert; layer 0 dense. No aux loss.
+    c = {k: v for k, v in COMMON.items()
+         if k not in ("router_aux_loss_coef", "output_router_logits", "head_dim", "num_key_value_heads")}
+    c.update(num_hidden_layers=3, num_experts_per_tok=3)
+    return transformers.DeepseekV3Config(
+        **c,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        moe_intermediate_size=16,
+        intermediate_size=48,
+        first_k_dense_replace=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        q_lora_rank=12,
+        kv_lora_rank=10,
+        qk_nope_head_dim=6,
+        qk_rope_head_dim=4,
+        v_head_dim=5,
+        rope_interleave=True,
+        attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+    )
+
+
 FAMILIES = {
     "qwen3_moe": (qwen3_moe_config, transformers.Qwen3MoeForCausalLM),
     "mixtral": (mixtral_config, transformers.MixtralForCausalLM),
@@ -180,6 +214,7 @@ FAMILIES = {
     "qwen2_moe": (qwen2_moe_config, transformers.Qwen2MoeForCausalLM),
     "gpt_oss": (gpt_oss_config, transformers.GptOssForCausalLM),
     "dots1": (dots1_config, transformers.Dots1ForCausalLM),
+    "deepseek_v3": (deepseek_v3_config, transformers.DeepseekV3ForCausalLM),
 }
 
 BUFFER_SUFFIX = "e_score_correction_bias"  # a torch buffer in the checkpoint: no gradient
@@ -302,7 +337,7 @@ def split_fused(params_grads, cfg):
         return dict(params_grads)
     qwen = ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
             "mlp.experts.{e}.down_proj.weight", "mlp.gate.weight")
-    gate_up_names = {"qwen3_moe": qwen, "qwen2_moe": qwen, "dots1": qwen,
+    gate_up_names = {"qwen3_moe": qwen, "qwen2_moe": qwen, "dots1": qwen, "deepseek_v3": qwen,
                      "mixtral": ("block_sparse_moe.experts.{e}.w1.weight",
                                  "block_sparse_moe.experts.{e}.w3.weight",
                                  "block_sparse_moe.experts.{e}.w2.weight",

@@ -74,6 +74,26 @@ struct ParamSlot {
 inline std::vector<ParamSlot> param_slots(const AttentionLayerConfig& c) {
   const std::int64_t H = c.hidden, D = c.head_dim, Q = c.q_heads * D, K = c.kv_heads * D;
   using T = AttentionLayerTensors;
+  if (c.mla) {  // AttentionLayer::parameters()'s MLA order
+    const std::int64_t Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, dr = c.qk_rope_dim;
+    const std::int64_t Qm = c.q_heads * (c.qk_nope_dim + dr), O = c.q_heads * c.v_dim;
+    std::vector<ParamSlot> s = {{&T::w_in, Shape{H}, true}};
+    if (Rq > 0) {
+      s.push_back({&T::wqa, Shape{Rq, H}, false});
+      if (c.qkv_bias) s.push_back({&T::bqa, Shape{Rq}, false});
+      s.push_back({&T::q_a_norm, Shape{Rq}, true});
+      s.push_back({&T::wqb, Shape{Qm, Rq}, false});
+    } else {
+      s.push_back({&T::wq, Shape{Qm, H}, false});
+    }
+    s.push_back({&T::wkva, Shape{Rkv + dr, H}, false});
+    if (c.qkv_bias) s.push_back({&T::bkva, Shape{Rkv + dr}, false});
+    s.push_back({&T::kv_a_norm, Shape{Rkv}, true});
+    s.push_back({&T::wkvb, Shape{c.q_heads * (c.qk_nope_dim + c.v_dim), Rkv}, false});
+    s.push_back({&T::wo, Shape{H, O}, false});
+    if (c.out_bias) s.push_back({&T::bo, Shape{H}, false});
+    return s;
+  }
   std::vector<ParamSlot> s = {{&T::w_in, Shape{H}, true},
                               {&T::wq, Shape{Q, H}, false},
                               {&T::wk, Shape{K, H}, false},

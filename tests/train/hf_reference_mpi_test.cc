@@ -367,6 +367,13 @@ TEST(HfReference, Dots1MatchesTransformers) {
   }
 }
 
+// DeepSeek-V3: multi-head latent attention (q_lora_rank, kv_lora_rank, interleaved rope
+// columns, qk 10 != v 5) under DeepSeek's YaRN (the softmax scale times get_mscale(4)^2) with
+// dots1's sigmoid router and one shared expert; every dispatch kind, context parallelism 2.
+TEST(HfReference, DeepseekV3MatchesTransformers) {
+  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("deepseek_v3", v);
+}
+
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("qwen3_moe", v, Precision::bf16);
 }
@@ -379,11 +386,13 @@ TEST(HfReference, Qwen2MoeBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("qwen2_moe", v, Precision::bf16);
 }
 
-// dots1 is not held to the bf16 bounds: transformers keeps DeepSeek-V3's and dots1's router
+// dots1 and deepseek_v3 are not held to the bf16 bounds: transformers keeps their router
 // weight in fp32 under bf16 (_keep_in_fp32_modules_strict: gate.weight and the correction
 // bias), while this model's bf16 FSDP units hold it in bf16. The logits then differ by the
-// weight's rounding and one token of layer 2 changes experts against transformers' bf16 run
-// (its smallest choice margin is 1.5e-3): that expert's gradient has cosine 0.82.
+// weight's rounding, and in dots1 one token of layer 2 changes experts against
+// transformers' bf16 run (smallest choice margin 1.5e-3): that expert's gradient has cosine
+// 0.82. (transformers' own bf16 run of deepseek_v3 flips two tokens of layer 1 against its
+// fp32 run.)
 TEST(HfReference, MixtralBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("mixtral", v, Precision::bf16);
 }

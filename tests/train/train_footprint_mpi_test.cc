@@ -49,6 +49,18 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintSigmoidRouter) {
   check(testing::world(), kAll, c);
 }
 
+// Multi-head latent attention (the tiny DeepSeek-V3 fixture: its latent, rope key and
+// per-head K / V buffers), in both precisions and under context parallelism 2 where the
+// world is even: measured == footprint.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintMla) {
+  Communicator& world = testing::world();
+  const ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/deepseek_v3");
+  check(world, kNone, c);
+  check(world, kAll, c);
+  check(world, kAll, c, nullptr, {}, 1, 24, Precision::bf16);
+  if (world.size() % 2 == 0) check(world, kAll, c, nullptr, {}, 2, 27);
+}
+
 // The same in bf16 (ModelSchedules::precision): the bf16 model's measured peaks equal
 // train_footprint per component and in total, at every world size and cp.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16) {

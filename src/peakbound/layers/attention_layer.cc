@@ -29,14 +29,28 @@ const Component kC = Component::attention;
 u64 U(std::int64_t v) { return static_cast<u64>(v); }
 u64 mul(u64 a, u64 b) { return checked_mul(a, b, "attention layer buffer size"); }
 
+// Per-head widths: queries and keys, values (MLA: nope + rope, v_dim; else head_dim), and
+// the rotated part of a query or key head (MLA: its last qk_rope_dim columns).
+std::int64_t qk_dim(const AttentionLayerConfig& c) { return c.mla ? c.qk_nope_dim + c.qk_rope_dim : c.head_dim; }
+std::int64_t val_dim(const AttentionLayerConfig& c) { return c.mla ? c.v_dim : c.head_dim; }
+std::int64_t rope_dim(const AttentionLayerConfig& c) { return c.mla ? c.qk_rope_dim : c.head_dim; }
+
+// Row widths of q, k, v and o.
+struct Widths {
+  std::int64_t q, k, v, o;
+};
+Widths widths(const AttentionLayerConfig& c) {
+  return {c.q_heads * qk_dim(c), c.kv_heads * qk_dim(c), c.kv_heads * val_dim(c), c.q_heads * val_dim(c)};
+}
+
 AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   AttentionDims d;
   d.tokens = T;
   d.q_heads = c.q_heads;
   d.kv_heads = c.kv_heads;
-  d.qk_dim = c.head_dim;
-  d.v_dim = c.head_dim;
-  d.scale = 0.0f;  // 1 / sqrt(D), transformers' self.scaling = head_dim ** -0.5
+  d.qk_dim = qk_dim(c);
+  d.v_dim = val_dim(c);
+  d.scale = c.softmax_scale;  // 0: 1 / sqrt(qk), transformers' self.scaling = head_dim ** -0.5
   d.window = c.window;
   return d;
 }
@@ -66,8 +80,19 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (c.kv_heads <= 0 || c.q_heads % c.kv_heads != 0)
     bad("kv_heads must be positive and divide q_heads (got " + std::to_string(c.kv_heads) + " for " +
         std::to_string(c.q_heads) + " query heads)");
-  if (c.head_dim <= 0 || c.head_dim % 2 != 0)
+  if (!c.mla && (c.head_dim <= 0 || c.head_dim % 2 != 0))
     bad("head_dim must be positive and even for RoPE (got " + std::to_string(c.head_dim) + ")");
+  if (c.mla) {
+    if (c.kv_heads != c.q_heads) bad("MLA needs kv_heads == q_heads (K and V are per head after kv_b_proj)");
+    if (c.qk_rope_dim <= 0 || c.qk_rope_dim % 2 != 0)
+      bad("MLA's qk_rope_dim must be positive and even (got " + std::to_string(c.qk_rope_dim) + ")");
+    if (c.qk_nope_dim < 0 || c.v_dim <= 0 || c.kv_lora_rank <= 0 || c.q_lora_rank < 0)
+      bad("MLA needs qk_nope_dim >= 0, v_dim > 0, kv_lora_rank > 0 and q_lora_rank >= 0 (got " +
+          std::to_string(c.qk_nope_dim) + ", " + std::to_string(c.v_dim) + ", " + std::to_string(c.kv_lora_rank) +
+          ", " + std::to_string(c.q_lora_rank) + ")");
+    if (c.qk_norm || c.sinks) bad("MLA takes neither qk_norm nor sinks");
+  }
+  if (!(c.softmax_scale >= 0.0f)) bad("softmax_scale must be >= 0 (0: qk^-0.5)");
   if (!(c.rope_theta > 0.0)) bad("rope_theta must be positive (got " + std::to_string(c.rope_theta) + ")");
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
@@ -117,20 +142,22 @@ std::int64_t state_rows(std::int64_t S, const AttentionLayerConfig& c) {
 AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLayerConfig& c, u64 a) {
   check_attention_layer_config(c);
   if (T < 0) throw InvalidArgument("attention layer: tokens must be >= 0 (got " + std::to_string(T) + ")");
-  const u64 t = U(T), q = mul(U(c.q_heads), U(c.head_dim)), kv = mul(U(c.kv_heads), U(c.head_dim));
+  const Widths w = widths(c);
+  const u64 t = U(T), q = U(w.q), kv = U(w.k);
   const u64 qk = c.qk_norm ? 1 : 0;
   AttentionLayerBuffers b;
   b.h = buffer_spec(kC, mul(t, U(c.hidden)), a);
   b.rstd = buffer_spec(kC, t, kF32);
   b.q = buffer_spec(kC, mul(t, q), a);
-  b.k = b.v = buffer_spec(kC, mul(t, kv), a);
+  b.k = buffer_spec(kC, mul(t, kv), a);
+  b.v = buffer_spec(kC, mul(t, U(w.v)), a);
   b.q_pre = buffer_spec(kC, mul(qk, mul(t, q)), a);
   b.k_pre = buffer_spec(kC, mul(qk, mul(t, kv)), a);
   b.q_rstd = buffer_spec(kC, mul(qk, mul(t, U(c.q_heads))), kF32);
   b.k_rstd = buffer_spec(kC, mul(qk, mul(t, U(c.kv_heads))), kF32);
   const std::int64_t S = sequence_length(T, c);
-  b.rope_cos = b.rope_sin = buffer_spec(kC, U(ops::rope_table_elems(T > 0 ? S : 0, c.head_dim)), kF32);
-  b.o = buffer_spec(kC, mul(t, q), a);
+  b.rope_cos = b.rope_sin = buffer_spec(kC, U(ops::rope_table_elems(T > 0 ? S : 0, rope_dim(c))), kF32);
+  b.o = buffer_spec(kC, mul(t, U(w.o)), a);
   b.lse = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
   // The kernel checks T >= 1; with no tokens there is no call and no workspace.
   // Under cp > 1 the ring attention call allocates its own (ring_attention_footprint).
@@ -141,12 +168,31 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   const bool kernel = T > 0 && c.cp == 1;
   b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d, wd)) : 0, kF32);
   b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d, false, wd)) : 0, kF32);
-  b.d_o = b.dq = b.q;
-  b.dk = b.dv = b.k;
+  b.d_o = b.o;
+  b.dq = b.q;
+  b.dk = b.k;
+  b.dv = b.v;
   const u64 states = bf && T > 0 ? 1 : 0;
-  b.tile = linear_tile_spec(T, std::max({c.hidden, c.q_heads * c.head_dim, c.kv_heads * c.head_dim}), c.precision, kC);
-  b.o32 = b.dq32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), q)), kF32);
-  b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), mul(2, kv))), kF32);
+  // MLA's widths: Rq, Rkv + rope and Hq (nope + v) are products too.
+  const std::int64_t Rq = c.mla ? c.q_lora_rank : 0, Rkv = c.mla ? c.kv_lora_rank : 0, dr = rope_dim(c);
+  const std::int64_t kvw = c.mla ? c.q_heads * (c.qk_nope_dim + c.v_dim) : 0;
+  b.tile = linear_tile_spec(T, std::max({c.hidden, w.q, w.k, w.v, w.o, Rq, Rkv + (c.mla ? dr : 0), kvw}), c.precision,
+                            kC);
+  b.o32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), U(w.o))), kF32);
+  b.dq32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), q)), kF32);
+  b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), kv + U(w.v))), kF32);
+  if (c.mla) {
+    const u64 lq = Rq > 0 ? 1 : 0;
+    b.qa = b.qa_n = b.dqa = buffer_spec(kC, mul(lq, mul(t, U(Rq))), a);
+    b.qa_rstd = buffer_spec(kC, mul(lq, t), kF32);
+    b.ckv = buffer_spec(kC, mul(t, U(Rkv + dr)), a);
+    b.c_pre = b.c = b.dc = buffer_spec(kC, mul(t, U(Rkv)), a);
+    b.c_rstd = buffer_spec(kC, t, kF32);
+    b.kr = buffer_spec(kC, mul(t, U(dr)), a);
+    b.kv = buffer_spec(kC, mul(t, U(kvw)), a);
+    b.qr = buffer_spec(kC, mul(t, U(c.q_heads * dr)), a);
+    b.dkr32 = buffer_spec(kC, mul(t, U(dr)), kF32);
+  }
   const u64 sinks = c.sinks && T > 0 ? 1 : 0;
   b.sinks32 = buffer_spec(kC, mul(sinks, U(c.q_heads)), kF32);
   b.sink_row_dot = buffer_spec(kC, mul(sinks, mul(U(S), U(c.q_heads))), kF32);
@@ -169,9 +215,12 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
     for (const BufferSpec& s : {b.h, b.rstd, b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos,
                                 b.rope_sin, b.o, b.lse, b.tile, b.o32, b.sinks32})
       f.device(phase, s);
+    for (const BufferSpec& s : {b.qa, b.qa_n, b.qa_rstd, b.ckv, b.c_pre, b.c, b.c_rstd, b.kr, b.kv, b.qr})
+      f.device(phase, s);  // MLA (else 0 bytes)
     f.device(phase, bwd ? b.workspace_backward : b.workspace_forward);
     if (bwd)
-      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv, b.dq32, b.dkv32, b.sink_row_dot}) f.device(phase, s);
+      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv, b.dq32, b.dkv32, b.sink_row_dot, b.dqa, b.dc, b.dkr32})
+        f.device(phase, s);
   }
   // Ring attention's internals, live inside the kernel call of each phase.
   if (T > 0 && c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
@@ -191,6 +240,25 @@ AttentionLayer::AttentionLayer(Device& dev, const AttentionLayerConfig& config, 
   for (auto [t, which] : {std::pair{&p_, "parameter"}, std::pair{&g_, "gradient"}}) {
     want = t == &p_ ? pd : DType::f32;
     expect(t->w_in, Shape{H}, "w_in", which);
+    if (cfg_.mla) {
+      const Widths w = widths(cfg_);
+      const std::int64_t Rq = cfg_.q_lora_rank, Rkv = cfg_.kv_lora_rank, dr = cfg_.qk_rope_dim;
+      if (Rq > 0) {
+        expect(t->wqa, Shape{Rq, H}, "wqa", which);
+        expect(t->q_a_norm, Shape{Rq}, "q_a_norm", which);
+        expect(t->wqb, Shape{w.q, Rq}, "wqb", which);
+        if (cfg_.qkv_bias) expect(t->bqa, Shape{Rq}, "bqa", which);
+      } else {
+        expect(t->wq, Shape{w.q, H}, "wq", which);
+      }
+      expect(t->wkva, Shape{Rkv + dr, H}, "wkva", which);
+      if (cfg_.qkv_bias) expect(t->bkva, Shape{Rkv + dr}, "bkva", which);
+      expect(t->kv_a_norm, Shape{Rkv}, "kv_a_norm", which);
+      expect(t->wkvb, Shape{cfg_.q_heads * (cfg_.qk_nope_dim + cfg_.v_dim), Rkv}, "wkvb", which);
+      expect(t->wo, Shape{H, w.o}, "wo", which);
+      if (cfg_.out_bias) expect(t->bo, Shape{H}, "bo", which);
+      continue;
+    }
     expect(t->wq, Shape{Q, H}, "wq", which);
     expect(t->wk, Shape{K, H}, "wk", which);
     expect(t->wv, Shape{K, H}, "wv", which);
@@ -227,7 +295,7 @@ void AttentionLayer::set_cp_group(Communicator* group) {
 // zigzag chunks at their global positions, one after the other.
 void AttentionLayer::rope_tables(float* cos, float* sin, std::int64_t S) {
   Stream& s = dev_.compute_stream();
-  const std::int64_t D = cfg_.head_dim;
+  const std::int64_t D = rope_dim(cfg_);
   if (cfg_.cp == 1) {
     ops::rope_tables(dev_, s, cos, sin, S, D, 0, cfg_.rope_theta, cfg_.rope_scaling);
     return;
@@ -246,9 +314,10 @@ std::int64_t AttentionLayer::check_shape(const Tensor& t, const char* what) cons
 template <class A>
 void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t S) {
   Stream& s = dev_.compute_stream();
-  const std::int64_t Hq = cfg_.q_heads, Q = Hq * cfg_.head_dim, K = cfg_.kv_heads * cfg_.head_dim;
-  const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * K;
-  A* o = in.o.as<A>() + b * Q;
+  const Widths w = widths(cfg_);
+  const std::int64_t Hq = cfg_.q_heads, Q = w.q, O = w.o;
+  const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * w.k, *v = in.v.as<A>() + b * w.v;
+  A* o = in.o.as<A>() + b * O;
   float* lse = in.lse.as<float>() + b * Hq;
   // The sinks join the finished rows' fp32 state (the kernel's or the ring's out and lse).
   const auto sink = [&](float* out, float* l, std::int64_t rows) {
@@ -266,7 +335,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
     if (cfg_.cp > 1) {
       ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o32, lse, q, k, v);
       sink(o32, lse, S);
-      ops::convert(dev_, s, o, o32, S * Q);
+      ops::convert(dev_, s, o, o32, S * O);
       return;
     }
     const std::int64_t R = state_rows(S, cfg_);
@@ -275,7 +344,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
       ops::attention_forward(dev_, s, o32, lse + r * Hq, q + r * Q, k, v, chunk_dims(n, r, cfg_, false),
                              in.ws.as<float>());
       sink(o32, lse + r * Hq, n);
-      ops::convert(dev_, s, o + r * Q, o32, n * Q);
+      ops::convert(dev_, s, o + r * O, o32, n * O);
     }
   }
 }
@@ -284,14 +353,15 @@ template <class A>
 void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
                                      float* dq32, float* dkv32) {
   Stream& s = dev_.compute_stream();
-  const std::int64_t Hq = cfg_.q_heads, Q = Hq * cfg_.head_dim, K = cfg_.kv_heads * cfg_.head_dim;
-  const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * K;
-  const A* o = in.o.as<A>() + b * Q;
+  const Widths w = widths(cfg_);
+  const std::int64_t Hq = cfg_.q_heads, Q = w.q, K = w.k, V = w.v, O = w.o;
+  const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * V;
+  const A* o = in.o.as<A>() + b * O;
   const float* lse = in.lse.as<float>() + b * Hq;
-  d_o += b * Q;
+  d_o += b * O;
   dq += b * Q;
   dk += b * K;
-  dv += b * K;
+  dv += b * V;
   if constexpr (std::is_same_v<A, float>) {
     if (cfg_.cp == 1)
       ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>());
@@ -304,18 +374,18 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
       ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq32, dk32, dv32, d_o, q, k, v, o, lse);
       ops::convert(dev_, s, dq, dq32, S * Q);
     } else {
-      ops::fill(dev_, s, dkv32, 2 * S * K, 0.0f);
+      ops::fill(dev_, s, dkv32, S * (K + V), 0.0f);
       const std::int64_t R = state_rows(S, cfg_);
       for (std::int64_t r = 0; r < S; r += R) {
         const std::int64_t n = std::min(R, S - r);
         ops::fill(dev_, s, dq32, n * Q, 0.0f);
-        ops::attention_backward(dev_, s, dq32, dk32, dv32, d_o + r * Q, q + r * Q, k, v, o + r * Q, lse + r * Hq,
+        ops::attention_backward(dev_, s, dq32, dk32, dv32, d_o + r * O, q + r * Q, k, v, o + r * O, lse + r * Hq,
                                 chunk_dims(n, r, cfg_, true), in.ws.as<float>());
         ops::convert(dev_, s, dq + r * Q, dq32, n * Q);
       }
     }
     ops::convert(dev_, s, dk, dk32, S * K);
-    ops::convert(dev_, s, dv, dv32, S * K);
+    ops::convert(dev_, s, dv, dv32, S * V);
   }
 }
 
@@ -341,6 +411,11 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
   in.o32 = allocate(dev_, b.o32);
   in.sinks32 = allocate(dev_, b.sinks32);  // sinks only (else null)
+  for (auto [buf, spec] : {std::pair{&in.qa, &b.qa}, std::pair{&in.qa_n, &b.qa_n}, std::pair{&in.qa_rstd, &b.qa_rstd},
+                           std::pair{&in.ckv, &b.ckv}, std::pair{&in.c_pre, &b.c_pre}, std::pair{&in.c, &b.c},
+                           std::pair{&in.c_rstd, &b.c_rstd}, std::pair{&in.kr, &b.kr}, std::pair{&in.kv, &b.kv},
+                           std::pair{&in.qr, &b.qr}})
+    *buf = allocate(dev_, *spec);  // MLA only (else null)
 
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
@@ -348,6 +423,13 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   float* tile = in.tile.as<float>();
   A* h = in.h.as<A>();
   ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_in.data<A>(), T, H, cfg_.rms_eps);
+  if (cfg_.mla) {
+    const std::int64_t S = sequence_length(T, cfg_);
+    rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
+    mla_project<A>(in, T, S);
+    for (std::int64_t b0 = 0; b0 < T; b0 += S) attend_forward<A>(in, b0, S);
+    return;
+  }
   // With qk_norm the projections land in q_pre / k_pre (the norm's input, which its
   // backward reads) and the norm writes q / k; without, they land in q / k directly.
   A* qp = cfg_.qk_norm ? in.q_pre.as<A>() : in.q.as<A>();
@@ -384,6 +466,118 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   }
 }
 
+template <class A>
+void AttentionLayer::mla_project(Internals& in, std::int64_t T, std::int64_t S) {
+  Stream& s = dev_.compute_stream();
+  const Widths w = widths(cfg_);
+  const std::int64_t H = cfg_.hidden, Hq = cfg_.q_heads, Rq = cfg_.q_lora_rank, Rkv = cfg_.kv_lora_rank;
+  const std::int64_t dn = cfg_.qk_nope_dim, dr = cfg_.qk_rope_dim, dv = cfg_.v_dim, qk = dn + dr, kvw = Hq * (dn + dv);
+  const ops::ColumnOrder order = cfg_.rope_interleave ? ops::ColumnOrder::deinterleave : ops::ColumnOrder::same;
+  float* tile = in.tile.as<float>();
+  const A* h = in.h.as<A>();
+  A *q = in.q.as<A>(), *k = in.k.as<A>(), *v = in.v.as<A>();
+  // out [T, n] = in [T, kdim] W^T (+ bias: every row starts as it).
+  const auto project = [&](const A* x, std::int64_t kdim, const Tensor& wt, const Tensor* bias, std::int64_t n,
+                           A* out) {
+    if (bias != nullptr) ops::broadcast_rows(dev_, s, out, bias->data<A>(), T, n);
+    linear(dev_, s, T, n, {{.a = x, .lda = kdim, .b = wt.data<A>(), .ldb = kdim, .k = kdim, .trans_b = true}}, out, n,
+           bias != nullptr ? LinearMode::add : LinearMode::write, tile);
+  };
+  // Queries [T, Hq, nope + rope].
+  if (Rq > 0) {
+    project(h, H, p_.wqa, cfg_.qkv_bias ? &p_.bqa : nullptr, Rq, in.qa.as<A>());
+    ops::rmsnorm_forward(dev_, s, in.qa_n.as<A>(), in.qa_rstd.as<float>(), in.qa.as<A>(), p_.q_a_norm.data<A>(), T,
+                         Rq, kMlaNormEps);
+    project(in.qa_n.as<A>(), Rq, p_.wqb, nullptr, w.q, q);
+  } else {
+    project(h, H, p_.wq, nullptr, w.q, q);
+  }
+  // The latent and the shared rope key: ckv [T, Rkv + rope] -> c = rmsnorm(ckv[:, :Rkv]), kr.
+  A* ckv = in.ckv.as<A>();
+  project(h, H, p_.wkva, cfg_.qkv_bias ? &p_.bkva : nullptr, Rkv + dr, ckv);
+  ops::copy_columns(dev_, s, in.c_pre.as<A>(), Rkv, ckv, Rkv + dr, T, Rkv);
+  ops::rmsnorm_forward(dev_, s, in.c.as<A>(), in.c_rstd.as<float>(), in.c_pre.as<A>(), p_.kv_a_norm.data<A>(), T, Rkv,
+                       kMlaNormEps);
+  ops::copy_columns(dev_, s, in.kr.as<A>(), dr, ckv + Rkv, Rkv + dr, T, dr, order);
+  // kv [T, Hq, nope + v] = c Wkvb^T: v, and the keys' nope part.
+  A* kv = in.kv.as<A>();
+  project(in.c.as<A>(), Rkv, p_.wkvb, nullptr, kvw, kv);
+  ops::copy_columns(dev_, s, v, dv, kv + dn, dn + dv, T * Hq, dv);
+  ops::copy_columns(dev_, s, k, qk, kv, dn + dv, T * Hq, dn);
+  // RoPE on the queries' rope columns (taken out, rotated, put back) and on the one shared
+  // key, which then joins every head.
+  A* qr = in.qr.as<A>();
+  ops::copy_columns(dev_, s, qr, dr, q + dn, qk, T * Hq, dr, order);
+  for (std::int64_t b = 0; b < T; b += S)
+    ops::rope_forward(dev_, s, qr + b * Hq * dr, in.kr.as<A>() + b * dr, in.cos.as<float>(), in.sin.as<float>(), S,
+                      Hq, 1, dr);
+  ops::copy_columns(dev_, s, q + dn, qk, qr, dr, T * Hq, dr);
+  for (std::int64_t hd = 0; hd < Hq; ++hd) ops::copy_columns(dev_, s, k + hd * qk + dn, Hq * qk, in.kr.as<A>(), dr, T, dr);
+}
+
+template <class A>
+void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S, A* dq, A* dk, A* dv, A* dqa, A* dc,
+                                  float* dkr32, float* tile) {
+  Stream& s = dev_.compute_stream();
+  const Widths w = widths(cfg_);
+  const std::int64_t H = cfg_.hidden, Hq = cfg_.q_heads, Rq = cfg_.q_lora_rank, Rkv = cfg_.kv_lora_rank;
+  const std::int64_t dn = cfg_.qk_nope_dim, dr = cfg_.qk_rope_dim, dvd = cfg_.v_dim, qk = dn + dr, kvw = Hq * (dn + dvd);
+  const ops::ColumnOrder back = cfg_.rope_interleave ? ops::ColumnOrder::interleave : ops::ColumnOrder::same;
+  A* h = in.h.as<A>();
+  // The queries' rope columns: RoPE's backward, back to the projection's column order.
+  A* qr = in.qr.as<A>();
+  ops::copy_columns(dev_, s, qr, dr, dq + dn, qk, T * Hq, dr);
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    ops::rope_backward(dev_, s, qr + b0 * Hq * dr, static_cast<A*>(nullptr), in.cos.as<float>(), in.sin.as<float>(), S,
+                       Hq, 0, dr);
+  ops::copy_columns(dev_, s, dq + dn, qk, qr, dr, T * Hq, dr, back);
+  // The shared rope key's gradient: every head's, summed in fp32, then RoPE's backward.
+  ops::fill(dev_, s, dkr32, T * dr, 0.0f);
+  for (std::int64_t hd = 0; hd < Hq; ++hd)
+    ops::copy_columns(dev_, s, dkr32, dr, dk + hd * qk + dn, Hq * qk, T, dr, ops::ColumnOrder::same, true);
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    ops::rope_backward(dev_, s, static_cast<float*>(nullptr), dkr32 + b0 * dr, in.cos.as<float>(), in.sin.as<float>(),
+                       S, 0, 1, dr);
+  // d kv [T, Hq, nope + v] (into kv's buffer): the keys' nope part and the values.
+  A* dkv = in.kv.as<A>();
+  ops::copy_columns(dev_, s, dkv, dn + dvd, dk, qk, T * Hq, dn);
+  ops::copy_columns(dev_, s, dkv + dn, dn + dvd, dv, dvd, T * Hq, dvd);
+  add_weight_grad(dev_, s, kvw, Rkv, T, dkv, in.c.as<A>(), g_.wkvb.data<float>());
+  linear(dev_, s, T, Rkv, {{.a = dkv, .lda = kvw, .b = p_.wkvb.data<A>(), .ldb = Rkv, .k = kvw, .trans_b = false}},
+         dc, Rkv, LinearMode::write, tile);
+  // kv_a_layernorm's backward adds into its dx: c's buffer, zeroed (its last reader was dWkvb).
+  A* dc_pre = in.c.as<A>();
+  ops::fill(dev_, s, dc_pre, T * Rkv, 0.0f);
+  ops::rmsnorm_backward(dev_, s, dc_pre, g_.kv_a_norm.data<float>(), dc, in.c_pre.as<A>(),
+                        p_.kv_a_norm.data<A>(), in.c_rstd.as<float>(), T, Rkv);
+  // d ckv [T, Rkv + rope] (into ckv's buffer), then kv_a_proj_with_mqa's gradients.
+  A* dckv = in.ckv.as<A>();
+  ops::copy_columns(dev_, s, dckv, Rkv + dr, dc_pre, Rkv, T, Rkv);
+  ops::copy_columns(dev_, s, dckv + Rkv, Rkv + dr, dkr32, dr, T, dr, back);
+  if (cfg_.qkv_bias) ops::add_column_sums(dev_, s, g_.bkva.data<float>(), dckv, T, Rkv + dr);
+  add_weight_grad(dev_, s, Rkv + dr, H, T, dckv, h, g_.wkva.data<float>());
+  // The queries' projections; dh (+)= each path's input gradient, into h's buffer.
+  LinearTerm<A> q_term;
+  if (Rq > 0) {
+    A* qa_n = in.qa_n.as<A>();
+    add_weight_grad(dev_, s, w.q, Rq, T, dq, qa_n, g_.wqb.data<float>());
+    linear(dev_, s, T, Rq, {{.a = dq, .lda = w.q, .b = p_.wqb.data<A>(), .ldb = Rq, .k = w.q, .trans_b = false}},
+           dqa, Rq, LinearMode::write, tile);
+    ops::fill(dev_, s, qa_n, T * Rq, 0.0f);  // d qa, added into by the norm's backward
+    ops::rmsnorm_backward(dev_, s, qa_n, g_.q_a_norm.data<float>(), dqa, in.qa.as<A>(), p_.q_a_norm.data<A>(),
+                          in.qa_rstd.as<float>(), T, Rq);
+    if (cfg_.qkv_bias) ops::add_column_sums(dev_, s, g_.bqa.data<float>(), qa_n, T, Rq);
+    add_weight_grad(dev_, s, Rq, H, T, qa_n, h, g_.wqa.data<float>());
+    q_term = {.a = qa_n, .lda = Rq, .b = p_.wqa.data<A>(), .ldb = H, .k = Rq, .trans_b = false};
+  } else {
+    add_weight_grad(dev_, s, w.q, H, T, dq, h, g_.wq.data<float>());
+    q_term = {.a = dq, .lda = w.q, .b = p_.wq.data<A>(), .ldb = H, .k = w.q, .trans_b = false};
+  }
+  linear(dev_, s, T, H, {q_term, {.a = dckv, .lda = Rkv + dr, .b = p_.wkva.data<A>(), .ldb = H, .k = Rkv + dr,
+                                  .trans_b = false}},
+         h, H, LinearMode::write, tile);
+}
+
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
   if (cfg_.precision == Precision::bf16)
     forward_as<bf16>(x, y);
@@ -401,7 +595,7 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y) {
   Internals in;
   recompute<A>(in, x.data<A>(), T, /*for_backward=*/false);
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
-  const std::int64_t H = cfg_.hidden, Q = cfg_.q_heads * cfg_.head_dim;
+  const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
   dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
   if (cfg_.out_bias) ops::add_bias(dev_, s, y.data<A>(), p_.bo.data<A>(), T, H);
   linear(dev_, s, T, H, {{.a = in.o.as<A>(), .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}},
@@ -417,46 +611,14 @@ void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
     backward_as<float>(x, dy, dx);
 }
 
+// The GQA projections' backward from dq, dk (after RoPE's backward) and dv: the q/k
+// norms, the biases, the weight gradients, and dh written into h's buffer.
 template <class A>
-void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  const std::int64_t T = check_shape(x, "x");
-  PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "attention layer: token counts differ");
-  PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "attention layer: dx must not alias x or dy");
-  if (T == 0) return;
+void AttentionLayer::gqa_backward(Internals& in, std::int64_t T, A* dqp, A* dkp, A* dvp, float* tile) {
   Stream& s = dev_.compute_stream();
-  const A* xp = x.data<A>();
-  const A* dyp = dy.data<A>();
-  Internals in;
-  recompute<A>(in, xp, T, /*for_backward=*/true);
-  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
-  Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
-  Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)
-  Buffer row_dot = allocate(dev_, b.sink_row_dot);                          // sinks only (else null)
-
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = Hq * D, K = Hkv * D;
   A *h = in.h.as<A>(), *q = in.q.as<A>(), *k = in.k.as<A>();
-  A *dqp = dq.as<A>(), *dkp = dk.as<A>(), *dvp = dv.as<A>();
-  float* tile = in.tile.as<float>();
-
-  // o_proj: dWo += dy^T o [H, Q] (dbo += colsum dy); d_o = dy Wo [T, Q].
-  add_weight_grad(dev_, s, H, Q, T, dyp, in.o.as<A>(), g_.wo.data<float>());
-  if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dyp, T, H);
-  linear(dev_, s, T, Q, {{.a = dyp, .lda = H, .b = p_.wo.data<A>(), .ldb = Q, .k = H, .trans_b = false}},
-         d_o.as<A>(), Q, LinearMode::write, tile);
-  // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place,
-  // sequence by sequence (the workspace is one sequence's).
-  const std::int64_t S = sequence_length(T, cfg_);
-  for (std::int64_t b = 0; b < T; b += S) {
-    if (cfg_.sinks) {  // dsinks from the merged lse and rowsum(d_o * o) of this sequence
-      ops::attention_row_dot(dev_, s, row_dot.as<float>(), d_o.as<A>() + b * Q, in.o.as<A>() + b * Q,
-                             dims_of(S, cfg_));
-      ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b * Hq,
-                                    row_dot.as<float>(), in.sinks32.as<float>(), S, Hq);
-    }
-    attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>());
-    ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
-  }
   if (cfg_.qk_norm) {
     // The norm's backward adds into its dx: zero q and k (their last reader, the
     // attention backward, is done) and take the projections' gradients there.
@@ -479,12 +641,62 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   add_weight_grad(dev_, s, Q, H, T, dqp, h, g_.wq.data<float>());
   add_weight_grad(dev_, s, K, H, T, dkp, h, g_.wk.data<float>());
   add_weight_grad(dev_, s, K, H, T, dvp, h, g_.wv.data<float>());
-  A* dh = h;
   linear(dev_, s, T, H,
          {{.a = dqp, .lda = Q, .b = p_.wq.data<A>(), .ldb = H, .k = Q, .trans_b = false},
           {.a = dkp, .lda = K, .b = p_.wk.data<A>(), .ldb = H, .k = K, .trans_b = false},
           {.a = dvp, .lda = K, .b = p_.wv.data<A>(), .ldb = H, .k = K, .trans_b = false}},
-         dh, H, LinearMode::write, tile);
+         h, H, LinearMode::write, tile);
+}
+
+template <class A>
+void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const std::int64_t T = check_shape(x, "x");
+  PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "attention layer: token counts differ");
+  PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "attention layer: dx must not alias x or dy");
+  if (T == 0) return;
+  Stream& s = dev_.compute_stream();
+  const A* xp = x.data<A>();
+  const A* dyp = dy.data<A>();
+  Internals in;
+  recompute<A>(in, xp, T, /*for_backward=*/true);
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+  Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
+  Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)
+  Buffer row_dot = allocate(dev_, b.sink_row_dot);                          // sinks only (else null)
+  // MLA only (else null): held from here so that they are live beside the attention's
+  // buffers, as the footprint counts them (under cp the ring's are freed before they are used).
+  Buffer dqa = allocate(dev_, b.dqa), dc = allocate(dev_, b.dc), dkr32 = allocate(dev_, b.dkr32);
+
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
+  const std::int64_t Q = widths(cfg_).q, K = widths(cfg_).k, O = widths(cfg_).o;
+  A* h = in.h.as<A>();
+  A *dqp = dq.as<A>(), *dkp = dk.as<A>(), *dvp = dv.as<A>();
+  float* tile = in.tile.as<float>();
+
+  // o_proj: dWo += dy^T o [H, O] (dbo += colsum dy); d_o = dy Wo [T, O].
+  add_weight_grad(dev_, s, H, O, T, dyp, in.o.as<A>(), g_.wo.data<float>());
+  if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dyp, T, H);
+  linear(dev_, s, T, O, {{.a = dyp, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
+         d_o.as<A>(), O, LinearMode::write, tile);
+  // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place,
+  // sequence by sequence (the workspace is one sequence's).
+  const std::int64_t S = sequence_length(T, cfg_);
+  for (std::int64_t b = 0; b < T; b += S) {
+    if (cfg_.sinks) {  // dsinks from the merged lse and rowsum(d_o * o) of this sequence
+      ops::attention_row_dot(dev_, s, row_dot.as<float>(), d_o.as<A>() + b * O, in.o.as<A>() + b * O,
+                             dims_of(S, cfg_));
+      ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b * Hq,
+                                    row_dot.as<float>(), in.sinks32.as<float>(), S, Hq);
+    }
+    attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>());
+    if (!cfg_.mla)
+      ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
+  }
+  if (cfg_.mla)
+    mla_backward<A>(in, T, S, dqp, dkp, dvp, dqa.as<A>(), dc.as<A>(), dkr32.as<float>(), tile);  // dh into h
+  else
+    gqa_backward<A>(in, T, dqp, dkp, dvp, tile);
+  A* dh = h;
   // dx = dy (the residual path) + input_layernorm's backward, which adds.
   dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
   ops::rmsnorm_backward(dev_, s, dx.data<A>(), g_.w_in.data<float>(), dh, xp, p_.w_in.data<A>(),
@@ -492,6 +704,24 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
 }
 
 std::vector<Parameter> AttentionLayer::parameters() const {
+  if (cfg_.mla) {
+    std::vector<Parameter> out = {{"input_layernorm.weight", p_.w_in, g_.w_in}};
+    if (cfg_.q_lora_rank > 0) {
+      out.push_back({"q_a_proj.weight", p_.wqa, g_.wqa});
+      if (cfg_.qkv_bias) out.push_back({"q_a_proj.bias", p_.bqa, g_.bqa});
+      out.push_back({"q_a_layernorm.weight", p_.q_a_norm, g_.q_a_norm});
+      out.push_back({"q_b_proj.weight", p_.wqb, g_.wqb});
+    } else {
+      out.push_back({"q_proj.weight", p_.wq, g_.wq});
+    }
+    out.push_back({"kv_a_proj_with_mqa.weight", p_.wkva, g_.wkva});
+    if (cfg_.qkv_bias) out.push_back({"kv_a_proj_with_mqa.bias", p_.bkva, g_.bkva});
+    out.push_back({"kv_a_layernorm.weight", p_.kv_a_norm, g_.kv_a_norm});
+    out.push_back({"kv_b_proj.weight", p_.wkvb, g_.wkvb});
+    out.push_back({"o_proj.weight", p_.wo, g_.wo});
+    if (cfg_.out_bias) out.push_back({"o_proj.bias", p_.bo, g_.bo});
+    return out;
+  }
   std::vector<Parameter> out = {{"input_layernorm.weight", p_.w_in, g_.w_in},
                                 {"q_proj.weight", p_.wq, g_.wq},
                                 {"k_proj.weight", p_.wk, g_.wk},

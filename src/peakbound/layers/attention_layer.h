@@ -71,11 +71,33 @@ struct AttentionLayerConfig {
   bool out_bias = false;
   bool sinks = false;
   std::int64_t window = 0;
+  // DeepSeek-V3's multi-head latent attention (DeepseekV3Attention; head_dim unused,
+  // kv_heads == q_heads, neither qk_norm nor sinks):
+  //   q   = q_lora_rank > 0 ? rmsnorm(h Wqa^T + bqa) Wqb^T : h Wq^T     [T, Hq, nope + rope]
+  //   ckv = h Wkva^T + bkva  [T, kv_lora_rank + rope]: c = rmsnorm(ckv[:, :R]), k_rot = ckv[:, R:]
+  //   kv  = c Wkvb^T [T, Hq, nope + v]: k = [kv nope | rope(k_rot), the same for every head],
+  //         v = kv[..., nope:]; q = [q nope | rope(q rot)]
+  // RoPE rotates the last qk_rope_dim columns only (rope_interleave: DeepSeek's interleaved
+  // pairs, taken apart to rotate_half's halves first, as transformers'
+  // apply_rotary_pos_emb_interleave); the norms' epsilon is kMlaNormEps (transformers
+  // builds them with its default); the scores are scaled by softmax_scale (0: qk^-0.5;
+  // DeepSeek's YaRN multiplies it by mscale^2). qkv_bias puts the biases on q_a_proj and
+  // kv_a_proj_with_mqa. CPU kernels only so far.
+  bool mla = false;
+  std::int64_t q_lora_rank = 0;
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_nope_dim = 0, qk_rope_dim = 0, v_dim = 0;
+  bool rope_interleave = true;
+  float softmax_scale = 0.0f;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
   Precision precision = Precision::f32;  // the activations' and parameters' dtype
 };
+
+// The epsilon of MLA's q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default;
+// transformers does not pass rms_norm_eps to them).
+inline constexpr float kMlaNormEps = 1e-6f;
 
 // Query rows per attention kernel call under bf16 at cp = 1 (a constant, so bf16 results
 // do not depend on the schedule; a multiple of the kernel's 64-row tiles).
@@ -90,9 +112,13 @@ void check_attention_layer_config(const AttentionLayerConfig& c);
 // Views of the parameters (param_dtype(precision)) or of their gradients (f32 always) on the layer's device, in
 // nn.Linear layout (out x in): w_in [H], wq [Hq*D, H], wk, wv [Hkv*D, H], wo [H, Hq*D],
 // q_norm, k_norm [D] (left empty without qk_norm), bq [Hq*D], bk, bv [Hkv*D] (qkv_bias),
-// bo [H] (out_bias), sinks [Hq] (sinks).
+// bo [H] (out_bias), sinks [Hq] (sinks). MLA (qk = nope + rope, Rq = q_lora_rank, Rkv =
+// kv_lora_rank): w_in, wo [H, Hq*v], bo; wq [Hq*qk, H] without q_lora_rank, else wqa [Rq, H],
+// q_a_norm [Rq], wqb [Hq*qk, Rq]; wkva [Rkv + rope, H], kv_a_norm [Rkv], wkvb [Hq*(nope + v),
+// Rkv]; with qkv_bias bqa [Rq] (q_lora_rank only) and bkva [Rkv + rope]. wk, wv unused.
 struct AttentionLayerTensors {
   Tensor w_in, wq, wk, wv, wo, q_norm, k_norm, bq, bk, bv, bo, sinks;
+  Tensor wqa, bqa, q_a_norm, wqb, wkva, bkva, kv_a_norm, wkvb;
 };
 
 // One call's internals on T tokens (component attention). Forward: h [T, H], rstd [T],
@@ -114,12 +140,20 @@ struct AttentionLayerTensors {
 // Sinks only (else 0 bytes): sinks32 [Hq] f32, the sink logits widened (forward and
 // backward), and sink_row_dot [S_r, Hq] f32, one sequence's rowsum(d_o * o) for the sinks'
 // gradient (backward).
+// MLA only (else 0 bytes): forward and backward hold qa, qa_n [T, Rq] (act) and qa_rstd [T]
+// (q_lora_rank only), ckv [T, Rkv + rope], c_pre, c [T, Rkv], kr [T, rope], kv [T, Hq*(nope
+// + v)], qr [T, Hq*rope] (act) and c_rstd [T]; q and k are [T, Hq*(nope + rope)], v and o
+// [T, Hq*v]. Backward adds dqa [T, Rq] (act, q_lora_rank only), dc [T, Rkv] (act) and
+// dkr32 [T, rope] f32 (k_rot's gradient summed over the heads); it reuses kv for d kv, ckv
+// for d ckv, c for d c_pre and qa_n for d qa.
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   BufferSpec workspace_forward, workspace_backward;
   BufferSpec d_o, dq, dk, dv;
   BufferSpec tile, o32, dq32, dkv32;
   BufferSpec sinks32, sink_row_dot;
+  BufferSpec qa{}, qa_n{}, qa_rstd{}, ckv{}, c_pre{}, c{}, c_rstd{}, kr{}, kv{}, qr{};
+  BufferSpec dqa{}, dc{}, dkr32{};
 };
 // The specs of c.precision. The elem_bytes form sizes the activations at elem_bytes
 // (the planner's estimate; the bf16-only specs follow c.precision).
@@ -161,11 +195,23 @@ class AttentionLayer final : public Block {
   // The forward's internals through o and lse, allocated under `attention`.
   struct Internals {
     Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws, tile, o32, sinks32;
+    Buffer qa, qa_n, qa_rstd, ckv, c_pre, c, c_rstd, kr, kv, qr;  // MLA
   };
   // Written once for A = float | bf16 (the activation type); A = float makes the op
   // calls of the f32-only layer in its order.
   template <class A>
   void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward);
+  // MLA: q, k, v from h (the projections, the norms, RoPE on the rope columns).
+  template <class A>
+  void mla_project(Internals& in, std::int64_t T, std::int64_t S);
+  // MLA's backward from dq, dk, dv (the attention's) to dh written into h's buffer; dqa, dc
+  // and dkr32 are its scratch (AttentionLayerBuffers).
+  template <class A>
+  void mla_backward(Internals& in, std::int64_t T, std::int64_t S, A* dq, A* dk, A* dv, A* dqa, A* dc, float* dkr32,
+                    float* tile);
+  // The GQA projections' backward from dq, dk, dv (after RoPE's) to dh in h's buffer.
+  template <class A>
+  void gqa_backward(Internals& in, std::int64_t T, A* dq, A* dk, A* dv, float* tile);
   template <class A>
   void forward_as(const Tensor& x, const Tensor& y);
   template <class A>

@@ -118,6 +118,7 @@ void read_deepseek(const HfFields& r, ModelConfig& c, bool v3_defaults) {
   const bool bias = r.boolean_or("attention_bias", false);
   c.attention_qkv_bias = bias;
   c.attention_out_bias = bias;
+  c.rope_interleave = r.boolean_or("rope_interleave", true);
 
   c.num_experts = r.integer("n_routed_experts");
   if (c.num_experts > 0) {
@@ -376,6 +377,11 @@ void read_rope_scaling(const json& config, const HfFields& r, ModelConfig& c) {
     y.attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim);
   else
     y.attention_factor = yarn_get_mscale(factor);
+  // MLA's softmax scale (transformers' yarn_apply_mscale in DeepseekV3Attention).
+  if (c.attention == AttentionKind::mla && mscale_all_dim != 0.0) {
+    const double m = yarn_get_mscale(factor, mscale_all_dim);
+    c.attention_softmax_factor = m * m;
+  }
 }
 
 // The training fields: norm epsilon, the aux-loss coefficient (counted only when

@@ -90,6 +90,12 @@ struct ModelConfig {
   std::int64_t qk_nope_head_dim = 0;
   std::int64_t qk_rope_head_dim = 0;
   std::int64_t v_head_dim = 0;
+  // DeepSeek lays the rope dimensions out in interleaved pairs (rope_interleave, default
+  // true in transformers' DeepseekV3Config).
+  bool rope_interleave = false;
+  // The attention's softmax scale is qk_head_dim^-0.5 times this: DeepSeek's YaRN
+  // (yarn_apply_mscale) makes it get_mscale(factor, mscale_all_dim)^2 under MLA; else 1.
+  double attention_softmax_factor = 1.0;
 
   // RoPE base (Hugging Face rope_theta): inv_freq[i] = rope_theta^(-2i / rotary dim).
   // The plain ("default") rotary embedding and YaRN (rope_type "yarn": rope_scaling,

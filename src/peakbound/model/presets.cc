@@ -42,6 +42,9 @@ Preset deepseek_v3() {
   c.rope_scaling.factor = 40.0;
   c.rope_scaling.original_max_position = 4096;
   c.rope_scaling.attention_factor = 1.0;
+  c.rope_interleave = true;
+  const double m = yarn_get_mscale(40.0, 1.0);
+  c.attention_softmax_factor = m * m;
   Preset p;
   p.config = c;
   p.published_total = 671e9;

@@ -73,6 +73,22 @@ void add_column_sums_as(Device& dev, Stream& s, float* acc, const A* x, std::int
 
 }  // namespace
 
+template <class D, class S>
+void copy_columns(Device& dev, Stream& s, D* dst, std::int64_t ldd, const S* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate) {
+  dispatch(dev, s, "copy_columns", {dst, src},
+           [&](void*) { no_kernel(dev, "copy_columns"); },
+           [=] { cpu::copy_columns(dst, ldd, src, lds, rows, cols, order, accumulate); });
+}
+template void copy_columns(Device&, Stream&, float*, std::int64_t, const float*, std::int64_t, std::int64_t,
+                           std::int64_t, ColumnOrder, bool);
+template void copy_columns(Device&, Stream&, bf16*, std::int64_t, const bf16*, std::int64_t, std::int64_t,
+                           std::int64_t, ColumnOrder, bool);
+template void copy_columns(Device&, Stream&, float*, std::int64_t, const bf16*, std::int64_t, std::int64_t,
+                           std::int64_t, ColumnOrder, bool);
+template void copy_columns(Device&, Stream&, bf16*, std::int64_t, const float*, std::int64_t, std::int64_t,
+                           std::int64_t, ColumnOrder, bool);
+
 void broadcast_rows(Device& dev, Stream& s, float* y, const float* bias, std::int64_t rows, std::int64_t cols) {
   broadcast_rows_as(dev, s, y, bias, rows, cols);
 }

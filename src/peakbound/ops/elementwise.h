@@ -7,6 +7,7 @@
 
 #include "peakbound/core/dtype.h"
 #include "peakbound/device/device.h"
+#include "peakbound/kernels/cpu/elementwise.h"
 
 namespace peakbound::ops {
 
@@ -30,6 +31,12 @@ void add_bias(Device& dev, Stream& s, bf16* y, const bf16* bias, std::int64_t ro
 void add_bias(Device& dev, Stream& s, float* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_column_sums(Device& dev, Stream& s, float* acc, const float* x, std::int64_t rows, std::int64_t cols);
 void add_column_sums(Device& dev, Stream& s, float* acc, const bf16* x, std::int64_t rows, std::int64_t cols);
+// Column blocks between row-major matrices, reordered or not, written or accumulated
+// (kernels/cpu/elementwise.h copy_columns). CPU only so far (no_kernel on CUDA).
+using cpu::ColumnOrder;
+template <class D, class S>
+void copy_columns(Device& dev, Stream& s, D* dst, std::int64_t ldd, const S* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order = ColumnOrder::same, bool accumulate = false);
 
 // out [n] = to_bf16(in) / to_f32(in); out must not overlap in.
 void convert(Device& dev, Stream& s, bf16* out, const float* in, std::int64_t n);

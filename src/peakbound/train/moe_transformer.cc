@@ -99,7 +99,8 @@ void check_trainable(const ModelConfig& c) {
   if (!c.unmodelled.empty())
     throw InvalidArgument("model '" + c.name + "': config.json sets " + c.unmodelled.front() +
                           "; refusing to train a different model than the config describes");
-  if (c.attention != AttentionKind::gqa) unsupported(c, "MLA attention");
+  if (c.attention == AttentionKind::mla && c.family == "deepseek_v2")
+    unsupported(c, "DeepSeek-V2's attention (MLA is checked against DeepSeek-V3's)");
   // DeepSeek-V3's sigmoid router trains without transformers' aux loss (its balance comes
   // from the correction bias's update, MoeTransformer::update_router_bias).
   if (c.router_scoring == RouterScoring::sigmoid && c.router_aux_loss_coef > 0)
@@ -164,6 +165,19 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
   ac.qkv_bias = c.attention_qkv_bias;
   ac.out_bias = c.attention_out_bias;
   ac.sinks = c.attention_sinks;
+  if (c.attention == AttentionKind::mla) {
+    ac.mla = true;
+    ac.head_dim = 0;
+    ac.q_lora_rank = c.q_lora_rank;
+    ac.kv_lora_rank = c.kv_lora_rank;
+    ac.qk_nope_dim = c.qk_nope_head_dim;
+    ac.qk_rope_dim = c.qk_rope_head_dim;
+    ac.v_dim = c.v_head_dim;
+    ac.rope_interleave = c.rope_interleave;
+    // transformers: self.scaling = yarn_apply_mscale(qk_head_dim ** -0.5), in double.
+    ac.softmax_scale =
+        static_cast<float>(std::pow(static_cast<double>(c.qk_head_dim()), -0.5) * c.attention_softmax_factor);
+  }
   ac.seq_len = S;
   ac.cp = cp;
   ac.cp_rank = cp_rank;
@@ -260,9 +274,9 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   const ModelConfig& c = config_;
   if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks ||
                                        c.router_bias || c.mlp_bias || c.swiglu_limit > 0.0 ||
-                                       c.router_scoring == RouterScoring::sigmoid))
+                                       c.router_scoring == RouterScoring::sigmoid || c.attention == AttentionKind::mla))
     throw Unavailable("model '" + c.name + "': attention biases and sinks, router and expert biases, the clamped " +
-                      "SwiGLU and the sigmoid router have CPU kernels only so far; train it with --device cpu");
+                      "SwiGLU, the sigmoid router and MLA have CPU kernels only so far; train it with --device cpu");
   const std::int64_t H = c.hidden_size, E = c.num_experts;
   const std::int64_t ep = groups_.ep->size(), ep_rank = groups_.ep->rank();
   if (E > 0 && E % ep != 0)
@@ -315,7 +329,25 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     ac.precision = prec;
     ac.window = c.attention_window(l);
     AttentionLayerTensors at[2];
-    for (int g = 0; g < 2; ++g) {
+    for (int g = 0; g < 2 && ac.mla; ++g) {
+      const std::string a = p + "self_attn.";
+      at[g].w_in = slot_view(l, p + "input_layernorm.weight", g);
+      if (c.q_lora_rank > 0) {
+        at[g].wqa = slot_view(l, a + "q_a_proj.weight", g);
+        if (c.attention_qkv_bias) at[g].bqa = slot_view(l, a + "q_a_proj.bias", g);
+        at[g].q_a_norm = slot_view(l, a + "q_a_layernorm.weight", g);
+        at[g].wqb = slot_view(l, a + "q_b_proj.weight", g);
+      } else {
+        at[g].wq = slot_view(l, a + "q_proj.weight", g);
+      }
+      at[g].wkva = slot_view(l, a + "kv_a_proj_with_mqa.weight", g);
+      if (c.attention_qkv_bias) at[g].bkva = slot_view(l, a + "kv_a_proj_with_mqa.bias", g);
+      at[g].kv_a_norm = slot_view(l, a + "kv_a_layernorm.weight", g);
+      at[g].wkvb = slot_view(l, a + "kv_b_proj.weight", g);
+      at[g].wo = slot_view(l, a + "o_proj.weight", g);
+      if (c.attention_out_bias) at[g].bo = slot_view(l, a + "o_proj.bias", g);
+    }
+    for (int g = 0; g < 2 && !ac.mla; ++g) {
       at[g].w_in = slot_view(l, p + "input_layernorm.weight", g);
       at[g].wq = slot_view(l, p + "self_attn.q_proj.weight", g);
       at[g].wk = slot_view(l, p + "self_attn.k_proj.weight", g);

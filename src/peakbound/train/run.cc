@@ -360,6 +360,10 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
       row += std::string(row.empty() ? "  " : ", ") + std::string(component_name(kAllComponents[i])) + " " +
              format_bytes(double(s.planned[i]));
   text += row + (c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "") + "\n";
+  if (c.num_mtp_layers > 0)
+    text += format("note: the model's %lld multi-token-prediction layer(s) (model.layers.%lld and on in its checkpoint) "
+                   "are not trained: transformers does not load them either\n",
+                   static_cast<long long>(c.num_mtp_layers), static_cast<long long>(c.num_layers));
   s.say(text);
   // Every rank holds the same figures (all-reduced): one line, from rank 0.
   if (planned_total > s.budget && f.plan_check) throw AgreedError(over_budget(s.planned, planned_total, s.budget, f.schedules));

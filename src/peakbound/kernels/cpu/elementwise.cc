@@ -53,6 +53,25 @@ void add_bias_t(T* y, const B* bias, std::int64_t rows, std::int64_t cols) {
     for (std::int64_t c = 0; c < cols; ++c) y[r * cols + c] = narrow<T>(widen(y[r * cols + c]) + widen(bias[c]));
 }
 
+template <typename D, typename S>
+void copy_columns_t(D* dst, std::int64_t ldd, const S* src, std::int64_t lds, std::int64_t rows, std::int64_t cols,
+                    ColumnOrder order, bool accumulate) {
+  if (rows < 0 || cols < 0 || ldd < cols || (order != ColumnOrder::same && cols % 2 != 0))
+    throw InvalidArgument("copy_columns: need rows, cols >= 0, ldd >= cols and an even cols to reorder (rows " +
+                          std::to_string(rows) + ", cols " + std::to_string(cols) + ", ldd " + std::to_string(ldd) + ")");
+  const std::int64_t half = cols / 2;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    D* d = dst + r * ldd;
+    const S* x = src + r * lds;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      std::int64_t c = j;
+      if (order == ColumnOrder::deinterleave) c = j < half ? 2 * j : 2 * (j - half) + 1;
+      if (order == ColumnOrder::interleave) c = j % 2 == 0 ? j / 2 : half + j / 2;
+      d[j] = narrow<D>(accumulate ? widen(d[j]) + widen(x[c]) : widen(x[c]));
+    }
+  }
+}
+
 template <typename T>
 void add_column_sums_t(float* acc, const T* x, std::int64_t rows, std::int64_t cols) {
   std::vector<double> sum(static_cast<std::size_t>(cols), 0.0);
@@ -194,6 +213,22 @@ void add_bias(bf16* y, const bf16* bias, std::int64_t rows, std::int64_t cols) {
 void add_bias(float* y, const bf16* bias, std::int64_t rows, std::int64_t cols) { add_bias_t(y, bias, rows, cols); }
 void add_column_sums(float* acc, const float* x, std::int64_t rows, std::int64_t cols) {
   add_column_sums_t(acc, x, rows, cols);
+}
+void copy_columns(float* dst, std::int64_t ldd, const float* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate) {
+  copy_columns_t(dst, ldd, src, lds, rows, cols, order, accumulate);
+}
+void copy_columns(bf16* dst, std::int64_t ldd, const bf16* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate) {
+  copy_columns_t(dst, ldd, src, lds, rows, cols, order, accumulate);
+}
+void copy_columns(float* dst, std::int64_t ldd, const bf16* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate) {
+  copy_columns_t(dst, ldd, src, lds, rows, cols, order, accumulate);
+}
+void copy_columns(bf16* dst, std::int64_t ldd, const float* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate) {
+  copy_columns_t(dst, ldd, src, lds, rows, cols, order, accumulate);
 }
 void add_column_sums(float* acc, const bf16* x, std::int64_t rows, std::int64_t cols) {
   add_column_sums_t(acc, x, rows, cols);

@@ -32,6 +32,23 @@ void add_bias(float* y, const bf16* bias, std::int64_t rows, std::int64_t cols);
 void add_column_sums(float* acc, const float* x, std::int64_t rows, std::int64_t cols);
 void add_column_sums(float* acc, const bf16* x, std::int64_t rows, std::int64_t cols);
 
+// Column blocks between row-major matrices (MLA's split and assembly of q, k and v):
+// for r < rows and j < cols, dst[r * ldd + j] = (or, accumulate, +=) src[r * lds + c(j)],
+// where c is the column order: same c(j) = j; deinterleave takes the even columns first,
+// then the odd ones (c(j) = 2j for j < cols/2, else 2(j - cols/2) + 1: DeepSeek's
+// interleaved RoPE pairs to rotate_half's halves); interleave is its inverse. cols must be
+// even unless the order is same. Each value is widened, added in fp32 where accumulating,
+// and rounded once to dst's type. dst and src must not overlap.
+enum class ColumnOrder : std::uint8_t { same, deinterleave, interleave };
+void copy_columns(float* dst, std::int64_t ldd, const float* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate);
+void copy_columns(bf16* dst, std::int64_t ldd, const bf16* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate);
+void copy_columns(float* dst, std::int64_t ldd, const bf16* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate);
+void copy_columns(bf16* dst, std::int64_t ldd, const float* src, std::int64_t lds, std::int64_t rows,
+                  std::int64_t cols, ColumnOrder order, bool accumulate);
+
 // Conversions, elementwise and bitwise core/dtype.h's to_bf16 / to_f32 for every input
 // (ties to even, NaN stays a quiet NaN with its sign, denormals kept, overflow to inf).
 // WRITE out [n]; out must not overlap in. The first two run the widest body this CPU
