@@ -146,6 +146,13 @@ def gpt_oss_config():
     return cfg
 
 
+# DeepSeek-V3's MoE at the families' size, shared by dots1 and deepseek_v3: 3 layers, layer 0
+# dense, 8 experts in 4 groups of 2 with the best 2 kept, top-3 renormalised and times 2.5.
+DEEPSEEK_MOE = dict(num_hidden_layers=3, num_experts_per_tok=3, n_routed_experts=8, moe_intermediate_size=16,
+                    intermediate_size=48, first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True,
+                    routed_scaling_factor=2.5)
+
+
 def dots1_config():
     # dots.llm1: Qwen3's attention (q/k norms) with DeepSeek-V3's MoE: the sigmoid router with
     # its e_score_correction_bias (jittered: transformers starts it at 0), 8 experts in 4
@@ -153,18 +160,9 @@ def dots1_config():
     # experts as one MLP; layer 0 dense (first_k_dense_replace 1), layer 2 sliding (window 5,
     # max_window_layers 2). No aux loss (transformers' Dots1ForCausalLM adds none).
     c = {k: v for k, v in COMMON.items() if k not in ("router_aux_loss_coef", "output_router_logits")}
-    c.update(num_hidden_layers=3, num_experts_per_tok=3)
     return transformers.Dots1Config(
-        **c,
-        n_routed_experts=8,
+        **c | DEEPSEEK_MOE,
         n_shared_experts=2,
-        moe_intermediate_size=16,
-        intermediate_size=48,
-        first_k_dense_replace=1,
-        n_group=4,
-        topk_group=2,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
         sliding_window=5,
         max_window_layers=2,
         attention_bias=False,
@@ -180,19 +178,10 @@ def deepseek_v3_config():
     # best 2 kept, top-3 x 2.5) with one shared expert; layer 0 dense. No aux loss.
     c = {k: v for k, v in COMMON.items()
          if k not in ("router_aux_loss_coef", "output_router_logits", "head_dim", "num_key_value_heads")}
-    c.update(num_hidden_layers=3, num_experts_per_tok=3)
     return transformers.DeepseekV3Config(
-        **c,
+        **c | DEEPSEEK_MOE,
         num_key_value_heads=4,
-        n_routed_experts=8,
         n_shared_experts=1,
-        moe_intermediate_size=16,
-        intermediate_size=48,
-        first_k_dense_replace=1,
-        n_group=4,
-        topk_group=2,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
         q_lora_rank=12,
         kv_lora_rank=10,
         qk_nope_head_dim=6,

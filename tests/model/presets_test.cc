@@ -22,7 +22,7 @@ TEST(Presets, NamesAreTheDocumentedSet) {
   const std::set<std::string> got(names.begin(), names.end());
   const std::set<std::string> want = {"deepseek-v3",   "qwen3-235b-a22b", "gpt-oss-120b",
                                       "mixtral-8x22b", "qwen3-30b-a3b",   "tiny-moe",
-                                      "tiny-gptoss",   "small-moe"};
+                                      "tiny-gptoss",   "tiny-deepseek",   "small-moe"};
   EXPECT_EQ(got, want);
   EXPECT_EQ(names.size(), want.size()) << "duplicate names";
   for (const std::string& n : names) {

@@ -238,6 +238,42 @@ Preset tiny_gptoss() {
   return p;
 }
 
+// DeepSeek-V3's architecture at tiny-moe's size: multi-head latent attention (8 heads,
+// q_lora_rank 96, kv_lora_rank 64, qk 32 nope + 16 interleaved rope, v 32) under DeepSeek's
+// YaRN (factor 40 over 4096, mscale = mscale_all_dim = 1), layer 0 dense, then the sigmoid
+// router with its correction bias over 8 experts in 4 groups (2 kept), top-2 x 2.5 and one
+// shared expert; no aux loss (the biases balance the load).
+Preset tiny_deepseek() {
+  Preset p;
+  ModelConfig c = small_model("tiny-deepseek", 16384, 256, 4, 8, 8, 0);
+  c.family = "deepseek_v3";
+  c.attention = AttentionKind::mla;
+  c.num_kv_heads = c.num_heads;
+  c.q_lora_rank = 96;
+  c.kv_lora_rank = 64;
+  c.qk_nope_head_dim = 32;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 32;
+  c.rope_interleave = true;
+  c.rope_scaling.yarn = true;
+  c.rope_scaling.factor = 40.0;
+  c.rope_scaling.original_max_position = 4096;
+  c.rope_scaling.attention_factor = 1.0;
+  const double m = yarn_get_mscale(40.0, 1.0);
+  c.attention_softmax_factor = m * m;
+  c.moe_intermediate_size = 256;
+  c.num_shared_experts = 1;
+  c.router_scoring = RouterScoring::sigmoid;
+  c.router_score_correction = true;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.routed_scaling_factor = 2.5;
+  c.router_aux_loss_coef = 0.0;
+  p.config = c;
+  p.source = "peakbound";
+  return p;
+}
+
 Preset small_moe() {
   Preset p;
   p.config = small_model("small-moe", 32768, 512, 8, 16, 8, 64);
@@ -248,7 +284,7 @@ Preset small_moe() {
 const std::vector<Preset>& all_presets() {
   static const std::vector<Preset> presets = {deepseek_v3(), qwen3_235b(),   gpt_oss_120b(),
                                               mixtral_8x22b(), qwen3_30b(), tiny_moe(),
-                                              tiny_gptoss(),   small_moe()};
+                                              tiny_gptoss(),   tiny_deepseek(), small_moe()};
   return presets;
 }
 
