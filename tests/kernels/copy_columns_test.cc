@@ -46,6 +46,7 @@ TEST(CopyColumns, BadShapesAreOneLineErrors) {
   EXPECT_THROW(cpu::copy_columns(a.data(), 3, b.data(), 4, 1, 3, ColumnOrder::deinterleave, false), InvalidArgument);
   EXPECT_THROW(cpu::copy_columns(a.data(), 2, b.data(), 4, 1, 3, ColumnOrder::same, false), InvalidArgument);
   EXPECT_THROW(cpu::copy_columns(a.data(), 4, b.data(), 4, -1, 3, ColumnOrder::same, false), InvalidArgument);
+  EXPECT_THROW(cpu::copy_columns(a.data(), 4, b.data(), 2, 1, 3, ColumnOrder::same, false), InvalidArgument);
 }
 
 }  // namespace

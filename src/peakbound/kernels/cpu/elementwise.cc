@@ -56,9 +56,10 @@ void add_bias_t(T* y, const B* bias, std::int64_t rows, std::int64_t cols) {
 template <typename D, typename S>
 void copy_columns_t(D* dst, std::int64_t ldd, const S* src, std::int64_t lds, std::int64_t rows, std::int64_t cols,
                     ColumnOrder order, bool accumulate) {
-  if (rows < 0 || cols < 0 || ldd < cols || (order != ColumnOrder::same && cols % 2 != 0))
-    throw InvalidArgument("copy_columns: need rows, cols >= 0, ldd >= cols and an even cols to reorder (rows " +
-                          std::to_string(rows) + ", cols " + std::to_string(cols) + ", ldd " + std::to_string(ldd) + ")");
+  if (rows < 0 || cols < 0 || ldd < cols || lds < cols || (order != ColumnOrder::same && cols % 2 != 0))
+    throw InvalidArgument("copy_columns: need rows, cols >= 0, ldd and lds >= cols and an even cols to reorder (rows " +
+                          std::to_string(rows) + ", cols " + std::to_string(cols) + ", ldd " + std::to_string(ldd) +
+                          ", lds " + std::to_string(lds) + ")");
   const std::int64_t half = cols / 2;
   for (std::int64_t r = 0; r < rows; ++r) {
     D* d = dst + r * ldd;
