@@ -375,6 +375,33 @@ TEST(HfConfig, DeepSeekV3EqualsPreset) {
   EXPECT_EQ(count_params(c).total, 671026419200);
 }
 
+// moonshotai/Kimi-K2-Instruct's config.json: V3's file with the fields Kimi-K2 changes.
+TEST(HfConfig, KimiK2EqualsPreset) {
+  json d = json::parse(kDeepSeekV3);
+  d["model_type"] = "kimi_k2";
+  d["bos_token_id"] = 163584;
+  d["eos_token_id"] = 163585;
+  d["first_k_dense_replace"] = 1;
+  d["max_position_embeddings"] = 131072;
+  d["n_group"] = 1;
+  d["n_routed_experts"] = 384;
+  d["num_attention_heads"] = 64;
+  d["num_key_value_heads"] = 64;
+  d["num_nextn_predict_layers"] = 0;
+  d["rope_scaling"] = json::parse(R"({"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
+      "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"})");
+  d["rope_theta"] = 50000.0;
+  d["routed_scaling_factor"] = 2.827;
+  d["topk_group"] = 1;
+  d["vocab_size"] = 163840;
+  const ModelConfig c = parse_hf_config(d, "kimi-k2");
+  EXPECT_TRUE(c.unmodelled.empty()) << c.unmodelled[0];
+  EXPECT_EQ(modelled(c), preset_config("kimi-k2"));
+  EXPECT_EQ(c.rope_scaling.beta_fast, 1.0);
+  EXPECT_EQ(c.num_experts, 384);
+  EXPECT_EQ(count_params(c).total, 1026408232448);
+}
+
 // dots.llm1 (the tiny fixture's config.json as transformers 5.24 saved it): Qwen3's attention,
 // DeepSeek-V3's router and shared experts, a dense first layer, the window from
 // max_window_layers on; a routed scale with a softmax router stays unmodelled.

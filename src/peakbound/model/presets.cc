@@ -56,6 +56,38 @@ Preset deepseek_v3() {
   return p;
 }
 
+// moonshotai/Kimi-K2-Instruct config.json (model_type kimi_k2): DeepSeek-V3's architecture
+// with 384 experts in one group, 64 heads, one dense layer, the vocabulary of 163840 and
+// YaRN factor 32 with beta_fast = beta_slow = 1 over rope_theta 50000.
+Preset kimi_k2() {
+  Preset p = deepseek_v3();
+  ModelConfig& c = p.config;
+  c.name = "kimi-k2";
+  c.family = "kimi_k2";
+  c.vocab_size = 163840;
+  c.max_position_embeddings = 131072;
+  c.num_dense_layers = 1;
+  c.num_experts = 384;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.routed_scaling_factor = 2.827;
+  c.num_heads = 64;
+  c.num_kv_heads = 64;
+  c.num_mtp_layers = 0;
+  c.rope_theta = 50000.0;
+  c.rope_scaling.factor = 32.0;
+  c.rope_scaling.beta_fast = 1.0;
+  c.rope_scaling.beta_slow = 1.0;
+  const double m = yarn_get_mscale(32.0, 1.0);
+  c.attention_softmax_factor = m * m;
+  p.published_total = 1.04e12;
+  p.published_active = 32.6e9;
+  p.active_convention = ActiveConvention::with_embedding;
+  p.published_total_with_mtp = 0;
+  p.source = "Kimi K2 technical report: 1.04T total parameters, 32.6B activated";
+  return p;
+}
+
 // Qwen3-MoE config.json shared fields; the two sizes differ only in widths.
 ModelConfig qwen3_moe(std::string name, std::int64_t hidden, std::int64_t layers,
                       std::int64_t heads, std::int64_t intermediate, std::int64_t moe_width) {
@@ -239,10 +271,13 @@ Preset tiny_gptoss() {
 }
 
 // DeepSeek-V3's architecture at tiny-moe's size: multi-head latent attention (8 heads,
-// q_lora_rank 96, kv_lora_rank 64, qk 32 nope + 16 interleaved rope, v 32) under DeepSeek's
+// q_lora_rank 96, kv_lora_rank 64, qk 16 nope + 32 interleaved rope, v 32) under DeepSeek's
 // YaRN (factor 40 over 4096, mscale = mscale_all_dim = 1), layer 0 dense, then the sigmoid
 // router with its correction bias over 8 experts in 4 groups (2 kept), top-2 x 2.5 and one
-// shared expert; no aux loss (the biases balance the load).
+// shared expert; no aux loss (the biases balance the load). The rope part is wider than V3's
+// (32 of 48 q/k columns, V3 has 64 of 192): at this width, with V3's 1:2 split (16 rope
+// columns, 8 frequencies in the one shared rope key), the copy task's induction head forms
+// only after ~250 steps, past the main job's 300-step schedule's useful learning rate.
 Preset tiny_deepseek() {
   Preset p;
   ModelConfig c = small_model("tiny-deepseek", 16384, 256, 4, 8, 8, 0);
@@ -251,8 +286,8 @@ Preset tiny_deepseek() {
   c.num_kv_heads = c.num_heads;
   c.q_lora_rank = 96;
   c.kv_lora_rank = 64;
-  c.qk_nope_head_dim = 32;
-  c.qk_rope_head_dim = 16;
+  c.qk_nope_head_dim = 16;
+  c.qk_rope_head_dim = 32;
   c.v_head_dim = 32;
   c.rope_interleave = true;
   c.rope_scaling.yarn = true;
@@ -282,7 +317,7 @@ Preset small_moe() {
 }
 
 const std::vector<Preset>& all_presets() {
-  static const std::vector<Preset> presets = {deepseek_v3(), qwen3_235b(),   gpt_oss_120b(),
+  static const std::vector<Preset> presets = {deepseek_v3(), kimi_k2(), qwen3_235b(),   gpt_oss_120b(),
                                               mixtral_8x22b(), qwen3_30b(), tiny_moe(),
                                               tiny_gptoss(),   tiny_deepseek(), small_moe()};
   return presets;
