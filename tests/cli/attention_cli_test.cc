@@ -33,6 +33,23 @@ TEST(AttentionCli, BenchRingPartAsOneRank) {
   EXPECT_LT(j["max_rel_err"].get<double>(), 1e-5);
 }
 
+// --window: the kernel part counts the tiles it computes against the causal kernel's and
+// times both; the ring runs the window too, exact against the whole-sequence kernel.
+TEST(AttentionCli, BenchWindowCountsTheSkippedTiles) {
+  CliRun r = run_cli("bench attention --seq-len 256 --heads 2 --kv-heads 1 --dim 8 --block-q 16 --block-k 16 "
+                     "--window 16 --reps 1 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["window"], 16);
+  EXPECT_EQ(j["forward_tiles"], 31);  // the diagonal 16 and the 15 just below it
+  EXPECT_EQ(j["backward_tiles"], 31);
+  EXPECT_EQ(j["causal_forward_tiles"], 16 * 17 / 2);
+  EXPECT_NEAR(j["window_skipped_tile_fraction"].get<double>(), 1.0 - 31.0 / 136.0, 1e-12);
+  EXPECT_TRUE(j.contains("causal_forward_seconds"));
+  EXPECT_LT(j["max_rel_err"].get<double>(), 1e-5);
+  testing::expect_one_line_error(run_cli("bench attention --window -1"), "--window");
+}
+
 TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
   CliRun v = run_mpi("verify attention --lengths 13 --head-ratios 2 --windows 0,4 --json", 2);

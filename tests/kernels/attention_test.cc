@@ -381,6 +381,53 @@ TEST(Attention, AccumulateWithNoVisibleKeyLeavesTheStateAlone) {
     }
 }
 
+// attention_tiles counts the tiles the kernels' loops visit: exactly the [Bq x Bk] tiles
+// that hold at least one visible (query, key) pair, in both passes (nothing outside the
+// window or after the queries is computed and masked), at odd tiles, windows and offsets.
+TEST(Attention, TilesComputedAreExactlyThoseWithAVisiblePair) {
+  for (const auto& [T, Tk, qo, ko, W, Bq, Bk] :
+       std::vector<std::tuple<int, int, int, int, int, int, int>>{{37, 0, 0, 0, 0, 8, 8},
+                                                                   {37, 0, 0, 0, 5, 8, 8},
+                                                                   {100, 0, 0, 0, 16, 7, 13},
+                                                                   {64, 0, 0, 0, 64, 16, 16},
+                                                                   {50, 0, 0, 0, 200, 9, 4},
+                                                                   {30, 45, 60, 10, 20, 6, 11},
+                                                                   {30, 20, 10, 40, 0, 8, 8},
+                                                                   {33, 17, 200, 0, 64, 5, 3}}) {
+    AttentionDims a;
+    a.tokens = T;
+    a.kv_tokens = Tk;
+    a.q_heads = a.kv_heads = 1;
+    a.qk_dim = a.v_dim = 4;
+    a.q_offset = qo;
+    a.k_offset = ko;
+    a.window = W;
+    a.block_q = Bq;
+    a.block_k = Bk;
+    std::int64_t want = 0;
+    for (std::int64_t i0 = 0; i0 < T; i0 += Bq)
+      for (std::int64_t j0 = 0; j0 < a.key_tokens(); j0 += Bk) {
+        bool any = false;
+        for (std::int64_t i = i0; i < std::min<std::int64_t>(i0 + Bq, T); ++i)
+          for (std::int64_t j = j0; j < std::min(j0 + Bk, a.key_tokens()); ++j)
+            any = any || (ko + j <= qo + i && (W == 0 || ko + j > qo + i - W));
+        want += any ? 1 : 0;
+      }
+    const AttentionTiles got = attention_tiles(a);
+    EXPECT_EQ(got.forward, want) << T << " " << W << " " << Bq << "x" << Bk << " at " << qo << "/" << ko;
+    EXPECT_EQ(got.backward, want) << T << " " << W << " " << Bq << "x" << Bk << " at " << qo << "/" << ko;
+  }
+  // A window of 16 over 1024 tokens at 64 x 64 tiles: 31 of the causal kernel's 528 per pass.
+  AttentionDims a;
+  a.tokens = 1024;
+  a.q_heads = a.kv_heads = 1;
+  a.qk_dim = a.v_dim = 4;
+  a.window = 16;
+  EXPECT_EQ(attention_tiles(a).forward, 31);
+  a.window = 0;
+  EXPECT_EQ(attention_tiles(a).forward, 16 * 17 / 2);
+}
+
 TEST(Attention, BadDimsThrowInvalidArgument) {
   AttentionDims a;
   a.tokens = 4;

@@ -121,7 +121,9 @@ double run_cases(Communicator& g) {
     cfg.precision = Precision::bf16;
     RingAttentionConfig f32 = cfg;
     f32.precision = Precision::f32;
-    if (cp > 1) EXPECT_EQ(2 * ring_attention_buffers(cfg, cp).kv_ring.bytes, ring_attention_buffers(f32, cp).kv_ring.bytes);
+    if (cp > 1) {
+      EXPECT_EQ(2 * ring_attention_buffers(cfg, cp).kv_ring.bytes, ring_attention_buffers(f32, cp).kv_ring.bytes);
+    }
     EXPECT_EQ(ring_attention_buffers(cfg, cp).dkv_ring.bytes, ring_attention_buffers(f32, cp).dkv_ring.bytes);
 
     const CpShard sh = zigzag_shard(c.S, cp, g.rank());

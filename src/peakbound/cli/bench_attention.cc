@@ -1,7 +1,11 @@
 // `peakbound bench attention`: the CPU flash attention kernel (ops/host_attention.h)
 // alone on one sequence, forward and backward timed separately (best of --reps after a
 // warm-up), as GFLOP/s of the causal block products: forward 2 P Hq (D + Dv), backward
-// 2 P Hq (3 D + 2 Dv) (S recomputed, dP, dV, dK, dQ), P = T (T + 1) / 2 visible pairs.
+// 2 P Hq (3 D + 2 Dv) (S recomputed, dP, dV, dK, dQ), P = T (T + 1) / 2 visible pairs
+// (with --window W: sum over rows of min(i + 1, W)). The tiles each pass computes per head
+// (kernels/attention_dims.h attention_tiles, the kernel's own loop bounds) are printed
+// beside the causal kernel's; with a window the causal kernel is timed too, so the time
+// saved by skipping (not masking) the blocks outside the window is measured in one run.
 // Under mpirun only rank 0 runs the kernel part (the others wait).
 //
 // Then ring attention (schedules/ring_attention.h) on the same --seq-len sequence for each
@@ -59,7 +63,7 @@ namespace peakbound::cli {
 namespace {
 
 struct BenchAttentionFlags {
-  std::int64_t tokens = 2048, heads = 8, kv_heads = 2, dim = 64, block_q = 64, block_k = 64;
+  std::int64_t tokens = 2048, heads = 8, kv_heads = 2, dim = 64, block_q = 64, block_k = 64, window = 0;
   int threads = 1, reps = 3;
   std::string cp_sizes = "1,2,4";
   bool json = true;
@@ -190,6 +194,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   a.block_q = f->block_q;
   a.block_k = f->block_k;
   a.threads = f->threads;
+  a.window = f->window;
   const auto T = static_cast<std::size_t>(a.tokens);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -215,7 +220,9 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                                      out.data(), lse.data(), a, ws.data(), p);
       },
       1, f->reps);
-  const double pairs = static_cast<double>(a.tokens) * static_cast<double>(a.tokens + 1) / 2.0;
+  // Visible (query, key) pairs: T (T + 1) / 2 causal; with a window W, row i sees min(i + 1, W).
+  const double Tn = static_cast<double>(a.tokens), Wn = static_cast<double>(std::min(a.window, a.tokens));
+  const double pairs = a.window > 0 ? Wn * (Wn + 1) / 2.0 + (Tn - Wn) * Wn : Tn * (Tn + 1) / 2.0;
   const double hq = static_cast<double>(a.q_heads), d = static_cast<double>(a.qk_dim), dvd = static_cast<double>(a.v_dim);
   const double fwd_flops = 2.0 * pairs * hq * (d + dvd), bwd_flops = 2.0 * pairs * hq * (3.0 * d + 2.0 * dvd);
   nlohmann::json j = {{"bench", "attention"},
@@ -226,6 +233,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"block_q", a.block_q},
                       {"block_k", a.block_k},
                       {"threads", a.threads},
+                      {"window", a.window},
                       {"workspace_floats", attention_workspace_floats(a)},
                       {"forward_seconds", fwd},
                       {"backward_seconds", bwd},
@@ -234,6 +242,28 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"load_average_before", load_before},
                       {"load_average_after", bench::load_average()},
                       {"machine", bench::machine_info()}};
+  // What the window saves: the [Bq x Bk] tiles each pass computes per head against the
+  // causal kernel's (window 0) on the same shape, and that kernel's times side by side.
+  AttentionDims causal = a;
+  causal.window = 0;
+  const AttentionTiles tiles = attention_tiles(a), full = attention_tiles(causal);
+  j["forward_tiles"] = tiles.forward;
+  j["backward_tiles"] = tiles.backward;
+  j["causal_forward_tiles"] = full.forward;
+  j["causal_backward_tiles"] = full.backward;
+  j["window_skipped_tile_fraction"] =
+      1.0 - static_cast<double>(tiles.forward + tiles.backward) / static_cast<double>(full.forward + full.backward);
+  if (a.window > 0) {
+    j["causal_forward_seconds"] = bench::best_seconds(
+        [&] { ops::host_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), causal, ws.data(), p); },
+        1, f->reps);
+    j["causal_backward_seconds"] = bench::best_seconds(
+        [&] {
+          ops::host_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                       out.data(), lse.data(), causal, ws.data(), p);
+        },
+        1, f->reps);
+  }
   return j;
 }
 
@@ -247,6 +277,10 @@ Command add_bench_attention(CLI::App& parent) {
   int_flag(c.app, "--dim", f->dim, "Head dimension D = Dv", 1, 1024);
   int_flag(c.app, "--block-q", f->block_q, "Query rows per tile", 1, 4096);
   int_flag(c.app, "--block-k", f->block_k, "Keys per tile", 1, 4096);
+  int_flag(c.app, "--window", f->window,
+           "Sliding window in keys (0: full causal); the kernel and the ring skip the blocks outside it, and the "
+           "kernel part prints the tiles computed against the causal kernel's and both kernels' times",
+           0, 1 << 30);
   int_flag(c.app, "--threads", f->threads, "Threads (a pool of this size; 1: the caller only)", 1, 256);
   int_flag(c.app, "--reps", f->reps, "Timed repetitions after one warm-up (best is kept; ring: the median)", 1, 100);
   text_flag(c.app, "--cp-sizes", f->cp_sizes,
@@ -282,6 +316,7 @@ Command add_bench_attention(CLI::App& parent) {
     a.block_q = f->block_q;
     a.block_k = f->block_k;
     a.threads = f->threads;
+    a.window = f->window;
     std::optional<ThreadPool> pool;
     if (a.threads > 1) pool.emplace(a.threads);
     ThreadPool* pp = pool ? &*pool : nullptr;

@@ -61,4 +61,19 @@ std::int64_t attention_workspace_floats(const AttentionDims& a, DType dtype) {
   return std::max(attention_forward_workspace_floats(a, dtype), attention_backward_workspace_floats(a, false, dtype));
 }
 
+AttentionTiles attention_tiles(const AttentionDims& a) {
+  check_attention_dims(a);
+  const std::int64_t Tq = a.tokens, Tk = a.key_tokens(), Bq = a.block_q, Bk = a.block_k;
+  AttentionTiles t;
+  for (std::int64_t i0 = 0; i0 < Tq; i0 += Bq) {
+    const TileRange r = attention_forward_keys(a, i0, std::min(i0 + Bq, Tq));
+    for (std::int64_t j0 = r.lo / Bk * Bk; r.lo < r.hi && j0 < r.hi; j0 += Bk) ++t.forward;
+  }
+  for (std::int64_t j0 = 0; j0 < Tk; j0 += Bk) {
+    const TileRange r = attention_backward_queries(a, j0, std::min(j0 + Bk, Tk) - j0);
+    for (std::int64_t i0 = r.lo / Bq * Bq; r.lo < r.hi && i0 < r.hi; i0 += Bq) ++t.backward;
+  }
+  return t;
+}
+
 }  // namespace peakbound

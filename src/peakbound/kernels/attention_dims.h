@@ -54,4 +54,36 @@ std::int64_t attention_backward_workspace_floats(const AttentionDims& a, bool ro
                                                  DType dtype = DType::f32);
 std::int64_t attention_workspace_floats(const AttentionDims& a, DType dtype = DType::f32);
 
+// The tiles the tiled kernels compute, and so the work a window saves: blocks wholly
+// outside the causal window are skipped, never computed and masked. Rows [lo, hi) of a
+// pass's inner loop (empty when lo >= hi); the CPU kernels iterate exactly these.
+struct TileRange {
+  std::int64_t lo = 0, hi = 0;
+};
+// Forward: the keys query rows [i0, i1) see: from the first key visible to row i0 (0
+// without a window) to the last visible to row i1 - 1, clipped to [0, Tk); the loop walks
+// them on the Bk grid from key row 0.
+inline TileRange attention_forward_keys(const AttentionDims& a, std::int64_t i0, std::int64_t i1) {
+  const std::int64_t d = a.q_offset - a.k_offset;
+  const std::int64_t hi = i1 + d < a.key_tokens() ? i1 + d : a.key_tokens();
+  const std::int64_t lo = a.window > 0 && i0 + d - a.window + 1 > 0 ? i0 + d - a.window + 1 : 0;
+  return {lo, hi};
+}
+// Backward: the query rows that see some key of keys [j0, j0 + cols): from the first key's
+// position to the last key's position + W (exclusive), clipped to [0, Tq); the loop walks
+// them on the Bq grid from query row 0.
+inline TileRange attention_backward_queries(const AttentionDims& a, std::int64_t j0, std::int64_t cols) {
+  const std::int64_t d = a.k_offset - a.q_offset;
+  const std::int64_t lo = j0 + d > 0 ? j0 + d : 0;
+  const std::int64_t last = j0 + cols - 1 + a.window + d;
+  const std::int64_t hi = a.window > 0 && last < a.tokens ? last : a.tokens;
+  return {lo, hi};
+}
+// [Bq x Bk] score tiles one call computes for one query head: forward (query tile, key
+// tile) pairs and backward (key tile, query tile) pairs, counted over the loops above.
+struct AttentionTiles {
+  std::int64_t forward = 0, backward = 0;
+};
+AttentionTiles attention_tiles(const AttentionDims& a);
+
 }  // namespace peakbound

@@ -103,7 +103,7 @@ template <typename T>
 void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, const AttentionDims& a,
                   float* workspace, ThreadPool* pool, Bf16GemmPath path) {
   check_attention_dims(a);
-  const std::int64_t Tq = a.tokens, Tk = a.key_tokens(), Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
+  const std::int64_t Tq = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.qk_dim, Dv = a.v_dim;
   const std::int64_t Bq = a.block_q, Bk = a.block_k, W = a.window, group = Hq / Hkv;
   // Global positions: query row i is qo + i, key row j is ko + j.
   const std::int64_t qo = a.q_offset, ko = a.k_offset;
@@ -130,8 +130,7 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
       }
       // Keys the tile sees: [first visible to row i0, last visible to row i1 - 1], on
       // the Bk grid from key row 0; none when the block lies after the tile.
-      const std::int64_t k_hi = std::min(Tk, i1 + qo - ko);
-      const std::int64_t k_lo = W > 0 ? std::max<std::int64_t>(0, i0 + qo - ko - W + 1) : 0;
+      const auto [k_lo, k_hi] = attention_forward_keys(a, i0, i1);
       for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
         const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
@@ -229,8 +228,7 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
         float* dv_tile = dv + (j0 * Hkv + g) * Dv;
         // Query rows that see some key of this tile: from the tile's first key's
         // position to its last key's position + W (exclusive), clipped to [0, T).
-        const std::int64_t q_lo = std::max<std::int64_t>(0, j0 + ko - qo);
-        const std::int64_t q_hi = W > 0 ? std::min(Tq, j0 + cols - 1 + W + ko - qo) : Tq;
+        const auto [q_lo, q_hi] = attention_backward_queries(a, j0, cols);
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
             const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
