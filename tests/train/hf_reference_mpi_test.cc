@@ -36,6 +36,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/io/safetensors.h"
 #include "peakbound/model/hf_config.h"
+#include "peakbound/model/tensor_table.h"
 #include "peakbound/train/fsdp_units.h"
 #include "peakbound/train/gpt_oss_experts.h"
 #include "peakbound/train/moe_transformer.h"
@@ -57,18 +58,21 @@ struct Variant {
   std::int64_t cp = 1;  // context parallel: consecutive groups of cp ranks share sequences
 };
 
-// Per checkpoint tensor (the reference's grad.<name>, in file order): dot with the fp32
-// reference, dot with the bf16 reference, |got|^2, |fp32|^2, |bf16|^2, elements seen.
+// Per trainable tensor of the model's table (the same list on every rank; gpt-oss's fused
+// experts as the trainer's pieces): dot with the fp32 reference, dot with the bf16
+// reference, |got|^2, |fp32|^2, |bf16|^2, elements seen.
 struct CosineSums {
   std::vector<std::string> names;
+  std::vector<std::int64_t> numel;
   std::map<std::string, std::size_t> index;
   std::vector<double> sums;  // 6 per tensor
-  explicit CosineSums(const SafeTensorsFile& ref) {
-    for (const SafeTensorInfo& t : ref.tensors())
-      if (t.name.rfind("grad.", 0) == 0) {
-        index[t.name.substr(5)] = names.size();
-        names.push_back(t.name.substr(5));
-      }
+  explicit CosineSums(const ModelConfig& c) {
+    TensorTable(c, TableLayout::trainer).for_each([&](const TensorEntry& e) {
+      if (is_router_buffer(e)) return;
+      index[e.name] = names.size();
+      names.push_back(e.name);
+      numel.push_back(e.numel());
+    });
     sums.assign(6 * names.size(), 0.0);
   }
   void add(const std::string& name, const float* got, const float* want32, const float* want16, std::int64_t n) {
@@ -86,19 +90,20 @@ struct CosineSums {
 };
 
 // The bf16 gradients' cosines, the sums taken over the world (each tensor counted once):
-// every tensor seen whole and >= kBf16Cosine against fp32; the worst printed by rank 0.
-void check_cosines(CosineSums& c, const SafeTensorsFile& ref, const std::string& what) {
+// every tensor seen whole and >= bound (kBf16Cosine unless the family's test says why not)
+// against fp32; the worst printed by rank 0.
+void check_cosines(CosineSums& c, const std::string& what, double bound) {
   Communicator& world = testing::world();
   world.all_reduce(c.sums.data(), c.sums.size(), DType::f64, ReduceOp::sum);
   double worst32 = 2, worst16 = 2;
   std::string name32, name16;
   for (std::size_t i = 0; i < c.names.size(); ++i) {
     const double* s = &c.sums[6 * i];
-    EXPECT_EQ(s[5], static_cast<double>(ref.info("grad." + c.names[i]).numel())) << "grad " << c.names[i];
+    EXPECT_EQ(s[5], static_cast<double>(c.numel[i])) << "grad " << c.names[i];
     // A gradient that is exactly zero in both (an expert no token chose) matches: cosine 1.
     const double c32 = s[2] == 0 && s[3] == 0 ? 1.0 : s[0] / std::sqrt(s[2] * s[3]);
     const double c16 = s[2] == 0 && s[4] == 0 ? 1.0 : s[1] / std::sqrt(s[2] * s[4]);
-    EXPECT_GE(c32, kBf16Cosine) << "grad " << c.names[i] << " cosine against transformers fp32 (" << what << ")";
+    EXPECT_GE(c32, bound) << "grad " << c.names[i] << " cosine against transformers fp32 (" << what << ")";
     if (!(c32 >= worst32)) worst32 = c32, name32 = c.names[i];
     if (!(c16 >= worst16)) worst16 = c16, name16 = c.names[i];
   }
@@ -190,7 +195,8 @@ double rel_err(const float* got, const std::vector<float>& want, std::int64_t wa
   return den > 0 ? num / den : num;
 }
 
-void check_family(const std::string& family, const Variant& v, Precision prec = Precision::f32) {
+void check_family(const std::string& family, const Variant& v, Precision prec = Precision::f32,
+                  double bf16_cosine = kBf16Cosine) {
   const bool bf = prec == Precision::bf16;
   SCOPED_TRACE(family + " " + v.name + (bf ? " bf16" : ""));
   Communicator& world = testing::world();
@@ -229,7 +235,7 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
   // Gradients: each store summed over its replica group, then every tensor this rank
   // holds against transformers' (the rows it holds). Under bf16 the cosine sums, each
   // tensor's rows counted on one rank of its replica group (the FSDP units on rank 0).
-  CosineSums cosines(ref);
+  CosineSums cosines(run.config);
   std::vector<ParameterStore*> stores = model.stores();
   std::vector<Communicator*> sgroups = model.store_groups();
   std::int64_t checked = 0;
@@ -247,7 +253,7 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
         EXPECT_LT(e, kTol) << "grad " << pv.name();
       }
       if (bf && sgroups[i]->rank() == 0) {
-        const std::vector<float> full16 = ref16.read_f32("grad." + pv.name());
+        const std::vector<float> full16 = reference_grad(ref16, run.config, pv);
         const auto at = static_cast<std::size_t>(pv.rows.begin * row);
         cosines.add(pv.name(), s.grad(pv), full.data() + at, full16.data() + at, pv.numel());
       }
@@ -280,7 +286,7 @@ void check_family(const std::string& family, const Variant& v, Precision prec = 
                 family.c_str(), v.name, bf ? " bf16" : "", W, static_cast<long long>(run.layout.ep),
                 static_cast<long long>(run.layout.cp), got_ce, want_ce,
                 aux, want_aux, worst);
-  if (bf) check_cosines(cosines, ref, family + " " + v.name + " bf16");
+  if (bf) check_cosines(cosines, family + " " + v.name + " bf16", bf16_cosine);
 }
 
 const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident};
@@ -395,6 +401,17 @@ TEST(HfReference, Qwen2MoeBf16MatchesTransformers) {
 // fp32 run.)
 TEST(HfReference, MixtralBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("mixtral", v, Precision::bf16);
+}
+
+// gpt-oss under bf16: the sinks, biases, windows and clamped SwiGLU in bf16 (transformers
+// keeps no gpt-oss weight in fp32). Held to cosine 0.98 against fp32, not 0.999: this
+// fixture's bf16 noise is far larger than the other families' in transformers too (its own
+// bf16 run has gradient cosines 0.88-0.997 against its fp32, the layer 1 router weight
+// worst); here the worst is 0.9805 (layer 0, expert 5's gate bias), every tensor outside
+// the experts >= 0.9915 (layer 1's k_proj bias), and the loss within 2.7e-4 of
+// transformers' fp32.
+TEST(HfReference, GptOssBf16MatchesTransformers) {
+  for (const Variant& v : bf16_variants()) check_family("gpt_oss", v, Precision::bf16, 0.98);
 }
 
 }  // namespace
