@@ -43,6 +43,17 @@ Widths widths(const AttentionLayerConfig& c) {
   return {c.q_heads * qk_dim(c), c.kv_heads * qk_dim(c), c.kv_heads * val_dim(c), c.q_heads * val_dim(c)};
 }
 
+// MLA's sizes: hidden, query heads, the two ranks, the nope / rope / value head dims, the
+// q/k head width and kv_b_proj's output width Hq (nope + v).
+struct MlaSizes {
+  std::int64_t H, Hq, Rq, Rkv, dn, dr, dv, qk, kvw;
+};
+MlaSizes mla_sizes(const AttentionLayerConfig& c) {
+  return {c.hidden,      c.q_heads,     c.q_lora_rank, c.kv_lora_rank,
+          c.qk_nope_dim, c.qk_rope_dim, c.v_dim,       c.qk_nope_dim + c.qk_rope_dim,
+          c.q_heads * (c.qk_nope_dim + c.v_dim)};
+}
+
 AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   AttentionDims d;
   d.tokens = T;
@@ -470,8 +481,7 @@ template <class A>
 void AttentionLayer::mla_project(Internals& in, std::int64_t T, std::int64_t S) {
   Stream& s = dev_.compute_stream();
   const Widths w = widths(cfg_);
-  const std::int64_t H = cfg_.hidden, Hq = cfg_.q_heads, Rq = cfg_.q_lora_rank, Rkv = cfg_.kv_lora_rank;
-  const std::int64_t dn = cfg_.qk_nope_dim, dr = cfg_.qk_rope_dim, dv = cfg_.v_dim, qk = dn + dr, kvw = Hq * (dn + dv);
+  const auto [H, Hq, Rq, Rkv, dn, dr, dv, qk, kvw] = mla_sizes(cfg_);
   const ops::ColumnOrder order = cfg_.rope_interleave ? ops::ColumnOrder::deinterleave : ops::ColumnOrder::same;
   float* tile = in.tile.as<float>();
   const A* h = in.h.as<A>();
@@ -520,8 +530,7 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
                                   float* dkr32, float* tile) {
   Stream& s = dev_.compute_stream();
   const Widths w = widths(cfg_);
-  const std::int64_t H = cfg_.hidden, Hq = cfg_.q_heads, Rq = cfg_.q_lora_rank, Rkv = cfg_.kv_lora_rank;
-  const std::int64_t dn = cfg_.qk_nope_dim, dr = cfg_.qk_rope_dim, dvd = cfg_.v_dim, qk = dn + dr, kvw = Hq * (dn + dvd);
+  const auto [H, Hq, Rq, Rkv, dn, dr, dvd, qk, kvw] = mla_sizes(cfg_);
   const ops::ColumnOrder back = cfg_.rope_interleave ? ops::ColumnOrder::interleave : ops::ColumnOrder::same;
   A* h = in.h.as<A>();
   // The queries' rope columns: RoPE's backward, back to the projection's column order.
