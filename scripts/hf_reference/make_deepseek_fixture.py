@@ -48,6 +48,8 @@ import transformers
 from safetensors.torch import save_file
 from transformers import DeepseekV3Config
 
+from sublayer_seed import seed_parameters, sublayer_params
+
 SEED = 31
 MLP = dict(T=31, H=24, F=10, E=8, K=3, n_group=4, topk_group=2, n_shared=2, routed_scaling_factor=2.5,
            norm_topk_prob=True, rms_norm_eps=1e-6)
@@ -64,17 +66,11 @@ def mlp_case(g):
     cfg._experts_implementation = "eager"
     mlp = DeepseekV3MoE(cfg).float()
     norm = DeepseekV3RMSNorm(M["H"], eps=cfg.rms_norm_eps)
-    params = {"post_attention_layernorm.weight": norm.weight}
-    for n, t in mlp.named_parameters():
-        params["mlp." + n] = t
+    params = sublayer_params("post_attention_layernorm.weight", norm, "mlp.", mlp)
+    # The fused experts [E, out, in] by their input width, the rest by their last axis.
+    seed_parameters(params, g, lambda n, t, r: r / t.shape[2] ** 0.5 if n.startswith("mlp.experts.")
+                    else r / t.shape[-1] ** 0.5)
     with torch.no_grad():
-        for n, t in params.items():
-            if n.endswith("layernorm.weight"):
-                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
-            elif n.startswith("mlp.experts."):  # fused [E, out, in]
-                t.copy_(torch.randn(t.shape, generator=g) / t.shape[2] ** 0.5)
-            else:
-                t.copy_(torch.randn(t.shape, generator=g) / t.shape[-1] ** 0.5)
         mlp.gate.e_score_correction_bias.copy_(0.05 * torch.randn(M["E"], generator=g))
     x = torch.randn(1, M["T"], M["H"], generator=g).requires_grad_(True)
     y = x + mlp(norm(x))
@@ -138,17 +134,9 @@ def attention_case(g, case):
     attn = DeepseekV3Attention(cfg, 0).float()
     norm = DeepseekV3RMSNorm(A["H"], eps=cfg.rms_norm_eps)
     rope = DeepseekV3RotaryEmbedding(cfg)
-    params = {"input_layernorm.weight": norm.weight}
-    for n, t in attn.named_parameters():
-        params["self_attn." + n] = t
-    with torch.no_grad():
-        for n, t in params.items():
-            if n.endswith("layernorm.weight"):
-                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
-            elif n.endswith("weight"):
-                t.copy_(torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
-            else:  # biases
-                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    params = sublayer_params("input_layernorm.weight", norm, "self_attn.", attn)
+    # Weights by their input width, biases 0.5 r.
+    seed_parameters(params, g, lambda n, t, r: r / t.shape[1] ** 0.5 if n.endswith("weight") else 0.5 * r)
     T = A["T"]
     x = torch.randn(1, T, A["H"], generator=g).requires_grad_(True)
     cos, sin = rope(x, torch.arange(T)[None])

@@ -49,6 +49,8 @@ from safetensors.torch import save_file
 from transformers import GptOssConfig
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
+from sublayer_seed import seed_parameters, sublayer_params
+
 T, I = 23, 13
 SEED = 77
 ATT = dict(T=29, Hq=4, Hkv=2, D=8)
@@ -96,17 +98,9 @@ def layer_case(g, layer_type):
     attn = GptOssAttention(cfg, 0).float()
     norm = GptOssRMSNorm(L["H"], eps=cfg.rms_norm_eps)
     rope = GptOssRotaryEmbedding(cfg)
-    params = {"input_layernorm.weight": norm.weight}
-    for n, t in attn.named_parameters():
-        params["self_attn." + n] = t
-    with torch.no_grad():
-        for n, t in params.items():
-            if n.endswith("layernorm.weight"):
-                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
-            elif n.endswith("weight"):
-                t.copy_(torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
-            else:  # biases and sinks
-                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    params = sublayer_params("input_layernorm.weight", norm, "self_attn.", attn)
+    # Weights by their input width, biases and sinks 0.5 r.
+    seed_parameters(params, g, lambda n, t, r: r / t.shape[1] ** 0.5 if n.endswith("weight") else 0.5 * r)
     T = L["T"]
     x = torch.randn(1, T, L["H"], generator=g).requires_grad_(True)
     pos = torch.arange(T)[None]
@@ -138,19 +132,16 @@ def mlp_case(g):
     cfg._experts_implementation = "eager"
     mlp = GptOssMLP(cfg).float()
     norm = GptOssRMSNorm(M["H"], eps=cfg.rms_norm_eps)
-    params = {"post_attention_layernorm.weight": norm.weight}
-    for n, t in mlp.named_parameters():
-        params["mlp." + n] = t
-    with torch.no_grad():
-        for n, t in params.items():
-            if n.endswith("layernorm.weight"):
-                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g))
-            elif n == "mlp.router.weight":
-                t.copy_(torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
-            elif n in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, in, out]
-                t.copy_(4.0 * torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5)
-            else:  # biases
-                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    params = sublayer_params("post_attention_layernorm.weight", norm, "mlp.", mlp)
+
+    def draw(n, t, r):
+        if n == "mlp.router.weight":
+            return r / t.shape[1] ** 0.5
+        if n in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, in, out]
+            return 4.0 * r / t.shape[1] ** 0.5
+        return 0.5 * r  # biases
+
+    seed_parameters(params, g, draw)
     x = torch.randn(1, M["T"], M["H"], generator=g).requires_grad_(True)
     o, _ = mlp(norm(x))
     y = x + o
