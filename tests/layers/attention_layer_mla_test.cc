@@ -114,8 +114,12 @@ Errors compare(const std::string& c, const AttentionLayerConfig& cfg, bool expec
   for (std::size_t i = 0; i < n.size() && i < r.grads.size(); ++i) {
     const Vec want = f.read_f32(at + "grad." + n[i]);
     const double g = max_relative(r.grads[i], want), cs = cosine(r.grads[i], want);
-    if (expect && cfg.precision == Precision::f32) EXPECT_LE(g, 1e-5) << c << " grad " << n[i];
-    if (expect && cfg.precision == Precision::bf16) EXPECT_GE(cs, 0.999) << c << " grad " << n[i];
+    if (expect && cfg.precision == Precision::f32) {
+      EXPECT_LE(g, 1e-5) << c << " grad " << n[i];
+    }
+    if (expect && cfg.precision == Precision::bf16) {
+      EXPECT_GE(cs, 0.999) << c << " grad " << n[i];
+    }
     e.grad = std::max(e.grad, g);
     e.grad_cos = std::min(e.grad_cos, cs);
   }

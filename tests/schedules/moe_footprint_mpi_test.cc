@@ -69,7 +69,9 @@ void expect_footprint(Skew skew, std::int64_t top_k, std::int64_t cap, std::int6
     EXPECT_EQ(fp.device_peak(Component::dispatch), std::max(phase_bytes(fp, "forward"), phase_bytes(fp, "backward")));
     EXPECT_EQ(fp.device_peak(Component::dispatch), dispatch_peak_bytes(sp.shape, d.stats().sizes, sizeof(float)));
     // The budget bounds what PipelinedLLEP holds.
-    if (round_bytes && kind == DispatchKind::pipelined_llep) EXPECT_LE(fp.device_peak(Component::dispatch), round_bytes);
+    if (round_bytes && kind == DispatchKind::pipelined_llep) {
+      EXPECT_LE(fp.device_peak(Component::dispatch), round_bytes);
+    }
   }
 }
 
