@@ -172,6 +172,89 @@ TEST(MoeRouterSigmoid, MatchesADoubleReferenceAndItsBackwardTheCentralDifference
   }
 }
 
+// The sequence-wise balance loss: statistics, loss and weights against a naive double
+// computation, its gradient (joined to the routing's, in place) against central differences
+// of the whole sum(weights * dw) + L with the selection held, sequences of several lengths;
+// and the statistics of a sequence split over two ranks summing to the whole's.
+TEST(MoeRouterSigmoid, SequenceBalanceLossMatchesADoubleReferenceAndItsGradientTheCentralDifferences) {
+  struct Shape {
+    std::int64_t T, S, E, K;
+    SigmoidRouting r;
+  };
+  std::mt19937 rng(11);
+  std::normal_distribution<double> n(0.0, 1.0);
+  const double coef = 0.3;
+  for (const Shape& sh : {Shape{12, 4, 8, 2, {4, 2, true, 2.5f}}, Shape{10, 5, 6, 3, {3, 2, true, 1.0f}},
+                          Shape{9, 9, 12, 4, {1, 1, false, 1.0f}}}) {
+    SCOPED_TRACE("T " + std::to_string(sh.T) + " S " + std::to_string(sh.S) + " E " + std::to_string(sh.E));
+    const std::int64_t T = sh.T, S = sh.S, E = sh.E, K = sh.K, B = T / S;
+    std::vector<double> logits(T * E), bias(E), dw(T * K);
+    for (double& x : logits) x = static_cast<float>(2.0 * n(rng));
+    for (double& x : bias) x = static_cast<float>(0.1 * n(rng));
+    for (double& x : dw) x = static_cast<float>(n(rng));
+    const std::vector<float> lf(logits.begin(), logits.end()), bf(bias.begin(), bias.end()), dwf(dw.begin(), dw.end());
+    const Routed o = route(lf, bf, T, E, K, sh.r);
+    // The naive loss: routing term + coef sum_b sum_i f_bi P_bi, selection held.
+    auto total = [&](const std::vector<double>& l) {
+      const Ref x = reference(l, bias, T, E, K, sh.r, &o.ids);
+      double sum = std::inner_product(x.weights.begin(), x.weights.end(), dw.begin(), 0.0);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < E; ++i) {
+          double count = 0, P = 0;
+          for (std::int64_t t = b * S; t < (b + 1) * S; ++t) {
+            double Z = 0;
+            for (std::int64_t j = 0; j < E; ++j) Z += x.scores[t * E + j];
+            P += x.scores[t * E + i] / Z / static_cast<double>(S);
+            for (std::int64_t k = 0; k < K; ++k) count += o.ids[t * K + k] == i ? 1 : 0;
+          }
+          sum += coef * static_cast<double>(E) / static_cast<double>(K * S) * count * P;
+        }
+      return sum;
+    };
+    std::vector<float> counts(B * E, 0.0f), psum(B * E, 0.0f), w(B * E);
+    cpu::moe_router_seq_stats(counts.data(), psum.data(), o.scores.data(), o.ids.data(), T, E, K, S);
+    // Split: each sequence's first ceil(S/2) rows on one rank, the rest on the other.
+    const std::int64_t a = (S + 1) / 2;
+    if (S - a > 0 && a == S - a) {
+      std::vector<float> s0, s1;
+      std::vector<std::int32_t> i0, i1;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const bool first = t % S < a;
+        auto& sc = first ? s0 : s1;
+        auto& id = first ? i0 : i1;
+        sc.insert(sc.end(), o.scores.begin() + t * E, o.scores.begin() + (t + 1) * E);
+        id.insert(id.end(), o.ids.begin() + t * K, o.ids.begin() + (t + 1) * K);
+      }
+      std::vector<float> c2(B * E, 0.0f), p2(B * E, 0.0f);
+      cpu::moe_router_seq_stats(c2.data(), p2.data(), s0.data(), i0.data(), B * a, E, K, a);
+      cpu::moe_router_seq_stats(c2.data(), p2.data(), s1.data(), i1.data(), B * a, E, K, a);
+      EXPECT_EQ(c2, counts);
+      EXPECT_LT(cpu::relative_error(p2.data(), psum.data(), B * E), 1e-6);
+    }
+    double loss = 0;
+    cpu::moe_router_seq_aux_weights(&loss, w.data(), counts.data(), psum.data(), B, E, K, S, coef, 1.0);
+    const Ref plain = reference(logits, bias, T, E, K, sh.r, &o.ids);
+    const double routing = std::inner_product(plain.weights.begin(), plain.weights.end(), dw.begin(), 0.0);
+    EXPECT_NEAR(loss, total(logits) - routing, 1e-6 * std::abs(total(logits) - routing));
+    std::vector<float> d = o.scores;
+    cpu::moe_router_sigmoid_backward(d.data(), dwf.data(), d.data(), o.ids.data(), T, E, K, sh.r, w.data(), S);
+    std::vector<float> fd(d.size());
+    const double h = 1e-6;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      std::vector<double> up = logits, down = logits;
+      up[i] += h;
+      down[i] -= h;
+      fd[i] = static_cast<float>((total(up) - total(down)) / (2 * h));
+    }
+    EXPECT_LT(cpu::relative_error(d.data(), fd.data(), static_cast<std::int64_t>(d.size())), 1e-5);
+    // Every expert's logit moves (the balance term reaches the unchosen ones too).
+    std::int64_t moved = 0;
+    for (float x : d) moved += x != 0.0f ? 1 : 0;
+    EXPECT_EQ(moved, T * E);
+  }
+  EXPECT_THROW(cpu::moe_router_seq_stats(nullptr, nullptr, nullptr, nullptr, 10, 4, 2, 3), InvalidArgument);
+}
+
 TEST(MoeRouterSigmoid, TiesGoToTheLowerGroupAndExpertAndTheBiasSteersOnlyTheChoice) {
   const SigmoidRouting r{4, 2, true, 1.0f};
   const std::vector<float> zero(16, 0.0f);

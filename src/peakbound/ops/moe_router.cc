@@ -50,10 +50,18 @@ void moe_router_sigmoid_forward(Device& dev, Stream& s, float* scores, std::int3
 
 void moe_router_sigmoid_backward(Device& dev, Stream& s, float* dlogits, const float* dweights, const float* scores,
                                  const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
-                                 const SigmoidRouting& r) {
-  dispatch(dev, s, "moe_router_sigmoid_backward", {dlogits, dweights, scores, ids},
+                                 const SigmoidRouting& r, const float* seq_w, std::int64_t seq_tokens) {
+  dispatch(dev, s, "moe_router_sigmoid_backward", {dlogits, dweights, scores, ids, seq_w},
            [&](void*) { no_kernel(dev, "moe_router_sigmoid_backward"); },
-           [=] { cpu::moe_router_sigmoid_backward(dlogits, dweights, scores, ids, T, E, K, r); });
+           [=] { cpu::moe_router_sigmoid_backward(dlogits, dweights, scores, ids, T, E, K, r, seq_w, seq_tokens); });
+}
+
+void moe_router_seq_stats(Device& dev, Stream& s, float* counts, float* psum, const float* scores,
+                          const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
+                          std::int64_t seq_tokens) {
+  dispatch(dev, s, "moe_router_seq_stats", {counts, psum, scores, ids},
+           [&](void*) { no_kernel(dev, "moe_router_seq_stats"); },
+           [=] { cpu::moe_router_seq_stats(counts, psum, scores, ids, T, E, K, seq_tokens); });
 }
 
 void moe_router_bias_update(Device& dev, Stream& s, float* correction, const float* load, std::int64_t E,

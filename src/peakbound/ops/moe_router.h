@@ -32,9 +32,15 @@ using cpu::SigmoidRouting;
 void moe_router_sigmoid_forward(Device& dev, Stream& s, float* scores, std::int32_t* ids, float* weights,
                                 const float* logits, const float* correction, std::int64_t T, std::int64_t E,
                                 std::int64_t K, const SigmoidRouting& r);
+// seq_w [T / seq_tokens, E] or null: the sequence-wise balance loss's term (the kernel's).
 void moe_router_sigmoid_backward(Device& dev, Stream& s, float* dlogits, const float* dweights, const float* scores,
                                  const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
-                                 const SigmoidRouting& r);
+                                 const SigmoidRouting& r, const float* seq_w = nullptr,
+                                 std::int64_t seq_tokens = 0);
+// The sequence-wise balance loss's statistics [T / seq_tokens, E] each, ADDED INTO.
+void moe_router_seq_stats(Device& dev, Stream& s, float* counts, float* psum, const float* scores,
+                          const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
+                          std::int64_t seq_tokens);
 void moe_router_bias_update(Device& dev, Stream& s, float* correction, const float* load, std::int64_t E,
                             float speed);
 

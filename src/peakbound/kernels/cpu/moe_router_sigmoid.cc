@@ -76,14 +76,40 @@ void moe_router_sigmoid_forward(float* scores, std::int32_t* ids, float* weights
   }
 }
 
+namespace {
+
+void check_seq_tokens(std::int64_t T, std::int64_t seq_tokens, const char* what) {
+  if (seq_tokens < 1 || T % seq_tokens != 0)
+    throw InvalidArgument(std::string(what) + ": seq_tokens must be >= 1 and divide the " + std::to_string(T) +
+                          " tokens, got " + std::to_string(seq_tokens));
+}
+
+}  // namespace
+
 void moe_router_sigmoid_backward(float* dlogits, const float* dweights, const float* scores,
                                  const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
-                                 const SigmoidRouting& r) {
+                                 const SigmoidRouting& r, const float* seq_w, std::int64_t seq_tokens) {
   check_sigmoid_routing(E, K, r);
+  if (seq_w != nullptr) check_seq_tokens(T, seq_tokens, "moe_router_sigmoid_backward");
   const double c = r.routed_scaling_factor;
   std::vector<double> sel(static_cast<std::size_t>(K));
+  std::vector<double> row(seq_w != nullptr ? static_cast<std::size_t>(E) : 0);
   for (std::int64_t t = 0; t < T; ++t) {
     const float* s = scores + t * E;
+    // The sequence-wise term's coefficient per expert, from the row read whole before
+    // dlogits (which may alias it) is written.
+    if (seq_w != nullptr) {
+      const float* w = seq_w + (t / seq_tokens) * E;
+      double Z = 0.0, A = 0.0;
+      for (std::int64_t i = 0; i < E; ++i) {
+        Z += s[i];
+        A += static_cast<double>(w[i]) * s[i];
+      }
+      for (std::int64_t i = 0; i < E; ++i) {
+        const double si = s[i];
+        row[static_cast<std::size_t>(i)] = (w[i] / Z - A / (Z * Z)) * si * (1.0 - si);
+      }
+    }
     const std::int32_t* id = ids + t * K;
     const float* dw = dweights + t * K;
     double sum = 0.0, dot = 0.0;  // sum_k s_k, sum_k dw_k s_k
@@ -100,7 +126,42 @@ void moe_router_sigmoid_backward(float* dlogits, const float* dweights, const fl
       const double ds = r.norm_topk_prob ? c * (dw[k] * D - dot) / (D * D) : c * dw[k];
       dl[id[k]] = static_cast<float>(ds * sk * (1.0 - sk));
     }
+    if (seq_w != nullptr) {
+      for (std::int64_t i = 0; i < E; ++i)
+        dl[i] = static_cast<float>(static_cast<double>(dl[i]) + row[static_cast<std::size_t>(i)]);
+    }
   }
+}
+
+void moe_router_seq_stats(float* counts, float* psum, const float* scores, const std::int32_t* ids, std::int64_t T,
+                          std::int64_t E, std::int64_t K, std::int64_t seq_tokens) {
+  check_seq_tokens(T, seq_tokens, "moe_router_seq_stats");
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float* s = scores + t * E;
+    const std::int64_t b = t / seq_tokens;
+    double Z = 0.0;
+    for (std::int64_t i = 0; i < E; ++i) Z += s[i];
+    float* ps = psum + b * E;
+    for (std::int64_t i = 0; i < E; ++i) ps[i] = static_cast<float>(ps[i] + s[i] / Z);
+    for (std::int64_t k = 0; k < K; ++k) counts[b * E + ids[t * K + k]] += 1.0f;
+  }
+}
+
+void moe_router_seq_aux_weights(double* loss, float* seq_w, const float* counts, const float* psum,
+                                std::int64_t B, std::int64_t E, std::int64_t K, std::int64_t S, double coef,
+                                double scale) {
+  if (B < 0 || E < 1 || K < 1 || K > E || S < 1)
+    throw InvalidArgument("moe_router_seq_aux_weights: need B >= 0, 1 <= K <= E and S >= 1, got B " +
+                          std::to_string(B) + ", E " + std::to_string(E) + ", K " + std::to_string(K) + ", S " +
+                          std::to_string(S));
+  const double fk = static_cast<double>(E) / (static_cast<double>(K) * static_cast<double>(S));
+  double sum = 0.0;
+  for (std::int64_t x = 0; x < B * E; ++x) {
+    const double f = fk * counts[x];
+    sum += coef * f * (psum[x] / static_cast<double>(S));
+    if (seq_w != nullptr) seq_w[x] = static_cast<float>(scale * coef * f / static_cast<double>(S));
+  }
+  if (loss != nullptr) *loss = sum;
 }
 
 void moe_router_bias_update(float* bias, const float* load, std::int64_t E, float speed) {

@@ -44,9 +44,35 @@ void moe_router_sigmoid_forward(float* scores, std::int32_t* ids, float* weights
 //   ds_k = c dw_k                                     (no renormalization)
 //        = c (dw_k D - sum_j dw_j s_j) / D^2          (norm_topk_prob)
 //   dlogits[t, ids[t, k]] = ds_k s_k (1 - s_k)        (sigmoid), in double, stored in f32
+//
+// With seq_w (non-null), the sequence-wise balance loss's term is added for every expert:
+// token t belongs to local sequence b = t / seq_tokens, and with Z = sum_j s_j (every
+// expert's score) and A = sum_j seq_w[b, j] s_j,
+//   dlogits[t, i] += (seq_w[b, i] / Z - A / Z^2) s_i (1 - s_i)
+// (moe_router_seq_aux_weights gives seq_w: d loss / d s'_i of the normalised scores).
 void moe_router_sigmoid_backward(float* dlogits, const float* dweights, const float* scores,
                                  const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
-                                 const SigmoidRouting& r);
+                                 const SigmoidRouting& r, const float* seq_w = nullptr,
+                                 std::int64_t seq_tokens = 0);
+
+// DeepSeek-V3's complementary sequence-wise balance loss (its report's eqs. 17-20), per MoE
+// layer and sequence of S tokens, on the sigmoid scores s (without the bias) and the choice:
+//   f_i = E / (K S) * #{t : i in ids[t]},   P_i = (1/S) sum_t s_ti / sum_j s_tj,
+//   L   = alpha sum_i f_i P_i
+// A rank may hold part of each sequence (context parallelism): its T rows are its
+// T / seq_tokens local sequences of seq_tokens rows each, and the caller sums the statistics
+// over the ranks sharing the sequences.
+// Statistics: counts [T / seq_tokens, E] (the selections) and psum [T / seq_tokens, E] (the
+// normalised scores' sums) ADDED INTO. seq_tokens >= 1 divides T.
+void moe_router_seq_stats(float* counts, float* psum, const float* scores, const std::int32_t* ids, std::int64_t T,
+                          std::int64_t E, std::int64_t K, std::int64_t seq_tokens);
+// From the summed statistics of B sequences of S tokens each: loss (may be null) WRITTEN as
+// sum over the B sequences of L (alpha = coef), and seq_w [B, E] WRITTEN as d (scale * that
+// sum) / d s'_ti = scale * coef * f_i / S for a token of that sequence. seq_w may alias
+// counts.
+void moe_router_seq_aux_weights(double* loss, float* seq_w, const float* counts, const float* psum,
+                                std::int64_t B, std::int64_t E, std::int64_t K, std::int64_t S, double coef,
+                                double scale);
 
 // Auxiliary-loss-free balancing, after a step: with load[e] the token-copies routed to e
 // over the step (every rank's, every micro-batch's) and mean = sum load / E,
