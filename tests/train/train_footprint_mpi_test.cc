@@ -44,9 +44,17 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintContextParallel) {
 // DeepSeek-V3's router state (the tiny dots.llm1 fixture: two MoE layers with a correction
 // bias each, their loads, a dense layer 0, a sliding layer 2): measured == footprint.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintSigmoidRouter) {
-  const ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/dots1");
+  ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/dots1");
   check(testing::world(), kNone, c);
   check(testing::world(), kAll, c);
+  // With the sequence-wise balance loss: its statistics [M, sequences, E] held through the pass,
+  // ranks without tokens (none) included, and under context parallelism 2.
+  c.seq_aux_loss_coef = 1e-3;
+  check(testing::world(), kAll, c);
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < testing::world().size(); ++r) seqs.push_back(r % 2 == 0 ? 3 : 0);
+  check(testing::world(), kNone, c, nullptr, seqs);
+  if (testing::world().size() % 2 == 0) check(testing::world(), kAll, c, nullptr, {}, 2, 27);
 }
 
 // Multi-head latent attention (the tiny DeepSeek-V3 fixture: its latent, rope key and

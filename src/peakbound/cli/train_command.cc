@@ -129,6 +129,9 @@ Command add_train(CLI::App& parent) {
   real_flag(app, "--bias-update-speed", f->run.bias_update_speed,
             "DeepSeek-V3's aux-loss-free balancing: per-step move of each router correction bias (0 = frozen)", 0.0,
             1.0);
+  real_flag(app, "--seq-aux-coef", f->run.seq_aux_coef,
+            "DeepSeek-V3's sequence-wise balance loss: its alpha (sigmoid routers; the report's 0.0001; 0 = off)", 0.0,
+            1.0);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

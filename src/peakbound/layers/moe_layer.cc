@@ -291,6 +291,11 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
                        in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums,
                        cfg_.router_bias ? p_.w_gate_bias.data<A>() : nullptr,
                        cfg_.score_correction ? p_.correction.data<float>() : nullptr);
+    if (!for_backward && aux_ != nullptr && aux_->seq_counts != nullptr) {
+      const std::int64_t at = cfg_.moe_index * aux_->seq_stride;
+      ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + at, aux_->seq_psum + at, in.probs.as<float>(),
+                                in.ids.as<std::int32_t>(), T, cfg_.experts, cfg_.top_k, aux_->seq_tokens);
+    }
     if (!for_backward && p_.loads.raw() != nullptr && (aux_ == nullptr || aux_->count_loads))
       ops::moe_router_stats(dev_, s, p_.loads.data<float>(), nullptr, in.probs.as<float>(),
                             in.ids.as<std::int32_t>(), T, cfg_.experts, cfg_.top_k);
@@ -420,14 +425,18 @@ void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) 
     // Router: dlogits (with the aux term) into probs, dW_gate added, dh added.
     const MoeRouterShape rs = router_shape(T, cfg_);
     const float* aux_grad = aux_ != nullptr ? aux_->aux_grad : nullptr;
+    const bool seq = aux_ != nullptr && aux_->seq_counts != nullptr && aux_->seq_grad;
+    const float* seq_w = seq ? aux_->seq_counts + cfg_.moe_index * aux_->seq_stride : nullptr;
+    const std::int64_t seq_tokens = seq ? aux_->seq_tokens : 0;
     if constexpr (std::is_same_v<A, float>)
       moe_router_backward(dev_, s, rs, h, p_.w_gate.data<float>(), d_weights.as<float>(), in.probs.as<float>(),
                           in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
-                          cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr);
+                          cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr, seq_w, seq_tokens);
     else
       moe_router_backward(dev_, s, rs, h, p_.w_gate.data<bf16>(), d_weights.as<float>(), in.probs.as<float>(),
                           in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
-                          d_logits16.as<bf16>(), tile, cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr);
+                          d_logits16.as<bf16>(), tile, cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr,
+                          seq_w, seq_tokens);
     dh_written = true;
   }
   if (T == 0) return;

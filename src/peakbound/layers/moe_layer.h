@@ -98,6 +98,9 @@ struct MoeLayerConfig {
   std::int64_t side_tile = kSideFfnTileRows;
   DispatchKind kind = DispatchKind::standard_ep;
   DispatchOptions dispatch;
+  // Which MoE layer of the model this is (0, 1, ...): its slice of MoeAuxState's
+  // per-layer statistics.
+  std::int64_t moe_index = 0;
   // The activation and parameter precision (the dispatch's too); f32 by default.
   Precision precision = Precision::f32;
 
@@ -153,11 +156,21 @@ struct MoeLayerTensors {
 //                      backward's recompute adds nothing)
 //   aux_grad           backward reads it (d aux / d probs per expert; null: no aux loss)
 //   count_loads        false: no forward adds into MoeLayerTensors::loads (an evaluation)
+// DeepSeek-V3's sequence-wise balance loss (sigmoid scoring; null seq_counts: off), per MoE
+// layer m (MoeLayerConfig::moe_index) at m * seq_stride, [sequences, E] each:
+//   seq_counts, seq_psum  forward (not the recompute) ADDS ops::moe_router_seq_stats over
+//                      local sequences of seq_tokens rows
+//   seq_grad           true: seq_counts now hold the weights seq_w the backward adds
 struct MoeAuxState {
   float* counts = nullptr;
   float* prob_sums = nullptr;
   const float* aux_grad = nullptr;
   bool count_loads = true;
+  float* seq_counts = nullptr;
+  float* seq_psum = nullptr;
+  std::int64_t seq_stride = 0;
+  std::int64_t seq_tokens = 0;
+  bool seq_grad = false;
 };
 
 // One call's internals on T tokens (Component::layer); "(act)": elements of elem_bytes.

@@ -43,15 +43,18 @@ void router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x
 template <class A>
 void router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const A* x, const A* w_gate,
                      const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                     float* dw_gate, A* dx, bool accumulate_dx, A* d_logits16, float* tile, float* dbias) {
+                     float* dw_gate, A* dx, bool accumulate_dx, A* d_logits16, float* tile, float* dbias,
+                     const float* seq_w, std::int64_t seq_tokens) {
   check_moe_router_shape(s);
   const std::int64_t T = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
   if (T == 0) return;
   float* dlogits = probs;  // probs are read for the last time by the backward kernel
   if (s.scoring == RouterScoring::sigmoid) {
     PB_CHECK_MSG(aux_grad == nullptr, "moe router: sigmoid scoring takes no aux-loss gradient");
-    ops::moe_router_sigmoid_backward(dev, st, dlogits, d_weights, probs, ids, T, E, K, sigmoid_routing(s));
+    ops::moe_router_sigmoid_backward(dev, st, dlogits, d_weights, probs, ids, T, E, K, sigmoid_routing(s), seq_w,
+                                     seq_tokens);
   } else {
+    PB_CHECK_MSG(seq_w == nullptr, "moe router: the sequence-wise balance loss needs sigmoid scoring");
     ops::moe_router_backward(dev, st, dlogits, d_weights, probs, ids, aux_grad, T, E, K, s.norm_topk_prob);
   }
   if (dbias != nullptr) ops::add_column_sums(dev, st, dbias, dlogits, T, E);
@@ -133,17 +136,18 @@ void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const 
 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                         float* dw_gate, float* dx, bool accumulate_dx, float* dbias) {
+                         float* dw_gate, float* dx, bool accumulate_dx, float* dbias, const float* seq_w,
+                         std::int64_t seq_tokens) {
   router_backward<float>(dev, st, s, x, w_gate, d_weights, probs, ids, aux_grad, dw_gate, dx, accumulate_dx, nullptr,
-                         nullptr, dbias);
+                         nullptr, dbias, seq_w, seq_tokens);
 }
 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
                          float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile,
-                         float* dbias) {
+                         float* dbias, const float* seq_w, std::int64_t seq_tokens) {
   router_backward<bf16>(dev, st, s, x, w_gate, d_weights, probs, ids, aux_grad, dw_gate, dx, accumulate_dx,
-                        d_logits16, tile, dbias);
+                        d_logits16, tile, dbias, seq_w, seq_tokens);
 }
 
 MoeRouter::MoeRouter(Device& dev, MoeRouterShape shape) : dev_(dev), s_(shape) {

@@ -102,9 +102,12 @@ Footprint moe_router_footprint(const MoeRouterShape& s);
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                         float* probs, std::int32_t* ids, float* weights, float* counts, float* prob_sums,
                         const float* bias = nullptr, const float* correction = nullptr);
+// seq_w [T / seq_tokens, E] (sigmoid scoring only; null: none): DeepSeek-V3's sequence-wise
+// balance loss's weights per local sequence of seq_tokens rows (ops::moe_router_sigmoid_backward).
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const float* x, const float* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
-                         float* dw_gate, float* dx, bool accumulate_dx, float* dbias = nullptr);
+                         float* dw_gate, float* dx, bool accumulate_dx, float* dbias = nullptr,
+                         const float* seq_w = nullptr, std::int64_t seq_tokens = 0);
 // bf16 forms (see the top): d_logits16 [T, E] is written (scratch), tile is the fp32
 // scratch of linear_tile_spec(T, H, Precision::bf16). dx may alias x, as in f32.
 void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
@@ -113,7 +116,7 @@ void moe_router_forward(Device& dev, Stream& st, const MoeRouterShape& s, const 
 void moe_router_backward(Device& dev, Stream& st, const MoeRouterShape& s, const bf16* x, const bf16* w_gate,
                          const float* d_weights, float* probs, const std::int32_t* ids, const float* aux_grad,
                          float* dw_gate, bf16* dx, bool accumulate_dx, bf16* d_logits16, float* tile,
-                         float* dbias = nullptr);
+                         float* dbias = nullptr, const float* seq_w = nullptr, std::int64_t seq_tokens = 0);
 
 // A router holding its buffers (from moe_router_buffers) across forward and backward,
 // f32 (the MoE layer calls the free functions in either precision).

@@ -178,6 +178,8 @@ void ModelConfig::validate() const {
   }
   if (!(rms_norm_eps >= 0.0 && rms_norm_eps < 1.0))
     c.fail("rms_norm_eps must be in [0, 1), got " + std::to_string(rms_norm_eps));
+  if (!(seq_aux_loss_coef >= 0.0 && seq_aux_loss_coef < 1e6))
+    c.fail("seq_aux_loss_coef must be a finite number >= 0, got " + std::to_string(seq_aux_loss_coef));
   if (!(router_aux_loss_coef >= 0.0 && router_aux_loss_coef < 1e6))
     c.fail("router_aux_loss_coef must be a finite number >= 0, got " + std::to_string(router_aux_loss_coef));
   if (!(initializer_range >= 0.0 && initializer_range < 1e6))

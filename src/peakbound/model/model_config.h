@@ -118,6 +118,11 @@ struct ModelConfig {
   // router_aux_loss_coef when output_router_logits is true (transformers adds the loss
   // only then), else 0.
   double router_aux_loss_coef = 0.0;
+  // DeepSeek-V3's complementary sequence-wise balance loss (its report's alpha; sigmoid
+  // routers only): alpha sum_i f_i P_i per MoE layer and sequence, added to the loss as the
+  // mean over the step's sequences, summed over the layers. Not a config.json field
+  // (transformers has no such loss): train's --seq-aux-coef. 0: off.
+  double seq_aux_loss_coef = 0.0;
   // Standard deviation of the normal initialisation of every Linear and the
   // embedding (initializer_range); RMSNorm weights start at 1.
   double initializer_range = 0.02;

@@ -56,6 +56,18 @@ void moe_router_sigmoid_backward(Device& dev, Stream& s, float* dlogits, const f
            [=] { cpu::moe_router_sigmoid_backward(dlogits, dweights, scores, ids, T, E, K, r, seq_w, seq_tokens); });
 }
 
+void moe_router_seq_aux_weights(Device& dev, Stream& s, float* loss, float* seq_w, const float* counts,
+                                const float* psum, std::int64_t B, std::int64_t E, std::int64_t K, std::int64_t S,
+                                double coef, double scale) {
+  dispatch(dev, s, "moe_router_seq_aux_weights", {loss, seq_w, counts, psum},
+           [&](void*) { no_kernel(dev, "moe_router_seq_aux_weights"); },
+           [=] {
+             double sum = 0.0;
+             cpu::moe_router_seq_aux_weights(&sum, seq_w, counts, psum, B, E, K, S, coef, scale);
+             if (loss != nullptr) *loss = static_cast<float>(sum);
+           });
+}
+
 void moe_router_seq_stats(Device& dev, Stream& s, float* counts, float* psum, const float* scores,
                           const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
                           std::int64_t seq_tokens) {

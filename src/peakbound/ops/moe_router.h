@@ -37,6 +37,12 @@ void moe_router_sigmoid_backward(Device& dev, Stream& s, float* dlogits, const f
                                  const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,
                                  const SigmoidRouting& r, const float* seq_w = nullptr,
                                  std::int64_t seq_tokens = 0);
+// From the statistics of B sequences of S tokens: loss [1] f32 (may be null) WRITTEN as the
+// sum of coef sum_i f_i P_i over them, seq_w [B, E] WRITTEN (may alias counts) as the
+// backward's weights times scale (cpu::moe_router_seq_aux_weights).
+void moe_router_seq_aux_weights(Device& dev, Stream& s, float* loss, float* seq_w, const float* counts,
+                                const float* psum, std::int64_t B, std::int64_t E, std::int64_t K, std::int64_t S,
+                                double coef, double scale);
 // The sequence-wise balance loss's statistics [T / seq_tokens, E] each, ADDED INTO.
 void moe_router_seq_stats(Device& dev, Stream& s, float* counts, float* psum, const float* scores,
                           const std::int32_t* ids, std::int64_t T, std::int64_t E, std::int64_t K,

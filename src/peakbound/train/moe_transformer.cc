@@ -105,6 +105,8 @@ void check_trainable(const ModelConfig& c) {
   // from the correction bias's update, MoeTransformer::update_router_bias).
   if (c.router_scoring == RouterScoring::sigmoid && c.router_aux_loss_coef > 0)
     unsupported(c, "the load-balancing aux loss with sigmoid router scoring");
+  if (c.seq_aux_loss_coef > 0 && c.router_scoring != RouterScoring::sigmoid)
+    unsupported(c, "the sequence-wise balance loss (--seq-aux-coef) with softmax router scoring");
   if (c.router_score_correction && c.router_scoring != RouterScoring::sigmoid)
     unsupported(c, "a router score correction with softmax scoring");
   // gpt-oss's router and expert biases are modelled (its MoE layer); nobody else's.
@@ -189,7 +191,7 @@ ModelAuxBuffers model_aux_buffers(std::int64_t experts) {
   const u64 e = static_cast<u64>(std::max<std::int64_t>(experts, 1));
   ModelAuxBuffers b;
   b.counts = b.prob_sums = b.aux_grad = buffer_spec(Component::workspace, e, sizeof(float));
-  b.loss = buffer_spec(Component::workspace, 1, sizeof(float));
+  b.loss = buffer_spec(Component::workspace, 2, sizeof(float));  // the aux loss, the sequence-wise balance loss
   return b;
 }
 
@@ -199,14 +201,24 @@ ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c) {
   return {buffer_spec(Component::params, n, 4), buffer_spec(Component::workspace, n, 4)};
 }
 
-ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision precision) {
-  if (tokens < 0 || hidden < 1) throw InvalidArgument("model batch buffers: tokens must be >= 0 and hidden >= 1");
+std::int64_t seq_aux_floats(const ModelConfig& c, std::int64_t sequences) {
+  if (!(c.seq_aux_loss_coef > 0) || c.num_experts <= 0 || sequences <= 0) return 0;
+  return static_cast<std::int64_t>(checked_mul(
+      checked_mul(static_cast<u64>(c.num_moe_layers()), static_cast<u64>(sequences), "[M, B]"),
+      static_cast<u64>(c.num_experts), "[M, B, E]"));
+}
+
+ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision precision,
+                                      std::int64_t seq_floats) {
+  if (tokens < 0 || hidden < 1 || seq_floats < 0)
+    throw InvalidArgument("model batch buffers: tokens must be >= 0, hidden >= 1 and the balance statistics >= 0");
   const u64 t = static_cast<u64>(tokens);
   const u64 th = checked_mul(t, static_cast<u64>(hidden), "[T, H]");
   ModelBatchBuffers b;
   b.ids = b.targets = buffer_spec(Component::workspace, t, sizeof(std::int32_t));
   b.x = b.y = b.hn = b.d_hn = b.dy = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
   b.rstd = buffer_spec(Component::layer, t, sizeof(float));
+  b.seq_counts = b.seq_psum = buffer_spec(Component::workspace, static_cast<u64>(seq_floats), sizeof(float));
   return b;
 }
 
@@ -221,7 +233,8 @@ struct MoeTransformer::Layer {
 // One micro-batch's device state.
 struct MoeTransformer::Pass {
   std::int64_t T = 0, S = 0, world_tokens = 0;
-  Buffer ids, targets, x;
+  std::int64_t sequences = 0, world_sequences = 0;  // this rank's; the world's distinct ones
+  Buffer ids, targets, seq_counts, seq_psum, x;
 };
 
 Tensor MoeTransformer::view(ParameterStore& s, const std::string& name, bool grad) const {
@@ -371,6 +384,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     MoeLayerConfig mc =
         moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
     mc.precision = prec;
+    mc.moe_index = moe_layers_;  // the MoE layers before this one
     MoeLayerTensors mt[2];
     const bool moe = c.is_moe_layer(l);
     for (int g = 0; g < 2; ++g) mt[g].w_post = slot_view(l, p + "post_attention_layernorm.weight", g);
@@ -640,8 +654,10 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
   } else {
     p.T = sequences * S;
   }
-  std::int64_t flags[3] = {bad >= 0 ? 1 : 0, p.T, differ ? 1 : 0};
-  groups_.world->all_reduce(flags, 3, DType::i64, ReduceOp::sum);
+  std::int64_t flags[4] = {bad >= 0 ? 1 : 0, p.T, differ ? 1 : 0, sequences};
+  groups_.world->all_reduce(flags, 4, DType::i64, ReduceOp::sum);
+  p.sequences = sequences;
+  p.world_sequences = flags[3] / cp;  // a context-parallel group's ranks hold the same sequences
   if (flags[0] != 0)
     throw InvalidArgument("input token id " + std::to_string(bad) + " is outside the vocabulary [0, " +
                           std::to_string(V) + ")" + (bad < 0 ? " (on another rank)" : ""));
@@ -649,10 +665,24 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
     throw InvalidArgument("the ranks of a context-parallel group must hold the same sequences (each takes its "
                           "zigzag shard of every one); some groups' differ");
   p.world_tokens = flags[1];
-  const ModelBatchBuffers bb = model_batch_buffers(p.T, H, schedules_.precision);
+  const std::int64_t sf = seq_aux_floats(config_, p.T > 0 ? sequences : 0);
+  const ModelBatchBuffers bb = model_batch_buffers(p.T, H, schedules_.precision, sf);
   const u64 tb = bb.ids.bytes;
   p.ids = dev_.allocate(bb.ids.component, bb.ids.bytes);
   p.targets = dev_.allocate(bb.targets.component, bb.targets.bytes);
+  // The sequence-wise balance loss's statistics: each MoE layer's [sequences, E], zeroed.
+  p.seq_counts = dev_.allocate(bb.seq_counts.component, bb.seq_counts.bytes);
+  p.seq_psum = dev_.allocate(bb.seq_psum.component, bb.seq_psum.bytes);
+  aux_state_->seq_counts = sf > 0 ? p.seq_counts.as<float>() : nullptr;
+  aux_state_->seq_psum = sf > 0 ? p.seq_psum.as<float>() : nullptr;
+  aux_state_->seq_stride = sf > 0 ? sequences * config_.num_experts : 0;
+  aux_state_->seq_tokens = sf > 0 ? p.T / sequences : 0;
+  aux_state_->seq_grad = false;
+  seq_loss_ = 0.0;
+  if (sf > 0) {
+    ops::fill(dev_, dev_.compute_stream(), p.seq_counts.as<float>(), sf, 0.0f);
+    ops::fill(dev_, dev_.compute_stream(), p.seq_psum.as<float>(), sf, 0.0f);
+  }
   Stream& cs = dev_.copy_stream();
   if (p.T > 0) {
     dev_.memcpy_async(p.ids.data(), ids, tb, CopyKind::host_to_device, cs);
@@ -713,6 +743,39 @@ void MoeTransformer::finish_aux(Pass& p, float aux_scale, bool want_grad) {
   ops::moe_aux_loss(dev_, dev_.compute_stream(), aux_loss_.as<float>(),
                     want_grad && coef > 0 ? aux_grad_.as<float>() : nullptr, counts_.as<float>(),
                     prob_sums_.as<float>(), E, moe_layers_ * p.world_tokens, coef * aux_scale);
+  finish_seq_aux(p, aux_scale, want_grad);
+}
+
+// The sequence-wise balance loss: each sequence's statistics summed over its context-parallel
+// group, the loss (the mean over the world's sequences, summed over the layers; every rank
+// the same) and, for a backward, the weights in place of the counts. A rank without tokens
+// holds no statistics but joins the collectives.
+void MoeTransformer::finish_seq_aux(Pass& p, float aux_scale, bool want_grad) {
+  if (!(config_.seq_aux_loss_coef > 0) || p.world_sequences == 0) return;
+  const std::int64_t E = config_.num_experts, n = static_cast<std::int64_t>(p.seq_counts.bytes() / sizeof(float));
+  const std::int64_t B = moe_layers_ * (n > 0 ? p.sequences : 0);
+  const int cp = groups_.cp->size();
+  Stream& s = dev_.compute_stream();
+  dev_.synchronize(s);
+  if (cp > 1 && n > 0) {
+    groups_.cp->all_reduce(p.seq_counts.data(), static_cast<std::size_t>(n), DType::f32, ReduceOp::sum);
+    groups_.cp->all_reduce(p.seq_psum.data(), static_cast<std::size_t>(n), DType::f32, ReduceOp::sum);
+  }
+  double sum = 0.0;
+  if (n > 0) {
+    float* loss = aux_loss_.as<float>() + 1;
+    const double scale = static_cast<double>(aux_scale) / static_cast<double>(p.world_sequences);
+    ops::moe_router_seq_aux_weights(dev_, s, loss, want_grad ? p.seq_counts.as<float>() : nullptr,
+                                    p.seq_counts.as<float>(), p.seq_psum.as<float>(), B, E, config_.top_k, p.S,
+                                    config_.seq_aux_loss_coef, scale);
+    float l = 0.0f;
+    copy_to_host(dev_, &l, loss, sizeof l);
+    sum = l;
+  }
+  // Every rank of a cp group holds its sequences' whole sums: the world's sum counts each cp times.
+  groups_.world->all_reduce(&sum, 1, DType::f64, ReduceOp::sum);
+  seq_loss_ = sum / static_cast<double>(cp) / static_cast<double>(p.world_sequences);
+  aux_state_->seq_grad = want_grad;
 }
 
 template <class A>
@@ -817,7 +880,7 @@ BatchSums MoeTransformer::batch_sums(const LossSum& ls, const Pass& p) const {
   if (moe_layers_ > 0 && p.world_tokens > 0) {
     float aux = 0.0f;
     copy_to_host(dev_, &aux, aux_loss_.data(), sizeof aux);
-    out.aux = config_.router_aux_loss_coef * aux;
+    out.aux = config_.router_aux_loss_coef * aux + seq_loss_;
   }
   return out;
 }

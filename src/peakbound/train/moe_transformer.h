@@ -98,7 +98,8 @@ ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g);
 AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp = 1, int cp_rank = 0);
 
 // The model's aux-loss state (Component::workspace, f32): counts, prob_sums, aux_grad
-// [max(E, 1)] each and the loss [1], held for the model's life.
+// [max(E, 1)] each and the loss [2] (the aux loss, the sequence-wise balance loss), held for
+// the model's life.
 struct ModelAuxBuffers {
   BufferSpec counts, prob_sums, aux_grad, loss;
 };
@@ -123,10 +124,15 @@ ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c);
 //   hn [T, H], rstd [T] (layer)           the final norm's output (until the loss backward) and rstd
 //   d_hn, dy [T, H] (layer)               the loss's and the final norm's input gradients
 // forward() (evaluation) uses y as the second residual buffer and rstd.
+// seq_counts, seq_psum: the sequence-wise balance loss's statistics (seq_aux_floats each,
+// f32; 0 bytes when it is off), held through the pass like ids and targets.
 struct ModelBatchBuffers {
-  BufferSpec ids, targets, x, y, hn, rstd, d_hn, dy;
+  BufferSpec ids, targets, x, y, hn, rstd, d_hn, dy, seq_counts, seq_psum;
 };
-ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32);
+ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
+                                      std::int64_t seq_aux_floats = 0);
+// [MoE layers, sequences, E] when c.seq_aux_loss_coef > 0 (a rank's `sequences` per pass), else 0.
+std::int64_t seq_aux_floats(const ModelConfig& c, std::int64_t sequences);
 
 // Throws InvalidArgument naming the first feature of `c` the trainer does not
 // implement (a config.json setting in c.unmodelled, such as a non-SiLU hidden_act or RoPE
@@ -187,6 +193,9 @@ class MoeTransformer {
   // then zeroed. speed 0 only zeroes them. No-op without router_score_correction.
   // Collective over the world.
   void update_router_bias(float speed);
+  // This rank's loads since the last update_router_bias, [MoE layers, E] f32 on the device
+  // (CPU: readable in place); null without router_score_correction.
+  const float* router_loads() const { return loads_.bytes() > 0 ? loads_.as<float>() : nullptr; }
   // The router buffers (is_router_buffer: e_score_correction_bias), each whole [E] f32 on
   // the device, with their checkpoint names, in table order (empty without them).
   std::vector<std::pair<std::string, float*>> router_buffers();
@@ -215,6 +224,7 @@ class MoeTransformer {
   bool same_sequences(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
                       std::int64_t S) const;
   void finish_aux(Pass& p, float aux_scale, bool want_grad);
+  void finish_seq_aux(Pass& p, float aux_scale, bool want_grad);
   BatchSums batch_sums(const LossSum& ls, const Pass& p) const;
   Tensor view(ParameterStore& s, const std::string& name, bool grad) const;
   Tensor slot_view(std::int64_t layer, const std::string& name, bool grad) const;
@@ -232,6 +242,7 @@ class MoeTransformer {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<VocabLoss> vocab_loss_;
   Buffer counts_, prob_sums_, aux_grad_, aux_loss_;
+  double seq_loss_ = 0.0;  // the last pass's sequence-wise balance loss (the world's, set by finish_aux)
   Buffer correction_, loads_;  // model_router_state_buffers
   std::vector<std::string> router_buffer_names_;  // correction_'s rows, one per MoE layer
   std::unique_ptr<MoeAuxState> aux_state_;

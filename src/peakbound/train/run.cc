@@ -150,6 +150,7 @@ ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
 RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   RunShape s;
   s.config = load_model_spec(f.model);
+  s.config.seq_aux_loss_coef = f.seq_aux_coef;
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
@@ -177,6 +178,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (!(beta2 >= 0 && beta2 < 1)) bad("beta2", "must be in [0, 1)");
   if (!(weight_decay >= 0) || !(max_grad_norm >= 0)) bad(weight_decay >= 0 ? "max_grad_norm" : "weight_decay", "must be at least 0");
   if (!(bias_update_speed >= 0 && bias_update_speed <= 1)) bad("bias_update_speed", "must be in [0, 1]");
+  if (!(seq_aux_coef >= 0 && seq_aux_coef <= 1)) bad("seq_aux_coef", "must be in [0, 1]");
   if (!data.empty() && !task.empty())
     throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
                           ": a run trains on the built-in task or on the token file, not both; drop one");

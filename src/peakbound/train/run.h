@@ -67,6 +67,9 @@ struct RunSettings {
   // e_score_correction_bias by this much per expert against its load error (0: frozen).
   // Used by models with a score-correction bias only.
   double bias_update_speed = 0.001;
+  // DeepSeek-V3's complementary sequence-wise balance loss's alpha (sigmoid routers only;
+  // ModelConfig::seq_aux_loss_coef); 0: off (the report trains with 0.0001).
+  double seq_aux_coef = 0.0;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();

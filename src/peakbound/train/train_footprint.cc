@@ -169,7 +169,7 @@ class TrainFootprintBuilder {
     // The optimizer's shard: parameters in the model's param dtype, gradients f32.
     const ParamShard ps{nullptr, param_dtype(p_), nullptr, DType::f32, static_cast<std::int64_t>(shard)};
     opt_ = optimizer_footprint(in_.optimizer, optimizer_shape(ps), in_.optimizer_options);
-    bb_ = model_batch_buffers(T_, H_, p_);
+    bb_ = model_batch_buffers(T_, H_, p_, seq_aux_floats(c_, T_ > 0 ? sequences_of(in_.rank) : 0));
     db_ = decoder_layer_buffers(T_, H_, act_bytes_);
   }
   // The stack (built on the first step with tokens): the checkpoint ring and host boundaries.
@@ -201,6 +201,8 @@ class TrainFootprintBuilder {
   void batch(const std::string& phase, std::initializer_list<BufferSpec> live) {
     f_.device(phase, bb_.ids);
     f_.device(phase, bb_.targets);
+    f_.device(phase, bb_.seq_counts);
+    f_.device(phase, bb_.seq_psum);
     for (const BufferSpec& b : live) f_.device(phase, b);
   }
 
