@@ -6,6 +6,19 @@ namespace peakbound {
 
 namespace {
 
+// DeepSeek's YaRN (rope_scaling type yarn over original 4096, mscale = mscale_all_dim = 1):
+// cos and sin keep their scale (attention_factor 1); the attention's softmax scale takes
+// get_mscale(factor, mscale_all_dim)^2. beta_fast / beta_slow stay 32 / 1 unless the caller
+// sets them.
+void deepseek_yarn(ModelConfig& c, double factor) {
+  c.rope_scaling.yarn = true;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.original_max_position = 4096;
+  c.rope_scaling.attention_factor = 1.0;
+  const double m = yarn_get_mscale(factor, 1.0);
+  c.attention_softmax_factor = m * m;
+}
+
 // deepseek-ai/DeepSeek-V3 config.json.
 Preset deepseek_v3() {
   ModelConfig c;
@@ -36,15 +49,8 @@ Preset deepseek_v3() {
   c.qk_rope_head_dim = 64;
   c.v_head_dim = 128;
   c.num_mtp_layers = 1;
-  // rope_scaling: yarn, factor 40, beta 32 / 1, mscale = mscale_all_dim = 1 (so cos and sin
-  // keep their scale; the attention's softmax scale takes mscale^2), original 4096.
-  c.rope_scaling.yarn = true;
-  c.rope_scaling.factor = 40.0;
-  c.rope_scaling.original_max_position = 4096;
-  c.rope_scaling.attention_factor = 1.0;
+  deepseek_yarn(c, 40.0);  // rope_scaling: yarn, factor 40, beta 32 / 1
   c.rope_interleave = true;
-  const double m = yarn_get_mscale(40.0, 1.0);
-  c.attention_softmax_factor = m * m;
   Preset p;
   p.config = c;
   p.published_total = 671e9;
@@ -75,11 +81,9 @@ Preset kimi_k2() {
   c.num_kv_heads = 64;
   c.num_mtp_layers = 0;
   c.rope_theta = 50000.0;
-  c.rope_scaling.factor = 32.0;
+  deepseek_yarn(c, 32.0);
   c.rope_scaling.beta_fast = 1.0;
   c.rope_scaling.beta_slow = 1.0;
-  const double m = yarn_get_mscale(32.0, 1.0);
-  c.attention_softmax_factor = m * m;
   p.published_total = 1.04e12;
   p.published_active = 32.6e9;
   p.active_convention = ActiveConvention::with_embedding;
@@ -290,12 +294,7 @@ Preset tiny_deepseek() {
   c.qk_rope_head_dim = 32;
   c.v_head_dim = 32;
   c.rope_interleave = true;
-  c.rope_scaling.yarn = true;
-  c.rope_scaling.factor = 40.0;
-  c.rope_scaling.original_max_position = 4096;
-  c.rope_scaling.attention_factor = 1.0;
-  const double m = yarn_get_mscale(40.0, 1.0);
-  c.attention_softmax_factor = m * m;
+  deepseek_yarn(c, 40.0);
   c.moe_intermediate_size = 256;
   c.num_shared_experts = 1;
   c.router_scoring = RouterScoring::sigmoid;

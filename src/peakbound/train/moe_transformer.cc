@@ -752,8 +752,8 @@ void MoeTransformer::finish_aux(Pass& p, float aux_scale, bool want_grad) {
 // holds no statistics but joins the collectives.
 void MoeTransformer::finish_seq_aux(Pass& p, float aux_scale, bool want_grad) {
   if (!(config_.seq_aux_loss_coef > 0) || p.world_sequences == 0) return;
+  // n = [M, sequences, E] floats (0 on a rank without tokens): n / E rows of (layer, sequence).
   const std::int64_t E = config_.num_experts, n = static_cast<std::int64_t>(p.seq_counts.bytes() / sizeof(float));
-  const std::int64_t B = moe_layers_ * (n > 0 ? p.sequences : 0);
   const int cp = groups_.cp->size();
   Stream& s = dev_.compute_stream();
   dev_.synchronize(s);
@@ -766,7 +766,7 @@ void MoeTransformer::finish_seq_aux(Pass& p, float aux_scale, bool want_grad) {
     float* loss = aux_loss_.as<float>() + 1;
     const double scale = static_cast<double>(aux_scale) / static_cast<double>(p.world_sequences);
     ops::moe_router_seq_aux_weights(dev_, s, loss, want_grad ? p.seq_counts.as<float>() : nullptr,
-                                    p.seq_counts.as<float>(), p.seq_psum.as<float>(), B, E, config_.top_k, p.S,
+                                    p.seq_counts.as<float>(), p.seq_psum.as<float>(), n / E, E, config_.top_k, p.S,
                                     config_.seq_aux_loss_coef, scale);
     float l = 0.0f;
     copy_to_host(dev_, &l, loss, sizeof l);
