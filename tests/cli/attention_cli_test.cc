@@ -46,6 +46,8 @@ TEST(AttentionCli, BenchWindowCountsTheSkippedTiles) {
   EXPECT_EQ(j["causal_forward_tiles"], 16 * 17 / 2);
   EXPECT_NEAR(j["window_skipped_tile_fraction"].get<double>(), 1.0 - 31.0 / 136.0, 1e-12);
   EXPECT_TRUE(j.contains("causal_forward_seconds"));
+  EXPECT_EQ(j["ring_tiles"]["1"]["forward"], 31);  // the ring at CP 1 is the kernel
+  EXPECT_EQ(j["ring_tiles"]["1"]["causal_backward"], 136);
   EXPECT_LT(j["max_rel_err"].get<double>(), 1e-5);
   testing::expect_one_line_error(run_cli("bench attention --window -1"), "--window");
 }

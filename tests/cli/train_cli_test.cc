@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/model/presets.h"
 #include "tests/cli/run_cli.h"
 
 namespace {
@@ -173,6 +174,31 @@ TEST(CliTrain, ContextParallelTrainsAsCp1) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
   // A size that does not divide the ranks is one line naming the flag.
   peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --cp 2", 60), "--cp 2");
+}
+
+// tiny-deepseek at --cp 2: the ring carries MLA's latent and rope key (the default) or every
+// head's K and V (--cp-ring kv); the losses agree to fp32 rounding, and the bytes the rings
+// sent per step (cp_ring_bytes_per_step, counted as the rings post their sends) are in the
+// ratio of the per-token widths, (latent + rope) / (heads x (qk + v)); none at --cp 1.
+TEST(CliTrain, DeepSeekRingCarriesTheLatent) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun on this machine";
+  auto run = [](const std::string& extra) {
+    CliRun r = peakbound::testing::run_mpi(
+        "train --model tiny-deepseek --precision f32 --steps 2 --seq-len 33 --eval-every 0 --json " + extra, 2, 300);
+    EXPECT_EQ(r.code, 0) << r.err << r.out;
+    return last_json_line(r.out);
+  };
+  const nlohmann::json latent = run("--cp 2"), kv = run("--cp 2 --cp-ring kv"), cp1 = run("--cp 1 --batch 1");
+  const peakbound::ModelConfig c = peakbound::preset_config("tiny-deepseek");
+  const auto lat_bytes = latent["cp_ring_bytes_per_step"].get<std::int64_t>();
+  const auto kv_bytes = kv["cp_ring_bytes_per_step"].get<std::int64_t>();
+  EXPECT_GT(lat_bytes, 0);
+  EXPECT_EQ(lat_bytes * c.num_heads * (c.qk_head_dim() + c.v_head_dim), kv_bytes * (c.kv_lora_rank + c.qk_rope_head_dim));
+  EXPECT_EQ(cp1["cp_ring_bytes_per_step"].get<std::int64_t>(), 0);
+  EXPECT_NEAR(latent["final_loss"].get<double>(), kv["final_loss"].get<double>(), 1e-5 * kv["final_loss"].get<double>());
+  EXPECT_LT(latent["peaks"]["attention"]["measured_bytes"].get<std::int64_t>(),
+            kv["peaks"]["attention"]["measured_bytes"].get<std::int64_t>());
+  peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --cp-ring heads", 60), "--cp-ring");
 }
 
 // A fixed seed gives bitwise the same run: every step's loss and the final summary.

@@ -56,6 +56,7 @@ struct Variant {
   bool ring_dtp;
   CheckpointSchedule checkpoint;
   std::int64_t cp = 1;  // context parallel: consecutive groups of cp ranks share sequences
+  bool kv_ring = false;  // MLA under cp: K and V travel instead of the latent (--cp-ring kv)
 };
 
 // Per trainable tensor of the model's table (the same list on every rank; gpt-oss's fused
@@ -130,6 +131,7 @@ void run_family(FamilyRun& run, const std::string& dir, const SafeTensorsFile& r
   Communicator& world = testing::world();
   const int W = world.size(), r = world.rank();
   run.config = load_hf_config(dir);
+  run.config.mla_latent_ring = !v.kv_ring;
   const std::vector<std::int64_t> ids64 = ref.read_i64("input_ids");
   const std::int64_t B = ref.info("input_ids").shape[0], S = ref.info("input_ids").shape[1];
 
@@ -296,6 +298,7 @@ const Variant kLlep{"llep", DispatchKind::llep, false, CheckpointSchedule::resid
 // world is even, each rank computing its zigzag half of its group's sequences.
 const Variant kNoneCp2{"none cp 2", DispatchKind::standard_ep, false, CheckpointSchedule::resident, 2};
 const Variant kAllCp2{"all cp 2", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 2};
+const Variant kAllCp2Kv{"all cp 2 kv ring", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 2, true};
 
 std::vector<Variant> bf16_variants() {
   std::vector<Variant> v{kNone, kAll, kLlep};
@@ -375,9 +378,12 @@ TEST(HfReference, Dots1MatchesTransformers) {
 
 // DeepSeek-V3: multi-head latent attention (q_lora_rank, kv_lora_rank, interleaved rope
 // columns, qk 10 != v 5) under DeepSeek's YaRN (the softmax scale times get_mscale(4)^2) with
-// dots1's sigmoid router and one shared expert; every dispatch kind, context parallelism 2.
+// dots1's sigmoid router and one shared expert; every dispatch kind, context parallelism 2
+// with the ring carrying the latent (the default) and carrying K and V.
 TEST(HfReference, DeepseekV3MatchesTransformers) {
-  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("deepseek_v3", v);
+  std::vector<Variant> variants = with_cp2({kNone, kAll, kLlep});
+  if (testing::world().size() % 2 == 0) variants.push_back(kAllCp2Kv);
+  for (const Variant& v : variants) check_family("deepseek_v3", v);
 }
 
 TEST(HfReference, Qwen3MoeBf16MatchesTransformers) {

@@ -59,14 +59,22 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintSigmoidRouter) {
 
 // Multi-head latent attention (the tiny DeepSeek-V3 fixture: its latent, rope key and
 // per-head K / V buffers), in both precisions and under context parallelism 2 where the
-// world is even: measured == footprint.
+// world is even, the ring carrying the latent (no K / V on the layer; the ring's expanded
+// block) or K and V: measured == footprint.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintMla) {
   Communicator& world = testing::world();
   const ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/deepseek_v3");
   check(world, kNone, c);
   check(world, kAll, c);
   check(world, kAll, c, nullptr, {}, 1, 24, Precision::bf16);
-  if (world.size() % 2 == 0) check(world, kAll, c, nullptr, {}, 2, 27);
+  if (world.size() % 2 == 0) {
+    check(world, kAll, c, nullptr, {}, 2, 27);
+    check(world, kAll, c, nullptr, {}, 2, 27, Precision::bf16);
+    ModelConfig kv = c;
+    kv.mla_latent_ring = false;
+    check(world, kAll, kv, nullptr, {}, 2, 27);
+    check(world, kNone, kv, nullptr, {}, 2, 27, Precision::bf16);
+  }
 }
 
 // The same in bf16 (ModelSchedules::precision): the bf16 model's measured peaks equal

@@ -31,6 +31,9 @@
 //                  reported as imbalance_seconds, not counted against the overlap.
 //                  exposed_seconds = wall - kernel busy time is reported too (it holds
 //                  both, plus host overheads). Medians over reps of the slowest rank.
+//   ring_tiles     the [Bq x Bk] score tiles per head the group's kernel calls compute
+//                  (ring_attention_tiles summed over the ranks), forward and backward,
+//                  beside the causal ring's (window 0): what --window skips under CP.
 //   max_rel_err    ring vs the single-rank kernel on the whole sequence (out, lse, dq,
 //                  dk, dv at the zigzag rows), the worst over the CP sizes.
 #include <algorithm>
@@ -326,7 +329,8 @@ Command add_bench_attention(CLI::App& parent) {
     nlohmann::json peak = nlohmann::json::object(), step = nlohmann::json::object(),
                    overlap = nlohmann::json::object(), exposed = nlohmann::json::object(),
                    alone = nlohmann::json::object(), compute = nlohmann::json::object(),
-                   exposed_comm = nlohmann::json::object(), imbalance = nlohmann::json::object();
+                   exposed_comm = nlohmann::json::object(), imbalance = nlohmann::json::object(),
+                   tiles = nlohmann::json::object();
     std::vector<int> ran;
     double max_rel = 0;
     const std::string load_before = bench::load_average();
@@ -354,6 +358,18 @@ Command add_bench_attention(CLI::App& parent) {
               r.alone_seconds > 0 ? std::clamp(1.0 - r.exposed_comm_seconds / r.alone_seconds, 0.0, 1.0) : 1.0;
         }
         max_rel = std::max(max_rel, r.rel_err);
+        // The score tiles the group's kernel calls compute per head, and the causal ring's.
+        RingAttentionConfig rc, causal;
+        rc.dims = a;
+        rc.seq_len = a.tokens;
+        causal = rc;
+        causal.dims.window = 0;
+        std::int64_t n[4] = {0, 0, 0, 0};
+        for (int rank = 0; rank < cp; ++rank) {
+          const AttentionTiles t = ring_attention_tiles(rc, cp, rank), u = ring_attention_tiles(causal, cp, rank);
+          n[0] += t.forward, n[1] += t.backward, n[2] += u.forward, n[3] += u.backward;
+        }
+        tiles[key] = {{"forward", n[0]}, {"backward", n[1]}, {"causal_forward", n[2]}, {"causal_backward", n[3]}};
       }
       sleepy_barrier(w);
       ran.push_back(cp);
@@ -371,6 +387,9 @@ Command add_bench_attention(CLI::App& parent) {
       j["imbalance_seconds"] = imbalance;
       j["communication_alone_seconds"] = alone;
       j["compute_seconds"] = compute;
+      j["ring_tiles"] = tiles;
+      j["ring_tiles_are"] = "per CP size: the [Bq x Bk] score tiles per head the group's kernel calls compute (with "
+                            "--window, beside the causal ring's)";
       j["max_rel_err"] = max_rel;
       j["ring_load_average_before"] = load_before;
       j["ring_load_average_after"] = bench::load_average();

@@ -64,6 +64,7 @@ struct PlanFlags {
   std::int64_t prefetch_depth;
   std::string adam_bucket;
   std::string skew = "balanced";
+  std::string cp_ring = "latent";  // --cp-ring (train's)
   std::string precision;            // --precision; empty: not given
   std::string param_dtype = "bf16";  // --param-dtype, the older spelling of --precision's parameter dtype
   std::string grad_dtype = "f32";
@@ -121,6 +122,9 @@ double parse_skew(const std::string& s) {
 PlanInputs to_inputs(const PlanFlags& f) {
   PlanInputs in;
   in.model = load_model(f.model);
+  if (f.cp_ring != "latent" && f.cp_ring != "kv")
+    throw InvalidArgument("--cp-ring must be latent or kv, got '" + f.cp_ring + "'");
+  in.model.mla_latent_ring = f.cp_ring == "latent";
   in.context = static_cast<std::int64_t>(parse_count(f.context, "--seq-len"));
   in.sequences = f.sequences;
   in.devices = f.devices;
@@ -169,6 +173,10 @@ Command add_plan_command(CLI::App& root) {
   int_flag(a, "--devices", f->devices, "Number of devices", 1, kMaxDevices);
   a->add_option("--ep", f->ep, "Expert-parallel size, or auto: the largest divisor of devices and experts up to 64")->capture_default_str();
   int_flag(a, "--cp", f->cp, "Context-parallel size (each sequence split over cp devices)", 1, kMaxDevices);
+  a->add_option("--cp-ring", f->cp_ring,
+                "What MLA's context-parallel ring carries (train's --cp-ring): latent (latent + rope key per token) or "
+                "kv (every head's K and V)")
+      ->capture_default_str();
   a->add_option("--vocab-group", f->vocab_group, "Devices sharing one vocabulary-sharded LM head, or auto: the largest divisor of devices up to 8")->capture_default_str();
   int_flag(a, "--fsdp", f->fsdp, "FSDP shard group of the non-expert parameters (0 = all devices)", 0, kMaxDevices);
   a->add_option("--device-memory", f->device_memory,

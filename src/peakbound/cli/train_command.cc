@@ -132,6 +132,10 @@ Command add_train(CLI::App& parent) {
   real_flag(app, "--seq-aux-coef", f->run.seq_aux_coef,
             "DeepSeek-V3's sequence-wise balance loss: its alpha (sigmoid routers; the report's 0.0001; 0 = off)", 0.0,
             1.0);
+  text_flag(app, "--cp-ring", f->run.cp_ring,
+            "What MLA's context-parallel ring carries: latent (the latent and the rope key per token, expanded at "
+            "each hop) or kv (every head's K and V)")
+      ->capture_default_str();
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

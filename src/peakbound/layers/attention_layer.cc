@@ -54,6 +54,9 @@ MlaSizes mla_sizes(const AttentionLayerConfig& c) {
           c.q_heads * (c.qk_nope_dim + c.v_dim)};
 }
 
+// MLA's ring circulates the latent (no K/V on the layer).
+bool latent_ring(const AttentionLayerConfig& c) { return c.mla && c.cp > 1 && c.mla_latent_ring; }
+
 AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   AttentionDims d;
   d.tokens = T;
@@ -139,6 +142,10 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
   r.dims = dims_of(attention_local_seq_len(c), c);
   r.seq_len = c.seq_len;
   r.precision = c.precision;
+  if (latent_ring(c)) {
+    r.latent = c.kv_lora_rank;
+    r.rope = c.qk_rope_dim;
+  }
   return r;
 }
 
@@ -192,6 +199,11 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.o32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), U(w.o))), kF32);
   b.dq32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), q)), kF32);
   b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), kv + U(w.v))), kF32);
+  if (latent_ring(c)) {
+    // The ring expands every block itself: no K/V here; under bf16 dkv32 is its fp32 dc.
+    b.k = b.v = b.dk = b.dv = buffer_spec(kC, 0, a);
+    b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), U(Rkv))), kF32);
+  }
   if (c.mla) {
     const u64 lq = Rq > 0 ? 1 : 0;
     b.qa = b.qa_n = b.dqa = buffer_spec(kC, mul(lq, mul(t, U(Rq))), a);
@@ -200,7 +212,7 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
     b.c_pre = b.c = b.dc = buffer_spec(kC, mul(t, U(Rkv)), a);
     b.c_rstd = buffer_spec(kC, t, kF32);
     b.kr = buffer_spec(kC, mul(t, U(dr)), a);
-    b.kv = buffer_spec(kC, mul(t, U(kvw)), a);
+    b.kv = buffer_spec(kC, latent_ring(c) ? 0 : mul(t, U(kvw)), a);
     b.qr = buffer_spec(kC, mul(t, U(c.q_heads * dr)), a);
     b.dkr32 = buffer_spec(kC, mul(t, U(dr)), kF32);
   }
@@ -334,17 +346,26 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
   const auto sink = [&](float* out, float* l, std::int64_t rows) {
     if (cfg_.sinks) ops::attention_sinks_forward(dev_, s, out, l, in.sinks32.as<float>(), rows, Hq, cfg_.head_dim);
   };
+  // The ring's call: K/V travel, or MLA's latent and rope key (this sequence's rows).
+  const auto ring = [&](float* out) {
+    if (latent_ring(cfg_))
+      ring_attention_latent_forward(dev_, group_of(cp_group_), ring_config(cfg_), out, lse, q,
+                                    in.c.as<A>() + b * cfg_.kv_lora_rank, in.kr.as<A>() + b * cfg_.qk_rope_dim,
+                                    p_.wkvb.data<A>());
+    else
+      ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), out, lse, q, k, v);
+  };
   if constexpr (std::is_same_v<A, float>) {
     if (cfg_.cp == 1)
       ops::attention_forward(dev_, s, o, lse, q, k, v, dims_of(S, cfg_), in.ws.as<float>());
     else
-      ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o, lse, q, k, v);
+      ring(o);
     sink(o, lse, S);
   } else {
     // fp32 out of up to R query rows at a time, narrowed once into o.
     float* o32 = in.o32.as<float>();
     if (cfg_.cp > 1) {
-      ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), o32, lse, q, k, v);
+      ring(o32);
       sink(o32, lse, S);
       ops::convert(dev_, s, o, o32, S * O);
       return;
@@ -362,7 +383,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
 
 template <class A>
 void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
-                                     float* dq32, float* dkv32) {
+                                     float* dq32, float* dkv32, A* dc, float* dkr32) {
   Stream& s = dev_.compute_stream();
   const Widths w = widths(cfg_);
   const std::int64_t Hq = cfg_.q_heads, Q = w.q, K = w.k, V = w.v, O = w.o;
@@ -373,6 +394,22 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
   dq += b * Q;
   dk += b * K;
   dv += b * V;
+  if (latent_ring(cfg_)) {
+    // dq, dc and the rope key's dkr32 (fp32, before RoPE's backward) from the ring; its
+    // share of dWkvb added into the gradient. bf16: dq and dc through fp32, narrowed once.
+    const std::int64_t Rkv = cfg_.kv_lora_rank, dr = cfg_.qk_rope_dim;
+    const bool f32 = std::is_same_v<A, float>;
+    float* dq_to = f32 ? reinterpret_cast<float*>(dq) : dq32;
+    float* dc_to = f32 ? reinterpret_cast<float*>(dc + b * Rkv) : dkv32;
+    ring_attention_latent_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq_to, dc_to, dkr32 + b * dr,
+                                   g_.wkvb.data<float>(), d_o, q, in.c.as<A>() + b * Rkv, in.kr.as<A>() + b * dr,
+                                   p_.wkvb.data<A>(), o, lse);
+    if constexpr (!std::is_same_v<A, float>) {
+      ops::convert(dev_, s, dq, dq32, S * Q);
+      ops::convert(dev_, s, dc + b * Rkv, dkv32, S * Rkv);
+    }
+    return;
+  }
   if constexpr (std::is_same_v<A, float>) {
     if (cfg_.cp == 1)
       ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>());
@@ -509,20 +546,18 @@ void AttentionLayer::mla_project(Internals& in, std::int64_t T, std::int64_t S) 
   ops::rmsnorm_forward(dev_, s, in.c.as<A>(), in.c_rstd.as<float>(), in.c_pre.as<A>(), p_.kv_a_norm.data<A>(), T, Rkv,
                        kMlaNormEps);
   ops::copy_columns(dev_, s, in.kr.as<A>(), dr, ckv + Rkv, Rkv + dr, T, dr, order);
-  // kv [T, Hq, nope + v] = c Wkvb^T: v, and the keys' nope part.
-  A* kv = in.kv.as<A>();
-  project(in.c.as<A>(), Rkv, p_.wkvb, nullptr, kvw, kv);
-  ops::copy_columns(dev_, s, v, dv, kv + dn, dn + dv, T * Hq, dv);
-  ops::copy_columns(dev_, s, k, qk, kv, dn + dv, T * Hq, dn);
-  // RoPE on the queries' rope columns (taken out, rotated, put back) and on the one shared
-  // key, which then joins every head.
+  // RoPE on the queries' rope columns (taken out, rotated, put back) and on the one shared key.
   A* qr = in.qr.as<A>();
   ops::copy_columns(dev_, s, qr, dr, q + dn, qk, T * Hq, dr, order);
   for (std::int64_t b = 0; b < T; b += S)
     ops::rope_forward(dev_, s, qr + b * Hq * dr, in.kr.as<A>() + b * dr, in.cos.as<float>(), in.sin.as<float>(), S,
                       Hq, 1, dr);
   ops::copy_columns(dev_, s, q + dn, qk, qr, dr, T * Hq, dr);
-  for (std::int64_t hd = 0; hd < Hq; ++hd) ops::copy_columns(dev_, s, k + hd * qk + dn, Hq * qk, in.kr.as<A>(), dr, T, dr);
+  // k [T, Hq, nope + rope] = [(c Wkvb^T)'s nope | the rotated key for every head], v its v
+  // part; the latent ring expands each block itself instead.
+  if (!latent_ring(cfg_))
+    mla_expand_kv(dev_, s, T, Hq, Rkv, dn, dr, dv, in.c.as<A>(), in.kr.as<A>(), p_.wkvb.data<A>(), k, v, in.kv.as<A>(),
+                  tile);
 }
 
 template <class A>
@@ -540,20 +575,27 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
     ops::rope_backward(dev_, s, qr + b0 * Hq * dr, static_cast<A*>(nullptr), in.cos.as<float>(), in.sin.as<float>(), S,
                        Hq, 0, dr);
   ops::copy_columns(dev_, s, dq + dn, qk, qr, dr, T * Hq, dr, back);
-  // The shared rope key's gradient: every head's, summed in fp32, then RoPE's backward.
-  ops::fill(dev_, s, dkr32, T * dr, 0.0f);
-  for (std::int64_t hd = 0; hd < Hq; ++hd)
-    ops::copy_columns(dev_, s, dkr32, dr, dk + hd * qk + dn, Hq * qk, T, dr, ops::ColumnOrder::same, true);
+  // The shared rope key's gradient: every head's, summed in fp32 (the latent ring's
+  // already is), then RoPE's backward.
+  const bool ring = latent_ring(cfg_);
+  if (!ring) {
+    ops::fill(dev_, s, dkr32, T * dr, 0.0f);
+    for (std::int64_t hd = 0; hd < Hq; ++hd)
+      ops::copy_columns(dev_, s, dkr32, dr, dk + hd * qk + dn, Hq * qk, T, dr, ops::ColumnOrder::same, true);
+  }
   for (std::int64_t b0 = 0; b0 < T; b0 += S)
     ops::rope_backward(dev_, s, static_cast<float*>(nullptr), dkr32 + b0 * dr, in.cos.as<float>(), in.sin.as<float>(),
                        S, 0, 1, dr);
-  // d kv [T, Hq, nope + v] (into kv's buffer): the keys' nope part and the values.
-  A* dkv = in.kv.as<A>();
-  ops::copy_columns(dev_, s, dkv, dn + dvd, dk, qk, T * Hq, dn);
-  ops::copy_columns(dev_, s, dkv + dn, dn + dvd, dv, dvd, T * Hq, dvd);
-  add_weight_grad(dev_, s, kvw, Rkv, T, dkv, in.c.as<A>(), g_.wkvb.data<float>());
-  linear(dev_, s, T, Rkv, {{.a = dkv, .lda = kvw, .b = p_.wkvb.data<A>(), .ldb = Rkv, .k = kvw, .trans_b = false}},
-         dc, Rkv, LinearMode::write, tile);
+  // d kv [T, Hq, nope + v] (into kv's buffer): the keys' nope part and the values; then
+  // dWkvb and dc (the latent ring has done both).
+  if (!ring) {
+    A* dkv = in.kv.as<A>();
+    ops::copy_columns(dev_, s, dkv, dn + dvd, dk, qk, T * Hq, dn);
+    ops::copy_columns(dev_, s, dkv + dn, dn + dvd, dv, dvd, T * Hq, dvd);
+    add_weight_grad(dev_, s, kvw, Rkv, T, dkv, in.c.as<A>(), g_.wkvb.data<float>());
+    linear(dev_, s, T, Rkv, {{.a = dkv, .lda = kvw, .b = p_.wkvb.data<A>(), .ldb = Rkv, .k = kvw, .trans_b = false}},
+           dc, Rkv, LinearMode::write, tile);
+  }
   // kv_a_layernorm's backward adds into its dx: c's buffer, zeroed (its last reader was dWkvb).
   A* dc_pre = in.c.as<A>();
   ops::fill(dev_, s, dc_pre, T * Rkv, 0.0f);
@@ -697,7 +739,8 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
       ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b * Hq,
                                     row_dot.as<float>(), in.sinks32.as<float>(), S, Hq);
     }
-    attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>());
+    attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>(), dc.as<A>(),
+                       dkr32.as<float>());
     if (!cfg_.mla)
       ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
   }

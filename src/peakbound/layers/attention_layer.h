@@ -89,6 +89,10 @@ struct AttentionLayerConfig {
   std::int64_t qk_nope_dim = 0, qk_rope_dim = 0, v_dim = 0;
   bool rope_interleave = true;
   float softmax_scale = 0.0f;
+  // Under cp > 1 MLA's ring circulates the latent and the rope key (latent + rope per
+  // token, expanded through kv_b_proj at every hop: ring_attention_latent_*) instead of
+  // every head's K and V; false: K and V travel (what a GQA layer does).
+  bool mla_latent_ring = true;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
@@ -145,7 +149,10 @@ struct AttentionLayerTensors {
 // + v)], qr [T, Hq*rope] (act) and c_rstd [T]; q and k are [T, Hq*(nope + rope)], v and o
 // [T, Hq*v]. Backward adds dqa [T, Rq] (act, q_lora_rank only), dc [T, Rkv] (act) and
 // dkr32 [T, rope] f32 (k_rot's gradient summed over the heads); it reuses kv for d kv, ckv
-// for d ckv, c for d c_pre and qa_n for d qa.
+// for d ckv, c for d c_pre and qa_n for d qa. With the latent ring (cp > 1 and
+// mla_latent_ring) K and V are never formed on the layer: k, v, kv, dk and dv are 0 bytes
+// (the ring expands each block itself), the ring writes dc and dkr32, and under bf16
+// dkv32 is the ring's fp32 dc [S_r, Rkv] (narrowed into dc).
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   BufferSpec workspace_forward, workspace_backward;
@@ -220,10 +227,11 @@ class AttentionLayer final : public Block {
   // One sequence (S rows at row b) through the kernel: o, lse written; bf16 via o32.
   template <class A>
   void attend_forward(Internals& in, std::int64_t b, std::int64_t S);
-  // One sequence's dq, dk, dv written (before RoPE's backward); bf16 via dq32 / dkv32.
+  // One sequence's dq, dk, dv written (before RoPE's backward); bf16 via dq32 / dkv32. The
+  // latent ring writes dq, dc and dkr32 instead (and adds into dWkvb).
   template <class A>
   void attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
-                       float* dq32, float* dkv32);
+                       float* dq32, float* dkv32, A* dc, float* dkr32);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
   Device& dev_;

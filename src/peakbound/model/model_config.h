@@ -123,6 +123,11 @@ struct ModelConfig {
   // mean over the step's sequences, summed over the layers. Not a config.json field
   // (transformers has no such loss): train's --seq-aux-coef. 0: off.
   double seq_aux_loss_coef = 0.0;
+  // Under context parallelism MLA's ring circulates the latent and the rotated rope key
+  // (kv_lora_rank + qk_rope_head_dim per token, expanded through kv_b_proj at each hop)
+  // instead of every head's K and V: 71x fewer bytes for DeepSeek-V3. Not a config.json
+  // field: train's --cp-ring (latent or kv).
+  bool mla_latent_ring = true;
   // Standard deviation of the normal initialisation of every Linear and the
   // embedding (initializer_range); RMSNorm weights start at 1.
   double initializer_range = 0.02;

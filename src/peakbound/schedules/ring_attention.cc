@@ -8,16 +8,20 @@
 #include "peakbound/schedules/ring_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "peakbound/core/error.h"
 #include "peakbound/ops/attention.h"
+#include "peakbound/nn/linear.h"
 #include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_exchange.h"
 
@@ -31,6 +35,9 @@ constexpr int kTagForward = 61, kTagBackward = 71;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::uint64_t kF32 = sizeof(float);
 constexpr Component kC = Component::attention;
+
+// Every call's sends in this process (ring_attention_bytes_sent).
+std::atomic<std::uint64_t> g_bytes_sent{0};
 
 std::uint64_t U(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
@@ -89,6 +96,17 @@ std::vector<LocalChunk> query_pieces(const CpShard& s, std::int64_t block_q) {
     for (std::int64_t p = 0; p < c.c.len; p += rows)
       out.push_back({{c.c.begin + p, std::min(rows, c.c.len - p)}, c.row + p});
   return out;
+}
+
+// The kernel calls of one hop: each (query piece, key chunk) pair of this rank's shard and
+// the hop's block with at least one visible key, with its dims (accumulate mode).
+template <class F>
+void for_each_call(const RingAttentionConfig& c, const CpShard& mine, const CpShard& blk, F&& f) {
+  for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
+    for (const LocalChunk& kch : chunks_of(blk)) {
+      if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
+      f(qc, kch, call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true));
+    }
 }
 
 // Stream timestamps around kernel calls, and the ring's blocking waits with the times
@@ -182,16 +200,42 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
     throw InvalidArgument("ring attention: seq_len " + std::to_string(c.seq_len) + " must be >= 2 x CP = " +
                           std::to_string(2 * cp) + " (every zigzag chunk non-empty)");
   check_attention_dims(whole_dims(c));
+  if (c.latent < 0) throw InvalidArgument("ring attention: latent must be >= 0, got " + std::to_string(c.latent));
+  if (c.latent > 0) {
+    if (cp == 1) throw InvalidArgument("ring attention: the compressed (latent) form needs cp > 1");
+    if (c.dims.kv_heads != c.dims.q_heads)
+      throw InvalidArgument("ring attention: the compressed (latent) form needs kv_heads == q_heads");
+    if (c.rope <= 0 || c.rope > c.dims.qk_dim)
+      throw InvalidArgument("ring attention: rope must be in [1, qk_dim = " + std::to_string(c.dims.qk_dim) +
+                            "], got " + std::to_string(c.rope));
+  }
 }
+
+namespace {
+
+// Per-token widths of the two carried lanes and of the two accumulated ones: K and V of
+// the KV heads, or the latent and the rope key.
+std::pair<std::int64_t, std::int64_t> lane_widths(const RingAttentionConfig& c) {
+  if (c.latent > 0) return {c.latent, c.rope};
+  return {c.dims.kv_heads * c.dims.qk_dim, c.dims.kv_heads * c.dims.v_dim};
+}
+
+// The compressed form's expanded block: K [Tmax, H qk], V [Tmax, H v], kv [Tmax, H (nope + v)].
+std::int64_t expanded_block(const RingAttentionConfig& c, std::int64_t tokens) {
+  return tokens * c.dims.q_heads * (c.dims.qk_dim + c.dims.v_dim);
+}
+std::int64_t kv_width(const RingAttentionConfig& c) { return c.dims.q_heads * (c.dims.qk_dim - c.rope + c.dims.v_dim); }
+
+}  // namespace
 
 RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp) {
   check_ring_attention(c, cp);
   const AttentionDims& d = c.dims;
-  // Under bf16 the carried K/V lanes are bf16 and the kernel's tiles need bf16 room; the
+  // Under bf16 the carried lanes are bf16 and the kernel's tiles need bf16 room; the
   // accumulators and row_dot stay fp32.
   const DType a = activation_dtype(c.precision);
   RingAttentionBuffers b;
-  b.kv_ring = b.dkv_ring = b.row_dot = buffer_spec(kC, 0, kF32);
+  b.kv_ring = b.dkv_ring = b.row_dot = b.expand = b.tile = buffer_spec(kC, 0, kF32);
   if (cp == 1) {
     // Nothing moves: the single-rank kernel, D_i in its own workspace.
     const AttentionDims w = whole_dims(c);
@@ -199,12 +243,19 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
     b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(w, false, a)), kF32);
     return b;
   }
-  const std::uint64_t T = U(zigzag_widest_tokens(c.seq_len, cp));
-  const std::uint64_t block = checked_mul(checked_mul(T, U(d.kv_heads), "ring attention"),
-                                          checked_add(U(d.qk_dim), U(d.v_dim), "ring attention"), "ring attention");
-  b.kv_ring = buffer_spec(kC, checked_mul(2, block, "ring attention"), dtype_size(a));
-  b.dkv_ring = buffer_spec(kC, checked_mul(3, block, "ring attention"), kF32);
-  b.row_dot = buffer_spec(kC, checked_mul(T, U(d.q_heads), "ring attention"), kF32);
+  const auto mul = [](std::uint64_t x, std::uint64_t y) { return checked_mul(x, y, "ring attention"); };
+  const std::int64_t T = zigzag_widest_tokens(c.seq_len, cp);
+  const auto [w0, w1] = lane_widths(c);
+  const std::uint64_t lanes = mul(U(T), U(w0) + U(w1));
+  std::uint64_t contribution = 0;  // the compressed form's fp32 dK/dV of one block
+  b.kv_ring = buffer_spec(kC, mul(2, lanes), dtype_size(a));
+  if (c.latent > 0) {
+    contribution = U(expanded_block(c, T));
+    b.expand = buffer_spec(kC, checked_add(contribution, mul(U(T), U(kv_width(c))), "ring attention"), dtype_size(a));
+    b.tile = linear_tile_spec(T, kv_width(c), c.precision, kC);
+  }
+  b.dkv_ring = buffer_spec(kC, checked_add(mul(3, lanes), contribution, "ring attention"), kF32);
+  b.row_dot = buffer_spec(kC, mul(U(T), U(d.q_heads)), kF32);
   b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d, a)), kF32);
   b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true, a)), kF32);
   return b;
@@ -213,19 +264,119 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
 Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp) {
   const RingAttentionBuffers b = ring_attention_buffers(c, cp);
   Footprint f("ring_attention");
-  f.device("forward", b.kv_ring).device("forward", b.workspace_forward);
-  f.device("backward", b.kv_ring).device("backward", b.dkv_ring).device("backward", b.row_dot);
-  f.device("backward", b.workspace_backward);
+  f.device("forward", b.kv_ring).device("forward", b.expand).device("forward", b.tile);
+  f.device("forward", b.workspace_forward);
+  f.device("backward", b.kv_ring).device("backward", b.expand).device("backward", b.tile);
+  f.device("backward", b.dkv_ring).device("backward", b.row_dot).device("backward", b.workspace_backward);
   return f;
 }
 
+std::uint64_t ring_attention_bytes_sent() { return g_bytes_sent.load(); }
+
+AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int rank) {
+  check_ring_attention(c, cp);
+  if (rank < 0 || rank >= cp)
+    throw InvalidArgument("ring attention: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(cp) + ")");
+  if (cp == 1) return attention_tiles(whole_dims(c));
+  AttentionTiles t;
+  const CpShard mine = zigzag_shard(c.seq_len, cp, rank);
+  for (int o = 0; o < cp; ++o)
+    for_each_call(c, mine, zigzag_shard(c.seq_len, cp, o), [&](const LocalChunk&, const LocalChunk&, const AttentionDims& d) {
+      const AttentionTiles k = attention_tiles(d);
+      t.forward += k.forward;
+      t.backward += k.backward;
+    });
+  return t;
+}
+
+RingAttentionTraffic ring_attention_traffic(const RingAttentionConfig& c, int cp, int rank) {
+  check_ring_attention(c, cp);
+  if (rank < 0 || rank >= cp)
+    throw InvalidArgument("ring attention: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(cp) + ")");
+  RingAttentionTraffic t;
+  const auto [w0, w1] = lane_widths(c);
+  const std::uint64_t a = dtype_size(activation_dtype(c.precision)), w = U(w0) + U(w1);
+  // Hop h sends origin (rank - h)'s set: carried at every hop but the last, accumulated at every hop.
+  for (int h = 0; h < cp && cp > 1; ++h) {
+    const std::uint64_t n = U(zigzag_shard(c.seq_len, cp, ((rank - h) % cp + cp) % cp).tokens()) * w;
+    if (h < cp - 1) {
+      t.forward += n * a;
+      t.backward += n * a;
+    }
+    t.backward += n * kF32;
+  }
+  return t;
+}
+
+template <class A>
+void mla_expand_kv(Device& dev, Stream& s, std::int64_t T, std::int64_t H, std::int64_t latent, std::int64_t nope,
+                   std::int64_t rope, std::int64_t v_dim, const A* c_lat, const A* kr, const A* wkvb, A* k, A* v, A* kv,
+                   float* tile) {
+  const std::int64_t qk = nope + rope, kvw = H * (nope + v_dim);
+  linear(dev, s, T, kvw, {{.a = c_lat, .lda = latent, .b = wkvb, .ldb = latent, .k = latent, .trans_b = true}}, kv, kvw,
+         LinearMode::write, tile);
+  ops::copy_columns(dev, s, v, v_dim, kv + nope, nope + v_dim, T * H, v_dim);
+  ops::copy_columns(dev, s, k, qk, kv, nope + v_dim, T * H, nope);
+  for (std::int64_t hd = 0; hd < H; ++hd) ops::copy_columns(dev, s, k + hd * qk + nope, H * qk, kr, rope, T, rope);
+}
+template void mla_expand_kv<float>(Device&, Stream&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, std::int64_t, const float*, const float*, const float*, float*,
+                                   float*, float*, float*);
+template void mla_expand_kv<bf16>(Device&, Stream&, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                                  std::int64_t, std::int64_t, const bf16*, const bf16*, const bf16*, bf16*, bf16*,
+                                  bf16*, float*);
+
 namespace {
+
+// What this rank puts on the ring: K and V, or (compressed form) the latent, the rope key
+// and kv_b_proj's weight; the backward's outputs: dK and dV, or dc, dkr and dWkvb.
+template <class A>
+struct KvSource {
+  const A *first = nullptr, *second = nullptr;  // k, v | c, kr
+  const A* wkvb = nullptr;
+};
+struct KvGrads {
+  float *first = nullptr, *second = nullptr;  // dk, dv | dc, dkr
+  float* dwkvb = nullptr;
+};
+
+// The two carried lanes in kv_ring's two slots.
+template <class A>
+std::pair<int, int> add_carried_lanes(RingExchange& ring, const RingAttentionConfig& c, int P, A* base,
+                                      const KvSource<A>& src) {
+  const std::int64_t Tmax = zigzag_widest_tokens(c.seq_len, P);
+  const auto [w0, w1] = lane_widths(c);
+  const std::int64_t slot = Tmax * (w0 + w1), off = Tmax * w0;
+  constexpr DType kA = dtype_of<A>();
+  return {ring.add_carried(src.first, RingLane{{base, base + slot}, kA, lane_counts(c.seq_len, P, w0)}),
+          ring.add_carried(src.second, RingLane{{base + off, base + slot + off}, kA, lane_counts(c.seq_len, P, w1)})};
+}
+
+// This hop's K and V of tb tokens: the carried lanes, or (compressed form) the block
+// expanded from them into `ex` (K, V, then kv_b_proj's output).
+template <class A>
+std::pair<const A*, const A*> hop_kv(Device& dev, Stream& s, const RingAttentionConfig& c, RingExchange& ring,
+                                     std::pair<int, int> lanes, std::int64_t tb, std::int64_t Tmax, A* ex,
+                                     float* tile, const A* wkvb, Timer& timer) {
+  const A* l0 = static_cast<const A*>(ring.carried(lanes.first));
+  const A* l1 = static_cast<const A*>(ring.carried(lanes.second));
+  if (c.latent == 0) return {l0, l1};
+  const std::int64_t H = c.dims.q_heads;
+  A* kx = ex;
+  A* vx = ex + Tmax * H * c.dims.qk_dim;
+  timer.start();
+  if (!timer.skip())
+    mla_expand_kv(dev, s, tb, H, c.latent, c.dims.qk_dim - c.rope, c.rope, c.dims.v_dim, l0, l1, wkvb, kx, vx,
+                  vx + Tmax * H * c.dims.v_dim, tile);
+  timer.stop();
+  return {kx, vx};
+}
 
 // Written once for A = float | bf16 (q, k, v, dout, out and the carried lanes); A = float
 // is the f32-only code's calls in its order.
 template <class A>
 void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse, const A* q,
-                const A* k, const A* v, ThreadPool* pool, RingAttentionStats* stats) {
+                const KvSource<A>& src, ThreadPool* pool, RingAttentionStats* stats) {
   check_precision(c.precision, precision_of<A>(), "ring attention", "q, k, v");
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
@@ -233,9 +384,10 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
   Timer timer(dev, s, stats, P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   Buffer ws = allocate(dev, b.workspace_forward);
-  if (P == 1) {
+  if (P == 1) {  // the K/V form only (check_ring_attention)
     timer.start();
-    if (!timer.skip()) ops::attention_forward(dev, s, out, lse, q, k, v, whole_dims(c), ws.as<float>(), pool);
+    if (!timer.skip())
+      ops::attention_forward(dev, s, out, lse, q, src.first, src.second, whole_dims(c), ws.as<float>(), pool);
     timer.stop();
     dev.synchronize(s);
     timer.finish(nullptr);
@@ -243,43 +395,55 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
   const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
-  Buffer kv = allocate(dev, b.kv_ring);
-  A* base = kv.as<A>();
-  constexpr DType kA = dtype_of<A>();
-  const std::int64_t block = Tmax * Hkv * (D + Dv);
-  const std::vector<std::size_t> k_count = lane_counts(c.seq_len, P, Hkv * D), v_count = lane_counts(c.seq_len, P, Hkv * Dv);
+  Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile);
   RingExchange ring(dev, g, kTagForward);
-  const int k_lane = ring.add_carried(k, RingLane{{base, base + block}, kA, k_count});
-  const int v_lane = ring.add_carried(v, RingLane{{base + Tmax * Hkv * D, base + block + Tmax * Hkv * D}, kA, v_count});
+  const std::pair<int, int> lanes = add_carried_lanes(ring, c, P, kv.as<A>(), src);
   // Every row starts empty (lse -inf: out is not read).
   ops::fill(dev, s, lse, T * Hq, kNegInf);
   for (int hop = 0; hop < P; ++hop) {
     ring.begin(hop);
     timer.posted(Timer::carried, hop);
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
-    const A* kc = static_cast<const A*>(ring.carried(k_lane));
-    const A* vc = static_cast<const A*>(ring.carried(v_lane));
-    for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
-      for (const LocalChunk& kch : chunks_of(blk)) {
-        if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
-        const AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
-        timer.start();
-        if (!timer.skip())
-          ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
-                                 kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
-        timer.stop();
-        ring.progress();
-      }
+    const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, blk.tokens(), Tmax, ex.as<A>(), tile.as<float>(), src.wkvb,
+                                 timer);
+    for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
+      timer.start();
+      if (!timer.skip())
+        ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
+                               kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
+      timer.stop();
+      ring.progress();
+    });
     progress_while_computing(dev, s, ring);
     timer.wait(Timer::carried, hop, [&] { ring.end(hop); });
   }
   dev.synchronize(s);
   timer.finish(&g);
+  if (stats) stats->bytes_sent = ring.bytes_sent();
+  g_bytes_sent += ring.bytes_sent();
+}
+
+// The compressed form's backward of one block (tb tokens, its latent cc): dKx, dVx (this
+// rank's queries' fp32 contribution) into d kv (kv_b_proj's output's gradient, the
+// activation dtype, in dkv), dWkvb += d kv^T cc, dc = d kv Wkvb and dkr = the heads' dK
+// rope columns summed (both fp32, WRITTEN).
+template <class A>
+void contract_block(Device& dev, Stream& s, const RingAttentionConfig& c, std::int64_t tb, const float* dkx,
+                    const float* dvx, const A* cc, const A* wkvb, A* dkv, float* dwkvb, float* dc, float* dkr) {
+  const std::int64_t H = c.dims.q_heads, qk = c.dims.qk_dim, dv = c.dims.v_dim, dr = c.rope, dn = qk - dr;
+  const std::int64_t kvw = kv_width(c), L = c.latent;
+  ops::copy_columns(dev, s, dkv, dn + dv, dkx, qk, tb * H, dn);
+  ops::copy_columns(dev, s, dkv + dn, dn + dv, dvx, dv, tb * H, dv);
+  add_weight_grad(dev, s, kvw, L, tb, dkv, cc, dwkvb);
+  ops::gemm(dev, s, false, false, tb, L, kvw, 1.0f, dkv, kvw, wkvb, L, 0.0f, dc, L);
+  ops::fill(dev, s, dkr, tb * dr, 0.0f);
+  for (std::int64_t hd = 0; hd < H; ++hd)
+    ops::copy_columns(dev, s, dkr, dr, dkx + hd * qk + dn, H * qk, tb, dr, ops::ColumnOrder::same, true);
 }
 
 template <class A>
-void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk, float* dv,
-                 const A* dout, const A* q, const A* k, const A* v, const A* out, const float* lse, ThreadPool* pool,
+void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, const KvGrads& grads, float* dq,
+                 const A* dout, const A* q, const KvSource<A>& src, const A* out, const float* lse, ThreadPool* pool,
                  RingAttentionStats* stats) {
   check_precision(c.precision, precision_of<A>(), "ring attention", "q, k, v");
   const int P = g.size();
@@ -287,11 +451,13 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
   Stream& s = dev.compute_stream();
   Timer timer(dev, s, stats, P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
-  if (P == 1) {
+  const bool latent = c.latent > 0;
+  if (P == 1) {  // the K/V form only (check_ring_attention)
     Buffer ws = allocate(dev, b.workspace_backward);
     timer.start();
     if (!timer.skip())
-      ops::attention_backward(dev, s, dq, dk, dv, dout, q, k, v, out, lse, whole_dims(c), ws.as<float>(), pool);
+      ops::attention_backward(dev, s, dq, grads.first, grads.second, dout, q, src.first, src.second, out, lse,
+                              whole_dims(c), ws.as<float>(), pool);
     timer.stop();
     dev.synchronize(s);
     timer.finish(nullptr);
@@ -299,19 +465,21 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
   const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
-  Buffer kv = allocate(dev, b.kv_ring), dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot),
-         ws = allocate(dev, b.workspace_backward);
-  const std::int64_t block = Tmax * Hkv * (D + Dv), k_part = Tmax * Hkv * D;
-  A* kvb = kv.as<A>();
+  Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile),
+         dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot), ws = allocate(dev, b.workspace_backward);
+  const auto [w0, w1] = lane_widths(c);
+  const std::int64_t slot = Tmax * (w0 + w1), off = Tmax * w0;
   float* dkvb = dkv.as<float>();
-  constexpr DType kA = dtype_of<A>();
-  float *dk_part = dkvb + 2 * block, *dv_part = dk_part + k_part;  // one block's contribution
-  const std::vector<std::size_t> k_count = lane_counts(c.seq_len, P, Hkv * D), v_count = lane_counts(c.seq_len, P, Hkv * Dv);
+  // After the accumulators' two slots: this rank's part of the block's accumulated
+  // value (added once the running value is in), then (compressed form) the block's dK/dV.
+  float *part0 = dkvb + 2 * slot, *part1 = part0 + off;
+  float* dkx = latent ? dkvb + 3 * slot : nullptr;
+  float* dvx = latent ? dkx + Tmax * Hq * D : nullptr;
   RingExchange ring(dev, g, kTagBackward);
-  const int k_lane = ring.add_carried(k, RingLane{{kvb, kvb + block}, kA, k_count});
-  const int v_lane = ring.add_carried(v, RingLane{{kvb + k_part, kvb + block + k_part}, kA, v_count});
-  const int dk_lane = ring.add_accumulated(RingLane{{dkvb, dkvb + block}, DType::f32, k_count});
-  const int dv_lane = ring.add_accumulated(RingLane{{dkvb + k_part, dkvb + block + k_part}, DType::f32, v_count});
+  const std::pair<int, int> lanes = add_carried_lanes(ring, c, P, kv.as<A>(), src);
+  const int acc0 = ring.add_accumulated(RingLane{{dkvb, dkvb + slot}, DType::f32, lane_counts(c.seq_len, P, w0)});
+  const int acc1 =
+      ring.add_accumulated(RingLane{{dkvb + off, dkvb + slot + off}, DType::f32, lane_counts(c.seq_len, P, w1)});
   // D_i = rowsum(dout * out) once for every hop; dq is added into from zero.
   timer.start();
   if (!timer.skip()) ops::attention_row_dot(dev, s, rd.as<float>(), dout, out, call_dims(c, T, 0, 0, 0, false));
@@ -322,44 +490,65 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
     timer.posted(Timer::carried, hop);
     const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
     const std::int64_t tb = blk.tokens();
-    const A* kc = static_cast<const A*>(ring.carried(k_lane));
-    const A* vc = static_cast<const A*>(ring.carried(v_lane));
-    // This rank's part of the block's dK/dV: at hop 0 straight into the travelling
-    // accumulator, later into the contribution, added once the running value is in.
-    float* dkc = hop == 0 ? static_cast<float*>(ring.accumulator(dk_lane)) : dk_part;
-    float* dvc = hop == 0 ? static_cast<float*>(ring.accumulator(dv_lane)) : dv_part;
+    const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, tb, Tmax, ex.as<A>(), tile.as<float>(), src.wkvb, timer);
+    // This rank's part of the accumulated value: at hop 0 straight into the travelling
+    // accumulator, later into the part, added once the running value is in.
+    float* to0 = hop == 0 ? static_cast<float*>(ring.accumulator(acc0)) : part0;
+    float* to1 = hop == 0 ? static_cast<float*>(ring.accumulator(acc1)) : part1;
+    // The kernel's dK/dV: the part itself, or (compressed form) the block's, contracted below.
+    float* dkc = latent ? dkx : to0;
+    float* dvc = latent ? dvx : to1;
     ops::fill(dev, s, dkc, tb * Hkv * D, 0.0f);
     ops::fill(dev, s, dvc, tb * Hkv * Dv, 0.0f);
-    for (const LocalChunk& qc : query_pieces(mine, c.dims.block_q))
-      for (const LocalChunk& kch : chunks_of(blk)) {
-        if (!pair_visible(qc.c, kch.c, c.dims.window)) continue;
-        const AttentionDims d = call_dims(c, qc.c.len, qc.c.begin, kch.c.len, kch.c.begin, true);
-        timer.start();
-        if (!timer.skip())
-          ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
-                                  dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
-                                  vc + kch.row * Hkv * Dv, out + qc.row * Hq * Dv, lse + qc.row * Hq, d,
-                                  ws.as<float>(), pool, rd.as<float>() + qc.row * Hq);
-        timer.stop();
-        ring.progress();
-      }
+    for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
+      timer.start();
+      if (!timer.skip())
+        ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
+                                dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
+                                vc + kch.row * Hkv * Dv, out + qc.row * Hq * Dv, lse + qc.row * Hq, d, ws.as<float>(),
+                                pool, rd.as<float>() + qc.row * Hq);
+      timer.stop();
+      ring.progress();
+    });
+    if (latent) {
+      A* dkv_ex = ex.as<A>() + Tmax * Hq * (D + Dv);  // kv_b_proj's output, read by this hop's expansion only
+      timer.start();
+      if (!timer.skip())
+        contract_block(dev, s, c, tb, dkx, dvx, static_cast<const A*>(ring.carried(lanes.first)), src.wkvb, dkv_ex,
+                       grads.dwkvb, to0, to1);
+      timer.stop();
+    }
     progress_while_computing(dev, s, ring);
     if (hop > 0) {
       timer.wait(Timer::accumulated, hop, [&] { ring.wait_accumulated(); });
-      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(dk_lane)), dk_part, tb * Hkv * D, 1.0f);
-      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(dv_lane)), dv_part, tb * Hkv * Dv, 1.0f);
+      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(acc0)), part0, tb * w0, 1.0f);
+      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(acc1)), part1, tb * w1, 1.0f);
     }
     ring.send_accumulated();
     timer.posted(Timer::accumulated, hop);
     timer.wait(Timer::carried, hop, [&] { ring.end(hop); });
   }
-  // This rank's own blocks' complete dK/dV come back from the previous rank.
+  // This rank's own blocks' complete values come back from the previous rank.
   timer.wait(Timer::finished, P - 1, [&] {
-    ring.finish(dk_lane, dk);
-    ring.finish(dv_lane, dv);
+    ring.finish(acc0, grads.first);
+    ring.finish(acc1, grads.second);
   });
   dev.synchronize(s);
   timer.finish(&g);
+  if (stats) stats->bytes_sent = ring.bytes_sent();
+  g_bytes_sent += ring.bytes_sent();
+}
+
+// The public forms: K/V, then compressed, each for f32 and bf16.
+template <class A>
+KvSource<A> kv_form(const RingAttentionConfig& c, const A* k, const A* v) {
+  if (c.latent != 0) throw InvalidArgument("ring attention: a config with latent > 0 takes the ring_attention_latent_* calls");
+  return {k, v, nullptr};
+}
+template <class A>
+KvSource<A> latent_form(const RingAttentionConfig& c, const A* c_lat, const A* kr, const A* wkvb) {
+  if (c.latent <= 0) throw InvalidArgument("ring attention: the ring_attention_latent_* calls need latent > 0");
+  return {c_lat, kr, wkvb};
 }
 
 }  // namespace
@@ -367,24 +556,50 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
 void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse,
                             const float* q, const float* k, const float* v, ThreadPool* pool,
                             RingAttentionStats* stats) {
-  forward_as<float>(dev, g, c, out, lse, q, k, v, pool, stats);
+  forward_as<float>(dev, g, c, out, lse, q, kv_form(c, k, v), pool, stats);
 }
 
 void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse,
                             const bf16* q, const bf16* k, const bf16* v, ThreadPool* pool, RingAttentionStats* stats) {
-  forward_as<bf16>(dev, g, c, out, lse, q, k, v, pool, stats);
+  forward_as<bf16>(dev, g, c, out, lse, q, kv_form(c, k, v), pool, stats);
 }
 
 void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const float* dout, const float* q, const float* k, const float* v,
                              const float* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
-  backward_as<float>(dev, g, c, dq, dk, dv, dout, q, k, v, out, lse, pool, stats);
+  backward_as<float>(dev, g, c, {dk, dv, nullptr}, dq, dout, q, kv_form(c, k, v), out, lse, pool, stats);
 }
 
 void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                              const bf16* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
-  backward_as<bf16>(dev, g, c, dq, dk, dv, dout, q, k, v, out, lse, pool, stats);
+  backward_as<bf16>(dev, g, c, {dk, dv, nullptr}, dq, dout, q, kv_form(c, k, v), out, lse, pool, stats);
+}
+
+void ring_attention_latent_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out,
+                                   float* lse, const float* q, const float* c_lat, const float* kr, const float* wkvb,
+                                   ThreadPool* pool, RingAttentionStats* stats) {
+  forward_as<float>(dev, g, c, out, lse, q, latent_form(c, c_lat, kr, wkvb), pool, stats);
+}
+
+void ring_attention_latent_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out,
+                                   float* lse, const bf16* q, const bf16* c_lat, const bf16* kr, const bf16* wkvb,
+                                   ThreadPool* pool, RingAttentionStats* stats) {
+  forward_as<bf16>(dev, g, c, out, lse, q, latent_form(c, c_lat, kr, wkvb), pool, stats);
+}
+
+void ring_attention_latent_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dc,
+                                    float* dkr, float* dwkvb, const float* dout, const float* q, const float* c_lat,
+                                    const float* kr, const float* wkvb, const float* out, const float* lse,
+                                    ThreadPool* pool, RingAttentionStats* stats) {
+  backward_as<float>(dev, g, c, {dc, dkr, dwkvb}, dq, dout, q, latent_form(c, c_lat, kr, wkvb), out, lse, pool, stats);
+}
+
+void ring_attention_latent_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dc,
+                                    float* dkr, float* dwkvb, const bf16* dout, const bf16* q, const bf16* c_lat,
+                                    const bf16* kr, const bf16* wkvb, const bf16* out, const float* lse,
+                                    ThreadPool* pool, RingAttentionStats* stats) {
+  backward_as<bf16>(dev, g, c, {dc, dkr, dwkvb}, dq, dout, q, latent_form(c, c_lat, kr, wkvb), out, lse, pool, stats);
 }
 
 }  // namespace peakbound

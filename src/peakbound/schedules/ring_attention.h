@@ -27,6 +27,22 @@
 // and narrowed once by the caller after the last hop. The workspaces are sized with
 // DType::bf16.
 //
+// MLA's compressed form (latent > 0; the ring_attention_latent_* calls): what travels is
+// not K and V of every head but what DeepSeek-V3's attention computes them from, per token
+// the normalised latent c [latent] (kv_a_layernorm's output) and the shared rope key kr
+// [rope] (rotated at its global position): latent + rope elements per token instead of
+// Hkv x (qk + v). Each hop expands the block it holds through kv_b_proj (mla_expand_kv:
+// kv = c Wkvb^T, K = [kv nope | kr for every head], V = kv's v part) into one K/V block
+// buffer and runs the same kernel calls, so out and lse are those of the K/V form (to the
+// rounding of the expansion's GEMM). The backward expands again, takes the block's dK/dV
+// contribution of this rank's queries in fp32 and contracts it at once: dWkvb += d kv^T c
+// (added into the caller's fp32 gradient: this rank's share, which the gradient reduction
+// over the group completes), and d c = d kv Wkvb, d kr = the heads' dK rope columns
+// summed, both fp32, travel the ring as the accumulated lanes. After the last hop every
+// rank holds the complete dc, dkr of its own tokens (before kv_a_layernorm's and RoPE's
+// backward, which stay the caller's). Needs cp > 1 (at cp 1 nothing travels) and
+// kv_heads == q_heads.
+//
 // Memory: every internal buffer is allocated per call from the device (component
 // attention) from ring_attention_buffers, so ring_attention_footprint is what a call
 // holds. With CP == 1 nothing moves and the calls are the single-rank kernel's.
@@ -50,6 +66,10 @@ struct RingAttentionConfig {
   AttentionDims dims;
   std::int64_t seq_len = 0;  // S: the whole sequence's tokens, >= 2 * CP (every chunk non-empty)
   Precision precision = Precision::f32;  // the dtype of q, k, v, dout, out and the carried lanes
+  // MLA's compressed form (see above): kv_lora_rank and qk_rope_head_dim (the keys' last
+  // `rope` columns; nope = qk_dim - rope). latent 0: K and V travel.
+  std::int64_t latent = 0;
+  std::int64_t rope = 0;
 };
 
 // Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP).
@@ -59,9 +79,16 @@ void check_ring_attention(const RingAttentionConfig& c, int cp);
 // of the group allocates the same): the travelling K/V double buffer, the travelling dK/dV
 // accumulators and the block contribution they add (backward), rowsum(dout * out)
 // (backward) and the kernel's tile workspace per pass. Zero bytes where CP == 1 needs none.
+// The compressed form carries 2 slots x max shard x (latent + rope) in kv_ring, expands
+// each block into `expand` (K and V of the block and kv_b_proj's output, activation dtype;
+// the backward reuses the latter for d kv) with nn/linear's tile (bf16), and its dkv_ring
+// holds the travelling d c | d kr (two slots and one contribution, fp32) and the block's
+// dK/dV contribution (fp32).
 struct RingAttentionBuffers {
   BufferSpec kv_ring;            // forward and backward: 2 slots x max shard x Hkv x (D + Dv), activation dtype
   BufferSpec dkv_ring;           // backward: the travelling dK/dV (its slots) and one block's contribution
+  BufferSpec expand;             // compressed form only: the expanded block, forward and backward
+  BufferSpec tile;               // compressed form under bf16 only: the expansion's fp32 tile
   BufferSpec row_dot;            // backward: [T_r, Hq] f32
   BufferSpec workspace_forward;  // kernel tiles
   BufferSpec workspace_backward;
@@ -70,6 +97,24 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
 // Phases "forward" and "backward" (component attention; q, k, v, out, lse, dout and the
 // gradients are the caller's).
 Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp);
+
+// Bytes one call's transfers send from rank `rank` of the group (the forward's carried
+// lanes; the backward's carried and accumulated lanes): what RingAttentionStats::
+// bytes_sent measures.
+struct RingAttentionTraffic {
+  std::uint64_t forward = 0;
+  std::uint64_t backward = 0;
+};
+RingAttentionTraffic ring_attention_traffic(const RingAttentionConfig& c, int cp, int rank);
+// The bytes every ring attention call of this process has sent so far (the sum of their
+// bytes_sent): what a training step's rings moved is the difference across it.
+std::uint64_t ring_attention_bytes_sent();
+
+// The [Bq x Bk] score tiles per query head that rank `rank`'s kernel calls compute in one
+// forward and in one backward (attention_tiles summed over the calls, which the ring makes
+// through the same loop): under a window the chunk pairs with no visible key are not
+// called, and inside a call the kernel skips the tiles outside the window.
+AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int rank);
 
 // Timing of one call, for `peakbound bench attention` (null: nothing is timed and the
 // call adds no host task; give it on every rank of the group or on none: with CP > 1
@@ -94,6 +139,7 @@ struct RingAttentionStats {
   double wait_seconds = 0.0;
   double imbalance_seconds = 0.0;
   double exposed_comm_seconds = 0.0;
+  std::uint64_t bytes_sent = 0;  // the call's sends from this rank (ring_attention_traffic)
   double tick = 0.0;  // internal: the start of the kernel call the stream is running
 };
 
@@ -113,5 +159,35 @@ void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAtte
                              float* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                              const bf16* out, const float* lse, ThreadPool* pool = nullptr,
                              RingAttentionStats* stats = nullptr);
+
+// The compressed form (c.latent > 0, cp > 1). c_lat [T_r, latent] and kr [T_r, rope] are
+// this rank's tokens' (kr rotated, in the keys' column order), wkvb kv_b_proj's weight
+// [Hq x (nope + v), latent] of the activation dtype. Forward: out, lse as the K/V form's.
+// Backward: dq, dc [T_r, latent] and dkr [T_r, rope] WRITTEN (fp32); dwkvb (fp32, [Hq x
+// (nope + v), latent]) ADDED INTO with this rank's share of the weight's gradient.
+void ring_attention_latent_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out,
+                                   float* lse, const float* q, const float* c_lat, const float* kr, const float* wkvb,
+                                   ThreadPool* pool = nullptr, RingAttentionStats* stats = nullptr);
+void ring_attention_latent_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out,
+                                   float* lse, const bf16* q, const bf16* c_lat, const bf16* kr, const bf16* wkvb,
+                                   ThreadPool* pool = nullptr, RingAttentionStats* stats = nullptr);
+void ring_attention_latent_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq,
+                                    float* dc, float* dkr, float* dwkvb, const float* dout, const float* q,
+                                    const float* c_lat, const float* kr, const float* wkvb, const float* out,
+                                    const float* lse, ThreadPool* pool = nullptr, RingAttentionStats* stats = nullptr);
+void ring_attention_latent_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq,
+                                    float* dc, float* dkr, float* dwkvb, const bf16* dout, const bf16* q,
+                                    const bf16* c_lat, const bf16* kr, const bf16* wkvb, const bf16* out,
+                                    const float* lse, ThreadPool* pool = nullptr, RingAttentionStats* stats = nullptr);
+
+// MLA's K and V from the latent, for `tokens` tokens (A = float | bf16): kv [tokens, Hq x
+// (nope + v)] = c Wkvb^T through nn/linear (tile: its bf16 scratch, linear_tile_spec), then
+// k [tokens, Hq, nope + rope] = [kv's nope | kr, the same for every head], v [tokens, Hq, v]
+// = kv's v part. All WRITTEN. Shared by the attention layer (K/V form) and the ring's
+// compressed form, so both expand the same way.
+template <class A>
+void mla_expand_kv(Device& dev, Stream& s, std::int64_t tokens, std::int64_t heads, std::int64_t latent,
+                   std::int64_t nope, std::int64_t rope, std::int64_t v_dim, const A* c_lat, const A* kr,
+                   const A* wkvb, A* k, A* v, A* kv, float* tile);
 
 }  // namespace peakbound

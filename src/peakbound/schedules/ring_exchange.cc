@@ -44,6 +44,7 @@ void RingExchange::begin(int hop) {
       Carried& c = carried_[i];
       in_flight_.push_back(
           g_.isend(c.current, count(c.lane, origin(hop)), c.lane.type, next(), tag_base_ + static_cast<int>(i)));
+      bytes_sent_ += count(c.lane, origin(hop)) * dtype_size(c.lane.type);
     }
   }
   if (hop > 0)
@@ -76,6 +77,7 @@ void RingExchange::send_accumulated() {
     Accumulated& a = acc_[i];
     const auto s = static_cast<std::size_t>(hop_ % 2);
     a.send[s] = g_.isend(a.lane.slots[s], count(a.lane, origin(hop_)), a.lane.type, next(), tag_acc + static_cast<int>(i));
+    bytes_sent_ += count(a.lane, origin(hop_)) * dtype_size(a.lane.type);
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "peakbound/comm/communicator.h"
@@ -68,6 +69,8 @@ class RingExchange {
   // (the lane's free slot when dst is null) and returns where it is; waits the lane's
   // sends. Call for every accumulated lane.
   void* finish(int lane, void* dst = nullptr);
+  // Bytes this rank has posted to send so far (carried and accumulated lanes).
+  std::uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   struct Carried {
@@ -92,6 +95,7 @@ class RingExchange {
   std::vector<Carried> carried_;
   std::vector<Accumulated> acc_;
   std::vector<Request> in_flight_;  // this hop's carried transfers
+  std::uint64_t bytes_sent_ = 0;
 };
 
 }  // namespace peakbound

@@ -176,6 +176,7 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
     ac.qk_rope_dim = c.qk_rope_head_dim;
     ac.v_dim = c.v_head_dim;
     ac.rope_interleave = c.rope_interleave;
+    ac.mla_latent_ring = c.mla_latent_ring;
     // transformers: self.scaling = yarn_apply_mscale(qk_head_dim ** -0.5), in double.
     ac.softmax_scale =
         static_cast<float>(std::pow(static_cast<double>(c.qk_head_dim()), -0.5) * c.attention_softmax_factor);

@@ -20,6 +20,7 @@
 #include "peakbound/model/describe.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ring_attention.h"
 #include "peakbound/train/copy_task.h"
 #include "peakbound/train/kv_retrieval_task.h"
 #include "peakbound/train/model_spec.h"
@@ -151,6 +152,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   RunShape s;
   s.config = load_model_spec(f.model);
   s.config.seq_aux_loss_coef = f.seq_aux_coef;
+  s.config.mla_latent_ring = f.cp_ring == "latent";
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
@@ -182,6 +184,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (!data.empty() && !task.empty())
     throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
                           ": a run trains on the built-in task or on the token file, not both; drop one");
+  if (cp_ring != "latent" && cp_ring != "kv") bad("cp_ring", "must be latent or kv, got '" + cp_ring + "'");
   if (on_nonfinite != "stop" && on_nonfinite != "skip")
     bad("on_nonfinite", "must be stop or skip, got '" + on_nonfinite + "'");
   if (plan_skew < 0 || (plan_skew > 0 && plan_skew < 1)) bad("plan_skew", "must be 0 (worst case) or >= 1");
@@ -266,6 +269,7 @@ struct Run::State {
   Stopwatch clock, save_clock;
   double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0, blind = 0;
   std::vector<double> step_seconds;
+  std::uint64_t ring_bytes = 0;  // this rank's context-parallel ring attention sends in the steps taken
   std::optional<double> last_eval;
   bool nothing_to_train = false;
 
@@ -464,7 +468,9 @@ RunStep Run::step() {
     micro.push_back({s.ids[static_cast<std::size_t>(m)].data(), s.tgt[static_cast<std::size_t>(m)].data(), s.B, s.S});
   }
   RunStep r;
+  const std::uint64_t ring0 = ring_attention_bytes_sent();
   r.stats = s.trainer->step(micro, s.stop);
+  s.ring_bytes += ring_attention_bytes_sent() - ring0;
   const StepStats& st = r.stats;
   if (st.stopped != 0) return r;
   s.step = step;
@@ -603,6 +609,9 @@ RunSummary Run::finish() {
   sum.tokens_per_second = s.train_seconds > 0 ? s.tokens_seen / s.train_seconds : 0;
   sum.steps = s.step - s.s0;
   sum.skipped = s.skipped;
+  // The most any rank's attention rings sent per step (0 without context parallelism).
+  auto ring_bytes = static_cast<std::int64_t>(s.ring_bytes);
+  s.m->world->all_reduce(&ring_bytes, 1, DType::i64, ReduceOp::max);
   sum.run = {{"model", s.shape.config.name},
              {"precision", precision_name(f.precision)},
              {"ranks", s.W},
@@ -610,7 +619,8 @@ RunSummary Run::finish() {
              {"schedules", f.schedules.str()},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
-             {"step_seconds", s.step_seconds}};
+             {"step_seconds", s.step_seconds},
+             {"cp_ring_bytes_per_step", sum.steps > 0 ? ring_bytes / sum.steps : 0}};
   s.say(sum.text());
   return sum;
 }
@@ -650,6 +660,7 @@ nlohmann::json RunSummary::json() const {
                       {"tokens_per_second", tokens_per_second},
                       {"inputs_per_step", run["inputs_per_step"]},
                       {"step_seconds", run["step_seconds"]},
+                      {"cp_ring_bytes_per_step", run["cp_ring_bytes_per_step"]},
                       {"budget_bytes", budget},
                       {"peaks", table}};
   if (eval_loss) j["eval_loss"] = *eval_loss;

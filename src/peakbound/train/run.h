@@ -70,6 +70,9 @@ struct RunSettings {
   // DeepSeek-V3's complementary sequence-wise balance loss's alpha (sigmoid routers only;
   // ModelConfig::seq_aux_loss_coef); 0: off (the report trains with 0.0001).
   double seq_aux_coef = 0.0;
+  // What MLA's context-parallel ring carries: "latent" (the latent and the rope key) or
+  // "kv" (every head's K and V; ModelConfig::mla_latent_ring). Other attention ignores it.
+  std::string cp_ring = "latent";
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();
