@@ -298,6 +298,8 @@ const Variant kLlep{"llep", DispatchKind::llep, false, CheckpointSchedule::resid
 // world is even, each rank computing its zigzag half of its group's sequences.
 const Variant kNoneCp2{"none cp 2", DispatchKind::standard_ep, false, CheckpointSchedule::resident, 2};
 const Variant kAllCp2{"all cp 2", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 2};
+const Variant kAllCp3{"all cp 3", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 3};
+const Variant kAllCp4{"all cp 4", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 4};
 const Variant kAllCp2Kv{"all cp 2 kv ring", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, 2, true};
 
 std::vector<Variant> bf16_variants() {
@@ -332,29 +334,33 @@ TEST(HfReference, Qwen3MoeYarnMatchesTransformers) {
 
 // Sliding-window attention: Mixtral with a window of 5 keys on every layer, and Qwen2-MoE
 // (q/k/v biases, a shared expert behind its sigmoid gate, top-k weights not renormalised)
-// with the window on layer 0 only (its layer_types). Context parallelism where the world is
-// even: the ring skips and masks by global positions across the zigzag chunks.
-std::vector<Variant> with_cp2(std::vector<Variant> v) {
-  if (testing::world().size() % 2 == 0) {
+// with the window on layer 0 only (its layer_types). Context parallelism 2, 3 and 4 where
+// it divides the world (S 16: at cp 3 and 4 chunks of 2 and 3 tokens): the ring skips and
+// masks by global positions across the zigzag chunks.
+std::vector<Variant> with_cp(std::vector<Variant> v) {
+  const int W = testing::world().size();
+  if (W % 2 == 0) {
     v.push_back(kNoneCp2);
     v.push_back(kAllCp2);
   }
+  if (W % 3 == 0) v.push_back(kAllCp3);
+  if (W % 4 == 0) v.push_back(kAllCp4);
   return v;
 }
 
 TEST(HfReference, MixtralSlidingWindowMatchesTransformers) {
-  for (const Variant& v : with_cp2({kNone, kAll})) check_family("mixtral_sliding", v);
+  for (const Variant& v : with_cp({kNone, kAll})) check_family("mixtral_sliding", v);
 }
 
 TEST(HfReference, Qwen2MoeMatchesTransformers) {
-  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("qwen2_moe", v);
+  for (const Variant& v : with_cp({kNone, kAll, kLlep})) check_family("qwen2_moe", v);
 }
 
 // gpt-oss: attention biases and sinks, layer 0 sliding (window 5), YaRN, the router's bias,
 // the experts' biases and clamped SwiGLU, loaded from the checkpoint's fused interleaved
 // experts into the trainer's packed rows; every dispatch kind, context parallelism 2.
 TEST(HfReference, GptOssMatchesTransformers) {
-  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("gpt_oss", v);
+  for (const Variant& v : with_cp({kNone, kAll, kLlep})) check_family("gpt_oss", v);
 }
 
 // dots.llm1: Qwen3's attention with DeepSeek-V3's MoE (the sigmoid router with its
@@ -363,7 +369,7 @@ TEST(HfReference, GptOssMatchesTransformers) {
 // layer 2 sliding; every dispatch kind, context parallelism 2. The biases the model routes
 // with are the checkpoint's, bit for bit.
 TEST(HfReference, Dots1MatchesTransformers) {
-  for (const Variant& v : with_cp2({kNone, kAll, kLlep})) check_family("dots1", v);
+  for (const Variant& v : with_cp({kNone, kAll, kLlep})) check_family("dots1", v);
   FamilyRun run;
   const std::string dir = kFixtures + "dots1";
   const SafeTensorsFile ref = SafeTensorsFile::open(dir + "/reference.safetensors");
@@ -381,7 +387,7 @@ TEST(HfReference, Dots1MatchesTransformers) {
 // dots1's sigmoid router and one shared expert; every dispatch kind, context parallelism 2
 // with the ring carrying the latent (the default) and carrying K and V.
 TEST(HfReference, DeepseekV3MatchesTransformers) {
-  std::vector<Variant> variants = with_cp2({kNone, kAll, kLlep});
+  std::vector<Variant> variants = with_cp({kNone, kAll, kLlep});
   if (testing::world().size() % 2 == 0) variants.push_back(kAllCp2Kv);
   for (const Variant& v : variants) check_family("deepseek_v3", v);
 }
