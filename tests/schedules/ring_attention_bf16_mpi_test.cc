@@ -26,10 +26,13 @@
 #include "peakbound/verify/attention_reference.h"
 #include "peakbound/verify/relative_error.h"
 #include "tests/comm/world.h"
+#include "tests/schedules/ring_attention_test_rows.h"
 
 namespace peakbound {
 namespace {
 
+using testing::shard_rows;
+using testing::upload;
 using testing::world;
 
 struct Case {
@@ -53,23 +56,6 @@ std::vector<bf16> narrow(const std::vector<float>& v) {
   std::vector<bf16> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
   return out;
-}
-
-// Rows of a [S, w] tensor at this rank's shard positions, in shard order.
-template <class T>
-std::vector<T> shard_rows(const std::vector<T>& x, std::int64_t w, const CpShard& sh) {
-  std::vector<T> y(static_cast<std::size_t>(sh.tokens() * w));
-  for (std::int64_t t = 0; t < sh.tokens(); ++t)
-    std::copy_n(x.begin() + sh.position(t) * w, w, y.begin() + t * w);
-  return y;
-}
-
-// Device buffer holding v (the CPU device's memory is the host's).
-template <class T>
-Buffer upload(Device& dev, const std::vector<T>& v) {
-  Buffer b = dev.allocate(Component::layer, std::max<std::size_t>(v.size() * sizeof(T), 4));
-  std::copy(v.begin(), v.end(), b.as<T>());
-  return b;
 }
 
 std::vector<float> host(const Buffer& b, std::int64_t n) { return {b.as<float>(), b.as<float>() + n}; }

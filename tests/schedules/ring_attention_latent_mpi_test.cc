@@ -30,10 +30,13 @@
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/relative_error.h"
 #include "tests/comm/world.h"
+#include "tests/schedules/ring_attention_test_rows.h"
 
 namespace peakbound {
 namespace {
 
+using testing::shard_rows;
+using testing::upload;
 using testing::world;
 
 struct Case {
@@ -69,19 +72,6 @@ std::vector<bf16> as<bf16>(const std::vector<float>& v) {
 float wide(float x) { return x; }
 float wide(bf16 x) { return to_f32(x); }
 
-template <class T>
-std::vector<T> shard_rows(const std::vector<T>& x, std::int64_t w, const CpShard& sh) {
-  std::vector<T> y(static_cast<std::size_t>(sh.tokens() * w));
-  for (std::int64_t t = 0; t < sh.tokens(); ++t) std::copy_n(x.begin() + sh.position(t) * w, w, y.begin() + t * w);
-  return y;
-}
-
-template <class T>
-Buffer upload(Device& dev, const std::vector<T>& v) {
-  Buffer b = dev.allocate(Component::layer, std::max<std::size_t>(v.size() * sizeof(T), 4));
-  std::copy(v.begin(), v.end(), b.as<T>());
-  return b;
-}
 Buffer zeros(Device& dev, std::int64_t n) { return upload(dev, std::vector<float>(static_cast<std::size_t>(n), 0.0f)); }
 
 std::uint64_t peak(const Footprint& f, const char* phase) {
