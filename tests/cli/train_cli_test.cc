@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/model/model_flops.h"
 #include "peakbound/model/presets.h"
 #include "tests/cli/run_cli.h"
 
@@ -35,6 +36,15 @@ TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
   EXPECT_EQ(j["schedules"], "all");
   EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["peaks"]["total"]["measured_bytes"].get<double>(), 0);
+  // The model's FLOPs a token (model/model_flops.h: tiny-moe at 32 tokens) times the rate;
+  // no MFU without --gemm-peak.
+  const peakbound::ModelConfig tiny = peakbound::preset_config("tiny-moe");
+  EXPECT_DOUBLE_EQ(j["model_flops_per_token"].get<double>(), peakbound::model_flops_per_token(tiny, 32).per_token());
+  EXPECT_NEAR(j["achieved_flops_per_second"].get<double>(),
+              j["model_flops_per_token"].get<double>() * j["tokens_per_second"].get<double>(),
+              1e-9 * j["achieved_flops_per_second"].get<double>());
+  EXPECT_FALSE(j.contains("mfu"));
+  EXPECT_NE(r.out.find("FLOP/token"), std::string::npos) << r.out;
   std::ifstream m(metrics);
   std::string line;
   int lines = 0;
@@ -199,6 +209,16 @@ TEST(CliTrain, DeepSeekRingCarriesTheLatent) {
   EXPECT_LT(latent["peaks"]["attention"]["measured_bytes"].get<std::int64_t>(),
             kv["peaks"]["attention"]["measured_bytes"].get<std::int64_t>());
   peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --cp-ring heads", 60), "--cp-ring");
+}
+
+// --gemm-peak: the summary's MFU is the achieved model FLOP/s over the peak given.
+TEST(CliTrain, MfuIsTheAchievedRateOverTheGivenPeak) {
+  CliRun r = run_cli("train --steps 2 --seq-len 32 --gemm-peak 1e11 --json", 300);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = last_json_line(r.out);
+  EXPECT_NEAR(j["mfu"].get<double>(), j["achieved_flops_per_second"].get<double>() / 1e11, 1e-12);
+  EXPECT_NE(r.out.find("MFU"), std::string::npos) << r.out;
+  peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --gemm-peak -5", 60), "--gemm-peak");
 }
 
 // A fixed seed gives bitwise the same run: every step's loss and the final summary.

@@ -136,6 +136,10 @@ Command add_train(CLI::App& parent) {
             "What MLA's context-parallel ring carries: latent (the latent and the rope key per token, expanded at "
             "each hop) or kv (every head's K and V)")
       ->capture_default_str();
+  real_flag(app, "--gemm-peak", f->run.gemm_peak,
+            "The machine's GEMM peak in FLOP/s at the run's precision (peakbound info --json prints it), for the MFU "
+            "the summary reports (0: none)",
+            0.0, 1e19);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

@@ -18,6 +18,7 @@
 #include "peakbound/core/units.h"
 #include "peakbound/io/memory_timeline_file.h"
 #include "peakbound/model/describe.h"
+#include "peakbound/model/model_flops.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
@@ -184,6 +185,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (!data.empty() && !task.empty())
     throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
                           ": a run trains on the built-in task or on the token file, not both; drop one");
+  if (!(gemm_peak >= 0 && gemm_peak <= 1e19)) bad("gemm_peak", "must be a rate in FLOP/s >= 0");
   if (cp_ring != "latent" && cp_ring != "kv") bad("cp_ring", "must be latent or kv, got '" + cp_ring + "'");
   if (on_nonfinite != "stop" && on_nonfinite != "skip")
     bad("on_nonfinite", "must be stop or skip, got '" + on_nonfinite + "'");
@@ -607,6 +609,9 @@ RunSummary Run::finish() {
   sum.eval_loss = s.last_eval;
   sum.blind_loss = s.blind;
   sum.tokens_per_second = s.train_seconds > 0 ? s.tokens_seen / s.train_seconds : 0;
+  sum.model_flops_per_token = model_flops_per_token(s.shape.config, s.S).per_token();
+  sum.achieved_flops_per_second = sum.model_flops_per_token * sum.tokens_per_second;
+  if (f.gemm_peak > 0) sum.mfu = sum.achieved_flops_per_second / f.gemm_peak;
   sum.steps = s.step - s.s0;
   sum.skipped = s.skipped;
   // The most any rank's attention rings sent per step (0 without context parallelism).
@@ -637,6 +642,9 @@ std::string RunSummary::text() const {
   if (eval_loss) t += format(", held-out %.4f", *eval_loss);
   if (!std::isnan(blind_loss)) t += format(", context-blind bound %.4f", blind_loss);
   t += format("; %.0f tokens/s over %lld steps", tokens_per_second, static_cast<long long>(steps));
+  t += format("\nmodel %.3g FLOP/token x %.0f tokens/s = %.3g FLOP/s", model_flops_per_token, tokens_per_second,
+              achieved_flops_per_second);
+  if (mfu) t += format(", MFU %.1f%% of the GEMM peak given", 100.0 * *mfu);
   if (skipped > 0) t += format(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
   return t + "\n";
 }
@@ -665,6 +673,9 @@ nlohmann::json RunSummary::json() const {
                       {"peaks", table}};
   if (eval_loss) j["eval_loss"] = *eval_loss;
   if (!std::isnan(blind_loss)) j["blind_loss"] = blind_loss;
+  j["model_flops_per_token"] = model_flops_per_token;
+  j["achieved_flops_per_second"] = achieved_flops_per_second;
+  if (mfu) j["mfu"] = *mfu;
   return j;
 }
 

@@ -73,6 +73,10 @@ struct RunSettings {
   // What MLA's context-parallel ring carries: "latent" (the latent and the rope key) or
   // "kv" (every head's K and V; ModelConfig::mla_latent_ring). Other attention ignores it.
   std::string cp_ring = "latent";
+  // The machine's GEMM peak in FLOP/s at the run's precision (`peakbound info --json`'s
+  // gemm.f32_flops_per_second or bf16_flops_per_second), for the MFU the summary reports;
+  // 0: not given (no MFU).
+  double gemm_peak = 0.0;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();
@@ -163,6 +167,10 @@ struct RunSummary {
   std::vector<std::int64_t> planned, measured, at_peak;  // per component, then the total (at_peak: none)
   std::uint64_t budget = 0;
   double first_loss = 0, last_loss = 0, tokens_per_second = 0, blind_loss = 0;  // blind: NaN if unknown
+  // model_flops_per_token (model/model_flops.h) x tokens_per_second, and its share of the
+  // given GEMM peak (RunSettings::gemm_peak; absent when not given).
+  double model_flops_per_token = 0, achieved_flops_per_second = 0;
+  std::optional<double> mfu;
   std::optional<double> eval_loss;
   std::int64_t steps = 0, skipped = 0;
   std::string text() const;          // the table and the loss line, as `peakbound train` prints them
