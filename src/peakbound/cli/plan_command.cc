@@ -122,9 +122,7 @@ double parse_skew(const std::string& s) {
 PlanInputs to_inputs(const PlanFlags& f) {
   PlanInputs in;
   in.model = load_model(f.model);
-  if (f.cp_ring != "latent" && f.cp_ring != "kv")
-    throw InvalidArgument("--cp-ring must be latent or kv, got '" + f.cp_ring + "'");
-  in.model.mla_latent_ring = f.cp_ring == "latent";
+  in.model.mla_latent_ring = latent_cp_ring(f.cp_ring, "--cp-ring");
   in.context = static_cast<std::int64_t>(parse_count(f.context, "--seq-len"));
   in.sequences = f.sequences;
   in.devices = f.devices;

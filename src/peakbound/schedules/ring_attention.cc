@@ -273,10 +273,17 @@ Footprint ring_attention_footprint(const RingAttentionConfig& c, int cp) {
 
 std::uint64_t ring_attention_bytes_sent() { return g_bytes_sent.load(); }
 
-AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int rank) {
+namespace {
+// check_ring_attention, and rank in [0, cp) (the per-rank counts below).
+void check_ring_rank(const RingAttentionConfig& c, int cp, int rank) {
   check_ring_attention(c, cp);
   if (rank < 0 || rank >= cp)
     throw InvalidArgument("ring attention: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(cp) + ")");
+}
+}  // namespace
+
+AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int rank) {
+  check_ring_rank(c, cp, rank);
   if (cp == 1) return attention_tiles(whole_dims(c));
   AttentionTiles t;
   const CpShard mine = zigzag_shard(c.seq_len, cp, rank);
@@ -290,9 +297,7 @@ AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int ra
 }
 
 RingAttentionTraffic ring_attention_traffic(const RingAttentionConfig& c, int cp, int rank) {
-  check_ring_attention(c, cp);
-  if (rank < 0 || rank >= cp)
-    throw InvalidArgument("ring attention: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(cp) + ")");
+  check_ring_rank(c, cp, rank);
   RingAttentionTraffic t;
   const auto [w0, w1] = lane_widths(c);
   const std::uint64_t a = dtype_size(activation_dtype(c.precision)), w = U(w0) + U(w1);

@@ -149,11 +149,17 @@ ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
   return m;
 }
 
+bool latent_cp_ring(const std::string& value, const std::string& spelled) {
+  if (value != "latent" && value != "kv")
+    throw InvalidArgument(spelled + " must be latent or kv, got '" + value + "'");
+  return value == "latent";
+}
+
 RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   RunShape s;
   s.config = load_model_spec(f.model);
   s.config.seq_aux_loss_coef = f.seq_aux_coef;
-  s.config.mla_latent_ring = f.cp_ring == "latent";
+  s.config.mla_latent_ring = latent_cp_ring(f.cp_ring, spell("cp_ring"));
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
@@ -186,7 +192,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
     throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
                           ": a run trains on the built-in task or on the token file, not both; drop one");
   if (!(gemm_peak >= 0 && gemm_peak <= 1e19)) bad("gemm_peak", "must be a rate in FLOP/s >= 0");
-  if (cp_ring != "latent" && cp_ring != "kv") bad("cp_ring", "must be latent or kv, got '" + cp_ring + "'");
+  latent_cp_ring(cp_ring, spell("cp_ring"));
   if (on_nonfinite != "stop" && on_nonfinite != "skip")
     bad("on_nonfinite", "must be stop or skip, got '" + on_nonfinite + "'");
   if (plan_skew < 0 || (plan_skew > 0 && plan_skew < 1)) bad("plan_skew", "must be 0 (worst case) or >= 1");
@@ -642,10 +648,10 @@ std::string RunSummary::text() const {
   if (eval_loss) t += format(", held-out %.4f", *eval_loss);
   if (!std::isnan(blind_loss)) t += format(", context-blind bound %.4f", blind_loss);
   t += format("; %.0f tokens/s over %lld steps", tokens_per_second, static_cast<long long>(steps));
+  if (skipped > 0) t += format(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
   t += format("\nmodel %.3g FLOP/token x %.0f tokens/s = %.3g FLOP/s", model_flops_per_token, tokens_per_second,
               achieved_flops_per_second);
   if (mfu) t += format(", MFU %.1f%% of the GEMM peak given", 100.0 * *mfu);
-  if (skipped > 0) t += format(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
   return t + "\n";
 }
 

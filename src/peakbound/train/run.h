@@ -72,7 +72,7 @@ struct RunSettings {
   double seq_aux_coef = 0.0;
   // What MLA's context-parallel ring carries: "latent" (the latent and the rope key) or
   // "kv" (every head's K and V; ModelConfig::mla_latent_ring). Other attention ignores it.
-  std::string cp_ring = "latent";
+  std::string cp_ring = "latent";  // read by latent_cp_ring (below)
   // The machine's GEMM peak in FLOP/s at the run's precision (`peakbound info --json`'s
   // gemm.f32_flops_per_second or bf16_flops_per_second), for the MFU the summary reports;
   // 0: not given (no MFU).
@@ -163,6 +163,10 @@ struct RunStep {
 };
 
 // The end of a run: planned beside measured peaks (largest over ranks) and the losses.
+// RunSettings::cp_ring (or plan's --cp-ring) as ModelConfig::mla_latent_ring: true for
+// "latent", false for "kv"; anything else is InvalidArgument "<spelled> must be latent or kv".
+bool latent_cp_ring(const std::string& value, const std::string& spelled);
+
 struct RunSummary {
   std::vector<std::int64_t> planned, measured, at_peak;  // per component, then the total (at_peak: none)
   std::uint64_t budget = 0;
