@@ -221,6 +221,34 @@ TEST(CliTrain, MfuIsTheAchievedRateOverTheGivenPeak) {
   peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --gemm-peak -5", 60), "--gemm-peak");
 }
 
+// phase_seconds: the step's time split by phase (core/phase_clock.h). On one rank the
+// phases sum to the steps' wall time (other is the remainder, never negative); each phase
+// the model runs took time, and the summary prints the split.
+TEST(CliTrain, PhaseSecondsSplitTheStepTime) {
+  CliRun r = run_cli("train --steps 3 --seq-len 32 --json", 300);
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = last_json_line(r.out);
+  ASSERT_TRUE(j.contains("phase_seconds")) << j.dump();
+  const nlohmann::json& ph = j["phase_seconds"];
+  double sum = 0, steps = 0;
+  for (const char* k : {"attention", "experts", "dispatch", "vocabulary", "fsdp", "optimizer", "other"}) {
+    ASSERT_TRUE(ph.contains(k)) << k;
+    EXPECT_GE(ph[k].get<double>(), 0.0) << k;
+    sum += ph[k].get<double>();
+  }
+  EXPECT_EQ(ph.size(), 7u);
+  for (const char* k : {"attention", "experts", "vocabulary", "optimizer"}) EXPECT_GT(ph[k].get<double>(), 0.0) << k;
+  for (double s : j["step_seconds"].get<std::vector<double>>()) steps += s;
+  EXPECT_NEAR(sum, steps, 1e-9 * steps + 1e-12);
+  EXPECT_NE(r.out.find("step time (mean over ranks): attention"), std::string::npos) << r.out;
+  if (peakbound::testing::have_mpirun()) {  // every rank runs the dispatch's exchange and FSDP's collectives
+    CliRun m = peakbound::testing::run_mpi("train --steps 2 --seq-len 32 --json", 2, 300);
+    ASSERT_EQ(m.code, 0) << m.err << m.out;
+    const nlohmann::json jm = last_json_line(m.out);
+    for (const char* k : {"dispatch", "fsdp"}) EXPECT_GT(jm["phase_seconds"][k].get<double>(), 0.0) << k;
+  }
+}
+
 // A fixed seed gives bitwise the same run: every step's loss and the final summary.
 TEST(CliTrain, AFixedSeedRepeatsBitwise) {
   auto losses = [](const std::string& seed, int ranks) {

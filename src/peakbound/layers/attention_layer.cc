@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "peakbound/core/dtype.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/core/error.h"
 #include "peakbound/layers/layer_tensor_checks.h"
 #include "peakbound/nn/linear.h"
@@ -630,6 +631,7 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
 }
 
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
+  const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
     forward_as<bf16>(x, y);
   else
@@ -656,6 +658,7 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y) {
 }
 
 void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
     backward_as<bf16>(x, dy, dx);
   else

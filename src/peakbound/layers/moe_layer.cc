@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "peakbound/core/dtype.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/core/error.h"
 #include "peakbound/layers/layer_tensor_checks.h"
 #include "peakbound/nn/linear.h"
@@ -331,6 +332,7 @@ void MoeLayer::side_forward(Internals& in, const A* h, std::int64_t T, A* y) {
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& y) {
+  const PhaseScope phase(StepPhase::experts);
   if (cfg_.precision == Precision::bf16)
     forward_as<bf16>(x, y);
   else
@@ -369,6 +371,7 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
 }
 
 void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const PhaseScope phase(StepPhase::experts);
   if (cfg_.precision == Precision::bf16)
     backward_as<bf16>(x, dy, dx);
   else

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/nn/swiglu_ffn.h"
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/moe_permute.h"
@@ -433,6 +434,7 @@ class MoeDispatch::Pass {
   // out_grouped and the weight gradients added into the slot's (fp32; bf16: the FFN's
   // products through its fp32 tile, each stored activation rounded once).
   void expert(std::int64_t slot, std::int64_t a, std::int64_t m) {
+    const PhaseScope phase(StepPhase::experts);
     const A* W = weights_of(slot);
     // [W_gate | W_up | W_down] (+ [b_gate | b_up | b_down]: gpt-oss)
     SwigluFfnWeightsOf<A> w{W, W + F_ * H_, W + 2 * F_ * H_};
@@ -541,6 +543,7 @@ class MoeDispatch::Pass {
 
 template <class A>
 void MoeDispatch::run(const Io<A>& io) {
+  const PhaseScope phase(StepPhase::dispatch);  // the FFNs inside are "experts" (Pass::expert)
   Pass<A> pass(*this, io);
   pass.run();
   stats_ = pass.stats();

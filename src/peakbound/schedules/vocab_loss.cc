@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/ops/gemm.h"
 
 namespace peakbound {
@@ -56,33 +57,39 @@ void VocabLoss::expect(Precision p) const {
 
 LossSum VocabLoss::forward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                            const float* weight) {
+  const PhaseScope phase(StepPhase::vocabulary);
   expect(Precision::f32);
   return forward_any(hidden, targets, tokens, weight);
 }
 
 LossSum VocabLoss::forward(const bf16* hidden, const std::int32_t* targets, std::int64_t tokens, const bf16* weight) {
+  const PhaseScope phase(StepPhase::vocabulary);
   expect(Precision::bf16);
   return forward_any(hidden, targets, tokens, weight);
 }
 
 void VocabLoss::backward(float scale, float* d_hidden, float* d_weight) {
+  const PhaseScope phase(StepPhase::vocabulary);
   expect(Precision::f32);
   backward_any(scale, d_hidden, d_weight);
 }
 
 void VocabLoss::backward(float scale, bf16* d_hidden, float* d_weight) {
+  const PhaseScope phase(StepPhase::vocabulary);
   expect(Precision::bf16);
   backward_any(scale, d_hidden, d_weight);
 }
 
 LossSum VocabLoss::forward_backward(const float* hidden, const std::int32_t* targets, std::int64_t tokens,
                                     const float* weight, float scale, float* d_hidden, float* d_weight) {
+  const PhaseScope phase(StepPhase::vocabulary);
   expect(Precision::f32);
   return forward_backward_any(hidden, targets, tokens, weight, scale, d_hidden, d_weight);
 }
 
 LossSum VocabLoss::forward_backward(const bf16* hidden, const std::int32_t* targets, std::int64_t tokens,
                                     const bf16* weight, float scale, bf16* d_hidden, float* d_weight) {
+  const PhaseScope phase(StepPhase::vocabulary);
   expect(Precision::bf16);
   return forward_backward_any(hidden, targets, tokens, weight, scale, d_hidden, d_weight);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/ops/elementwise.h"
 
 namespace peakbound {
@@ -123,6 +124,7 @@ void FsdpUnits::check_param_dtype(DType want) const {
 }
 
 void FsdpUnits::gather(std::size_t u, void* dst) {
+  const PhaseScope phase(StepPhase::fsdp);
   dev_.synchronize();
   const DType t = param_dtype();
   const std::byte* src = params_.as<std::byte>() + offsets_[u] * dtype_size(t);
@@ -135,11 +137,13 @@ void FsdpUnits::gather(std::size_t u, float* dst) {
 }
 
 void FsdpUnits::gather_grads(std::size_t u, float* dst) {
+  const PhaseScope phase(StepPhase::fsdp);
   dev_.synchronize();
   g_.all_gather(grads_shard() + offsets_[u], dst, shard_len(u), DType::f32);
 }
 
 void FsdpUnits::reduce_add(std::size_t u, const float* full) {
+  const PhaseScope phase(StepPhase::fsdp);
   dev_.synchronize();
   const u64 n = shard_len(u);
   g_.reduce_scatter(full, scratch_.as<float>(), n, DType::f32, ReduceOp::sum);

@@ -278,6 +278,7 @@ struct Run::State {
   double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0, blind = 0;
   std::vector<double> step_seconds;
   std::uint64_t ring_bytes = 0;  // this rank's context-parallel ring attention sends in the steps taken
+  PhaseSeconds phases{};         // this rank's step time by phase, summed over the steps taken
   std::optional<double> last_eval;
   bool nothing_to_train = false;
 
@@ -490,6 +491,7 @@ RunStep Run::step() {
   s.last_loss = st.ce;
   s.tokens_seen += static_cast<double>(st.inputs);
   s.train_seconds += st.seconds;
+  for (std::size_t i = 0; i < kNumStepPhases; ++i) s.phases[i] += st.phases[i];
   s.step_seconds.push_back(st.seconds);
   std::optional<double> eval_loss;
   if (s.eval_windows > 0 && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps)) {
@@ -620,6 +622,14 @@ RunSummary Run::finish() {
   if (f.gemm_peak > 0) sum.mfu = sum.achieved_flops_per_second / f.gemm_peak;
   sum.steps = s.step - s.s0;
   sum.skipped = s.skipped;
+  // The step's split by phase, the mean over ranks (on the CPU device, whose compute runs
+  // on the step's thread; an asynchronous device's scopes would time launches only).
+  PhaseSeconds ph = s.phases;
+  s.m->world->all_reduce(ph.data(), ph.size(), DType::f64, ReduceOp::sum);
+  if (s.m->device->backend() == Backend::cpu && sum.steps > 0) {
+    for (double& v : ph) v /= static_cast<double>(s.W);
+    sum.phase_seconds = ph;
+  }
   // The most any rank's attention rings sent per step (0 without context parallelism).
   auto ring_bytes = static_cast<std::int64_t>(s.ring_bytes);
   s.m->world->all_reduce(&ring_bytes, 1, DType::i64, ReduceOp::max);
@@ -652,6 +662,14 @@ std::string RunSummary::text() const {
   t += format("\nmodel %.3g FLOP/token x %.0f tokens/s = %.3g FLOP/s", model_flops_per_token, tokens_per_second,
               achieved_flops_per_second);
   if (mfu) t += format(", MFU %.1f%% of the GEMM peak given", 100.0 * *mfu);
+  if (phase_seconds) {
+    double total = 0;
+    for (double v : *phase_seconds) total += v;
+    t += "\nstep time (mean over ranks):";
+    for (std::size_t i = 0; i < kNumStepPhases; ++i)
+      t += format("%s %s %.0f%%", i == 0 ? "" : ",", std::string(step_phase_name(kAllStepPhases[i])).c_str(),
+                  total > 0 ? 100.0 * (*phase_seconds)[i] / total : 0.0);
+  }
   return t + "\n";
 }
 
@@ -682,6 +700,12 @@ nlohmann::json RunSummary::json() const {
   j["model_flops_per_token"] = model_flops_per_token;
   j["achieved_flops_per_second"] = achieved_flops_per_second;
   if (mfu) j["mfu"] = *mfu;
+  if (phase_seconds) {
+    nlohmann::json ph = nlohmann::json::object();
+    for (std::size_t i = 0; i < kNumStepPhases; ++i)
+      ph[std::string(step_phase_name(kAllStepPhases[i]))] = (*phase_seconds)[i];
+    j["phase_seconds"] = ph;
+  }
   return j;
 }
 

@@ -26,6 +26,7 @@
 
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/device.h"
 #include "peakbound/schedules/schedule_set.h"
@@ -175,6 +176,10 @@ struct RunSummary {
   // given GEMM peak (RunSettings::gemm_peak; absent when not given).
   double model_flops_per_token = 0, achieved_flops_per_second = 0;
   std::optional<double> mfu;
+  // The steps' wall time split by phase (core/phase_clock.h), summed over the steps, the
+  // mean over ranks: on the CPU device only (absent elsewhere). The phases sum to the
+  // train time (tokens_per_second's denominator) of the mean rank.
+  std::optional<PhaseSeconds> phase_seconds;
   std::optional<double> eval_loss;
   std::int64_t steps = 0, skipped = 0;
   std::string text() const;          // the table and the loss line, as `peakbound train` prints them

@@ -8,6 +8,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/memory_timeline.h"
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/train/fsdp_units.h"
 
 namespace peakbound {
@@ -102,6 +103,7 @@ std::vector<float> Trainer::take_pending_masters() {
 }
 
 void Trainer::publish() {
+  const PhaseScope phase(StepPhase::fsdp);
   Device& dev = model_.experts().device();
   FsdpUnits& fsdp = model_.fsdp();
   const DType t = fsdp.param_dtype();
@@ -116,6 +118,7 @@ void Trainer::publish() {
 
 StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop) {
   const auto t0 = std::chrono::steady_clock::now();
+  take_phase_seconds();  // from here on the phases are this step's
   Communicator& world = *model_.groups().world;
   Device& dev = model_.experts().device();
   // The memory timeline's step marks (nothing when the Arena is not recording).
@@ -175,18 +178,24 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
 
   // Gradients: the FSDP shard as it is; each store's slice summed over its group.
   mark_phase(dev.arena(), "reduce");
-  dev.synchronize();
-  FsdpUnits& fsdp = model_.fsdp();
-  dev.memcpy_async(grad_shard_.data(), fsdp.grads_shard(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
-                   dev.compute_stream());
-  dev.synchronize();
-  for (const Slice& s : slices_)
-    s.group->reduce_scatter(s.store->grads_data(), grad_shard_.as<float>() + s.offset, s.len, DType::f32,
-                            ReduceOp::sum);
+  {
+    const PhaseScope phase(StepPhase::fsdp);
+    dev.synchronize();
+    FsdpUnits& fsdp = model_.fsdp();
+    dev.memcpy_async(grad_shard_.data(), fsdp.grads_shard(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
+                     dev.compute_stream());
+    dev.synchronize();
+    for (const Slice& s : slices_)
+      s.group->reduce_scatter(s.store->grads_data(), grad_shard_.as<float>() + s.offset, s.len, DType::f32,
+                              ReduceOp::sum);
+  }
   ++step_;
   const float lr = options_.lr.lr(step_);
   // The norm first: a non-finite loss or gradient stops (or skips) before any update.
-  const GradClip clip = opt_->clip();
+  const GradClip clip = [&] {
+    const PhaseScope phase(StepPhase::optimizer);
+    return opt_->clip();
+  }();
   const double ce_mean = total > 0 ? sums[0] / static_cast<double>(total) : 0.0;
   if (!std::isfinite(clip.norm) || !std::isfinite(ce_mean) || !std::isfinite(sums[1])) {
     char what[160];
@@ -222,7 +231,10 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
     return st;
   }
   mark_phase(dev.arena(), "optimizer");
-  const OptimizerStepTimes t = opt_->step(lr, clip);
+  const OptimizerStepTimes t = [&] {
+    const PhaseScope phase(StepPhase::optimizer);
+    return opt_->step(lr, clip);
+  }();
   publish();
   model_.update_router_bias(options_.router_bias_speed);
 
@@ -236,6 +248,10 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
   st.grad_norm = t.clip.norm;
   st.lr = lr;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.phases = take_phase_seconds();
+  double named = 0;
+  for (std::size_t i = 0; i + 1 < kNumStepPhases; ++i) named += st.phases[i];
+  st.phases[static_cast<std::size_t>(StepPhase::other)] += std::max(0.0, st.seconds - named);
   return st;
 }
 

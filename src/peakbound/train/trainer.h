@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "peakbound/core/phase_clock.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/schedules/optimizer_schedule.h"
 #include "peakbound/train/moe_transformer.h"
@@ -80,6 +81,9 @@ struct StepStats {
   double grad_norm = 0;     // before clipping
   float lr = 0;
   double seconds = 0;       // wall time of the step
+  // Its split by phase on this rank (core/phase_clock.h): each phase's time on the step's
+  // thread; `other` is the rest of `seconds`, so they sum to it (a completed step only).
+  PhaseSeconds phases{};
   bool skipped = false;     // non-finite loss or gradient norm: no update (skip_nonfinite)
   std::string nonfinite;    // what was non-finite, when skipped
   // A stop the ranks agreed on between micro-batches (the largest value any rank's

@@ -1,0 +1,98 @@
+#include "peakbound/core/phase_clock.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "peakbound/core/stopwatch.h"
+
+namespace peakbound {
+namespace {
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+double of(const PhaseSeconds& s, StepPhase p) { return s[static_cast<std::size_t>(p)]; }
+
+// Each second goes to the innermost open scope once: the outer scope's time excludes the
+// inner one's, and the phases sum to at most the wall time around them. (Lower bounds
+// only: a sleep lasts at least its time, never a fixed upper bound on a shared machine.)
+TEST(PhaseClock, ChargesTheInnermostScopeOnce) {
+  take_phase_seconds();
+  Stopwatch wall;
+  {
+    const PhaseScope outer(StepPhase::dispatch);
+    sleep_ms(20);
+    {
+      const PhaseScope inner(StepPhase::experts);
+      sleep_ms(30);
+    }
+    sleep_ms(10);
+  }
+  const double total = wall.seconds();
+  const PhaseSeconds s = take_phase_seconds();
+  EXPECT_GE(of(s, StepPhase::dispatch), 0.030);
+  EXPECT_GE(of(s, StepPhase::experts), 0.030);
+  double sum = 0;
+  for (double v : s) sum += v;
+  EXPECT_LE(sum, total + 1e-9);
+  // The outer scope's own time is its wall time less the inner scope's.
+  EXPECT_LT(of(s, StepPhase::dispatch), total - of(s, StepPhase::experts) + 1e-9);
+  EXPECT_EQ(of(s, StepPhase::attention), 0.0);
+  EXPECT_EQ(of(s, StepPhase::other), 0.0);  // nothing opens "other": it is the caller's remainder
+}
+
+TEST(PhaseClock, TakeZeroesAndTimeOutsideScopesIsNotCounted) {
+  take_phase_seconds();
+  sleep_ms(10);  // in no scope
+  const PhaseSeconds none = take_phase_seconds();
+  for (double v : none) EXPECT_EQ(v, 0.0);
+  {
+    const PhaseScope a(StepPhase::optimizer);
+    sleep_ms(5);
+  }
+  EXPECT_GE(of(take_phase_seconds(), StepPhase::optimizer), 0.005);
+  for (double v : take_phase_seconds()) EXPECT_EQ(v, 0.0);
+}
+
+// A scope still open when the seconds are taken keeps counting from then on.
+TEST(PhaseClock, AnOpenScopeSplitsAtTheTake) {
+  take_phase_seconds();
+  const PhaseScope a(StepPhase::vocabulary);
+  sleep_ms(5);
+  const PhaseSeconds first = take_phase_seconds();
+  sleep_ms(5);
+  const PhaseSeconds second = take_phase_seconds();
+  EXPECT_GE(of(first, StepPhase::vocabulary), 0.005);
+  EXPECT_GE(of(second, StepPhase::vocabulary), 0.005);
+}
+
+// Another thread's scopes are that thread's: the step's thread sees none of them.
+TEST(PhaseClock, ScopesArePerThread) {
+  take_phase_seconds();
+  PhaseSeconds theirs{};
+  std::thread t([&theirs] {
+    {
+      const PhaseScope a(StepPhase::fsdp);
+      sleep_ms(10);
+    }
+    theirs = take_phase_seconds();
+  });
+  t.join();
+  EXPECT_GE(of(theirs, StepPhase::fsdp), 0.010);
+  EXPECT_EQ(of(take_phase_seconds(), StepPhase::fsdp), 0.0);
+}
+
+TEST(PhaseClock, NamesEveryPhaseOnce) {
+  std::string seen;
+  for (StepPhase p : kAllStepPhases) {
+    const std::string n(step_phase_name(p));
+    EXPECT_NE(n, "?");
+    EXPECT_EQ(seen.find("," + n + ","), std::string::npos) << n;
+    seen += "," + n + ",";
+  }
+}
+
+}  // namespace
+}  // namespace peakbound
