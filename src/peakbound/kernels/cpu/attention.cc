@@ -10,6 +10,7 @@
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
+#include "peakbound/kernels/cpu/vexp.h"
 
 namespace peakbound::cpu {
 namespace {
@@ -37,9 +38,16 @@ inline float dot_f64(const T* a, const T* b, std::int64_t n) {
   return static_cast<float>(acc);
 }
 
-// Key j is visible to query i: causal, and inside the sliding window when there is one.
-inline bool visible(std::int64_t i, std::int64_t j, std::int64_t window) {
-  return j <= i && (window == 0 || j > i - window);
+// The columns [lo, hi) of a key tile (key c at position first + c, `cols` of them) that
+// query position i sees: causal (key <= i), and inside the sliding window when there is
+// one (key > i - window). Empty (lo == hi) when none.
+struct Visible {
+  std::int64_t lo, hi;
+};
+inline Visible visible_columns(std::int64_t i, std::int64_t first, std::int64_t cols, std::int64_t window) {
+  const std::int64_t hi = std::clamp<std::int64_t>(i - first + 1, 0, cols);
+  const std::int64_t lo = window == 0 ? 0 : std::clamp<std::int64_t>(i - window + 1 - first, 0, hi);
+  return {lo, hi};
 }
 
 // Runs share(slot) for slot in [0, slots): on the pool, or in order on the caller. Each
@@ -137,29 +145,23 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
                   Hkv * D, 0.0f, S, Bk);
         for (std::int64_t r = 0; r < rows; ++r) {
-          const std::int64_t i = qo + i0 + r;
           float* s = S + r * Bk;
-          float row_max = kNegInf;
-          for (std::int64_t c = 0; c < cols; ++c) {
-            if (!visible(i, ko + j0 + c, W)) s[c] = kNegInf;
-            row_max = std::max(row_max, s[c]);
-          }
-          if (row_max == kNegInf) {  // nothing of this row in this key tile: adds zeros
+          // Only the visible columns count: the rest of the row becomes 0.
+          const auto [lo, hi] = visible_columns(qo + i0 + r, ko + j0, cols, W);
+          const float most = row_max(s + lo, hi - lo);
+          if (most == kNegInf) {  // nothing of this row in this key tile: adds zeros
             std::fill_n(s, cols, 0.0f);
             continue;
           }
-          const float m_new = std::max(m[r], row_max);
-          const float alpha = std::exp(m[r] - m_new);  // 0 on the row's first tile
+          const float m_new = std::max(m[r], most);
+          const float alpha = exp_f32(m[r] - m_new);  // 0 on the row's first tile
           if (alpha != 1.0f) {
             float* oi = o_tile + r * Hq * Dv;
             for (std::int64_t d = 0; d < Dv; ++d) oi[d] *= alpha;
           }
-          float sum = 0.0f;
-          for (std::int64_t c = 0; c < cols; ++c) {
-            s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
-            sum += s[c];
-          }
-          l[r] = l[r] * alpha + sum;
+          std::fill_n(s, lo, 0.0f);
+          std::fill(s + hi, s + cols, 0.0f);
+          l[r] = l[r] * alpha + exp_shift_sum(s + lo, hi - lo, m_new);
           m[r] = m_new;
         }
         // O_tile += P V_tile
@@ -242,10 +244,12 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
               const float lse_i = lse[i * Hq + h], d_i = Di[i * Hq + h];
               float* p = P + r * Bk;
               float* ds = dS + r * Bk;
-              for (std::int64_t c = 0; c < cols; ++c) {
-                p[c] = visible(qo + i, ko + j0 + c, W) ? std::exp(p[c] - lse_i) : 0.0f;
-                ds[c] = p[c] * (ds[c] - d_i) * scale;
-              }
+              // P = 0 where the key is not visible (a row that sees none has lse -inf).
+              const auto [lo, hi] = visible_columns(qo + i, ko + j0, cols, W);
+              std::fill_n(p, lo, 0.0f);
+              std::fill(p + hi, p + cols, 0.0f);
+              exp_shift(p + lo, hi - lo, lse_i);
+              for (std::int64_t c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - d_i) * scale;
             }
             // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
             const T* Pt = operand_tile<T>(P, P_low, rows, cols, Bk);

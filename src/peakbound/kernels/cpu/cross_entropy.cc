@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "peakbound/kernels/cpu/vexp.h"
+
 namespace peakbound::cpu {
 
 void lse_update(const float* logits, std::int64_t rows, std::int64_t cols, std::int64_t ld,
@@ -10,13 +12,11 @@ void lse_update(const float* logits, std::int64_t rows, std::int64_t cols, std::
   if (cols == 0) return;
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* l = logits + r * ld;
-    float m = l[0];
-    for (std::int64_t j = 1; j < cols; ++j) m = l[j] > m ? l[j] : m;
+    const float m = row_max(l, cols);
     float new_max = m > run_max[r] ? m : run_max[r];
-    float s = 0.0f;
-    for (std::int64_t j = 0; j < cols; ++j) s += std::exp(l[j] - new_max);
+    const float s = sum_exp_shift(l, cols, new_max);
     // exp(-inf) = 0 keeps the first block's rescale harmless.
-    run_sum[r] = run_sum[r] * std::exp(run_max[r] - new_max) + s;
+    run_sum[r] = run_sum[r] * exp_f32(run_max[r] - new_max) + s;
     run_max[r] = new_max;
   }
 }
@@ -39,7 +39,8 @@ void cross_entropy_grad(float* logits, std::int64_t rows, std::int64_t cols, std
       continue;
     }
     const float a = scale * (1.0f + 2.0f * z_loss * lse[r]);
-    for (std::int64_t j = 0; j < cols; ++j) l[j] = a * std::exp(l[j] - lse[r]);
+    exp_shift(l, cols, lse[r]);
+    for (std::int64_t j = 0; j < cols; ++j) l[j] = a * l[j];
     std::int64_t t = static_cast<std::int64_t>(targets[r]) - vocab_offset;
     if (t >= 0 && t < cols) l[t] -= scale;
   }
@@ -72,15 +73,9 @@ double cross_entropy_fused_grad(float* logits, std::int64_t rows, std::int64_t c
       for (std::int64_t j = 0; j < cols; ++j) l[j] = 0.0f;
       continue;
     }
-    float m = l[0];
-    for (std::int64_t j = 1; j < cols; ++j) m = l[j] > m ? l[j] : m;
+    const float m = row_max(l, cols);
     const float target_logit = l[t];
-    float s = 0.0f;
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const float e = std::exp(l[j] - m);
-      l[j] = e;
-      s += e;
-    }
+    const float s = exp_shift_sum(l, cols, m);
     const float lse = m + std::log(s);
     loss += static_cast<double>(lse) - target_logit + static_cast<double>(z_loss) * lse * lse;
     ++n;
@@ -102,7 +97,7 @@ void lse_merge(float* max_a, float* sum_a, float* target_a, const float* max_b, 
   for (std::int64_t r = 0; r < rows; ++r) {
     float m = max_a[r] > max_b[r] ? max_a[r] : max_b[r];
     if (m == -std::numeric_limits<float>::infinity()) continue;  // both empty
-    sum_a[r] = sum_a[r] * std::exp(max_a[r] - m) + sum_b[r] * std::exp(max_b[r] - m);
+    sum_a[r] = sum_a[r] * exp_f32(max_a[r] - m) + sum_b[r] * exp_f32(max_b[r] - m);
     max_a[r] = m;
     target_a[r] += target_b[r];
   }

@@ -1,0 +1,134 @@
+#include "peakbound/kernels/cpu/vexp.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#define PB_AVX2 __attribute__((target("avx2,fma")))
+
+namespace peakbound::cpu {
+
+namespace {
+
+constexpr float kLo = -87.33654475f;  // ln(FLT_MIN): below it the result is 0
+constexpr float kHi = 88.0f;          // 2^127 e^r stays finite
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;  // ln 2 = kC1 + kC2 (Cody-Waite)
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+// The scalar body: the AVX2 one's operations one lane at a time (maxps/minps's operand
+// order, so a NaN passes through both).
+inline float exp_one(float t) {
+  float c = kLo > t ? kLo : t;
+  c = kHi < c ? kHi : c;
+  const float fx = std::floor(std::fma(c, kLog2e, 0.5f));
+  float r = std::fma(fx, -kC1, c);
+  r = std::fma(fx, -kC2, r);
+  const float z = r * r;
+  float y = kP[0];
+  for (int i = 1; i < 6; ++i) y = std::fma(y, r, kP[i]);
+  y = std::fma(y, z, r);
+  y = y + 1.0f;
+  const std::int32_t bits = (static_cast<std::int32_t>(fx) + 127) << 23;
+  float pow2n;
+  std::memcpy(&pow2n, &bits, sizeof pow2n);
+  y = y * pow2n;
+  return t < kLo ? 0.0f : y;
+}
+
+inline float tree(const float* a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
+
+// Elements [from, n) one by one into the lanes (lane = j % 8), optionally stored.
+inline void tail(float* out, const float* x, std::int64_t from, std::int64_t n, float shift, float* lanes) {
+  for (std::int64_t j = from; j < n; ++j) {
+    const float e = exp_one(x[j] - shift);
+    if (out) out[j] = e;
+    if (lanes) lanes[j % 8] += e;
+  }
+}
+
+PB_AVX2 inline __m256 exp8(__m256 t) {
+  const __m256 lo = _mm256_set1_ps(kLo);
+  __m256 c = _mm256_max_ps(lo, t);
+  c = _mm256_min_ps(_mm256_set1_ps(kHi), c);
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(c, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fmadd_ps(fx, _mm256_set1_ps(-kC1), c);
+  r = _mm256_fmadd_ps(fx, _mm256_set1_ps(-kC2), r);
+  const __m256 z = _mm256_mul_ps(r, r);
+  __m256 y = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(kP[i]));
+  y = _mm256_fmadd_ps(y, z, r);
+  y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+  return _mm256_andnot_ps(_mm256_cmp_ps(t, lo, _CMP_LT_OQ), y);
+}
+
+// Full blocks of 8 from 0: x[j] - shift's exp into out (when set) and into the lanes
+// (when set); returns where the blocks end.
+PB_AVX2 std::int64_t blocks_avx2(float* out, const float* x, std::int64_t n, float shift, float* lanes) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
+    if (out) _mm256_storeu_ps(out + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  if (lanes) _mm256_storeu_ps(lanes, acc);
+  return j;
+}
+
+PB_AVX2 float row_max_avx2(const float* x, std::int64_t n) {
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + j), m);  // x > m ? x : m
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  float out = lanes[0];
+  for (int l = 1; l < 8; ++l) out = lanes[l] > out ? lanes[l] : out;
+  for (; j < n; ++j) out = x[j] > out ? x[j] : out;
+  return out;
+}
+
+bool have_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+// The one loop behind the three entry points.
+float run(float* out, const float* x, std::int64_t n, float shift, bool want_sum) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::int64_t j = 0;
+  if (have_avx2()) {
+    // The vector lanes start at zero and add in element order: the scalar lanes' sums.
+    j = blocks_avx2(out, x, n, shift, want_sum ? lanes : nullptr);
+  } else {
+    j = n / 8 * 8;
+    tail(out, x, 0, j, shift, want_sum ? lanes : nullptr);
+  }
+  tail(out, x, j, n, shift, want_sum ? lanes : nullptr);
+  return want_sum ? tree(lanes) : 0.0f;
+}
+
+}  // namespace
+
+float exp_f32(float t) { return exp_one(t); }
+
+void exp_shift(float* x, std::int64_t n, float shift) { run(x, x, n, shift, false); }
+
+float exp_shift_sum(float* x, std::int64_t n, float shift) { return run(x, x, n, shift, true); }
+
+float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, x, n, shift, true); }
+
+float row_max(const float* x, std::int64_t n) {
+  if (have_avx2()) return row_max_avx2(x, n);
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+}  // namespace peakbound::cpu

@@ -1,0 +1,86 @@
+#include "peakbound/kernels/cpu/vexp.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace peakbound::cpu {
+namespace {
+
+std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// Units in the last place between a float and the exact (double) value.
+double ulps(float got, double want) {
+  const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(want)) - 23);
+  return std::abs(static_cast<double>(got) - want) / ulp;
+}
+
+// Within 2 ulp of exp over the range the kernels use (scores shifted by their maximum,
+// down to ln(FLT_MIN)), and a little above 0 (a log-sum-exp rounded below a logit).
+TEST(Vexp, WithinTwoUlpOfExp) {
+  double worst = 0;
+  for (int i = 0; i <= 2000000; ++i) {
+    const float t = -87.3f + 88.0f * static_cast<float>(i) / 2000000.0f;
+    worst = std::max(worst, ulps(exp_f32(t), std::exp(static_cast<double>(t))));
+  }
+  EXPECT_LE(worst, 2.0);
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+}
+
+TEST(Vexp, EdgesGiveZeroNanAndTheClamp) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(bits(exp_f32(-inf)), bits(0.0f));
+  EXPECT_EQ(bits(exp_f32(-100.0f)), bits(0.0f));  // below ln(FLT_MIN): flushed
+  EXPECT_TRUE(std::isnan(exp_f32(std::nanf(""))));
+  EXPECT_EQ(exp_f32(200.0f), exp_f32(88.0f));  // above 88: taken as 88 (finite)
+  EXPECT_TRUE(std::isfinite(exp_f32(88.0f)));
+  EXPECT_GT(exp_f32(-87.3f), 0.0f);
+}
+
+// The vector body (where the CPU has AVX2) gives exp_f32's bits in every lane, the sums
+// add lane j % 8 in order then the fixed tree, and lengths that are not a multiple of 8
+// take the scalar tail. NaN and -inf pass through as one value would.
+TEST(Vexp, ArraysEqualTheScalarBitsAndTheLaneSum) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-30.0f, 5.0f);
+  for (std::int64_t n : {0, 1, 7, 8, 9, 16, 63, 200}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& v : x) v = u(rng);
+    if (n > 3) x[2] = -std::numeric_limits<float>::infinity();
+    if (n > 10) x[9] = std::nanf("");
+    const float shift = 1.25f;
+    std::vector<float> y = x;
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (std::int64_t j = 0; j < n; ++j) lanes[j % 8] += exp_f32(x[static_cast<std::size_t>(j)] - shift);
+    const float want = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    const float got = exp_shift_sum(y.data(), n, shift);
+    EXPECT_EQ(bits(got), bits(want)) << n;
+    EXPECT_EQ(bits(sum_exp_shift(x.data(), n, shift)), bits(want)) << n;
+    std::vector<float> z = x;
+    exp_shift(z.data(), n, shift);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float e = exp_f32(x[static_cast<std::size_t>(j)] - shift);
+      EXPECT_EQ(bits(y[static_cast<std::size_t>(j)]), bits(e)) << n << " " << j;
+      EXPECT_EQ(bits(z[static_cast<std::size_t>(j)]), bits(e)) << n << " " << j;
+    }
+  }
+}
+
+TEST(Vexp, RowMaxSkipsNans) {
+  std::vector<float> x = {1.0f, std::nanf(""), 3.0f, -2.0f, 0.5f, 2.0f, 2.5f, -9.0f, 2.9f, 7.0f, -1.0f};
+  EXPECT_EQ(row_max(x.data(), static_cast<std::int64_t>(x.size())), 7.0f);
+  EXPECT_EQ(row_max(x.data(), 9), 3.0f);
+  EXPECT_EQ(row_max(x.data(), 0), -std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+}  // namespace peakbound::cpu
