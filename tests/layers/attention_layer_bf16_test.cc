@@ -176,6 +176,55 @@ TEST(AttentionLayerBf16, FootprintsAreTheF32OnesPlusTheBf16Temporaries) {
   }
 }
 
+// forward_for_backward keeps o and lse (exactly the footprint's "kept" bytes stay live:
+// run_layer checks it) and the backward then skips the attention's forward: the same y,
+// dx and gradients bit for bit as a backward that recomputes everything, in both
+// precisions, with several sequences per call and sequences longer than a query chunk.
+// A backward on other rows than the kept ones recomputes (the kept o and lse are not
+// theirs), and so does a second backward.
+TEST(AttentionLayerBf16, ForwardForBackwardKeepsOAndLseAndChangesNoBit) {
+  for (Precision p : {Precision::f32, Precision::bf16})
+    for (const Case& c : {Case{37, 0, 24, 6, 1, 8, true}, Case{48, 16, 32, 4, 2, 8, false},
+                          Case{300, 300, 32, 4, 2, 16, true}, Case{1, 0, 8, 2, 1, 4, false}}) {
+      SCOPED_TRACE(c.str() + " " + std::string(precision_name(p)));
+      const Inputs in = draw_inputs(c, static_cast<std::uint32_t>(c.T + c.H));
+      const Result plain = attention_test::run_layer(config_of(c, p), in.params, in.x, in.dy, nullptr, 2, false);
+      const Result kept = attention_test::run_layer(config_of(c, p), in.params, in.x, in.dy, nullptr, 2, true);
+      EXPECT_EQ(kept.y, plain.y);
+      EXPECT_EQ(kept.dx, plain.dx);
+      EXPECT_EQ(kept.grads, plain.grads);
+    }
+  // Kept for other rows: the backward recomputes for its own x (results as a plain layer's).
+  const Case c{20, 0, 16, 4, 2, 8, true};
+  const Inputs a = draw_inputs(c, 1), b = draw_inputs(c, 2);
+  const AttentionLayerConfig cfg = config_of(c, Precision::f32);
+  CpuDevice dev(64ull << 20);
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+  const std::vector<attention_test::ParamSlot> slots = attention_test::param_slots(cfg);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    pb.push_back(attention_test::upload(dev, Component::params, a.params[i], DType::f32));
+    gb.push_back(attention_test::upload(dev, Component::grads, Vec(a.params[i].size(), 0.0f), DType::f32));
+    pt.*slots[i].member = pb.back().tensor(slots[i].shape, DType::f32);
+    gt.*slots[i].member = gb.back().tensor(slots[i].shape, DType::f32);
+  }
+  AttentionLayer layer(dev, cfg, pt, gt);
+  const Shape s{c.T, c.H};
+  Buffer xa = attention_test::upload(dev, Component::workspace, a.x, DType::f32);
+  Buffer xb = attention_test::upload(dev, Component::workspace, b.x, DType::f32);
+  Buffer dy = attention_test::upload(dev, Component::workspace, b.dy, DType::f32);
+  Buffer y = attention_test::upload(dev, Component::workspace, a.x, DType::f32);
+  Buffer dx = attention_test::upload(dev, Component::workspace, a.x, DType::f32);
+  layer.forward_for_backward(xa.tensor(s, DType::f32), y.tensor(s, DType::f32));
+  layer.backward(xb.tensor(s, DType::f32), dy.tensor(s, DType::f32), dx.tensor(s, DType::f32));
+  EXPECT_EQ(dev.arena().live(Component::attention), 0u);
+  const Vec got = attention_test::download(dx, b.x.size(), DType::f32);
+  Inputs on_b = a;
+  on_b.x = b.x;
+  on_b.dy = b.dy;
+  EXPECT_EQ(got, run(c, Precision::f32, on_b).dx);
+}
+
 TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
   const Case c{3, 0, 16, 2, 2, 8, false};
   CpuDevice dev(16 << 20);

@@ -51,11 +51,12 @@ AttentionLayerConfig config_of(const Case& c, Precision p) {
 
 // One forward and one backward of this rank's rows `x`, `dy` (B sequences of its shard)
 // on group g (null: cp = 1); checks the measured peaks against the footprint.
-Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy) {
+Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
+           bool keep = false) {
   AttentionLayerConfig cfg = config_of(c, p);
   cfg.cp = g ? g->size() : 1;
   cfg.cp_rank = g ? g->rank() : 0;
-  return attention_test::run_layer(cfg, params, x, dy, g);
+  return attention_test::run_layer(cfg, params, x, dy, g, 1, keep);
 }
 
 // The rows of B sequences of S tokens [B S, H] at this rank's zigzag positions.
@@ -106,6 +107,15 @@ void run_group(Communicator& g, Precision p) {
     const Result ref = run(c, p, nullptr, params, x, dy);
     const CpShard sh = zigzag_shard(c.S, cp, g.rank());
     Result got = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh));
+    // forward_for_backward: the same bits, and the backward sends only its own ring (the
+    // recomputing backward's traffic less one forward's): the ring's forward ran once.
+    const Result kept = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), true);
+    EXPECT_EQ(kept.y, got.y);
+    EXPECT_EQ(kept.dx, got.dx);
+    EXPECT_EQ(kept.grads, got.grads);
+    EXPECT_GT(got.forward_ring_bytes, 0u);
+    EXPECT_EQ(kept.forward_ring_bytes, got.forward_ring_bytes);
+    EXPECT_EQ(kept.backward_ring_bytes, got.backward_ring_bytes - got.forward_ring_bytes);
     const Vec ref_y = shard_rows(ref.y, c, sh), ref_dx = shard_rows(ref.dx, c, sh);
     const auto n = static_cast<std::int64_t>(ref_y.size());
     for (auto [gv, rv, name] : {std::tuple{&got.y, &ref_y, "y"}, std::tuple{&got.dx, &ref_dx, "dx"}}) {

@@ -16,6 +16,7 @@
 #include "peakbound/comm/communicator.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/attention_layer.h"
+#include "peakbound/schedules/ring_attention.h"
 
 namespace peakbound::attention_test {
 
@@ -127,14 +128,16 @@ inline std::vector<Vec> draw_params(const AttentionLayerConfig& c, std::mt19937&
 struct Result {
   Vec y, dx;
   std::vector<Vec> grads;  // fp32, parameters() order
+  std::uint64_t forward_ring_bytes = 0, backward_ring_bytes = 0;  // this rank's ring sends in each call
 };
 
 // One forward and `backwards` backward calls of the layer of cfg (parameters `params` in
 // param_dtype, zero fp32 gradients) on rows x, dy [T, H] in activation_dtype; g: the
 // cp group (cfg.cp > 1), else null. Checks each call's Arena attention peak against the
-// footprint and that nothing stays live.
+// footprint and that nothing stays live. keep: the forward is forward_for_backward, which
+// leaves exactly the footprint's "kept" bytes live for the first backward.
 inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
-                        Communicator* g = nullptr, int backwards = 1) {
+                        Communicator* g = nullptr, int backwards = 1, bool keep = false) {
   const DType a = activation_dtype(cfg.precision), w = param_dtype(cfg.precision);
   CpuDevice dev(256ull << 20);
   std::vector<Buffer> pb, gb;
@@ -154,21 +157,30 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   const Shape s{T, cfg.hidden};
   Buffer xb = upload(dev, Component::workspace, x, a), dyb = upload(dev, Component::workspace, dy, a);
   Buffer yb = upload(dev, Component::workspace, x, a), dxb = upload(dev, Component::workspace, x, a);
-  auto check = [&](const char* phase) {
-    const std::uint64_t want = f.phase(phase).device[static_cast<std::size_t>(Component::attention)];
-    EXPECT_EQ(dev.arena().peak(Component::attention), want) << phase;
-    EXPECT_EQ(dev.arena().live(Component::attention), 0u) << phase;
+  const auto at = static_cast<std::size_t>(Component::attention);
+  auto check = [&](const char* phase, std::uint64_t live) {
+    EXPECT_EQ(dev.arena().peak(Component::attention), f.phase(phase).device[at]) << phase;
+    EXPECT_EQ(dev.arena().live(Component::attention), live) << phase;
   };
+  Result r;
   dev.arena().reset_peaks();
-  layer.forward(xb.tensor(s, a), yb.tensor(s, a));
-  check("forward");
+  std::uint64_t sent = ring_attention_bytes_sent();
+  if (keep)
+    layer.forward_for_backward(xb.tensor(s, a), yb.tensor(s, a));
+  else
+    layer.forward(xb.tensor(s, a), yb.tensor(s, a));
+  check("forward", keep && T > 0 ? f.phase("kept").device[at] : 0);
+  r.forward_ring_bytes = ring_attention_bytes_sent() - sent;
   for (int i = 0; i < backwards; ++i) {
     dev.arena().reset_peaks();
+    sent = ring_attention_bytes_sent();
     layer.backward(xb.tensor(s, a), dyb.tensor(s, a), dxb.tensor(s, a));
-    check("backward");
+    check("backward", 0);
+    if (i == 0) r.backward_ring_bytes = ring_attention_bytes_sent() - sent;
   }
   dev.synchronize();
-  Result r{download(yb, x.size(), a), download(dxb, x.size(), a), {}};
+  r.y = download(yb, x.size(), a);
+  r.dx = download(dxb, x.size(), a);
   for (std::size_t i = 0; i < shapes.size(); ++i)
     r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
   return r;

@@ -234,6 +234,9 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
 Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& c, u64 elem_bytes) {
   const AttentionLayerBuffers b = attention_layer_buffers(T, c, elem_bytes);
   Footprint f("attention layer");
+  // "kept": forward_for_backward's o and lse, held from its end to the backward.
+  f.device("kept", b.o);
+  f.device("kept", b.lse);
   for (const char* phase : {"forward", "backward"}) {
     const bool bwd = phase[0] == 'b';
     for (const BufferSpec& s : {b.h, b.rstd, b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos,
@@ -441,7 +444,7 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
 // Allocates the forward's internals and computes them through o and lse. The
 // workspace is the backward's when the caller is backward (one buffer either way).
 template <class A>
-void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_backward) {
+void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_backward, bool attend) {
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   in.h = allocate(dev_, b.h);
   in.rstd = allocate(dev_, b.rstd);
@@ -454,8 +457,10 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   in.k_rstd = allocate(dev_, b.k_rstd);
   in.cos = allocate(dev_, b.rope_cos);
   in.sin = allocate(dev_, b.rope_sin);
-  in.o = allocate(dev_, b.o);
-  in.lse = allocate(dev_, b.lse);
+  if (attend) {
+    in.o = allocate(dev_, b.o);
+    in.lse = allocate(dev_, b.lse);
+  }
   in.ws = allocate(dev_, for_backward ? b.workspace_backward : b.workspace_forward);
   in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
   in.o32 = allocate(dev_, b.o32);
@@ -476,7 +481,7 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
     const std::int64_t S = sequence_length(T, cfg_);
     rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
     mla_project<A>(in, T, S);
-    for (std::int64_t b0 = 0; b0 < T; b0 += S) attend_forward<A>(in, b0, S);
+    for (std::int64_t b0 = 0; b0 < T && attend; b0 += S) attend_forward<A>(in, b0, S);
     return;
   }
   // With qk_norm the projections land in q_pre / k_pre (the norm's input, which its
@@ -511,7 +516,7 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
   for (std::int64_t b = 0; b < T; b += S) {
     ops::rope_forward(dev_, s, in.q.as<A>() + b * Q, in.k.as<A>() + b * K, in.cos.as<float>(), in.sin.as<float>(),
                       S, Hq, Hkv, D);
-    attend_forward<A>(in, b, S);
+    if (attend) attend_forward<A>(in, b, S);
   }
 }
 
@@ -633,13 +638,24 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
   const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
-    forward_as<bf16>(x, y);
+    forward_as<bf16>(x, y, false);
   else
-    forward_as<float>(x, y);
+    forward_as<float>(x, y, false);
+}
+
+void AttentionLayer::forward_for_backward(const Tensor& x, const Tensor& y) {
+  const PhaseScope phase(StepPhase::attention);
+  if (cfg_.precision == Precision::bf16)
+    forward_as<bf16>(x, y, true);
+  else
+    forward_as<float>(x, y, true);
 }
 
 template <class A>
-void AttentionLayer::forward_as(const Tensor& x, const Tensor& y) {
+void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep) {
+  kept_o_.reset();  // a new forward: what an earlier one kept is stale
+  kept_lse_.reset();
+  kept_x_ = nullptr;
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
                "attention layer: y must be a distinct [T, H]");
@@ -653,8 +669,14 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y) {
   if (cfg_.out_bias) ops::add_bias(dev_, s, y.data<A>(), p_.bo.data<A>(), T, H);
   linear(dev_, s, T, H, {{.a = in.o.as<A>(), .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}},
          y.data<A>(), H, LinearMode::add, in.tile.as<float>());
-  // The internals are freed on return: whatever reuses their memory next is ordered
-  // after this work on the compute stream.
+  if (keep) {
+    kept_o_ = std::move(in.o);
+    kept_lse_ = std::move(in.lse);
+    kept_x_ = x.raw();
+    kept_tokens_ = T;
+  }
+  // The (other) internals are freed on return: whatever reuses their memory next is
+  // ordered after this work on the compute stream.
 }
 
 void AttentionLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -711,8 +733,18 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   Stream& s = dev_.compute_stream();
   const A* xp = x.data<A>();
   const A* dyp = dy.data<A>();
+  // forward_for_backward's o and lse when it ran on this x: the recomputation skips the
+  // attention itself. Otherwise the whole forward again.
   Internals in;
-  recompute<A>(in, xp, T, /*for_backward=*/true);
+  const bool kept = kept_o_.bytes() > 0 && kept_x_ == x.raw() && kept_tokens_ == T;
+  if (kept) {
+    in.o = std::move(kept_o_);
+    in.lse = std::move(kept_lse_);
+  }
+  kept_o_.reset();
+  kept_lse_.reset();
+  kept_x_ = nullptr;
+  recompute<A>(in, xp, T, /*for_backward=*/true, /*attend=*/!kept);
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
   Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)

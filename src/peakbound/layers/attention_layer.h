@@ -184,6 +184,12 @@ class AttentionLayer final : public Block {
   void forward(const Tensor& x, const Tensor& y) override;
   // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  // The forward, keeping the attention's output o and log-sum-exp for the next backward
+  // on the same x, whose recomputation then runs the projections, norms and RoPE but not
+  // the attention kernel (or the ring) again: one attention forward per layer in a
+  // checkpointed backward, not two. o and lse stay held (footprint phase "kept") until
+  // that backward or the next forward.
+  void forward_for_backward(const Tensor& x, const Tensor& y) override;
   // HF names under self_attn / input_layernorm: input_layernorm.weight,
   // q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight, then q_norm.weight,
   // k_norm.weight with qk_norm, q_proj.bias, k_proj.bias, v_proj.bias with qkv_bias,
@@ -206,11 +212,14 @@ class AttentionLayer final : public Block {
   };
   // Written once for A = float | bf16 (the activation type); A = float makes the op
   // calls of the f32-only layer in its order.
+  // attend false: in.o and in.lse are already there (kept); the kernel does not run.
   template <class A>
-  void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward);
+  void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward, bool attend = true);
   // MLA: q, k, v from h (the projections, the norms, RoPE on the rope columns).
   template <class A>
   void mla_project(Internals& in, std::int64_t T, std::int64_t S);
+  template <class A>
+  void forward_as(const Tensor& x, const Tensor& y, bool keep);
   // MLA's backward from dq, dk, dv (the attention's) to dh written into h's buffer; dqa, dc
   // and dkr32 are its scratch (AttentionLayerBuffers).
   template <class A>
@@ -219,8 +228,6 @@ class AttentionLayer final : public Block {
   // The GQA projections' backward from dq, dk, dv (after RoPE's) to dh in h's buffer.
   template <class A>
   void gqa_backward(Internals& in, std::int64_t T, A* dq, A* dk, A* dv, float* tile);
-  template <class A>
-  void forward_as(const Tensor& x, const Tensor& y);
   template <class A>
   void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
   void rope_tables(float* cos, float* sin, std::int64_t S);
@@ -238,6 +245,10 @@ class AttentionLayer final : public Block {
   AttentionLayerConfig cfg_;
   Communicator* cp_group_ = nullptr;
   AttentionLayerTensors p_, g_;
+  // forward_for_backward's o and lse and the input they belong to (null: none kept).
+  Buffer kept_o_, kept_lse_;
+  const void* kept_x_ = nullptr;
+  std::int64_t kept_tokens_ = 0;
 };
 
 }  // namespace peakbound

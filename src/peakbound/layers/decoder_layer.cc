@@ -33,7 +33,7 @@ void DecoderLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx)
   Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
   Buffer d_mid = dev_.allocate(b.d_mid.component, b.d_mid.bytes);
   const Tensor m = mid.tensor(x.shape(), x.dtype()), dm = d_mid.tensor(x.shape(), x.dtype());
-  attention_.forward(x, m);
+  attention_.forward_for_backward(x, m);  // keeps its internals for its backward below
   mlp_.backward(m, dy, dm);
   attention_.backward(x, dm, dx);
 }

@@ -30,6 +30,11 @@ class Block {
   // x: the same input the forward saw; dy: the gradient of y. Writes dx (same shape;
   // must alias neither x nor dy), adds into every parameter's grad.
   virtual void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  // A forward whose backward comes next, with the same x (a decoder layer's backward
+  // recomputing its attention sublayer): the block may keep some of what that backward
+  // needs instead of computing it again there, holding it until the backward (or the
+  // next forward). The default is forward.
+  virtual void forward_for_backward(const Tensor& x, const Tensor& y) { forward(x, y); }
 
   // Parameters in a fixed order, with their gradients.
   virtual std::vector<Parameter> parameters() const = 0;

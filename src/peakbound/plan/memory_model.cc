@@ -271,7 +271,10 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
   ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);
 
-  PhaseBytes bm = with(base(Phase::backward_mlp), {ckpt_dev, device_of(mlp, "backward"), disp_bwd});
+  // The MLP's backward runs beside its attention sublayer's kept internals (the trainer's
+  // forward_for_backward) where the attention term is the trainer's own footprint.
+  const ComponentBytes attn_kept = attn.has_phase("kept") ? device_of(attn, "kept") : none;
+  PhaseBytes bm = with(base(Phase::backward_mlp), {ckpt_dev, device_of(mlp, "backward"), disp_bwd, attn_kept});
   bm.bytes[C(Component::params)] = add(bm.bytes[C(Component::params)], gathered);
   bm.bytes[C(Component::grads)] = add(bm.bytes[C(Component::grads)], layer_grads);
 

@@ -358,11 +358,14 @@ class TrainFootprintBuilder {
     f_.device(ph, db_.mid);
     f_.device(ph, db_.d_mid);
   }
+  // A layer's backward: its attention's forward, keeping o and lse (DecoderLayer,
+  // forward_for_backward), the MLP's backward beside them, the attention's backward.
   void layer_backwards() {
     for (auto it = mlps_.rbegin(); it != mlps_.rend(); ++it) {
       backward_common(it->bwd, it->layer);
       add_phase(f_, it->bwd, it->layer_fp.phase("backward"));
       if (it->dispatch) add_phase(f_, it->bwd, it->dispatch_fp.phase("backward"));
+      add_phase(f_, it->bwd, att_.phase("kept"));
     }
     backward_common("backward attention recompute", L_ - 1);
     add_phase(f_, "backward attention recompute", att_.phase("forward"));
