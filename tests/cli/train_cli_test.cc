@@ -218,7 +218,17 @@ TEST(CliTrain, MfuIsTheAchievedRateOverTheGivenPeak) {
   const nlohmann::json j = last_json_line(r.out);
   EXPECT_NEAR(j["mfu"].get<double>(), j["achieved_flops_per_second"].get<double>() / 1e11, 1e-12);
   EXPECT_NE(r.out.find("MFU"), std::string::npos) << r.out;
+  EXPECT_EQ(j["gemm_peak_flops_per_second"].get<double>(), 1e11);
   peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --gemm-peak -5", 60), "--gemm-peak");
+  // Measured instead: the peak is this machine's (positive), the MFU the rate over it.
+  CliRun m = run_cli("train --steps 2 --seq-len 32 --measure-gemm-peak --json", 300);
+  ASSERT_EQ(m.code, 0) << m.err << m.out;
+  const nlohmann::json jm = last_json_line(m.out);
+  const double peak = jm["gemm_peak_flops_per_second"].get<double>();
+  EXPECT_GT(peak, 0.0);
+  EXPECT_NEAR(jm["mfu"].get<double>(), jm["achieved_flops_per_second"].get<double>() / peak, 1e-12);
+  peakbound::testing::expect_one_line_error(run_cli("train --steps 1 --gemm-peak 1e9 --measure-gemm-peak", 60),
+                                            "--measure-gemm-peak");
 }
 
 // phase_seconds: the step's time split by phase (core/phase_clock.h). On one rank the

@@ -140,6 +140,9 @@ Command add_train(CLI::App& parent) {
             "The machine's GEMM peak in FLOP/s at the run's precision (peakbound info --json prints it), for the MFU "
             "the summary reports (0: none)",
             0.0, 1e19);
+  app->add_flag("--measure-gemm-peak", f->run.measure_gemm_peak,
+                "Measure the GEMM peak for the MFU after the last step: every rank at once at the run's precision, "
+                "the ranks' rates summed (a few seconds; instead of --gemm-peak)");
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

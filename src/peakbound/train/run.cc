@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "peakbound/bench/gemm_rate.h"
 #include "peakbound/comm/agree.h"
 #include "peakbound/comm/device_communicator.h"
 #include "peakbound/core/error.h"
@@ -192,6 +193,9 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
     throw InvalidArgument(spell("task") + " " + task + " and " + spell("data") + " " + data +
                           ": a run trains on the built-in task or on the token file, not both; drop one");
   if (!(gemm_peak >= 0 && gemm_peak <= 1e19)) bad("gemm_peak", "must be a rate in FLOP/s >= 0");
+  if (gemm_peak > 0 && measure_gemm_peak)
+    throw InvalidArgument(spell("gemm_peak") + " and " + spell("measure_gemm_peak") +
+                          ": the MFU is against one peak, given or measured; drop one");
   latent_cp_ring(cp_ring, spell("cp_ring"));
   if (on_nonfinite != "stop" && on_nonfinite != "skip")
     bad("on_nonfinite", "must be stop or skip, got '" + on_nonfinite + "'");
@@ -576,6 +580,11 @@ int Run::stop(const RunStep& last) {
   return 0;
 }
 
+namespace {
+// --measure-gemm-peak's products: C[n, n] = A B at n = 2048, as `peakbound info` measures.
+constexpr std::int64_t kMeasuredGemmSize = 2048;
+}  // namespace
+
 RunSummary Run::finish() {
   State& s = *s_;
   const RunSettings& f = s.f;
@@ -619,7 +628,19 @@ RunSummary Run::finish() {
   sum.tokens_per_second = s.train_seconds > 0 ? s.tokens_seen / s.train_seconds : 0;
   sum.model_flops_per_token = model_flops_per_token(s.shape.config, s.S).per_token();
   sum.achieved_flops_per_second = sum.model_flops_per_token * sum.tokens_per_second;
-  if (f.gemm_peak > 0) sum.mfu = sum.achieved_flops_per_second / f.gemm_peak;
+  sum.gemm_peak = f.gemm_peak;
+  if (f.measure_gemm_peak) {
+    // Every rank at once (the all-reduce lines them up), each its own rate; the sum is the machine's.
+    std::int64_t ready = 1;
+    s.m->world->all_reduce(&ready, 1, DType::i64, ReduceOp::sum);
+    const std::string want = f.precision == Precision::bf16 ? "bf16" : "f32";
+    double rate = 0;
+    for (const GemmRate& r : measure_gemm_rates(backend_name(s.m->device->backend()), kMeasuredGemmSize, 3))
+      if (r.precision == want && rate == 0) rate = r.flops_per_second;  // the first: the process's own path
+    s.m->world->all_reduce(&rate, 1, DType::f64, ReduceOp::sum);
+    sum.gemm_peak = rate;
+  }
+  if (sum.gemm_peak > 0) sum.mfu = sum.achieved_flops_per_second / sum.gemm_peak;
   sum.steps = s.step - s.s0;
   sum.skipped = s.skipped;
   // The step's split by phase, the mean over ranks (on the CPU device, whose compute runs
@@ -661,7 +682,7 @@ std::string RunSummary::text() const {
   if (skipped > 0) t += format(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
   t += format("\nmodel %.3g FLOP/token x %.0f tokens/s = %.3g FLOP/s", model_flops_per_token, tokens_per_second,
               achieved_flops_per_second);
-  if (mfu) t += format(", MFU %.1f%% of the GEMM peak given", 100.0 * *mfu);
+  if (mfu) t += format(", MFU %.1f%% of the GEMM peak %.3g FLOP/s", 100.0 * *mfu, gemm_peak);
   if (phase_seconds) {
     double total = 0;
     for (double v : *phase_seconds) total += v;
@@ -700,6 +721,7 @@ nlohmann::json RunSummary::json() const {
   j["model_flops_per_token"] = model_flops_per_token;
   j["achieved_flops_per_second"] = achieved_flops_per_second;
   if (mfu) j["mfu"] = *mfu;
+  if (gemm_peak > 0) j["gemm_peak_flops_per_second"] = gemm_peak;
   if (phase_seconds) {
     nlohmann::json ph = nlohmann::json::object();
     for (std::size_t i = 0; i < kNumStepPhases; ++i)

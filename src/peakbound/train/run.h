@@ -78,6 +78,10 @@ struct RunSettings {
   // gemm.f32_flops_per_second or bf16_flops_per_second), for the MFU the summary reports;
   // 0: not given (no MFU).
   double gemm_peak = 0.0;
+  // Instead: measure that peak after the last step, every rank at once (the run's
+  // precision and threads, bench/gemm_rate.h's square products), and take the ranks' sum:
+  // what the launched ranks can do together on this machine.
+  bool measure_gemm_peak = false;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();
@@ -176,6 +180,7 @@ struct RunSummary {
   // given GEMM peak (RunSettings::gemm_peak; absent when not given).
   double model_flops_per_token = 0, achieved_flops_per_second = 0;
   std::optional<double> mfu;
+  double gemm_peak = 0;  // the peak the MFU is against (given or measured); 0: none
   // The steps' wall time split by phase (core/phase_clock.h), summed over the steps, the
   // mean over ranks: on the CPU device only (absent elsewhere). The phases sum to the
   // train time (tokens_per_second's denominator) of the mean rank.
