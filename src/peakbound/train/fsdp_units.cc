@@ -63,11 +63,11 @@ std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int gro
   return out;
 }
 
-FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision) {
-  return fsdp_buffers(fsdp_unit_layouts(table, group_size), group_size, precision);
+FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision, u64 tail) {
+  return fsdp_buffers(fsdp_unit_layouts(table, group_size), group_size, precision, tail);
 }
 
-FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision) {
+FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision, u64 tail) {
   PB_CHECK_MSG(units.size() >= 2, "fsdp: the unit layouts hold the embedding and the final norm at least");
   const auto G = static_cast<u64>(group_size);
   u64 shard = 0, max_shard = 0, max_layer = 0;
@@ -78,8 +78,9 @@ FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_si
   }
   const u64 f32 = sizeof(float), pb = dtype_size(param_dtype(precision));
   FsdpBuffers b;
-  b.params_shard = buffer_spec(Component::params, shard, pb);
-  b.grads_shard = buffer_spec(Component::grads, shard, f32);
+  const u64 held = checked_add(shard, tail, "fsdp shard and the trainer's tail");
+  b.params_shard = buffer_spec(Component::params, held, pb);
+  b.grads_shard = buffer_spec(Component::grads, held, f32);
   b.scratch = buffer_spec(Component::comm, max_shard, f32);
   b.layer_params = buffer_spec(Component::params, max_layer, pb);
   b.layer_grads = buffer_spec(Component::grads, max_layer, f32);
@@ -90,9 +91,9 @@ FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_si
   return b;
 }
 
-FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision)
-    : dev_(dev), g_(group), precision_(precision), layouts_(fsdp_unit_layouts(table, group.size())),
-      buffers_(fsdp_buffers(table, group.size(), precision)) {
+FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision, u64 tail)
+    : dev_(dev), g_(group), precision_(precision), layouts_(fsdp_unit_layouts(table, group.size())), tail_(tail),
+      buffers_(fsdp_buffers(layouts_, group.size(), precision, tail)) {
   for (std::size_t u = 0; u < layouts_.size(); ++u) {
     offsets_.push_back(shard_elements_);
     shard_elements_ += shard_len(u);
@@ -101,11 +102,12 @@ FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group,
   grads_ = dev.allocate(buffers_.grads_shard.component, buffers_.grads_shard.bytes);
   scratch_ = dev.allocate(buffers_.scratch.component, buffers_.scratch.bytes);
   Stream& s = dev.compute_stream();
+  const auto held = static_cast<std::int64_t>(shard_elements_ + tail_);
   if (param_dtype() == DType::bf16)
-    ops::fill(dev, s, params_.as<bf16>(), static_cast<std::int64_t>(shard_elements_), 0.0f);
+    ops::fill(dev, s, params_.as<bf16>(), held, 0.0f);
   else
-    ops::fill(dev, s, params_.as<float>(), static_cast<std::int64_t>(shard_elements_), 0.0f);
-  zero_grads();
+    ops::fill(dev, s, params_.as<float>(), held, 0.0f);
+  ops::fill(dev, s, grads_.as<float>(), held, 0.0f);
   dev.synchronize(s);
 }
 

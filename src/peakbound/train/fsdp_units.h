@@ -7,8 +7,11 @@
 // flat shard buffers (all units' shards side by side). Use gathers the whole unit into a
 // buffer the caller owns (all-gather); a unit's full gradient, once its backward is done,
 // is reduce-scattered and ADDED into the gradient shard (so micro-batches accumulate).
-//   persistent  params_shard, grads_shard [sum n_u / G] (params, grads);
+//   persistent  params_shard, grads_shard [sum n_u / G + tail] (params, grads);
 //               scratch [max n_u / G] (comm), the reduce-scatter's landing buffer
+// `tail` elements after the units' shard belong to the trainer: the slices of the stores
+// held whole, so that the optimizer's shard is these two buffers themselves and AdamW
+// updates the FSDP shard in place (train/trainer.h).
 // The model owns the gathered buffers (fsdp_buffers says their sizes): two slots of the
 // largest layer unit for parameters and two for gradients (layer l uses slot l % 2, so its
 // Block views never move), the embedding's and the final norm's while they are in use.
@@ -54,15 +57,19 @@ struct FsdpBuffers {
   BufferSpec embed_params, embed_grads;           // the embedding gathered / its full gradient
   BufferSpec norm_params, norm_grads;             // the final norm gathered / its full gradient
 };
-FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision = Precision::f32);
+FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision = Precision::f32,
+                         std::uint64_t tail = 0);
 // The same from the layouts fsdp_unit_layouts returned (a planner that sizes many runs of
 // one model computes them once).
-FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision);
+FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision,
+                         std::uint64_t tail = 0);
 
 class FsdpUnits {
  public:
-  // Allocates and zeroes the shard buffers and the scratch. group: the data-parallel group.
-  FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision = Precision::f32);
+  // Allocates and zeroes the shard buffers (with `tail` more elements each) and the
+  // scratch. group: the data-parallel group.
+  FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision = Precision::f32,
+            std::uint64_t tail = 0);
 
   std::size_t size() const { return layouts_.size(); }
   static std::size_t embed() { return 0; }
@@ -86,6 +93,9 @@ class FsdpUnits {
   }
   float* grads_shard() const { return grads_.as<float>(); }
   std::uint64_t shard_elements() const { return shard_elements_; }
+  // The trainer's elements after the shard in both buffers (parameters at
+  // params_shard_raw() + shard_elements(), gradients at grads_shard() + shard_elements()).
+  std::uint64_t tail_elements() const { return tail_; }
   Communicator& group() const { return g_; }
   const FsdpBuffers& buffers() const { return buffers_; }
 
@@ -118,7 +128,7 @@ class FsdpUnits {
   Precision precision_;
   std::vector<ParameterLayout> layouts_;
   std::vector<std::uint64_t> offsets_;
-  std::uint64_t shard_elements_ = 0;
+  std::uint64_t shard_elements_ = 0, tail_ = 0;
   FsdpBuffers buffers_;
   Buffer params_, grads_, scratch_;
   std::vector<float> pending_master_;

@@ -309,14 +309,16 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   const ModelStoreSpecs& specs = store_specs_;
   const Precision prec = schedules_.precision;
   schedules_.vocab.precision = prec;  // the model's precision rules the head's
-  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec);
+  experts_ = std::make_unique<ParameterStore>(dev, table_, specs.experts.select, specs.experts.options, prec);
+  head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options, prec);
+  // The FSDP shard buffers carry the trainer's slices of the two stores after the units'
+  // shard (optimizer_shard_tail): the optimizer updates them all in place.
+  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec, optimizer_shard_tail());
   const FsdpBuffers& fb = fsdp_->buffers();
   for (int k = 0; k < 2; ++k) {
     param_slots_[k] = dev.allocate(fb.layer_params.component, fb.layer_params.bytes);
     grad_slots_[k] = dev.allocate(fb.layer_grads.component, fb.layer_grads.bytes);
   }
-  experts_ = std::make_unique<ParameterStore>(dev, table_, specs.experts.select, specs.experts.options, prec);
-  head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options, prec);
 
   // The aux-loss state shared by every MoE layer.
   const ModelAuxBuffers ab = model_aux_buffers(E);
@@ -456,6 +458,14 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
 }
 
 MoeTransformer::~MoeTransformer() = default;
+
+std::uint64_t MoeTransformer::optimizer_shard_tail() {
+  std::uint64_t n = 0;
+  const std::vector<ParameterStore*> s = stores();
+  const std::vector<Communicator*> g = store_groups();
+  for (std::size_t i = 0; i < s.size(); ++i) n += s[i]->elements() / static_cast<std::uint64_t>(g[i]->size());
+  return n;
+}
 
 std::vector<const DispatchStats*> MoeTransformer::dispatch_stats() const {
   std::vector<const DispatchStats*> out;

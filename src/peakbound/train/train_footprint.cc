@@ -146,10 +146,9 @@ class TrainFootprintBuilder {
     // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
     // parameters and of gradients, all held for the model's life.
     const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, g_.world);
-    fb_ = fsdp_buffers(lay->fsdp_units, g_.world, p_);
-    resident_dev_ = {fb_.params_shard, fb_.grads_shard, fb_.scratch, fb_.layer_params,
-                     fb_.layer_params, fb_.layer_grads, fb_.layer_grads};
-    u64 shard = fb_.grads_shard.bytes / kF32;  // the gradients are f32 in both precisions
+    // The stores, then the FSDP shard buffers with the stores' slices in their tail (the
+    // optimizer's shard, updated in place: MoeTransformer::optimizer_shard_tail).
+    u64 tail = 0;
     const StoreSpec* stores[2] = {&specs.experts, &specs.head};
     const int group_size[2] = {g_.ep_replicas, g_.vocab_replicas};
     for (int i = 0; i < 2; ++i) {
@@ -157,11 +156,13 @@ class TrainFootprintBuilder {
       const ParameterStoreBuffers b = parameter_store_buffers(store, p_);
       resident_dev_.push_back(b.params);
       resident_dev_.push_back(b.grads);
-      shard = checked_add(shard, store.elements / static_cast<u64>(group_size[i]), "trainer shard");
+      tail = checked_add(tail, store.elements / static_cast<u64>(group_size[i]), "trainer shard");
     }
-    const TrainerShardBuffers sb = trainer_shard_buffers(shard, p_);
-    resident_dev_.push_back(sb.params);
-    resident_dev_.push_back(sb.grads);
+    fb_ = fsdp_buffers(lay->fsdp_units, g_.world, p_, tail);
+    for (const BufferSpec& b : {fb_.params_shard, fb_.grads_shard, fb_.scratch, fb_.layer_params, fb_.layer_params,
+                                fb_.layer_grads, fb_.layer_grads})
+      resident_dev_.push_back(b);
+    const u64 shard = fb_.grads_shard.bytes / kF32;  // units and slices; the gradients are f32 in both precisions
     const ModelAuxBuffers ab = model_aux_buffers(c_.num_experts);
     for (const BufferSpec& b : {ab.counts, ab.prob_sums, ab.aux_grad, ab.loss}) resident_dev_.push_back(b);
     const ModelRouterStateBuffers rb = model_router_state_buffers(c_);

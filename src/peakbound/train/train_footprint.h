@@ -2,14 +2,14 @@
 // function of the model, the layout, the micro-batch and the schedules: what
 // MoeTransformer and Trainer allocate, composed from the very BufferSpec functions
 // their runtimes allocate from (parameter_store_buffers with model_store_specs'
-// selectors, trainer_shard_buffers, model_aux_buffers, model_batch_buffers,
+// selectors, fsdp_buffers with the stores' slices as its tail, model_aux_buffers, model_batch_buffers,
 // decoder_layer_buffers, attention_layer_footprint, moe_layer_footprint,
 // dispatch_footprint, materialized_vocab_footprint / ring_dtp_footprint,
 // checkpoint_buffers, optimizer_footprint). Measured Arena peaks after a step equal it
 // per component (tests/train/train_footprint_*test.cc).
 //
 // Persistent (every phase after the trainer exists): the three stores' params and
-// grads, the trainer's param and grad shards, the optimizer's device state, the
+// grads, the FSDP shard buffers (which hold the trainer's slices too), the optimizer's device state, the
 // model's aux-loss buffers, the stack's ring slots (device) and offloaded boundaries
 // (host), the optimizer's host state and staging. Each phase adds what is live at
 // one moment of the step (T = sequences x seq_len tokens on this rank):

@@ -28,11 +28,6 @@ std::string first_nonfinite_bf16(Device& dev, const void* shard, std::uint64_t n
 
 }  // namespace
 
-TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements, Precision p) {
-  return TrainerShardBuffers{buffer_spec(Component::params, shard_elements, dtype_size(param_dtype(p))),
-                             buffer_spec(Component::grads, shard_elements, sizeof(float))};
-}
-
 Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, const TrainerOptions& options)
     : model_(model), options_(options) {
   if (!(options_.router_bias_speed >= 0.0f && options_.router_bias_speed < 1e3f))
@@ -53,17 +48,19 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
     shard_elems_ += stores[i]->elements() / G;
   }
   const Precision prec = model.schedules().precision;
-  const TrainerShardBuffers sb = trainer_shard_buffers(shard_elems_, prec);
-  param_shard_ = dev.allocate(sb.params.component, sb.params.bytes);
-  grad_shard_ = dev.allocate(sb.grads.component, sb.grads.bytes);
-  ParamShard shard{param_shard_.data(), param_dtype(prec), grad_shard_.data(), DType::f32,
-                   static_cast<std::int64_t>(shard_elems_)};
+  // The optimizer's shard is the FSDP units' own buffers, the stores' slices in their tail.
+  if (model.fsdp().tail_elements() != shard_elems_ - fsdp_len_)
+    throw InternalError("trainer: the FSDP shard's tail holds " + std::to_string(model.fsdp().tail_elements()) +
+                        " elements, the stores' slices " + std::to_string(shard_elems_ - fsdp_len_));
+  param_shard_ = model.fsdp().params_shard_raw();
+  grad_shard_ = model.fsdp().grads_shard();
+  ParamShard shard{param_shard_, param_dtype(prec), grad_shard_, DType::f32, static_cast<std::int64_t>(shard_elems_)};
   if (prec == Precision::bf16) {
     // The model holds only bf16 copies: the master comes from what init / load left.
     std::vector<float> master = take_pending_masters();
     opt_ = make_optimizer_schedule(options_.optimizer, OptimizerContext{dev, host, pool, *model.groups().world},
                                    shard, options_.optimizer_options);
-    opt_->load(master.data());  // writes param_shard_ = to_bf16(master)
+    opt_->load(master.data());  // writes the shard = to_bf16(master)
     publish();
     return;
   }
@@ -105,15 +102,11 @@ std::vector<float> Trainer::take_pending_masters() {
 void Trainer::publish() {
   const PhaseScope phase(StepPhase::fsdp);
   Device& dev = model_.experts().device();
-  FsdpUnits& fsdp = model_.fsdp();
-  const DType t = fsdp.param_dtype();
+  const DType t = model_.fsdp().param_dtype();
   const std::uint64_t es = dtype_size(t);
-  dev.synchronize();
-  dev.memcpy_async(fsdp.params_shard_raw(), param_shard_.data(), fsdp_len_ * es, CopyKind::device_to_device,
-                   dev.compute_stream());
-  dev.synchronize();
+  dev.synchronize();  // the optimizer's writes are done (the FSDP shard is already the model's)
   for (const Slice& s : slices_)
-    s.group->all_gather(param_shard_.as<std::byte>() + s.offset * es, s.store->params_raw(), s.len, t);
+    s.group->all_gather(static_cast<std::byte*>(param_shard_) + s.offset * es, s.store->params_raw(), s.len, t);
 }
 
 StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop) {
@@ -179,15 +172,11 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
   // Gradients: the FSDP shard as it is; each store's slice summed over its group.
   mark_phase(dev.arena(), "reduce");
   {
+    // The FSDP shard's gradients are in place; the stores' are reduce-scattered after them.
     const PhaseScope phase(StepPhase::fsdp);
     dev.synchronize();
-    FsdpUnits& fsdp = model_.fsdp();
-    dev.memcpy_async(grad_shard_.data(), fsdp.grads_shard(), fsdp_len_ * sizeof(float), CopyKind::device_to_device,
-                     dev.compute_stream());
-    dev.synchronize();
     for (const Slice& s : slices_)
-      s.group->reduce_scatter(s.store->grads_data(), grad_shard_.as<float>() + s.offset, s.len, DType::f32,
-                              ReduceOp::sum);
+      s.group->reduce_scatter(s.store->grads_data(), grad_shard_ + s.offset, s.len, DType::f32, ReduceOp::sum);
   }
   ++step_;
   const float lr = options_.lr.lr(step_);
@@ -206,7 +195,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
         std::string(what) + (first.empty() ? "; every gradient is finite" : "; first non-finite gradient: " + first);
     // Under bf16 the compute copy can hold an inf the fp32 master does not: name it too.
     if (model_.schedules().precision == Precision::bf16) {
-      const std::string p = first_nonfinite_bf16(dev, param_shard_.data(), shard_elems_, shard_segments(), world);
+      const std::string p = first_nonfinite_bf16(dev, param_shard_, shard_elems_, shard_segments(), world);
       if (!p.empty()) message += "; first non-finite bf16 parameter: " + p;
     }
     if (!options_.skip_nonfinite) {
@@ -334,7 +323,7 @@ std::string Trainer::first_nonfinite_gradient() const {
   Device& dev = model_.experts().device();
   std::vector<float> g(shard_elems_);
   dev.synchronize();
-  dev.memcpy_async(g.data(), grad_shard_.data(), shard_elems_ * sizeof(float), CopyKind::device_to_host,
+  dev.memcpy_async(g.data(), grad_shard_, shard_elems_ * sizeof(float), CopyKind::device_to_host,
                    dev.copy_stream());
   dev.synchronize(dev.copy_stream());
   return first_nonfinite_in(g, shard_segments(), *model_.groups().world);

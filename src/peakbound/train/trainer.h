@@ -6,11 +6,13 @@
 //       1 / micro-batches), gradients accumulating in the FSDP shard (reduced layer by
 //       layer during the backward) and in the two stores held whole (experts, head)
 //   reduce-scatter each store's gradients over its replica group: rank r of a group of
-//       G gets the summed slice r of the store (the stores are padded to a multiple of G)
+//       G gets the summed slice r of the store (the stores are padded to a multiple of G),
+//       into the FSDP shard buffer's tail, after the units' shard
 //   one AdamW step over this rank's slices (the FSDP shard and the two stores' slices
-//       side by side in one shard), with the global gradient norm over the world (the
-//       slices are disjoint and cover every parameter once, so the norm is the model's)
-//   copy the updated FSDP shard back; all-gather the stores' updated slices
+//       side by side in the FSDP shard buffers, updated in place), with the global
+//       gradient norm over the world (the slices are disjoint and cover every parameter
+//       once, so the norm is the model's)
+//   all-gather the stores' updated slices (the FSDP shard is already the model's)
 // The optimizer state therefore lives sharded over the data-parallel ranks (fp32 master,
 // m and v of 1/G of every parameter per rank) on the device or offloaded
 // (OffloadStreamAdamW, the `adam` schedule).
@@ -98,18 +100,11 @@ struct StepStats {
 // number, say) to abandon the step. Must be cheap; called on every rank.
 using StopCheck = std::function<std::int64_t()>;
 
-// The shard buffers (held for the trainer's life; params in param_dtype(p), grads f32):
-// this rank's slice of every store side by side, `shard_elements` = the sum over stores of elements / group size;
-// params (Component::params) holds the updated slices, grads (Component::grads) the
-// reduce-scattered gradients.
-struct TrainerShardBuffers {
-  BufferSpec params, grads;
-};
-TrainerShardBuffers trainer_shard_buffers(std::uint64_t shard_elements, Precision p = Precision::f32);
-
 class Trainer {
  public:
-  // Allocates the shard buffers and the optimizer state and loads the model's current
+  // Allocates the optimizer state over the model's FSDP shard buffers (the units' shard,
+  // then this rank's slices of the stores in their tail, MoeTransformer::optimizer_shard_tail:
+  // AdamW updates the FSDP shard in place, no copy to or from a shard of its own) and loads the model's current
   // parameters as the master weights: under f32 read back from the device, under bf16 the
   // pending masters init_parameters / load_hf left (taken; InvalidArgument, one line, when
   // there are none; a second Trainer on the model finds none), after which the model
@@ -157,7 +152,9 @@ class Trainer {
   std::vector<Slice> slices_;
   std::uint64_t shard_elems_ = 0;
   std::uint64_t fsdp_len_ = 0;  // the FSDP units' shard, first in the shard buffers
-  Buffer param_shard_, grad_shard_;
+  void* param_shard_ = nullptr;   // the FSDP shard buffers (params_shard_raw, grads_shard): units, then
+  float* grad_shard_ = nullptr;   // the stores' slices
+
   std::string first_nonfinite_gradient() const;
   // The master's bf16 (or f32) copy in the shard buffer written where the model computes
   // with it: the FSDP shard (a device copy) and each store's slices (all-gathered over its
