@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "peakbound/bench/gemm_rate.h"
+#include "peakbound/ops/gemm_rate.h"
 #include "peakbound/build_info.h"
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "peakbound/bench/gemm_rate.h"
 #include "peakbound/comm/agree.h"
 #include "peakbound/comm/device_communicator.h"
 #include "peakbound/core/error.h"
@@ -21,6 +20,7 @@
 #include "peakbound/model/describe.h"
 #include "peakbound/model/model_flops.h"
 #include "peakbound/ops/gemm.h"
+#include "peakbound/ops/gemm_rate.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/train/copy_task.h"

@@ -79,7 +79,7 @@ struct RunSettings {
   // 0: not given (no MFU).
   double gemm_peak = 0.0;
   // Instead: measure that peak after the last step, every rank at once (the run's
-  // precision and threads, bench/gemm_rate.h's square products), and take the ranks' sum:
+  // precision and threads, ops/gemm_rate.h's square products), and take the ranks' sum:
   // what the launched ranks can do together on this machine.
   bool measure_gemm_peak = false;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the

@@ -1,4 +1,4 @@
-#include "peakbound/bench/gemm_rate.h"
+#include "peakbound/ops/gemm_rate.h"
 
 #include <algorithm>
 #include <chrono>
