@@ -422,6 +422,7 @@ TEST(Attention, TilesComputedAreExactlyThoseWithAVisiblePair) {
   a.tokens = 1024;
   a.q_heads = a.kv_heads = 1;
   a.qk_dim = a.v_dim = 4;
+  a.block_q = a.block_k = 64;
   a.window = 16;
   EXPECT_EQ(attention_tiles(a).forward, 31);
   a.window = 0;

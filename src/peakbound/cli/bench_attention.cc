@@ -67,7 +67,9 @@ namespace peakbound::cli {
 namespace {
 
 struct BenchAttentionFlags {
-  std::int64_t tokens = 2048, heads = 8, kv_heads = 2, dim = 64, block_q = 64, block_k = 64, window = 0;
+  // The tiles default to the kernel's (what training runs).
+  std::int64_t tokens = 2048, heads = 8, kv_heads = 2, dim = 64, block_q = AttentionDims{}.block_q,
+               block_k = AttentionDims{}.block_k, window = 0;
   int threads = 1, reps = 3;
   std::string cp_sizes = "1,2,4";
   bool json = true;
