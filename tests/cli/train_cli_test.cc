@@ -251,11 +251,21 @@ TEST(CliTrain, PhaseSecondsSplitTheStepTime) {
   for (double s : j["step_seconds"].get<std::vector<double>>()) steps += s;
   EXPECT_NEAR(sum, steps, 1e-9 * steps + 1e-12);
   EXPECT_NE(r.out.find("step time (mean over ranks): attention"), std::string::npos) << r.out;
+  // One rank has no peer: its communicator makes no calls, so nothing is exposed.
+  ASSERT_TRUE(j.contains("communication_seconds")) << j.dump();
+  EXPECT_EQ(j["communication_seconds"].get<double>(), 0.0);
   if (peakbound::testing::have_mpirun()) {  // every rank runs the dispatch's exchange and FSDP's collectives
     CliRun m = peakbound::testing::run_mpi("train --steps 2 --seq-len 32 --json", 2, 300);
     ASSERT_EQ(m.code, 0) << m.err << m.out;
     const nlohmann::json jm = last_json_line(m.out);
     for (const char* k : {"dispatch", "fsdp"}) EXPECT_GT(jm["phase_seconds"][k].get<double>(), 0.0) << k;
+    // Exposed communication is part of the steps' time (the mean rank's), never more.
+    double msteps = 0;
+    for (const auto& [k, v] : jm["phase_seconds"].items()) msteps += v.get<double>();
+    const double comm = jm["communication_seconds"].get<double>();
+    EXPECT_GT(comm, 0.0);
+    EXPECT_LE(comm, msteps * (1 + 1e-9));
+    EXPECT_NE(m.out.find("exposed communication"), std::string::npos) << m.out;
   }
 }
 

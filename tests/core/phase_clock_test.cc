@@ -84,6 +84,48 @@ TEST(PhaseClock, ScopesArePerThread) {
   EXPECT_EQ(of(take_phase_seconds(), StepPhase::fsdp), 0.0);
 }
 
+// Communication scopes count their outermost one's wall time once, across the phases,
+// per thread; time outside them is not communication.
+TEST(PhaseClock, CommunicationCountsTheOutermostScopeOnceAcrossPhases) {
+  take_communication_seconds();
+  take_phase_seconds();
+  Stopwatch wall;
+  {
+    const PhaseScope fsdp(StepPhase::fsdp);
+    sleep_ms(10);  // fsdp, not communication
+    const CommunicationScope outer;
+    sleep_ms(10);
+    {
+      const CommunicationScope inner;  // nested: not counted a second time
+      sleep_ms(10);
+    }
+  }
+  const double total = wall.seconds();
+  const double comm = take_communication_seconds();
+  EXPECT_GE(comm, 0.020);
+  EXPECT_LT(comm, total - 0.010 + 1e-9);  // the first 10 ms were not in a communication scope
+  EXPECT_GE(of(take_phase_seconds(), StepPhase::fsdp), 0.030);  // the phase keeps all of it
+  sleep_ms(5);
+  EXPECT_EQ(take_communication_seconds(), 0.0);
+  double theirs = 0;
+  std::thread t([&theirs] {
+    {
+      const CommunicationScope c;
+      sleep_ms(10);
+    }
+    theirs = take_communication_seconds();
+  });
+  t.join();
+  EXPECT_GE(theirs, 0.010);
+  EXPECT_EQ(take_communication_seconds(), 0.0);
+  // An open scope splits at the take.
+  const CommunicationScope open;
+  sleep_ms(5);
+  EXPECT_GE(take_communication_seconds(), 0.005);
+  sleep_ms(5);
+  EXPECT_GE(take_communication_seconds(), 0.005);
+}
+
 TEST(PhaseClock, NamesEveryPhaseOnce) {
   std::string seen;
   for (StepPhase p : kAllStepPhases) {

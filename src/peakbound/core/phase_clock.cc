@@ -31,6 +31,15 @@ struct ThreadPhases {
 
 thread_local ThreadPhases t_phases;
 
+// The communication scopes of this thread: the outermost one's time counts.
+struct ThreadCommunication {
+  double seconds = 0;
+  int depth = 0;
+  Clock::time_point since{};
+};
+
+thread_local ThreadCommunication t_comm;
+
 }  // namespace
 
 std::string_view step_phase_name(StepPhase p) {
@@ -64,6 +73,28 @@ PhaseSeconds take_phase_seconds() {
   t.charge();
   const PhaseSeconds out = t.seconds;
   t.seconds = {};
+  return out;
+}
+
+CommunicationScope::CommunicationScope() {
+  ThreadCommunication& t = t_comm;
+  if (t.depth++ == 0) t.since = Clock::now();
+}
+
+CommunicationScope::~CommunicationScope() {
+  ThreadCommunication& t = t_comm;
+  if (--t.depth == 0) t.seconds += std::chrono::duration<double>(Clock::now() - t.since).count();
+}
+
+double take_communication_seconds() {
+  ThreadCommunication& t = t_comm;
+  const Clock::time_point now = Clock::now();
+  double out = t.seconds;
+  if (t.depth > 0) {
+    out += std::chrono::duration<double>(now - t.since).count();
+    t.since = now;
+  }
+  t.seconds = 0;
   return out;
 }
 

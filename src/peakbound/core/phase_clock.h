@@ -51,4 +51,23 @@ class PhaseScope {
 // Scopes still open keep counting from now.
 PhaseSeconds take_phase_seconds();
 
+// The communication the step waits for: time this thread spends inside a
+// CommunicationScope (every call of the MPI communicator and of its requests, and a
+// compute thread's wait for a communication stream), counted once where scopes nest. It
+// cuts across the phases (an FSDP gather's MPI call is fsdp time and communication time)
+// and is the step's exposed communication: what overlap has not hidden, waiting for a
+// slower peer included. Transfers that run on another thread while this one computes are
+// not in it; the wait for them is.
+class CommunicationScope {
+ public:
+  CommunicationScope();
+  ~CommunicationScope();
+  CommunicationScope(const CommunicationScope&) = delete;
+  CommunicationScope& operator=(const CommunicationScope&) = delete;
+};
+
+// This thread's seconds inside communication scopes since the last call, then zeroed; an
+// open scope keeps counting from now.
+double take_communication_seconds();
+
 }  // namespace peakbound

@@ -280,8 +280,12 @@ class MoeDispatch::Pass {
     CommFailure failure;
     Drain drain{dev_, comm_, failure};
     std::vector<Event> dispatched(at(plan_.rounds)), combined(at(plan_.rounds));
+    // The compute thread's waits for the exchanges are the pass's exposed communication.
     auto await = [&](const Event& e) {
-      e.synchronize();
+      {
+        const CommunicationScope exposed;
+        e.synchronize();
+      }
       failure.rethrow();
     };
     stage(0);
@@ -299,7 +303,10 @@ class MoeDispatch::Pass {
       }
       combined[at(i)] = submit(i, true, failure);
     }
-    dev_.synchronize(comm_);
+    {
+      const CommunicationScope exposed;
+      dev_.synchronize(comm_);
+    }
     failure.rethrow();
     combine(plan_.rounds - 1);
   }

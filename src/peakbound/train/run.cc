@@ -283,6 +283,7 @@ struct Run::State {
   std::vector<double> step_seconds;
   std::uint64_t ring_bytes = 0;  // this rank's context-parallel ring attention sends in the steps taken
   PhaseSeconds phases{};         // this rank's step time by phase, summed over the steps taken
+  double communication = 0;      // this rank's exposed communication, summed over the steps taken
   std::optional<double> last_eval;
   bool nothing_to_train = false;
 
@@ -496,6 +497,7 @@ RunStep Run::step() {
   s.tokens_seen += static_cast<double>(st.inputs);
   s.train_seconds += st.seconds;
   for (std::size_t i = 0; i < kNumStepPhases; ++i) s.phases[i] += st.phases[i];
+  s.communication += st.communication_seconds;
   s.step_seconds.push_back(st.seconds);
   std::optional<double> eval_loss;
   if (s.eval_windows > 0 && ((f.eval_every > 0 && step % f.eval_every == 0) || step == f.steps)) {
@@ -645,11 +647,15 @@ RunSummary Run::finish() {
   sum.skipped = s.skipped;
   // The step's split by phase, the mean over ranks (on the CPU device, whose compute runs
   // on the step's thread; an asynchronous device's scopes would time launches only).
-  PhaseSeconds ph = s.phases;
+  std::array<double, kNumStepPhases + 1> ph{};
+  std::copy(s.phases.begin(), s.phases.end(), ph.begin());
+  ph[kNumStepPhases] = s.communication;
   s.m->world->all_reduce(ph.data(), ph.size(), DType::f64, ReduceOp::sum);
   if (s.m->device->backend() == Backend::cpu && sum.steps > 0) {
     for (double& v : ph) v /= static_cast<double>(s.W);
-    sum.phase_seconds = ph;
+    sum.phase_seconds.emplace();
+    std::copy_n(ph.begin(), kNumStepPhases, sum.phase_seconds->begin());
+    sum.communication_seconds = ph[kNumStepPhases];
   }
   // The most any rank's attention rings sent per step (0 without context parallelism).
   auto ring_bytes = static_cast<std::int64_t>(s.ring_bytes);
@@ -690,6 +696,9 @@ std::string RunSummary::text() const {
     for (std::size_t i = 0; i < kNumStepPhases; ++i)
       t += format("%s %s %.0f%%", i == 0 ? "" : ",", std::string(step_phase_name(kAllStepPhases[i])).c_str(),
                   total > 0 ? 100.0 * (*phase_seconds)[i] / total : 0.0);
+    if (communication_seconds)
+      t += format("; exposed communication %.0f%% (across the phases)",
+                  total > 0 ? 100.0 * *communication_seconds / total : 0.0);
   }
   return t + "\n";
 }
@@ -728,6 +737,7 @@ nlohmann::json RunSummary::json() const {
       ph[std::string(step_phase_name(kAllStepPhases[i]))] = (*phase_seconds)[i];
     j["phase_seconds"] = ph;
   }
+  if (communication_seconds) j["communication_seconds"] = *communication_seconds;
   return j;
 }
 

@@ -185,6 +185,9 @@ struct RunSummary {
   // mean over ranks: on the CPU device only (absent elsewhere). The phases sum to the
   // train time (tokens_per_second's denominator) of the mean rank.
   std::optional<PhaseSeconds> phase_seconds;
+  // The steps' exposed communication (StepStats::communication_seconds), summed over the
+  // steps, the mean over ranks; with phase_seconds (CPU device only).
+  std::optional<double> communication_seconds;
   std::optional<double> eval_loss;
   std::int64_t steps = 0, skipped = 0;
   std::string text() const;          // the table and the loss line, as `peakbound train` prints them

@@ -112,6 +112,7 @@ void Trainer::publish() {
 StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop) {
   const auto t0 = std::chrono::steady_clock::now();
   take_phase_seconds();  // from here on the phases are this step's
+  take_communication_seconds();
   Communicator& world = *model_.groups().world;
   Device& dev = model_.experts().device();
   // The memory timeline's step marks (nothing when the Arena is not recording).
@@ -238,6 +239,7 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
   st.lr = lr;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.phases = take_phase_seconds();
+  st.communication_seconds = take_communication_seconds();
   double named = 0;
   for (std::size_t i = 0; i + 1 < kNumStepPhases; ++i) named += st.phases[i];
   st.phases[static_cast<std::size_t>(StepPhase::other)] += std::max(0.0, st.seconds - named);

@@ -86,6 +86,9 @@ struct StepStats {
   // Its split by phase on this rank (core/phase_clock.h): each phase's time on the step's
   // thread; `other` is the rest of `seconds`, so they sum to it (a completed step only).
   PhaseSeconds phases{};
+  // Its exposed communication on this rank: the step's thread's time in communication
+  // calls and waits (core/phase_clock.h's CommunicationScope), across the phases.
+  double communication_seconds = 0;
   bool skipped = false;     // non-finite loss or gradient norm: no update (skip_nonfinite)
   std::string nonfinite;    // what was non-finite, when skipped
   // A stop the ranks agreed on between micro-batches (the largest value any rank's
