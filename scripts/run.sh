@@ -12,9 +12,12 @@ bash scripts/setup.sh
 bash scripts/build.sh release
 ./build/release/peakbound --version
 ranks="${PEAKBOUND_RANKS:-4}"
-# Shared memory without CMA (ptrace is often barred in containers); ranks waiting in
-# MPI yield their core, so 4 ranks share 2 cores without spinning.
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mpi_yield_when_idle=1
+# Shared memory moves large messages in one copy (CMA) where this machine lets one process
+# read another's memory, else without it (containers often bar it; `peakbound info
+# --mpi-single-copy` probes); a value already set wins. Ranks waiting in MPI yield their
+# core, so 4 ranks share 2 cores without spinning.
+OMPI_MCA_btl_vader_single_copy_mechanism="${OMPI_MCA_btl_vader_single_copy_mechanism:-$(./build/release/peakbound info --mpi-single-copy)}"
+export OMPI_MCA_btl_vader_single_copy_mechanism OMPI_MCA_mpi_yield_when_idle=1
 root=()
 if [ "$(id -u)" = 0 ]; then root=(--allow-run-as-root); fi
 exec mpirun "${root[@]}" --oversubscribe -np "$ranks" ./build/release/peakbound train "$@"

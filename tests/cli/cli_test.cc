@@ -43,6 +43,13 @@ TEST(Cli, InfoTimesBothPrecisionsAndNamesTheBf16Path) {
   EXPECT_EQ(text.code, 0);
   EXPECT_NE(text.out.find("bf16 gemm: " + path), std::string::npos) << text.out;
   EXPECT_EQ(text.out.find("GFLOP/s"), std::string::npos) << "--gemm-size 0 times nothing";
+  // The single-copy probe: one word, the same in the JSON and the text.
+  CliRun copy = run("info --mpi-single-copy");
+  ASSERT_EQ(copy.code, 0) << copy.err;
+  EXPECT_TRUE(copy.out == "cma\n" || copy.out == "none\n") << copy.out;
+  const std::string mech = copy.out.substr(0, copy.out.size() - 1);
+  EXPECT_EQ(j.at("mpi_single_copy"), mech);
+  EXPECT_NE(text.out.find("mpi single copy: " + mech), std::string::npos) << text.out;
   expect_one_line_error(
       peakbound::testing::run_cli("", 30, "env PEAKBOUND_BF16_GEMM=fastest " + std::string(PEAKBOUND_CLI_PATH) + " info"),
       "PEAKBOUND_BF16_GEMM");

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "peakbound/comm/single_copy.h"
 #include "peakbound/core/error.h"
 
 extern char** environ;
@@ -70,7 +71,9 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
 std::vector<std::string> mpirun_argv(const std::string& mpirun, int ranks) {
   if (ranks == 1) return {};  // one process needs no launcher (a machine with one GPU may have no MPI)
   setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);
+  // One-copy transfers where the kernel allows them (comm/single_copy.h); a value the
+  // caller set wins.
+  setenv("OMPI_MCA_btl_vader_single_copy_mechanism", mpi_single_copy_mechanism().c_str(), 0);
   std::vector<std::string> argv = {mpirun, "-np", std::to_string(ranks), "--oversubscribe"};
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   return argv;

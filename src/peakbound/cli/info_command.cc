@@ -10,6 +10,7 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/flags.h"
 #include "peakbound/comm/communicator.h"
+#include "peakbound/comm/single_copy.h"
 #include "peakbound/ops/gemm.h"
 
 namespace peakbound::cli {
@@ -40,6 +41,7 @@ struct InfoFlags {
   std::string device = "cpu";
   bool json = false;
   bool gemm_shapes = false;
+  bool single_copy = false;
 };
 
 Command add_info_command(CLI::App& root) {
@@ -54,7 +56,16 @@ Command add_info_command(CLI::App& root) {
   c.app->add_flag("--json", f->json, "Print the same as one JSON object");
   c.app->add_flag("--gemm-shapes", f->gemm_shapes,
                   "Also time the trainer's small products (tiny-moe shapes): f32, bf16 native and convert");
+  c.app->add_flag("--mpi-single-copy", f->single_copy,
+                  "Print only the value for OMPI_MCA_btl_vader_single_copy_mechanism this machine allows (cma "
+                  "where one process may read another's memory, else none) and exit");
   c.run = [f] {
+    // Probed before MPI starts (the probe forks).
+    const std::string single_copy = mpi_single_copy_mechanism();
+    if (f->single_copy) {
+      std::printf("%s\n", single_copy.c_str());
+      return 0;
+    }
     auto world = world_communicator();
     if (world->rank() != 0) return 0;
     std::vector<GemmRate> rates;
@@ -65,7 +76,8 @@ Command add_info_command(CLI::App& root) {
       nlohmann::json j = {{"version", PEAKBOUND_VERSION}, {"build_type", PEAKBOUND_BUILD_TYPE},
                           {"compiler", PEAKBOUND_COMPILER}, {"blas_core", ops::blas_core_name()},
                           {"blas_threads", ops::blas_num_threads()}, {"bf16_gemm_path", ops::bf16_gemm_path()},
-                          {"ranks", world->size()}, {"communicator", world->backend()}};
+                          {"ranks", world->size()}, {"communicator", world->backend()},
+                          {"mpi_single_copy", single_copy}};
       if (!rates.empty()) j["gemm"] = gemm_rates_json(rates, f->gemm_size, f->gemm_repeats);
       if (!shapes.empty()) j["gemm_shapes"] = gemm_shape_rates_json(shapes);
       std::printf("%s\n", j.dump(2).c_str());
@@ -73,6 +85,9 @@ Command add_info_command(CLI::App& root) {
     }
     std::printf("%s\n", build_description().c_str());
     std::printf("  ranks: %d (communicator: %s)\n", world->size(), world->backend().c_str());
+    std::printf("  mpi single copy: %s (%s)\n", single_copy.c_str(),
+                single_copy == "cma" ? "process_vm_readv allowed: large messages move in one copy"
+                                     : "process_vm_readv refused: large messages move only inside MPI calls");
     const std::string path = ops::bf16_gemm_path();
     std::printf("  bf16 gemm: %s (%s)\n", path.c_str(),
                 path == "native" ? "AVX512-BF16 dot products" : "blocks widened to f32 for sgemm");
