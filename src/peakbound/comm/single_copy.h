@@ -6,7 +6,7 @@
 // advance only while BOTH ranks are inside MPI calls. A transfer posted before a kernel
 // (a ring's next hop) then does not move while the sender computes: the receiver's wait
 // lasts until the sender's next MPI call, and overlap is lost (`bench attention` at CP 2
-// on 2 ranks, 1 core each: overlap 0 with "none", 0.76 with "cma").
+// on 2 ranks, 1 core each: overlap 0 with "none", 0.76-0.86 with "cma" over 4 runs).
 //
 // cma needs the kernel to let one rank read another's memory: containers whose seccomp
 // profile or ptrace policy (Yama) forbids process_vm_readv make OpenMPI fail at the first

@@ -95,16 +95,21 @@ MPI_Op mpi_op(DType t, ReduceOp op) {
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
+// Every call that may move buffers: device memory open for MPI (strict mode) and the
+// time counted as the step's exposed communication (core/phase_clock.h).
+struct MpiCall {
+  DeviceAccess open;
+  CommunicationScope comm;
+};
+
 struct MpiRequest final : Request::Impl {
   MPI_Request req = MPI_REQUEST_NULL;
   void wait() override {
-    DeviceAccess open;  // MPI moves the buffers while it waits (strict mode)
-    const CommunicationScope comm;
+    const MpiCall call;  // MPI moves the buffers while it waits
     check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
   }
   bool test() override {
-    DeviceAccess open;
-    const CommunicationScope comm;
+    const MpiCall call;
     int flag = 0;
     check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     return flag != 0;
@@ -147,23 +152,20 @@ void MpiCommunicator::check_peer(int peer, const char* what) const {
 }
 
 void MpiCommunicator::send(const void* buf, std::size_t count, DType t, int dst, int tag) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;  // the step's exposed communication (core/phase_clock.h)
+  const MpiCall call;  // the buffers may be device memory
   check_peer(dst, "send");
   check(MPI_Send(buf, to_int(count, "send"), mpi_type(t), dst, tag, comm_), "MPI_Send");
 }
 
 void MpiCommunicator::recv(void* buf, std::size_t count, DType t, int src, int tag) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   check_peer(src, "recv");
   check(MPI_Recv(buf, to_int(count, "recv"), mpi_type(t), src, tag, comm_, MPI_STATUS_IGNORE),
         "MPI_Recv");
 }
 
 Request MpiCommunicator::isend(const void* buf, std::size_t count, DType t, int dst, int tag) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   check_peer(dst, "isend");
   auto r = std::make_unique<MpiRequest>();
   check(MPI_Isend(buf, to_int(count, "isend"), mpi_type(t), dst, tag, comm_, &r->req), "MPI_Isend");
@@ -171,8 +173,7 @@ Request MpiCommunicator::isend(const void* buf, std::size_t count, DType t, int 
 }
 
 Request MpiCommunicator::irecv(void* buf, std::size_t count, DType t, int src, int tag) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   check_peer(src, "irecv");
   auto r = std::make_unique<MpiRequest>();
   check(MPI_Irecv(buf, to_int(count, "irecv"), mpi_type(t), src, tag, comm_, &r->req), "MPI_Irecv");
@@ -181,8 +182,7 @@ Request MpiCommunicator::irecv(void* buf, std::size_t count, DType t, int src, i
 
 void MpiCommunicator::sendrecv(const void* sendbuf, std::size_t send_count, int dst, void* recvbuf,
                                std::size_t recv_count, int src, DType t, int tag) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   check_peer(dst, "sendrecv");
   check_peer(src, "sendrecv");
   check(MPI_Sendrecv(sendbuf, to_int(send_count, "sendrecv"), mpi_type(t), dst, tag, recvbuf,
@@ -192,8 +192,7 @@ void MpiCommunicator::sendrecv(const void* sendbuf, std::size_t send_count, int 
 }
 
 void MpiCommunicator::all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   if (t == DType::u8 && op == ReduceOp::sum)
     throw CommError("all_reduce: sum over u8 would overflow silently; use i32 or i64");
   check(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce"), mpi_type(t), mpi_op(t, op),
@@ -202,24 +201,21 @@ void MpiCommunicator::all_reduce(void* buf, std::size_t count, DType t, ReduceOp
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType t) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   int n = to_int(count, "all_gather");
   check(MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "MPI_Allgather");
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                                      ReduceOp op) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   check(MPI_Reduce_scatter_block(send, recv, to_int(recv_count, "reduce_scatter"), mpi_type(t),
                                  mpi_op(t, op), comm_),
         "MPI_Reduce_scatter_block");
 }
 
 void MpiCommunicator::broadcast(void* buf, std::size_t count, DType t, int root) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   check_peer(root, "broadcast");
   check(MPI_Bcast(buf, to_int(count, "broadcast"), mpi_type(t), root, comm_), "MPI_Bcast");
 }
@@ -228,8 +224,7 @@ void MpiCommunicator::all_to_all_v(const void* send, std::span<const std::size_t
                                    std::span<const std::size_t> send_displs, void* recv,
                                    std::span<const std::size_t> recv_counts,
                                    std::span<const std::size_t> recv_displs, DType t) {
-  DeviceAccess open;  // the buffers may be device memory (strict mode)
-  const CommunicationScope comm;
+  const MpiCall call;  // the buffers may be device memory
   auto n = static_cast<std::size_t>(size_);
   if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n ||
       recv_displs.size() != n)
