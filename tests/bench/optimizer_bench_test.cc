@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 OptimizerBenchOptions small() {
   OptimizerBenchOptions o;
@@ -141,5 +142,6 @@ TEST(OptimizerBench, LibraryErrorsNameTheOptionNotTheFlag) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -12,6 +12,7 @@
 
 namespace peakbound::bench {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(ReachBudget, FixedStateIsTheTrainFootprintsPersistentPhase) {
   const ModelConfig c = preset_config("tiny-moe");
@@ -93,5 +94,6 @@ TEST(Subprocess, FailureReasonOfASilentChildNamesItsCommandLineAndStatus) {
   EXPECT_NO_THROW(require_program("false", "--mpirun"));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::bench

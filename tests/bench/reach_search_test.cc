@@ -11,6 +11,7 @@
 
 namespace peakbound::bench {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 ReachSearch run(std::int64_t threshold, ReachSearchOptions o) {
   return search_reach([threshold](std::int64_t c) { return c <= threshold; }, o);
@@ -80,5 +81,6 @@ TEST(ReachSearch, RejectsBadOptions) {
   EXPECT_THROW(run(100, o), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::bench

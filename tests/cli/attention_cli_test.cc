@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::run_cli;
@@ -76,5 +77,6 @@ TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   EXPECT_EQ(e.err.find("MPI_ABORT"), std::string::npos) << e.err;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

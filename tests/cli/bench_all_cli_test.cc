@@ -7,6 +7,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(CliBenchAll, DispatchOnTwoRanksAsJson) {
 #if defined(__SANITIZE_ADDRESS__)
@@ -53,5 +54,6 @@ TEST(CliBenchAll, UnknownBenchIsAOneLineError) {
   testing::expect_one_line_error(testing::run_cli("bench all --repeat 0"), "--repeat");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -8,6 +8,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 
@@ -80,5 +81,6 @@ TEST(CliBenchReach, RefusesToRunUnderMpirun) {
   EXPECT_NE(r.err.find("without mpirun"), std::string::npos) << r.err;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

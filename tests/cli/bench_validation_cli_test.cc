@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::expect_one_line_error;
@@ -119,5 +120,6 @@ TEST(BenchValidationCli, BenchAllChecksTheReachBudgetBeforeTheSuite) {
   expect_one_line_error(run_cli("bench all --benches optimizer --reach-budget -5", 30), "negative");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::expect_one_line_error;
@@ -60,5 +61,6 @@ TEST(CarelessFlagsCli, AFlagGivenTwiceIsNamedWithItsValues) {
   expect_one_line_error(run_cli("eval --data a.bin --data b.bin", 60), "--data given twice (a.bin and b.bin)");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -23,6 +23,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 using testing::CliRun;
@@ -231,5 +232,6 @@ TEST(RunCheckpointCli, ARankKilledUnderMpirunEndsTheJob) {
   std::remove(log.c_str());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -10,6 +10,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::CliRun;
 using peakbound::testing::expect_one_line_error;
@@ -102,9 +103,11 @@ TEST(Cli, DemoRunsAndGradientsMatchBitwise) {
   EXPECT_NE(r.out.find("\"checkpoint_peak_reduction\""), std::string::npos);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(CliPlan, PresetWithReachAsJson) {
   CliRun r = run("plan --model deepseek-v3 --seq-len 1M --devices 256 --device-memory 141GiB --reach --json");
@@ -123,9 +126,11 @@ TEST(CliPlan, BadInputsAreOneLine) {
   expect_one_line_error(run("plan --model /nonexistent/config.json"), "/nonexistent/config.json");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::string write_file(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/pb_cli_config_" + name;
@@ -173,4 +178,5 @@ TEST(CliPlan, BadConfigFilesAreOneLine) {
   expect_one_line_error(run("plan --config /nonexistent/plan.toml"), "/nonexistent/plan.toml: cannot read");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

@@ -16,6 +16,7 @@
 
 namespace peakbound::cli {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Values {
   std::int64_t steps = 10;
@@ -228,5 +229,6 @@ TEST(ConfigFile, NestedTablesAndObjectsAreRefused) {
   EXPECT_NE(error_of("--config " + deep).find("'files' holds an array inside an array"), std::string::npos);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cli

@@ -20,6 +20,7 @@
 
 namespace peakbound::cli {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Values {
   std::int64_t steps = 10;
@@ -141,5 +142,6 @@ TEST(ConfigFileToml, FifoIsRefusedWithoutOpeningIt) {
   EXPECT_EQ(e, "--config " + fifo + " is not a regular file (a FIFO)");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cli

@@ -8,6 +8,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::expect_one_line_error;
 using testing::run_cli;
@@ -55,5 +56,6 @@ TEST(DeviceFlag, TrainOnFourRanksKeepsHostCodeOffDeviceMemory) {
   EXPECT_EQ(m.err.find("touched device memory"), std::string::npos) << m.err;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

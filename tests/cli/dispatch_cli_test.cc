@@ -9,6 +9,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::CliRun;
 using peakbound::testing::expect_one_line_error;
@@ -100,4 +101,5 @@ TEST(DispatchCli, RunsUnderTwoGigabytesOfAddressSpace) {
   EXPECT_EQ(b.code, 0) << b.err;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(CliErrorOrder, TheErrorLineComesAfterTheBannerInOneFile) {
   const std::string file = ::testing::TempDir() + "/pb_error_order.txt";
@@ -29,5 +30,6 @@ TEST(CliErrorOrder, TheErrorLineComesAfterTheBannerInOneFile) {
   std::remove(file.c_str());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::last_json_line;
@@ -41,5 +42,6 @@ TEST(EvalFootprintCli, PlannedVocabEqualsMeasuredWhenTheRunEvaluates) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

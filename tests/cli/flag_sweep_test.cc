@@ -19,6 +19,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::run_cli;
@@ -133,5 +134,6 @@ TEST(FlagSweep, EveryConfigFlagRefusesAnEmptyOrMissingFile) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -12,6 +12,7 @@
 
 namespace peakbound::cli {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Values {
   std::int64_t tokens = 64;
@@ -88,5 +89,6 @@ TEST(CliFlags, AnOldNameSetsTheSameFlagAndErrorsNameTheNewOne) {
   EXPECT_NE(err.find("--seq-len"), std::string::npos) << err;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cli

@@ -20,6 +20,7 @@
 
 namespace peakbound::testing {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 const std::string kFixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/qwen3_moe";
@@ -95,5 +96,6 @@ TEST(HfUnmodelledCli, ConfigFifoIsRefusedAtOnce) {
   expect_one_line_error(r, "--config " + fifo + " is not a regular file (a FIFO)");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::testing

@@ -17,6 +17,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::last_json_line;
 using peakbound::testing::CliRun;
@@ -155,4 +156,5 @@ TEST(CliTrainMemoryTimeline, OneFilePerRankUnderMpirun) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

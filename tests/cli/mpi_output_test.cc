@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::run_mpi;
@@ -89,5 +90,6 @@ TEST(MpiOutput, OneProcessCommandsReportOnce) {
   EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

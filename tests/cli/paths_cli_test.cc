@@ -17,6 +17,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::CliRun;
 using peakbound::testing::expect_one_line_error;
@@ -172,4 +173,5 @@ TEST(PathsCli, CheckpointFilesAreInputsOfExportAndResume) {
   EXPECT_EQ(fs::file_size(step + "/rank-00000.model.safetensors"), weights);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

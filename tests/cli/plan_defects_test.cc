@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::expect_one_line_error;
 using testing::run_cli;
@@ -124,5 +125,6 @@ TEST_F(PlanModelFiles, AbsurdLayerCountsAreRefusedAtOnce) {
   expect_one_line_error(run_cli("plan --model " + dir_ + "/ds.json", 20), "num_hidden_layers");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

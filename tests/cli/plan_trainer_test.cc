@@ -12,6 +12,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::last_json_line;
 using peakbound::testing::CliRun;
@@ -102,4 +103,5 @@ TEST(PlanTrainer, Bf16PlanIsTheTrainersFootprintBf16GradientsAreAnEstimate) {
   EXPECT_NE(r.out.find("source       the trainer's footprint"), std::string::npos) << r.out;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 using testing::CliRun;
@@ -316,5 +317,6 @@ TEST(SaveDirCli, ADamagedFileOfRankOneIsOneLineUnderMpirun) {
   fs::remove_all(dir);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -25,6 +25,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 using testing::run_cli;
@@ -241,5 +242,6 @@ TEST(TrainMachineMemory, TheRanksOnOneMachineShareItsMemory) {
   EXPECT_EQ(one.code, 0) << one.err;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::CliRun;
 
@@ -137,5 +138,6 @@ TEST(TokenizeText, TokenFilesMatchTheTokenizersOwnEncoding) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

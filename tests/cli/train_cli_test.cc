@@ -17,6 +17,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::last_json_line;
 using peakbound::testing::CliRun;
@@ -336,4 +337,5 @@ TEST(CliEval, PrintsLossAndTokensAsJson) {
   std::remove(path.c_str());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::string agreed_message(const std::function<void()>& step) {
   try {
@@ -55,5 +56,6 @@ TEST(Agree, OutOfHostMemoryIsAgreedToo) {
   EXPECT_EQ(m, "out of host memory");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -182,11 +183,13 @@ TEST(Collectives, SplitIntoEvenAndOddGroups) {
   w.barrier();
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Collectives, F64TravelsAsDoubles) {
   Communicator& w = testing::world();
@@ -206,5 +209,6 @@ TEST(Collectives, F64TravelsAsDoubles) {
   EXPECT_EQ(mx, 1.0 + std::ldexp(1.0, -40) * w.size());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(NcclCommunicator, OneRankCollectivesMoveDeviceBuffers) {
 #ifndef PEAKBOUND_HAVE_NCCL
@@ -49,5 +50,6 @@ TEST(NcclCommunicator, OneRankCollectivesMoveDeviceBuffers) {
 #endif
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

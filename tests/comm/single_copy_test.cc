@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(SingleCopy, TheMechanismFollowsTheProbe) {
   const bool works = cross_memory_attach_works();
@@ -54,5 +55,6 @@ TEST(SingleCopy, ARefusedReadMeansNone) {
 }
 #endif
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -8,6 +8,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(SingleRank, CollectivesAreCopies) {
   SingleRankCommunicator c;
@@ -53,5 +54,6 @@ TEST(World, WithoutALauncherIsOneRank) {
   EXPECT_EQ(w->backend(), "single");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

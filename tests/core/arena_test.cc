@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t KiB = 1024;
 constexpr std::uint64_t MiB = 1024 * 1024;
@@ -259,5 +260,6 @@ TEST(ArenaStagger, SmallRequestsArePackedAndFillTheSkippedBytes) {
   EXPECT_GE(fill.offset(), big0.offset() + 1 * MiB);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

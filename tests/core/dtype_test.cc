@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::uint16_t bits(float f) { return to_bf16(f).bits; }
 
@@ -79,5 +80,6 @@ TEST(DType, SizesAndNames) {
   EXPECT_THROW(parse_dtype("fp8"), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Footprint, ReservedBytesMatchTheArena) {
   Arena arena("t", 1 << 20, nullptr);
@@ -42,5 +43,6 @@ TEST(Footprint, OverflowIsAnErrorNotAWrappedNumber) {
   EXPECT_THROW(arena_reserved(std::numeric_limits<std::uint64_t>::max()), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

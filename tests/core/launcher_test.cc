@@ -8,6 +8,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Launcher, ReadsOpenMpisVariablesAndFallsBack) {
   const char* vars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_RANK",
@@ -29,5 +30,6 @@ TEST(Launcher, ReadsOpenMpisVariablesAndFallsBack) {
   for (const char* v : vars) ::unsetenv(v);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

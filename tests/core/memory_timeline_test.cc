@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t MiB = 1024 * 1024;
 
@@ -235,5 +236,6 @@ TEST(MemoryTimeline, OneFilePerRankWithTheRankBeforeTheExtension) {
   EXPECT_EQ(memory_timeline_path(".hidden", 1, 2), ".hidden.rank-1");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
@@ -136,5 +137,6 @@ TEST(PhaseClock, NamesEveryPhaseOnce) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

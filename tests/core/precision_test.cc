@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Precision, NamesRoundTripAndAliasesParse) {
   for (Precision p : {Precision::f32, Precision::bf16}) EXPECT_EQ(parse_precision(precision_name(p)), p);
@@ -39,5 +40,6 @@ TEST(Precision, DtypesFollowThePrecision) {
   EXPECT_EQ(param_dtype(Precision::bf16), DType::bf16);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 
@@ -87,5 +88,6 @@ TEST(SystemMemory, ThePlanMustFitTheMachine) {
   EXPECT_NO_THROW(check_fits_machine({~0ull, 0, 1}, MachineMemory{}, "x"));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -8,6 +8,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Tensor, ShapesRowsAndViews) {
   std::vector<float> data(24);
@@ -36,5 +37,6 @@ TEST(Tensor, FromBufferChecksCapacity) {
   EXPECT_THROW(b.tensor(Shape{10, 26}, DType::f32), InternalError);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

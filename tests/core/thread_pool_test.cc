@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(ThreadPool, RunsEveryTaskExactlyOnceAtEverySize) {
   for (int threads : {1, 2, 3, 5}) {
@@ -81,5 +82,6 @@ TEST(ThreadPool, AFailureSkipsTheRestAndReturns) {
 
 TEST(ThreadPool, RefusesZeroThreads) { EXPECT_THROW(ThreadPool(0), InvalidArgument); }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -6,6 +6,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Units, ParsesBinaryAndDecimalSizes) {
   EXPECT_EQ(parse_bytes("80GiB"), 80ull << 30);
@@ -62,5 +63,6 @@ TEST(Units, FormatsBytes) {
   EXPECT_EQ(format_bytes(1.5 * 1024 * 1024 * 1024), "1.50 GiB");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(CpuDeviceMachine, ABudgetOverTheMachinesMemoryIsRefused) {
   const MachineMemory m = machine_memory();
@@ -27,5 +28,6 @@ TEST(CpuDeviceMachine, ABudgetOverTheMachinesMemoryIsRefused) {
   EXPECT_NO_THROW((void)make_device("cpu", m.bytes / 2));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t MiB = 1024 * 1024;
 
@@ -116,5 +117,6 @@ TEST(Device, FactoryRejectsUnknownKinds) {
   EXPECT_EQ(make_device("cpu", 1 * MiB)->arena().capacity(), 1 * MiB);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

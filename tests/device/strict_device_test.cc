@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t MiB = 1024 * 1024;
 
@@ -51,5 +52,6 @@ TEST_F(StrictDevice, AHostAccessDiesNamingIt) {
   EXPECT_DEATH(host_writes_device_memory(), "host code touched device memory at 0x");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

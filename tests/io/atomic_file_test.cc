@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::uint32_t crc_bitwise(const unsigned char* p, std::size_t n) {
   std::uint32_t c = 0xFFFFFFFFu;
@@ -75,5 +76,6 @@ TEST(AtomicFile, WritesTheContentItsSumAndNoTemporary) {
   fs::remove_all(dir);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::string tmp(const std::string& name) {
   return ::testing::TempDir() + "/pb_map_" + std::to_string(::getpid()) + "_" + name;
@@ -58,5 +59,6 @@ TEST(MappedFileDeathTest, ABusErrorOutsideTheMappingsIsLeftAlone) {
   std::remove(path.c_str());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The reference, written from the format's definition (OCP MX v1.0: E2M1 = sign, two
 // exponent bits with bias 1, one mantissa bit; E8M0 = 2^(s - 127)), in double.
@@ -192,5 +193,6 @@ TEST(Mxfp4, AMalformedPairIsOneLineNamingTheTensor) {
   for (const std::string& e : {nan, half, dtype, shape, range}) EXPECT_EQ(e.find('\n'), std::string::npos) << e;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -16,6 +16,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 
@@ -128,5 +129,6 @@ TEST(AtomicFile, RefusesToReplaceAFileThatIsNotRegular) {
   EXPECT_EQ(s, "new");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 const std::string kFixtures = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/";
 
@@ -136,5 +137,6 @@ TEST_F(SafeTensorsFiles, MalformedFilesAreOneLineErrorsNamingTheFile) {
   EXPECT_THROW(ok.info("b"), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

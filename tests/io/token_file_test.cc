@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::string tmp(const std::string& name) { return ::testing::TempDir() + "/pb_tok_" + std::to_string(::getpid()) + name; }
 
@@ -82,5 +83,6 @@ TEST(TokenFile, FlatFilesAndBadFiles) {
   EXPECT_THROW(TokenFile::open(tmp("flat.bin"), 3), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

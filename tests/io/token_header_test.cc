@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::string tmp(const std::string& name) {
   return ::testing::TempDir() + "/pb_tokhdr_" + std::to_string(::getpid()) + "_" + name;
@@ -90,5 +91,6 @@ TEST(TokenFileHeader, FlatFilesStayFlat) {
   EXPECT_EQ(TokenFile::open(tmp("v1.bin")).tokens(), 5000);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::f;
 using testing::randn;
@@ -45,5 +46,6 @@ TEST(CudaKernels, AdamwUpdateIsBitwiseTheCpuOne) {
     }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

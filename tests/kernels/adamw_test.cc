@@ -17,6 +17,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // One optimizer state plus gradients and the parameter output, any dtypes.
 struct State {
@@ -244,5 +245,6 @@ TEST(AdamW, SumOfSquaresIsTheSameBitsAtEveryLevelAndThreadCount) {
     }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

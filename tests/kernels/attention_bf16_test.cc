@@ -41,6 +41,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using Vec = std::vector<float>;
 using Bvec = std::vector<bf16>;
@@ -336,5 +337,6 @@ TEST(AttentionBf16, WorkspaceSizesTakeTheDtype) {
   EXPECT_THROW(attention_forward_workspace_floats(a, DType::i32), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

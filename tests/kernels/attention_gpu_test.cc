@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::f;
 using testing::randn;
@@ -175,5 +176,6 @@ TEST(CudaKernels, AttentionBf16BlocksFoldWithAccumulate) {
                }, "bf16 attention blocks", {3, 4, 6, 7, 8, 10});
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

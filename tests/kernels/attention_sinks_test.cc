@@ -18,6 +18,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct SinkRun {
   std::vector<float> out, lse, dq, dk, dv, dsinks;
@@ -104,5 +105,6 @@ TEST(AttentionSinks, ARowThatSeesNoKeyAttendsToTheSinkAlone) {
   EXPECT_FLOAT_EQ(out[3], 1.5f);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

@@ -23,6 +23,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using Vec = std::vector<float>;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -455,5 +456,6 @@ TEST(Attention, BadDimsThrowInvalidArgument) {
   EXPECT_THROW(check_attention_dims(a), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

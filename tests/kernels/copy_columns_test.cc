@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using cpu::ColumnOrder;
 
@@ -49,5 +50,6 @@ TEST(CopyColumns, BadShapesAreOneLineErrors) {
   EXPECT_THROW(cpu::copy_columns(a.data(), 4, b.data(), 2, 1, 3, ColumnOrder::same, false), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

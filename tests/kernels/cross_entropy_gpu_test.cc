@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::f;
 using testing::randn;
@@ -75,5 +76,6 @@ TEST(CudaKernels, FusedCrossEntropyGradMatchesCpu) {
   EXPECT_NEAR(loss[1], loss[0], 1e-5 * std::fabs(loss[0]));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

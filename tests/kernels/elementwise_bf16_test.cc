@@ -16,6 +16,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::bits_of;
 using test_bf16::rounded_bits;
@@ -190,11 +191,13 @@ TEST(Bf16Elementwise, FillAddAxpyAreTheF32KernelsRoundedOnce) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The bias kernels on odd shapes: broadcast_rows copies the bias into every row (both
 // dtypes, bitwise), then add_bias adds it again (bf16: the f32 sum rounded once), and
@@ -221,5 +224,6 @@ TEST(BiasKernels, BroadcastAddAndColumnSums) {
   EXPECT_EQ(bits_of(y16), bits_of(want));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::rounded;
 using test_bf16::widened;
@@ -239,5 +240,6 @@ TEST(CudaKernels, Bf16RmsnormRoundsTheF32KernelAndMatchesCpu) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -19,6 +19,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::widened;
 
@@ -55,7 +56,7 @@ TEST(Embedding, BackwardAddsIntoRowsOfTheShard) {
 std::vector<bf16> random_bf16(std::size_t n, std::mt19937& rng) {
   std::normal_distribution<float> nd;
   std::vector<bf16> v(n);
-  for (bf16& x : v) x = to_bf16(3.0f * nd(rng));
+  for (bf16& x : v) x = peakbound::to_bf16(3.0f * nd(rng));
   return v;
 }
 
@@ -82,12 +83,12 @@ TEST(Embedding, Bf16FormsAreTheF32FormsOnWidenedValues) {
     const auto TH = static_cast<std::size_t>(c.T * c.H), RH = static_cast<std::size_t>(c.rows * c.H);
     const std::vector<bf16> table = random_bf16(RH, rng), dout = random_bf16(TH, rng);
     // Forward: out prefilled with garbage, every element written.
-    std::vector<bf16> out(TH, to_bf16(-7.0f));
+    std::vector<bf16> out(TH, peakbound::to_bf16(-7.0f));
     std::vector<float> out_f(TH, -7.0f);
     const std::vector<float> table_f = widened(table);
     ops::embedding_forward(dev, s, out.data(), ids.data(), table.data(), c.T, c.H, c.offset, c.rows);
     ops::embedding_forward(dev, s, out_f.data(), ids.data(), table_f.data(), c.T, c.H, c.offset, c.rows);
-    for (std::size_t i = 0; i < TH; ++i) ASSERT_EQ(out[i].bits, to_bf16(out_f[i]).bits) << "out " << i;
+    for (std::size_t i = 0; i < TH; ++i) ASSERT_EQ(out[i].bits, peakbound::to_bf16(out_f[i]).bits) << "out " << i;
     // Backward: added into a nonzero fp32 dtable; repeated ids sum in token order.
     std::vector<float> dtable(RH), dtable_f(RH);
     for (std::size_t i = 0; i < RH; ++i) dtable[i] = dtable_f[i] = 0.1f * static_cast<float>(i % 13) - 0.5f;
@@ -103,5 +104,6 @@ TEST(Embedding, Bf16FormsAreTheF32FormsOnWidenedValues) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

@@ -18,6 +18,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Case {
   bool ta, tb;
@@ -28,7 +29,7 @@ struct Case {
 std::vector<bf16> random_bf16(std::size_t n, std::mt19937& rng) {
   std::normal_distribution<float> d;
   std::vector<bf16> v(n);
-  for (auto& x : v) x = to_bf16(d(rng));
+  for (auto& x : v) x = peakbound::to_bf16(d(rng));
   return v;
 }
 
@@ -157,7 +158,7 @@ TEST(GemmBf16, NativeRowsDoNotDependOnMOrThreads) {
 
 TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {
   for (Bf16GemmPath path : runnable_paths()) {
-    std::vector<bf16> a(6, to_bf16(1.0f)), b(6, to_bf16(1.0f));
+    std::vector<bf16> a(6, peakbound::to_bf16(1.0f)), b(6, peakbound::to_bf16(1.0f));
     std::vector<float> c(4, std::numeric_limits<float>::quiet_NaN());
     gemm_bf16(path, false, false, 2, 2, 3, 1.0f, a.data(), 3, b.data(), 2, 0.0f, c.data(), 2);
     for (float x : c) EXPECT_EQ(x, 3.0f) << bf16_gemm_path_name(path);
@@ -174,11 +175,12 @@ TEST(GemmBf16, PathsAreNamedAndAMissingOneIsAClearError) {
   EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::convert));
   EXPECT_EQ(best_bf16_gemm_path() == Bf16GemmPath::native, bf16_gemm_path_supported(Bf16GemmPath::native));
   if (bf16_gemm_path_supported(Bf16GemmPath::native)) GTEST_SKIP() << "this CPU has AVX512-BF16";
-  std::vector<bf16> a(1, to_bf16(1.0f));
+  std::vector<bf16> a(1, peakbound::to_bf16(1.0f));
   std::vector<float> c(1);
   EXPECT_THROW(gemm_bf16(Bf16GemmPath::native, false, false, 1, 1, 1, 1.0f, a.data(), 1, a.data(), 1, 0.0f, c.data(), 1),
                Unavailable);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Case {
   bool ta, tb;
@@ -73,5 +74,6 @@ TEST(CudaGemm, Bf16MatchesTheCpuBackend) {
   expect_gpu_matches_cpu<bf16>(9);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

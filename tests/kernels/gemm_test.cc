@@ -9,6 +9,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // C = alpha * op(A) op(B) + beta * C, computed in double, row-major.
 std::vector<float> naive(bool ta, bool tb, int m, int n, int k, float alpha, const std::vector<float>& a,
@@ -89,5 +90,6 @@ TEST(Elementwise, RelativeErrorIsTheProjectMetric) {
   EXPECT_EQ(back, h);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

@@ -18,6 +18,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::f;
 using testing::randn;
@@ -248,5 +249,6 @@ TEST(CudaKernels, Bf16FormsAreTheRoundedF32FormsOnCuda) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

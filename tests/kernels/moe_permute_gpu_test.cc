@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using I = std::int64_t;
 using testing::kMiB;
@@ -133,5 +134,6 @@ TEST(CudaKernels, MoePermuteBf16MatchesCpuBitwise) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

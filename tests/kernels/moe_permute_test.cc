@@ -1,6 +1,6 @@
 // The MoE dispatch row movement (kernels/cpu/moe_permute.h) on bf16 rows against the f32
 // kernels on the widened inputs, on one rank's whole pass (pack, group, dot and scale,
-// ungroup, combine): every bf16 output bitwise to_bf16(the f32 output), every fp32 output
+// ungroup, combine): every bf16 output bitwise peakbound::to_bf16(the f32 output), every fp32 output
 // (wg, dw) bitwise the f32 kernel's, and the routing weight through a bf16 row bit for bit
 // (NaN payloads, denormals, -0 included). Odd H, K 1 to 3, an empty expert, all tokens
 // to one expert, no tokens. Through the op layer: the row widths and the refusal of a
@@ -23,6 +23,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::widened;
 
@@ -31,15 +32,15 @@ using I = std::int64_t;
 std::vector<bf16> random_bf16(I n, std::mt19937& rng) {
   std::normal_distribution<float> d;
   std::vector<bf16> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = to_bf16(2.0f * d(rng));
+  for (auto& x : v) x = peakbound::to_bf16(2.0f * d(rng));
   return v;
 }
 
-// got[i] == to_bf16(want[i]), bit for bit.
+// got[i] == peakbound::to_bf16(want[i]), bit for bit.
 void expect_rounded(const std::vector<bf16>& got, const std::vector<float>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
-    ASSERT_EQ(got[i].bits, to_bf16(want[i]).bits) << what << " element " << i << " (f32 " << want[i] << ")";
+    ASSERT_EQ(got[i].bits, peakbound::to_bf16(want[i]).bits) << what << " element " << i << " (f32 " << want[i] << ")";
 }
 
 void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
@@ -122,7 +123,7 @@ void check_pass(const Case& c) {
   moe_pack_rows(sendf.data(), wf_in, p.copies.data(), n, c.K, H, xf.data(), dyf.data(), w.data());
   for (I q = 0; q < n; ++q) {
     for (I j = 0; j < 2 * H; ++j)
-      ASSERT_EQ(send[N(q * wb_in + j)].bits, to_bf16(sendf[N(q * wf_in + j)]).bits) << "send row " << q << " " << j;
+      ASSERT_EQ(send[N(q * wb_in + j)].bits, peakbound::to_bf16(sendf[N(q * wf_in + j)]).bits) << "send row " << q << " " << j;
     ASSERT_EQ(float_bits(slots_weight(&send[N(q * wb_in + 2 * H)])), float_bits(sendf[N(q * wf_in + 2 * H)]));
   }
   std::vector<bf16> xg(N(n * H)), dyg(N(n * H));
@@ -152,7 +153,7 @@ void check_pass(const Case& c) {
   expect_rounded(fwd, fwdf, "forward result rows");
   for (I q = 0; q < n; ++q) {
     for (I j = 0; j < H; ++j)
-      ASSERT_EQ(back[N(q * wb_out + j)].bits, to_bf16(backf[N(q * wf_out + j)]).bits) << "back row " << q << " " << j;
+      ASSERT_EQ(back[N(q * wb_out + j)].bits, peakbound::to_bf16(backf[N(q * wf_out + j)]).bits) << "back row " << q << " " << j;
     ASSERT_EQ(float_bits(slots_weight(&back[N(q * wb_out + H)])), float_bits(backf[N(q * wf_out + H)]));
   }
 
@@ -185,21 +186,21 @@ TEST(MoePermuteBf16, WholePassIsTheF32PassOnWidenedInputsRoundedOnce) {
 // quarter step and rounds back to 1).
 TEST(MoePermuteBf16, CombineRoundsOncePerToken) {
   const I K = 3, H = 3;
-  const std::vector<bf16> src(static_cast<std::size_t>(K * H), to_bf16(0x1p-9f));
+  const std::vector<bf16> src(static_cast<std::size_t>(K * H), peakbound::to_bf16(0x1p-9f));
   const std::vector<I> copies{0, 1, 2}, order{0, 1, 2}, starts{0, 3};
   const std::vector<float> w{1.0f, 1.0f, 1.0f};
-  std::vector<bf16> y(static_cast<std::size_t>(H), to_bf16(1.0f)), dx = y;
+  std::vector<bf16> y(static_cast<std::size_t>(H), peakbound::to_bf16(1.0f)), dx = y;
   std::vector<float> dw(3);
   moe_unpack_rows(src.data(), H, copies.data(), order.data(), starts.data(), 1, K, H, y.data(), w.data(), nullptr,
                   nullptr);
-  for (const bf16 v : y) EXPECT_EQ(v.bits, to_bf16(1.0f + 0x1p-7f).bits);
+  for (const bf16 v : y) EXPECT_EQ(v.bits, peakbound::to_bf16(1.0f + 0x1p-7f).bits);
   // dx rows of width H + 2 (weight slots zero): the same sum without the weight.
   std::vector<bf16> rows(static_cast<std::size_t>(K * (H + 2)));
   for (I q = 0; q < K; ++q)
-    for (I k = 0; k < H; ++k) rows[static_cast<std::size_t>(q * (H + 2) + k)] = to_bf16(0x1p-9f);
+    for (I k = 0; k < H; ++k) rows[static_cast<std::size_t>(q * (H + 2) + k)] = peakbound::to_bf16(0x1p-9f);
   moe_unpack_rows(rows.data(), H + 2, copies.data(), order.data(), starts.data(), 1, K, H, nullptr, w.data(),
                   dx.data(), dw.data());
-  for (const bf16 v : dx) EXPECT_EQ(v.bits, to_bf16(1.0f + 0x1p-7f).bits);
+  for (const bf16 v : dx) EXPECT_EQ(v.bits, peakbound::to_bf16(1.0f + 0x1p-7f).bits);
 }
 
 // The weight goes through a bf16 row (pack, group, ungroup, unpack) bit for bit, values
@@ -219,7 +220,7 @@ TEST(MoePermuteBf16, RoutingWeightSurvivesTheRowExactly) {
   std::iota(order.begin(), order.end(), I{0});
   std::iota(starts.begin(), starts.end(), I{0});
   for (I i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = n - 1 - i;
-  const std::vector<bf16> x(static_cast<std::size_t>(n * H), to_bf16(1.5f));
+  const std::vector<bf16> x(static_cast<std::size_t>(n * H), peakbound::to_bf16(1.5f));
   std::vector<bf16> send(static_cast<std::size_t>(n * in)), xg(x.size()), dyg(x.size()),
       back(static_cast<std::size_t>(n * out)), dx(x.size());
   std::vector<float> wg(w.size()), dw(w.size());
@@ -262,7 +263,7 @@ TEST(MoePermuteOps, RowWidthsAndTheirCheck) {
   const I H = 4, n = 2;
   const std::vector<I> copies{1, 0};
   const std::vector<float> w{0.3f, 0.7f};
-  const std::vector<bf16> x(static_cast<std::size_t>(n * H), to_bf16(2.0f));
+  const std::vector<bf16> x(static_cast<std::size_t>(n * H), peakbound::to_bf16(2.0f));
   std::vector<bf16> rows(static_cast<std::size_t>(n * (2 * H + 2)));
   // A bf16 row sized as an f32 one (2H + 1) is refused at the call.
   EXPECT_THROW(ops::moe_pack_rows(dev, s, rows.data(), 2 * H + 1, copies.data(), n, 1, H, x.data(), x.data(),
@@ -279,5 +280,6 @@ TEST(MoePermuteOps, RowWidthsAndTheirCheck) {
                InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

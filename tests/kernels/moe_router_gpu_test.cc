@@ -8,6 +8,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::f;
 using testing::randn;
@@ -42,5 +43,6 @@ TEST(CudaKernels, MoeRouterMatchesCpuIncludingTies) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

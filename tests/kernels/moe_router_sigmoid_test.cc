@@ -24,6 +24,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using cpu::SigmoidRouting;
 
@@ -294,5 +295,6 @@ TEST(MoeRouterSigmoid, ShapesThatDoNotFitAreOneLineErrors) {
   EXPECT_EQ(error_of(8, 4, {4, 2, true, 1}), "");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using Vec = std::vector<double>;
 
@@ -402,5 +403,6 @@ TEST(MoeRouterFootprint, MeasuredPeakEqualsTheFootprint) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -12,6 +12,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::bits_of;
 using test_bf16::rounded;
@@ -171,5 +172,6 @@ TEST(RmsNorm, Bf16IsTheF32KernelRoundedOnce) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

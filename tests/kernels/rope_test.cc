@@ -18,6 +18,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::rounded;
 using test_bf16::widened;
@@ -214,5 +215,6 @@ TEST(RopeTables, OddHeadDimIsRefused) {
                InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -19,6 +19,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::rounded;
 using test_bf16::widened;
@@ -70,7 +71,7 @@ TEST(RowGate, ForwardAndBackwardMatchNaiveDouble) {
 void expect_rounded(const std::vector<bf16>& got, const std::vector<float>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
-    ASSERT_EQ(got[i].bits, to_bf16(want[i]).bits) << what << " element " << i << ": f32 " << want[i];
+    ASSERT_EQ(got[i].bits, peakbound::to_bf16(want[i]).bits) << what << " element " << i << ": f32 " << want[i];
 }
 
 TEST(RowGate, Bf16FormsAreTheRoundedF32Forms) {
@@ -108,5 +109,6 @@ TEST(RowGate, Bf16FormsAreTheRoundedF32Forms) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

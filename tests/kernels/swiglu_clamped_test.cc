@@ -19,6 +19,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::bits_of;
 using test_bf16::rounded;
@@ -128,5 +129,6 @@ TEST(SwigluClamped, Bf16FormsAreTheF32FormsRoundedOnce) {
   EXPECT_EQ(bits_of(du16), rounded_bits(du));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

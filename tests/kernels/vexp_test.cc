@@ -11,6 +11,7 @@
 
 namespace peakbound::cpu {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::uint32_t bits(float f) {
   std::uint32_t u;
@@ -82,5 +83,6 @@ TEST(Vexp, RowMaxSkipsNans) {
   EXPECT_EQ(row_max(x.data(), 0), -std::numeric_limits<float>::infinity());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound::cpu

@@ -29,6 +29,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using attention_test::draw;
 using attention_test::Result;
@@ -252,5 +253,6 @@ TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
   EXPECT_ANY_THROW(layer.forward(x.tensor(Shape{3, 16}, DType::f32), y.tensor(Shape{3, 16}, DType::f32)));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

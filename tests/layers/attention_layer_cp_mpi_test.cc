@@ -29,6 +29,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using attention_test::draw;
 using attention_test::Result;
@@ -152,5 +153,6 @@ TEST(AttentionLayerCp, MatchesTheSingleRankLayerInBothPrecisions) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

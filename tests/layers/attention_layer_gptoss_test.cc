@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using attention_test::Result;
 using attention_test::Vec;
@@ -122,5 +123,6 @@ TEST(AttentionLayerGptOss, IgnoringTheWindowOrTheSinksFailsTheComparison) {
   EXPECT_GT(max_relative(r.y, f.read_f32("layer.full.y")), 1e-2);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -27,6 +27,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using attention_test::Result;
 using attention_test::Vec;
@@ -158,5 +159,6 @@ TEST(AttentionLayerMla, RefusesWhatItDoesNotCompute) {
   EXPECT_THROW(check_attention_layer_config(cfg), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using reference::randn;   // rounded to float: the layer sees exactly these values
 using reference::rel_err;
@@ -509,5 +510,6 @@ TEST(AttentionLayer, RejectsBadConfigAndParameterShapes) {
   EXPECT_THROW(AttentionLayer(dev, config_of(c), dp.t, no_norm), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::int64_t T = 5, H = 6, F = 10;
 
@@ -138,5 +139,6 @@ TEST(ResidualMlpBlock, InternalsAreFreedAndAccountedAsLayer) {
   EXPECT_THROW(ResidualMlpBlock(fx.dev, 0, F, 1), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

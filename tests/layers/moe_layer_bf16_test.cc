@@ -31,6 +31,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using moe_ref::Params;
 using moe_ref::Vec;
@@ -278,5 +279,6 @@ TEST(MoeLayerBf16, RefusesTensorsOfTheOtherPrecision) {
   EXPECT_ANY_THROW(layer.forward(x, y));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

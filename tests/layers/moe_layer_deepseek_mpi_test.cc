@@ -27,6 +27,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using layer_test::cosine;
 using layer_test::max_relative;
@@ -213,5 +214,6 @@ TEST(MoeLayerDeepseek, BiasUpdateFollowsTheLoadError) {
   EXPECT_EQ(b.as<float>()[3], 1.0f);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -28,6 +28,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using layer_test::cosine;
 using layer_test::max_relative;
@@ -191,5 +192,6 @@ TEST(MoeLayerGptOss, PackAndUnpackAreInverse) {
   EXPECT_EQ(packed[kF * kH], want_gu[1]);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

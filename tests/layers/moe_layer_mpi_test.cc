@@ -23,6 +23,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using moe_ref::Params;
 using moe_ref::rel_err;
@@ -286,5 +287,6 @@ TEST(MoeLayerMpi, Bf16AtEveryEpMatchesBf16AtEp1) {
                 world().size(), w.y, w.dx, w.cos);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -25,6 +25,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using moe_ref::Params;
 using moe_ref::rel_err;
@@ -438,5 +439,6 @@ TEST(MoeLayer, ConfigFromTheModel) {
   EXPECT_THROW(moe_layer_config(oss, 0, 1e-5f, DispatchKind::standard_ep, {}), InvalidArgument);  // mlp_bias
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

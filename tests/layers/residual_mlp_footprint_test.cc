@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(ResidualMlpFootprint, MeasuredPeaksPerPhaseEqualTheFootprint) {
   for (auto [T, H, F] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{37, 13, 22}, {1, 7, 3}, {64, 32, 96}}) {
@@ -41,5 +42,6 @@ TEST(ResidualMlpFootprint, MeasuredPeaksPerPhaseEqualTheFootprint) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -7,6 +7,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 #define EXPECT_HAS(haystack, needle) \
   EXPECT_NE((haystack).find(needle), std::string::npos) << "message: " << (haystack)
@@ -43,5 +44,8 @@ TEST(Describe, FormatParams) {
   EXPECT_EQ(format_params(1500), "1.50K");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
+
+#undef EXPECT_HAS

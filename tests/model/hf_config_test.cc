@@ -16,6 +16,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using nlohmann::json;
 
@@ -744,11 +745,13 @@ TEST_F(HfConfigFiles, ErrorsNameThePath) {
             incomplete + ": missing field 'num_experts' or 'num_local_experts' (model_type qwen3_moe)");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The configs transformers 5 writes with save_pretrained (the reference fixtures of
 // tests/fixtures/hf): qwen3_moe says num_local_experts, both say rope_parameters.
@@ -766,5 +769,8 @@ TEST(HfConfig, ReadsWhatTransformersFiveSaves) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
+
+#undef EXPECT_HAS

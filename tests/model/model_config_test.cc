@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The message validate() throws after `edit` is applied to tiny-moe.
 std::string invalid(const std::function<void(ModelConfig&)>& edit) {
@@ -80,5 +81,8 @@ TEST(ModelConfig, MlaValidation) {
   EXPECT_THROW(c.validate(), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
+
+#undef EXPECT_HAS

@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(ModelFlops, MeanVisibleKeysCountsTheCausalAndWindowedPairs) {
   EXPECT_DOUBLE_EQ(mean_visible_keys(4, 0), 2.5);         // 1 + 2 + 3 + 4 over 4
@@ -49,5 +50,6 @@ TEST(ModelFlops, WindowsAndMlaWidths) {
   EXPECT_NEAR(fd.dense / 1e11, 2.20, 0.01);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(ParamCount, TinyMoeEveryTensor) {
   // tiny-moe: V=16384, H=256, 4 layers (layer 0 dense, 1-3 MoE), 8 heads / 2 kv
@@ -212,5 +213,6 @@ TEST(ParamCount, InvalidConfigIsRejected) {
   EXPECT_THROW(count_params(c), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 double rel_err(double computed, double published) {
   return std::abs(computed - published) / published;
@@ -141,5 +142,6 @@ TEST(Presets, UnknownNameListsValidOnes) {
   EXPECT_THROW(preset_config("DeepSeek-V3"), InvalidArgument);  // names are exact
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using nlohmann::json;
 
@@ -103,5 +104,6 @@ TEST(RopeYarn, MalformedSettingsAreOneLineErrors) {
   for (const json& bad : {json(reference()["cases"]["qwen3_moe"]["config"])}) EXPECT_EQ(error_of(bad), "");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using nlohmann::json;
 
@@ -72,5 +73,6 @@ TEST(RopeTheta, BadValuesAreNamed) {
   EXPECT_THROW(c.validate(), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Want {
   std::string name;
@@ -187,5 +188,6 @@ TEST(TensorTable, DeepSeekEntryCount) {
   EXPECT_EQ(TensorTable(c).total_numel(), count_params(c).total);  // total excludes MTP, as the table does
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::vector<float> randn(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -171,5 +172,6 @@ TEST(Linear, ZeroRowsTouchNothing) {
   for (const bf16& v : out) EXPECT_EQ(to_f32(v), 3.0f);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::int64_t M = 3, H = 5, F = 7;
 
@@ -328,5 +329,6 @@ TEST(SwigluFfnBf16, BuffersTakeThePrecision) {
   EXPECT_THROW(swiglu_ffn_buffers(3, 0, 22, Precision::bf16), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(AttentionOp, RunsTheCpuKernelOnEveryStream) {
   CpuDevice dev(1 << 20);
@@ -125,5 +126,6 @@ TEST(AttentionOp, Bf16RunsTheCpuKernelOnTheProcesssGemmPath) {
   EXPECT_EQ(row_dot, want_row_dot);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

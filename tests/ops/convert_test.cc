@@ -18,6 +18,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::bits_of;
 
@@ -97,5 +98,6 @@ TEST(OpsBf16, ElementwiseSwigluRmsnormGiveTheKernelsBits) {
   EXPECT_EQ(bits_of(dw), bits_of(dw_k));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(HostOps, AdamWUpdateAndSumSquaresEqualTheReference) {
   const std::int64_t n = 2 * kAdamWChunk + 77;
@@ -57,5 +58,6 @@ TEST(HostOps, ConversionsAreTheScalarOnes) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(Ops, GemmOnEveryStreamEqualsTheKernel) {
   CpuDevice dev(1 << 20);
@@ -73,5 +74,6 @@ TEST(Ops, HostTaskRunsInStreamOrder) {
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The planner reserves for a skew: every routing up to it. A routing just under lambda
 // does not spill, so it receives its whole load; the reservation at a skew past lambda
@@ -89,5 +90,6 @@ TEST(DispatchReservation, WorstSkewCoversEveryRouting) {
   std::printf("%d rank plans within the worst skew's reservation\n", checked);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // V=1000, H=64, 4 MoE layers, 4 experts top-2 of width 32, GQA 4 heads / 2 kv heads of 16.
 ModelConfig hand_model() {
@@ -238,5 +239,6 @@ TEST(MemoryModel, EachScheduleLowersOnlyItsOwnComponent) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -41,6 +41,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using train_footprint_check::mix;
 using train_footprint_check::tiny_model;
@@ -208,5 +209,6 @@ TEST(PlanFidelityMpi, PlannedPeaksMatchMeasuredAndTheWorstSkewBoundsThem) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

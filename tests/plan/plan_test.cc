@@ -9,6 +9,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 PlanInputs preset_inputs(const std::string& name, std::int64_t context) {
   PlanInputs in;
@@ -168,5 +169,6 @@ TEST(Plan, BadInputsNameTheProblem) {
   EXPECT_EQ(ScheduleSet::parse("llep,dtp,sco,adam").str(), "all");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

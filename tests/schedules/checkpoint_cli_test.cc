@@ -13,6 +13,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::CliRun;
 CliRun run(const std::string& args) { return peakbound::testing::run_cli(args); }
@@ -111,5 +112,6 @@ TEST(CheckpointCli, NegativeResidentLayersAreRefused) {
   EXPECT_EQ(j["runs"][1]["placement"]["offloaded_layers"].get<int>(), 0);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 

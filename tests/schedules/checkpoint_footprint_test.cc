@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t kF32 = 4;
 
@@ -194,5 +195,6 @@ TEST(CheckpointFootprint, ErrorsNameTheOption) {
   EXPECT_THROW(c.validate(), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

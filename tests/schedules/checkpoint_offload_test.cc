@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 CheckpointRunConfig small(std::int64_t layers, CheckpointSchedule s, std::int64_t depth = 1,
                           std::optional<std::int64_t> resident = std::nullopt) {
@@ -200,5 +201,6 @@ TEST(CheckpointOffload, TheBudgetPolicyKeepsTheLastLayersResident) {
   expect_bitwise_equal(base, r, "budget policy");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -7,6 +7,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t kB = 1 << 20;  // one boundary, already aligned
 
@@ -61,5 +62,6 @@ TEST(CheckpointPolicy, BadInputsAreUserErrors) {
   EXPECT_EQ(place_sco(4, 1000, 1, 0).boundary_bytes, 1024u);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

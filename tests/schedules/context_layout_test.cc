@@ -13,6 +13,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(ContextLayout, EveryTokenOnceAndTheZigzagPairing) {
   for (int cp = 1; cp <= 8; ++cp)
@@ -69,11 +70,13 @@ TEST(ContextLayout, BadArgumentsAreRefused) {
   EXPECT_THROW(zigzag_chunk(10, 2, 4), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The widest shard is not always rank 0's: S = 7 over cp 2 gives chunks 2, 2, 2, 1, so
 // rank 0 holds 2 + 1 and rank 1 holds 2 + 2.
@@ -89,5 +92,6 @@ TEST(ContextLayout, WidestShard) {
     }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -41,6 +41,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using test_bf16::rounded;
 using test_bf16::widened;
@@ -323,5 +324,6 @@ TEST(MoeDispatchBf16, TensorsOfTheOtherPrecisionAreRefused) {
                InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

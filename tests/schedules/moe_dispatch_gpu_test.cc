@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::kMiB;
 
@@ -137,5 +138,6 @@ TEST(CudaMoeDispatch, Bf16MatchesTheCpuDevice) {
 #endif
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

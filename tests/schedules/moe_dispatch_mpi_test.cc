@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -172,5 +173,6 @@ TEST(MoeDispatch, BadExpertIdIsAnErrorOnEveryRank) {
   EXPECT_THROW(MoeDispatch(dev, g, MoeShape{4, 4, 12, 13}, DispatchKind::llep, DispatchOptions{}), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

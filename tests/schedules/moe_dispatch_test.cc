@@ -15,6 +15,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // One rank that records which thread calls all_to_all_v and can fail the n-th call.
 class WatchedComm final : public Communicator {
@@ -108,5 +109,6 @@ TEST(MoeDispatchCommThread, ExchangeFailureReachesTheCaller) {
   EXPECT_NO_THROW(dev.synchronize());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -16,6 +16,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -97,5 +98,6 @@ TEST(MoeDispatchFootprint, MeasuredPeakEqualsFootprintWithoutTokens) {
   expect_footprint(Skew::hot, 4, 1, 3);      // cap 1: a round per copy
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -12,6 +12,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::uint64_t dispatch_of(const Footprint& f, const char* phase) {
   return f.phase(phase).device[static_cast<std::size_t>(Component::dispatch)];
@@ -64,11 +65,13 @@ TEST(MoeDispatchFootprint, LendExchangeCanBeThePeak) {
   EXPECT_EQ(dispatch_of(dispatch_footprint(s, z, 4), "backward"), bb.rounds_bytes());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // The planner's estimate bounds what the plan decides on the harness's problems.
 TEST(MoeDispatchFootprint, EstimateBoundsThePlannedSizes) {
@@ -244,5 +247,6 @@ TEST(MoeDispatchFootprint, RoundBytesUseBf16RowBytes) {
   for (int r = 0; r < 4; ++r) EXPECT_LE(dispatch_peak_bytes(shape, p16.sizes(r, 0), Precision::bf16), o.round_bytes);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

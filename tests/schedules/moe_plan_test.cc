@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 DispatchOptions with_cap(std::int64_t cap) {
   DispatchOptions o;
@@ -291,5 +292,6 @@ TEST(MoePlan, MaxLentBoundsTheForeignExpertsOfEveryRank) {
   for (int r = 0; r < 4; ++r) EXPECT_LE(one.foreign_experts(r).size(), 1u);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 MoeProblemSpec zipf(double s, std::int64_t experts, std::int64_t top_k) {
   MoeProblemSpec p;
@@ -51,5 +52,6 @@ TEST(MoeProblem, ZipfExponentMustBeFiniteAndNonNegative) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -75,5 +76,6 @@ TEST(OptimizerClipAcrossRanks, EveryRankClipsByTheGlobalNorm) {
   EXPECT_NEAR(scale, single, 1e-6f * single);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -18,6 +18,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct Measured {
   std::uint64_t device_optimizer = 0, device_total = 0;
@@ -139,5 +140,6 @@ TEST(OptimizerFootprint, ErrorsNameTheOption) {
   EXPECT_THROW(optimizer_buffers("device", OptimizerShape{~0ull, 2, 4, 4, 4, 4}, OptimizerOptions{}), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

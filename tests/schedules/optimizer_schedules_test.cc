@@ -22,6 +22,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t MiB = 1024 * 1024;
 
@@ -245,5 +246,6 @@ TEST(OptimizerSchedules, UserErrorsAreInvalidArgument) {
   EXPECT_THROW(make_optimizer_schedule("device", {dev, host, pool, comm}, bad, {}), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

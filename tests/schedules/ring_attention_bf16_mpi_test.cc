@@ -30,6 +30,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::shard_rows;
 using testing::upload;
@@ -185,5 +186,6 @@ TEST(RingAttentionBf16, EntryPointsRefuseTheOtherPrecision) {
   EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, b, b, b, b, b, f), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -34,6 +34,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::shard_rows;
 using testing::upload;
@@ -325,5 +326,6 @@ TEST(RingAttentionLatent, RefusesWhatItCannotCarry) {
   EXPECT_THROW(ring_attention_latent_forward(dev, world(), c, f, f, f, f, f, f), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

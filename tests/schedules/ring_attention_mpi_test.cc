@@ -24,6 +24,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -166,5 +167,6 @@ TEST(RingAttention, SequenceShorterThanTwoCpIsInvalidArgument) {
   EXPECT_THROW(check_ring_attention(c, cp), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -11,6 +11,7 @@
 #include "tests/cli/run_cli.h"
 
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using peakbound::testing::CliRun;
 using peakbound::testing::expect_one_line_error;
@@ -60,4 +61,5 @@ TEST(VocabCli, DeviceMemoryCanBeSetAndBinds) {
   expect_one_line_error(run("bench vocab --device-memory 12parsecs"), "--device-memory");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace

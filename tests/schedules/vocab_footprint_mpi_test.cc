@@ -20,6 +20,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -158,5 +159,6 @@ TEST(VocabFootprint, MeasuredEqualsFootprintVocabSmallerThanGroup) { check_grid(
 // Few tokens against many rows: auto picks activations; a chunk of 1 is the extreme.
 TEST(VocabFootprint, MeasuredEqualsFootprintLargeVocab) { check_grid(1001, 8, {1, 7}); }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::uint64_t R(std::uint64_t bytes) { return arena_reserved(bytes); }
 std::uint64_t vocab_in(const Footprint& f, const char* phase) {
@@ -244,5 +245,6 @@ TEST(VocabFootprint, DefaultsLiveInTheOptions) {
   EXPECT_EQ(o.precision, Precision::f32);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

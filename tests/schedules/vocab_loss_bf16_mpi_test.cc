@@ -37,6 +37,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -316,5 +317,6 @@ TEST(VocabLossBf16, MeasuredEqualsFootprint) {
   check_footprints({[](int r, int) { return 260 + r; }, 8, 1001, 7, 0.0, 0.0f, -1});
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -14,6 +14,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using testing::world;
 
@@ -191,5 +192,6 @@ TEST(VocabLoss, OutOfRangeTargetIsAnErrorOnEveryRank) {
   EXPECT_THROW(loss->forward(h.data(), t.data(), 2, w.data()), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

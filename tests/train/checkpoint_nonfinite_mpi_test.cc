@@ -28,6 +28,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 
@@ -124,5 +125,6 @@ TEST(CheckpointNonFinite, NanWithAValidCrcIsNamedAtLoad) {
   world.barrier();
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -25,6 +25,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 ModelConfig cp_config() { return testing::small_train_config("cp-test"); }
 
@@ -210,5 +211,6 @@ TEST(ContextParallel, RefusesDifferentSequencesAndShortOnes) {
   EXPECT_THROW(run->model->forward(ids.data(), tgt.data(), 1, 2 * cp - 1), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(CopyTask, SecondHalfRepeatsTheFirstAndOnlyItIsScored) {
   for (std::int64_t S : {5, 8, 9, 128, 257}) {
@@ -47,5 +48,6 @@ TEST(CopyTask, ImpossibleShapesAreRefused) {
   EXPECT_NO_THROW((CopyTask{100, 64, 98, 1}.validate()));
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -23,6 +23,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t MiB = 1024 * 1024;
 
@@ -177,5 +178,6 @@ TEST(FsdpUnitsBf16, ReduceAddStaysF32AndMatchesTheF32UnitsBitwise) {
   for (std::uint64_t i = 0; i < f16.shard_elements(); ++i) ASSERT_EQ(f16.grads_shard()[i], 0.0f) << i;
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

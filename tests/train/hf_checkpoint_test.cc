@@ -31,6 +31,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 
@@ -581,5 +582,8 @@ TEST_F(HfCheckpointDir, ForEachTensorChecksFirstAndReadsBf16Rows) {
   EXPECT_EQ(calls, 1);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
+
+#undef EXPECT_HAS

@@ -44,6 +44,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 const std::string kFixtures = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/";
 constexpr double kTol = 1e-4;
@@ -426,5 +427,6 @@ TEST(HfReference, GptOssBf16MatchesTransformers) {
   for (const Variant& v : bf16_variants()) check_family("gpt_oss", v, Precision::bf16, 0.98);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

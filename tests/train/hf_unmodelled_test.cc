@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using nlohmann::json;
 
@@ -153,5 +154,8 @@ TEST(HfUnmodelled, ImportStillTakesScaledModels) {
   EXPECT_HAS(c.unmodelled[1], "rope_scaling.type");
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
+
+#undef EXPECT_HAS

@@ -10,6 +10,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(KvRetrievalTask, DeterministicAndDifferentPerIndex) {
   const KvRetrievalTask t = KvRetrievalTask::standard(512, 4096, 7);
@@ -72,11 +73,13 @@ TEST(KvRetrievalTask, ImpossibleShapesAreRefused) {
   EXPECT_THROW(KvRetrievalTask::standard(512, 4, 1).validate(), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // With symbols set, keys and values come from two ranges of that many ids each, and the
 // blind entropy is log(symbols) whatever the vocabulary.
@@ -104,5 +107,6 @@ TEST(KvRetrievalTask, SymbolsLimitKeysAndValues) {
   EXPECT_THROW(bad.validate(), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

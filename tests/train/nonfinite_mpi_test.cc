@@ -24,6 +24,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 ModelConfig nf_config() {
   ModelConfig c;
@@ -172,5 +173,6 @@ TEST(NonFinite, Bf16MasterBeyondBf16RangeNamesTheParameter) {
   EXPECT_EQ(r.trainer->steps_taken(), 1);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -17,6 +17,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 constexpr std::uint64_t KiB = 1024, MiB = 1024 * KiB;
 const std::string kFixtures = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/";
@@ -308,5 +309,6 @@ TEST(ParameterStore, PendingMasterIsTakenOnceAndMustCoverTheBuffer) {
   EXPECT_FALSE(store.has_pending_master());
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

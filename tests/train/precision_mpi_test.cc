@@ -41,6 +41,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct ModelRun {
   std::unique_ptr<CpuDevice> dev;
@@ -412,5 +413,6 @@ TEST(Precision, Bf16TrainerNeedsAnInitializedModel) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -16,6 +16,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 // Everything written to a FILE* by `f`.
 template <typename F>
@@ -188,5 +189,6 @@ TEST(MetricsWriter, UnwritablePathIsOneLineNamingIt) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

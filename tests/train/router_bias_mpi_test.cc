@@ -25,6 +25,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 using Vec = std::vector<float>;
@@ -156,5 +157,6 @@ TEST(RouterBias, ACheckpointHoldsThemAndExportWritesThem) {
   world.barrier();
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

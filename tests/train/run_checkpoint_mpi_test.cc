@@ -40,6 +40,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 
@@ -579,5 +580,6 @@ TEST(RunCheckpoint, ExportWritesTheDtypeAskedDefaultingToTheSourceModels) {
   world.barrier();
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -19,6 +19,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 std::string error_of(const RunSettings& s, SettingSpelling spell = field_spelling) {
   try {
@@ -317,5 +318,6 @@ TEST(Run, F32CheckpointResumesUnderBf16) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -24,6 +24,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 ModelConfig small_config() { return testing::small_train_config("exact-test"); }
 
@@ -225,5 +226,6 @@ TEST(SchedulesExact, AccumulationEqualsOneLargerMicroBatch) {
                 testing::world().size(), worst);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

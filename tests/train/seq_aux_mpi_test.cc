@@ -30,6 +30,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 namespace fs = std::filesystem;
 using Vec = std::vector<float>;
@@ -201,5 +202,6 @@ TEST(SeqAux, ASoftmaxRouterRefusesIt) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -19,6 +19,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 struct StopRun {
   CpuDevice dev{128 << 20};
@@ -102,5 +103,6 @@ TEST(TrainerStop, AStopOnOneRankAbandonsTheStepEverywhereAndTheNextStepIsExact) 
       << "the step after an abandoned one differs from the uninterrupted run's";
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

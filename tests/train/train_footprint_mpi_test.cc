@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using namespace train_footprint_check;
 
@@ -103,5 +104,6 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16ContextParallel) {
   }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

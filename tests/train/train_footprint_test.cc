@@ -16,6 +16,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 using namespace train_footprint_check;
 
@@ -381,5 +382,6 @@ TEST(TrainFootprint, RejectsBadInputs) {
   EXPECT_THROW(train_footprint(in), InvalidArgument);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

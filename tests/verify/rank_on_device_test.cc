@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(RankOnDevice, MoeSliceHoldsWhatBytesSays) {
   for (int ranks : {1, 2, 4})
@@ -47,5 +48,6 @@ TEST(RankOnDevice, VocabSliceHoldsWhatBytesSays) {
     }
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

@@ -11,6 +11,7 @@
 
 namespace peakbound {
 namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
 TEST(GroupRelativeError, WorstElementOnTheLastRankCounts) {
   Communicator& w = testing::world();
@@ -47,5 +48,6 @@ TEST(GroupRelativeError, EmptyPartsAreFine) {
   EXPECT_DOUBLE_EQ(verify::group_relative_error(w, a.data(), ref.data(), n), 0.5);
 }
 
+}  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound
