@@ -36,6 +36,11 @@ bool Request::test() {
   return false;
 }
 
+Request Communicator::iall_gather(const void* send, void* recv, std::size_t count, DType t) {
+  all_gather(send, recv, count, t);
+  return Request();
+}
+
 void Communicator::all_to_all_v_on(Device&, Stream&, const void*, std::span<const std::size_t>,
                                    std::span<const std::size_t>, void*, std::span<const std::size_t>,
                                    std::span<const std::size_t>, DType) {

@@ -61,6 +61,11 @@ class Communicator {
   virtual void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) = 0;
   // recv holds size() * count elements, rank r's block at r * count.
   virtual void all_gather(const void* send, void* recv, std::size_t count, DType t) = 0;
+  // The same all-gather started (MPI_Iallgather on MPI): it moves the same bits, and the
+  // request's wait() completes it; send and recv must stay untouched until then. Other
+  // collectives of the group may run while it is in flight (in the same order on every
+  // rank). The default gathers at once and returns a completed request.
+  virtual Request iall_gather(const void* send, void* recv, std::size_t count, DType t);
   // send holds size() * recv_count elements; rank r gets the reduction of block r.
   virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                               ReduceOp op) = 0;
@@ -87,6 +92,12 @@ class Communicator {
                                std::span<const std::size_t> send_counts, std::span<const std::size_t> send_displs,
                                void* recv, std::span<const std::size_t> recv_counts,
                                std::span<const std::size_t> recv_displs, DType t);
+
+  // Whether two threads may call collectives at once, each on its own communicator of
+  // the group (MPI granted MPI_THREAD_MULTIPLE): a communication thread may then run a
+  // blocking collective over a split of the group while the caller's thread computes
+  // and calls others.
+  virtual bool concurrent_threads() const { return false; }
 
   // Ranks with equal color form a sub-group, ordered by key (then by rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

@@ -91,7 +91,8 @@ FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_si
   return b;
 }
 
-FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision, u64 tail)
+FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision, u64 tail,
+                     bool reduce_thread)
     : dev_(dev), g_(group), precision_(precision), layouts_(fsdp_unit_layouts(table, group.size())), tail_(tail),
       buffers_(fsdp_buffers(layouts_, group.size(), precision, tail)) {
   for (std::size_t u = 0; u < layouts_.size(); ++u) {
@@ -109,6 +110,18 @@ FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group,
     ops::fill(dev, s, params_.as<float>(), held, 0.0f);
   ops::fill(dev, s, grads_.as<float>(), held, 0.0f);
   dev.synchronize(s);
+  // The reduce-scatter's own thread, on the CPU device only: a CUDA host thread would need
+  // its own stream ordering (NCCL enqueues on streams instead).
+  if (reduce_thread && group.size() > 1 && group.concurrent_threads() && dev.backend() == Backend::cpu)
+    reducer_ = std::make_unique<CollectiveThread>(group);
+}
+
+FsdpUnits::~FsdpUnits() {
+  try {
+    finish();
+  } catch (...) {
+    // A destructor must not throw; the failure was the step's to report.
+  }
 }
 
 std::pair<std::size_t, const ParameterView*> FsdpUnits::find(const std::string& name) const {
@@ -127,10 +140,31 @@ void FsdpUnits::check_param_dtype(DType want) const {
 
 void FsdpUnits::gather(std::size_t u, void* dst) {
   const PhaseScope phase(StepPhase::fsdp);
+  if (prefetch_ && prefetch_->unit == u && prefetch_->dst == dst) {
+    finish_prefetch();
+    return;
+  }
+  finish_prefetch();
   dev_.synchronize();
   const DType t = param_dtype();
   const std::byte* src = params_.as<std::byte>() + offsets_[u] * dtype_size(t);
   g_.all_gather(src, dst, shard_len(u), t);
+}
+
+void FsdpUnits::prefetch(std::size_t u, void* dst) {
+  const PhaseScope phase(StepPhase::fsdp);
+  finish_prefetch();
+  dev_.synchronize();  // nothing still reads dst
+  const DType t = param_dtype();
+  const std::byte* src = params_.as<std::byte>() + offsets_[u] * dtype_size(t);
+  prefetch_.emplace(Prefetch{u, dst, g_.iall_gather(src, dst, shard_len(u), t)});
+}
+
+void FsdpUnits::finish_prefetch() {
+  if (!prefetch_) return;
+  Request r = std::move(prefetch_->request);
+  prefetch_.reset();
+  r.wait();
 }
 
 void FsdpUnits::gather(std::size_t u, float* dst) {
@@ -140,18 +174,52 @@ void FsdpUnits::gather(std::size_t u, float* dst) {
 
 void FsdpUnits::gather_grads(std::size_t u, float* dst) {
   const PhaseScope phase(StepPhase::fsdp);
+  finish_reduce();
   dev_.synchronize();
   g_.all_gather(grads_shard() + offsets_[u], dst, shard_len(u), DType::f32);
 }
 
 void FsdpUnits::reduce_add(std::size_t u, const float* full) {
   const PhaseScope phase(StepPhase::fsdp);
+  finish_reduce();  // the scratch is free and the earlier unit added
   dev_.synchronize();
   const u64 n = shard_len(u);
   g_.reduce_scatter(full, scratch_.as<float>(), n, DType::f32, ReduceOp::sum);
   Stream& s = dev_.compute_stream();
   ops::axpy(dev_, s, grads_shard() + offsets_[u], scratch_.as<float>(), static_cast<std::int64_t>(n), 1.0f);
   dev_.synchronize(s);  // the scratch is reused by the next unit
+}
+
+void FsdpUnits::reduce_add_async(std::size_t u, const float* full) {
+  if (!reducer_) {
+    reduce_add(u, full);
+    return;
+  }
+  const PhaseScope phase(StepPhase::fsdp);
+  finish_reduce();
+  dev_.synchronize();  // full is written
+  const u64 n = shard_len(u);
+  float* scratch = scratch_.as<float>();
+  reducer_->start([full, scratch, n](Communicator& g) { g.reduce_scatter(full, scratch, n, DType::f32, ReduceOp::sum); });
+  reducing_ = u;
+}
+
+// The same add as reduce_add's, once the thread's reduce-scatter has landed in the scratch.
+void FsdpUnits::finish_reduce() {
+  if (!reducing_) return;
+  const std::size_t u = *reducing_;
+  reducing_.reset();
+  reducer_->wait();
+  Stream& s = dev_.compute_stream();
+  ops::axpy(dev_, s, grads_shard() + offsets_[u], scratch_.as<float>(), static_cast<std::int64_t>(shard_len(u)),
+            1.0f);
+  dev_.synchronize(s);  // the scratch is free again
+}
+
+void FsdpUnits::finish() {
+  const PhaseScope phase(StepPhase::fsdp);
+  finish_prefetch();
+  finish_reduce();
 }
 
 void FsdpUnits::set_pending_master(std::vector<float> master) {
@@ -162,6 +230,7 @@ void FsdpUnits::set_pending_master(std::vector<float> master) {
 }
 
 void FsdpUnits::zero_grads() {
+  finish();
   ops::fill(dev_, dev_.compute_stream(), grads_shard(), static_cast<std::int64_t>(shard_elements_), 0.0f);
 }
 

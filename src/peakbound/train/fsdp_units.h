@@ -16,6 +16,16 @@
 // largest layer unit for parameters and two for gradients (layer l uses slot l % 2, so its
 // Block views never move), the embedding's and the final norm's while they are in use.
 //
+// Overlap (FSDP2's): prefetch() starts the next unit's gather (a non-blocking all-gather)
+// into the slot the next layer uses while the current layer computes, and
+// reduce_add_async() hands a layer's gradient reduce-scatter to a thread of its own (a
+// CollectiveThread over a split of the group, where the group allows concurrent threads)
+// while the next layer's backward runs. Both move or sum the same bits as the blocking
+// calls: the gather moves bits, and the reduce-scatter is the same blocking collective,
+// only on another thread. Neither holds more memory: the prefetch lands in the other of
+// the two slots the layers alternate, the reduce-scatter reads the other gradient slot
+// and lands in the scratch (one in flight at a time).
+//
 // Precision: under bf16 the parameters (params_shard, and so every gather and the
 // gathered slots) are bf16, the copy the model computes with (the fp32 master lives in
 // the optimizer): a gather moves the bf16 bits, converting nothing. Gradients stay f32
@@ -25,11 +35,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "peakbound/comm/collective_thread.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/buffer.h"
 #include "peakbound/core/dtype.h"
@@ -67,9 +79,14 @@ FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_si
 class FsdpUnits {
  public:
   // Allocates and zeroes the shard buffers (with `tail` more elements each) and the
-  // scratch. group: the data-parallel group.
+  // scratch. group: the data-parallel group. reduce_thread: reduce_add_async runs on a
+  // thread of its own where the group allows concurrent threads and the device is the
+  // CPU (the constructor then splits the group: a collective over it).
   FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision = Precision::f32,
-            std::uint64_t tail = 0);
+            std::uint64_t tail = 0, bool reduce_thread = false);
+  ~FsdpUnits();  // completes what is in flight
+  FsdpUnits(const FsdpUnits&) = delete;
+  FsdpUnits& operator=(const FsdpUnits&) = delete;
 
   std::size_t size() const { return layouts_.size(); }
   static std::size_t embed() { return 0; }
@@ -101,15 +118,30 @@ class FsdpUnits {
 
   // dst [layout(u).elements] = the whole unit's parameters, in param_dtype() (collective
   // over the group; an all-gather of the shard's bits, no conversion). The float* form
-  // checks the store is f32 (InternalError otherwise).
+  // checks the store is f32 (InternalError otherwise). Where prefetch(u, dst) started it,
+  // this completes that gather.
   void gather(std::size_t u, void* dst);
   void gather(std::size_t u, float* dst);
+  // Starts gather(u, dst) (collective; every rank prefetches the same units in the same
+  // order): the gather(u, dst) that follows completes it, and until then dst must not be
+  // read or written. One at a time: another prefetch, a gather of something else or
+  // finish() completes the one in flight first.
+  void prefetch(std::size_t u, void* dst);
   // The same for the gradients, f32 in both precisions (tests, checkpoints).
   void gather_grads(std::size_t u, float* dst);
   // full [layout(u).elements], f32 in both precisions: this rank's part of the unit's gradient, summed over the
   // group and ADDED into the gradient shard (collective).
   void reduce_add(std::size_t u, const float* full);
-  void zero_grads();
+  // reduce_add started on the collective thread, where the units have one (else it is
+  // reduce_add): `full` must stay untouched until it completes, which the next
+  // reduce_add_async, a reduce_add or finish() does (one in flight at a time).
+  void reduce_add_async(std::size_t u, const float* full);
+  // Whether reduce_add_async runs on a thread of its own.
+  bool reduces_in_background() const { return static_cast<bool>(reducer_); }
+  // Completes the prefetch and the reduce-scatter in flight: after it the gradient shard
+  // holds every unit's reduce_add and no gathered slot is being written.
+  void finish();
+  void zero_grads();  // finishes first
 
   // The first fp32 master (issue 28), as ParameterStore's: this rank's shard as fp32 on
   // the host, [shard_elements()] laid out as params_shard, left by whoever filled the
@@ -122,6 +154,14 @@ class FsdpUnits {
  private:
   // InternalError unless the parameters are `want` (one line naming both dtypes).
   void check_param_dtype(DType want) const;
+  void finish_prefetch();
+  void finish_reduce();  // the reduce-scatter in flight waited for and added into the shard
+
+  struct Prefetch {
+    std::size_t unit;
+    void* dst;
+    Request request;
+  };
 
   Device& dev_;
   Communicator& g_;
@@ -132,6 +172,9 @@ class FsdpUnits {
   FsdpBuffers buffers_;
   Buffer params_, grads_, scratch_;
   std::vector<float> pending_master_;
+  std::optional<Prefetch> prefetch_;
+  std::unique_ptr<CollectiveThread> reducer_;  // where the group allows one
+  std::optional<std::size_t> reducing_;        // the unit whose reduce-scatter is in flight
 };
 
 }  // namespace peakbound

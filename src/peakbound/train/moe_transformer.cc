@@ -254,13 +254,18 @@ Tensor MoeTransformer::slot_view(std::int64_t layer, const std::string& name, bo
 }
 
 // A decoder layer under FSDP: its unit is gathered into its slot before forward and
-// backward, and after backward its full gradient is reduce-scattered into the shard.
+// backward, and after backward its full gradient is reduce-scattered into the shard. The
+// next layer's gather is started as soon as this one's has landed (forward: layer l + 1,
+// backward: l - 1, into the other slot, which the previous layer has finished with), and
+// this layer's reduce-scatter runs while the next layer's backward does (FsdpUnits).
 class MoeTransformer::FsdpBlock final : public Block {
  public:
   FsdpBlock(MoeTransformer& m, std::int64_t layer, Block& inner) : m_(m), l_(layer), inner_(inner) {}
   void forward(const Tensor& x, const Tensor& y) override {
     mark_phase(m_.dev_.arena(), "forward layer", l_);  // the memory timeline's phase
     m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].data());
+    if (l_ + 1 < static_cast<std::int64_t>(m_.layers_.size()))
+      m_.fsdp_->prefetch(FsdpUnits::layer(l_ + 1), m_.param_slots_[(l_ + 1) % 2].data());
     inner_.forward(x, y);
   }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
@@ -268,9 +273,10 @@ class MoeTransformer::FsdpBlock final : public Block {
     const std::size_t u = FsdpUnits::layer(l_);
     float* grads = m_.grad_slots_[l_ % 2].as<float>();
     m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].data());
+    if (l_ > 0) m_.fsdp_->prefetch(FsdpUnits::layer(l_ - 1), m_.param_slots_[(l_ - 1) % 2].data());
     ops::fill(m_.dev_, m_.dev_.compute_stream(), grads, static_cast<std::int64_t>(m_.fsdp_->layout(u).elements), 0.0f);
     inner_.backward(x, dy, dx);
-    m_.fsdp_->reduce_add(u, grads);
+    m_.fsdp_->reduce_add_async(u, grads);  // completed by the next layer's, or the embedding's reduce_add
   }
   std::vector<Parameter> parameters() const override { return inner_.parameters(); }
   void zero_grad() override { inner_.zero_grad(); }
@@ -313,7 +319,8 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   head_ = std::make_unique<ParameterStore>(dev, table_, specs.head.select, specs.head.options, prec);
   // The FSDP shard buffers carry the trainer's slices of the two stores after the units'
   // shard (optimizer_shard_tail): the optimizer updates them all in place.
-  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec, optimizer_shard_tail());
+  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec, optimizer_shard_tail(),
+                                      schedules_.fsdp_reduce_thread);
   const FsdpBuffers& fb = fsdp_->buffers();
   for (int k = 0; k < 2; ++k) {
     param_slots_[k] = dev.allocate(fb.layer_params.component, fb.layer_params.bytes);
@@ -879,6 +886,7 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
                               p.ids.as<std::int32_t>(), p.x.as<A>(), T, H, 0, config_.vocab_size);
     fsdp_->reduce_add(eu, emb_g.as<float>());
   }
+  fsdp_->finish();  // nothing stays in flight past the pass
   dev_.synchronize();
   return batch_sums(ls, p);
 }
@@ -933,6 +941,7 @@ BatchSums MoeTransformer::forward_as(const std::int32_t* ids, const std::int32_t
   const A* w_head = head_->contains("lm_head.weight") ? head_->param_as<A>("lm_head.weight") : nullptr;
   const LossSum ls = vocab_loss_->forward(out->as<A>(), p.targets.as<std::int32_t>(), T, w_head);
   vocab_loss_->discard();  // no backward follows: nothing of it may stay held
+  fsdp_->finish();
   dev_.synchronize();
   return batch_sums(ls, p);
 }

@@ -61,6 +61,12 @@ struct ModelSchedules {
   // checkpointed stack's boundaries are bf16, the parameters the model computes with are
   // bf16 (FSDP units, both stores), and the gradients, rstd and statistics stay f32.
   Precision precision = Precision::f32;
+  // FSDP's gradient reduce-scatter on a thread of its own while the next layer's backward
+  // runs (FsdpUnits::reduce_add_async; MPI with MPI_THREAD_MULTIPLE, the CPU device), the
+  // same bits either way. Off by default: on CPU ranks a shared-memory transfer is a copy
+  // by the same cores that compute, so there is nothing to hide it behind; the main job
+  // gained nothing from it at 2 or 4 ranks on 2 cores (docs/training.md).
+  bool fsdp_reduce_thread = false;
 };
 
 // One micro-batch's sums on this rank.

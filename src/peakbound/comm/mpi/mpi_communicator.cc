@@ -206,6 +206,14 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::size_t count
   check(MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_), "MPI_Allgather");
 }
 
+Request MpiCommunicator::iall_gather(const void* send, void* recv, std::size_t count, DType t) {
+  const MpiCall call;  // the buffers may be device memory
+  const int n = to_int(count, "iall_gather");
+  auto r = std::make_unique<MpiRequest>();
+  check(MPI_Iallgather(send, n, mpi_type(t), recv, n, mpi_type(t), comm_, &r->req), "MPI_Iallgather");
+  return Request(std::move(r));
+}
+
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                                      ReduceOp op) {
   const MpiCall call;  // the buffers may be device memory

@@ -38,6 +38,7 @@ class MpiCommunicator final : public Communicator {
                 std::size_t recv_count, int src, DType t, int tag) override;
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op) override;
   void all_gather(const void* send, void* recv, std::size_t count, DType t) override;
+  Request iall_gather(const void* send, void* recv, std::size_t count, DType t) override;
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                       ReduceOp op) override;
   void broadcast(void* buf, std::size_t count, DType t, int root) override;
@@ -46,6 +47,7 @@ class MpiCommunicator final : public Communicator {
                     std::span<const std::size_t> recv_counts,
                     std::span<const std::size_t> recv_displs, DType t) override;
   void barrier() override;
+  bool concurrent_threads() const override { return thread_level() == MPI_THREAD_MULTIPLE; }
   std::unique_ptr<Communicator> split(int color, int key) override;
 
  private:
