@@ -65,9 +65,4 @@ void CollectiveThread::wait() {
   if (failure) std::rethrow_exception(failure);
 }
 
-bool CollectiveThread::busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<bool>(job_);
-}
-
 }  // namespace peakbound

@@ -39,13 +39,12 @@ class CollectiveThread {
   void start(std::function<void(Communicator&)> job);
   // Blocks until no job is in flight; rethrows the failure of the last one.
   void wait();
-  bool busy() const;
 
  private:
   void loop();
 
   std::unique_ptr<Communicator> comm_;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(Communicator&)> job_;  // the job in flight (empty: none)
   std::exception_ptr failure_;

@@ -138,26 +138,24 @@ void FsdpUnits::check_param_dtype(DType want) const {
                         std::string(precision_name(precision_)) + "; use params_shard_as<T> / params_shard_raw)");
 }
 
+const std::byte* FsdpUnits::param_shard_of(std::size_t u) const {
+  return params_.as<std::byte>() + offsets_[u] * dtype_size(param_dtype());
+}
+
 void FsdpUnits::gather(std::size_t u, void* dst) {
   const PhaseScope phase(StepPhase::fsdp);
-  if (prefetch_ && prefetch_->unit == u && prefetch_->dst == dst) {
-    finish_prefetch();
-    return;
-  }
+  const bool prefetched = prefetch_ && prefetch_->unit == u && prefetch_->dst == dst;
   finish_prefetch();
+  if (prefetched) return;
   dev_.synchronize();
-  const DType t = param_dtype();
-  const std::byte* src = params_.as<std::byte>() + offsets_[u] * dtype_size(t);
-  g_.all_gather(src, dst, shard_len(u), t);
+  g_.all_gather(param_shard_of(u), dst, shard_len(u), param_dtype());
 }
 
 void FsdpUnits::prefetch(std::size_t u, void* dst) {
   const PhaseScope phase(StepPhase::fsdp);
   finish_prefetch();
   dev_.synchronize();  // nothing still reads dst
-  const DType t = param_dtype();
-  const std::byte* src = params_.as<std::byte>() + offsets_[u] * dtype_size(t);
-  prefetch_.emplace(Prefetch{u, dst, g_.iall_gather(src, dst, shard_len(u), t)});
+  prefetch_.emplace(Prefetch{u, dst, g_.iall_gather(param_shard_of(u), dst, shard_len(u), param_dtype())});
 }
 
 void FsdpUnits::finish_prefetch() {
@@ -183,10 +181,14 @@ void FsdpUnits::reduce_add(std::size_t u, const float* full) {
   const PhaseScope phase(StepPhase::fsdp);
   finish_reduce();  // the scratch is free and the earlier unit added
   dev_.synchronize();
-  const u64 n = shard_len(u);
-  g_.reduce_scatter(full, scratch_.as<float>(), n, DType::f32, ReduceOp::sum);
+  g_.reduce_scatter(full, scratch_.as<float>(), shard_len(u), DType::f32, ReduceOp::sum);
+  add_scratch(u);
+}
+
+void FsdpUnits::add_scratch(std::size_t u) {
   Stream& s = dev_.compute_stream();
-  ops::axpy(dev_, s, grads_shard() + offsets_[u], scratch_.as<float>(), static_cast<std::int64_t>(n), 1.0f);
+  ops::axpy(dev_, s, grads_shard() + offsets_[u], scratch_.as<float>(), static_cast<std::int64_t>(shard_len(u)),
+            1.0f);
   dev_.synchronize(s);  // the scratch is reused by the next unit
 }
 
@@ -204,16 +206,12 @@ void FsdpUnits::reduce_add_async(std::size_t u, const float* full) {
   reducing_ = u;
 }
 
-// The same add as reduce_add's, once the thread's reduce-scatter has landed in the scratch.
 void FsdpUnits::finish_reduce() {
   if (!reducing_) return;
   const std::size_t u = *reducing_;
   reducing_.reset();
   reducer_->wait();
-  Stream& s = dev_.compute_stream();
-  ops::axpy(dev_, s, grads_shard() + offsets_[u], scratch_.as<float>(), static_cast<std::int64_t>(shard_len(u)),
-            1.0f);
-  dev_.synchronize(s);  // the scratch is free again
+  add_scratch(u);
 }
 
 void FsdpUnits::finish() {

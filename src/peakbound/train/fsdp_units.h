@@ -18,11 +18,11 @@
 //
 // Overlap (FSDP2's): prefetch() starts the next unit's gather (a non-blocking all-gather)
 // into the slot the next layer uses while the current layer computes, and
-// reduce_add_async() hands a layer's gradient reduce-scatter to a thread of its own (a
-// CollectiveThread over a split of the group, where the group allows concurrent threads)
-// while the next layer's backward runs. Both move or sum the same bits as the blocking
-// calls: the gather moves bits, and the reduce-scatter is the same blocking collective,
-// only on another thread. Neither holds more memory: the prefetch lands in the other of
+// reduce_add_async() can hand a layer's gradient reduce-scatter to a thread of its own (a
+// CollectiveThread over a split of the group: asked for at construction, where the group
+// allows concurrent threads) while the next layer's backward runs. Both move or sum the
+// same bits as the blocking calls: the gather moves bits, and the reduce-scatter is the
+// same blocking collective, only on another thread. Neither holds more memory: the prefetch lands in the other of
 // the two slots the layers alternate, the reduce-scatter reads the other gradient slot
 // and lands in the scratch (one in flight at a time).
 //
@@ -154,8 +154,10 @@ class FsdpUnits {
  private:
   // InternalError unless the parameters are `want` (one line naming both dtypes).
   void check_param_dtype(DType want) const;
+  const std::byte* param_shard_of(std::size_t u) const;  // unit u's part of params_shard
   void finish_prefetch();
   void finish_reduce();  // the reduce-scatter in flight waited for and added into the shard
+  void add_scratch(std::size_t u);  // the scratch (unit u's reduce-scatter) added into u's gradient shard
 
   struct Prefetch {
     std::size_t unit;
