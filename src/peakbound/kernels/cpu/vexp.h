@@ -1,9 +1,10 @@
 // Vectorised exp for the softmax-shaped loops of the CPU kernels (flash attention's
 // probabilities, the cross-entropy's log-sum-exp and gradient): Cephes' expf (a degree-6
 // polynomial after a Cody-Waite reduction by ln 2, within 2 ulp of the exact value over
-// the range used; tested against double), eight lanes at a time with AVX2 + FMA where the
-// CPU has them, else a scalar body that does the same operations in the same order with
-// std::fma, so both give the same bits (and so does every CPU kind).
+// the range used; tested against double), sixteen lanes at a time with AVX-512, eight with
+// AVX2 + FMA, else a scalar body that does the same operations in the same order with
+// std::fma (compiled to the FMA instruction where the CPU has it, a libm call elsewhere),
+// so all give the same bits (and so does every CPU kind).
 //
 // Every function takes t = x - shift: t below ln(FLT_MIN) (-87.34, and -inf: a masked
 // score) gives 0 (denormal results are flushed, a relative change below 1e-38 of the row's
