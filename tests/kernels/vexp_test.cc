@@ -51,6 +51,7 @@ TEST(Vexp, EdgesGiveZeroNanAndTheClamp) {
 // AVX2 alone) give exp_f32's bits in every lane, the sums add lane j % 8 in order then the
 // fixed tree, and lengths that are not a multiple of 8 take the scalar tail (lengths below
 // cover each mix of 16-, 8- and 1-blocks). NaN and -inf pass through as one value would.
+// The bf16 form rounds each value as narrow<bf16> does and sums the unrounded ones.
 TEST(Vexp, ArraysEqualTheScalarBitsAndTheLaneSum) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-30.0f, 5.0f);
@@ -67,6 +68,14 @@ TEST(Vexp, ArraysEqualTheScalarBitsAndTheLaneSum) {
     const float got = exp_shift_sum(y.data(), n, shift);
     EXPECT_EQ(bits(got), bits(want)) << n;
     EXPECT_EQ(bits(sum_exp_shift(x.data(), n, shift)), bits(want)) << n;
+    std::vector<bf16> low(static_cast<std::size_t>(n));
+    const std::vector<float> x_before = x;
+    EXPECT_EQ(bits(exp_shift_sum(low.data(), x.data(), n, shift)), bits(want)) << n;
+    EXPECT_EQ(0, std::memcmp(x.data(), x_before.data(), x.size() * sizeof(float))) << n;  // x unchanged
+    for (std::int64_t j = 0; j < n; ++j) {
+      const bf16 e = narrow<bf16>(exp_f32(x[static_cast<std::size_t>(j)] - shift));
+      EXPECT_EQ(low[static_cast<std::size_t>(j)].bits, e.bits) << n << " " << j;
+    }
     std::vector<float> z = x;
     exp_shift(z.data(), n, shift);
     for (std::int64_t j = 0; j < n; ++j) {

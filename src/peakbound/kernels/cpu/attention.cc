@@ -1,4 +1,12 @@
+// GCC 12's AVX-512 intrinsics seed their pass-through operand with a deliberately
+// uninitialised _mm512_undefined_*(), which -Wmaybe-uninitialized reports wrongly
+// (GCC bug 105593, fixed in GCC 13); the warning is off for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "peakbound/kernels/cpu/attention.h"
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +16,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
-#include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/kernels/cpu/vexp.h"
@@ -17,6 +25,8 @@ namespace peakbound::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Query rows whose softmax rescale factors the forward computes in one vector exp.
+constexpr std::int64_t kRowGroup = 16;
 
 // a . b in a fixed order: eight interleaved partial sums (independent chains the
 // compiler can keep in vector registers without -ffast-math), then a fixed tree.
@@ -37,6 +47,37 @@ inline float dot_f64(const T* a, const T* b, std::int64_t n) {
   double acc = 0.0;
   for (std::int64_t i = 0; i < n; ++i) acc += static_cast<double>(widen(a[i])) * widen(b[i]);
   return static_cast<float>(acc);
+}
+
+// ds[c] = p[c] * (ds[c] - d) * scale for c in [0, n): dL/dscore (times the score scale)
+// from P and dP; with `low` also low[c] = narrow<bf16>(ds[c]), the rounded operand of the
+// gradient GEMMs. The AVX-512 body does the same two products per element (no FMA), so
+// its bits are the scalar loop's.
+void grad_scores_scalar(float* ds, const float* p, float d, float scale, std::int64_t n, bf16* low) {
+  for (std::int64_t c = 0; c < n; ++c) {
+    ds[c] = p[c] * (ds[c] - d) * scale;
+    if (low) low[c] = narrow<bf16>(ds[c]);
+  }
+}
+
+__attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const float* p, float d, float scale,
+                                                            std::int64_t n, bf16* low) {
+  const __m512 vd = _mm512_set1_ps(d), vs = _mm512_set1_ps(scale);
+  std::int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
+    _mm512_storeu_ps(ds + c, v);
+    if (low)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c),
+                          _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_castps_si512(v))));
+  }
+  grad_scores_scalar(ds + c, p + c, d, scale, n - c, low ? low + c : nullptr);
+}
+
+void grad_scores(float* ds, const float* p, float d, float scale, std::int64_t n, bf16* low) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (avx512) grad_scores_avx512(ds, p, d, scale, n, low);
+  else grad_scores_scalar(ds, p, d, scale, n, low);
 }
 
 // The columns [lo, hi) of a key tile (key c at position first + c, `cols` of them) that
@@ -75,27 +116,6 @@ inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::
   gemm_bf16(path, ta, tb, m, n, k, alpha, x, ldx, y, ldy, beta, c, ldc);
 }
 
-// The storage-type operand of a tile product made from an fp32 tile (P, dS): the tile
-// itself for f32; for bf16, `low` (a bf16 tile of the same [rows, Bk] layout) holding
-// its [rows, cols] elements rounded once, as FlashAttention-2 rounds P and dS.
-template <typename T>
-const T* operand_tile(const float* tile, float* low, std::int64_t rows, std::int64_t cols, std::int64_t ld) {
-  if constexpr (std::is_same_v<T, float>) {
-    (void)low, (void)rows, (void)cols, (void)ld;
-    return tile;
-  } else {
-    // cpu::to_bf16 is narrow() element by element, 16 lanes at a time where the CPU has
-    // AVX-512 (the scalar loop here took half the forward's time outside the GEMMs).
-    T* out = reinterpret_cast<T*>(low);
-    if (cols == ld) {
-      to_bf16(out, tile, rows * ld);
-    } else {
-      for (std::int64_t r = 0; r < rows; ++r) to_bf16(out + r * ld, tile + r * ld, cols);
-    }
-    return out;
-  }
-}
-
 // Floats a slot's bf16 copy of a [Bq, Bk] tile takes (two a float, rounded up; none for
 // f32, whose P and dS are used in place): kernels/attention_dims.cc's sizes.
 template <typename T>
@@ -124,6 +144,7 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
   const float scale = a.effective_scale();
   const std::int64_t q_blocks = (Tq + Bq - 1) / Bq, items = Hq * q_blocks;
   const std::int64_t slot_floats = Bq * Bk + 2 * Bq + low_tile_floats<T>(Bq * Bk);
+  constexpr bool kLow = !std::is_same_v<T, float>;  // P rounded into `low` (bf16)
 
   run_shares(a.threads, pool, [&](std::int64_t slot) {
     float* S = workspace + slot * slot_floats;  // [Bq, Bk] scores, then probabilities
@@ -150,28 +171,52 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
         tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
                   Hkv * D, 0.0f, S, Bk);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          float* s = S + r * Bk;
-          // Only the visible columns count: the rest of the row becomes 0.
-          const auto [lo, hi] = visible_columns(qo + i0 + r, ko + j0, cols, W);
-          const float most = row_max(s + lo, hi - lo);
-          if (most == kNegInf) {  // nothing of this row in this key tile: adds zeros
-            std::fill_n(s, cols, 0.0f);
-            continue;
+        // Rows in groups of kRowGroup: the group's maxima first, then its rescale factors
+        // alpha = exp(m_old - m_new) in one vector call (exp_f32's bits), then each row's
+        // probabilities. Only the visible columns count: the rest of a row becomes 0. Under
+        // bf16 the probabilities go straight into the rounded tile (P's fp32 values are
+        // needed only for the sum l, which exp_shift_sum takes before rounding).
+        for (std::int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
+          const std::int64_t rn = std::min(kRowGroup, rows - r0);
+          float most[kRowGroup], alpha[kRowGroup];
+          Visible vis[kRowGroup];
+          for (std::int64_t x = 0; x < rn; ++x) {
+            vis[x] = visible_columns(qo + i0 + r0 + x, ko + j0, cols, W);
+            most[x] = row_max(S + (r0 + x) * Bk + vis[x].lo, vis[x].hi - vis[x].lo);
+            // 0 on the row's first tile (m_old = -inf); a row without keys here takes 1.
+            alpha[x] = most[x] == kNegInf ? 0.0f : m[r0 + x] - std::max(m[r0 + x], most[x]);
           }
-          const float m_new = std::max(m[r], most);
-          const float alpha = exp_f32(m[r] - m_new);  // 0 on the row's first tile
-          if (alpha != 1.0f) {
-            float* oi = o_tile + r * Hq * Dv;
-            for (std::int64_t d = 0; d < Dv; ++d) oi[d] *= alpha;
+          exp_shift(alpha, rn, 0.0f);
+          for (std::int64_t x = 0; x < rn; ++x) {
+            const std::int64_t r = r0 + x, lo = vis[x].lo, hi = vis[x].hi;
+            float* s = S + r * Bk;
+            if (most[x] == kNegInf) {  // nothing of this row in this key tile: adds zeros
+              if constexpr (kLow) std::fill_n(reinterpret_cast<T*>(low) + r * Bk, cols, T{});
+              else std::fill_n(s, cols, 0.0f);
+              continue;
+            }
+            const float m_new = std::max(m[r], most[x]);
+            if (alpha[x] != 1.0f) {
+              float* oi = o_tile + r * Hq * Dv;
+              for (std::int64_t d = 0; d < Dv; ++d) oi[d] *= alpha[x];
+            }
+            float e;
+            if constexpr (kLow) {
+              T* p = reinterpret_cast<T*>(low) + r * Bk;
+              std::fill_n(p, lo, T{});
+              std::fill(p + hi, p + cols, T{});
+              e = exp_shift_sum(p + lo, s + lo, hi - lo, m_new);
+            } else {
+              std::fill_n(s, lo, 0.0f);
+              std::fill(s + hi, s + cols, 0.0f);
+              e = exp_shift_sum(s + lo, hi - lo, m_new);
+            }
+            l[r] = l[r] * alpha[x] + e;
+            m[r] = m_new;
           }
-          std::fill_n(s, lo, 0.0f);
-          std::fill(s + hi, s + cols, 0.0f);
-          l[r] = l[r] * alpha + exp_shift_sum(s + lo, hi - lo, m_new);
-          m[r] = m_new;
         }
         // O_tile += P V_tile
-        const T* P = operand_tile<T>(S, low, rows, cols, Bk);
+        const T* P = kLow ? reinterpret_cast<const T*>(low) : reinterpret_cast<const T*>(S);
         tile_gemm(path, false, false, rows, Dv, cols, 1.0f, P, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile,
                   Hq * Dv);
       }
@@ -208,6 +253,7 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
   const float* Di = row_dot != nullptr ? row_dot : own_di;
   float* tiles = row_dot != nullptr ? workspace : workspace + Tq * Hq;
   const std::int64_t low = low_tile_floats<T>(Bq * Bk);
+  constexpr bool kLow = !std::is_same_v<T, float>;  // P and dS rounded into P_low, dS_low (bf16)
 
   // One share per kv head (strided): it owns dk and dv of that head and dq of its query
   // heads, so no two shares write the same element and no reduction is needed.
@@ -254,12 +300,20 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
               const auto [lo, hi] = visible_columns(qo + i, ko + j0, cols, W);
               std::fill_n(p, lo, 0.0f);
               std::fill(p + hi, p + cols, 0.0f);
-              exp_shift(p + lo, hi - lo, lse_i);
-              for (std::int64_t c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - d_i) * scale;
+              if constexpr (kLow) {  // P and dS rounded as they are made
+                bf16* pl = reinterpret_cast<bf16*>(P_low) + r * Bk;
+                std::fill_n(pl, lo, bf16{});
+                std::fill(pl + hi, pl + cols, bf16{});
+                exp_shift(p + lo, pl + lo, hi - lo, lse_i);
+                grad_scores(ds, p, d_i, scale, cols, reinterpret_cast<bf16*>(dS_low) + r * Bk);
+              } else {
+                exp_shift(p + lo, hi - lo, lse_i);
+                grad_scores(ds, p, d_i, scale, cols, nullptr);
+              }
             }
             // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
-            const T* Pt = operand_tile<T>(P, P_low, rows, cols, Bk);
-            const T* dSt = operand_tile<T>(dS, dS_low, rows, cols, Bk);
+            const T* Pt = kLow ? reinterpret_cast<const T*>(P_low) : reinterpret_cast<const T*>(P);
+            const T* dSt = kLow ? reinterpret_cast<const T*>(dS_low) : reinterpret_cast<const T*>(dS);
             tile_gemm(path, true, false, cols, Dv, rows, 1.0f, Pt, Bk, do_tile, Hq * Dv, 1.0f, dv_tile, Hkv * Dv);
             tile_gemm(path, true, false, cols, D, rows, 1.0f, dSt, Bk, q_tile, Hq * D, 1.0f, dk_tile, Hkv * D);
             tile_gemm(path, false, false, rows, D, cols, 1.0f, dSt, Bk, k_tile, Hkv * D, 1.0f, dq + (i0 * Hq + h) * D,

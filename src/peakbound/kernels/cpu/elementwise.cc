@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "peakbound/core/error.h"
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 
 #define PB_AVX2 __attribute__((target("avx2")))
 #define PB_AVX512 __attribute__((target("avx512f,avx512bw")))
@@ -89,20 +90,10 @@ void to_f32_scalar(float* out, const bf16* in, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = peakbound::to_f32(in[i]);
 }
 
-// The vector bodies do to_bf16's integer arithmetic lane by lane: u + 0x7fff + (bit 16
-// of u), keep the top half; a NaN lane (|u| > 0x7f800000) takes its own top half with
-// the quiet bit set instead. Adding the bias cannot wrap for a non-NaN u (at most
-// 0xff800000 + 0x8000), and rounds a finite value past the largest bf16 to inf.
-PB_AVX2 inline __m256i to_bf16_lanes8(__m256i u) {
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  // Signed compare is right here: both sides are below 2^31.
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
-  return _mm256_blendv_epi8(rounded, quiet, is_nan);
-}
+// The vector bodies do to_bf16's integer arithmetic lane by lane (bf16_lanes.h): u +
+// 0x7fff + (bit 16 of u), keep the top half; a NaN lane (|u| > 0x7f800000) takes its own
+// top half with the quiet bit set instead. Adding the bias cannot wrap for a non-NaN u (at
+// most 0xff800000 + 0x8000), and rounds a finite value past the largest bf16 to inf.
 
 // Elements of out before its first `align`-byte boundary (at most n), or -1 when out
 // is not aligned to its own element size (then it gets plain stores).
@@ -126,8 +117,8 @@ PB_AVX2 void to_bf16_avx2(bf16* out, const float* in, std::int64_t n, bool strea
   std::int64_t i = head > 0 ? head : 0;
   to_bf16_scalar(out, in, i);
   for (; i + 16 <= n; i += 16) {
-    const __m256i a = to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
-    const __m256i b = to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 8)));
+    const __m256i a = simd::to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    const __m256i b = simd::to_bf16_lanes8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i + 8)));
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
     if (head >= 0) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), packed);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
@@ -150,22 +141,12 @@ PB_AVX2 void to_f32_avx2(float* out, const bf16* in, std::int64_t n, bool stream
   to_f32_scalar(out + i, in + i, n - i);
 }
 
-PB_AVX512 inline __m256i to_bf16_lanes16(__m512i u) {
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                   _mm512_set1_epi32(0x7f800000));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet));
-}
-
 PB_AVX512 void to_bf16_avx512(bf16* out, const float* in, std::int64_t n, bool stream) {
   const std::int64_t head = stream ? head_before(out, 32, n) : -1;
   std::int64_t i = head > 0 ? head : 0;
   to_bf16_scalar(out, in, i);
   for (; i + 16 <= n; i += 16) {
-    const __m256i h = to_bf16_lanes16(_mm512_loadu_si512(in + i));
+    const __m256i h = _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_loadu_si512(in + i)));
     if (head >= 0) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), h);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
   }

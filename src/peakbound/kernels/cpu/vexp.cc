@@ -1,3 +1,9 @@
+// GCC 12's AVX-512 intrinsics seed their pass-through operand with a deliberately
+// uninitialised _mm512_undefined_*(), which -Wmaybe-uninitialized reports wrongly
+// (GCC bug 105593, fixed in GCC 13); the warning is off for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "peakbound/kernels/cpu/vexp.h"
 
 #include <immintrin.h>
@@ -5,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 
 #define PB_AVX2 __attribute__((target("avx2,fma")))
 #define PB_AVX512 __attribute__((target("avx512f,avx2,fma")))
@@ -48,10 +56,12 @@ PB_AVX2 float exp_one_fma(float t) { return exp_one(t); }
 inline float tree(const float* a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
 
 // Elements [from, n) one by one into the lanes (lane = j % 8), optionally stored.
-inline void tail(float* out, const float* x, std::int64_t from, std::int64_t n, float shift, float* lanes) {
+inline void tail(float* out, bf16* low, const float* x, std::int64_t from, std::int64_t n, float shift,
+                 float* lanes) {
   for (std::int64_t j = from; j < n; ++j) {
     const float e = exp_f32(x[j] - shift);
     if (out) out[j] = e;
+    if (low) low[j] = narrow<bf16>(e);
     if (lanes) lanes[j % 8] += e;
   }
 }
@@ -75,13 +85,22 @@ PB_AVX2 inline __m256 exp8(__m256 t) {
 
 // Full blocks of 8 from 0: x[j] - shift's exp into out (when set) and into the lanes
 // (when set); returns where the blocks end.
-PB_AVX2 std::int64_t blocks_avx2(float* out, const float* x, std::int64_t n, float shift, float* lanes) {
+// 8 values rounded to bf16 (to_bf16's bits) into low[0, 8).
+PB_AVX2 inline void store_low8(bf16* low, __m256 e) {
+  const __m256i h = simd::to_bf16_lanes8(_mm256_castps_si256(e));
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm256_castsi256_si128(packed));
+}
+
+PB_AVX2 std::int64_t blocks_avx2(float* out, bf16* low, const float* x, std::int64_t n, float shift,
+                                 float* lanes) {
   const __m256 s = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
     if (out) _mm256_storeu_ps(out + j, e);
+    if (low) store_low8(low + j, e);
     acc = _mm256_add_ps(acc, e);
   }
   if (lanes) _mm256_storeu_ps(lanes, acc);
@@ -110,19 +129,24 @@ PB_AVX512 inline __m512 exp16(__m512 t) {
 // blocks_avx2 sixteen at a time: each half adds into the 8 lanes in element order (the
 // low half first), so the lanes hold blocks_avx2's sums; a last block of 8 goes through
 // exp8. Returns where the blocks end.
-PB_AVX512 std::int64_t blocks_avx512(float* out, const float* x, std::int64_t n, float shift, float* lanes) {
+PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std::int64_t n, float shift,
+                                   float* lanes) {
   const __m512 s = _mm512_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), s));
     if (out) _mm512_storeu_ps(out + j, e);
+    if (low)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j),
+                          _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_castps_si512(e))));
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
   }
   if (j + 8 <= n) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(shift)));
     if (out) _mm256_storeu_ps(out + j, e);
+    if (low) store_low8(low + j, e);
     acc = _mm256_add_ps(acc, e);
     j += 8;
   }
@@ -153,19 +177,19 @@ bool have_avx512() {
 }
 
 // The one loop behind the three entry points.
-float run(float* out, const float* x, std::int64_t n, float shift, bool want_sum) {
+float run(float* out, bf16* low, const float* x, std::int64_t n, float shift, bool want_sum) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t j = 0;
   if (have_avx512()) {
-    j = blocks_avx512(out, x, n, shift, want_sum ? lanes : nullptr);
+    j = blocks_avx512(out, low, x, n, shift, want_sum ? lanes : nullptr);
   } else if (have_avx2()) {
     // The vector lanes start at zero and add in element order: the scalar lanes' sums.
-    j = blocks_avx2(out, x, n, shift, want_sum ? lanes : nullptr);
+    j = blocks_avx2(out, low, x, n, shift, want_sum ? lanes : nullptr);
   } else {
     j = n / 8 * 8;
-    tail(out, x, 0, j, shift, want_sum ? lanes : nullptr);
+    tail(out, low, x, 0, j, shift, want_sum ? lanes : nullptr);
   }
-  tail(out, x, j, n, shift, want_sum ? lanes : nullptr);
+  tail(out, low, x, j, n, shift, want_sum ? lanes : nullptr);
   return want_sum ? tree(lanes) : 0.0f;
 }
 
@@ -173,11 +197,17 @@ float run(float* out, const float* x, std::int64_t n, float shift, bool want_sum
 
 float exp_f32(float t) { return have_avx2() ? exp_one_fma(t) : exp_one(t); }
 
-void exp_shift(float* x, std::int64_t n, float shift) { run(x, x, n, shift, false); }
+void exp_shift(float* x, std::int64_t n, float shift) { run(x, nullptr, x, n, shift, false); }
 
-float exp_shift_sum(float* x, std::int64_t n, float shift) { return run(x, x, n, shift, true); }
+void exp_shift(float* x, bf16* low, std::int64_t n, float shift) { run(x, low, x, n, shift, false); }
 
-float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, x, n, shift, true); }
+float exp_shift_sum(float* x, std::int64_t n, float shift) { return run(x, nullptr, x, n, shift, true); }
+
+float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift) {
+  return run(nullptr, low, x, n, shift, true);
+}
+
+float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, nullptr, x, n, shift, true); }
 
 float row_max(const float* x, std::int64_t n) {
   if (have_avx2()) return row_max_avx2(x, n);

@@ -15,14 +15,22 @@
 
 #include <cstdint>
 
+#include "peakbound/core/dtype.h"
+
 namespace peakbound::cpu {
 
 // exp(t) for one value: the same bits as one lane of the functions below.
 float exp_f32(float t);
 // x[j] = exp(x[j] - shift) for j in [0, n).
 void exp_shift(float* x, std::int64_t n, float shift);
-// The same, returning the sum of the new x[j] (the lane order above).
+// The same, and low[j] = narrow<bf16>(the new x[j]) (the flash backward's P in both forms).
+void exp_shift(float* x, bf16* low, std::int64_t n, float shift);
+// x[j] = exp(x[j] - shift), returning the sum of the new x[j] (the lane order above).
 float exp_shift_sum(float* x, std::int64_t n, float shift);
+// low[j] = narrow<bf16>(exp(x[j] - shift)) for j in [0, n), x unchanged, returning the sum
+// of the unrounded values (exp_shift_sum's bits): flash attention's probabilities go
+// straight to the bf16 operand of O += P V.
+float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift);
 // The sum of exp(x[j] - shift) over [0, n), x unchanged.
 float sum_exp_shift(const float* x, std::int64_t n, float shift);
 // The largest x[j] over [0, n) (NaNs skipped, as `x[j] > m ? x[j] : m` skips them); -inf for n = 0.
