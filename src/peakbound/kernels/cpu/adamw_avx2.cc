@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "peakbound/kernels/cpu/adamw_simd.h"
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 
 #define PB_AVX2 __attribute__((target("avx2,fma")))
 
@@ -26,14 +27,7 @@ PB_AVX2 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 
 // f32 -> bf16, round to nearest even, NaN kept quiet (as to_bf16 in core/dtype.h).
 PB_AVX2 inline __m128i to_bf16x8(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                            _mm256_set1_epi32(0x7f800000));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, is_nan);
+  const __m256i r = simd::to_bf16_lanes8(_mm256_castps_si256(x));
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 

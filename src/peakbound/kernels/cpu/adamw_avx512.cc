@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "peakbound/kernels/cpu/adamw_simd.h"
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 
 #define PB_AVX512 __attribute__((target("avx512f,avx512bw")))
 
@@ -32,15 +33,7 @@ PB_AVX512 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
 
 // f32 -> bf16, round to nearest even, NaN kept quiet (as to_bf16 in core/dtype.h).
 PB_AVX512 inline __m256i to_bf16x16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                   _mm512_set1_epi32(0x7f800000));
-  const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet);
-  return _mm512_cvtepi32_epi16(r);
+  return _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_castps_si512(x)));
 }
 
 PB_AVX512 inline void store16(bf16* p, __m512 x) {
