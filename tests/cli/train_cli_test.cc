@@ -87,6 +87,29 @@ TEST(CliTrain, Bf16RunSaysSoAndMeasuresItsPlan) {
   EXPECT_LT(j["peaks"]["layer"]["planned_bytes"].get<std::int64_t>(), k["peaks"]["layer"]["planned_bytes"].get<std::int64_t>());
 }
 
+// --keep-attention: the same losses bitwise (the backward takes the forward's attention
+// output instead of recomputing it), the JSON says so, the plan still equals what the run
+// measured, and the attention's planned peak grows by the kept bytes.
+TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
+  const std::string base = "train --steps 3 --seq-len 32 --eval-every 0 --json";
+  const CliRun plain = run_cli(base, 300);
+  const CliRun kept = run_cli(base + " --keep-attention", 300);
+  ASSERT_EQ(plain.code, 0) << plain.err << plain.out;
+  ASSERT_EQ(kept.code, 0) << kept.err << kept.out;
+  const nlohmann::json a = last_json_line(plain.out), b = last_json_line(kept.out);
+  EXPECT_EQ(a["keep_attention"], false);
+  EXPECT_EQ(b["keep_attention"], true);
+  EXPECT_EQ(a["first_loss"].dump(), b["first_loss"].dump());
+  EXPECT_EQ(a["final_loss"].dump(), b["final_loss"].dump());
+  for (const auto& [name, row] : b["peaks"].items()) {
+    if (name == "total") continue;
+    if (name == "dispatch") EXPECT_LE(row["measured_bytes"].get<std::int64_t>(), row["planned_bytes"].get<std::int64_t>());
+    else EXPECT_EQ(row["planned_bytes"].get<std::int64_t>(), row["measured_bytes"].get<std::int64_t>()) << name;
+  }
+  EXPECT_GT(b["peaks"]["attention"]["planned_bytes"].get<std::int64_t>(),
+            a["peaks"]["attention"]["planned_bytes"].get<std::int64_t>());
+}
+
 TEST(CliTrain, PrecisionErrorsAreOneLineNamingTheFlag) {
   for (const char* cmd : {"train --precision f16", "eval --data x.bin --precision fp8",
                           "bench reach --precision half", "plan --precision f64"})

@@ -288,8 +288,9 @@ TEST(Precision, FsdpReduceThreadChangesNoBit) {
     threaded.fsdp_reduce_thread = true;
     std::unique_ptr<ModelRun> a = make_run(schedules(true, p), 5);
     std::unique_ptr<ModelRun> b = make_run(threaded, 5);
-    if (testing::world().size() > 1 && testing::world().concurrent_threads())
+    if (testing::world().size() > 1 && testing::world().concurrent_threads()) {
       EXPECT_TRUE(b->model->fsdp().reduces_in_background());
+    }
     const double la = one_step(*a->model), lb = one_step(*b->model);
     EXPECT_EQ(la, lb) << precision_name(p);
     const FsdpUnits& fa = a->model->fsdp();
@@ -298,6 +299,40 @@ TEST(Precision, FsdpReduceThreadChangesNoBit) {
     for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
       ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << precision_name(p) << " " << i;
   }
+}
+
+// Keeping every layer's attention output and log-sum-exp from the forward to its backward
+// (ModelSchedules::keep_attention: the backward's recomputation skips the attention kernel)
+// changes no bit: f32 and bf16, the stack's boundaries resident or offloaded (SCO, where the
+// backward reads a boundary from another buffer than its forward did), two steps with an
+// evaluation forward between (which keeps nothing): the same losses, the same evaluation
+// loss, every FSDP gradient and every store gradient bitwise.
+TEST(Precision, KeepAttentionChangesNoBit) {
+  for (const Precision p : {Precision::f32, Precision::bf16})
+    for (const bool offload : {false, true}) {
+      ModelSchedules base = schedules(true, p);
+      if (offload) base.checkpoint.resident_layers = 0;
+      ModelSchedules keep = base;
+      keep.keep_attention = true;
+      std::unique_ptr<ModelRun> a = make_run(base, 5);
+      std::unique_ptr<ModelRun> b = make_run(keep, 5);
+      const std::string what = std::string(precision_name(p)) + (offload ? ", offloaded" : ", resident");
+      EXPECT_EQ(one_step(*a->model), one_step(*b->model)) << what;
+      std::vector<std::int32_t> ids, tgt;
+      batch(1, ids, tgt);
+      EXPECT_EQ(a->model->forward(ids.data(), tgt.data(), 2, 24).ce, b->model->forward(ids.data(), tgt.data(), 2, 24).ce)
+          << what;
+      EXPECT_EQ(one_step(*a->model), one_step(*b->model)) << what;
+      const FsdpUnits& fa = a->model->fsdp();
+      const FsdpUnits& fb = b->model->fsdp();
+      ASSERT_EQ(fa.shard_elements(), fb.shard_elements());
+      for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
+        ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << what << " " << i;
+      const std::vector<ParameterStore*> sa = a->model->stores(), sb = b->model->stores();
+      for (std::size_t k = 0; k < sa.size(); ++k)
+        for (std::uint64_t i = 0; i < sa[k]->elements(); ++i)
+          ASSERT_EQ(float_bits(sa[k]->grads_data()[i]), float_bits(sb[k]->grads_data()[i])) << what << " store " << k;
+    }
 }
 
 TEST(Precision, Bf16TrainsAndResumesBitwise) {

@@ -50,9 +50,14 @@ struct Variant {
   bool ring_dtp;
   CheckpointSchedule checkpoint;
   const char* optimizer;
+  bool keep_attention = false;  // ModelSchedules::keep_attention
 };
 inline const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident, "device"};
 inline const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, "offload_stream"};
+inline const Variant kNoneKept{"none, attention kept", DispatchKind::standard_ep, false, CheckpointSchedule::resident,
+                               "device", true};
+inline const Variant kAllKept{"all, attention kept", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
+                              "offload_stream", true};
 
 inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -96,6 +101,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   if (checkpoint) sched.checkpoint = *checkpoint;
   sched.checkpoint.schedule = v.checkpoint;
   sched.precision = precision;
+  sched.keep_attention = v.keep_attention;
   MoeTransformer model(dev, host, groups, config, sched);
   model.init_parameters(7);
   TrainerOptions to;

@@ -19,6 +19,18 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintNone) { check(testing::world(), k
 
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAll) { check(testing::world(), kAll, tiny_model()); }
 
+// keep_attention with ranks without tokens (no stack there: nothing kept) and under
+// context parallelism (the ring's o and lse kept per rank).
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionKept) {
+  Communicator& world = testing::world();
+  check(world, kAllKept, tiny_model());
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  if (world.size() == 1) seqs[0] = 2;
+  check(world, kAllKept, tiny_model(), nullptr, seqs);
+  if (world.size() >= 2 && world.size() % 2 == 0) check(world, kAllKept, tiny_model(), nullptr, {}, 2);
+}
+
 // Odd ranks hold no sequences (at one rank: 2): those build no stack but still run
 // every dispatch; the vocabulary loss sizes its buffers by its group's uneven counts.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintRanksWithoutTokens) {

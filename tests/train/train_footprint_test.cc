@@ -40,6 +40,23 @@ TEST(TrainFootprint, MeasuredEqualsFootprintScoOffloaded) {
   EXPECT_GT(m.host[static_cast<std::size_t>(Component::checkpoints)], 0u);
 }
 
+// keep_attention: every layer's attention output and log-sum-exp held from its forward to
+// its backward; measured == footprint with the resident and the offloaded stack, f32 and
+// bf16, and the kept bytes add to the peak.
+TEST(TrainFootprint, MeasuredEqualsFootprintAttentionKept) {
+  SingleRankCommunicator world;
+  check(world, kNoneKept, tiny_model());
+  check(world, kAllKept, tiny_model());
+  CheckpointOptions o;
+  o.resident_layers = 1;
+  check(world, kAllKept, tiny_model(6), &o);
+  check(world, kAllKept, tiny_model(6), &o, {}, 1, 24, Precision::bf16);
+  const Measured plain = run_step(world, kAll, tiny_model(6), 2, 24, &o);
+  const Measured kept = run_step(world, kAllKept, tiny_model(6), 2, 24, &o);
+  EXPECT_GT(kept.device[static_cast<std::size_t>(Component::attention)],
+            plain.device[static_cast<std::size_t>(Component::attention)]);
+}
+
 TrainFootprintInputs inputs() {
   TrainFootprintInputs in;
   in.model = tiny_model();

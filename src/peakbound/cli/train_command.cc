@@ -143,6 +143,10 @@ Command add_train(CLI::App& parent) {
   app->add_flag("--measure-gemm-peak", f->run.measure_gemm_peak,
                 "Measure the GEMM peak for the MFU after the last step: every rank at once at the run's precision, "
                 "the ranks' rates summed (a few seconds; instead of --gemm-peak)");
+  app->add_flag("--keep-attention", f->run.keep_attention,
+                "Keep every layer's attention output and log-sum-exp from the forward to its backward: the backward "
+                "runs no attention forward, for L x T x (heads x v_dim) activations more on the device (the plan "
+                "counts them)");
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

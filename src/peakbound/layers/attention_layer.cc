@@ -638,31 +638,53 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
   const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
-    forward_as<bf16>(x, y, false);
+    forward_as<bf16>(x, y, keep_through_, false);
   else
-    forward_as<float>(x, y, false);
+    forward_as<float>(x, y, keep_through_, false);
 }
 
 void AttentionLayer::forward_for_backward(const Tensor& x, const Tensor& y) {
   const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
-    forward_as<bf16>(x, y, true);
+    forward_as<bf16>(x, y, true, keep_through_);
   else
-    forward_as<float>(x, y, true);
+    forward_as<float>(x, y, true, keep_through_);
+}
+
+void AttentionLayer::set_keep_through(bool on) {
+  keep_through_ = on;
+  if (!on) {  // nothing kept outlives the mode
+    Internals none;
+    take_kept(none, 0, false);
+  }
+}
+
+bool AttentionLayer::take_kept(Internals& in, std::int64_t T, bool use) {
+  const bool taken = use && kept_o_.bytes() > 0 && kept_tokens_ == T;
+  if (taken) {
+    in.o = std::move(kept_o_);
+    in.lse = std::move(kept_lse_);
+  }
+  kept_o_.reset();
+  kept_lse_.reset();
+  kept_x_ = nullptr;
+  return taken;
 }
 
 template <class A>
-void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep) {
-  kept_o_.reset();  // a new forward: what an earlier one kept is stale
-  kept_lse_.reset();
-  kept_x_ = nullptr;
+void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, bool reuse) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
                "attention layer: y must be a distinct [T, H]");
+  // The stack's forward kept o and lse under keep_through: the recomputation before this
+  // layer's backward takes them (its input is the same boundary, restored bit for bit)
+  // instead of running the attention again. Any other forward starts afresh: what an
+  // earlier one kept is stale.
+  Internals in;
+  const bool reused = take_kept(in, T, reuse);
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
-  Internals in;
-  recompute<A>(in, x.data<A>(), T, /*for_backward=*/false);
+  recompute<A>(in, x.data<A>(), T, /*for_backward=*/false, /*attend=*/!reused);
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
   dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
@@ -736,14 +758,7 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   // forward_for_backward's o and lse when it ran on this x: the recomputation skips the
   // attention itself. Otherwise the whole forward again.
   Internals in;
-  const bool kept = kept_o_.bytes() > 0 && kept_x_ == x.raw() && kept_tokens_ == T;
-  if (kept) {
-    in.o = std::move(kept_o_);
-    in.lse = std::move(kept_lse_);
-  }
-  kept_o_.reset();
-  kept_lse_.reset();
-  kept_x_ = nullptr;
+  const bool kept = take_kept(in, T, kept_x_ == x.raw());
   recompute<A>(in, xp, T, /*for_backward=*/true, /*attend=*/!kept);
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);

@@ -190,6 +190,13 @@ class AttentionLayer final : public Block {
   // checkpointed backward, not two. o and lse stay held (footprint phase "kept") until
   // that backward or the next forward.
   void forward_for_backward(const Tensor& x, const Tensor& y) override;
+  // Keep-through (ModelSchedules::keep_attention): forward keeps o and lse too, from a
+  // checkpointed stack's forward to this layer's backward, and forward_for_backward takes
+  // what forward kept instead of running the attention kernel (or the ring) again: no
+  // attention forward in the backward at all, for o and lse held per layer (footprint
+  // phase "kept" for every layer whose forward ran and backward has not). Off (the
+  // default) drops anything kept.
+  void set_keep_through(bool on);
   // HF names under self_attn / input_layernorm: input_layernorm.weight,
   // q_proj.weight, k_proj.weight, v_proj.weight, o_proj.weight, then q_norm.weight,
   // k_norm.weight with qk_norm, q_proj.bias, k_proj.bias, v_proj.bias with qkv_bias,
@@ -218,8 +225,12 @@ class AttentionLayer final : public Block {
   // MLA: q, k, v from h (the projections, the norms, RoPE on the rope columns).
   template <class A>
   void mla_project(Internals& in, std::int64_t T, std::int64_t S);
+  // What an earlier forward kept (o, lse) moved into `in` when `use` and its token count is
+  // T; dropped either way. Returns whether it was taken.
+  bool take_kept(Internals& in, std::int64_t T, bool use);
+  // keep: hold o and lse afterwards; reuse: take what an earlier forward kept (same T).
   template <class A>
-  void forward_as(const Tensor& x, const Tensor& y, bool keep);
+  void forward_as(const Tensor& x, const Tensor& y, bool keep, bool reuse);
   // MLA's backward from dq, dk, dv (the attention's) to dh written into h's buffer; dqa, dc
   // and dkr32 are its scratch (AttentionLayerBuffers).
   template <class A>
@@ -249,6 +260,7 @@ class AttentionLayer final : public Block {
   Buffer kept_o_, kept_lse_;
   const void* kept_x_ = nullptr;
   std::int64_t kept_tokens_ = 0;
+  bool keep_through_ = false;
 };
 
 }  // namespace peakbound

@@ -809,6 +809,9 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   // A rank without tokens holds no boundaries but still runs every layer: the MoE
   // layers' dispatch is collective over the expert-parallel group.
   const bool empty = T == 0;
+  // keep_attention: each layer's attention keeps o and lse from this forward to its
+  // backward (AttentionLayer::set_keep_through), so the backward runs no attention forward.
+  for (auto& l : layers_) l->attention->set_keep_through(schedules_.keep_attention);
   if (!empty && (!stack_ || stack_tokens_ != T)) {
     stack_.reset();
     std::vector<Block*> blocks;
@@ -916,6 +919,7 @@ BatchSums MoeTransformer::forward_as(const std::int32_t* ids, const std::int32_t
   } no_loads{*aux_state_};
   aux_state_->count_loads = false;
   mark_phase(dev_.arena(), "eval");
+  for (auto& l : layers_) l->attention->set_keep_through(false);  // no backward follows: keep nothing
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H, schedules_.precision);

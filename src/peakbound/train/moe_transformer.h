@@ -67,6 +67,13 @@ struct ModelSchedules {
   // by the same cores that compute, so there is nothing to hide it behind; the main job
   // gained nothing from it at 2 or 4 ranks on 2 cores (docs/training.md).
   bool fsdp_reduce_thread = false;
+  // Selective recomputation of the attention: every layer's attention output o and its
+  // log-sum-exp stay on the device from the forward to the layer's backward, whose
+  // recomputation then runs the norm, the projections and RoPE but not the attention
+  // kernel (or the ring). Costs L x (T x Hq x Dv activations + T x Hq f32) a rank, a
+  // per-token term the checkpointed stack otherwise does not have; saves one attention
+  // forward per layer per step (docs/training.md). The same bits either way. Off by default.
+  bool keep_attention = false;
 };
 
 // One micro-batch's sums on this rank.

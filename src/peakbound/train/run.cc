@@ -163,6 +163,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.config.mla_latent_ring = latent_cp_ring(f.cp_ring, spell("cp_ring"));
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
+  s.schedules.keep_attention = f.keep_attention;
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
   return s;
@@ -665,6 +666,7 @@ RunSummary Run::finish() {
              {"ranks", s.W},
              {"cp", s.shape.layout.cp},
              {"schedules", f.schedules.str()},
+             {"keep_attention", f.keep_attention},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
              {"step_seconds", s.step_seconds},
@@ -716,6 +718,7 @@ nlohmann::json RunSummary::json() const {
                       {"ranks", run["ranks"]},
                       {"cp", run["cp"]},
                       {"schedules", run["schedules"]},
+                      {"keep_attention", run["keep_attention"]},
                       {"steps", run["steps"]},
                       {"first_loss", first_loss},
                       {"final_loss", last_loss},

@@ -82,6 +82,10 @@ struct RunSettings {
   // precision and threads, ops/gemm_rate.h's square products), and take the ranks' sum:
   // what the launched ranks can do together on this machine.
   bool measure_gemm_peak = false;
+  // Keep every layer's attention output and log-sum-exp from the forward to its backward
+  // (ModelSchedules::keep_attention): no attention forward in the backward, for a per-layer
+  // per-token term on the device. The plan of --device-memory auto counts it.
+  bool keep_attention = false;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();

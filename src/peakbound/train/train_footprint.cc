@@ -199,6 +199,12 @@ class TrainFootprintBuilder {
     const std::int64_t n = std::max<std::int64_t>(0, std::min(live_through, L_ - 1) - ringed_ + 1);
     f_.device(phase, cb_.boundary, static_cast<u64>(n));
   }
+  // keep_attention: the o and lse of `layers` layers held from their forward to their
+  // backward (AttentionLayer::set_keep_through); nothing without it.
+  void kept(const std::string& phase, std::int64_t layers) {
+    if (!sch_.keep_attention || !stacked_) return;
+    for (std::int64_t l = 0; l < layers; ++l) add_phase(f_, phase, att_.phase("kept"));
+  }
   void batch(const std::string& phase, std::initializer_list<BufferSpec> live) {
     f_.device(phase, bb_.ids);
     f_.device(phase, bb_.targets);
@@ -228,6 +234,7 @@ class TrainFootprintBuilder {
     residents(ph, L_);  // the last layer's: boundaries through L live
     f_.device(ph, db_.mid);
     add_phase(f_, ph, att_.phase("forward"));
+    kept(ph, L_ - 1);  // the earlier layers'
   }
 
   // The MLP sublayers whose moments are phases: the last dense layer and the last MoE
@@ -293,6 +300,7 @@ class TrainFootprintBuilder {
       batch(m.fwd, {bb_.x, bb_.y});
       residents(m.fwd, m.layer + 1);
       f_.device(m.fwd, db_.mid);
+      kept(m.fwd, m.layer + 1);  // this layer's and the earlier ones'
       add_phase(f_, m.fwd, m.layer_fp.phase("forward"));
       if (m.dispatch) add_phase(f_, m.fwd, m.dispatch_fp.phase("forward"));
     }
@@ -322,6 +330,7 @@ class TrainFootprintBuilder {
       else
         batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, fb_.norm_params});
       residents(ph, L_);
+      kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "forward"));
     }
     {
@@ -329,6 +338,7 @@ class TrainFootprintBuilder {
       persistent(ph, true);
       batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, bb_.d_hn, fb_.norm_params});
       residents(ph, L_);
+      kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "backward"));
     }
     // The held-out loss (Trainer::evaluate -> MoeTransformer::forward): after the layers'
@@ -347,6 +357,7 @@ class TrainFootprintBuilder {
       persistent(ph, true);
       batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, bb_.dy, fb_.norm_params, fb_.norm_grads});
       residents(ph, L_);
+      kept(ph, L_);
     }
   }
 
@@ -367,11 +378,16 @@ class TrainFootprintBuilder {
       add_phase(f_, it->bwd, it->layer_fp.phase("backward"));
       if (it->dispatch) add_phase(f_, it->bwd, it->dispatch_fp.phase("backward"));
       add_phase(f_, it->bwd, att_.phase("kept"));
+      kept(it->bwd, it->layer);  // keep_attention: the earlier layers' too
     }
+    // The last layer's (keep_attention: its o and lse are the kept ones; the earlier
+    // layers' are held beside).
     backward_common("backward attention recompute", L_ - 1);
     add_phase(f_, "backward attention recompute", att_.phase("forward"));
+    kept("backward attention recompute", L_ - 1);
     backward_common("backward attention", L_ - 1);
     add_phase(f_, "backward attention", att_.phase("backward"));
+    kept("backward attention", L_ - 1);
   }
   // The embedding's full gradient, after the layers (dx in x's buffer, dy still held).
   void embedding_backward() {
