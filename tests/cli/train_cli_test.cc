@@ -108,6 +108,10 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
   }
   EXPECT_GT(b["peaks"]["attention"]["planned_bytes"].get<std::int64_t>(),
             a["peaks"]["attention"]["planned_bytes"].get<std::int64_t>());
+  // `plan --keep-attention` for the same run plans the same peak.
+  const CliRun p = run_cli("plan --model tiny-moe --devices 1 --context 32 --trainer-defaults --keep-attention --json");
+  ASSERT_EQ(p.code, 0) << p.err << p.out;
+  EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], b["peaks"]["total"]["planned_bytes"]);
 }
 
 TEST(CliTrain, PrecisionErrorsAreOneLineNamingTheFlag) {

@@ -149,6 +149,31 @@ TEST(MemoryModel, ScheduledEveryComponentByHand) {
   EXPECT_EQ(s.host_bytes, 65536u + adam.phase("step").host_total());
 }
 
+// --keep-attention: each layer's o [512, 4 x 16] bf16 (65536 bytes) and lse [512, 4] fp32
+// (8192) held from its forward to its backward. The loss and the MLP forward hold all 4
+// layers'; the attention phases and the MLP backward hold 3 beside what they held before
+// (the running layer's own o and lse are already theirs).
+TEST(MemoryModel, KeepAttentionAddsTheKeptBytesPerPhase) {
+  PlanInputs in = hand_inputs();
+  const ParamCount pc = count_params(in.model);
+  const PeakEstimate plain = estimate_peak(in, pc, ScheduleSet::all());
+  in.keep_attention = true;
+  const PeakEstimate kept = estimate_peak(in, pc, ScheduleSet::all());
+  const std::uint64_t layer = 65536u + 8192u;
+  const auto grew = [&](Phase p) {
+    return at(kept, p, Component::attention) - at(plain, p, Component::attention);
+  };
+  EXPECT_EQ(grew(Phase::loss), 4 * layer);
+  EXPECT_EQ(grew(Phase::forward_mlp), 4 * layer);
+  EXPECT_EQ(grew(Phase::forward_attention), 3 * layer);
+  EXPECT_EQ(grew(Phase::backward_attention), 3 * layer);
+  EXPECT_EQ(grew(Phase::backward_mlp), 3 * layer);
+  EXPECT_EQ(grew(Phase::optimizer), 0u);
+  for (Component c : kAllComponents)
+    if (c != Component::attention) EXPECT_EQ(at(kept, Phase::loss, c), at(plain, Phase::loss, c));
+  EXPECT_GT(kept.peak, plain.peak);
+}
+
 TEST(MemoryModel, EveryPhaseIsTheSumOfItsTerms) {
   PlanInputs in = hand_inputs();
   ParamCount pc = count_params(in.model);

@@ -64,6 +64,7 @@ struct PlanFlags {
   std::int64_t prefetch_depth;
   std::string adam_bucket;
   std::string skew = "balanced";
+  bool keep_attention = false;
   std::string cp_ring = "latent";  // --cp-ring (train's)
   std::string precision;            // --precision; empty: not given
   std::string param_dtype = "bf16";  // --param-dtype, the older spelling of --precision's parameter dtype
@@ -145,6 +146,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.prefetch_depth = f.prefetch_depth;
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
+  in.keep_attention = f.keep_attention;
   DType pd = shard_dtype(f.param_dtype, "--param-dtype"), gd = shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
   in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
@@ -194,6 +196,9 @@ Command add_plan_command(CLI::App& root) {
   int_flag(a, "--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block", 1, kMaxRows);
   int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward", 1, 1024);
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
+  a->add_flag("--keep-attention", f->keep_attention,
+              "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "
+              "its backward");
   a->add_option("--skew", f->skew, "Routing skew at the busiest EP rank: balanced, worst, or a factor >= 1")->capture_default_str();
   a->add_option("--precision", f->precision,
                 "What `train --precision` runs: bf16 (parameters and activations 2 bytes) or f32 (4); gradients "

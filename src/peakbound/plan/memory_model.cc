@@ -256,25 +256,36 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   const ComponentBytes disp_fwd = has_moe ? device_of(disp, "forward") : none;
   const ComponentBytes disp_bwd = has_moe ? device_of(disp, "backward") : none;
 
-  PhaseBytes fa = with(base(Phase::forward_attention), {ckpt_dev, device_of(attn, "forward"), device_of(mlp, "residual")});
+  // keep_attention: o and lse of every layer whose forward ran and backward has not (the
+  // trainer's footprint counts the same, phase by phase).
+  const ComponentBytes attn_kept = attn.has_phase("kept") ? device_of(attn, "kept") : none;
+  const auto kept_layers = [&](std::int64_t n) {
+    ComponentBytes b{};
+    if (in.keep_attention)
+      for (std::size_t i = 0; i < kNumComponents; ++i) b[i] = mul(attn_kept[i], U(std::max<std::int64_t>(n, 0)));
+    return b;
+  };
+  const std::int64_t L = m.num_layers;
+  PhaseBytes fa = with(base(Phase::forward_attention),
+                       {ckpt_dev, device_of(attn, "forward"), device_of(mlp, "residual"), kept_layers(L - 1)});
   fa.bytes[C(Component::params)] = add(fa.bytes[C(Component::params)], gathered);
 
-  PhaseBytes fm = with(base(Phase::forward_mlp), {ckpt_dev, device_of(mlp, "forward"), disp_fwd});
+  PhaseBytes fm = with(base(Phase::forward_mlp), {ckpt_dev, device_of(mlp, "forward"), disp_fwd, kept_layers(L)});
   fm.bytes[C(Component::params)] = add(fm.bytes[C(Component::params)], gathered);
 
-  PhaseBytes lo = with(base(Phase::loss), {ckpt_dev, device_of(mlp, "residual"), worst_phase(vocab)});
+  PhaseBytes lo = with(base(Phase::loss), {ckpt_dev, device_of(mlp, "residual"), worst_phase(vocab), kept_layers(L)});
   lo.bytes[C(Component::params)] = add(lo.bytes[C(Component::params)], mul(head_params, pb));
   lo.bytes[C(Component::grads)] = add(lo.bytes[C(Component::grads)], mul(head_params, gb));
 
   PhaseBytes ba = with(base(Phase::backward_attention),
-                       {ckpt_dev, device_of(attn, "backward"), device_of(mlp, "residual_backward")});
+                       {ckpt_dev, device_of(attn, "backward"), device_of(mlp, "residual_backward"), kept_layers(L - 1)});
   ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
   ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);
 
   // The MLP's backward runs beside its attention sublayer's kept internals (the trainer's
   // forward_for_backward) where the attention term is the trainer's own footprint.
-  const ComponentBytes attn_kept = attn.has_phase("kept") ? device_of(attn, "kept") : none;
-  PhaseBytes bm = with(base(Phase::backward_mlp), {ckpt_dev, device_of(mlp, "backward"), disp_bwd, attn_kept});
+  PhaseBytes bm =
+      with(base(Phase::backward_mlp), {ckpt_dev, device_of(mlp, "backward"), disp_bwd, attn_kept, kept_layers(L - 1)});
   bm.bytes[C(Component::params)] = add(bm.bytes[C(Component::params)], gathered);
   bm.bytes[C(Component::grads)] = add(bm.bytes[C(Component::grads)], layer_grads);
 

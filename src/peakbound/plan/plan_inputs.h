@@ -68,6 +68,9 @@ struct PlanInputs {
   // Routing skew: received token-copies at the most loaded rank over the balanced
   // share (1 = balanced; 0 = the worst case the layout allows).
   double skew = 1.0;
+  // train --keep-attention (ModelSchedules::keep_attention): every layer's attention output
+  // and log-sum-exp held from its forward to its backward.
+  bool keep_attention = false;
 
   // The analytic estimate even for a run the trainer executes (tests of the estimate's
   // own rules, which a trainable bf16 or f32 run would otherwise bypass).
