@@ -1,7 +1,8 @@
 // `peakbound bench reach` end to end on 2 ranks (its own mpirun jobs): the JSON's fields, every
 // trial consistent with the reach it reports (what fitted is at most the reach, what was
 // refused is beyond it), all four reaching at least the baseline's context, the refusal named,
-// and the plan beside the measured peak; bad flags and a launch under mpirun are one-line errors.
+// and the plan beside the measured peak (and, with --keep-attention, the scheduled job keeping
+// the attention: the same losses); bad flags and a launch under mpirun are one-line errors.
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/run_cli.h"
@@ -19,7 +20,7 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
   if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
   const CliRun r = testing::run_cli(
       "bench reach --precision f32 --ranks 2 --cp 2 --budget 290MiB --configs none,all --start 256 --multiple 128 "
-      "--max-context 1024 --trial-steps 2 --resolution 0.25 --json",
+      "--max-context 1024 --trial-steps 2 --resolution 0.25 --keep-attention --json",
       600);
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -60,6 +61,11 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
     EXPECT_LT(l.at("first_loss_relative_difference").get<double>(), 1e-6) << l.dump();
     EXPECT_LT(l.at("last_loss_relative_difference").get<double>(), 1e-6) << l.dump();
   }
+  // --keep-attention: the scheduled job again, keeping the attention, fits where the
+  // scheduled one did (it reaches further than the baseline) with the same losses bitwise.
+  EXPECT_EQ(j["throughput_at_baseline_reach"].at("scheduled_keep_attention_tokens_per_second").size(), 2u);
+  EXPECT_TRUE(j["throughput_at_baseline_reach"].at("keep_attention_same_losses").get<bool>());
+  EXPECT_GT(j.at("throughput_ratio_at_baseline_reach_keep_attention").get<double>(), 0);
   const nlohmann::json& total = j.at("plan_vs_measured").at("total");
   EXPECT_EQ(total.at("measured_bytes"), j["configs"]["scheduled"].at("peak_bytes"));
   EXPECT_GE(total.at("planned_bytes").get<std::int64_t>(), total.at("measured_bytes").get<std::int64_t>());

@@ -60,6 +60,9 @@ struct ReachFlags {
   int trial_steps = 3;
   std::string mpirun = "mpirun";
   std::string peer_json, timeline_dir;
+  // The throughput at the baseline's reach also with the scheduled job keeping the attention
+  // (train --keep-attention): what the memory the schedules free buys in speed.
+  bool keep_attention = false;
   bool json = false;
 };
 
@@ -124,7 +127,8 @@ class Runner {
 
   // One job of `steps` steps at `context` under `schedules`; a refusal by the arena is
   // "does not fit", any other failure ends the benchmark with the job's error.
-  Trial run(const std::string& schedules, std::int64_t context, int steps, const std::string& timeline = "") {
+  Trial run(const std::string& schedules, std::int64_t context, int steps, const std::string& timeline = "",
+            bool keep_attention = false) {
     std::vector<std::string> argv = bench::mpirun_argv(f_.mpirun, f_.ranks);
     argv.insert(argv.end(), {exe_, "train", "--model", f_.model, "--seq-len", std::to_string(context), "--batch", "1",
                              "--steps", std::to_string(steps), "--cp", std::to_string(cp()), "--ep",
@@ -133,6 +137,7 @@ class Runner {
                              "--eval-batches", "0", "--warmup", "0", "--json"});
     argv.insert(argv.end(), {"--device", f_.device, "--precision", f_.precision});
     if (!timeline.empty()) argv.insert(argv.end(), {"--memory-timeline", timeline});
+    if (keep_attention) argv.push_back("--keep-attention");
     bench::Stopwatch w;
     const bench::ProcessResult p = bench::run_process(argv);
     Trial t;
@@ -369,17 +374,27 @@ class Reach {
     const std::int64_t base_reach = both ? reach_["baseline"].get<std::int64_t>() : 0;
     if (!both || base_reach <= 0) return;
     out_["reach_ratio"] = reach_["scheduled"].get<double>() / static_cast<double>(base_reach);
-    std::vector<double> base_tps, sched_tps;
+    std::vector<double> base_tps, sched_tps, kept_tps;
     nlohmann::json losses = nlohmann::json::array();  // exactness on the side
     int refused = 0;
+    bool kept_same_losses = true;
+    const int steps = std::max(2, f_.trial_steps);
     for (int rep = 0; rep < 2; ++rep) {
-      Trial b = runner_.run("none", base_reach, std::max(2, f_.trial_steps), timeline(rep, "none"));
-      Trial s = runner_.run("all", base_reach, std::max(2, f_.trial_steps), timeline(rep, "all"));
+      Trial b = runner_.run("none", base_reach, steps, timeline(rep, "none"));
+      Trial s = runner_.run("all", base_reach, steps, timeline(rep, "all"));
       if (b.fits) base_tps.push_back(tokens_per_second(b.summary, 1));
       else ++refused;
       if (s.fits) sched_tps.push_back(tokens_per_second(s.summary, 1));
       else ++refused;
       if (b.fits && s.fits) losses.push_back(loss_pair(b, s));
+      if (!f_.keep_attention) continue;
+      // The same scheduled job keeping the attention: the same losses bit for bit.
+      Trial k = runner_.run("all", base_reach, steps, "", true);
+      if (k.fits) kept_tps.push_back(tokens_per_second(k.summary, 1));
+      else ++refused;
+      if (k.fits && s.fits)
+        kept_same_losses = kept_same_losses && k.summary["first_loss"] == s.summary["first_loss"] &&
+                           k.summary["final_loss"] == s.summary["final_loss"];
     }
     out_["throughput_at_baseline_reach"] = {{"context", base_reach},
                                             {"baseline_tokens_per_second", base_tps},
@@ -388,6 +403,12 @@ class Reach {
                                             {"losses", losses}};
     if (!base_tps.empty() && !sched_tps.empty())
       out_["throughput_ratio_at_baseline_reach"] = mean(sched_tps) / mean(base_tps);
+    if (f_.keep_attention) {
+      out_["throughput_at_baseline_reach"]["scheduled_keep_attention_tokens_per_second"] = kept_tps;
+      out_["throughput_at_baseline_reach"]["keep_attention_same_losses"] = kept_same_losses;
+      if (!base_tps.empty() && !kept_tps.empty())
+        out_["throughput_ratio_at_baseline_reach_keep_attention"] = mean(kept_tps) / mean(base_tps);
+    }
   }
 
   // --timeline-dir: the first repetition's jobs write their memory timelines (none.json, all.json).
@@ -449,6 +470,9 @@ class Reach {
     if (out_.contains("reach_ratio"))
       std::printf("reach ratio %.2fx; throughput at the baseline's reach %.2fx\n", out_["reach_ratio"].get<double>(),
                   out_.value("throughput_ratio_at_baseline_reach", 0.0));
+    if (out_.contains("throughput_ratio_at_baseline_reach_keep_attention"))
+      std::printf("throughput at the baseline's reach, the scheduled job keeping the attention: %.2fx\n",
+                  out_["throughput_ratio_at_baseline_reach_keep_attention"].get<double>());
     if (out_.contains("plan_worst_relative_difference"))
       std::printf("plan vs measured at the scheduled reach: worst component %.1f%%\n",
                   100 * out_["plan_worst_relative_difference"].get<double>());
@@ -499,6 +523,9 @@ Command add_reach(CLI::App& parent) {
   text_flag(app, "--peer-json", f->peer_json, "bench/peer_fsdp2.py's output: compare with PyTorch FSDP2");
   text_flag(app, "--timeline-dir", f->timeline_dir,
             "Write the memory timelines of none and all at the baseline's reach here (none.rank-R.json, all...)");
+  app->add_flag("--keep-attention", f->keep_attention,
+                "At the baseline's reach also time the scheduled job with train's --keep-attention (the memory the "
+                "schedules free spent on not recomputing the attention): its throughput ratio beside the plain one");
   device_flag(app, f->device);
   app->add_flag("--json", f->json, "Print one JSON object instead of the table (progress lines go to stderr)");
   cmd.validate = [f] {
