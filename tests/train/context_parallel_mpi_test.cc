@@ -46,7 +46,7 @@ struct CpRun {
   std::unique_ptr<MoeTransformer> model;
 };
 
-std::unique_ptr<CpRun> make_run(int cp, bool all) {
+std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false) {
   Communicator& world = testing::world();
   ParallelLayout layout;
   layout.cp = cp;
@@ -56,7 +56,9 @@ std::unique_ptr<CpRun> make_run(int cp, bool all) {
   auto r = std::make_unique<CpRun>();
   r->dev = std::make_unique<CpuDevice>(128 << 20);
   r->groups = ProcessGroups::split(world, layout);
-  r->model = std::make_unique<MoeTransformer>(*r->dev, r->host, r->groups, cp_config(), schedules(all));
+  ModelSchedules sched = schedules(all);
+  sched.keep_attention = keep_attention;
+  r->model = std::make_unique<MoeTransformer>(*r->dev, r->host, r->groups, cp_config(), sched);
   r->model->init_parameters(7);
   return r;
 }
@@ -86,10 +88,10 @@ struct StepResult {
 };
 
 // One forward_backward over the step's batch; store gradients summed over their groups.
-StepResult one_step(int cp, bool all, std::int64_t S) {
+StepResult one_step(int cp, bool all, std::int64_t S, bool keep_attention = false) {
   Communicator& world = testing::world();
   StepResult out;
-  out.run = make_run(cp, all);
+  out.run = make_run(cp, all, keep_attention);
   MoeTransformer& m = *out.run->model;
   std::vector<std::int32_t> ids, tgt;
   batch(0, cp, 1, S, ids, tgt);
@@ -161,6 +163,30 @@ TEST(ContextParallel, OneStepLossAndEveryGradientMatchCp1) {
                       cp, world.size(), static_cast<long long>(S), all ? "all" : "none", base.loss, r.loss, worst);
       }
     }
+}
+
+// --keep-attention under context parallelism: the backward takes each layer's kept o and
+// lse instead of running the ring again (on every rank of the group alike), and nothing
+// changes: the loss and every gradient bitwise, at each cp dividing the world.
+TEST(ContextParallel, KeepAttentionChangesNoBit) {
+  Communicator& world = testing::world();
+  if (world.size() == 1) GTEST_SKIP() << "context parallelism needs 2 or more ranks";
+  for (const int cp : cp_sizes()) {
+    SCOPED_TRACE("cp " + std::to_string(cp));
+    StepResult a = one_step(cp, true, 29), b = one_step(cp, true, 29, true);
+    EXPECT_EQ(a.loss, b.loss);
+    const FsdpUnits& fa = a.run->model->fsdp();
+    const FsdpUnits& fb = b.run->model->fsdp();
+    ASSERT_EQ(fa.shard_elements(), fb.shard_elements());
+    for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
+      ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << i;
+    for (std::size_t k = 0; k < a.run->model->stores().size(); ++k) {
+      const ParameterStore& sa = *a.run->model->stores()[k];
+      const ParameterStore& sb = *b.run->model->stores()[k];
+      for (std::uint64_t i = 0; i < sa.elements(); ++i)
+        ASSERT_EQ(float_bits(sa.grads_data()[i]), float_bits(sb.grads_data()[i])) << "store " << k << " " << i;
+    }
+  }
 }
 
 TEST(ContextParallel, FiveStepsSameLossCurve) {
