@@ -80,7 +80,9 @@ TEST(FsdpOverlap, APrefetchedGatherIsTheBlockingGather) {
 TEST(FsdpOverlap, BackgroundReduceScattersAreTheBlockingOnesBits) {
   Communicator& world = testing::world();
   // Open MPI grants MPI_THREAD_MULTIPLE: the reduce-scatters then really run on the thread.
-  if (world.backend() == "mpi") EXPECT_TRUE(world.concurrent_threads());
+  if (world.backend() == "mpi") {
+    EXPECT_TRUE(world.concurrent_threads());
+  }
   const TensorTable table(testing::small_train_config("fsdp-overlap"));
   CpuDevice dev_a(16 * MiB), dev_b(16 * MiB);
   FsdpUnits blocking(dev_a, table, world), overlapped(dev_b, table, world, Precision::f32, 0, true);

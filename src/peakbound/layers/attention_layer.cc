@@ -653,10 +653,7 @@ void AttentionLayer::forward_for_backward(const Tensor& x, const Tensor& y) {
 
 void AttentionLayer::set_keep_through(bool on) {
   keep_through_ = on;
-  if (!on) {  // nothing kept outlives the mode
-    Internals none;
-    take_kept(none, 0, false);
-  }
+  if (!on) drop_kept();  // nothing kept outlives the mode
 }
 
 bool AttentionLayer::take_kept(Internals& in, std::int64_t T, bool use) {
@@ -665,10 +662,14 @@ bool AttentionLayer::take_kept(Internals& in, std::int64_t T, bool use) {
     in.o = std::move(kept_o_);
     in.lse = std::move(kept_lse_);
   }
+  drop_kept();
+  return taken;
+}
+
+void AttentionLayer::drop_kept() {
   kept_o_.reset();
   kept_lse_.reset();
   kept_x_ = nullptr;
-  return taken;
 }
 
 template <class A>

@@ -228,6 +228,8 @@ class AttentionLayer final : public Block {
   // What an earlier forward kept (o, lse) moved into `in` when `use` and its token count is
   // T; dropped either way. Returns whether it was taken.
   bool take_kept(Internals& in, std::int64_t T, bool use);
+  // Frees what a forward kept.
+  void drop_kept();
   // keep: hold o and lse afterwards; reuse: take what an earlier forward kept (same T).
   template <class A>
   void forward_as(const Tensor& x, const Tensor& y, bool keep, bool reuse);

@@ -25,12 +25,6 @@ PB_AVX2 inline __m256 load8(const bf16* p) {
 
 PB_AVX2 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 
-// f32 -> bf16, round to nearest even, NaN kept quiet (as to_bf16 in core/dtype.h).
-PB_AVX2 inline __m128i to_bf16x8(__m256 x) {
-  const __m256i r = simd::to_bf16_lanes8(_mm256_castps_si256(x));
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
 PB_AVX2 inline void store8(bf16* p, __m256 x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16x8(x)); }
 
 // Non-temporal: p aligned to the store's width (32 bytes f32, 16 bytes bf16).

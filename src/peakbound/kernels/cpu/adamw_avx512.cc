@@ -31,11 +31,6 @@ PB_AVX512 inline __m512 load16(const bf16* p) {
 
 PB_AVX512 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
 
-// f32 -> bf16, round to nearest even, NaN kept quiet (as to_bf16 in core/dtype.h).
-PB_AVX512 inline __m256i to_bf16x16(__m512 x) {
-  return _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_castps_si512(x)));
-}
-
 PB_AVX512 inline void store16(bf16* p, __m512 x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16x16(x));
 }

@@ -16,6 +16,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
+#include "peakbound/kernels/adamw_types.h"
 #include "peakbound/kernels/cpu/bf16_lanes.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
@@ -67,15 +68,13 @@ __attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const floa
   for (; c + 16 <= n; c += 16) {
     const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
     _mm512_storeu_ps(ds + c, v);
-    if (low)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c),
-                          _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_castps_si512(v))));
+    if (low) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c), simd::to_bf16x16(v));
   }
   grad_scores_scalar(ds + c, p + c, d, scale, n - c, low ? low + c : nullptr);
 }
 
 void grad_scores(float* ds, const float* p, float d, float scale, std::int64_t n, bf16* low) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = best_simd_level() == SimdLevel::avx512;
   if (avx512) grad_scores_avx512(ds, p, d, scale, n, low);
   else grad_scores_scalar(ds, p, d, scale, n, low);
 }

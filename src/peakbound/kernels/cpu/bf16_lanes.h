@@ -2,13 +2,18 @@
 // to_bf16 (round to nearest even, a NaN quieted with its sign and upper payload kept) in
 // every lane, denormals included. Each body carries its own target attribute, so a file
 // including this needs no -m flags and calls a body only after checking the CPU has it.
-// The results are u32 lanes holding the bf16 bits in their low halves.
+//
+// The arithmetic, lane by lane: u + 0x7fff + (bit 16 of u), keep the top half; a NaN lane
+// (|u| > 0x7f800000) takes its own top half with the quiet bit set instead. Adding the bias
+// cannot wrap for a non-NaN u (at most 0xff800000 + 0x8000), and rounds a finite value past
+// the largest bf16 to inf.
 #pragma once
 
 #include <immintrin.h>
 
 namespace peakbound::cpu::simd {
 
+// u32 lanes holding the bf16 bits in their low halves.
 __attribute__((target("avx2"))) inline __m256i to_bf16_lanes8(__m256i u) {
   const __m256i hi = _mm256_srli_epi32(u, 16);
   const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
@@ -28,6 +33,16 @@ __attribute__((target("avx512f"))) inline __m512i to_bf16_lanes16(__m512i u) {
   const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                                    _mm512_set1_epi32(0x7f800000));
   return _mm512_mask_blend_epi32(is_nan, rounded, quiet);
+}
+
+// 8 or 16 floats as packed bf16 (element i at u16 i), ready to store.
+__attribute__((target("avx2"))) inline __m128i to_bf16x8(__m256 x) {
+  const __m256i r = to_bf16_lanes8(_mm256_castps_si256(x));
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+__attribute__((target("avx512f"))) inline __m256i to_bf16x16(__m512 x) {
+  return _mm512_cvtepi32_epi16(to_bf16_lanes16(_mm512_castps_si512(x)));
 }
 
 }  // namespace peakbound::cpu::simd

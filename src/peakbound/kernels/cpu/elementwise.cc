@@ -90,11 +90,6 @@ void to_f32_scalar(float* out, const bf16* in, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = peakbound::to_f32(in[i]);
 }
 
-// The vector bodies do to_bf16's integer arithmetic lane by lane (bf16_lanes.h): u +
-// 0x7fff + (bit 16 of u), keep the top half; a NaN lane (|u| > 0x7f800000) takes its own
-// top half with the quiet bit set instead. Adding the bias cannot wrap for a non-NaN u (at
-// most 0xff800000 + 0x8000), and rounds a finite value past the largest bf16 to inf.
-
 // Elements of out before its first `align`-byte boundary (at most n), or -1 when out
 // is not aligned to its own element size (then it gets plain stores).
 template <typename T>
@@ -110,8 +105,9 @@ std::int64_t head_before(const T* out, std::uintptr_t align, std::int64_t n) {
 // of the store's width on (the `head` elements before it by the scalar body), then an
 // sfence.
 
-// 16 floats -> 16 bf16 per vector (two halves packed: packus keeps lanes <= 0xffff as
-// they are and works within 128-bit halves, hence the permute).
+// 16 floats -> 16 bf16 per vector (to_bf16's arithmetic lane by lane, bf16_lanes.h; two
+// halves packed: packus keeps lanes <= 0xffff as they are and works within 128-bit halves,
+// hence the permute).
 PB_AVX2 void to_bf16_avx2(bf16* out, const float* in, std::int64_t n, bool stream) {
   const std::int64_t head = stream ? head_before(out, 32, n) : -1;
   std::int64_t i = head > 0 ? head : 0;
@@ -146,7 +142,7 @@ PB_AVX512 void to_bf16_avx512(bf16* out, const float* in, std::int64_t n, bool s
   std::int64_t i = head > 0 ? head : 0;
   to_bf16_scalar(out, in, i);
   for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_loadu_si512(in + i)));
+    const __m256i h = simd::to_bf16x16(_mm512_loadu_ps(in + i));
     if (head >= 0) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), h);
     else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
   }

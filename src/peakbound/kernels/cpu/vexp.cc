@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 
+#include "peakbound/kernels/adamw_types.h"
 #include "peakbound/kernels/cpu/bf16_lanes.h"
 
 #define PB_AVX2 __attribute__((target("avx2,fma")))
@@ -83,26 +84,23 @@ PB_AVX2 inline __m256 exp8(__m256 t) {
   return _mm256_andnot_ps(_mm256_cmp_ps(t, lo, _CMP_LT_OQ), y);
 }
 
-// Full blocks of 8 from 0: x[j] - shift's exp into out (when set) and into the lanes
-// (when set); returns where the blocks end.
-// 8 values rounded to bf16 (to_bf16's bits) into low[0, 8).
-PB_AVX2 inline void store_low8(bf16* low, __m256 e) {
-  const __m256i h = simd::to_bf16_lanes8(_mm256_castps_si256(e));
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xd8);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm256_castsi256_si128(packed));
+// One block of 8 at x: exp(x - shift) into out and, rounded to bf16, low (each when set),
+// added into the lanes' running sums.
+PB_AVX2 inline __m256 block8(float* out, bf16* low, const float* x, __m256 shift, __m256 acc) {
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x), shift));
+  if (out) _mm256_storeu_ps(out, e);
+  if (low) _mm_storeu_si128(reinterpret_cast<__m128i*>(low), simd::to_bf16x8(e));
+  return _mm256_add_ps(acc, e);
 }
 
+// Full blocks of 8 from 0 (block8 each); the lanes' sums into `lanes` when set; returns
+// where the blocks end.
 PB_AVX2 std::int64_t blocks_avx2(float* out, bf16* low, const float* x, std::int64_t n, float shift,
                                  float* lanes) {
   const __m256 s = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
-    if (out) _mm256_storeu_ps(out + j, e);
-    if (low) store_low8(low + j, e);
-    acc = _mm256_add_ps(acc, e);
-  }
+  for (; j + 8 <= n; j += 8) acc = block8(out ? out + j : nullptr, low ? low + j : nullptr, x + j, s, acc);
   if (lanes) _mm256_storeu_ps(lanes, acc);
   return j;
 }
@@ -137,17 +135,12 @@ PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std:
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), s));
     if (out) _mm512_storeu_ps(out + j, e);
-    if (low)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j),
-                          _mm512_cvtepi32_epi16(simd::to_bf16_lanes16(_mm512_castps_si512(e))));
+    if (low) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16(e));
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
   }
   if (j + 8 <= n) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(shift)));
-    if (out) _mm256_storeu_ps(out + j, e);
-    if (low) store_low8(low + j, e);
-    acc = _mm256_add_ps(acc, e);
+    acc = block8(out ? out + j : nullptr, low ? low + j : nullptr, x + j, _mm256_set1_ps(shift), acc);
     j += 8;
   }
   if (lanes) _mm256_storeu_ps(lanes, acc);
@@ -166,23 +159,20 @@ PB_AVX2 float row_max_avx2(const float* x, std::int64_t n) {
   return out;
 }
 
-bool have_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-
-bool have_avx512() {
-  static const bool yes = have_avx2() && __builtin_cpu_supports("avx512f");
-  return yes;
+// The widest body this CPU runs (kernels/adamw_types.h's levels: avx2 is AVX2 + FMA),
+// asked once.
+SimdLevel level() {
+  static const SimdLevel l = best_simd_level();
+  return l;
 }
 
 // The one loop behind the three entry points.
 float run(float* out, bf16* low, const float* x, std::int64_t n, float shift, bool want_sum) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t j = 0;
-  if (have_avx512()) {
+  if (level() == SimdLevel::avx512) {
     j = blocks_avx512(out, low, x, n, shift, want_sum ? lanes : nullptr);
-  } else if (have_avx2()) {
+  } else if (level() == SimdLevel::avx2) {
     // The vector lanes start at zero and add in element order: the scalar lanes' sums.
     j = blocks_avx2(out, low, x, n, shift, want_sum ? lanes : nullptr);
   } else {
@@ -195,7 +185,7 @@ float run(float* out, bf16* low, const float* x, std::int64_t n, float shift, bo
 
 }  // namespace
 
-float exp_f32(float t) { return have_avx2() ? exp_one_fma(t) : exp_one(t); }
+float exp_f32(float t) { return level() != SimdLevel::scalar ? exp_one_fma(t) : exp_one(t); }
 
 void exp_shift(float* x, std::int64_t n, float shift) { run(x, nullptr, x, n, shift, false); }
 
@@ -210,7 +200,7 @@ float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift) {
 float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, nullptr, x, n, shift, true); }
 
 float row_max(const float* x, std::int64_t n) {
-  if (have_avx2()) return row_max_avx2(x, n);
+  if (level() != SimdLevel::scalar) return row_max_avx2(x, n);
   float m = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
   return m;
