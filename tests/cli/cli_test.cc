@@ -39,7 +39,7 @@ TEST(Cli, InfoTimesBothPrecisionsAndNamesTheBf16Path) {
   EXPECT_EQ(g.at("bf16_path"), j.at("bf16_gemm_path"));
   EXPECT_GE(g.at("gemm_peak_flops_per_second").get<double>(), g.at("f32_flops_per_second").get<double>());
   const std::string path = j.at("bf16_gemm_path");
-  EXPECT_TRUE(path == "native" || path == "convert") << path;
+  EXPECT_TRUE(path == "amx" || path == "native" || path == "convert") << path;
   CliRun text = run("info --gemm-size 0");
   EXPECT_EQ(text.code, 0);
   EXPECT_NE(text.out.find("bf16 gemm: " + path), std::string::npos) << text.out;

@@ -73,6 +73,7 @@ void check_case(Bf16GemmPath path, const Case& c, std::mt19937& rng) {
 std::vector<Bf16GemmPath> runnable_paths() {
   std::vector<Bf16GemmPath> paths{Bf16GemmPath::convert};
   if (bf16_gemm_path_supported(Bf16GemmPath::native)) paths.push_back(Bf16GemmPath::native);
+  if (bf16_gemm_path_supported(Bf16GemmPath::amx)) paths.push_back(Bf16GemmPath::amx);
   return paths;
 }
 
@@ -119,15 +120,18 @@ TEST(GemmBf16, MatchesADoubleReferenceOnEveryTileEdge) {
 
 // A row of C does not depend on M, on which rows share a call, or on the thread count:
 // the product over all rows, on 1 thread and on 2, is bitwise the products over row
-// pieces (1, 11, 12 and the rest rows), written and added into, every transpose.
-TEST(GemmBf16, NativeRowsDoNotDependOnMOrThreads) {
+// pieces (1, 11, 12 and the rest rows), written and added into, every transpose; on the
+// native and amx paths (K past each one's K block).
+TEST(GemmBf16, TiledRowsDoNotDependOnMOrThreads) {
   if (!bf16_gemm_path_supported(Bf16GemmPath::native)) GTEST_SKIP() << "this CPU lacks AVX512-BF16";
   const int threads_before = blas_num_threads();
   std::mt19937 rng(29);
+  for (Bf16GemmPath path : runnable_paths()) {
+    if (path == Bf16GemmPath::convert) continue;
   for (const std::int64_t m : {40, 700})
     for (int t = 0; t < 4; ++t) {
       const bool ta = t / 2 == 1, tb = t % 2 == 1;
-      const std::int64_t n = 77, k = 391, lda = ta ? m : k, ldb = tb ? k : n;
+      const std::int64_t n = 77, k = path == Bf16GemmPath::amx ? 521 : 391, lda = ta ? m : k, ldb = tb ? k : n;
       const auto a = random_bf16(static_cast<std::size_t>(m * k), rng);
       const auto b = random_bf16(static_cast<std::size_t>(n * k), rng);
       std::vector<float> base(static_cast<std::size_t>(m * n));
@@ -142,7 +146,7 @@ TEST(GemmBf16, NativeRowsDoNotDependOnMOrThreads) {
                                                               : std::vector<std::int64_t>{0, m};
           for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
             const std::int64_t r0 = cuts[i], r1 = cuts[i + 1];
-            gemm_bf16(Bf16GemmPath::native, ta, tb, r1 - r0, n, k, 1.0f, a.data() + (ta ? r0 : r0 * lda), lda,
+            gemm_bf16(path, ta, tb, r1 - r0, n, k, 1.0f, a.data() + (ta ? r0 : r0 * lda), lda,
                       b.data(), ldb, beta, c.data() + r0 * n, n);
           }
           outs.push_back(c);
@@ -151,9 +155,11 @@ TEST(GemmBf16, NativeRowsDoNotDependOnMOrThreads) {
         for (std::size_t v = 1; v < outs.size(); ++v)
           for (std::size_t i = 0; i < outs[0].size(); ++i)
             ASSERT_EQ(std::memcmp(&outs[0][i], &outs[v][i], sizeof(float)), 0)
-                << "m " << m << " ta " << ta << " tb " << tb << " beta " << beta << " variant " << v << " at " << i << ": " << outs[0][i] << " vs " << outs[v][i];
+                << bf16_gemm_path_name(path) << " m " << m << " ta " << ta << " tb " << tb << " beta " << beta
+                << " variant " << v << " at " << i << ": " << outs[0][i] << " vs " << outs[v][i];
       }
     }
+  }
 }
 
 TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {
@@ -171,9 +177,25 @@ TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {
 TEST(GemmBf16, PathsAreNamedAndAMissingOneIsAClearError) {
   EXPECT_EQ(parse_bf16_gemm_path("native"), Bf16GemmPath::native);
   EXPECT_EQ(parse_bf16_gemm_path("convert"), Bf16GemmPath::convert);
+  EXPECT_EQ(parse_bf16_gemm_path("amx"), Bf16GemmPath::amx);
   EXPECT_THROW(parse_bf16_gemm_path("fast"), InvalidArgument);
   EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::convert));
-  EXPECT_EQ(best_bf16_gemm_path() == Bf16GemmPath::native, bf16_gemm_path_supported(Bf16GemmPath::native));
+  // amx needs what native needs and more; the best path is the first of amx, native, convert this CPU runs.
+  if (bf16_gemm_path_supported(Bf16GemmPath::amx)) EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::native));
+  const Bf16GemmPath best = bf16_gemm_path_supported(Bf16GemmPath::amx)      ? Bf16GemmPath::amx
+                            : bf16_gemm_path_supported(Bf16GemmPath::native) ? Bf16GemmPath::native
+                                                                              : Bf16GemmPath::convert;
+  EXPECT_EQ(best_bf16_gemm_path(), best);
+  if (!bf16_gemm_path_supported(Bf16GemmPath::amx)) {
+    std::vector<bf16> a(1, peakbound::to_bf16(1.0f));
+    std::vector<float> c(1);
+    try {
+      gemm_bf16(Bf16GemmPath::amx, false, false, 1, 1, 1, 1.0f, a.data(), 1, a.data(), 1, 0.0f, c.data(), 1);
+      ADD_FAILURE() << "amx ran on a CPU without it";
+    } catch (const Unavailable& e) {
+      EXPECT_NE(std::string(e.what()).find("'amx' needs AMX-BF16"), std::string::npos) << e.what();
+    }
+  }
   if (bf16_gemm_path_supported(Bf16GemmPath::native)) GTEST_SKIP() << "this CPU has AVX512-BF16";
   std::vector<bf16> a(1, peakbound::to_bf16(1.0f));
   std::vector<float> c(1);

@@ -41,7 +41,7 @@ TEST(Ops, GemmBf16RunsTheProcessPathAndRefusesABadOne) {
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = to_bf16(0.25f * static_cast<float>(i % 7) - 0.5f);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = to_bf16(0.125f * static_cast<float>(i % 5) + 0.1f);
   const std::string before = ops::bf16_gemm_path();
-  for (const char* path : {"convert", "native"}) {
+  for (const char* path : {"convert", "native", "amx"}) {
     if (!cpu::bf16_gemm_path_supported(cpu::parse_bf16_gemm_path(path))) {
       EXPECT_THROW(ops::set_bf16_gemm_path(path), Unavailable);
       continue;

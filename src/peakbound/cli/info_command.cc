@@ -90,16 +90,18 @@ Command add_info_command(CLI::App& root) {
                                      : "process_vm_readv refused: large messages move only inside MPI calls");
     const std::string path = ops::bf16_gemm_path();
     std::printf("  bf16 gemm: %s (%s)\n", path.c_str(),
-                path == "native" ? "AVX512-BF16 dot products" : "blocks widened to f32 for sgemm");
+                path == "amx"      ? "AMX tile products"
+                : path == "native" ? "AVX512-BF16 dot products"
+                                   : "blocks widened to f32 for sgemm");
     if (!rates.empty())
       std::printf("  gemm: %s; %s, %lld^3, median of %d\n", gemm_rates_line(rates).c_str(), f->device.c_str(),
                   static_cast<long long>(f->gemm_size), f->gemm_repeats);
-    if (!shapes.empty()) std::printf("  %-28s %5s %5s %5s  %8s %8s %8s GFLOP/s\n", "shape", "m", "n", "k", "f32",
-                                     "native", "convert");
+    if (!shapes.empty()) std::printf("  %-28s %5s %5s %5s  %8s %8s %8s %8s GFLOP/s\n", "shape", "m", "n", "k", "f32",
+                                     "amx", "native", "convert");
     for (const GemmShapeRate& r : shapes)
-      std::printf("  %-28s %5lld %5lld %5lld  %8.1f %8.1f %8.1f\n", r.shape.name.c_str(),
+      std::printf("  %-28s %5lld %5lld %5lld  %8.1f %8.1f %8.1f %8.1f\n", r.shape.name.c_str(),
                   static_cast<long long>(r.shape.m), static_cast<long long>(r.shape.n),
-                  static_cast<long long>(r.shape.k), r.f32 / 1e9, r.native / 1e9, r.convert / 1e9);
+                  static_cast<long long>(r.shape.k), r.f32 / 1e9, r.amx / 1e9, r.native / 1e9, r.convert / 1e9);
     return 0;
   };
   return c;

@@ -43,8 +43,8 @@ cpu::Bf16GemmPath checked_path(std::string_view name, std::string_view where) {
     throw InvalidArgument(std::string(where) + e.what());
   }
   if (!cpu::bf16_gemm_path_supported(p))
-    throw Unavailable(std::string(where) + "bf16 GEMM path '" + std::string(name) +
-                      "' needs AVX512-BF16, which this CPU lacks (use convert)");
+    throw Unavailable(std::string(where) + "bf16 GEMM path '" + std::string(name) + "' needs " +
+                      std::string(cpu::bf16_gemm_path_needs(p)) + ", which this CPU lacks (use convert)");
   return p;
 }
 

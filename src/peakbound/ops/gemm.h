@@ -30,10 +30,11 @@ void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, st
           float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc);
 
-// The CPU path of gemm_bf16 for this process: "native" (AVX512-BF16 dot products) or
-// "convert" (blocks widened to f32 for sgemm). Chosen on first use: the environment's
-// PEAKBOUND_BF16_GEMM when set (an unknown name, or native on a CPU without AVX512-BF16,
-// is a one-line error then), else native where the CPU has AVX512-BF16.
+// The CPU path of gemm_bf16 for this process: "amx" (AMX tile products), "native"
+// (AVX512-BF16 dot products) or "convert" (blocks widened to f32 for sgemm). Chosen on
+// first use: the environment's PEAKBOUND_BF16_GEMM when set (an unknown name, or a path
+// this CPU cannot run, is a one-line error then), else amx where the CPU has AMX-BF16 and
+// the kernel lets the process use it, else native where the CPU has AVX512-BF16.
 std::string bf16_gemm_path();
 // Sets it: InvalidArgument for an unknown name, Unavailable for one this CPU cannot run.
 void set_bf16_gemm_path(std::string_view name);

@@ -124,8 +124,10 @@ std::vector<GemmShapeRate> measure_gemm_shape_rates(std::string_view device_kind
     // native first, after OpenBLAS's spinning workers (see measure_gemm_rates) have slept.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     try {
-      // native where the process runs it (as measure_gemm_rates: the op layer chose it).
-      if (dev->backend() == Backend::cpu && before == "native") r.native = bf16_rate("native");
+      // The tiled paths where the process runs one (as measure_gemm_rates: the op layer
+      // chose it): amx and native where it runs amx, native where it runs native.
+      if (dev->backend() == Backend::cpu && before == "amx") r.amx = bf16_rate("amx");
+      if (dev->backend() == Backend::cpu && (before == "amx" || before == "native")) r.native = bf16_rate("native");
       r.convert = bf16_rate("convert");
     } catch (...) {
       ops::set_bf16_gemm_path(before);
@@ -145,7 +147,8 @@ nlohmann::json gemm_shape_rates_json(const std::vector<GemmShapeRate>& rates) {
   for (const GemmShapeRate& r : rates)
     j.push_back({{"name", r.shape.name}, {"trans_a", r.shape.trans_a}, {"trans_b", r.shape.trans_b},
                  {"m", r.shape.m}, {"n", r.shape.n}, {"k", r.shape.k}, {"f32_flops_per_second", r.f32},
-                 {"native_flops_per_second", r.native}, {"convert_flops_per_second", r.convert}});
+                 {"native_flops_per_second", r.native}, {"convert_flops_per_second", r.convert},
+                 {"amx_flops_per_second", r.amx}});
   return j;
 }
 
@@ -194,10 +197,15 @@ std::vector<GemmRate> measure_gemm_rates(std::string_view device_kind, std::int6
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const std::string path = ops::bf16_gemm_path();
   out.push_back(bf16_rate(path));
-  if (path == "native") {
-    ops::set_bf16_gemm_path("convert");
+  // The CPU paths after the process's own: native and convert where it runs amx, convert
+  // where it runs native.
+  const std::vector<const char*> others = path == "amx"      ? std::vector<const char*>{"native", "convert"}
+                                          : path == "native" ? std::vector<const char*>{"convert"}
+                                                             : std::vector<const char*>{};
+  for (const char* other : others) {
+    ops::set_bf16_gemm_path(other);
     try {
-      out.push_back(bf16_rate("convert"));
+      out.push_back(bf16_rate(other));
     } catch (...) {
       ops::set_bf16_gemm_path(path);
       throw;

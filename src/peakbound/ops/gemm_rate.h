@@ -4,8 +4,9 @@
 // rates the mixed-precision speedup and the model FLOP utilisation are judged against:
 //   f32           ops::gemm (OpenBLAS sgemm on the CPU device)
 //   bf16          ops::gemm_bf16 on the process's path (ops::bf16_gemm_path())
-//   bf16 convert  the same with the convert path, measured too where the process's path
-//                 is native, so both CPU paths are seen side by side on one machine
+//   bf16 others   the same on the other CPU paths, measured too where the process's path
+//                 is amx (native, convert) or native (convert), so the paths are seen side
+//                 by side on one machine
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ namespace peakbound {
 
 struct GemmRate {
   std::string precision;  // "f32", "bf16"
-  std::string path;       // "openblas sgemm", "native", "convert", "cublas"
+  std::string path;       // "openblas sgemm", "amx", "native", "convert", "cublas"
   double flops_per_second = 0;  // the median run
   double min_flops_per_second = 0, max_flops_per_second = 0;
 };
@@ -46,15 +47,15 @@ struct GemmShape {
 std::vector<GemmShape> trainer_gemm_shapes();
 
 // Median flop rates of one shape: f32 (ops::gemm) and bf16 on each runnable CPU path
-// (native is 0 where the CPU lacks AVX512-BF16). Each timed run repeats the product
+// (amx is 0 where the process does not run amx, native 0 where the CPU lacks AVX512-BF16). Each timed run repeats the product
 // until about 5 ms have passed; `repeats` runs per path, the median kept.
 struct GemmShapeRate {
   GemmShape shape;
-  double f32 = 0, native = 0, convert = 0;
+  double f32 = 0, native = 0, convert = 0, amx = 0;
 };
 std::vector<GemmShapeRate> measure_gemm_shape_rates(std::string_view device_kind, const std::vector<GemmShape>& shapes,
                                                     int repeats);
-// [{name, trans_a, trans_b, m, n, k, f32_flops_per_second, native_..., convert_...}]
+// [{name, trans_a, trans_b, m, n, k, f32_flops_per_second, native_..., convert_..., amx_...}]
 nlohmann::json gemm_shape_rates_json(const std::vector<GemmShapeRate>& rates);
 
 }  // namespace peakbound

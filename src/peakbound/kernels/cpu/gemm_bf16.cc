@@ -23,7 +23,13 @@
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/gemm.h"
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #define PB_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define PB_AMX_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16")))
 
 namespace peakbound::cpu {
 
@@ -356,6 +362,197 @@ void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
   }
 }
 
+// amx path: the product in 16 x 16 fp32 tiles of the CPU's tile registers, TDPBF16PS
+// adding a 16 x 32 bf16 A tile times a 16-pair x 16-column B tile into each. Blocks: K
+// kAmxKc (an A row of a block is kAmxKc / 2 u32; B strips are the native path's, their
+// pairs padded with zeros to a multiple of 16), kAmxMc rows, the native kNc columns.
+constexpr std::int64_t kAmxKc = 512, kAmxMc = 128;
+
+std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// 16 u32 pairs (lo[i], hi[i]) for i < w (w <= 16), zero past w; hi null: zero high halves.
+PB_AVX512_BF16 inline __m512i pairs16(const bf16* lo, const bf16* hi, std::int64_t w) {
+  static const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                              38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __mmask32 m = static_cast<__mmask32>(w >= 16 ? 0xFFFF : (1u << w) - 1);
+  const __m512i l = _mm512_maskz_loadu_epi16(m, lo);
+  const __m512i h = hi ? _mm512_maskz_loadu_epi16(m, hi) : _mm512_setzero_si512();
+  return _mm512_permutex2var_epi16(l, idx, h);
+}
+
+// Rows [i0, i0 + mc) of op(A) over depth [k0, k0 + kc) as the A tiles read them: row r at
+// out + r * ldp (ldp u32 = 2 ldp bf16, a multiple of 16 pairs), its K pairs contiguous,
+// zero past kc and in rows [mc, round_up(mc, 16)). A row-major A is copied row by row; a
+// transposed one is interleaved two depths at a time (16 rows x 16 pairs in registers)
+// and transposed in registers.
+PB_AVX512_BF16 void pack_a_amx(const Operand& a, std::int64_t i0, std::int64_t mc, std::int64_t k0, std::int64_t kc,
+                               std::int64_t ldp, std::uint32_t* out) {
+  const std::int64_t rows = round_up(mc, 16), pairs = (kc + 1) / 2;
+  if (!a.trans) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      auto* row = reinterpret_cast<bf16*>(out + r * ldp);
+      const std::int64_t n = r < mc ? kc : 0;
+      if (n > 0) std::memcpy(row, a.p + (i0 + r) * a.ld + k0, static_cast<std::size_t>(n) * sizeof(bf16));
+      std::fill(row + n, row + 2 * ldp, bf16{});
+    }
+    return;
+  }
+  for (std::int64_t r0 = 0; r0 < mc; r0 += 16) {  // rows is mc rounded up: r0 < mc covers them
+    const std::int64_t w = std::min<std::int64_t>(16, mc - r0);
+    for (std::int64_t p0 = 0; p0 < ldp; p0 += 16) {
+      __m512i reg[16];
+      for (std::int64_t q = 0; q < 16; ++q) {
+        const std::int64_t p = p0 + q;
+        if (p >= pairs) {
+          reg[q] = _mm512_setzero_si512();
+          continue;
+        }
+        const bf16* lo = a.p + (k0 + 2 * p) * a.ld + i0 + r0;
+        reg[q] = pairs16(lo, 2 * p + 1 < kc ? lo + a.ld : nullptr, w);
+      }
+      transpose16(reg);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(out + (r0 + i) * ldp + p0, reg[i]);
+    }
+  }
+}
+
+// The tile configuration every AMX call uses: palette 1, tiles 0-7 of 16 rows x 64 bytes
+// (C tiles 0-3: 16 x 16 fp32; A tiles 4-5: 16 rows x 32 bf16; B tiles 6-7: 16 pairs x 16
+// columns). A thread loads it before its first product; the kernel keeps it across
+// context switches, and nothing else in the process configures tiles.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+PB_AMX_BF16 void configure_tiles() {
+  thread_local bool configured = false;
+  if (configured) return;
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+  configured = true;
+}
+
+// C[rows, cols] (rows <= 16 MT, cols <= kNr) updated with alpha times the packed A rows
+// (ldp u32 apart, MT tiles of 16) times the packed B strip over `steps` 16-pair steps.
+// Every element is the same tile arithmetic whatever rows and cols are (the padding is
+// zeros), so a row of C does not depend on M or on which rows share a tile.
+template <int MT>
+PB_AMX_BF16 void tile_amx(std::int64_t steps, const std::uint32_t* ap, std::int64_t ldp, const std::uint32_t* bp,
+                          std::int64_t rows, std::int64_t cols, float* c, std::int64_t ldc, float alpha, float beta,
+                          Update update) {
+  alignas(64) float acc[32][32];
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (MT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const std::int64_t astride = ldp * 4;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const std::uint32_t* b = bp + s * 16 * kNr;
+    _tile_loadd(4, ap + s * 16, astride);
+    _tile_loadd(6, b, kNr * 4);
+    _tile_loadd(7, b + 16, kNr * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) {
+      _tile_loadd(5, ap + 16 * ldp + s * 16, astride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, &acc[0][0], 128);
+  _tile_stored(1, &acc[0][16], 128);
+  if constexpr (MT == 2) {
+    _tile_stored(2, &acc[16][0], 128);
+    _tile_stored(3, &acc[16][16], 128);
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const __mmask16 mask[2] = {static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1),
+                             static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0)};
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* row = c + r * ldc;
+    for (int h = 0; h < 2; ++h) {
+      __m512 v = _mm512_mul_ps(va, _mm512_load_ps(&acc[r][16 * h]));
+      if (update == Update::scale_add) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[h], row + 16 * h), v);
+      if (update == Update::add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[h], row + 16 * h), v);
+      _mm512_mask_storeu_ps(row + 16 * h, mask[h], v);
+    }
+  }
+}
+
+// Rows [0, mc) of a packed A block (ldp u32 a row) against a packed B strip: 32 rows at a
+// time, the last 16 or fewer with one A tile.
+PB_AMX_BF16 void run_rows_amx(const std::uint32_t* abuf, std::int64_t ldp, std::int64_t mc, const std::uint32_t* bp,
+                              std::int64_t steps, float* c, std::int64_t ldc, std::int64_t cols, float alpha,
+                              float beta, Update update) {
+  configure_tiles();
+  std::int64_t s = 0;
+  for (; s + 16 < mc; s += 32)
+    tile_amx<2>(steps, abuf + s * ldp, ldp, bp, std::min<std::int64_t>(32, mc - s), cols, c + s * ldc, ldc, alpha,
+                beta, update);
+  if (s < mc) tile_amx<1>(steps, abuf + s * ldp, ldp, bp, mc - s, cols, c + s * ldc, ldc, alpha, beta, update);
+}
+
+void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
+              std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  const Operand A{a, lda, ta}, B{b, ldb, tb};
+  const Operand bt{B.p, B.ld, !B.trans};  // B^T: bt.at(j, k) == B.at(k, j)
+  const bool parallel = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= kParallelMacs;
+  const std::int64_t threads = std::max(1, blas_num_threads());
+  thread_local std::vector<std::uint32_t> bbuf;
+  bbuf.resize(static_cast<std::size_t>(kNc * kAmxKc / 2));
+  for (std::int64_t jc = 0; jc < n; jc += kNc) {
+    const std::int64_t nc = std::min(kNc, n - jc);
+    const std::int64_t strips = (nc + kNr - 1) / kNr;
+    for (std::int64_t pc = 0; pc < k; pc += kAmxKc) {
+      const std::int64_t kc = std::min(kAmxKc, k - pc), pairs = (kc + 1) / 2, ldp = round_up(pairs, 16);
+      const Update update = pc > 0 ? Update::add : beta == 0.0f ? Update::write : Update::scale_add;
+      std::uint32_t* bpacked = bbuf.data();
+      run_tasks(strips, parallel, [&, bpacked](std::int64_t t) {
+        std::uint32_t* out = bpacked + t * ldp * kNr;
+        pack_strip<kNr>(bt, jc + t * kNr, nc - t * kNr, pc, kc, out);
+        std::memset(out + pairs * kNr, 0, static_cast<std::size_t>((ldp - pairs) * kNr) * sizeof(std::uint32_t));
+      });
+      const std::int64_t row_blocks = (m + kAmxMc - 1) / kAmxMc;
+      const std::int64_t want_groups = parallel ? (2 * threads + row_blocks - 1) / row_blocks : 1;
+      const std::int64_t per_group = (strips + std::min(strips, want_groups) - 1) / std::min(strips, want_groups);
+      const std::int64_t groups = (strips + per_group - 1) / per_group;
+      run_tasks(row_blocks * groups, parallel, [&](std::int64_t task) {
+        thread_local std::vector<std::uint32_t> abuf;
+        const std::int64_t ic = task / groups * kAmxMc, mc = std::min(kAmxMc, m - ic);
+        abuf.resize(static_cast<std::size_t>(kAmxMc * kAmxKc / 2));
+        pack_a_amx(A, ic, mc, pc, kc, ldp, abuf.data());
+        const std::int64_t t_end = std::min(strips, (task % groups + 1) * per_group);
+        for (std::int64_t t = task % groups * per_group; t < t_end; ++t)
+          run_rows_amx(abuf.data(), ldp, mc, bpacked + t * ldp * kNr, ldp / 16, c + ic * ldc + jc + t * kNr, ldc,
+                       std::min(kNr, nc - t * kNr), alpha, beta, update);
+      });
+    }
+  }
+}
+
+// Linux gives a process the tile registers' state only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA); the answer is the process's for good.
+bool amx_permitted() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 // rows x cols of bf16 (row stride ld) widened into a dense f32 [rows, cols].
 void widen(const bf16* in, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* out) {
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -393,22 +590,42 @@ void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
 
 }  // namespace
 
-std::string_view bf16_gemm_path_name(Bf16GemmPath p) { return p == Bf16GemmPath::native ? "native" : "convert"; }
+std::string_view bf16_gemm_path_name(Bf16GemmPath p) {
+  switch (p) {
+    case Bf16GemmPath::amx: return "amx";
+    case Bf16GemmPath::native: return "native";
+    case Bf16GemmPath::convert: break;
+  }
+  return "convert";
+}
 
 Bf16GemmPath parse_bf16_gemm_path(std::string_view name) {
-  for (Bf16GemmPath p : {Bf16GemmPath::native, Bf16GemmPath::convert})
+  for (Bf16GemmPath p : {Bf16GemmPath::amx, Bf16GemmPath::native, Bf16GemmPath::convert})
     if (name == bf16_gemm_path_name(p)) return p;
-  throw InvalidArgument("unknown bf16 GEMM path '" + std::string(name) + "' (use native or convert)");
+  throw InvalidArgument("unknown bf16 GEMM path '" + std::string(name) + "' (use amx, native or convert)");
 }
 
 bool bf16_gemm_path_supported(Bf16GemmPath p) {
   if (p == Bf16GemmPath::convert) return true;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
+  const bool avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512bf16");
+  if (p == Bf16GemmPath::native) return avx512_bf16;
+  return avx512_bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_permitted();
+}
+
+std::string_view bf16_gemm_path_needs(Bf16GemmPath p) {
+  switch (p) {
+    case Bf16GemmPath::amx: return "AMX-BF16 (and the kernel's leave to use the tile registers)";
+    case Bf16GemmPath::native: return "AVX512-BF16";
+    case Bf16GemmPath::convert: break;
+  }
+  return "nothing";
 }
 
 Bf16GemmPath best_bf16_gemm_path() {
-  return bf16_gemm_path_supported(Bf16GemmPath::native) ? Bf16GemmPath::native : Bf16GemmPath::convert;
+  for (Bf16GemmPath p : {Bf16GemmPath::amx, Bf16GemmPath::native})
+    if (bf16_gemm_path_supported(p)) return p;
+  return Bf16GemmPath::convert;
 }
 
 void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -421,8 +638,10 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, std::int64_t m, st
   PB_CHECK_MSG(lda >= (trans_a ? m : k), "lda too small");
   PB_CHECK_MSG(ldb >= (trans_b ? k : n), "ldb too small");
   if (!bf16_gemm_path_supported(path))
-    throw Unavailable("bf16 GEMM path 'native' needs AVX512-BF16, which this CPU lacks (use 'convert')");
-  if (path == Bf16GemmPath::native) gemm_native(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    throw Unavailable("bf16 GEMM path '" + std::string(bf16_gemm_path_name(path)) + "' needs " +
+                      std::string(bf16_gemm_path_needs(path)) + ", which this CPU lacks (use 'convert')");
+  if (path == Bf16GemmPath::amx) gemm_amx(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else if (path == Bf16GemmPath::native) gemm_native(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else gemm_convert(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -5,7 +5,19 @@
 // are row strides. beta = 0 writes C without reading it (NaN in C does not leak in);
 // K = 0 gives C = beta * C.
 //
-// Two paths, chosen at run time (best_bf16_gemm_path):
+// Three paths, chosen at run time (best_bf16_gemm_path):
+//   amx      where the CPU has AMX-BF16 (Intel Sapphire Rapids and later) and Linux lets
+//            the process use the tile registers (arch_prctl ARCH_REQ_XCOMP_PERM, asked
+//            once): the native path's blocking with TDPBF16PS as the product, each 32 x 32
+//            block of C in four 16 x 16 fp32 tiles, a step adding a 16-row x 32-deep A tile
+//            times a 16-pair x 16-column B tile into each. B strips are the native path's
+//            (32 columns of K pairs: a B tile is 16 pairs of one half, 128 bytes apart),
+//            their pairs padded with zeros to a multiple of 16; A blocks are packed as rows
+//            of K (copied, or from a transposed A interleaved in pairs and transposed 16 x 16
+//            in registers), zero past K and past the last row to a multiple of 16. Blocks:
+//            K 512, M 128, N 1024. The tiles are summed into C once per K block, through a
+//            32 x 32 scratch. On a 2-core Sapphire Rapids Xeon: ~1 TFLOP/s at 2048^3 on 2
+//            threads, 5x the native path there, 2-4x on the trainer's small products.
 //   native   where the CPU has AVX512-BF16: a Goto/BLIS-style blocked GEMM whose inner
 //            kernel is VDPBF16PS (a 12x32 tile of fp32 accumulators, each instruction
 //            adding two bf16 products per lane). Operands are packed in K pairs:
@@ -22,7 +34,9 @@
 //            parallel call over column strips, each task packing its own B strip.
 //            Every element of C is the same fp32 arithmetic on every route (the pair
 //            order and the 384-deep K blocks are fixed), so a row of C does not depend
-//            on M, on which rows share a call, or on the thread count (tested bitwise).
+//            on M, on which rows share a call, or on the thread count (tested bitwise;
+//            the amx path keeps the same property with its own 512-deep blocks: padding
+//            adds only zero products).
 //   convert  elsewhere (AVX2-only CPUs): each block of A and B is widened to f32 in its
 //            stored orientation and multiplied by OpenBLAS's sgemm; the widening costs
 //            O(MK + KN) per block against O(MNK) for the product (0.90-0.95x sgemm's
@@ -30,18 +44,19 @@
 // Debian 12's OpenBLAS (0.3.21) is built without BUILD_BFLOAT16: its header declares
 // cblas_sbgemm but the library does not export it, so the native path is this file's.
 //
-// Numerics: both paths accumulate in fp32. The native path's VDPBF16PS treats bf16
-// denormal inputs as zero and flushes denormal results (the instruction ignores MXCSR),
-// and sums each pair before adding it to the accumulator; products of bf16 values are
-// exact in fp32, so the only rounding is the fp32 sums, as in sgemm but in a different
-// order. Results of the two paths differ by fp32 rounding: |C - ref| <= ~K * 2^-24 *
-// sum|a||b|, which the tests check against a double reference.
+// Numerics: every path accumulates in fp32. The native path's VDPBF16PS and the amx
+// path's TDPBF16PS treat bf16 denormal inputs as zero and flush denormal results (the
+// instructions ignore MXCSR); products of bf16 values are exact in fp32, so the only
+// rounding is the fp32 sums, as in sgemm but each path in its own order. Results of the
+// paths differ by fp32 rounding: |C - ref| <= ~K * 2^-24 * sum|a||b|, which the tests
+// check against a double reference on every path the CPU runs.
 //
 // Threads: the product runs on an internal pool of ops::blas_num_threads() threads (the
 // caller counts), the same cores OpenBLAS's own threads use for the f32 GEMM; the pool
 // follows set_blas_threads. Workspace: the packed (or widened) blocks are fixed-size
 // per-thread buffers, like OpenBLAS's own pack buffers, and do not grow with the
-// problem: native 0.8 MiB on the calling thread and 72 KiB on each worker; convert 6 MiB
+// problem: native 0.8 MiB on the calling thread and 72 KiB on each worker; amx 1 MiB on
+// the calling thread and 128 KiB on each worker; convert 6 MiB
 // on the calling thread (A blocks of 1024 x 512 and B blocks of 512 x 2048 in f32: with
 // 256 x 256 x 1024 blocks sgemm ran at 0.73x its own rate on 2 threads, the repacking
 // of many small calls; with these 0.93x).
@@ -54,14 +69,18 @@
 
 namespace peakbound::cpu {
 
-enum class Bf16GemmPath : std::uint8_t { native, convert };
+enum class Bf16GemmPath : std::uint8_t { native, convert, amx };
 
-// "native", "convert"; parse throws InvalidArgument naming the choices.
+// "amx", "native", "convert"; parse throws InvalidArgument naming the choices.
 std::string_view bf16_gemm_path_name(Bf16GemmPath p);
 Bf16GemmPath parse_bf16_gemm_path(std::string_view name);
-// native needs AVX512-F, -BW and -BF16 (__builtin_cpu_supports); convert runs anywhere.
+// native needs AVX512-F, -BW and -BF16 (__builtin_cpu_supports); amx needs those, AMX-TILE
+// and AMX-BF16, and Linux's leave to use the tile registers (asked once per process);
+// convert runs anywhere.
 bool bf16_gemm_path_supported(Bf16GemmPath p);
-// native where supported, else convert.
+// What a path needs, for an error naming it ("AVX512-BF16", ...).
+std::string_view bf16_gemm_path_needs(Bf16GemmPath p);
+// amx where supported, else native where supported, else convert.
 Bf16GemmPath best_bf16_gemm_path();
 
 // Throws Unavailable for a path this CPU cannot run, InternalError for bad dimensions.
