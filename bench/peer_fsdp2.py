@@ -8,6 +8,14 @@ fp32 parameters, sdpa attention. Each decoder layer gets non-reentrant activatio
 the ranks (gloo; for GPUs see "On a GPU" below); the root model is fully_shard-ed last. AdamW
 (lr 2e-3, betas (0.9, 0.95), weight decay 0), grad-norm clip 1.0.
 
+Precision (--precision): f32 (the default) computes in fp32 throughout. bf16 is FSDP2's own
+mixed precision, as peakbound's bf16 is: every fully_shard gets
+mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32), so the
+sharded parameters, their gradients and AdamW's state stay fp32 while the all-gathered
+parameters, the forward and the backward are bf16 and gradients are reduce-scattered in fp32
+(on the CPU torch's bf16 matmuls are oneDNN's, AMX where the CPU has it). The output's
+"precision" says which; `peakbound bench reach --peer-json` refuses a peer of the other precision.
+
 Data: each rank trains on its own sequence of S token ids drawn uniformly from the vocabulary
 (torch.Generator seeded 1234 + 7919 * rank + S); labels = the ids (transformers shifts them):
 loss = mean cross-entropy over the S-1 targets + 0.01 * router aux loss, as transformers
@@ -71,6 +79,7 @@ Output: one JSON line on stdout from rank 0 (logs go to stderr):
    "experts_implementation", "data", "model_params", "contexts_multiple_of", "wall_seconds",
    "device" ("cpu" or "cuda"), "device_name", "cpu_offload", "backend", "trial_warmup_steps",
    "float32_matmul_precision" (torch's default "highest": fp32 GEMMs without TF32),
+   "precision" ("f32" or "bf16", --precision),
    "search_stopped" (null, or why the search stopped early); on cuda each trial also
    has "host_added_peak_bytes" and the top level "host_memory_method"}
   Search mode (--budget without --contexts): contexts double from --start until a step's added
@@ -292,6 +301,10 @@ def build(args, torch, dist):
             "differently, so the model is not peakbound's")
     mesh = init_device_mesh(args.device, (dist.get_world_size(),))
     shard_kw = {"mesh": mesh}
+    if args.precision == "bf16":
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        shard_kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                     reduce_dtype=torch.float32)
     if args.cpu_offload:
         from torch.distributed.fsdp import CPUOffloadPolicy
         shard_kw["offload_policy"] = CPUOffloadPolicy()
@@ -377,6 +390,9 @@ def main():
     ap.add_argument("--time-limit", type=float, default=0,
                     help="seconds since start after which no new trial starts (the reach found "
                          "so far is reported, \"search_stopped\" says so); 0 = none")
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                    help="f32, or bf16: FSDP2's MixedPrecisionPolicy (bf16 compute, fp32 "
+                         "parameters, gradients reduced in fp32)")
     ap.add_argument("--malloc", choices=["mmap", "default"], default=None,
                     help="mmap: mallopt(M_MMAP_THRESHOLD, 128 KiB), so freed tensors leave the "
                          "resident set (the default on cpu); default: glibc's dynamic threshold "
@@ -609,6 +625,7 @@ def main():
             "device": args.device, "device_name": device_name, "cpu_offload": args.cpu_offload,
             "backend": backend, "trial_warmup_steps": trial_warmup,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "precision": args.precision,
             "search_stopped": stopped[0] if stopped else None,
             **({"host_memory_method": host_meter.method} if cuda else {}),
         }), flush=True)

@@ -84,6 +84,16 @@ TEST(BenchValidationCli, PeerJsonWithoutTheFieldsItNeedsIsRefusedBeforeAnyJob) {
   const std::string none = write_file("peer_none.json", "not json\n");
   expect_one_line_error(run_cli(kOneJob + "--budget 1GiB --peer-json " + none, 60), "no JSON line");
   expect_one_line_error(run_cli(kOneJob + "--budget 1GiB --peer-json " + ::testing::TempDir(), 60), "folder");
+  // A peer of the other precision (an output without "precision" was an fp32 run).
+  const std::string bf16 = write_file(
+      "peer_bf16.json", "{\"reach_tokens\": 832, \"tokens_per_second_at_reach\": 1.5, \"precision\": \"bf16\"}\n");
+  const std::string old = write_file("peer_old.json", "{\"reach_tokens\": 704, \"tokens_per_second_at_reach\": 1.5}\n");
+  for (const auto& [peer, flags] : {std::pair{bf16, std::string(" --precision f32")}, std::pair{old, std::string()}}) {
+    const CliRun mixed = run_cli(kOneJob + "--budget 1GiB --peer-json " + peer + flags, 60);
+    expect_one_line_error(mixed, "--precision");
+    EXPECT_NE(mixed.err.find("run of bench/peer_fsdp2.py"), std::string::npos) << mixed.err;
+    EXPECT_EQ(mixed.err.find("context"), std::string::npos) << "a job ran first: " << mixed.err;
+  }
 }
 
 TEST(BenchValidationCli, TimelineDirThatIsAFileIsRefusedBeforeAnyJob) {

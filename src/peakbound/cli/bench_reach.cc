@@ -181,8 +181,9 @@ nlohmann::json trial_json(const Trial& t) {
 }
 
 // The last JSON line of bench/peer_fsdp2.py's output, with the fields the comparison reads
-// (each a number, or null when nothing fitted); InvalidArgument naming the file otherwise.
-nlohmann::json read_peer_json(const std::string& path) {
+// (each a number, or null when nothing fitted) and run at `precision` (its "precision";
+// outputs without one were fp32 runs); InvalidArgument naming the file otherwise.
+nlohmann::json read_peer_json(const std::string& path, const std::string& precision) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     throw InvalidArgument("--peer-json: '" + path + "' is a folder, not bench/peer_fsdp2.py's output file");
@@ -206,6 +207,12 @@ nlohmann::json read_peer_json(const std::string& path) {
       throw InvalidArgument("--peer-json: '" + path + "': \"" + key + "\" is " + peer[key].dump() +
                             ", not a non-negative number or null");
   }
+  const nlohmann::json p = peer.value("precision", nlohmann::json("f32"));
+  if (!p.is_string() || p.get<std::string>() != precision)
+    throw InvalidArgument("--peer-json: '" + path + "' is a " + (p.is_string() ? p.get<std::string>() : p.dump()) +
+                          " run of bench/peer_fsdp2.py and this bench runs " + precision + " (run the peer with " +
+                          "--precision " + precision + ", or this bench with --precision " +
+                          (p.is_string() ? p.get<std::string>() : std::string("f32")) + ")");
   return peer;
 }
 
@@ -436,7 +443,7 @@ class Reach {
   // --peer-json: the scheduled reach beside PyTorch FSDP2's, and the scheduled throughput at
   // FSDP2's reach (one more job) beside its.
   void compare_with_peer() {
-    const nlohmann::json peer = read_peer_json(f_.peer_json);  // checked by validate() already
+    const nlohmann::json peer = read_peer_json(f_.peer_json, f_.precision);  // checked by validate() already
     out_["torch_fsdp2"] = peer;
     // A field the peer left null (nothing fitted) reads as 0.
     auto number = [&](const char* key) {
@@ -545,7 +552,7 @@ Command add_reach(CLI::App& parent) {
     const ModelConfig model = load_model_spec(f->model);
     check_trainable(model);
     const ParallelLayout layout = resolve_layout(f->ep, f->vocab_group, cp, model, f->ranks);
-    if (!f->peer_json.empty()) (void)read_peer_json(f->peer_json);
+    if (!f->peer_json.empty()) (void)read_peer_json(f->peer_json, f->precision);
     if (!f->timeline_dir.empty()) check_timeline_dir(f->timeline_dir);
     if (f->ranks > 1) bench::require_program(f->mpirun, "--mpirun");
     // The smallest context the search tries is at least --multiple: below every
