@@ -2,7 +2,11 @@
 // trial consistent with the reach it reports (what fitted is at most the reach, what was
 // refused is beyond it), all four reaching at least the baseline's context, the refusal named,
 // and the plan beside the measured peak (and, with --keep-attention, the scheduled job keeping
-// the attention: the same losses); bad flags and a launch under mpirun are one-line errors.
+// the attention: the same losses; with --peer-json, the scheduled job at the peer's reach,
+// once as the search runs it and once training the peer's sequences a step); bad flags and a
+// launch under mpirun are one-line errors.
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/run_cli.h"
@@ -18,9 +22,13 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
   GTEST_SKIP() << "about 20 training jobs: too slow under the sanitizers (the release suite runs it)";
 #endif
   if (!testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  // A peer (bench/peer_fsdp2.py's fields) that reached 256 tokens on 2 ranks, one sequence each.
+  const std::string peer = ::testing::TempDir() + "bench_reach_peer.json";
+  std::ofstream(peer) << R"({"reach_tokens": 256, "tokens_per_second_at_reach": 100.0, "ranks": 2, "precision": "f32"})"
+                      << "\n";
   const CliRun r = testing::run_cli(
       "bench reach --precision f32 --ranks 2 --cp 2 --budget 290MiB --configs none,all --start 256 --multiple 128 "
-      "--max-context 1024 --trial-steps 2 --resolution 0.25 --keep-attention --json",
+      "--max-context 1024 --trial-steps 2 --resolution 0.25 --keep-attention --json --peer-json " + peer,
       600);
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -69,6 +77,19 @@ TEST(CliBenchReach, TwoRanksBaselineAndAllFourAsJson) {
   const nlohmann::json& total = j.at("plan_vs_measured").at("total");
   EXPECT_EQ(total.at("measured_bytes"), j["configs"]["scheduled"].at("peak_bytes"));
   EXPECT_GE(total.at("planned_bytes").get<std::int64_t>(), total.at("measured_bytes").get<std::int64_t>());
+  // The peer: the reach ratio, the scheduled job at 256 tokens as the search runs it (one
+  // sequence over the cp group of 2), and with the peer's 2 sequences a step (--batch 2).
+  EXPECT_DOUBLE_EQ(j.at("reach_ratio_vs_torch_fsdp2").get<double>(), double(sched) / 256.0);
+  const nlohmann::json& one = j.at("throughput_vs_torch_fsdp2");
+  EXPECT_EQ(one.at("context").get<double>(), 256.0);
+  EXPECT_DOUBLE_EQ(j.at("throughput_ratio_vs_torch_fsdp2").get<double>(),
+                   one.at("scheduled_tokens_per_second").get<double>() / 100.0);
+  const nlohmann::json& same = j.at("throughput_vs_torch_fsdp2_same_batch");
+  EXPECT_EQ(same.at("batch").get<std::int64_t>(), 2);
+  EXPECT_EQ(same.at("sequences_per_step").get<std::int64_t>(), 2);
+  EXPECT_GT(same.at("scheduled_tokens_per_second").get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j.at("throughput_ratio_vs_torch_fsdp2_same_batch").get<double>(),
+                   same.at("scheduled_tokens_per_second").get<double>() / 100.0);
 }
 
 TEST(CliBenchReach, BadFlagsAreOneLineErrors) {

@@ -127,10 +127,12 @@ class Runner {
 
   // One job of `steps` steps at `context` under `schedules`; a refusal by the arena is
   // "does not fit", any other failure ends the benchmark with the job's error.
+  // `batch` sequences per data-parallel group (the search's jobs train one).
   Trial run(const std::string& schedules, std::int64_t context, int steps, const std::string& timeline = "",
-            bool keep_attention = false) {
+            bool keep_attention = false, std::int64_t batch = 1) {
     std::vector<std::string> argv = bench::mpirun_argv(f_.mpirun, f_.ranks);
-    argv.insert(argv.end(), {exe_, "train", "--model", f_.model, "--seq-len", std::to_string(context), "--batch", "1",
+    argv.insert(argv.end(), {exe_, "train", "--model", f_.model, "--seq-len", std::to_string(context), "--batch",
+                             std::to_string(batch),
                              "--steps", std::to_string(steps), "--cp", std::to_string(cp()), "--ep",
                              std::to_string(f_.ep), "--vocab-group", std::to_string(f_.vocab_group), "--schedules",
                              schedules, "--device-memory", std::to_string(budget_), "--no-plan-check",
@@ -441,7 +443,9 @@ class Reach {
   }
 
   // --peer-json: the scheduled reach beside PyTorch FSDP2's, and the scheduled throughput at
-  // FSDP2's reach (one more job) beside its.
+  // FSDP2's reach beside its: one job as the search runs them (one sequence a cp group), and
+  // one that trains as many sequences a step as FSDP2 did (one a rank: --batch the peer's
+  // ranks over this layout's data-parallel groups), so that both do the same work a step.
   void compare_with_peer() {
     const nlohmann::json peer = read_peer_json(f_.peer_json, f_.precision);  // checked by validate() already
     out_["torch_fsdp2"] = peer;
@@ -460,6 +464,23 @@ class Reach {
                                          {"scheduled_tokens_per_second", tokens_per_second(s.summary, 1)},
                                          {"torch_tokens_per_second", peer_tps}};
     out_["throughput_ratio_vs_torch_fsdp2"] = tokens_per_second(s.summary, 1) / peer_tps;
+    const std::int64_t peer_sequences = static_cast<std::int64_t>(number("ranks"));
+    const std::int64_t dp = f_.ranks / runner_.cp();
+    if (peer_sequences <= 0 || peer_sequences % dp != 0) return;
+    const std::int64_t batch = peer_sequences / dp;
+    if (batch == 1) {  // the job above already trained as many sequences a step
+      out_["throughput_ratio_vs_torch_fsdp2_same_batch"] = out_["throughput_ratio_vs_torch_fsdp2"];
+      return;
+    }
+    Trial b = runner_.run("all", static_cast<std::int64_t>(peer_reach), std::max(2, f_.trial_steps), "", false, batch);
+    if (!b.fits) return;
+    out_["throughput_vs_torch_fsdp2_same_batch"] = {
+        {"context", peer_reach},
+        {"sequences_per_step", peer_sequences},
+        {"batch", batch},
+        {"scheduled_tokens_per_second", tokens_per_second(b.summary, 1)},
+        {"torch_tokens_per_second", peer_tps}};
+    out_["throughput_ratio_vs_torch_fsdp2_same_batch"] = tokens_per_second(b.summary, 1) / peer_tps;
   }
 
   void print_table() const {
@@ -484,8 +505,9 @@ class Reach {
       std::printf("plan vs measured at the scheduled reach: worst component %.1f%%\n",
                   100 * out_["plan_worst_relative_difference"].get<double>());
     if (out_.contains("reach_ratio_vs_torch_fsdp2"))
-      std::printf("vs PyTorch FSDP2: reach %.2fx, throughput %.2fx\n",
-                  out_["reach_ratio_vs_torch_fsdp2"].get<double>(), out_.value("throughput_ratio_vs_torch_fsdp2", 0.0));
+      std::printf("vs PyTorch FSDP2: reach %.2fx, throughput %.2fx (%.2fx training as many sequences a step)\n",
+                  out_["reach_ratio_vs_torch_fsdp2"].get<double>(), out_.value("throughput_ratio_vs_torch_fsdp2", 0.0),
+                  out_.value("throughput_ratio_vs_torch_fsdp2_same_batch", 0.0));
   }
 
   const ReachFlags& f_;
