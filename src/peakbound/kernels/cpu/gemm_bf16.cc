@@ -304,6 +304,24 @@ void run_rows(const Block& k, std::int64_t i0, std::int64_t rows, const std::uin
   }
 }
 
+// The tasks of one K block of a blocked product: each packs a row block of A (`rows`
+// rows) and runs it against a group of column strips. The strips split into groups only
+// when row blocks alone are too few to keep every thread busy (A is then packed once per
+// group).
+struct TaskSplit {
+  std::int64_t rows, strips, row_blocks, per_group, groups;
+  TaskSplit(std::int64_t m, std::int64_t rows_, std::int64_t strips_, bool parallel, std::int64_t threads)
+      : rows(rows_), strips(strips_), row_blocks((m + rows_ - 1) / rows_) {
+    const std::int64_t want = std::min(strips, parallel ? (2 * threads + row_blocks - 1) / row_blocks : 1);
+    per_group = (strips + want - 1) / want;
+    groups = (strips + per_group - 1) / per_group;
+  }
+  std::int64_t tasks() const { return row_blocks * groups; }
+  std::int64_t row0(std::int64_t task) const { return task / groups * rows; }
+  std::int64_t strip0(std::int64_t task) const { return task % groups * per_group; }
+  std::int64_t strip_end(std::int64_t task) const { return std::min(strips, (task % groups + 1) * per_group); }
+};
+
 // A product of a non-transposed A with M, N <= kColumnTaskRows, kColumnTaskCols: one
 // parallel call over column strips; each task takes its strip through every K block in
 // order, packing the strip's B block (at a fixed offset of its own in `bbuf`) and running
@@ -342,20 +360,13 @@ void gemm_native(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
       auto strip = [&, bpacked](std::int64_t t) { return bpacked + t * pairs * kNr; };
       auto cols = [&](std::int64_t t) { return std::min(kNr, nc - t * kNr); };
       run_tasks(strips, parallel, [&, bpacked](std::int64_t t) { pack_b_strip(B, pc, kc, jc, nc, t * kNr, bpacked); });
-      // Each task packs a row block of A and runs it against a group of column strips; the
-      // strips split into groups only when row blocks alone are too few to keep every
-      // thread busy (A is then packed once per group).
-      const std::int64_t row_blocks = (m + kMc - 1) / kMc;
-      const std::int64_t want_groups = parallel ? (2 * threads + row_blocks - 1) / row_blocks : 1;
-      const std::int64_t per_group = (strips + std::min(strips, want_groups) - 1) / std::min(strips, want_groups);
-      const std::int64_t groups = (strips + per_group - 1) / per_group;
-      run_tasks(row_blocks * groups, parallel, [&](std::int64_t task) {
+      const TaskSplit split(m, kMc, strips, parallel, threads);
+      run_tasks(split.tasks(), parallel, [&](std::int64_t task) {
         thread_local std::vector<std::uint32_t> abuf;
-        const std::int64_t ic = task / groups * kMc, mc = std::min(kMc, m - ic);
+        const std::int64_t ic = split.row0(task), mc = std::min(kMc, m - ic);
         abuf.resize(static_cast<std::size_t>(kMc * kKc / 2));
         pack_a(A, ic, mc, pc, kc, abuf.data());
-        const std::int64_t t_end = std::min(strips, (task % groups + 1) * per_group);
-        for (std::int64_t t = task % groups * per_group; t < t_end; ++t)
+        for (std::int64_t t = split.strip0(task); t < split.strip_end(task); ++t)
           run_rows(blk, ic, mc, abuf.data(), strip(t), t * kNr, cols(t));
       });
     }
@@ -521,17 +532,13 @@ void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
         pack_strip<kNr>(bt, jc + t * kNr, nc - t * kNr, pc, kc, out);
         std::memset(out + pairs * kNr, 0, static_cast<std::size_t>((ldp - pairs) * kNr) * sizeof(std::uint32_t));
       });
-      const std::int64_t row_blocks = (m + kAmxMc - 1) / kAmxMc;
-      const std::int64_t want_groups = parallel ? (2 * threads + row_blocks - 1) / row_blocks : 1;
-      const std::int64_t per_group = (strips + std::min(strips, want_groups) - 1) / std::min(strips, want_groups);
-      const std::int64_t groups = (strips + per_group - 1) / per_group;
-      run_tasks(row_blocks * groups, parallel, [&](std::int64_t task) {
+      const TaskSplit split(m, kAmxMc, strips, parallel, threads);
+      run_tasks(split.tasks(), parallel, [&](std::int64_t task) {
         thread_local std::vector<std::uint32_t> abuf;
-        const std::int64_t ic = task / groups * kAmxMc, mc = std::min(kAmxMc, m - ic);
+        const std::int64_t ic = split.row0(task), mc = std::min(kAmxMc, m - ic);
         abuf.resize(static_cast<std::size_t>(kAmxMc * kAmxKc / 2));
         pack_a_amx(A, ic, mc, pc, kc, ldp, abuf.data());
-        const std::int64_t t_end = std::min(strips, (task % groups + 1) * per_group);
-        for (std::int64_t t = task % groups * per_group; t < t_end; ++t)
+        for (std::int64_t t = split.strip0(task); t < split.strip_end(task); ++t)
           run_rows_amx(abuf.data(), ldp, mc, bpacked + t * ldp * kNr, ldp / 16, c + ic * ldc + jc + t * kNr, ldc,
                        std::min(kNr, nc - t * kNr), alpha, beta, update);
       });
