@@ -169,8 +169,11 @@ TEST(MemoryModel, KeepAttentionAddsTheKeptBytesPerPhase) {
   EXPECT_EQ(grew(Phase::backward_attention), 3 * layer);
   EXPECT_EQ(grew(Phase::backward_mlp), 3 * layer);
   EXPECT_EQ(grew(Phase::optimizer), 0u);
-  for (Component c : kAllComponents)
-    if (c != Component::attention) EXPECT_EQ(at(kept, Phase::loss, c), at(plain, Phase::loss, c));
+  for (Component c : kAllComponents) {
+    if (c != Component::attention) {
+      EXPECT_EQ(at(kept, Phase::loss, c), at(plain, Phase::loss, c));
+    }
+  }
   EXPECT_GT(kept.peak, plain.peak);
 }
 
