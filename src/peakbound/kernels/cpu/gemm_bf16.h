@@ -16,8 +16,9 @@
 //            of K (copied, or from a transposed A interleaved in pairs and transposed 16 x 16
 //            in registers), zero past K and past the last row to a multiple of 16. Blocks:
 //            K 512, M 128, N 1024. The tiles are summed into C once per K block, through a
-//            32 x 32 scratch. On a 2-core Sapphire Rapids Xeon: ~1 TFLOP/s at 2048^3 on 2
-//            threads, 5x the native path there, 2-4x on the trainer's small products.
+//            32 x 32 scratch. On a 2-core Sapphire Rapids Xeon: 1.27-1.31 TFLOP/s at 2048^3
+//            on 2 threads, 6x the native path there (whose VDPBF16PS has one port), 1.4-5.3x
+//            on the trainer's small products.
 //   native   where the CPU has AVX512-BF16: a Goto/BLIS-style blocked GEMM whose inner
 //            kernel is VDPBF16PS (a 12x32 tile of fp32 accumulators, each instruction
 //            adding two bf16 products per lane). Operands are packed in K pairs:
