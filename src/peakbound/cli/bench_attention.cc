@@ -6,7 +6,10 @@
 // (kernels/attention_dims.h attention_tiles, the kernel's own loop bounds) are printed
 // beside the causal kernel's; with a window the causal kernel is timed too, so the time
 // saved by skipping (not masking) the blocks outside the window is measured in one run.
-// Under mpirun only rank 0 runs the kernel part (the others wait).
+// Under mpirun only rank 0 runs the kernel part (the others wait). --precision bf16 times
+// the kernel on bf16 q, k, v, dout and out (the trainer's bf16 attention: tile products on
+// the process's bf16 GEMM path, printed as bf16_gemm_path; PEAKBOUND_BF16_GEMM picks
+// another), f32 the f32 kernel; the ring part below is f32 either way.
 //
 // Then ring attention (schedules/ring_attention.h) on the same --seq-len sequence for each
 // CP of --cp-sizes that divides the launched ranks: ONE group, ranks 0..CP-1, runs while
@@ -55,8 +58,12 @@
 #include "peakbound/cli/flags.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/kernels/cpu/attention.h"
+#include "peakbound/kernels/cpu/gemm_bf16.h"
+#include "peakbound/ops/gemm.h"
 #include "peakbound/ops/host_attention.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
@@ -71,7 +78,7 @@ struct BenchAttentionFlags {
   std::int64_t tokens = 2048, heads = 8, kv_heads = 2, dim = 64, block_q = AttentionDims{}.block_q,
                block_k = AttentionDims{}.block_k, window = 0;
   int threads = 1, reps = 3;
-  std::string cp_sizes = "1,2,4";
+  std::string cp_sizes = "1,2,4", precision = "f32";
   bool json = true;
 };
 
@@ -211,8 +218,23 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   };
   const auto q = rnd(T * a.q_heads * a.qk_dim), k = rnd(T * a.kv_heads * a.qk_dim), v = rnd(T * a.kv_heads * a.v_dim),
              dout = rnd(T * a.q_heads * a.v_dim);
+  const bool low = parse_precision(f->precision, "--precision") == Precision::bf16;
+  const DType storage = low ? DType::bf16 : DType::f32;
   std::vector<float> out(dout.size()), lse(T * a.q_heads), dq(q.size()), dk(k.size()), dv(v.size()),
-      ws(static_cast<std::size_t>(attention_workspace_floats(a)));
+      ws(static_cast<std::size_t>(attention_workspace_floats(a, storage)));
+  // bf16: the operands rounded once; out_low is the forward's out rounded (as the trainer
+  // stores it), refreshed after each forward the backward reads.
+  const auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = narrow<bf16>(x[i]);
+    return r;
+  };
+  const std::vector<bf16> q_low = low ? rounded(q) : std::vector<bf16>{},
+                          k_low = low ? rounded(k) : std::vector<bf16>{},
+                          v_low = low ? rounded(v) : std::vector<bf16>{},
+                          dout_low = low ? rounded(dout) : std::vector<bf16>{};
+  std::vector<bf16> out_low;
+  const cpu::Bf16GemmPath path = low ? cpu::parse_bf16_gemm_path(ops::bf16_gemm_path()) : cpu::Bf16GemmPath::convert;
   std::optional<ThreadPool> pool;
   if (a.threads > 1) pool.emplace(a.threads);
   ThreadPool* p = pool ? &*pool : nullptr;
@@ -221,12 +243,23 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   // forward's out and lse).
   const auto time_passes = [&](const AttentionDims& d) {
     const double fw = bench::best_seconds(
-        [&] { ops::host_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d, ws.data(), p); },
+        [&] {
+          if (low)
+            cpu::attention_forward(out.data(), lse.data(), q_low.data(), k_low.data(), v_low.data(), d, ws.data(),
+                                   path, p);
+          else
+            ops::host_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d, ws.data(), p);
+        },
         1, f->reps);
+    if (low) out_low = rounded(out);
     const double bw = bench::best_seconds(
         [&] {
-          ops::host_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                       out.data(), lse.data(), d, ws.data(), p);
+          if (low)
+            cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout_low.data(), q_low.data(), k_low.data(),
+                                    v_low.data(), out_low.data(), lse.data(), d, ws.data(), path, p);
+          else
+            ops::host_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                         out.data(), lse.data(), d, ws.data(), p);
         },
         1, f->reps);
     return std::pair{fw, bw};
@@ -246,7 +279,9 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"block_k", a.block_k},
                       {"threads", a.threads},
                       {"window", a.window},
-                      {"workspace_floats", attention_workspace_floats(a)},
+                      {"precision", low ? "bf16" : "f32"},
+                      {"bf16_gemm_path", low ? std::string(cpu::bf16_gemm_path_name(path)) : std::string("none")},
+                      {"workspace_floats", attention_workspace_floats(a, storage)},
                       {"forward_seconds", fwd},
                       {"backward_seconds", bwd},
                       {"forward_gflops", fwd_flops / fwd * 1e-9},
@@ -292,9 +327,14 @@ Command add_bench_attention(CLI::App& parent) {
   text_flag(c.app, "--cp-sizes", f->cp_sizes,
             "Ring attention over CP ranks for each size, comma-separated; sizes not dividing the launched ranks are "
             "skipped");
+  text_flag(c.app, "--precision", f->precision,
+            "f32 or bf16: the kernel part's storage (bf16: the trainer's bf16 kernel on the process's bf16 GEMM path; "
+            "the ring part is f32)")
+      ->capture_default_str();
   c.app->add_flag("--json", f->json, "Print one JSON object (the only output this benchmark has)");
   c.collective = true;  // the ring part runs on a group of the launched ranks
   c.validate = [f] {
+    (void)parse_precision(f->precision, "--precision");
     for (std::int64_t cp : int_list(f->cp_sizes, "--cp-sizes", 1, 4096))
       if (launcher_size() % cp == 0) check_context_split(cp, f->tokens, "--seq-len");
     if (f->heads % f->kv_heads != 0)
