@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "peakbound/kernels/cpu/elementwise.h"
+#include "peakbound/kernels/cpu/vexp.h"
 #include "tests/kernels/bf16_vectors.h"
 
 namespace peakbound::cpu {
@@ -42,6 +43,28 @@ TEST(SwiGlu, ForwardMatchesNaiveDouble) {
   swiglu_forward(on_up.data(), g.data(), on_up.data(), n);
   EXPECT_EQ(on_gate, out);
   EXPECT_EQ(on_up, out);
+}
+
+// The sigmoid's exp is vexp's (the same bits on every CPU kind): each output is the
+// scalar formula on exp_f32, bit for bit, across the kernel's chunks (n past 512, odd),
+// including gates whose e^-g overflows (the sigmoid is then 0).
+TEST(SwiGlu, SigmoidIsVexpsExpBitForBit) {
+  std::mt19937 rng(25);
+  const int n = 1301;
+  auto g = random_vec(n, rng, -95.0f, 95.0f), u = random_vec(n, rng, -2.0f, 2.0f);
+  auto dout = random_vec(n, rng, -1.0f, 1.0f);
+  g[0] = -88.0f;
+  g[1] = -87.9f;
+  g[2] = -1e30f;
+  std::vector<float> out(n), dg(n), du(n);
+  swiglu_forward(out.data(), g.data(), u.data(), n);
+  swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), n);
+  for (int i = 0; i < n; ++i) {
+    const float s = -g[i] >= 88.0f ? 0.0f : 1.0f / (1.0f + exp_f32(-g[i]));
+    ASSERT_EQ(out[i], g[i] * s * u[i]) << i;
+    ASSERT_EQ(dg[i], dout[i] * u[i] * s * (1.0f + g[i] * (1.0f - s))) << i;
+    ASSERT_EQ(du[i], dout[i] * g[i] * s) << i;
+  }
 }
 
 TEST(SwiGlu, BackwardMatchesFiniteDifferences) {

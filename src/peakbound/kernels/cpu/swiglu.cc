@@ -3,18 +3,50 @@
 #include <algorithm>
 #include <cmath>
 
+#include "peakbound/kernels/cpu/vexp.h"
+
 namespace peakbound::cpu {
 
 namespace {
 
-// 1 / (1 + e^-g): for g << 0, e^-g overflows to inf and the result is 0, as it should be.
-inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+// Elements go through in chunks: the chunk's sigmoids first, with vexp's vector exp (the
+// same bits on every CPU kind, where a libm call an element cost about as much as the
+// FFN's GEMMs on AMX), then the element formulas, which read an element's inputs before
+// they write its outputs (so the aliasing the header allows stays safe).
+constexpr std::int64_t kChunk = 512;
+// exp_shift takes an exponent above this as this (vexp.h): 1 / (1 + e^88) is below
+// FLT_MIN, so such a sigmoid is 0, as 1 / (1 + inf) was with libm's overflowing exp.
+constexpr float kExpCap = 88.0f;
+
+// s[j] = sigmoid(scale * x[j]) = 1 / (1 + e^-(scale x[j])) for j < n (n <= kChunk).
+template <typename T>
+void sigmoid_chunk(float* s, const T* x, std::int64_t n, float scale) {
+  float t[kChunk];
+  for (std::int64_t j = 0; j < n; ++j) t[j] = -(scale * widen(x[j]));
+  for (std::int64_t j = 0; j < n; ++j) s[j] = t[j];
+  exp_shift(s, n, 0.0f);
+  for (std::int64_t j = 0; j < n; ++j) s[j] = t[j] >= kExpCap ? 0.0f : 1.0f / (1.0f + s[j]);
+}
+
+// The gpt-oss form's gate: min(gate, limit), so its sigmoid is of alpha * that.
+template <typename T>
+void clamped_sigmoid_chunk(float* s, const T* gate, std::int64_t n, ClampedSwiglu c) {
+  float g[kChunk];
+  for (std::int64_t j = 0; j < n; ++j) g[j] = std::min(widen(gate[j]), c.limit);
+  sigmoid_chunk(s, g, n, c.alpha);
+}
 
 template <typename T>
 void swiglu_forward_t(T* out, const T* gate, const T* up, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = widen(gate[i]);
-    out[i] = narrow<T>(g * sigmoid(g) * widen(up[i]));
+  float s[kChunk];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const std::int64_t m = std::min(kChunk, n - i0);
+    sigmoid_chunk(s, gate + i0, m, 1.0f);
+    for (std::int64_t j = 0; j < m; ++j) {
+      const std::int64_t i = i0 + j;
+      const float g = widen(gate[i]);
+      out[i] = narrow<T>(g * s[j] * widen(up[i]));
+    }
   }
 }
 
@@ -22,34 +54,52 @@ void swiglu_forward_t(T* out, const T* gate, const T* up, std::int64_t n) {
 // before its outputs are written (dgate may alias gate, dup up).
 template <typename T>
 void swiglu_backward_t(T* dgate, T* dup, const T* dout, const T* gate, const T* up, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = widen(gate[i]), u = widen(up[i]), d = widen(dout[i]);
-    const float s = sigmoid(g);
-    dgate[i] = narrow<T>(d * u * s * (1.0f + g * (1.0f - s)));
-    dup[i] = narrow<T>(d * g * s);
+  float sg[kChunk];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const std::int64_t m = std::min(kChunk, n - i0);
+    sigmoid_chunk(sg, gate + i0, m, 1.0f);
+    for (std::int64_t j = 0; j < m; ++j) {
+      const std::int64_t i = i0 + j;
+      const float g = widen(gate[i]), u = widen(up[i]), d = widen(dout[i]);
+      const float s = sg[j];
+      dgate[i] = narrow<T>(d * u * s * (1.0f + g * (1.0f - s)));
+      dup[i] = narrow<T>(d * g * s);
+    }
   }
 }
 
 template <typename T>
 void swiglu_clamped_forward_t(T* out, const T* gate, const T* up, std::int64_t n, ClampedSwiglu c) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = std::min(widen(gate[i]), c.limit);
-    const float u = std::clamp(widen(up[i]), -c.limit, c.limit);
-    const float glu = g * sigmoid(g * c.alpha);
-    out[i] = narrow<T>((u + 1.0f) * glu);
+  float sg[kChunk];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const std::int64_t m = std::min(kChunk, n - i0);
+    clamped_sigmoid_chunk(sg, gate + i0, m, c);
+    for (std::int64_t j = 0; j < m; ++j) {
+      const std::int64_t i = i0 + j;
+      const float g = std::min(widen(gate[i]), c.limit);
+      const float u = std::clamp(widen(up[i]), -c.limit, c.limit);
+      const float glu = g * sg[j];
+      out[i] = narrow<T>((u + 1.0f) * glu);
+    }
   }
 }
 
 template <typename T>
 void swiglu_clamped_backward_t(T* dgate, T* dup, const T* dout, const T* gate, const T* up, std::int64_t n,
                                ClampedSwiglu c) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float gi = widen(gate[i]), ui = widen(up[i]), d = widen(dout[i]);
-    const float g = std::min(gi, c.limit), u = std::clamp(ui, -c.limit, c.limit);
-    const float s = sigmoid(g * c.alpha);
-    const float dglu = d * (u + 1.0f);
-    dgate[i] = narrow<T>(gi < c.limit ? dglu * s * (1.0f + c.alpha * g * (1.0f - s)) : 0.0f);
-    dup[i] = narrow<T>(ui > -c.limit && ui < c.limit ? d * (g * s) : 0.0f);
+  float sg[kChunk];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const std::int64_t m = std::min(kChunk, n - i0);
+    clamped_sigmoid_chunk(sg, gate + i0, m, c);
+    for (std::int64_t j = 0; j < m; ++j) {
+      const std::int64_t i = i0 + j;
+      const float gi = widen(gate[i]), ui = widen(up[i]), d = widen(dout[i]);
+      const float g = std::min(gi, c.limit), u = std::clamp(ui, -c.limit, c.limit);
+      const float s = sg[j];
+      const float dglu = d * (u + 1.0f);
+      dgate[i] = narrow<T>(gi < c.limit ? dglu * s * (1.0f + c.alpha * g * (1.0f - s)) : 0.0f);
+      dup[i] = narrow<T>(ui > -c.limit && ui < c.limit ? d * (g * s) : 0.0f);
+    }
   }
 }
 
