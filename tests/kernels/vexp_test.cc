@@ -93,6 +93,17 @@ TEST(Vexp, RowMaxSkipsNans) {
   EXPECT_EQ(row_max(x.data(), static_cast<std::int64_t>(x.size())), 7.0f);
   EXPECT_EQ(row_max(x.data(), 9), 3.0f);
   EXPECT_EQ(row_max(x.data(), 0), -std::numeric_limits<float>::infinity());
+  // The vector bodies (16 and 8 lanes) and their tails: the scalar loop's value.
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-50.0f, 50.0f);
+  for (std::int64_t n : {1, 7, 8, 15, 16, 17, 31, 33, 128, 131}) {
+    std::vector<float> y(static_cast<std::size_t>(n));
+    for (float& v : y) v = u(rng);
+    for (std::size_t j = 0; j < y.size(); j += 5) y[j] = std::nanf("");
+    float want = -std::numeric_limits<float>::infinity();
+    for (float v : y) want = v > want ? v : want;
+    EXPECT_EQ(bits(row_max(y.data(), n)), bits(want)) << n;
+  }
 }
 
 }  // namespace PB_TEST_FILE

@@ -73,9 +73,25 @@ __attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const floa
   grad_scores_scalar(ds + c, p + c, d, scale, n - c, low ? low + c : nullptr);
 }
 
+// The same with the rounding by VCVTNEPS2BF16 (to_bf16x16's bits), where the CPU has it.
+__attribute__((target("avx512f,avx512dq,avx512bf16"))) void grad_scores_avx512_bf16(float* ds, const float* p,
+                                                                                     float d, float scale,
+                                                                                     std::int64_t n, bf16* low) {
+  const __m512 vd = _mm512_set1_ps(d), vs = _mm512_set1_ps(scale);
+  std::int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
+    _mm512_storeu_ps(ds + c, v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c), simd::to_bf16x16_native(v));
+  }
+  grad_scores_scalar(ds + c, p + c, d, scale, n - c, low + c);
+}
+
 void grad_scores(float* ds, const float* p, float d, float scale, std::int64_t n, bf16* low) {
   static const bool avx512 = best_simd_level() == SimdLevel::avx512;
-  if (avx512) grad_scores_avx512(ds, p, d, scale, n, low);
+  static const bool native = avx512 && simd::cpu_has_avx512_bf16();
+  if (native && low) grad_scores_avx512_bf16(ds, p, d, scale, n, low);
+  else if (avx512) grad_scores_avx512(ds, p, d, scale, n, low);
   else grad_scores_scalar(ds, p, d, scale, n, low);
 }
 

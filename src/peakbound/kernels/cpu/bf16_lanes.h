@@ -45,4 +45,21 @@ __attribute__((target("avx512f"))) inline __m256i to_bf16x16(__m512 x) {
   return _mm512_cvtepi32_epi16(to_bf16_lanes16(_mm512_castps_si512(x)));
 }
 
+// to_bf16x16's bits through AVX512-BF16's VCVTNEPS2BF16, one instruction for to_bf16x16's
+// ten: it rounds to nearest even and quiets a NaN (its top half, quiet bit set) as
+// to_bf16 does, but reads a denormal input as zero, so a vector holding one (none among
+// exp's results, which flush below FLT_MIN; rare in a gradient) takes the integer path.
+// Callers run it only where the CPU has AVX512-BF16 (cpu_has_avx512_bf16()).
+__attribute__((target("avx512f,avx512dq,avx512bf16"))) inline __m256i to_bf16x16_native(__m512 x) {
+  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) return to_bf16x16(x);  // 0x20: denormal
+  return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+// Whether to_bf16x16_native may run here (AVX512-BF16 and AVX512DQ), asked once.
+inline bool cpu_has_avx512_bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+
 }  // namespace peakbound::cpu::simd

@@ -17,6 +17,7 @@
 
 #define PB_AVX2 __attribute__((target("avx2,fma")))
 #define PB_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define PB_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16,avx2,fma")))
 
 namespace peakbound::cpu {
 
@@ -147,6 +148,43 @@ PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std:
   return j;
 }
 
+// blocks_avx512 with the bf16 copy rounded by VCVTNEPS2BF16 (to_bf16x16's bits), for CPUs
+// with AVX512-BF16: the rounding was a third of the operations a block of the flash
+// kernel's probabilities took.
+PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, bf16* low, const float* x, std::int64_t n, float shift,
+                                             float* lanes) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), s));
+    if (out) _mm512_storeu_ps(out + j, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16_native(e));
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+  }
+  if (j + 8 <= n) {
+    acc = block8(out ? out + j : nullptr, low + j, x + j, _mm256_set1_ps(shift), acc);
+    j += 8;
+  }
+  if (lanes) _mm256_storeu_ps(lanes, acc);
+  return j;
+}
+
+// The largest of x[0, n): sixteen lanes of `x > m ? x : m` (maxps returns its second
+// operand when either is NaN, so NaNs are skipped), then the lanes in order.
+PB_AVX512 float row_max_avx512(const float* x, std::int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + j), m);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, m);
+  float out = lanes[0];
+  for (int l = 1; l < 16; ++l) out = lanes[l] > out ? lanes[l] : out;
+  for (; j < n; ++j) out = x[j] > out ? x[j] : out;
+  return out;
+}
+
 PB_AVX2 float row_max_avx2(const float* x, std::int64_t n) {
   __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   std::int64_t j = 0;
@@ -170,7 +208,9 @@ SimdLevel level() {
 float run(float* out, bf16* low, const float* x, std::int64_t n, float shift, bool want_sum) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t j = 0;
-  if (level() == SimdLevel::avx512) {
+  if (level() == SimdLevel::avx512 && low != nullptr && simd::cpu_has_avx512_bf16()) {
+    j = blocks_avx512_bf16(out, low, x, n, shift, want_sum ? lanes : nullptr);
+  } else if (level() == SimdLevel::avx512) {
     j = blocks_avx512(out, low, x, n, shift, want_sum ? lanes : nullptr);
   } else if (level() == SimdLevel::avx2) {
     // The vector lanes start at zero and add in element order: the scalar lanes' sums.
@@ -200,6 +240,7 @@ float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift) {
 float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, nullptr, x, n, shift, true); }
 
 float row_max(const float* x, std::int64_t n) {
+  if (level() == SimdLevel::avx512) return row_max_avx512(x, n);
   if (level() != SimdLevel::scalar) return row_max_avx2(x, n);
   float m = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
