@@ -162,6 +162,45 @@ TEST(GemmBf16, TiledRowsDoNotDependOnMOrThreads) {
   }
 }
 
+// The amx path reads a row-major A in place (its tiles load rows lda apart) where a K
+// block is whole 16-pair steps, for whole 16-row tiles, and packs the rest: a row must
+// come out the same either way. A strided A (lda > K, as the flash kernel's Q and dS
+// tiles) against the same product one row at a time (always packed), bit for bit, and
+// the whole against the double sum.
+TEST(GemmBf16, AmxReadsARowMajorAInPlaceWithTheSameBits) {
+  if (!bf16_gemm_path_supported(Bf16GemmPath::amx)) GTEST_SKIP() << "this CPU has no AMX-BF16";
+  std::mt19937 rng(31);
+  for (const std::int64_t k : {32, 96, 544})
+    for (const std::int64_t m : {16, 37, 128})
+      for (const bool tb : {false, true}) {
+        const std::int64_t n = 45, lda = k + 40, ldb = tb ? k : n;
+        const auto a = random_bf16(static_cast<std::size_t>(m * lda), rng);
+        const auto b = random_bf16(static_cast<std::size_t>(n * k), rng);
+        for (const float beta : {0.0f, 1.0f}) {
+          std::vector<float> whole(static_cast<std::size_t>(m * n), 0.5f), rows = whole;
+          gemm_bf16(Bf16GemmPath::amx, false, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, beta, whole.data(), n);
+          for (std::int64_t r = 0; r < m; ++r)
+            gemm_bf16(Bf16GemmPath::amx, false, tb, 1, n, k, 0.75f, a.data() + r * lda, lda, b.data(), ldb, beta,
+                      rows.data() + r * n, n);
+          ASSERT_EQ(std::memcmp(whole.data(), rows.data(), whole.size() * sizeof(float)), 0)
+              << "k " << k << " m " << m << " tb " << tb << " beta " << beta;
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double sum = 0, mag = 0;
+              for (std::int64_t p = 0; p < k; ++p) {
+                const double x = to_f32(a[static_cast<std::size_t>(i * lda + p)]);
+                const double y = to_f32(tb ? b[static_cast<std::size_t>(j * k + p)] : b[static_cast<std::size_t>(p * n + j)]);
+                sum += x * y;
+                mag += std::abs(x * y);
+              }
+              const double want = 0.75 * sum + beta * 0.5;
+              ASSERT_NEAR(whole[static_cast<std::size_t>(i * n + j)], want, 1e-5 * (0.75 * mag + 0.5) + 1e-6)
+                  << "k " << k << " m " << m << " at " << i << "," << j;
+            }
+        }
+      }
+}
+
 TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {
   for (Bf16GemmPath path : runnable_paths()) {
     std::vector<bf16> a(6, peakbound::to_bf16(1.0f)), b(6, peakbound::to_bf16(1.0f));
@@ -181,7 +220,9 @@ TEST(GemmBf16, PathsAreNamedAndAMissingOneIsAClearError) {
   EXPECT_THROW(parse_bf16_gemm_path("fast"), InvalidArgument);
   EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::convert));
   // amx needs what native needs and more; the best path is the first of amx, native, convert this CPU runs.
-  if (bf16_gemm_path_supported(Bf16GemmPath::amx)) EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::native));
+  if (bf16_gemm_path_supported(Bf16GemmPath::amx)) {
+    EXPECT_TRUE(bf16_gemm_path_supported(Bf16GemmPath::native));
+  }
   const Bf16GemmPath best = bf16_gemm_path_supported(Bf16GemmPath::amx)      ? Bf16GemmPath::amx
                             : bf16_gemm_path_supported(Bf16GemmPath::native) ? Bf16GemmPath::native
                                                                               : Bf16GemmPath::convert;

@@ -450,12 +450,13 @@ PB_AMX_BF16 void configure_tiles() {
   configured = true;
 }
 
-// C[rows, cols] (rows <= 16 MT, cols <= kNr) updated with alpha times the packed A rows
-// (ldp u32 apart, MT tiles of 16) times the packed B strip over `steps` 16-pair steps.
+// C[rows, cols] (rows <= 16 MT, cols <= kNr) updated with alpha times the A rows (astride
+// bytes apart, MT tiles of 16, a row's K pairs contiguous: packed, or A itself) times the
+// packed B strip over `steps` 16-pair steps.
 // Every element is the same tile arithmetic whatever rows and cols are (the padding is
 // zeros), so a row of C does not depend on M or on which rows share a tile.
 template <int MT>
-PB_AMX_BF16 void tile_amx(std::int64_t steps, const std::uint32_t* ap, std::int64_t ldp, const std::uint32_t* bp,
+PB_AMX_BF16 void tile_amx(std::int64_t steps, const unsigned char* ap, std::int64_t astride, const std::uint32_t* bp,
                           std::int64_t rows, std::int64_t cols, float* c, std::int64_t ldc, float alpha, float beta,
                           Update update) {
   alignas(64) float acc[32][32];
@@ -465,16 +466,15 @@ PB_AMX_BF16 void tile_amx(std::int64_t steps, const std::uint32_t* ap, std::int6
     _tile_zero(2);
     _tile_zero(3);
   }
-  const std::int64_t astride = ldp * 4;
   for (std::int64_t s = 0; s < steps; ++s) {
     const std::uint32_t* b = bp + s * 16 * kNr;
-    _tile_loadd(4, ap + s * 16, astride);
+    _tile_loadd(4, ap + s * 64, astride);
     _tile_loadd(6, b, kNr * 4);
     _tile_loadd(7, b + 16, kNr * 4);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
     if constexpr (MT == 2) {
-      _tile_loadd(5, ap + 16 * ldp + s * 16, astride);
+      _tile_loadd(5, ap + 16 * astride + s * 64, astride);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
@@ -499,17 +499,19 @@ PB_AMX_BF16 void tile_amx(std::int64_t steps, const std::uint32_t* ap, std::int6
   }
 }
 
-// Rows [0, mc) of a packed A block (ldp u32 a row) against a packed B strip: 32 rows at a
-// time, the last 16 or fewer with one A tile.
-PB_AMX_BF16 void run_rows_amx(const std::uint32_t* abuf, std::int64_t ldp, std::int64_t mc, const std::uint32_t* bp,
+// Rows [0, mc) of an A block (rows astride bytes apart) against a packed B strip: 32 rows
+// at a time, the last 16 or fewer with one A tile. A tile loads 16 rows, so the rows past
+// mc must be readable: a packed block's are (zeros), and A read in place passes only
+// whole tiles here.
+PB_AMX_BF16 void run_rows_amx(const unsigned char* a, std::int64_t astride, std::int64_t mc, const std::uint32_t* bp,
                               std::int64_t steps, float* c, std::int64_t ldc, std::int64_t cols, float alpha,
                               float beta, Update update) {
   configure_tiles();
   std::int64_t s = 0;
   for (; s + 16 < mc; s += 32)
-    tile_amx<2>(steps, abuf + s * ldp, ldp, bp, std::min<std::int64_t>(32, mc - s), cols, c + s * ldc, ldc, alpha,
-                beta, update);
-  if (s < mc) tile_amx<1>(steps, abuf + s * ldp, ldp, bp, mc - s, cols, c + s * ldc, ldc, alpha, beta, update);
+    tile_amx<2>(steps, a + s * astride, astride, bp, std::min<std::int64_t>(32, mc - s), cols, c + s * ldc, ldc,
+                alpha, beta, update);
+  if (s < mc) tile_amx<1>(steps, a + s * astride, astride, bp, mc - s, cols, c + s * ldc, ldc, alpha, beta, update);
 }
 
 void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
@@ -533,14 +535,28 @@ void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
         std::memset(out + pairs * kNr, 0, static_cast<std::size_t>((ldp - pairs) * kNr) * sizeof(std::uint32_t));
       });
       const TaskSplit split(m, kAmxMc, strips, parallel, threads);
+      // A row-major A whose block is whole 16-pair steps is read in place (tiles load rows
+      // lda apart) for its whole 16-row tiles; the rest is packed. The tiles see the same
+      // values either way, so the bits are the same.
+      const bool in_place = !A.trans && kc == 2 * ldp;
       run_tasks(split.tasks(), parallel, [&](std::int64_t task) {
         thread_local std::vector<std::uint32_t> abuf;
         const std::int64_t ic = split.row0(task), mc = std::min(kAmxMc, m - ic);
+        const std::int64_t direct = in_place ? mc / 16 * 16 : 0;
         abuf.resize(static_cast<std::size_t>(kAmxMc * kAmxKc / 2));
-        pack_a_amx(A, ic, mc, pc, kc, ldp, abuf.data());
-        for (std::int64_t t = split.strip0(task); t < split.strip_end(task); ++t)
-          run_rows_amx(abuf.data(), ldp, mc, bpacked + t * ldp * kNr, ldp / 16, c + ic * ldc + jc + t * kNr, ldc,
-                       std::min(kNr, nc - t * kNr), alpha, beta, update);
+        if (direct < mc) pack_a_amx(A, ic + direct, mc - direct, pc, kc, ldp, abuf.data());
+        const auto* a_rows = reinterpret_cast<const unsigned char*>(A.p + ic * A.ld + pc);
+        const auto* packed = reinterpret_cast<const unsigned char*>(abuf.data());
+        const std::int64_t lda_bytes = A.ld * static_cast<std::int64_t>(sizeof(bf16)), ldp_bytes = ldp * 4;
+        for (std::int64_t t = split.strip0(task); t < split.strip_end(task); ++t) {
+          const std::uint32_t* bp = bpacked + t * ldp * kNr;
+          float* ct = c + ic * ldc + jc + t * kNr;
+          const std::int64_t cols = std::min(kNr, nc - t * kNr);
+          if (direct > 0) run_rows_amx(a_rows, lda_bytes, direct, bp, ldp / 16, ct, ldc, cols, alpha, beta, update);
+          if (direct < mc)
+            run_rows_amx(packed, ldp_bytes, mc - direct, bp, ldp / 16, ct + direct * ldc, ldc, cols, alpha, beta,
+                         update);
+        }
       });
     }
   }
