@@ -34,6 +34,25 @@ TEST(AttentionCli, BenchRingPartAsOneRank) {
   EXPECT_LT(j["max_rel_err"].get<double>(), 1e-5);
 }
 
+// --precision bf16: the kernel part times the bf16 kernel and says on which GEMM path; the
+// workspace is the bf16 kernel's (larger: the rounded P and dS tiles); a bad name is refused.
+TEST(AttentionCli, BenchKernelPartInBf16) {
+  CliRun f = run_cli("bench attention --tokens 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --cp-sizes 1 --json");
+  CliRun r = run_cli(
+      "bench attention --tokens 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --cp-sizes 1 --precision bf16 --json");
+  ASSERT_EQ(f.code, 0) << f.err;
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json jf = nlohmann::json::parse(f.out), j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(jf["precision"], "f32");
+  EXPECT_EQ(jf["bf16_gemm_path"], "none");
+  EXPECT_EQ(j["precision"], "bf16");
+  EXPECT_NE(j["bf16_gemm_path"], "none");
+  EXPECT_GT(j["workspace_floats"].get<std::int64_t>(), jf["workspace_floats"].get<std::int64_t>());
+  EXPECT_GT(j["forward_gflops"].get<double>(), 0.0);
+  EXPECT_GT(j["backward_gflops"].get<double>(), 0.0);
+  testing::expect_one_line_error(run_cli("bench attention --precision fp8"), "--precision");
+}
+
 // --window: the kernel part counts the tiles it computes against the causal kernel's and
 // times both; the ring runs the window too, exact against the whole-sequence kernel.
 TEST(AttentionCli, BenchWindowCountsTheSkippedTiles) {

@@ -61,8 +61,6 @@
 #include "peakbound/core/precision.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
-#include "peakbound/kernels/cpu/attention.h"
-#include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/host_attention.h"
 #include "peakbound/schedules/context_layout.h"
@@ -234,7 +232,6 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                           v_low = low ? rounded(v) : std::vector<bf16>{},
                           dout_low = low ? rounded(dout) : std::vector<bf16>{};
   std::vector<bf16> out_low;
-  const cpu::Bf16GemmPath path = low ? cpu::parse_bf16_gemm_path(ops::bf16_gemm_path()) : cpu::Bf16GemmPath::convert;
   std::optional<ThreadPool> pool;
   if (a.threads > 1) pool.emplace(a.threads);
   ThreadPool* p = pool ? &*pool : nullptr;
@@ -245,8 +242,8 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
     const double fw = bench::best_seconds(
         [&] {
           if (low)
-            cpu::attention_forward(out.data(), lse.data(), q_low.data(), k_low.data(), v_low.data(), d, ws.data(),
-                                   path, p);
+            ops::host_attention_forward(out.data(), lse.data(), q_low.data(), k_low.data(), v_low.data(), d,
+                                        ws.data(), p);
           else
             ops::host_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), d, ws.data(), p);
         },
@@ -255,8 +252,8 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
     const double bw = bench::best_seconds(
         [&] {
           if (low)
-            cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout_low.data(), q_low.data(), k_low.data(),
-                                    v_low.data(), out_low.data(), lse.data(), d, ws.data(), path, p);
+            ops::host_attention_backward(dq.data(), dk.data(), dv.data(), dout_low.data(), q_low.data(),
+                                         k_low.data(), v_low.data(), out_low.data(), lse.data(), d, ws.data(), p);
           else
             ops::host_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                                          out.data(), lse.data(), d, ws.data(), p);
@@ -280,7 +277,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"threads", a.threads},
                       {"window", a.window},
                       {"precision", low ? "bf16" : "f32"},
-                      {"bf16_gemm_path", low ? std::string(cpu::bf16_gemm_path_name(path)) : std::string("none")},
+                      {"bf16_gemm_path", low ? ops::bf16_gemm_path() : std::string("none")},
                       {"workspace_floats", attention_workspace_floats(a, storage)},
                       {"forward_seconds", fwd},
                       {"backward_seconds", bwd},

@@ -5,6 +5,7 @@
 // shapes, workspace, pool shares); the device-memory op is ops/attention.h.
 #pragma once
 
+#include "peakbound/core/dtype.h"
 #include "peakbound/kernels/attention_dims.h"
 
 namespace peakbound {
@@ -23,6 +24,15 @@ void host_attention_forward(float* out, float* lse, const float* q, const float*
 // workspace: attention_backward_workspace_floats(dims, row_dot != nullptr) floats.
 void host_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                              const float* v, const float* out, const float* lse, const AttentionDims& dims,
+                             float* workspace, ThreadPool* pool = nullptr, const float* row_dot = nullptr);
+
+// The bf16 kernel (q, k, v, dout, out bf16; out, lse, dq, dk, dv fp32), its tile products on
+// the process's bf16 GEMM path (ops/gemm.h bf16_gemm_path()). Workspace sizes with
+// DType::bf16 (kernels/attention_dims.h).
+void host_attention_forward(float* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                            const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
+void host_attention_backward(float* dq, float* dk, float* dv, const bf16* dout, const bf16* q, const bf16* k,
+                             const bf16* v, const bf16* out, const float* lse, const AttentionDims& dims,
                              float* workspace, ThreadPool* pool = nullptr, const float* row_dot = nullptr);
 
 }  // namespace peakbound::ops
