@@ -73,7 +73,8 @@ __attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const floa
   grad_scores_scalar(ds + c, p + c, d, scale, n - c, low ? low + c : nullptr);
 }
 
-// The same with the rounding by VCVTNEPS2BF16 (to_bf16x16's bits), where the CPU has it.
+// The same with the rounding by VCVTNEPS2BF16 (to_bf16x16's bits), where the CPU has it
+// (a copy for its target, as vexp.cc's blocks_avx512_bf16).
 __attribute__((target("avx512f,avx512dq,avx512bf16"))) void grad_scores_avx512_bf16(float* ds, const float* p,
                                                                                      float d, float scale,
                                                                                      std::int64_t n, bf16* low) {

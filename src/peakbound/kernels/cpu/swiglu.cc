@@ -36,71 +36,58 @@ void clamped_sigmoid_chunk(float* s, const T* gate, std::int64_t n, ClampedSwigl
   sigmoid_chunk(s, g, n, c.alpha);
 }
 
-template <typename T>
-void swiglu_forward_t(T* out, const T* gate, const T* up, std::int64_t n) {
+// body(i, s) for every element i, s its gate's sigmoid (scale * gate, the gate clamped to
+// `limit` first where `clamped`), a chunk's sigmoids at a time.
+template <typename T, class Body>
+void by_chunks(const T* gate, std::int64_t n, bool clamped, ClampedSwiglu c, const Body& body) {
   float s[kChunk];
   for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
     const std::int64_t m = std::min(kChunk, n - i0);
-    sigmoid_chunk(s, gate + i0, m, 1.0f);
-    for (std::int64_t j = 0; j < m; ++j) {
-      const std::int64_t i = i0 + j;
-      const float g = widen(gate[i]);
-      out[i] = narrow<T>(g * s[j] * widen(up[i]));
-    }
+    if (clamped) clamped_sigmoid_chunk(s, gate + i0, m, c);
+    else sigmoid_chunk(s, gate + i0, m, 1.0f);
+    for (std::int64_t j = 0; j < m; ++j) body(i0 + j, s[j]);
   }
+}
+
+template <typename T>
+void swiglu_forward_t(T* out, const T* gate, const T* up, std::int64_t n) {
+  by_chunks(gate, n, false, {}, [&](std::int64_t i, float s) {
+    const float g = widen(gate[i]);
+    out[i] = narrow<T>(g * s * widen(up[i]));
+  });
 }
 
 // d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g). Each element's inputs are read
 // before its outputs are written (dgate may alias gate, dup up).
 template <typename T>
 void swiglu_backward_t(T* dgate, T* dup, const T* dout, const T* gate, const T* up, std::int64_t n) {
-  float sg[kChunk];
-  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const std::int64_t m = std::min(kChunk, n - i0);
-    sigmoid_chunk(sg, gate + i0, m, 1.0f);
-    for (std::int64_t j = 0; j < m; ++j) {
-      const std::int64_t i = i0 + j;
-      const float g = widen(gate[i]), u = widen(up[i]), d = widen(dout[i]);
-      const float s = sg[j];
-      dgate[i] = narrow<T>(d * u * s * (1.0f + g * (1.0f - s)));
-      dup[i] = narrow<T>(d * g * s);
-    }
-  }
+  by_chunks(gate, n, false, {}, [&](std::int64_t i, float s) {
+    const float g = widen(gate[i]), u = widen(up[i]), d = widen(dout[i]);
+    dgate[i] = narrow<T>(d * u * s * (1.0f + g * (1.0f - s)));
+    dup[i] = narrow<T>(d * g * s);
+  });
 }
 
 template <typename T>
 void swiglu_clamped_forward_t(T* out, const T* gate, const T* up, std::int64_t n, ClampedSwiglu c) {
-  float sg[kChunk];
-  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const std::int64_t m = std::min(kChunk, n - i0);
-    clamped_sigmoid_chunk(sg, gate + i0, m, c);
-    for (std::int64_t j = 0; j < m; ++j) {
-      const std::int64_t i = i0 + j;
-      const float g = std::min(widen(gate[i]), c.limit);
-      const float u = std::clamp(widen(up[i]), -c.limit, c.limit);
-      const float glu = g * sg[j];
-      out[i] = narrow<T>((u + 1.0f) * glu);
-    }
-  }
+  by_chunks(gate, n, true, c, [&](std::int64_t i, float s) {
+    const float g = std::min(widen(gate[i]), c.limit);
+    const float u = std::clamp(widen(up[i]), -c.limit, c.limit);
+    const float glu = g * s;
+    out[i] = narrow<T>((u + 1.0f) * glu);
+  });
 }
 
 template <typename T>
 void swiglu_clamped_backward_t(T* dgate, T* dup, const T* dout, const T* gate, const T* up, std::int64_t n,
                                ClampedSwiglu c) {
-  float sg[kChunk];
-  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
-    const std::int64_t m = std::min(kChunk, n - i0);
-    clamped_sigmoid_chunk(sg, gate + i0, m, c);
-    for (std::int64_t j = 0; j < m; ++j) {
-      const std::int64_t i = i0 + j;
-      const float gi = widen(gate[i]), ui = widen(up[i]), d = widen(dout[i]);
-      const float g = std::min(gi, c.limit), u = std::clamp(ui, -c.limit, c.limit);
-      const float s = sg[j];
-      const float dglu = d * (u + 1.0f);
-      dgate[i] = narrow<T>(gi < c.limit ? dglu * s * (1.0f + c.alpha * g * (1.0f - s)) : 0.0f);
-      dup[i] = narrow<T>(ui > -c.limit && ui < c.limit ? d * (g * s) : 0.0f);
-    }
-  }
+  by_chunks(gate, n, true, c, [&](std::int64_t i, float s) {
+    const float gi = widen(gate[i]), ui = widen(up[i]), d = widen(dout[i]);
+    const float g = std::min(gi, c.limit), u = std::clamp(ui, -c.limit, c.limit);
+    const float dglu = d * (u + 1.0f);
+    dgate[i] = narrow<T>(gi < c.limit ? dglu * s * (1.0f + c.alpha * g * (1.0f - s)) : 0.0f);
+    dup[i] = narrow<T>(ui > -c.limit && ui < c.limit ? d * (g * s) : 0.0f);
+  });
 }
 
 }  // namespace

@@ -150,7 +150,9 @@ PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std:
 
 // blocks_avx512 with the bf16 copy rounded by VCVTNEPS2BF16 (to_bf16x16's bits), for CPUs
 // with AVX512-BF16: the rounding was a third of the operations a block of the flash
-// kernel's probabilities took.
+// kernel's probabilities took. A copy rather than one template over both: the copy's
+// target lets the compiler use AVX512-BF16 and DQ anywhere in it, which a CPU with
+// AVX-512 alone must never run.
 PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, bf16* low, const float* x, std::int64_t n, float shift,
                                              float* lanes) {
   const __m512 s = _mm512_set1_ps(shift);
