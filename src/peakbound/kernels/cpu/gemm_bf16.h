@@ -12,13 +12,15 @@
 //            block of C in four 16 x 16 fp32 tiles, a step adding a 16-row x 32-deep A tile
 //            times a 16-pair x 16-column B tile into each. B strips are the native path's
 //            (32 columns of K pairs: a B tile is 16 pairs of one half, 128 bytes apart),
-//            their pairs padded with zeros to a multiple of 16; A blocks are packed as rows
-//            of K (copied, or from a transposed A interleaved in pairs and transposed 16 x 16
-//            in registers), zero past K and past the last row to a multiple of 16. Blocks:
-//            K 512, M 128, N 1024. The tiles are summed into C once per K block, through a
-//            32 x 32 scratch. On a 2-core Sapphire Rapids Xeon: 1.27-1.31 TFLOP/s at 2048^3
-//            on 2 threads, 6x the native path there (whose VDPBF16PS has one port), 1.4-5.3x
-//            on the trainer's small products.
+//            their pairs padded with zeros to a multiple of 16. A row-major A whose K block
+//            is whole 16-pair steps is read in place (the tile loads take rows lda apart)
+//            for its whole 16-row tiles; other A blocks are packed as rows of K (copied, or
+//            from a transposed A interleaved in pairs and transposed 16 x 16 in registers),
+//            zero past K and past the last row to a multiple of 16. Blocks: K 512, M 128,
+//            N 1024. The tiles are summed into C once per K block, through a 32 x 32
+//            scratch. On a 2-core Sapphire Rapids Xeon: 1.67-1.72 TFLOP/s at 2048^3 on 2
+//            threads (1.34-1.41 with A packed), 8x the native path there (whose VDPBF16PS
+//            has one port).
 //   native   where the CPU has AVX512-BF16: a Goto/BLIS-style blocked GEMM whose inner
 //            kernel is VDPBF16PS (a 12x32 tile of fp32 accumulators, each instruction
 //            adding two bf16 products per lane). Operands are packed in K pairs:
