@@ -63,6 +63,7 @@
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/ops/gemm.h"
 #include "peakbound/ops/host_attention.h"
+#include "peakbound/ops/host_convert.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/attention_reference.h"
@@ -224,7 +225,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   // stores it), refreshed after each forward the backward reads.
   const auto rounded = [](const std::vector<float>& x) {
     std::vector<bf16> r(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) r[i] = narrow<bf16>(x[i]);
+    ops::host_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
     return r;
   };
   const std::vector<bf16> q_low = low ? rounded(q) : std::vector<bf16>{},

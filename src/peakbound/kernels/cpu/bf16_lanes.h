@@ -55,7 +55,8 @@ __attribute__((target("avx512f,avx512dq,avx512bf16"))) inline __m256i to_bf16x16
   return (__m256i)_mm512_cvtneps_pbh(x);
 }
 
-// Whether to_bf16x16_native may run here (AVX512-BF16 and AVX512DQ), asked once.
+// Whether to_bf16x16_native may run here (AVX512-BF16 and AVX512DQ, which every CPU with
+// AVX512-BF16 has), asked once; also what the native bf16 GEMM path needs.
 inline bool cpu_has_avx512_bf16() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");

@@ -21,6 +21,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 #include "peakbound/kernels/cpu/gemm.h"
 
 #if defined(__linux__)
@@ -545,7 +546,8 @@ void gemm_amx(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, 
         const std::int64_t direct = in_place ? mc / 16 * 16 : 0;
         abuf.resize(static_cast<std::size_t>(kAmxMc * kAmxKc / 2));
         if (direct < mc) pack_a_amx(A, ic + direct, mc - direct, pc, kc, ldp, abuf.data());
-        const auto* a_rows = reinterpret_cast<const unsigned char*>(A.p + ic * A.ld + pc);
+        // A's rows only where it is read in place (for a transposed A this offset is not a row).
+        const auto* a_rows = direct > 0 ? reinterpret_cast<const unsigned char*>(A.p + ic * A.ld + pc) : nullptr;
         const auto* packed = reinterpret_cast<const unsigned char*>(abuf.data());
         const std::int64_t lda_bytes = A.ld * static_cast<std::int64_t>(sizeof(bf16)), ldp_bytes = ldp * 4;
         for (std::int64_t t = split.strip0(task); t < split.strip_end(task); ++t) {
@@ -630,8 +632,7 @@ Bf16GemmPath parse_bf16_gemm_path(std::string_view name) {
 
 bool bf16_gemm_path_supported(Bf16GemmPath p) {
   if (p == Bf16GemmPath::convert) return true;
-  const bool avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512bf16");
+  const bool avx512_bf16 = simd::cpu_has_avx512_bf16();
   if (p == Bf16GemmPath::native) return avx512_bf16;
   return avx512_bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_permitted();
 }
