@@ -297,6 +297,22 @@ TEST(CliTrain, PhaseSecondsSplitTheStepTime) {
   }
 }
 
+// --sync-phases: every phase boundary waits for the device. On the CPU device (whose
+// compute is inline) it changes no bit of the run, and says that its phases were taken so.
+TEST(CliTrain, SyncPhasesReportsSynchronizedPhasesAndTheSameLosses) {
+  CliRun a = run_cli("train --steps 2 --seq-len 32 --json", 300);
+  CliRun b = run_cli("train --steps 2 --seq-len 32 --json --sync-phases", 300);
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  const nlohmann::json ja = last_json_line(a.out), jb = last_json_line(b.out);
+  EXPECT_EQ(ja["final_loss"].dump(), jb["final_loss"].dump());
+  EXPECT_FALSE(ja["phases_synchronized"].get<bool>());
+  EXPECT_TRUE(jb["phases_synchronized"].get<bool>());
+  ASSERT_TRUE(jb.contains("phase_seconds")) << jb.dump();
+  EXPECT_GT(jb["phase_seconds"]["attention"].get<double>(), 0.0);
+  EXPECT_NE(b.out.find("the device synchronized at every phase boundary"), std::string::npos) << b.out;
+}
+
 // A fixed seed gives bitwise the same run: every step's loss and the final summary.
 TEST(CliTrain, AFixedSeedRepeatsBitwise) {
   auto losses = [](const std::string& seed, int ranks) {

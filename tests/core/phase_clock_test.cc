@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -135,6 +136,55 @@ TEST(PhaseClock, NamesEveryPhaseOnce) {
     EXPECT_EQ(seen.find("," + n + ","), std::string::npos) << n;
     seen += "," + n + ",";
   }
+}
+
+// The boundary hook runs before the clock is read at every scope start and end and at
+// take_phase_seconds, on its own thread only; the time it takes goes to the scope it
+// closes (what it waited for was that scope's work). What it throws at a scope's end is
+// thrown at the next boundary that may throw, not from the destructor.
+TEST(PhaseClock, BoundaryHookRunsAtEveryBoundaryAndDefersWhatItThrowsAtAnEnd) {
+  take_phase_seconds();
+  int calls = 0;
+  set_phase_boundary_hook([&] {
+    ++calls;
+    sleep_ms(5);  // the "device" finishes the work launched so far
+  });
+  {
+    const PhaseScope attention(StepPhase::attention);  // 1: charges the 5 ms to no scope
+    {
+      const PhaseScope experts(StepPhase::experts);  // 2: its 5 ms go to attention
+    }                                                // 3: its 5 ms go to experts
+  }                                                  // 4: attention again
+  const PhaseSeconds s = take_phase_seconds();       // 5
+  EXPECT_EQ(calls, 5);
+  EXPECT_GE(of(s, StepPhase::attention), 0.010);
+  EXPECT_GE(of(s, StepPhase::experts), 0.005);
+  int other_thread_calls = 0;
+  std::thread([&] {
+    const PhaseScope elsewhere(StepPhase::fsdp);
+    other_thread_calls = calls;
+  }).join();
+  EXPECT_EQ(other_thread_calls, 5);  // no hook on that thread
+
+  bool fail = false;
+  set_phase_boundary_hook([&] {
+    if (fail) throw std::runtime_error("device failed");
+  });
+  {
+    const PhaseScope scope(StepPhase::optimizer);
+    fail = true;
+  }  // the hook throws here: kept
+  fail = false;
+  try {
+    take_phase_seconds();
+    ADD_FAILURE() << "the kept error was not thrown";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "device failed");
+  }
+  EXPECT_NO_THROW(take_phase_seconds());  // thrown once
+  set_phase_boundary_hook({});
+  const PhaseScope after(StepPhase::other);  // no hook: nothing runs
+  EXPECT_EQ(calls, 5);
 }
 
 }  // namespace PB_TEST_FILE

@@ -143,6 +143,9 @@ Command add_train(CLI::App& parent) {
   app->add_flag("--measure-gemm-peak", f->run.measure_gemm_peak,
                 "Measure the GEMM peak for the MFU after the last step: every rank at once at the run's precision, "
                 "the ranks' rates summed (a few seconds; instead of --gemm-peak)");
+  app->add_flag("--sync-phases", f->run.sync_phases,
+                "Wait for the device at every phase boundary, so that a CUDA run reports the step's split by phase "
+                "too (each phase's own time, no overlap between phases; the step runs slower)");
   app->add_flag("--keep-attention", f->run.keep_attention,
                 "Keep every layer's attention output and log-sum-exp from the forward to its backward: the backward "
                 "runs no attention forward, for L x T x (heads x v_dim) activations more on the device (the plan "

@@ -1,6 +1,8 @@
 #include "peakbound/core/phase_clock.h"
 
 #include <chrono>
+#include <exception>
+#include <utility>
 
 namespace peakbound {
 
@@ -16,6 +18,25 @@ struct ThreadPhases {
   StepPhase open[kDepth]{};
   int depth = 0;
   Clock::time_point last{};
+  std::function<void()> hook;     // set_phase_boundary_hook's
+  std::exception_ptr hook_error;  // what the hook threw at a scope's end, for the next boundary
+  bool in_hook = false;           // the hook's own scopes (if any) run no hook
+
+  // Run the hook; at a scope's end keep what it throws instead of throwing.
+  void boundary(bool may_throw) {
+    if (!hook || in_hook) return;
+    if (may_throw && hook_error) std::rethrow_exception(std::exchange(hook_error, nullptr));
+    in_hook = true;
+    try {
+      hook();
+    } catch (...) {
+      in_hook = false;
+      if (may_throw) throw;
+      if (!hook_error) hook_error = std::current_exception();
+      return;
+    }
+    in_hook = false;
+  }
 
   // Charge the time since the last boundary to the innermost open scope.
   Clock::time_point charge() {
@@ -57,6 +78,7 @@ std::string_view step_phase_name(StepPhase p) {
 
 PhaseScope::PhaseScope(StepPhase phase) {
   ThreadPhases& t = t_phases;
+  t.boundary(true);
   t.charge();
   if (t.depth < ThreadPhases::kDepth) t.open[t.depth] = phase;
   ++t.depth;
@@ -64,16 +86,24 @@ PhaseScope::PhaseScope(StepPhase phase) {
 
 PhaseScope::~PhaseScope() {
   ThreadPhases& t = t_phases;
+  t.boundary(false);
   t.charge();
   --t.depth;
 }
 
 PhaseSeconds take_phase_seconds() {
   ThreadPhases& t = t_phases;
+  t.boundary(true);
   t.charge();
   const PhaseSeconds out = t.seconds;
   t.seconds = {};
   return out;
+}
+
+void set_phase_boundary_hook(std::function<void()> hook) {
+  ThreadPhases& t = t_phases;
+  t.hook = std::move(hook);
+  t.hook_error = nullptr;
 }
 
 CommunicationScope::CommunicationScope() {

@@ -11,12 +11,15 @@
 // the step's thread waits for it, and that wait is inside the waiting scope).
 // On the CPU device the compute stream runs inline on the calling thread, so a scope's
 // time is its work's time. On an asynchronous device (CUDA) a scope would time the
-// launches only; the trainer reports phases on the CPU device only (train/run.h).
+// launches only, unless the thread has a boundary hook (below) that waits for the device
+// at every scope boundary: then each phase's time is its work's, and the work of two
+// phases no longer overlaps (a diagnostic: `train --sync-phases`, train/run.h).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 namespace peakbound {
@@ -50,6 +53,14 @@ class PhaseScope {
 // This thread's seconds per phase since the last call (or the thread's start), then zeroed.
 // Scopes still open keep counting from now.
 PhaseSeconds take_phase_seconds();
+
+// Runs `hook` on this thread at every scope boundary (a scope's start and end, and
+// take_phase_seconds), before the clock is read; an empty function removes it. The hook
+// waits for the device (Device::synchronize), so that the time charged to a phase is its
+// work's on an asynchronous device. What the hook throws at a scope's end is kept and
+// thrown at this thread's next boundary that may throw (a scope's start or
+// take_phase_seconds), since a destructor must not throw.
+void set_phase_boundary_hook(std::function<void()> hook);
 
 // The communication the step waits for: time this thread spends inside a
 // CommunicationScope (every call of the MPI communicator and of its requests, and a

@@ -484,6 +484,13 @@ RunStep Run::step() {
   }
   RunStep r;
   const std::uint64_t ring0 = ring_attention_bytes_sent();
+  // sync_phases: this thread's phase boundaries wait for the device during the step.
+  struct BoundaryHook {
+    explicit BoundaryHook(Device* dev) {
+      if (dev) set_phase_boundary_hook([dev] { dev->synchronize(); });
+    }
+    ~BoundaryHook() { set_phase_boundary_hook({}); }
+  } const hook(f.sync_phases ? s.m->device.get() : nullptr);
   r.stats = s.trainer->step(micro, s.stop);
   s.ring_bytes += ring_attention_bytes_sent() - ring0;
   const StepStats& st = r.stats;
@@ -647,12 +654,14 @@ RunSummary Run::finish() {
   sum.steps = s.step - s.s0;
   sum.skipped = s.skipped;
   // The step's split by phase, the mean over ranks (on the CPU device, whose compute runs
-  // on the step's thread; an asynchronous device's scopes would time launches only).
+  // on the step's thread; an asynchronous device's scopes would time launches only, unless
+  // every phase boundary waited for it: sync_phases).
   std::array<double, kNumStepPhases + 1> ph{};
   std::copy(s.phases.begin(), s.phases.end(), ph.begin());
   ph[kNumStepPhases] = s.communication;
   s.m->world->all_reduce(ph.data(), ph.size(), DType::f64, ReduceOp::sum);
-  if (s.m->device->backend() == Backend::cpu && sum.steps > 0) {
+  if ((s.m->device->backend() == Backend::cpu || f.sync_phases) && sum.steps > 0) {
+    sum.phases_synchronized = f.sync_phases;
     for (double& v : ph) v /= static_cast<double>(s.W);
     sum.phase_seconds.emplace();
     std::copy_n(ph.begin(), kNumStepPhases, sum.phase_seconds->begin());
@@ -694,7 +703,8 @@ std::string RunSummary::text() const {
   if (phase_seconds) {
     double total = 0;
     for (double v : *phase_seconds) total += v;
-    t += "\nstep time (mean over ranks):";
+    t += phases_synchronized ? "\nstep time (mean over ranks, the device synchronized at every phase boundary):"
+                             : "\nstep time (mean over ranks):";
     for (std::size_t i = 0; i < kNumStepPhases; ++i)
       t += format("%s %s %.0f%%", i == 0 ? "" : ",", std::string(step_phase_name(kAllStepPhases[i])).c_str(),
                   total > 0 ? 100.0 * (*phase_seconds)[i] / total : 0.0);
@@ -739,6 +749,7 @@ nlohmann::json RunSummary::json() const {
     for (std::size_t i = 0; i < kNumStepPhases; ++i)
       ph[std::string(step_phase_name(kAllStepPhases[i]))] = (*phase_seconds)[i];
     j["phase_seconds"] = ph;
+    j["phases_synchronized"] = phases_synchronized;
   }
   if (communication_seconds) j["communication_seconds"] = *communication_seconds;
   return j;

@@ -86,6 +86,11 @@ struct RunSettings {
   // (ModelSchedules::keep_attention): no attention forward in the backward, for a per-layer
   // per-token term on the device. The plan of --device-memory auto counts it.
   bool keep_attention = false;
+  // Wait for the device at every phase boundary of a step (core/phase_clock.h), so that
+  // an asynchronous device (CUDA) reports phase_seconds too: each phase's own time, with
+  // no overlap between phases (a diagnostic; the step runs slower). The CPU device reports
+  // its phases without it.
+  bool sync_phases = false;
   // The four schedules and the layout (ep 0: the largest dividing the ranks and the
   // experts; vocab_group 0: every rank; cp: consecutive ranks splitting each sequence).
   ScheduleSet schedules = ScheduleSet::all();
@@ -186,11 +191,13 @@ struct RunSummary {
   std::optional<double> mfu;
   double gemm_peak = 0;  // the peak the MFU is against (given or measured); 0: none
   // The steps' wall time split by phase (core/phase_clock.h), summed over the steps, the
-  // mean over ranks: on the CPU device only (absent elsewhere). The phases sum to the
-  // train time (tokens_per_second's denominator) of the mean rank.
+  // mean over ranks: on the CPU device, or with RunSettings::sync_phases on any (absent
+  // otherwise). The phases sum to the train time (tokens_per_second's denominator) of
+  // the mean rank.
   std::optional<PhaseSeconds> phase_seconds;
+  bool phases_synchronized = false;  // phase_seconds were taken with sync_phases
   // The steps' exposed communication (StepStats::communication_seconds), summed over the
-  // steps, the mean over ranks; with phase_seconds (CPU device only).
+  // steps, the mean over ranks; with phase_seconds.
   std::optional<double> communication_seconds;
   std::optional<double> eval_loss;
   std::int64_t steps = 0, skipped = 0;
