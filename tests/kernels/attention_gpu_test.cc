@@ -22,9 +22,14 @@ struct Shape {
   std::int64_t T, Hq, Hkv, D, Dv, W;
 };
 
+// Head dims up to 64 run the tiled kernels (64 rows a block, 32 staged a tile: T 300 is
+// five query blocks, the last partial, and keys in tiles that do not divide it), 128 the
+// simple ones.
 TEST(CudaKernels, AttentionMatchesCpu) {
   PB_NEED_GPU();
-  for (Shape sh : {Shape{1, 1, 1, 8, 8, 0}, Shape{37, 4, 2, 64, 48, 0}, Shape{70, 6, 2, 32, 32, 5}}) {
+  for (Shape sh : {Shape{1, 1, 1, 8, 8, 0}, Shape{37, 4, 2, 64, 48, 0}, Shape{70, 6, 2, 32, 32, 5},
+                   Shape{300, 4, 2, 32, 24, 0}, Shape{300, 4, 1, 20, 32, 77}, Shape{150, 2, 1, 64, 64, 0},
+                   Shape{129, 3, 3, 33, 17, 40}, Shape{100, 2, 2, 128, 96, 0}}) {
     ops::AttentionDims a;
     a.tokens = sh.T, a.q_heads = sh.Hq, a.kv_heads = sh.Hkv, a.qk_dim = sh.D, a.v_dim = sh.Dv, a.window = sh.W;
     a.block_q = 16, a.block_k = 16;
@@ -44,35 +49,43 @@ TEST(CudaKernels, AttentionMatchesCpu) {
   }
 }
 
+// Queries: the last Tq rows of a `keys`-token sequence; keys in two blocks [0, split) and
+// [split, keys), folded as ring attention folds them.
+struct Fold {
+  std::int64_t H, D, Tq, keys, split;
+};
+
 TEST(CudaKernels, AttentionBlocksFoldWithAccumulate) {
   PB_NEED_GPU();
-  // Queries: rows [20, 50) of a 50-token sequence; keys in two blocks [0, 30) and [30, 50).
-  const std::int64_t H = 2, D = 16, Tq = 30;
-  ops::AttentionDims a;
-  a.tokens = Tq, a.q_heads = H, a.kv_heads = H, a.qk_dim = D, a.v_dim = D, a.q_offset = 20, a.accumulate = true;
-  a.block_q = 8, a.block_k = 8;
-  ops::AttentionDims b1 = a, b2 = a;
-  b1.kv_tokens = 30, b1.k_offset = 0;
-  b2.kv_tokens = 20, b2.k_offset = 30;
-  const auto nq = static_cast<std::size_t>(Tq * H * D), nl = static_cast<std::size_t>(Tq * H);
-  const auto nw = static_cast<std::size_t>(std::max(attention_workspace_floats(b1), attention_workspace_floats(b2)));
-  std::vector<float> lse0(nl, -INFINITY);
-  // q, k (50 rows), v, out, lse, dout, dq, dk, dv, workspace, row_dot
-  same_on_both({randn(nq, 1), randn(static_cast<std::size_t>(50 * H * D), 2), randn(static_cast<std::size_t>(50 * H * D), 3),
-                randn(nq, 4), lse0, randn(nq, 6), randn(nq, 7), randn(static_cast<std::size_t>(50 * H * D), 8),
-                randn(static_cast<std::size_t>(50 * H * D), 9), std::vector<float>(nw, 0.0f), randn(nl, 10)},
-               [&](Device& dev, std::vector<Buffer>& b) {
-                 Stream& s = dev.compute_stream();
-                 float* k2 = f(b[1]) + 30 * H * D;
-                 float* v2 = f(b[2]) + 30 * H * D;
-                 ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), f(b[1]), f(b[2]), b1, f(b[9]));
-                 ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), k2, v2, b2, f(b[9]));
-                 ops::attention_row_dot(dev, s, f(b[10]), f(b[5]), f(b[3]), a);
-                 ops::attention_backward(dev, s, f(b[6]), f(b[7]), f(b[8]), f(b[5]), f(b[0]), f(b[1]), f(b[2]), f(b[3]),
-                                         f(b[4]), b1, f(b[9]), nullptr, f(b[10]));
-                 ops::attention_backward(dev, s, f(b[6]), f(b[7]) + 30 * H * D, f(b[8]) + 30 * H * D, f(b[5]), f(b[0]),
-                                         k2, v2, f(b[3]), f(b[4]), b2, f(b[9]), nullptr, f(b[10]));
-               }, 5e-5f, "attention blocks", {9});
+  for (Fold fo : {Fold{2, 16, 30, 50, 30}, Fold{3, 32, 200, 350, 181}}) {
+    const std::int64_t H = fo.H, D = fo.D, Tq = fo.Tq, split = fo.split;
+    ops::AttentionDims a;
+    a.tokens = Tq, a.q_heads = H, a.kv_heads = H, a.qk_dim = D, a.v_dim = D, a.q_offset = fo.keys - Tq;
+    a.accumulate = true;
+    a.block_q = 8, a.block_k = 8;
+    ops::AttentionDims b1 = a, b2 = a;
+    b1.kv_tokens = split, b1.k_offset = 0;
+    b2.kv_tokens = fo.keys - split, b2.k_offset = split;
+    const auto nq = static_cast<std::size_t>(Tq * H * D), nl = static_cast<std::size_t>(Tq * H),
+               nk = static_cast<std::size_t>(fo.keys * H * D);
+    const auto nw = static_cast<std::size_t>(std::max(attention_workspace_floats(b1), attention_workspace_floats(b2)));
+    std::vector<float> lse0(nl, -INFINITY);
+    // q, k (all key rows), v, out, lse, dout, dq, dk, dv, workspace, row_dot
+    same_on_both({randn(nq, 1), randn(nk, 2), randn(nk, 3), randn(nq, 4), lse0, randn(nq, 6), randn(nq, 7),
+                  randn(nk, 8), randn(nk, 9), std::vector<float>(nw, 0.0f), randn(nl, 10)},
+                 [&](Device& dev, std::vector<Buffer>& b) {
+                   Stream& s = dev.compute_stream();
+                   float* k2 = f(b[1]) + split * H * D;
+                   float* v2 = f(b[2]) + split * H * D;
+                   ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), f(b[1]), f(b[2]), b1, f(b[9]));
+                   ops::attention_forward(dev, s, f(b[3]), f(b[4]), f(b[0]), k2, v2, b2, f(b[9]));
+                   ops::attention_row_dot(dev, s, f(b[10]), f(b[5]), f(b[3]), a);
+                   ops::attention_backward(dev, s, f(b[6]), f(b[7]), f(b[8]), f(b[5]), f(b[0]), f(b[1]), f(b[2]),
+                                           f(b[3]), f(b[4]), b1, f(b[9]), nullptr, f(b[10]));
+                   ops::attention_backward(dev, s, f(b[6]), f(b[7]) + split * H * D, f(b[8]) + split * H * D, f(b[5]),
+                                           f(b[0]), k2, v2, f(b[3]), f(b[4]), b2, f(b[9]), nullptr, f(b[10]));
+                 }, 5e-5f, "attention blocks Tq " + std::to_string(Tq), {9});
+  }
 }
 
 // n bf16 values (randn, rounded) in a float buffer of ceil(n / 2), as a device buffer
@@ -122,7 +135,8 @@ void same_on_both_relative(const std::vector<std::vector<float>>& inputs,
 
 TEST(CudaKernels, AttentionBf16MatchesCpu) {
   PB_NEED_GPU();
-  for (Shape sh : {Shape{1, 1, 1, 8, 8, 0}, Shape{37, 4, 1, 64, 48, 0}, Shape{70, 8, 2, 32, 32, 5}}) {
+  for (Shape sh : {Shape{1, 1, 1, 8, 8, 0}, Shape{37, 4, 1, 64, 48, 0}, Shape{70, 8, 2, 32, 32, 5},
+                   Shape{300, 8, 2, 32, 32, 0}, Shape{257, 4, 2, 64, 40, 90}}) {
     ops::AttentionDims a;
     a.tokens = sh.T, a.q_heads = sh.Hq, a.kv_heads = sh.Hkv, a.qk_dim = sh.D, a.v_dim = sh.Dv, a.window = sh.W;
     a.block_q = 16, a.block_k = 16;

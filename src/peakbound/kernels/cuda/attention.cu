@@ -1,5 +1,6 @@
 #include "peakbound/kernels/cuda/attention.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "peakbound/kernels/cuda/launch.cuh"
@@ -209,6 +210,238 @@ __global__ void backward_dkv_k(float* dk, float* dv, const T* dout, const T* q, 
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// The tiled kernels (head dims up to DT = 32 or 64): one thread per query row (forward,
+// dq) or key row (dk, dv), a block of kRows rows of one head, the other side's rows staged
+// through shared memory kTile at a time as fp32 (widened once, read by every thread of the
+// block as a broadcast). Per tile the forward takes the tile's row maximum first and
+// rescales its running sum and output once (FlashAttention-2's order), not once per key.
+// The same contract and the same visible keys as the simple kernels above; each output is
+// still owned by one thread (no atomics: the same bits every run). The sums run in another
+// order than the simple kernels' warp reductions, so the two differ by rounding.
+
+constexpr int kRows = 64;  // query (or key) rows of a block: one a thread
+constexpr int kTile = 32;  // key (or query) rows staged in shared memory at a time
+
+template <int DT, typename T>
+__device__ inline void load_reg(float (&r)[DT], const T* x, std::int64_t n) {
+#pragma unroll
+  for (int c = 0; c < DT; ++c) r[c] = c < n ? ld(x, c) : 0.0f;
+}
+
+// Rows [r0, r0 + n) of x (row r at x + (r * heads + head) * width, `width` values) into
+// tile[kTile][DT], zero past n rows and past width columns; every thread of the block.
+template <int DT, int Threads, typename T>
+__device__ inline void stage(float (*tile)[DT], const T* x, std::int64_t r0, int n, std::int64_t heads,
+                             std::int64_t head, std::int64_t width) {
+  for (int e = threadIdx.x; e < kTile * DT; e += Threads) {
+    const int r = e / DT, c = e % DT;
+    tile[r][c] = r < n && c < width ? ld(x, ((r0 + r) * heads + head) * width + c) : 0.0f;
+  }
+}
+
+template <int DT>
+__device__ inline float dot(const float (&a)[DT], const float* b) {
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < DT; ++c) s = fmaf(a[c], b[c], s);
+  return s;
+}
+
+template <typename T, int DT>
+__global__ void __launch_bounds__(kRows) forward_tiled_k(float* out, float* lse, const T* q, const T* k, const T* v,
+                                                         Dims d) {
+  __shared__ float ks[kTile][DT], vs[kTile][DT];
+  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * kRows, h = blockIdx.y, g = h / (d.Hq / d.Hkv);
+  const std::int64_t i = i0 + threadIdx.x, last = (i0 + kRows < d.T ? i0 + kRows : d.T) - 1;
+  const bool row = i < d.T;
+  float qr[DT], acc[DT];
+#pragma unroll
+  for (int c = 0; c < DT; ++c) acc[c] = 0.0f;
+  std::int64_t lo = 0, hi = -1, blo, bhi, unused;
+  if (row) {
+    load_reg(qr, q + (i * d.Hq + h) * d.D, d.D);
+    visible_keys(d, i, lo, hi);
+  }
+  visible_keys(d, i0, blo, unused);    // the block's first visible key
+  visible_keys(d, last, unused, bhi);  // and its last
+  float m = -INFINITY, l = 0.0f;
+  for (std::int64_t j0 = blo; j0 <= bhi; j0 += kTile) {
+    const int n = bhi - j0 + 1 < kTile ? static_cast<int>(bhi - j0 + 1) : kTile;
+    __syncthreads();  // the previous tile's readers are done
+    stage<DT, kRows>(ks, k, j0, n, d.Hkv, g, d.D);
+    stage<DT, kRows>(vs, v, j0, n, d.Hkv, g, d.Dv);
+    __syncthreads();
+    const std::int64_t a = lo - j0 > 0 ? lo - j0 : 0, b = hi - j0 < n - 1 ? hi - j0 : n - 1;
+    if (a > b) continue;  // none of this tile's keys is visible to the row
+    float sc[kTile];
+    float mt = m;
+#pragma unroll
+    for (int jj = 0; jj < kTile; ++jj) {
+      sc[jj] = jj >= a && jj <= b ? d.scale * dot(qr, ks[jj]) : -INFINITY;
+      mt = sc[jj] > mt ? sc[jj] : mt;
+    }
+    const float corr = expf(m - mt);
+    l *= corr;
+#pragma unroll
+    for (int c = 0; c < DT; ++c) acc[c] *= corr;
+#pragma unroll
+    for (int jj = 0; jj < kTile; ++jj) {
+      const float p = jj >= a && jj <= b ? expf(sc[jj] - mt) : 0.0f;
+      l += p;
+#pragma unroll
+      for (int c = 0; c < DT; ++c) acc[c] = fmaf(p, vs[jj][c], acc[c]);
+    }
+    m = mt;
+  }
+  if (!row) return;
+  float* o = out + (i * d.Hq + h) * d.Dv;
+  float* L = lse + i * d.Hq + h;
+  const bool empty = l == 0.0f;
+  const float bl = empty ? -INFINITY : m + logf(l);
+  if (d.acc && *L != -INFINITY) {
+    if (empty) return;  // this block adds nothing to the running state
+    const float L0 = *L, M = L0 > bl ? L0 : bl;
+    const float nl = M + logf(expf(L0 - M) + expf(bl - M));
+    const float a0 = expf(L0 - nl), a1 = expf(bl - nl) / l;
+#pragma unroll
+    for (int c = 0; c < DT; ++c)
+      if (c < d.Dv) o[c] = o[c] * a0 + acc[c] * a1;
+    *L = nl;
+    return;
+  }
+#pragma unroll
+  for (int c = 0; c < DT; ++c)
+    if (c < d.Dv) o[c] = empty ? 0.0f : acc[c] / l;
+  *L = bl;
+}
+
+// dq for kRows query rows of one head.
+template <typename T, int DT>
+__global__ void __launch_bounds__(kRows) backward_dq_tiled_k(float* dq, const T* dout, const T* q, const T* k,
+                                                             const T* v, const float* lse, const float* Drow, Dims d) {
+  __shared__ float ks[kTile][DT], vs[kTile][DT];
+  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * kRows, h = blockIdx.y, g = h / (d.Hq / d.Hkv);
+  const std::int64_t i = i0 + threadIdx.x, last = (i0 + kRows < d.T ? i0 + kRows : d.T) - 1;
+  const bool row = i < d.T;
+  const std::int64_t w = i * d.Hq + h;
+  float qr[DT], gr[DT], acc[DT];
+#pragma unroll
+  for (int c = 0; c < DT; ++c) acc[c] = 0.0f;
+  std::int64_t lo = 0, hi = -1, blo, bhi, unused;
+  float L = -INFINITY, Di = 0.0f;
+  if (row) {
+    load_reg(qr, q + w * d.D, d.D);
+    load_reg(gr, dout + w * d.Dv, d.Dv);
+    L = lse[w], Di = Drow[w];
+    visible_keys(d, i, lo, hi);
+    if (L == -INFINITY) hi = lo - 1;  // the row saw no key anywhere
+  }
+  visible_keys(d, i0, blo, unused);
+  visible_keys(d, last, unused, bhi);
+  for (std::int64_t j0 = blo; j0 <= bhi; j0 += kTile) {
+    const int n = bhi - j0 + 1 < kTile ? static_cast<int>(bhi - j0 + 1) : kTile;
+    __syncthreads();
+    stage<DT, kRows>(ks, k, j0, n, d.Hkv, g, d.D);
+    stage<DT, kRows>(vs, v, j0, n, d.Hkv, g, d.Dv);
+    __syncthreads();
+    const std::int64_t a = lo - j0 > 0 ? lo - j0 : 0, b = hi - j0 < n - 1 ? hi - j0 : n - 1;
+    if (a > b) continue;
+#pragma unroll 4
+    for (int jj = 0; jj < kTile; ++jj) {
+      if (jj < a || jj > b) continue;
+      const float p = expf(d.scale * dot(qr, ks[jj]) - L);
+      const float ds = d.scale * (p * (dot(gr, vs[jj]) - Di));
+#pragma unroll
+      for (int c = 0; c < DT; ++c) acc[c] = fmaf(ds, ks[jj][c], acc[c]);
+    }
+  }
+  if (!row) return;
+  float* o = dq + w * d.D;
+#pragma unroll
+  for (int c = 0; c < DT; ++c)
+    if (c < d.D) o[c] = d.acc ? o[c] + acc[c] : acc[c];
+}
+
+// dk, dv for kRows key rows of one kv head, over the query heads of its group and the
+// query rows that see them (staged with their lse and D_i).
+template <typename T, int DT>
+__global__ void __launch_bounds__(kRows) backward_dkv_tiled_k(float* dk, float* dv, const T* dout, const T* q,
+                                                              const T* k, const T* v, const float* lse,
+                                                              const float* Drow, Dims d) {
+  __shared__ float qs[kTile][DT], gs[kTile][DT], ls[kTile], ds_[kTile];
+  const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kRows, g = blockIdx.y, group = d.Hq / d.Hkv;
+  const std::int64_t j = j0 + threadIdx.x, last = (j0 + kRows < d.Tk ? j0 + kRows : d.Tk) - 1;
+  const bool row = j < d.Tk;
+  const std::int64_t w = j * d.Hkv + g;
+  float kr[DT], vr[DT], ak[DT], av[DT];
+#pragma unroll
+  for (int c = 0; c < DT; ++c) ak[c] = av[c] = 0.0f;
+  std::int64_t lo = 0, hi = -1, blo, bhi, unused;
+  if (row) {
+    load_reg(kr, k + w * d.D, d.D);
+    load_reg(vr, v + w * d.Dv, d.Dv);
+    seeing_queries(d, j, lo, hi);
+  }
+  seeing_queries(d, j0, blo, unused);    // the block's first seeing query
+  seeing_queries(d, last, unused, bhi);  // and its last
+  for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
+    for (std::int64_t i0 = blo; i0 <= bhi; i0 += kTile) {
+      const int n = bhi - i0 + 1 < kTile ? static_cast<int>(bhi - i0 + 1) : kTile;
+      __syncthreads();
+      stage<DT, kRows>(qs, q, i0, n, d.Hq, h, d.D);
+      stage<DT, kRows>(gs, dout, i0, n, d.Hq, h, d.Dv);
+      if (threadIdx.x < kTile) {
+        const int r = threadIdx.x;
+        ls[r] = r < n ? lse[(i0 + r) * d.Hq + h] : -INFINITY;
+        ds_[r] = r < n ? Drow[(i0 + r) * d.Hq + h] : 0.0f;
+      }
+      __syncthreads();
+      const std::int64_t a = lo - i0 > 0 ? lo - i0 : 0, b = hi - i0 < n - 1 ? hi - i0 : n - 1;
+      if (a > b) continue;
+#pragma unroll 4
+      for (int ii = 0; ii < kTile; ++ii) {
+        if (ii < a || ii > b || ls[ii] == -INFINITY) continue;
+        const float p = expf(d.scale * dot(kr, qs[ii]) - ls[ii]);
+        const float ds = d.scale * (p * (dot(vr, gs[ii]) - ds_[ii]));
+#pragma unroll
+        for (int c = 0; c < DT; ++c) {
+          av[c] = fmaf(p, gs[ii][c], av[c]);
+          ak[c] = fmaf(ds, qs[ii][c], ak[c]);
+        }
+      }
+    }
+  if (!row) return;
+  float* ok = dk + w * d.D;
+  float* ov = dv + w * d.Dv;
+#pragma unroll
+  for (int c = 0; c < DT; ++c) {
+    if (c < d.D) ok[c] = d.acc ? ok[c] + ak[c] : ak[c];
+    if (c < d.Dv) ov[c] = d.acc ? ov[c] + av[c] : av[c];
+  }
+}
+
+// Which kernels a call runs: the tiled ones where both head dims fit 32 or 64 (their
+// register rows), the simple ones otherwise or where PEAKBOUND_CUDA_ATTENTION=simple
+// asks for them (for comparing the two on a GPU).
+int tiled_dim(const AttentionDims& a) {
+  static const bool simple = [] {
+    const char* e = std::getenv("PEAKBOUND_CUDA_ATTENTION");
+    return e && std::string(e) == "simple";
+  }();
+  if (simple) return 0;
+  const std::int64_t m = a.qk_dim > a.v_dim ? a.qk_dim : a.v_dim;
+  return m <= 32 ? 32 : m <= 64 ? 64 : 0;
+}
+
+dim3 row_grid(std::int64_t rows, std::int64_t heads) {
+  const std::int64_t b = (rows + kRows - 1) / kRows;
+  if (b > 0x7fffffff || heads > 65535)
+    throw InvalidArgument("cuda attention: " + std::to_string(rows) + " rows of " + std::to_string(heads) +
+                          " heads exceed one grid");
+  return dim3(static_cast<unsigned>(b), static_cast<unsigned>(heads));
+}
+
 void check(const AttentionDims& a) {
   check_attention_dims(a);
   if (a.qk_dim > kMaxHeadDim || a.v_dim > kMaxHeadDim)
@@ -225,7 +458,16 @@ unsigned warp_blocks(std::int64_t warps) {
 template <typename T>
 void forward_launch(void* s, float* out, float* lse, const T* q, const T* k, const T* v, const AttentionDims& a) {
   check(a);
-  forward_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+  switch (tiled_dim(a)) {
+    case 32:
+      forward_tiled_k<T, 32><<<row_grid(a.tokens, a.q_heads), kRows, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+      break;
+    case 64:
+      forward_tiled_k<T, 64><<<row_grid(a.tokens, a.q_heads), kRows, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+      break;
+    default:
+      forward_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+  }
   check_launch("attention_forward");
 }
 
@@ -246,11 +488,25 @@ void backward_launch(void* s, float* dq, float* dk, float* dv, const T* dout, co
     check_launch("attention_backward");
     row_dot = workspace;
   }
-  backward_dq_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot,
-                                                                                    d);
-  check_launch("attention_backward");
-  backward_dkv_k<T><<<warp_blocks(a.key_tokens() * a.kv_heads), kWarps * 32, 0, native(s)>>>(dk, dv, dout, q, k, v,
-                                                                                            lse, row_dot, d);
+  const dim3 qg = row_grid(a.tokens, a.q_heads), kg = row_grid(a.key_tokens(), a.kv_heads);
+  switch (tiled_dim(a)) {
+    case 32:
+      backward_dq_tiled_k<T, 32><<<qg, kRows, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot, d);
+      check_launch("attention_backward");
+      backward_dkv_tiled_k<T, 32><<<kg, kRows, 0, native(s)>>>(dk, dv, dout, q, k, v, lse, row_dot, d);
+      break;
+    case 64:
+      backward_dq_tiled_k<T, 64><<<qg, kRows, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot, d);
+      check_launch("attention_backward");
+      backward_dkv_tiled_k<T, 64><<<kg, kRows, 0, native(s)>>>(dk, dv, dout, q, k, v, lse, row_dot, d);
+      break;
+    default:
+      backward_dq_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(dq, dout, q, k, v, lse,
+                                                                                        row_dot, d);
+      check_launch("attention_backward");
+      backward_dkv_k<T><<<warp_blocks(a.key_tokens() * a.kv_heads), kWarps * 32, 0, native(s)>>>(dk, dv, dout, q, k,
+                                                                                                v, lse, row_dot, d);
+  }
   check_launch("attention_backward");
 }
 
