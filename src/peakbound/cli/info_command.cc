@@ -24,7 +24,7 @@ std::string build_description() {
   s += "  mpi:  off (built with PEAKBOUND_WITH_MPI=OFF)\n";
 #endif
 #ifdef PEAKBOUND_HAVE_CUDA
-  s += "  cuda: on (device backend pending)\n";
+  s += "  cuda: on (--device cuda)\n";
 #else
   s += "  cuda: off (built without the CUDA toolkit)\n";
 #endif
