@@ -78,6 +78,27 @@ __device__ inline float dot_row(const float* r, const T* x, std::int64_t n) {
   return warp_sum(s);
 }
 
+// A forward row's end, from its running max m and sum l over this call's keys and, in the
+// accumulate mode, the running state's lse L0: merge folds the block into the running
+// output (out = out * keep + acc * take); otherwise out = acc / l, or 0 for a row that saw
+// no key (empty). write is false where the block adds nothing to a running state.
+struct RowEnd {
+  bool write, merge, empty;
+  float keep, take, l, lse;
+  __device__ float value(float old, float a) const { return merge ? old * keep + a * take : empty ? 0.0f : a / l; }
+};
+__device__ inline RowEnd row_end(float m, float l, bool accumulate, const float* L) {
+  const bool empty = l == 0.0f;
+  const float bl = empty ? -INFINITY : m + logf(l);
+  if (accumulate && *L != -INFINITY) {
+    if (empty) return {false, false, true, 0.0f, 0.0f, l, *L};
+    const float L0 = *L, M = L0 > bl ? L0 : bl;
+    const float nl = M + logf(expf(L0 - M) + expf(bl - M));
+    return {true, true, false, expf(L0 - nl), expf(bl - nl) / l, l, nl};
+  }
+  return {true, false, empty, 0.0f, 0.0f, l, bl};
+}
+
 template <typename T>
 __global__ void forward_k(float* out, float* lse, const T* q, const T* k, const T* v, Dims d) {
   const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + threadIdx.x / 32;
@@ -104,25 +125,13 @@ __global__ void forward_k(float* out, float* lse, const T* q, const T* k, const 
   }
   float* o = out + (i * d.Hq + h) * d.Dv;
   float* L = lse + i * d.Hq + h;
-  const bool empty = l == 0.0f;
-  const float bl = empty ? -INFINITY : m + logf(l);
-  if (d.acc && *L != -INFINITY) {
-    if (empty) return;  // this block adds nothing to the running state
-    const float L0 = *L, M = L0 > bl ? L0 : bl;
-    const float nl = M + logf(expf(L0 - M) + expf(bl - M));
-    const float a0 = expf(L0 - nl), a1 = expf(bl - nl) / l;
-    for (int c = 0; c < kPerLane; ++c) {
-      const std::int64_t e = c * 32 + lane;
-      if (e < d.Dv) o[e] = o[e] * a0 + acc[c] * a1;
-    }
-    if (lane == 0) *L = nl;
-    return;
-  }
+  const RowEnd end = row_end(m, l, d.acc, L);
+  if (!end.write) return;
   for (int c = 0; c < kPerLane; ++c) {
     const std::int64_t e = c * 32 + lane;
-    if (e < d.Dv) o[e] = empty ? 0.0f : acc[c] / l;
+    if (e < d.Dv) o[e] = end.value(end.merge ? o[e] : 0.0f, acc[c]);
   }
-  if (lane == 0) *L = bl;
+  if (lane == 0) *L = end.lse;
 }
 
 template <typename T>
@@ -297,23 +306,12 @@ __global__ void __launch_bounds__(kRows) forward_tiled_k(float* out, float* lse,
   if (!row) return;
   float* o = out + (i * d.Hq + h) * d.Dv;
   float* L = lse + i * d.Hq + h;
-  const bool empty = l == 0.0f;
-  const float bl = empty ? -INFINITY : m + logf(l);
-  if (d.acc && *L != -INFINITY) {
-    if (empty) return;  // this block adds nothing to the running state
-    const float L0 = *L, M = L0 > bl ? L0 : bl;
-    const float nl = M + logf(expf(L0 - M) + expf(bl - M));
-    const float a0 = expf(L0 - nl), a1 = expf(bl - nl) / l;
-#pragma unroll
-    for (int c = 0; c < DT; ++c)
-      if (c < d.Dv) o[c] = o[c] * a0 + acc[c] * a1;
-    *L = nl;
-    return;
-  }
+  const RowEnd end = row_end(m, l, d.acc, L);
+  if (!end.write) return;
 #pragma unroll
   for (int c = 0; c < DT; ++c)
-    if (c < d.Dv) o[c] = empty ? 0.0f : acc[c] / l;
-  *L = bl;
+    if (c < d.Dv) o[c] = end.value(end.merge ? o[c] : 0.0f, acc[c]);
+  *L = end.lse;
 }
 
 // dq for kRows query rows of one head.
