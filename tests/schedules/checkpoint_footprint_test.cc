@@ -118,9 +118,9 @@ TEST(CheckpointFootprint, MeasuredPeaksEqualTheFootprintPerPhaseOverTheGrid) {
 TEST(CheckpointFootprint, TheBudgetPolicyIsMeasuredAsTheFootprintSaysToo) {
   const std::uint64_t b = arena_reserved(37 * 13 * 4);
   CheckpointRunConfig c = odd(7, CheckpointSchedule::sco, 2, std::nullopt);
-  c.options.checkpoint_budget = 5 * b + 7;  // a ring of 4 and one resident
+  c.options.checkpoint_budget = 5 * b + 7;  // a ring of 3 and two resident
   CheckpointRun r(c);
-  EXPECT_EQ(r.stack().placement().resident, 1);
+  EXPECT_EQ(r.stack().placement().resident, 2);
   expect_measured_is_footprint(r, "budget");
 }
 
@@ -129,13 +129,13 @@ TEST(CheckpointFootprint, SlotsAndBytesFollowThePlacement) {
   o.prefetch_depth = 1;
   o.resident_layers = 0;
   const std::uint64_t b = arena_reserved(37 * 13 * 2);
-  // L = 8, D = 1: a ring of D + 2 = 3 on the device (not D + 1), 5 boundaries on the host.
+  // L = 8, D = 1: a ring of D + 1 = 2 on the device, 6 boundaries on the host.
   Footprint f = checkpoint_footprint(8, 37 * 13, 2, o);
-  EXPECT_EQ(f.device_peak(Component::checkpoints), 3 * b);
-  EXPECT_EQ(f.host_peak(Component::checkpoints), 5 * b);
+  EXPECT_EQ(f.device_peak(Component::checkpoints), 2 * b);
+  EXPECT_EQ(f.host_peak(Component::checkpoints), 6 * b);
   EXPECT_EQ(dev_at(f, "forward", Component::layer), 0u);
   EXPECT_EQ(dev_at(f, "backward", Component::layer), 2 * b);  // the gradient ping-pong
-  // Fewer layers than the ring: min(L, D + 2) slots, nothing offloaded.
+  // No more layers than the ring: min(L, D + 1) slots, nothing offloaded.
   f = checkpoint_footprint(2, 37 * 13, 2, o);
   EXPECT_EQ(f.device_peak(Component::checkpoints), 2 * b);
   EXPECT_EQ(f.host_peak_total(), 0u);
@@ -149,14 +149,14 @@ TEST(CheckpointFootprint, SlotsAndBytesFollowThePlacement) {
 
 TEST(CheckpointFootprint, ModelScaleIsExactAndOverflowIsAnError) {
   // 48 layers, 8192 tokens x 4096 hidden in bf16 (64 MiB boundaries), prefetch depth 2,
-  // a 1 GiB checkpoint budget: 16 boundaries fit, 4 of them the ring, so 12 resident.
+  // a 1 GiB checkpoint budget: 16 boundaries fit, 3 of them the ring, so 13 resident.
   CheckpointOptions o;
   o.prefetch_depth = 2;
   o.checkpoint_budget = 1ull << 30;
   const std::uint64_t b = 8192ull * 4096 * 2;
   const CheckpointBuffers bufs = checkpoint_buffers(48, 8192ull * 4096, 2, o);
-  EXPECT_EQ(bufs.placement.resident, 12);
-  EXPECT_EQ(bufs.placement.ring_slots, 4);
+  EXPECT_EQ(bufs.placement.resident, 13);
+  EXPECT_EQ(bufs.placement.ring_slots, 3);
   EXPECT_EQ(bufs.placement.offloaded, 32);
   const Footprint f = checkpoint_footprint(bufs);
   EXPECT_EQ(f.device_peak(Component::checkpoints), 16 * b);

@@ -11,20 +11,22 @@ namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMake
 
 constexpr std::uint64_t kB = 1 << 20;  // one boundary, already aligned
 
-TEST(CheckpointPolicy, RingIsDepthPlusTwoAndTheRestGoesToHost) {
+TEST(CheckpointPolicy, RingIsDepthPlusOneAndTheRestGoesToHost) {
   CheckpointPlacement p = place_sco(16, kB, 1, 0);
-  EXPECT_EQ(p.ring_slots, 3);
-  EXPECT_EQ(p.offloaded, 13);
-  EXPECT_EQ(p.device_bytes(), 3 * kB);
-  EXPECT_EQ(p.host_bytes(), 13 * kB);
+  EXPECT_EQ(p.ring_slots, 2);
+  EXPECT_EQ(p.offloaded, 14);
+  EXPECT_EQ(p.device_bytes(), 2 * kB);
+  EXPECT_EQ(p.host_bytes(), 14 * kB);
   p = place_sco(16, kB, 4, 3);
-  EXPECT_EQ(p.ring_slots, 6);
-  EXPECT_EQ(p.offloaded, 7);
-  EXPECT_EQ(p.device_bytes(), 9 * kB);
+  EXPECT_EQ(p.ring_slots, 5);
+  EXPECT_EQ(p.offloaded, 8);
+  EXPECT_EQ(p.device_bytes(), 8 * kB);
+  // At the default depth two boundaries stay on the device whatever the stack's depth.
+  for (std::int64_t L : {2, 4, 7, 48}) EXPECT_EQ(place_sco(L, kB, 1, 0).device_bytes(), 2 * kB) << L;
 }
 
 TEST(CheckpointPolicy, FewLayersNeedNoMoreSlotsThanLayers) {
-  for (std::int64_t L : {1, 2, 3}) {
+  for (std::int64_t L : {1, 2, 3, 5}) {
     CheckpointPlacement p = place_sco(L, kB, 4, 0);
     EXPECT_EQ(p.ring_slots, L);
     EXPECT_EQ(p.offloaded, 0);
@@ -35,14 +37,14 @@ TEST(CheckpointPolicy, FewLayersNeedNoMoreSlotsThanLayers) {
 }
 
 TEST(CheckpointPolicy, BudgetKeepsAsManyResidentAsFit) {
-  EXPECT_EQ(place_sco_within(16, kB, 1, 3 * kB).resident, 0);
-  EXPECT_EQ(place_sco_within(16, kB, 1, 7 * kB + 5).resident, 4);
+  EXPECT_EQ(place_sco_within(16, kB, 1, 2 * kB).resident, 0);
+  EXPECT_EQ(place_sco_within(16, kB, 1, 7 * kB + 5).resident, 5);
   EXPECT_EQ(place_sco_within(16, kB, 1, 7 * kB + 5).device_bytes(), 7 * kB);
   EXPECT_EQ(place_sco_within(16, kB, 1, 16 * kB).resident, 16);
   EXPECT_EQ(place_sco_within(16, kB, 1, 100 * kB).device_bytes(), 16 * kB);
   EXPECT_EQ(place_sco_within(2, kB, 3, 2 * kB).resident, 2);  // all fit, ring not needed
-  EXPECT_THROW(place_sco_within(16, kB, 1, 3 * kB - 1), OutOfBudget);
-  EXPECT_THROW(place_sco_within(16, kB, 2, 3 * kB), OutOfBudget);
+  EXPECT_THROW(place_sco_within(16, kB, 1, 2 * kB - 1), OutOfBudget);
+  EXPECT_THROW(place_sco_within(16, kB, 2, 2 * kB), OutOfBudget);
 }
 
 TEST(CheckpointPolicy, ReductionMeetsTheTargetForEveryDepthAndLength) {
@@ -50,7 +52,7 @@ TEST(CheckpointPolicy, ReductionMeetsTheTargetForEveryDepthAndLength) {
     for (std::int64_t L = 1; L <= 64; ++L) {
       const double cut = 1.0 - static_cast<double>(place_sco(L, kB, D, 0).device_bytes()) /
                                    static_cast<double>(place_all_resident(L, kB).device_bytes());
-      EXPECT_GE(cut, 1.0 - static_cast<double>(D + 2) / static_cast<double>(L) - 1e-12) << L << " " << D;
+      EXPECT_GE(cut, 1.0 - static_cast<double>(D + 1) / static_cast<double>(L) - 1e-12) << L << " " << D;
     }
 }
 

@@ -105,17 +105,21 @@ void CheckpointedStack::forward(const Tensor& x, const Tensor& y) {
 void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
   Stream& compute = dev_.compute_stream();
   const std::int64_t L = layers(), O = placement().offloaded;
+  // Boundary l, once the compute that writes it is done, goes to the host while block l
+  // reads it: both only read it, and the copy has block l's compute to hide behind.
+  auto offload = [&](std::int64_t l, const void* boundary) {
+    if (l >= O) return;
+    dev_.wait(link_.stream(), dev_.record(compute));
+    slot_free_[static_cast<std::size_t>(slot_of(l))] =
+        link_.copy(host_[static_cast<std::size_t>(l)].data(), boundary, bytes_, CopyKind::device_to_host);
+  };
   void* in = acquire_boundary(0);
   dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
+  offload(0, in);
   for (std::int64_t l = 0; l < L; ++l) {
     void* out = l + 1 < L ? acquire_boundary(l + 1) : y.raw();
     blocks_[static_cast<std::size_t>(l)]->forward(view(in), view(out));
-    if (l < O) {
-      // Block l has consumed its input: offload it once the compute that read it is done.
-      dev_.wait(link_.stream(), dev_.record(compute));
-      slot_free_[static_cast<std::size_t>(slot_of(l))] =
-          link_.copy(host_[static_cast<std::size_t>(l)].data(), in, bytes_, CopyKind::device_to_host);
-    }
+    if (l + 1 < L) offload(l + 1, out);
     in = out;
   }
 }

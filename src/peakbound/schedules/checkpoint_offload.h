@@ -3,12 +3,13 @@
 // its internals from it. Two schedules behind one interface:
 //   resident  the baseline: every boundary stays in the Arena (component checkpoints)
 //             until its block's backward;
-//   sco       Selective Checkpoint Offload: after block l's forward has consumed its
-//             input, the input is copied to host memory (HostMemory, component
-//             checkpoints) on the copy engine, its device slot reused once that copy
-//             has completed; in backward boundaries come back into a fixed ring of
-//             prefetch_depth + 2 device slots (allocated once, at construction) ahead
-//             of the block that needs them. The selective policy keeps the last K
+//   sco       Selective Checkpoint Offload: as soon as a boundary is written (x's copy
+//             into boundary 0, block l - 1's output into boundary l), it is copied to
+//             host memory (HostMemory, component checkpoints) on the copy engine while
+//             block l reads it, its device slot reused once that copy has completed;
+//             in backward boundaries come back into a fixed ring of prefetch_depth + 1
+//             device slots (allocated once, at construction) ahead of the block that
+//             needs them. The selective policy keeps the last K
 //             boundaries resident (checkpoint_policy.h); K = L is the baseline.
 // Every buffer the stack holds comes from checkpoint_buffers() (checkpoint_policy.h),
 // the same numbers checkpoint_footprint() reports.

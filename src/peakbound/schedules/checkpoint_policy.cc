@@ -68,7 +68,7 @@ nlohmann::json CheckpointPlacement::to_json() const {
 std::int64_t ring_slots_for(std::int64_t prefetch_depth) {
   if (prefetch_depth < 1)
     throw InvalidArgument("checkpoint prefetch_depth must be >= 1 (got " + std::to_string(prefetch_depth) + ")");
-  return prefetch_depth + 2;
+  return prefetch_depth + 1;
 }
 
 namespace {

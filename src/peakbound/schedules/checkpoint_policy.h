@@ -3,16 +3,19 @@
 // that decides it, and the footprint: the one place the stack's sizes come from.
 //
 // Boundaries [0, L) split into three ranges, by index:
-//   [0, O)     offloaded: copied to host after block l's forward, prefetched back in
-//              backward into a ring slot;
+//   [0, O)     offloaded: copied to host as soon as it is written (x's copy, or block
+//              l - 1's forward), while block l reads it; prefetched back in backward
+//              into a ring slot;
 //   [O, M)     ring tail: the last R boundaries cycled through the ring are never
 //              overwritten in forward, so they stay in their slots, no copy needed;
 //   [M, L)     resident: K = L - M dedicated device buffers (last layers first, since
 //              backward needs them first).
-// The ring has R = min(prefetch_depth + 2, M) slots, allocated once: in forward a
-// slot is rewritten only D blocks after its D2H was issued, in backward a freed slot
-// is refilled at once, D + 1 blocks before it is needed. With K = L nothing moves and
-// SCO is the resident baseline.
+// The ring has R = min(prefetch_depth + 1, M) slots, allocated once: in forward a
+// slot is rewritten only D blocks after its D2H was issued (the D2H of boundary l
+// starts before block l reads it, so block l's compute hides it), in backward a freed
+// slot is refilled at once, D blocks before it is needed. At the default D = 1 the
+// device holds two boundaries of a checkpointed stack whatever its depth. With K = L
+// nothing moves and SCO is the resident baseline.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +38,7 @@ CheckpointSchedule parse_checkpoint_schedule(std::string_view name);
 // flags and the planner all read this struct.
 struct CheckpointOptions {
   CheckpointSchedule schedule = CheckpointSchedule::sco;
-  // sco: blocks of compute each copy hides behind; the ring holds prefetch_depth + 2.
+  // sco: blocks of compute each copy hides behind; the ring holds prefetch_depth + 1.
   std::int64_t prefetch_depth = 1;
   // sco: keep exactly the last K boundaries resident, 0 <= K <= L. Unset: the policy
   // decides from checkpoint_budget.
@@ -77,7 +80,7 @@ struct CheckpointPlacement {
   nlohmann::json to_json() const;
 };
 
-// Ring slots for a prefetch depth: D + 2 (see above). Throws InvalidArgument if D < 1.
+// Ring slots for a prefetch depth: D + 1 (see above). Throws InvalidArgument if D < 1.
 std::int64_t ring_slots_for(std::int64_t prefetch_depth);
 
 // Every boundary in its own device buffer: the `resident` baseline.
