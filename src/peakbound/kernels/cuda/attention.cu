@@ -249,6 +249,20 @@ __device__ inline void stage(float (*tile)[DT], const T* x, std::int64_t r0, int
   }
 }
 
+// The rows a staged tile holds: [r0, r0 + n) of the block's range, which ends at block_hi.
+__device__ inline int tile_rows(std::int64_t r0, std::int64_t block_hi) {
+  return block_hi - r0 + 1 < kTile ? static_cast<int>(block_hi - r0 + 1) : kTile;
+}
+// The tile-relative part [a, b] of a thread's own range [lo, hi] (empty when a > b). Taken
+// after the tile is staged, so that it is not live across the staging (at DT 64 that
+// costs the dk/dv kernel more spills).
+struct TilePart {
+  std::int64_t a, b;
+};
+__device__ inline TilePart tile_part(std::int64_t r0, int n, std::int64_t lo, std::int64_t hi) {
+  return {lo - r0 > 0 ? lo - r0 : 0, hi - r0 < n - 1 ? hi - r0 : n - 1};
+}
+
 template <int DT>
 __device__ inline float dot(const float (&a)[DT], const float* b) {
   float s = 0.0f;
@@ -276,12 +290,12 @@ __global__ void __launch_bounds__(kRows) forward_tiled_k(float* out, float* lse,
   visible_keys(d, last, unused, bhi);  // and its last
   float m = -INFINITY, l = 0.0f;
   for (std::int64_t j0 = blo; j0 <= bhi; j0 += kTile) {
-    const int n = bhi - j0 + 1 < kTile ? static_cast<int>(bhi - j0 + 1) : kTile;
+    const int n = tile_rows(j0, bhi);
     __syncthreads();  // the previous tile's readers are done
     stage<DT, kRows>(ks, k, j0, n, d.Hkv, g, d.D);
     stage<DT, kRows>(vs, v, j0, n, d.Hkv, g, d.Dv);
     __syncthreads();
-    const std::int64_t a = lo - j0 > 0 ? lo - j0 : 0, b = hi - j0 < n - 1 ? hi - j0 : n - 1;
+    const auto [a, b] = tile_part(j0, n, lo, hi);
     if (a > b) continue;  // none of this tile's keys is visible to the row
     float sc[kTile];
     float mt = m;
@@ -338,12 +352,12 @@ __global__ void __launch_bounds__(kRows) backward_dq_tiled_k(float* dq, const T*
   visible_keys(d, i0, blo, unused);
   visible_keys(d, last, unused, bhi);
   for (std::int64_t j0 = blo; j0 <= bhi; j0 += kTile) {
-    const int n = bhi - j0 + 1 < kTile ? static_cast<int>(bhi - j0 + 1) : kTile;
+    const int n = tile_rows(j0, bhi);
     __syncthreads();
     stage<DT, kRows>(ks, k, j0, n, d.Hkv, g, d.D);
     stage<DT, kRows>(vs, v, j0, n, d.Hkv, g, d.Dv);
     __syncthreads();
-    const std::int64_t a = lo - j0 > 0 ? lo - j0 : 0, b = hi - j0 < n - 1 ? hi - j0 : n - 1;
+    const auto [a, b] = tile_part(j0, n, lo, hi);
     if (a > b) continue;
 #pragma unroll 4
     for (int jj = 0; jj < kTile; ++jj) {
@@ -385,7 +399,7 @@ __global__ void __launch_bounds__(kRows) backward_dkv_tiled_k(float* dk, float* 
   seeing_queries(d, last, unused, bhi);  // and its last
   for (std::int64_t h = g * group; h < (g + 1) * group; ++h)
     for (std::int64_t i0 = blo; i0 <= bhi; i0 += kTile) {
-      const int n = bhi - i0 + 1 < kTile ? static_cast<int>(bhi - i0 + 1) : kTile;
+      const int n = tile_rows(i0, bhi);
       __syncthreads();
       stage<DT, kRows>(qs, q, i0, n, d.Hq, h, d.D);
       stage<DT, kRows>(gs, dout, i0, n, d.Hq, h, d.Dv);
@@ -395,7 +409,7 @@ __global__ void __launch_bounds__(kRows) backward_dkv_tiled_k(float* dk, float* 
         ds_[r] = r < n ? Drow[(i0 + r) * d.Hq + h] : 0.0f;
       }
       __syncthreads();
-      const std::int64_t a = lo - i0 > 0 ? lo - i0 : 0, b = hi - i0 < n - 1 ? hi - i0 : n - 1;
+      const auto [a, b] = tile_part(i0, n, lo, hi);
       if (a > b) continue;
 #pragma unroll 4
       for (int ii = 0; ii < kTile; ++ii) {
@@ -440,6 +454,22 @@ dim3 row_grid(std::int64_t rows, std::int64_t heads) {
   return dim3(static_cast<unsigned>(b), static_cast<unsigned>(heads));
 }
 
+// The tiled kernels' launches at one register width DT.
+template <typename T, int DT>
+void forward_tiled(void* s, float* out, float* lse, const T* q, const T* k, const T* v, const AttentionDims& a) {
+  forward_tiled_k<T, DT><<<row_grid(a.tokens, a.q_heads), kRows, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
+}
+template <typename T, int DT>
+void backward_tiled(void* s, float* dq, float* dk, float* dv, const T* dout, const T* q, const T* k, const T* v,
+                    const float* lse, const float* row_dot, const AttentionDims& a) {
+  const Dims d = dims_of(a);
+  backward_dq_tiled_k<T, DT><<<row_grid(a.tokens, a.q_heads), kRows, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot,
+                                                                                      d);
+  check_launch("attention_backward");
+  backward_dkv_tiled_k<T, DT><<<row_grid(a.key_tokens(), a.kv_heads), kRows, 0, native(s)>>>(dk, dv, dout, q, k, v,
+                                                                                              lse, row_dot, d);
+}
+
 void check(const AttentionDims& a) {
   check_attention_dims(a);
   if (a.qk_dim > kMaxHeadDim || a.v_dim > kMaxHeadDim)
@@ -457,12 +487,8 @@ template <typename T>
 void forward_launch(void* s, float* out, float* lse, const T* q, const T* k, const T* v, const AttentionDims& a) {
   check(a);
   switch (tiled_dim(a)) {
-    case 32:
-      forward_tiled_k<T, 32><<<row_grid(a.tokens, a.q_heads), kRows, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
-      break;
-    case 64:
-      forward_tiled_k<T, 64><<<row_grid(a.tokens, a.q_heads), kRows, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
-      break;
+    case 32: forward_tiled<T, 32>(s, out, lse, q, k, v, a); break;
+    case 64: forward_tiled<T, 64>(s, out, lse, q, k, v, a); break;
     default:
       forward_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(out, lse, q, k, v, dims_of(a));
   }
@@ -486,18 +512,9 @@ void backward_launch(void* s, float* dq, float* dk, float* dv, const T* dout, co
     check_launch("attention_backward");
     row_dot = workspace;
   }
-  const dim3 qg = row_grid(a.tokens, a.q_heads), kg = row_grid(a.key_tokens(), a.kv_heads);
   switch (tiled_dim(a)) {
-    case 32:
-      backward_dq_tiled_k<T, 32><<<qg, kRows, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot, d);
-      check_launch("attention_backward");
-      backward_dkv_tiled_k<T, 32><<<kg, kRows, 0, native(s)>>>(dk, dv, dout, q, k, v, lse, row_dot, d);
-      break;
-    case 64:
-      backward_dq_tiled_k<T, 64><<<qg, kRows, 0, native(s)>>>(dq, dout, q, k, v, lse, row_dot, d);
-      check_launch("attention_backward");
-      backward_dkv_tiled_k<T, 64><<<kg, kRows, 0, native(s)>>>(dk, dv, dout, q, k, v, lse, row_dot, d);
-      break;
+    case 32: backward_tiled<T, 32>(s, dq, dk, dv, dout, q, k, v, lse, row_dot, a); break;
+    case 64: backward_tiled<T, 64>(s, dq, dk, dv, dout, q, k, v, lse, row_dot, a); break;
     default:
       backward_dq_k<T><<<warp_blocks(a.tokens * a.q_heads), kWarps * 32, 0, native(s)>>>(dq, dout, q, k, v, lse,
                                                                                         row_dot, d);
