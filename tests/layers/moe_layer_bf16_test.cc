@@ -196,6 +196,21 @@ TEST(MoeLayerBf16, SideTilesAndOneHotExpert) {
               w.dx, w.cos, w.cos_name.c_str());
 }
 
+// The whole sublayer over row tiles of 6 (MoeLayerConfig::seq_tile; side tiles of 4 inside
+// them too): bf16 against f32 as untiled, each precision's peaks one tile's footprint.
+TEST(MoeLayerBf16, RowTiles) {
+  Worst w;
+  for (const Case& base : variants(37))
+    for (std::int64_t side : {kSideFfnTileRows, std::int64_t{4}}) {
+      Case c = base;
+      c.seq_tile = 6;
+      c.tile = side;
+      compare(c, w);
+    }
+  std::printf("moe layer bf16 vs f32, row tiles: worst y %.3g, dx %.3g, lowest cosine %.6f (%s)\n", w.y, w.dx, w.cos,
+              w.cos_name.c_str());
+}
+
 // Under f32 the bf16-only specs are 0 bytes (so the f32 footprint is the old one); under
 // bf16 they are sized and the activations are half.
 TEST(MoeLayerBf16, BuffersFollowThePrecision) {

@@ -31,11 +31,13 @@ struct Case {
   std::int64_t dense = 0;
   int hot = -1;
   std::int64_t tile = kSideFfnTileRows;
+  std::int64_t seq_tile = 0;  // MoeLayerConfig::seq_tile: the whole sublayer's row tile
   std::string str() const {
     return "T=" + std::to_string(T) + " H=" + std::to_string(H) + " F=" + std::to_string(F) + " E=" +
            std::to_string(E) + " K=" + std::to_string(K) + " norm=" + std::to_string(norm) + " S=" +
            std::to_string(S) + " Fs=" + std::to_string(Fs) + " gate=" + std::to_string(gate) + " dense=" +
-           std::to_string(dense) + " hot=" + std::to_string(hot) + " tile=" + std::to_string(tile);
+           std::to_string(dense) + " hot=" + std::to_string(hot) + " tile=" + std::to_string(tile) +
+           " seq_tile=" + std::to_string(seq_tile);
   }
   MoeLayerConfig config(Precision p = Precision::f32) const {
     MoeLayerConfig c;
@@ -50,6 +52,7 @@ struct Case {
     c.shared_gate = gate;
     c.rms_eps = 1e-6f;
     c.side_tile = tile;
+    c.seq_tile = seq_tile;
     c.precision = p;
     return c;
   }

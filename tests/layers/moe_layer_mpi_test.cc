@@ -58,7 +58,10 @@ std::vector<float> world_sum(const Tensor& t) {
 }
 
 // expect_spill: LLEP must spill here (with more than one rank), so the test covers lent experts.
-void expect_exact(const MoeLayerConfig& base, int hot, const char* what, bool expect_spill = false) {
+// seq_tile > 0: the layer over row tiles of that many tokens (ranks hold 0-5 tiles of
+// their own, and every rank runs the group's most).
+void expect_exact(const MoeLayerConfig& base, int hot, const char* what, bool expect_spill = false,
+                  std::int64_t seq_tile = 0) {
   Communicator& g = world();
   const int ep = g.size(), rank = g.rank();
   std::vector<std::int64_t> T(static_cast<std::size_t>(ep));
@@ -80,9 +83,10 @@ void expect_exact(const MoeLayerConfig& base, int hot, const char* what, bool ex
 
   for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
     SCOPED_TRACE(std::string(what) + " " + std::string(dispatch_kind_name(kind)) + " EP=" + std::to_string(ep) +
-                 " rank=" + std::to_string(rank));
+                 " rank=" + std::to_string(rank) + " tile=" + std::to_string(seq_tile));
     MoeLayerConfig cfg = base;
     cfg.kind = kind;
+    cfg.seq_tile = seq_tile;
     cfg.dispatch.min_spill = 4;
     cfg.dispatch.cap = 7;
     CpuDevice dev(128ull << 20);
@@ -274,6 +278,18 @@ TEST(MoeLayerMpi, EveryDispatchKindMatchesTheReference) {
 TEST(MoeLayerMpi, EveryTokenToOneExpert) {
   expect_exact(config(2, true, 1, 7, true), 7, "hot expert 7 k=2", /*expect_spill=*/true);
   expect_exact(config(4, false, 0, 0, false), 0, "hot expert 0 k=4");
+}
+
+// The sublayer over row tiles (MoeLayerConfig::seq_tile): 1 row, an odd tile that cuts
+// every rank's tokens unevenly, and one larger than any rank's; each against the double
+// reference, with the measured peak the footprint of one tile.
+TEST(MoeLayerMpi, RowTilesMatchTheReference) {
+  for (std::int64_t tile : {1, 4, 7, 64}) {
+    expect_exact(config(2, true, 0, 0, false), -1, "qwen3 k=2", false, tile);
+    expect_exact(config(1, true, 1, 9, true), -1, "gated shared k=1", false, tile);
+  }
+  expect_exact(config(4, false, 2, 5, false), -1, "shared k=4", false, 5);
+  expect_exact(config(2, true, 1, 7, true), 7, "hot expert 7 k=2", /*expect_spill=*/true, 3);
 }
 
 TEST(MoeLayerMpi, Bf16AtEveryEpMatchesBf16AtEp1) {

@@ -46,7 +46,8 @@ struct Out {
 
 // One forward + backward of the world batch (kSequences seeded sequences, a contiguous block
 // per data-parallel group) on `world` with context parallelism cp, the model read from dir.
-Out run(const std::string& dir, double coef, std::int64_t cp, Communicator& world) {
+// moe_tile: the MoE layers' row tile (ModelSchedules::moe_tile; 0 whole).
+Out run(const std::string& dir, double coef, std::int64_t cp, Communicator& world, std::int64_t moe_tile = 0) {
   const int W = world.size(), r = world.rank();
   ModelConfig config = load_hf_config(dir);
   config.seq_aux_loss_coef = coef;
@@ -58,7 +59,9 @@ Out run(const std::string& dir, double coef, std::int64_t cp, Communicator& worl
   ProcessGroups groups = ProcessGroups::split(world, layout);
   CpuDevice dev(256 << 20);
   HostMemory host;
-  MoeTransformer model(dev, host, groups, config, ModelSchedules{});
+  ModelSchedules sched;
+  sched.moe_tile = moe_tile;
+  MoeTransformer model(dev, host, groups, config, sched);
   model.load_hf(dir);
   const std::int64_t D = W / cp, d = r / cp, mine = kSequences / D, first = d * mine;
   std::vector<std::int32_t> ids, targets;
@@ -187,6 +190,26 @@ TEST(SeqAux, TheSameAtEveryLayoutAsALoneRankOfTheWorldBatch) {
     if (world.rank() == 0)
       std::printf("  seq aux at %d ranks cp %lld: loss %.8g (lone rank %.8g)\n", world.size(),
                   static_cast<long long>(cp), got.aux, want.aux);
+  }
+}
+
+// Row tiles of the MoE layers (ModelSchedules::moe_tile) that start and end inside the
+// 16-token sequences (5, 7) or hold several whole ones (32): the statistics and the weights
+// of each sequence the same, so the loss, the routing and the router gradients are the
+// untiled run's (the order of the sums across tiles moves: 1e-5).
+TEST(SeqAux, RowTilesAcrossSequencesGiveTheUntiledRun) {
+  Communicator& world = testing::world();
+  const double coef = 0.05;
+  for (std::int64_t cp : {1, 2}) {
+    if (world.size() % cp != 0 || kSequences % (world.size() / cp) != 0) continue;
+    const Out want = run(kDir, coef, cp, world);
+    for (std::int64_t tile : {5, 7, 32}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + " tile " + std::to_string(tile));
+      const Out got = run(kDir, coef, cp, world, tile);
+      EXPECT_NEAR(got.aux, want.aux, 1e-6 * want.aux);
+      EXPECT_EQ(got.loads, want.loads);
+      for (std::size_t g = 0; g < 2; ++g) EXPECT_LT(max_rel(got.gates[g], want.gates[g]), 1e-5) << kGates[g];
+    }
   }
 }
 

@@ -51,11 +51,17 @@ struct Variant {
   CheckpointSchedule checkpoint;
   const char* optimizer;
   bool keep_attention = false;  // ModelSchedules::keep_attention
+  std::int64_t moe_tile = 0;    // ModelSchedules::moe_tile
 };
 inline const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident, "device"};
 inline const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, "offload_stream"};
 inline const Variant kNoneKept{"none, attention kept", DispatchKind::standard_ep, false, CheckpointSchedule::resident,
                                "device", true};
+// All four with the MLP sublayers over row tiles of 7 tokens (the default 1024 does not tile
+// these few tokens): every per-token buffer of the sublayer one tile's, and the dispatch
+// sized by the tile that held the most.
+inline const Variant kAllTiled{"all, row tiles of 7", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
+                               "offload_stream", false, 7};
 inline const Variant kAllKept{"all, attention kept", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
                               "offload_stream", true};
 
@@ -102,6 +108,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   sched.checkpoint.schedule = v.checkpoint;
   sched.precision = precision;
   sched.keep_attention = v.keep_attention;
+  sched.moe_tile = v.moe_tile;
   MoeTransformer model(dev, host, groups, config, sched);
   model.init_parameters(7);
   TrainerOptions to;

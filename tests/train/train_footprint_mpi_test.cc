@@ -19,6 +19,23 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintNone) { check(testing::world(), k
 
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAll) { check(testing::world(), kAll, tiny_model()); }
 
+// The MLP sublayers over row tiles (ModelSchedules::moe_tile): the tiles every rank runs are
+// the group's most (ranks without tokens run them empty), under context parallelism's
+// uneven shards, with the sigmoid router's sequence-wise statistics, and in bf16.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintRowTiles) {
+  Communicator& world = testing::world();
+  check(world, kAllTiled, tiny_model());
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  if (world.size() == 1) seqs[0] = 3;
+  check(world, kAllTiled, tiny_model(), nullptr, seqs);
+  if (world.size() % 2 == 0) check(world, kAllTiled, tiny_model(), nullptr, {}, 2, 27);
+  check(world, kAllTiled, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+  ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/dots1");
+  c.seq_aux_loss_coef = 1e-3;
+  check(world, kAllTiled, c);
+}
+
 // keep_attention with ranks without tokens (no stack there: nothing kept) and under
 // context parallelism (the ring's o and lse kept per rank).
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionKept) {

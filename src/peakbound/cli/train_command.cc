@@ -150,6 +150,11 @@ Command add_train(CLI::App& parent) {
                 "Keep every layer's attention output and log-sum-exp from the forward to its backward: the backward "
                 "runs no attention forward, for L x T x (heads x v_dim) activations more on the device (the plan "
                 "counts them)");
+  int_flag(app, "--moe-tile", f->run.moe_tile,
+           "Rows per tile of every MLP sublayer (norm, router, dispatch, experts, residual), forward and backward, "
+           "so its per-token buffers hold one tile: -1 the schedules' choice (1024 under PipelinedLLEP, whole "
+           "otherwise), 0 whole",
+           -1, std::int64_t{1} << 40);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

@@ -751,7 +751,7 @@ template <class A>
 void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "attention layer: token counts differ");
-  PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "attention layer: dx must not alias x or dy");
+  PB_CHECK_MSG(T == 0 || dx.raw() != x.raw(), "attention layer: dx must not alias x");
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
   const A* xp = x.data<A>();
@@ -800,8 +800,9 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   else
     gqa_backward<A>(in, T, dqp, dkp, dvp, tile);
   A* dh = h;
-  // dx = dy (the residual path) + input_layernorm's backward, which adds.
-  dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
+  // dx = dy (the residual path) + input_layernorm's backward, which adds. In place (dx
+  // is dy) the residual is already there: dy's last reader was o_proj's backward above.
+  if (dx.raw() != dy.raw()) dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
   ops::rmsnorm_backward(dev_, s, dx.data<A>(), g_.w_in.data<float>(), dh, xp, p_.w_in.data<A>(),
                         in.rstd.as<float>(), T, H);
 }

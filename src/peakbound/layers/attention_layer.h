@@ -182,8 +182,10 @@ class AttentionLayer final : public Block {
 
   // x, y [T, H] of the activation dtype; y must not alias x.
   void forward(const Tensor& x, const Tensor& y) override;
-  // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient.
+  // Writes dx [T, H] (not aliasing x; dx may be dy itself: in place), adds into every
+  // parameter gradient.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  bool backward_in_place() const override { return true; }
   // The forward, keeping the attention's output o and log-sum-exp for the next backward
   // on the same x, whose recomputation then runs the projections, norms and RoPE but not
   // the attention kernel (or the ring) again: one attention forward per layer in a

@@ -9,7 +9,7 @@ DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidd
   const std::uint64_t n =
       checked_mul(static_cast<std::uint64_t>(tokens), static_cast<std::uint64_t>(hidden), "decoder layer [T, H]");
   DecoderLayerBuffers b;
-  b.mid = b.d_mid = buffer_spec(Component::layer, n, elem_bytes);
+  b.mid = buffer_spec(Component::layer, n, elem_bytes);
   return b;
 }
 
@@ -18,7 +18,10 @@ DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidd
 }
 
 DecoderLayer::DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, Block& mlp)
-    : dev_(dev), hidden_(hidden), attention_(attention), mlp_(mlp) {}
+    : dev_(dev), hidden_(hidden), attention_(attention), mlp_(mlp) {
+  if (!attention_.backward_in_place())
+    throw InvalidArgument("decoder layer: the attention sublayer's backward must run in place");
+}
 
 void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
   const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
@@ -31,11 +34,14 @@ void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
 void DecoderLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
   Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
-  Buffer d_mid = dev_.allocate(b.d_mid.component, b.d_mid.bytes);
-  const Tensor m = mid.tensor(x.shape(), x.dtype()), dm = d_mid.tensor(x.shape(), x.dtype());
+  const Tensor m = mid.tensor(x.shape(), x.dtype());
   attention_.forward_for_backward(x, m);  // keeps its internals for its backward below
-  mlp_.backward(m, dy, dm);
-  attention_.backward(x, dm, dx);
+  // d mid into dx (the MLP's backward in place when dx is dy), then d x over it.
+  if (dx.raw() == dy.raw() && !mlp_.backward_in_place())
+    throw InvalidArgument("decoder layer: an in-place backward needs an MLP sublayer that runs in place");
+  mlp_.backward(m, dy, dx);
+  mid.reset();  // its last reader was the MLP's backward (stream-ordered reuse)
+  attention_.backward(x, dx, dx);
 }
 
 std::vector<Parameter> DecoderLayer::parameters() const {

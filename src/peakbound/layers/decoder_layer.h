@@ -3,13 +3,13 @@
 //   mid = attention(x)   (x + self_attn(input_layernorm(x)))
 //   y   = mlp(mid)       (mid + mlp(post_attention_layernorm(mid)))
 // The checkpointed stack keeps only x (the layer's boundary). Backward recomputes mid
-// with the attention sublayer's forward, runs the MLP sublayer's backward from mid (it
-// recomputes its own internals), then the attention sublayer's backward from x (which
-// recomputes its internals again: one extra attention forward per layer per step, the
-// price of keeping no mid-layer activation; see the note in docs/training.md).
-// mid and its gradient are per-call buffers (component layer, [T, H] each), in x's dtype:
-// f32, or bf16 when both sublayers run in bf16 (AttentionLayerConfig::precision,
-// MoeLayerConfig::precision; each sublayer refuses tensors of the other dtype).
+// with the attention sublayer's forward (forward_for_backward: the attention keeps what
+// its backward needs), runs the MLP sublayer's backward from mid into dx (it recomputes
+// its own internals), frees mid, then the attention sublayer's backward from x in place
+// on dx: the layer's only gradient buffer is the caller's dx, which may be dy itself.
+// mid is a per-call buffer (component layer, [T, H]) in x's dtype: f32, or bf16 when both
+// sublayers run in bf16 (AttentionLayerConfig::precision, MoeLayerConfig::precision; each
+// sublayer refuses tensors of the other dtype).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +22,10 @@
 
 namespace peakbound {
 
-// The layer's own buffers on T tokens of hidden H: mid [T, H] in forward; mid and
-// d_mid [T, H] in backward (component layer).
+// The layer's own buffer on T tokens of hidden H: mid [T, H] in forward, and in backward
+// until the MLP sublayer's backward is done (component layer).
 struct DecoderLayerBuffers {
-  BufferSpec mid, d_mid;
+  BufferSpec mid;
 };
 DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidden, std::uint64_t elem_bytes);
 // The same in activation_dtype(p) (what the layer allocates for x of that dtype).
@@ -33,11 +33,14 @@ DecoderLayerBuffers decoder_layer_buffers(std::int64_t tokens, std::int64_t hidd
 
 class DecoderLayer final : public Block {
  public:
-  // Both sublayers are borrowed and must outlive the layer; both map [T, H] to [T, H].
+  // Both sublayers are borrowed and must outlive the layer; both map [T, H] to [T, H],
+  // and the attention's backward runs in place (InvalidArgument otherwise).
   DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, Block& mlp);
 
   void forward(const Tensor& x, const Tensor& y) override;
+  // dx may be dy (in place).
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  bool backward_in_place() const override { return true; }
   // The attention sublayer's parameters, then the MLP sublayer's.
   std::vector<Parameter> parameters() const override;
   void zero_grad() override;

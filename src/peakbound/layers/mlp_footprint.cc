@@ -31,9 +31,10 @@ Footprint mlp_footprint(const MlpShape& s, std::uint64_t a) {
   const BufferSpec stream = buffer_spec(L, mul(T, U(s.hidden)), a);
   // The larger of the dense MLP's and the MoE layer's activations; the side SwiGLU's
   // (dense or shared) run over row tiles (MoeLayerConfig::side_tile).
-  const u64 R = U(side_ffn_tile_rows(s.tokens, kSideFfnTileRows));
+  const std::int64_t tile_rows = moe_tile_rows(s.tokens, s.tile);
+  const u64 R = U(side_ffn_tile_rows(tile_rows, kSideFfnTileRows)), Tt = U(tile_rows);
   const BufferSpec dense = buffer_spec(L, mul(R, U(s.dense_ffn)), a);
-  const BufferSpec router = buffer_spec(L, mul(T, U(s.experts)), 4), topk = buffer_spec(L, mul(T, U(s.top_k)), 8),
+  const BufferSpec router = buffer_spec(L, mul(Tt, U(s.experts)), 4), topk = buffer_spec(L, mul(Tt, U(s.top_k)), 8),
                    shared = buffer_spec(L, mul(R, U(s.shared_ffn)), a);
   const u64 dense_bytes = mul(3, dense.reserved());
   const u64 moe_bytes = router.reserved() + topk.reserved() + mul(3, shared.reserved());

@@ -6,7 +6,9 @@
 //   residual  the stream's input and output [T, H] (every phase)
 //   forward   dense: gate, up, act [R, F_dense] (R: a row tile, MoeLayerConfig::side_tile); MoE: router logits [T, E] fp32,
 //             top-k ids and weights [T, k] (8 bytes a pair), shared experts' gate, up,
-//             act [R, shared_width * shared_experts]; the larger of the two kinds
+//             act [R, shared_width * shared_experts]; the larger of the two kinds; with a
+//             row tile the router's terms are the tile's rows
+
 //   backward  the incoming gradient [T, H], the forward tensors and their gradients
 #pragma once
 
@@ -21,6 +23,7 @@ struct MlpShape {
   std::int64_t tokens = 0, hidden = 0;
   std::int64_t dense_ffn = 0;  // 0 when no layer is dense
   std::int64_t experts = 0, top_k = 0, shared_ffn = 0;  // experts 0 when no layer is MoE
+  std::int64_t tile = 0;  // the sublayers' row tile (MoeLayerConfig::seq_tile), 0: whole
 
   static MlpShape of(const ModelConfig& m, std::int64_t tokens, bool has_dense_layers, bool has_moe_layers);
 };

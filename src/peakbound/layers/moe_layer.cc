@@ -15,6 +15,7 @@
 #include "peakbound/ops/moe_router.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/ops/row_gate.h"
+#include "peakbound/schedules/moe_footprint.h"
 
 namespace peakbound {
 
@@ -71,6 +72,7 @@ void check_moe_layer_config(const MoeLayerConfig& c) {
   auto bad = [](const std::string& what) { throw InvalidArgument("moe layer: " + what); };
   if (c.hidden <= 0) bad("hidden must be positive (got " + std::to_string(c.hidden) + ")");
   if (c.dense_ffn < 0) bad("dense_ffn must be >= 0 (got " + std::to_string(c.dense_ffn) + ")");
+  if (c.seq_tile < 0) bad("seq_tile must be >= 0 (got " + std::to_string(c.seq_tile) + ")");
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.dense()) return;
   if (c.scoring == RouterScoring::softmax && (c.score_correction || c.n_group != 1 || c.topk_group != 1 ||
@@ -145,6 +147,7 @@ MoeShape moe_layer_dispatch_shape(const MoeLayerConfig& c) {
 MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a) {
   check_moe_layer_config(c);
   if (T < 0) throw InvalidArgument("moe layer: tokens must be >= 0 (got " + std::to_string(T) + ")");
+  T = moe_tile_rows(T, c.seq_tile);  // one row tile's buffers (all rows without seq_tile)
   const u64 t = U(T), H = U(c.hidden);
   MoeLayerBuffers b;
   b.h = buffer_spec(kC, mul(t, H), a);
@@ -208,6 +211,7 @@ MoeLayer::MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& co
   if (!cfg_.dense()) {
     ep_rank_ = ep_group.rank();
     ep_size_ = ep_group.size();
+    ep_group_ = &ep_group;
     if (cfg_.experts % ep_size_ != 0)
       throw InvalidArgument("moe layer: experts (" + std::to_string(cfg_.experts) +
                             ") must be divisible by the expert-parallel group size (" + std::to_string(ep_size_) +
@@ -255,12 +259,8 @@ std::int64_t MoeLayer::check_shape(const Tensor& t, const char* what) const {
   return layer_activation_rows(t, cfg_.hidden, activation_dtype(cfg_.precision), "moe layer", what);
 }
 
-// Allocates the internals both passes hold and computes the norm, the router (its
-// statistics added only by a forward) and the side SwiGLU's gate/up/act (and, with the
-// shared gate, the shared output and the gate logit).
-template <class A>
-void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_backward) {
-  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_);
+void MoeLayer::allocate_internals(Internals& in, std::int64_t rows, bool for_backward) {
+  const MoeLayerBuffers b = moe_layer_buffers(rows, cfg_);
   in.h = allocate(dev_, b.h);
   in.rstd = allocate(dev_, b.rstd);
   in.probs = allocate(dev_, b.router.probs);
@@ -271,12 +271,37 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
   // Forward writes act over gate (swiglu's out may alias its gate): only backward, which
   // reuses the three as its scratch, holds act apart.
   if (for_backward) in.act = allocate(dev_, b.ffn.act);
-  A* act = for_backward ? in.act.as<A>() : in.gate.as<A>();
   in.shared_out = allocate(dev_, b.shared_out);
   in.gate_logit = allocate(dev_, b.gate_logit);
   if (for_backward || cfg_.side_ffn() > 0) in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
-  if (T == 0) return;
+}
 
+namespace {
+// f(a, b, seq) for the runs [a, b) of a tile's rows [0, rows) (global rows first + a...)
+// that lie in one local sequence `seq` of st rows: the sequence-wise statistics and
+// weights are per sequence, and a tile may start or end inside one.
+template <class F>
+void sequence_runs(std::int64_t first, std::int64_t rows, std::int64_t st, const F& f) {
+  for (std::int64_t a = 0; a < rows;) {
+    const std::int64_t seq = (first + a) / st, b = std::min(rows, (seq + 1) * st - first);
+    f(a, b, seq);
+    a = b;
+  }
+}
+// A tile of whole sequences takes the kernels' own per-sequence loop (one call).
+bool whole_sequences(std::int64_t first, std::int64_t rows, std::int64_t st) {
+  return first % st == 0 && rows % st == 0;
+}
+}  // namespace
+
+// One tile's norm, router (its statistics added only by a forward) and the side SwiGLU's
+// gate/up/act (and, with the shared gate, the shared output and the gate logit) on its
+// `rows` tokens x, global rows [first, first + rows) of the call, into `in`.
+template <class A>
+void MoeLayer::recompute(Internals& in, const A* x, std::int64_t rows, std::int64_t first, bool for_backward) {
+  const std::int64_t T = rows;
+  if (T == 0) return;
+  A* act = for_backward ? in.act.as<A>() : in.gate.as<A>();
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden;
   A* h = in.h.as<A>();
@@ -293,9 +318,20 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
                        cfg_.router_bias ? p_.w_gate_bias.data<A>() : nullptr,
                        cfg_.score_correction ? p_.correction.data<float>() : nullptr);
     if (!for_backward && aux_ != nullptr && aux_->seq_counts != nullptr) {
-      const std::int64_t at = cfg_.moe_index * aux_->seq_stride;
-      ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + at, aux_->seq_psum + at, in.probs.as<float>(),
-                                in.ids.as<std::int32_t>(), T, cfg_.experts, cfg_.top_k, aux_->seq_tokens);
+      const std::int64_t at = cfg_.moe_index * aux_->seq_stride, st = aux_->seq_tokens, E = cfg_.experts,
+                         K = cfg_.top_k;
+      const float* probs = in.probs.as<float>();
+      const std::int32_t* ids = in.ids.as<std::int32_t>();
+      if (whole_sequences(first, T, st)) {
+        const std::int64_t b = at + first / st * E;
+        ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + b, aux_->seq_psum + b, probs, ids, T, E, K, st);
+      } else {
+        sequence_runs(first, T, st, [&](std::int64_t a, std::int64_t e, std::int64_t seq) {
+          const std::int64_t b = at + seq * E;
+          ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + b, aux_->seq_psum + b, probs + a * E, ids + a * K,
+                                    e - a, E, K, e - a);
+        });
+      }
     }
     if (!for_backward && p_.loads.raw() != nullptr && (aux_ == nullptr || aux_->count_loads))
       ops::moe_router_stats(dev_, s, p_.loads.data<float>(), nullptr, in.probs.as<float>(),
@@ -310,6 +346,30 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_bac
     for (std::int64_t r0 = 0; r0 < T; r0 += R)
       ffn_forward(dev_, s, std::min(R, T - r0), H, cfg_.side_ffn(), h + r0 * H, side_weights<A>(), in.gate.as<A>(),
                   in.up.as<A>(), act, in.shared_out.as<A>() + r0 * H, false, in.tile.as<float>());
+  }
+}
+
+std::int64_t MoeLayer::tile_count(std::int64_t T) {
+  if (cfg_.seq_tile <= 0) return 1;
+  std::int64_t most = T;
+  // The dispatch is collective: every rank of the group runs as many tiles as the rank
+  // with the most tokens.
+  if (!cfg_.dense() && ep_size_ > 1) ep_group_->all_reduce(&most, 1, DType::i64, ReduceOp::max);
+  return std::max<std::int64_t>(1, (most + cfg_.seq_tile - 1) / cfg_.seq_tile);
+}
+
+std::int64_t MoeLayer::tile_rows(std::int64_t T, std::int64_t i) const {
+  if (cfg_.seq_tile <= 0) return T;
+  return std::clamp<std::int64_t>(T - tile_first(i), 0, cfg_.seq_tile);
+}
+
+void MoeLayer::note_dispatch(bool first_tile) {
+  const DispatchStats& st = dispatch_->stats();
+  const std::uint64_t bytes =
+      dispatch_footprint(moe_layer_dispatch_shape(cfg_), st.sizes, cfg_.precision).device_peak_total();
+  if (first_tile || bytes > stats_bytes_) {
+    stats_ = st;
+    stats_bytes_ = bytes;
   }
 }
 
@@ -345,26 +405,32 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
   PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
                "moe layer: y must be a distinct [T, H]");
   Stream& s = dev_.compute_stream();
-  const std::int64_t H = cfg_.hidden;
+  const std::int64_t H = cfg_.hidden, tiles = tile_count(T);
   Internals in;
-  recompute<A>(in, T > 0 ? x.data<A>() : nullptr, T, /*for_backward=*/false);
-  A* yp = T > 0 ? y.data<A>() : nullptr;
+  allocate_internals(in, moe_tile_rows(T, cfg_.seq_tile), /*for_backward=*/false);
   const A* h = in.h.as<A>();
-  if (cfg_.dense()) {
-    if (T == 0) return;
-    // y = x + SwiGLU(h).
-    dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
-    side_forward<A>(in, h, T, yp);
-    return;
-  }
-  // routed (written into y; a collective: every rank calls it, T = 0 included), + x, + shared.
-  dispatch_->forward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp);
-  if (T == 0) return;
-  ops::axpy(dev_, s, yp, x.data<A>(), T * H, 1.0f);
-  if (has_gate(cfg_)) {
-    ops::row_gate_forward(dev_, s, yp, in.shared_out.as<A>(), in.gate_logit.as<float>(), T, H, true);
-  } else if (cfg_.side_ffn() > 0) {
-    side_forward<A>(in, h, T, yp);
+  for (std::int64_t i = 0; i < tiles; ++i) {
+    const std::int64_t r0 = tile_first(i), rows = tile_rows(T, i);
+    const A* xp = rows > 0 ? x.data<A>() + r0 * H : nullptr;
+    A* yp = rows > 0 ? y.data<A>() + r0 * H : nullptr;
+    recompute<A>(in, xp, rows, r0, /*for_backward=*/false);
+    if (cfg_.dense()) {
+      if (rows == 0) continue;
+      // y = x + SwiGLU(h).
+      dev_.memcpy_async(yp, xp, static_cast<std::size_t>(rows * H) * sizeof(A), CopyKind::device_to_device, s);
+      side_forward<A>(in, h, rows, yp);
+      continue;
+    }
+    // routed (written into y; a collective: every rank calls it, rows = 0 included), + x, + shared.
+    dispatch_->forward(h, rows, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp);
+    note_dispatch(i == 0);
+    if (rows == 0) continue;
+    ops::axpy(dev_, s, yp, xp, rows * H, 1.0f);
+    if (has_gate(cfg_)) {
+      ops::row_gate_forward(dev_, s, yp, in.shared_out.as<A>(), in.gate_logit.as<float>(), rows, H, true);
+    } else if (cfg_.side_ffn() > 0) {
+      side_forward<A>(in, h, rows, yp);
+    }
   }
   // The internals are freed on return: whatever reuses their memory next is ordered
   // after this work on the compute stream.
@@ -403,43 +469,71 @@ template <class A>
 void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const std::int64_t T = check_shape(x, "x");
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "moe layer: token counts differ");
-  PB_CHECK_MSG(T == 0 || (dx.raw() != x.raw() && dx.raw() != dy.raw()), "moe layer: dx must not alias x or dy");
-  Stream& s = dev_.compute_stream();
-  const A* xp = T > 0 ? x.data<A>() : nullptr;
-  const A* dyp = T > 0 ? dy.data<A>() : nullptr;
+  PB_CHECK_MSG(T == 0 || dx.raw() != x.raw(), "moe layer: dx must not alias x");
+  const std::int64_t tiles = tile_count(T), R = moe_tile_rows(T, cfg_.seq_tile);
   Internals in;
-  recompute<A>(in, xp, T, /*for_backward=*/true);
-  const MoeLayerBuffers b = moe_layer_buffers(T, cfg_);
+  allocate_internals(in, R, /*for_backward=*/true);
+  const MoeLayerBuffers b = moe_layer_buffers(R, cfg_);
   Buffer d_weights = allocate(dev_, b.router.d_weights), dh_buf = allocate(dev_, b.dh);
   Buffer d_logits16 = allocate(dev_, b.router.d_logits16);  // bf16 only (else null)
   in.gate_dz = allocate(dev_, b.gate_dz);                    // bf16 only (else null)
+  const std::int64_t H = cfg_.hidden;
+  for (std::int64_t i = 0; i < tiles; ++i) {
+    const std::int64_t r0 = tile_first(i), rows = tile_rows(T, i);
+    const A* xp = rows > 0 ? x.data<A>() + r0 * H : nullptr;
+    const A* dyp = rows > 0 ? dy.data<A>() + r0 * H : nullptr;
+    A* dxp = rows > 0 ? dx.data<A>() + r0 * H : nullptr;
+    recompute<A>(in, xp, rows, r0, /*for_backward=*/true);
+    backward_tile<A>(in, xp, dyp, dxp, rows, r0, d_weights.as<float>(), dh_buf.as<A>(), d_logits16.as<bf16>(),
+                     i == 0);
+  }
+}
 
-  const std::int64_t H = cfg_.hidden, Fs = cfg_.side_ffn();
+// One tile's backward (rows tokens from global row first): the routed experts (collective,
+// rows = 0 included), the router, the side SwiGLU, then dx = dy + the norm's backward.
+template <class A>
+void MoeLayer::backward_tile(Internals& in, const A* xp, const A* dyp, A* dxp, std::int64_t T, std::int64_t first,
+                             float* d_weights, A* dh, bf16* d_logits16, bool first_tile) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, Fs = cfg_.side_ffn(), E = cfg_.experts, K = cfg_.top_k;
   A* h = in.h.as<A>();
-  A* dh = dh_buf.as<A>();
   float* tile = in.tile.as<float>();
   bool dh_written = false;
   if (!cfg_.dense()) {
     // Routed experts (collective, T = 0 included): dh written, d_weights written,
     // this rank's expert gradients added.
     dispatch_->backward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), dyp, dh,
-                        d_weights.as<float>(), g_.experts.data<float>());
+                        d_weights, g_.experts.data<float>());
+    note_dispatch(first_tile);
     if (T == 0) return;
     // Router: dlogits (with the aux term) into probs, dW_gate added, dh added.
-    const MoeRouterShape rs = router_shape(T, cfg_);
     const float* aux_grad = aux_ != nullptr ? aux_->aux_grad : nullptr;
     const bool seq = aux_ != nullptr && aux_->seq_counts != nullptr && aux_->seq_grad;
     const float* seq_w = seq ? aux_->seq_counts + cfg_.moe_index * aux_->seq_stride : nullptr;
-    const std::int64_t seq_tokens = seq ? aux_->seq_tokens : 0;
-    if constexpr (std::is_same_v<A, float>)
-      moe_router_backward(dev_, s, rs, h, p_.w_gate.data<float>(), d_weights.as<float>(), in.probs.as<float>(),
-                          in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
-                          cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr, seq_w, seq_tokens);
-    else
-      moe_router_backward(dev_, s, rs, h, p_.w_gate.data<bf16>(), d_weights.as<float>(), in.probs.as<float>(),
-                          in.ids.as<std::int32_t>(), aux_grad, g_.w_gate.data<float>(), dh, /*accumulate_dx=*/true,
-                          d_logits16.as<bf16>(), tile, cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr,
-                          seq_w, seq_tokens);
+    const std::int64_t st = seq ? aux_->seq_tokens : 0;
+    float* probs = in.probs.as<float>();
+    const std::int32_t* ids = in.ids.as<std::int32_t>();
+    float* dbias = cfg_.router_bias ? g_.w_gate_bias.data<float>() : nullptr;
+    // Rows [a, a + n) of the tile with the weights of their sequences from seq_w_at.
+    auto router = [&](std::int64_t a, std::int64_t n, const float* seq_w_at, std::int64_t seq_tokens) {
+      const MoeRouterShape rs = router_shape(n, cfg_);
+      if constexpr (std::is_same_v<A, float>)
+        moe_router_backward(dev_, s, rs, h + a * H, p_.w_gate.data<float>(), d_weights + a * K, probs + a * E,
+                            ids + a * K, aux_grad, g_.w_gate.data<float>(), dh + a * H, /*accumulate_dx=*/true, dbias,
+                            seq_w_at, seq_tokens);
+      else
+        moe_router_backward(dev_, s, rs, h + a * H, p_.w_gate.data<bf16>(), d_weights + a * K, probs + a * E,
+                            ids + a * K, aux_grad, g_.w_gate.data<float>(), dh + a * H, /*accumulate_dx=*/true,
+                            d_logits16 + a * E, tile, dbias, seq_w_at, seq_tokens);
+    };
+    if (!seq) {
+      router(0, T, nullptr, 0);
+    } else if (whole_sequences(first, T, st)) {
+      router(0, T, seq_w + first / st * E, st);
+    } else {
+      sequence_runs(first, T, st,
+                    [&](std::int64_t a, std::int64_t e, std::int64_t q) { router(a, e - a, seq_w + q * E, e - a); });
+    }
     dh_written = true;
   }
   if (T == 0) return;
@@ -471,10 +565,13 @@ void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) 
     dh_written = true;
   }
   PB_CHECK_MSG(dh_written, "moe layer: no path wrote dh");
-  // dx = dy (the residual path) + post_attention_layernorm's backward, which adds.
-  dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
-  ops::rmsnorm_backward(dev_, s, dx.data<A>(), g_.w_post.data<float>(), dh, xp, p_.w_post.data<A>(),
-                        in.rstd.as<float>(), T, H);
+  // dx = dy (the residual path) + post_attention_layernorm's backward, which adds. In
+  // place (dx is dy) the residual is already there: the tile's dy rows were last read
+  // above (the dispatch, the gate, the side SwiGLU), and no other tile reads them.
+  if (dxp != dyp)
+    dev_.memcpy_async(dxp, dyp, static_cast<std::size_t>(T * H) * sizeof(A), CopyKind::device_to_device, s);
+  ops::rmsnorm_backward(dev_, s, dxp, g_.w_post.data<float>(), dh, xp, p_.w_post.data<A>(), in.rstd.as<float>(), T,
+                        H);
 }
 
 std::vector<Parameter> MoeLayer::parameters() const {

@@ -60,6 +60,15 @@ inline std::int64_t side_ffn_tile_rows(std::int64_t tokens, std::int64_t tile) {
   return tile > 0 && tile < tokens ? tile : tokens;
 }
 
+// Rows per tile of the whole sublayer under PipelinedLLEP by default
+// (ModelSchedules::moe_tile -> MoeLayerConfig::seq_tile): [1024, H] activations, and a
+// dispatch of 1024 x K copies a source, about what one PipelinedLLEP round of its default
+// cap carries at top-2 to 4 anyway.
+inline constexpr std::int64_t kMoeTileRows = 1024;
+
+// The rows a rank's sublayer tile holds on T tokens: min(T, tile), T when tile is 0.
+inline std::int64_t moe_tile_rows(std::int64_t tokens, std::int64_t tile) { return side_ffn_tile_rows(tokens, tile); }
+
 // The sublayer's sizes (HF config: hidden_size, moe_intermediate_size, num_experts,
 // num_experts_per_tok, norm_topk_prob, n_shared_experts / shared_expert_intermediate_size,
 // rms_norm_eps; intermediate_size for a dense layer).
@@ -96,6 +105,15 @@ struct MoeLayerConfig {
   // (Arctic's TiledMLP; the tokens are independent, so only the weight gradients'
   // summation order changes). 0: all rows at once.
   std::int64_t side_tile = kSideFfnTileRows;
+  // The whole sublayer (norm, router, routed and shared experts, residual) over row tiles
+  // of at most this many tokens, forward and backward, so that none of its per-token
+  // buffers (h, dh, the router's probabilities, ids and weights, the shared output) grows
+  // with the context past a tile; 0: all rows at once. Tokens are independent here, so
+  // only the order of the sums across tiles moves (the weight gradients, the router's
+  // statistics). An MoE layer's tiles are collective: the expert-parallel group agrees on
+  // the number of tiles (ceil of its largest rank's tokens over the tile, one all-reduce
+  // a call), and a rank out of tokens joins the later tiles' dispatch with none.
+  std::int64_t seq_tile = 0;
   DispatchKind kind = DispatchKind::standard_ep;
   DispatchOptions dispatch;
   // Which MoE layer of the model this is (0, 1, ...): its slice of MoeAuxState's
@@ -188,6 +206,8 @@ struct MoeAuxState {
 //   tile [min(T, 256), max(H, side_ffn)] f32               bf16 only (linear_tile_spec): forward
 //                                                          with a side FFN, backward always
 //   dh [T, H] (act)                                        backward
+// T here is the tile's rows, moe_tile_rows(tokens, seq_tile): with seq_tile every buffer
+// above holds one tile.
 // The bf16-only specs follow c.precision and are 0 bytes under f32, so the f32 specs are
 // those of before the bf16 path.
 struct MoeLayerBuffers {
@@ -223,10 +243,11 @@ class MoeLayer final : public Block {
   // x, y [T, H] of activation_dtype(precision) (T >= 0, may differ per rank); y must not alias x. MoE: collective
   // over ep_group (every rank calls it, T = 0 included).
   void forward(const Tensor& x, const Tensor& y) override;
-  // Writes dx [T, H] (aliasing neither x nor dy), adds into every parameter gradient
+  // Writes dx [T, H] (not aliasing x; dx may be dy itself: in place), adds into every parameter gradient
   // (replicated ones hold this rank's tokens' share: the model reduces them over data
   // parallelism). MoE: collective over ep_group, like forward.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  bool backward_in_place() const override { return true; }
   // HF names (Qwen convention) relative to the decoder layer: post_attention_layernorm.weight;
   // dense: mlp.gate_proj/up_proj/down_proj.weight; MoE: mlp.gate.weight, then for each
   // local expert mlp.experts.<global e>.gate_proj/up_proj/down_proj.weight (views into
@@ -236,14 +257,26 @@ class MoeLayer final : public Block {
   void zero_grad() override;
 
   const MoeLayerConfig& config() const { return cfg_; }
-  // The last dispatch pass's statistics (MoE only).
-  const DispatchStats* dispatch_stats() const { return dispatch_ ? &dispatch_->stats() : nullptr; }
+  // The last call's dispatch statistics (MoE only): over row tiles (seq_tile), the tile
+  // whose dispatch held the most device memory (dispatch_footprint of its sizes), so a
+  // footprint from them is the call's peak.
+  const DispatchStats* dispatch_stats() const { return dispatch_ ? &stats_ : nullptr; }
 
  private:
   // The bodies, written once over the activation type A (float | bf16), in the .cc.
   struct Internals;
+  // The internals one tile of at most `rows` tokens holds (allocated once a call), and
+  // one tile's norm, router and side SwiGLU on its `rows` tokens from global row `first`.
+  void allocate_internals(Internals& in, std::int64_t rows, bool for_backward);
   template <class A>
-  void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward);
+  void recompute(Internals& in, const A* x, std::int64_t rows, std::int64_t first, bool for_backward);
+  // The number of row tiles of this call on T tokens (collective over the EP group for
+  // an MoE layer with seq_tile), and a tile's first row and rows.
+  std::int64_t tile_count(std::int64_t T);
+  std::int64_t tile_first(std::int64_t i) const { return i * cfg_.seq_tile; }
+  std::int64_t tile_rows(std::int64_t T, std::int64_t i) const;
+  // Keeps the dispatch's statistics of the tile just run when they held the most memory.
+  void note_dispatch(bool first_tile);
   // The side SwiGLU's weights (dense MLP or shared experts), and y += SwiGLU(h) over row
   // tiles (gate/up of `in` are the tile's scratch).
   template <class A>
@@ -255,6 +288,9 @@ class MoeLayer final : public Block {
   template <class A>
   void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
   template <class A>
+  void backward_tile(Internals& in, const A* x, const A* dy, A* dx, std::int64_t rows, std::int64_t first,
+                     float* d_weights, A* dh, bf16* d_logits16, bool first_tile);
+  template <class A>
   void gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh, bool dh_written);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
@@ -263,7 +299,10 @@ class MoeLayer final : public Block {
   MoeLayerTensors p_, g_;
   const MoeAuxState* aux_;
   int ep_rank_ = 0, ep_size_ = 1;
+  Communicator* ep_group_ = nullptr;
   std::unique_ptr<MoeDispatch> dispatch_;
+  DispatchStats stats_;
+  std::uint64_t stats_bytes_ = 0;
 };
 
 }  // namespace peakbound

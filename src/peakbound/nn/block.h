@@ -28,8 +28,11 @@ class Block {
   // x, y: [tokens, hidden] on the device; y must not alias x.
   virtual void forward(const Tensor& x, const Tensor& y) = 0;
   // x: the same input the forward saw; dy: the gradient of y. Writes dx (same shape;
-  // must alias neither x nor dy), adds into every parameter's grad.
+  // must not alias x, nor dy unless backward_in_place()), adds into every parameter's grad.
   virtual void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  // True when backward may write dx over dy (dx.raw() == dy.raw(): the same buffer, in
+  // place), so a stack of such blocks needs no gradient buffers of its own.
+  virtual bool backward_in_place() const { return false; }
   // A forward whose backward comes next, with the same x (a decoder layer's backward
   // recomputing its attention sublayer): the block may keep some of what that backward
   // needs instead of computing it again there, holding it until the backward (or the

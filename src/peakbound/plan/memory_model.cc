@@ -15,6 +15,7 @@
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/train/moe_transformer.h"
 #include "peakbound/layers/mlp_footprint.h"
+#include "peakbound/layers/moe_layer.h"
 #include "peakbound/schedules/checkpoint_policy.h"
 #include "peakbound/schedules/moe_footprint.h"
 #include "peakbound/schedules/optimizer_footprint.h"
@@ -228,7 +229,9 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
 
   // ---- the terms: each a footprint (layers/, schedules/) ------------------------------
   const Footprint attn = attention_term(in, s, a);
-  const Footprint mlp = mlp_footprint(MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe), a);
+  MlpShape ms = MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe);
+  ms.tile = sched.dispatch() == DispatchKind::pipelined_llep ? kMoeTileRows : 0;  // as model_schedules
+  const Footprint mlp = mlp_footprint(ms, a);
   // The schedule set's runtime choices, as the trainer makes them (ScheduleSet's one mapping).
   const Footprint disp = has_moe ? dispatch_term(in, s, sched.dispatch()) : Footprint("dispatch");
   const Footprint vocab = vocab_term(in, s, sched.ring_dtp());

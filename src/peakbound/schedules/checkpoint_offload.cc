@@ -1,5 +1,6 @@
 #include "peakbound/schedules/checkpoint_offload.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -25,7 +26,9 @@ CheckpointedStack::CheckpointedStack(Device& dev, HostMemory& host, std::vector<
       shape_(boundary),
       dtype_(dtype),
       options_(options),
-      buffers_(checkpoint_buffers(layers(), static_cast<std::uint64_t>(boundary.numel()), dtype_size(dtype), options)),
+      buffers_(checkpoint_buffers(layers(), static_cast<std::uint64_t>(boundary.numel()), dtype_size(dtype), options,
+                                  std::all_of(blocks_.begin(), blocks_.end(),
+                                              [](const Block* b) { return b->backward_in_place(); }))),
       bytes_(buffers_.boundary.bytes),
       link_(dev, dev.copy_stream(), options.link_gbps) {
   const CheckpointPlacement& p = placement();
@@ -87,7 +90,9 @@ void CheckpointedStack::check_io(const Tensor& in, const Tensor& out, const char
   PB_CHECK_MSG(in.shape() == shape_ && out.shape() == shape_ && in.dtype() == dtype_ && out.dtype() == dtype_,
                std::string("checkpointed stack ") + what + ": tensors must be " + shape_.str() + " " +
                    std::string(dtype_name(dtype_)));
-  PB_CHECK_MSG(in.raw() != out.raw(), std::string("checkpointed stack ") + what + ": input and output must differ");
+  // An in-place stack's backward may take dx == dy.
+  PB_CHECK_MSG(in.raw() != out.raw() || (what[0] == 'b' && buffers_.in_place),
+               std::string("checkpointed stack ") + what + ": input and output must differ");
 }
 
 void CheckpointedStack::forward(const Tensor& x, const Tensor& y) {
@@ -139,7 +144,12 @@ void CheckpointedStack::backward(const Tensor& dy, const Tensor& dx) {
 void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   Stream& compute = dev_.compute_stream();
   const std::int64_t L = layers(), M = placement().ringed(), O = placement().offloaded;
-  // The residual-stream gradient ping-pongs between two buffers; the last block writes dx.
+  // In place (every block's backward may write dx over dy): dy is copied into dx once and
+  // every block turns it into its own dx there. Otherwise the residual-stream gradient
+  // ping-pongs between two buffers and the last block writes dx.
+  if (buffers_.in_place) {
+    if (dx.raw() != dy.raw()) dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, compute);
+  }
   Buffer grad_a, grad_b;
   if (buffers_.grad_buffers == 2) {
     grad_a = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
@@ -149,8 +159,8 @@ void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   std::int64_t next_fetch = O - 1;  // highest offloaded boundary not yet fetched
   for (std::int64_t l = L - 1; l >= 0; --l) {
     if (l < O) wait_for_copy(fetched_[static_cast<std::size_t>(l)]);
-    void* out = l == 0 ? dx.raw() : ((L - 1 - l) % 2 == 0 ? grad_a.data() : grad_b.data());
-    blocks_[static_cast<std::size_t>(l)]->backward(view(boundary_ptr(l)), view(g), view(out));
+    void* out = l == 0 || buffers_.in_place ? dx.raw() : ((L - 1 - l) % 2 == 0 ? grad_a.data() : grad_b.data());
+    blocks_[static_cast<std::size_t>(l)]->backward(view(boundary_ptr(l)), view(buffers_.in_place ? out : g), view(out));
     if (l >= M) {
       resident_[static_cast<std::size_t>(l - M)].reset();
     } else if (next_fetch >= 0) {

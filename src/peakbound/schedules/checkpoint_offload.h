@@ -45,8 +45,10 @@ class CheckpointedStack {
   // x [boundary] -> y [boundary], both on the device, distinct. Keeps every block's
   // input per the schedule until backward.
   void forward(const Tensor& x, const Tensor& y);
-  // dy -> dx (device, distinct), recomputing block by block from the boundaries, last
-  // block first; parameter gradients are added into by the blocks. Must follow forward.
+  // dy -> dx (device, distinct unless every block's backward runs in place, when dx may
+  // be dy), recomputing block by block from the boundaries, last block first; parameter
+  // gradients are added into by the blocks. Must follow forward. In place, every block
+  // works on dx and the stack holds no gradient buffer (CheckpointBuffers::in_place).
   void backward(const Tensor& dy, const Tensor& dx);
 
   const CheckpointOptions& options() const { return options_; }

@@ -134,14 +134,15 @@ CheckpointPlacement place_checkpoints(std::int64_t layers, std::uint64_t boundar
 }
 
 CheckpointBuffers checkpoint_buffers(std::int64_t layers, std::uint64_t boundary_elems, std::uint64_t elem_bytes,
-                                     const CheckpointOptions& o) {
+                                     const CheckpointOptions& o, bool in_place) {
   check_layers(layers);
   CheckpointBuffers b;
   b.schedule = o.schedule;
   b.boundary = buffer_spec(Component::checkpoints, boundary_elems, elem_bytes);
   b.host_boundary = b.boundary;
   b.grad = buffer_spec(Component::layer, boundary_elems, elem_bytes);
-  b.grad_buffers = layers > 1 ? 2 : 0;
+  b.in_place = in_place;
+  b.grad_buffers = layers > 1 && !in_place ? 2 : 0;
   b.placement = place_checkpoints(layers, b.boundary.bytes, o);
   return b;
 }

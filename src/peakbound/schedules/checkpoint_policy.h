@@ -107,7 +107,9 @@ CheckpointPlacement place_checkpoints(std::int64_t layers, std::uint64_t boundar
 //                  each of the K resident boundaries (in forward, freed in backward);
 //   host_boundary  host, checkpoints: each of the O offloaded boundaries (construction);
 //   grad           device, layer: the backward's residual-gradient ping-pong, two
-//                  buffers when L > 1 (one block writes dx directly when L = 1).
+//                  buffers when L > 1 (one block writes dx directly when L = 1); none
+//                  when every block's backward runs in place (in_place: the caller's dx
+//                  is the one gradient buffer).
 struct CheckpointBuffers {
   CheckpointSchedule schedule = CheckpointSchedule::sco;
   CheckpointPlacement placement;
@@ -115,12 +117,14 @@ struct CheckpointBuffers {
   BufferSpec host_boundary;
   BufferSpec grad;
   std::int64_t grad_buffers = 0;
+  bool in_place = false;
 };
 
 // layers L >= 1; boundary_elems: elements of one boundary (tokens x hidden);
 // elem_bytes: the activation element size (4 for the f32 runtime, 2 to plan bf16).
+// in_place: every block's backward may write dx over dy (Block::backward_in_place).
 CheckpointBuffers checkpoint_buffers(std::int64_t layers, std::uint64_t boundary_elems, std::uint64_t elem_bytes,
-                                     const CheckpointOptions& o);
+                                     const CheckpointOptions& o, bool in_place = false);
 
 // Phases, what the stack holds (its blocks' internals and parameters are theirs):
 //   "forward"   device checkpoints (R + K) x boundary; host checkpoints O x boundary

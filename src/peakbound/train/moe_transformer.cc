@@ -217,7 +217,7 @@ ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, 
   const u64 th = checked_mul(t, static_cast<u64>(hidden), "[T, H]");
   ModelBatchBuffers b;
   b.ids = b.targets = buffer_spec(Component::workspace, t, sizeof(std::int32_t));
-  b.x = b.y = b.hn = b.d_hn = b.dy = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
+  b.x = b.y = b.hn = b.d_hn = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
   b.rstd = buffer_spec(Component::layer, t, sizeof(float));
   b.seq_counts = b.seq_psum = buffer_spec(Component::workspace, static_cast<u64>(seq_floats), sizeof(float));
   return b;
@@ -278,6 +278,7 @@ class MoeTransformer::FsdpBlock final : public Block {
     inner_.backward(x, dy, dx);
     m_.fsdp_->reduce_add_async(u, grads);  // completed by the next layer's, or the embedding's reduce_add
   }
+  bool backward_in_place() const override { return inner_.backward_in_place(); }
   std::vector<Parameter> parameters() const override { return inner_.parameters(); }
   void zero_grad() override { inner_.zero_grad(); }
 
@@ -394,6 +395,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     MoeLayerConfig mc =
         moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
     mc.precision = prec;
+    mc.seq_tile = schedules_.moe_tile;
     mc.moe_index = moe_layers_;  // the MoE layers before this one
     MoeLayerTensors mt[2];
     const bool moe = c.is_moe_layer(l);
@@ -856,7 +858,10 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     vocab_loss_->backward(ce_scale, d_hn.as<A>(), d_head);
   }
   hn.reset();
-  Buffer dy = dev_.allocate(bb.dy.component, bb.dy.bytes);
+  // The layers' backward runs in place (every block's backward_in_place, the stack's one
+  // gradient buffer): the final norm's gradient goes into x's buffer (the stack copied x
+  // into its first boundary), and the layers turn it into dx there.
+  Buffer& dy = p.x;
   {
     Buffer norm_g = dev_.allocate(fb.norm_grads.component, fb.norm_grads.bytes);
     ops::fill(dev_, s, norm_g.as<float>(), static_cast<std::int64_t>(fsdp_->layout(nu).elements), 0.0f);
@@ -871,7 +876,7 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   d_hn.reset();
   y.reset();
   rstd.reset();
-  // The stack copied x into its first boundary: x's buffer takes dx.
+  // The stack copied x into its first boundary: x's buffer takes dy, then dx.
   if (empty) {
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
       (*it)->fsdp->backward(p.x.tensor(sh, kA), dy.tensor(sh, kA), p.x.tensor(sh, kA));

@@ -74,6 +74,11 @@ struct ModelSchedules {
   // per-token term the checkpointed stack otherwise does not have; saves one attention
   // forward per layer per step (docs/training.md). The same bits either way. Off by default.
   bool keep_attention = false;
+  // Every MoE and dense MLP sublayer over row tiles of at most this many tokens
+  // (MoeLayerConfig::seq_tile): its per-token buffers hold one tile; 0: whole.
+  // model_schedules sets kMoeTileRows under PipelinedLLEP (the schedule that bounds the
+  // sublayer's dispatch bounds the rest of it too), 0 otherwise.
+  std::int64_t moe_tile = 0;
 };
 
 // One micro-batch's sums on this rank.
@@ -130,17 +135,18 @@ struct ModelRouterStateBuffers {
 };
 ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c);
 
-// One micro-batch of T tokens of hidden H (x, y, hn, d_hn, dy in activation_dtype(p), rstd f32):
+// One micro-batch of T tokens of hidden H (x, y, hn, d_hn in activation_dtype(p), rstd f32):
 //   ids, targets [T] i32 (workspace)     the whole forward_backward
-//   x [T, H] (layer)                      the embedding output, then dx
+//   x [T, H] (layer)                      the embedding output, then the final norm's input
+//                                         gradient, which the layers turn into dx in place
 //   y [T, H] (layer)                      the stack's output, until the final norm's backward
 //   hn [T, H], rstd [T] (layer)           the final norm's output (until the loss backward) and rstd
-//   d_hn, dy [T, H] (layer)               the loss's and the final norm's input gradients
+//   d_hn [T, H] (layer)                   the loss's input gradient
 // forward() (evaluation) uses y as the second residual buffer and rstd.
 // seq_counts, seq_psum: the sequence-wise balance loss's statistics (seq_aux_floats each,
 // f32; 0 bytes when it is off), held through the pass like ids and targets.
 struct ModelBatchBuffers {
-  BufferSpec ids, targets, x, y, hn, rstd, d_hn, dy, seq_counts, seq_psum;
+  BufferSpec ids, targets, x, y, hn, rstd, d_hn, seq_counts, seq_psum;
 };
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
                                       std::int64_t seq_aux_floats = 0);

@@ -17,6 +17,7 @@
 #include "peakbound/core/system_memory.h"
 #include "peakbound/core/units.h"
 #include "peakbound/io/memory_timeline_file.h"
+#include "peakbound/layers/moe_layer.h"
 #include "peakbound/model/describe.h"
 #include "peakbound/model/model_flops.h"
 #include "peakbound/ops/gemm.h"
@@ -147,6 +148,7 @@ ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
   m.dispatch = set.dispatch();
   m.ring_dtp = set.ring_dtp();
   m.checkpoint.schedule = set.checkpoint();
+  m.moe_tile = set.dispatch() == DispatchKind::pipelined_llep ? kMoeTileRows : 0;
   return m;
 }
 
@@ -164,6 +166,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
   s.schedules.keep_attention = f.keep_attention;
+  if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
   return s;
@@ -178,6 +181,8 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (batch < 1) bad("batch", "must be at least 1, got " + std::to_string(batch));
   if (accumulation < 1) bad("accumulation", "must be at least 1, got " + std::to_string(accumulation));
   if (steps < 1) bad("steps", "must be at least 1, got " + std::to_string(steps));
+  if (moe_tile < -1) bad("moe_tile", "must be -1 (the schedules' choice), 0 (whole) or a row count, got " +
+                                         std::to_string(moe_tile));
   if (warmup < 0) bad("warmup", "must be at least 0, got " + std::to_string(warmup));
   if (symbols < 0) bad("symbols", "must be at least 0, got " + std::to_string(symbols));
   if (eval_every < 0) bad("eval_every", "must be at least 0, got " + std::to_string(eval_every));
@@ -676,6 +681,7 @@ RunSummary Run::finish() {
              {"cp", s.shape.layout.cp},
              {"schedules", f.schedules.str()},
              {"keep_attention", f.keep_attention},
+             {"moe_tile", s.shape.schedules.moe_tile},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
              {"step_seconds", s.step_seconds},
@@ -729,6 +735,7 @@ nlohmann::json RunSummary::json() const {
                       {"cp", run["cp"]},
                       {"schedules", run["schedules"]},
                       {"keep_attention", run["keep_attention"]},
+                      {"moe_tile", run["moe_tile"]},
                       {"steps", run["steps"]},
                       {"first_loss", first_loss},
                       {"final_loss", last_loss},

@@ -86,6 +86,9 @@ struct RunSettings {
   // (ModelSchedules::keep_attention): no attention forward in the backward, for a per-layer
   // per-token term on the device. The plan of --device-memory auto counts it.
   bool keep_attention = false;
+  // The MLP sublayers' row tile (ModelSchedules::moe_tile): -1 the schedules' choice
+  // (kMoeTileRows under PipelinedLLEP, whole otherwise), 0 whole, else rows.
+  std::int64_t moe_tile = -1;
   // Wait for the device at every phase boundary of a step (core/phase_clock.h), so that
   // an asynchronous device (CUDA) reports phase_seconds too: each phase's own time, with
   // no overlap between phases (a diagnostic; the step runs slower). The CPU device reports

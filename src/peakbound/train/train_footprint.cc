@@ -178,7 +178,7 @@ class TrainFootprintBuilder {
     stacked_ = T_ > 0;
     if (stacked_)
       cb_ = checkpoint_buffers(L_, checked_mul(static_cast<u64>(T_), static_cast<u64>(H_), "[T, H]"), act_bytes_,
-                               sch_.checkpoint);
+                               sch_.checkpoint, /*in_place=*/true);  // the decoder layers' backward runs in place
     ringed_ = stacked_ ? cb_.placement.ringed() : L_;
   }
 
@@ -258,6 +258,7 @@ class TrainFootprintBuilder {
       if (l != (moe ? last_moe : last_dense) && !every) continue;
       MoeLayerConfig mc = moe_layer_config(c_, l, eps, sch_.dispatch, sch_.dispatch_options);
       mc.precision = p_;  // as MoeTransformer sets it (its dispatch's too)
+      mc.seq_tile = sch_.moe_tile;
       Mlp m;
       m.layer = l;
       const std::string kind = moe ? "mlp" : "dense mlp";
@@ -269,9 +270,11 @@ class TrainFootprintBuilder {
         const MoeShape shape = moe_layer_dispatch_shape(mc);
         DispatchSizes ds = every          ? in_.dispatch_layers[static_cast<std::size_t>(i)]
                            : in_.dispatch ? *in_.dispatch
-                                          : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep, group_tokens, skew,
+                                          : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep,
+                                                                    moe_tile_rows(group_tokens, mc.seq_tile), skew,
                                                                     sch_.dispatch_options, p_);
-        if (!every && !in_.dispatch) ds.tokens = T_;  // its host scratch is this rank's own
+        // Its host scratch is this rank's own tile's.
+        if (!every && !in_.dispatch) ds.tokens = moe_tile_rows(T_, mc.seq_tile);
         m.dispatch_fp = dispatch_footprint(shape, ds, p_);
         m.dispatch = true;
       }
@@ -355,20 +358,20 @@ class TrainFootprintBuilder {
     {
       const std::string ph = "final norm backward";
       persistent(ph, true);
-      batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, bb_.dy, fb_.norm_params, fb_.norm_grads});
+      batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads});  // dy into x's buffer
       residents(ph, L_);
       kept(ph, L_);
     }
   }
 
-  // ---- backward, layer by layer from the last: x, dy, the gradient ping-pong, mid, d_mid
-  void backward_common(const std::string& ph, std::int64_t layer) {
+  // ---- backward, layer by layer from the last: x (the one gradient buffer: every block's
+  // backward runs in place on it), mid until the MLP's backward is done
+  void backward_common(const std::string& ph, std::int64_t layer, bool mid = true) {
     persistent(ph, true);
-    batch(ph, {bb_.x, bb_.dy});
-    if (stacked_) f_.device(ph, cb_.grad, static_cast<u64>(cb_.grad_buffers));
+    batch(ph, {bb_.x});
+    if (stacked_) f_.device(ph, cb_.grad, static_cast<u64>(cb_.grad_buffers));  // 0 in place
     residents(ph, layer);
-    f_.device(ph, db_.mid);
-    f_.device(ph, db_.d_mid);
+    if (mid) f_.device(ph, db_.mid);
   }
   // A layer's backward: its attention's forward, keeping o and lse (DecoderLayer,
   // forward_for_backward), the MLP's backward beside them, the attention's backward.
@@ -385,15 +388,15 @@ class TrainFootprintBuilder {
     backward_common("backward attention recompute", L_ - 1);
     add_phase(f_, "backward attention recompute", att_.phase("forward"));
     kept("backward attention recompute", L_ - 1);
-    backward_common("backward attention", L_ - 1);
+    backward_common("backward attention", L_ - 1, /*mid=*/false);
     add_phase(f_, "backward attention", att_.phase("backward"));
     kept("backward attention", L_ - 1);
   }
-  // The embedding's full gradient, after the layers (dx in x's buffer, dy still held).
+  // The embedding's full gradient, after the layers (dx in x's buffer).
   void embedding_backward() {
     const std::string ph = "embedding backward";
     persistent(ph, true);
-    batch(ph, {bb_.x, bb_.dy, fb_.embed_grads});
+    batch(ph, {bb_.x, fb_.embed_grads});
   }
 
   const TrainFootprintInputs& in_;

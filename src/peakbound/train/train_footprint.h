@@ -21,13 +21,15 @@
 //                              sublayer's internals (+ the dispatch's forward pass)
 //   loss forward / loss backward   x, y, hn, rstd (+ d_hn); every resident boundary;
 //                              the vocabulary loss's forward / backward phase
-//   final norm backward        x, y, rstd, d_hn, dy; every resident boundary
-//   backward mlp / backward dense mlp   the last MoE / dense layer's backward: x, dy,
-//                              the stack's gradient ping-pong, the resident
-//                              boundaries not yet freed, mid, d_mid, the MLP
-//                              sublayer's backward (+ the dispatch's backward pass)
+//   final norm backward        x (taking dy), y, rstd, d_hn; every resident boundary
+//   backward mlp / backward dense mlp   the last MoE / dense layer's backward: x (the
+//                              one gradient buffer: every layer's backward runs in
+//                              place on it), the resident boundaries not yet freed,
+//                              mid, the MLP sublayer's backward (+ the dispatch's
+//                              backward pass)
 //   backward attention recompute / backward attention   the last layer's attention
 //                              forward (recomputing mid) / backward, beside the same
+//                              (the backward without mid)
 //   optimizer                  the persistent buffers (the step allocates nothing)
 //   loss eval                  with `evaluates`: the held-out loss's forward (x, y,
 //                              rstd and the vocabulary loss's plain forward, which a
@@ -44,8 +46,8 @@
 // (bf16 temporaries such as linear tiles, attention's o32/dq32/dkv32, the vocab's
 // g16/d_hidden32 and the dispatch's expert tile are 0 bytes under f32, so the f32
 // footprint is the one of before the bf16 form, byte for byte). Under bf16 the batch
-// buffers (x, y, hn, d_hn, dy), mid/d_mid, the checkpoint boundaries (ring, residents,
-// host slots, gradient ping-pong), every layer's activations, the dispatch's rows, the
+// buffers (x, y, hn, d_hn), mid, the checkpoint boundaries (ring, residents,
+// host slots), every layer's activations, the dispatch's rows, the
 // parameters the model computes with (FSDP shard and gathered slots, the stores' params,
 // the trainer's param shard) and the optimizer's param staging are 2 bytes an element;
 // gradients (FSDP, stores, trainer shard), the reduce scratch, the fp32 master, m and v,
