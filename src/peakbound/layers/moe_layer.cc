@@ -277,20 +277,22 @@ void MoeLayer::allocate_internals(Internals& in, std::int64_t rows, bool for_bac
 }
 
 namespace {
-// f(a, b, seq) for the runs [a, b) of a tile's rows [0, rows) (global rows first + a...)
-// that lie in one local sequence `seq` of st rows: the sequence-wise statistics and
-// weights are per sequence, and a tile may start or end inside one.
+// f(a, n, seq, seq_rows) over a tile's rows [0, rows) (global rows first + a...) for the
+// per-sequence kernels (the sequence-wise statistics and weights, sequences of st rows):
+// a tile of whole sequences in one call (rows [0, rows) from sequence first / st, st rows
+// each: the kernels' own per-sequence loop); else each run [a, a + n) that lies in one
+// sequence `seq`, as one sequence of n rows (a tile may start or end inside one).
 template <class F>
-void sequence_runs(std::int64_t first, std::int64_t rows, std::int64_t st, const F& f) {
+void for_sequence_runs(std::int64_t first, std::int64_t rows, std::int64_t st, const F& f) {
+  if (first % st == 0 && rows % st == 0) {
+    f(std::int64_t{0}, rows, first / st, st);
+    return;
+  }
   for (std::int64_t a = 0; a < rows;) {
     const std::int64_t seq = (first + a) / st, b = std::min(rows, (seq + 1) * st - first);
-    f(a, b, seq);
+    f(a, b - a, seq, b - a);
     a = b;
   }
-}
-// A tile of whole sequences takes the kernels' own per-sequence loop (one call).
-bool whole_sequences(std::int64_t first, std::int64_t rows, std::int64_t st) {
-  return first % st == 0 && rows % st == 0;
 }
 }  // namespace
 
@@ -298,8 +300,7 @@ bool whole_sequences(std::int64_t first, std::int64_t rows, std::int64_t st) {
 // gate/up/act (and, with the shared gate, the shared output and the gate logit) on its
 // `rows` tokens x, global rows [first, first + rows) of the call, into `in`.
 template <class A>
-void MoeLayer::recompute(Internals& in, const A* x, std::int64_t rows, std::int64_t first, bool for_backward) {
-  const std::int64_t T = rows;
+void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, std::int64_t first, bool for_backward) {
   if (T == 0) return;
   A* act = for_backward ? in.act.as<A>() : in.gate.as<A>();
   Stream& s = dev_.compute_stream();
@@ -322,16 +323,11 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t rows, std::int6
                          K = cfg_.top_k;
       const float* probs = in.probs.as<float>();
       const std::int32_t* ids = in.ids.as<std::int32_t>();
-      if (whole_sequences(first, T, st)) {
-        const std::int64_t b = at + first / st * E;
-        ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + b, aux_->seq_psum + b, probs, ids, T, E, K, st);
-      } else {
-        sequence_runs(first, T, st, [&](std::int64_t a, std::int64_t e, std::int64_t seq) {
-          const std::int64_t b = at + seq * E;
-          ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + b, aux_->seq_psum + b, probs + a * E, ids + a * K,
-                                    e - a, E, K, e - a);
-        });
-      }
+      for_sequence_runs(first, T, st, [&](std::int64_t a, std::int64_t n, std::int64_t seq, std::int64_t seq_rows) {
+        const std::int64_t b = at + seq * E;
+        ops::moe_router_seq_stats(dev_, s, aux_->seq_counts + b, aux_->seq_psum + b, probs + a * E, ids + a * K, n, E,
+                                  K, seq_rows);
+      });
     }
     if (!for_backward && p_.loads.raw() != nullptr && (aux_ == nullptr || aux_->count_loads))
       ops::moe_router_stats(dev_, s, p_.loads.data<float>(), nullptr, in.probs.as<float>(),
@@ -363,11 +359,15 @@ std::int64_t MoeLayer::tile_rows(std::int64_t T, std::int64_t i) const {
   return std::clamp<std::int64_t>(T - tile_first(i), 0, cfg_.seq_tile);
 }
 
-void MoeLayer::note_dispatch(bool first_tile) {
+void MoeLayer::note_dispatch(std::int64_t tile, std::int64_t tiles) {
   const DispatchStats& st = dispatch_->stats();
+  if (tiles == 1) {  // the call's only dispatch: nothing to compare
+    stats_ = st;
+    return;
+  }
   const std::uint64_t bytes =
       dispatch_footprint(moe_layer_dispatch_shape(cfg_), st.sizes, cfg_.precision).device_peak_total();
-  if (first_tile || bytes > stats_bytes_) {
+  if (tile == 0 || bytes > stats_bytes_) {
     stats_ = st;
     stats_bytes_ = bytes;
   }
@@ -423,7 +423,7 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
     }
     // routed (written into y; a collective: every rank calls it, rows = 0 included), + x, + shared.
     dispatch_->forward(h, rows, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp);
-    note_dispatch(i == 0);
+    note_dispatch(i, tiles);
     if (rows == 0) continue;
     ops::axpy(dev_, s, yp, xp, rows * H, 1.0f);
     if (has_gate(cfg_)) {
@@ -484,8 +484,8 @@ void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) 
     const A* dyp = rows > 0 ? dy.data<A>() + r0 * H : nullptr;
     A* dxp = rows > 0 ? dx.data<A>() + r0 * H : nullptr;
     recompute<A>(in, xp, rows, r0, /*for_backward=*/true);
-    backward_tile<A>(in, xp, dyp, dxp, rows, r0, d_weights.as<float>(), dh_buf.as<A>(), d_logits16.as<bf16>(),
-                     i == 0);
+    backward_tile<A>(in, xp, dyp, dxp, rows, r0, d_weights.as<float>(), dh_buf.as<A>(), d_logits16.as<bf16>(), i,
+                     tiles);
   }
 }
 
@@ -493,7 +493,8 @@ void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) 
 // rows = 0 included), the router, the side SwiGLU, then dx = dy + the norm's backward.
 template <class A>
 void MoeLayer::backward_tile(Internals& in, const A* xp, const A* dyp, A* dxp, std::int64_t T, std::int64_t first,
-                             float* d_weights, A* dh, bf16* d_logits16, bool first_tile) {
+                             float* d_weights, A* dh, bf16* d_logits16, std::int64_t tile_index,
+                             std::int64_t tiles) {
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, Fs = cfg_.side_ffn(), E = cfg_.experts, K = cfg_.top_k;
   A* h = in.h.as<A>();
@@ -504,7 +505,7 @@ void MoeLayer::backward_tile(Internals& in, const A* xp, const A* dyp, A* dxp, s
     // this rank's expert gradients added.
     dispatch_->backward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), dyp, dh,
                         d_weights, g_.experts.data<float>());
-    note_dispatch(first_tile);
+    note_dispatch(tile_index, tiles);
     if (T == 0) return;
     // Router: dlogits (with the aux term) into probs, dW_gate added, dh added.
     const float* aux_grad = aux_ != nullptr ? aux_->aux_grad : nullptr;
@@ -528,11 +529,10 @@ void MoeLayer::backward_tile(Internals& in, const A* xp, const A* dyp, A* dxp, s
     };
     if (!seq) {
       router(0, T, nullptr, 0);
-    } else if (whole_sequences(first, T, st)) {
-      router(0, T, seq_w + first / st * E, st);
     } else {
-      sequence_runs(first, T, st,
-                    [&](std::int64_t a, std::int64_t e, std::int64_t q) { router(a, e - a, seq_w + q * E, e - a); });
+      for_sequence_runs(first, T, st, [&](std::int64_t a, std::int64_t n, std::int64_t q, std::int64_t seq_rows) {
+        router(a, n, seq_w + q * E, seq_rows);
+      });
     }
     dh_written = true;
   }

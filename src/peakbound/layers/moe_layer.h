@@ -66,6 +66,12 @@ inline std::int64_t side_ffn_tile_rows(std::int64_t tokens, std::int64_t tile) {
 // cap carries at top-2 to 4 anyway.
 inline constexpr std::int64_t kMoeTileRows = 1024;
 
+// The tile a run takes by default under dispatch kind k (ModelSchedules::moe_tile, and
+// the analytic plan's MLP term): kMoeTileRows under PipelinedLLEP, 0 (whole) otherwise.
+inline std::int64_t default_moe_tile(DispatchKind k) {
+  return k == DispatchKind::pipelined_llep ? kMoeTileRows : 0;
+}
+
 // The rows a rank's sublayer tile holds on T tokens: min(T, tile), T when tile is 0.
 inline std::int64_t moe_tile_rows(std::int64_t tokens, std::int64_t tile) { return side_ffn_tile_rows(tokens, tile); }
 
@@ -275,8 +281,9 @@ class MoeLayer final : public Block {
   std::int64_t tile_count(std::int64_t T);
   std::int64_t tile_first(std::int64_t i) const { return i * cfg_.seq_tile; }
   std::int64_t tile_rows(std::int64_t T, std::int64_t i) const;
-  // Keeps the dispatch's statistics of the tile just run when they held the most memory.
-  void note_dispatch(bool first_tile);
+  // Keeps the dispatch's statistics of tile `tile` of `tiles` just run when they held the
+  // most memory (a call of one tile keeps them as they are).
+  void note_dispatch(std::int64_t tile, std::int64_t tiles);
   // The side SwiGLU's weights (dense MLP or shared experts), and y += SwiGLU(h) over row
   // tiles (gate/up of `in` are the tile's scratch).
   template <class A>
@@ -289,7 +296,7 @@ class MoeLayer final : public Block {
   void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
   template <class A>
   void backward_tile(Internals& in, const A* x, const A* dy, A* dx, std::int64_t rows, std::int64_t first,
-                     float* d_weights, A* dh, bf16* d_logits16, bool first_tile);
+                     float* d_weights, A* dh, bf16* d_logits16, std::int64_t tile_index, std::int64_t tiles);
   template <class A>
   void gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh, bool dh_written);
   std::int64_t check_shape(const Tensor& t, const char* what) const;

@@ -230,7 +230,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   // ---- the terms: each a footprint (layers/, schedules/) ------------------------------
   const Footprint attn = attention_term(in, s, a);
   MlpShape ms = MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe);
-  ms.tile = sched.dispatch() == DispatchKind::pipelined_llep ? kMoeTileRows : 0;  // as model_schedules
+  ms.tile = default_moe_tile(sched.dispatch());  // as model_schedules
   const Footprint mlp = mlp_footprint(ms, a);
   // The schedule set's runtime choices, as the trainer makes them (ScheduleSet's one mapping).
   const Footprint disp = has_moe ? dispatch_term(in, s, sched.dispatch()) : Footprint("dispatch");

@@ -86,12 +86,11 @@ void CheckpointedStack::wait_for_copy(const Event& e) {
   stall_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void CheckpointedStack::check_io(const Tensor& in, const Tensor& out, const char* what) const {
+void CheckpointedStack::check_io(const Tensor& in, const Tensor& out, const char* what, bool may_alias) const {
   PB_CHECK_MSG(in.shape() == shape_ && out.shape() == shape_ && in.dtype() == dtype_ && out.dtype() == dtype_,
                std::string("checkpointed stack ") + what + ": tensors must be " + shape_.str() + " " +
                    std::string(dtype_name(dtype_)));
-  // An in-place stack's backward may take dx == dy.
-  PB_CHECK_MSG(in.raw() != out.raw() || (what[0] == 'b' && buffers_.in_place),
+  PB_CHECK_MSG(in.raw() != out.raw() || may_alias,
                std::string("checkpointed stack ") + what + ": input and output must differ");
 }
 
@@ -131,7 +130,7 @@ void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
 
 void CheckpointedStack::backward(const Tensor& dy, const Tensor& dx) {
   PB_CHECK_MSG(forward_done_, "checkpointed stack: backward without a forward");
-  check_io(dy, dx, "backward");
+  check_io(dy, dx, "backward", /*may_alias=*/buffers_.in_place);  // an in-place stack may take dx == dy
   try {
     backward_impl(dy, dx);
   } catch (...) {
@@ -147,20 +146,19 @@ void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   // In place (every block's backward may write dx over dy): dy is copied into dx once and
   // every block turns it into its own dx there. Otherwise the residual-stream gradient
   // ping-pongs between two buffers and the last block writes dx.
-  if (buffers_.in_place) {
-    if (dx.raw() != dy.raw()) dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, compute);
-  }
+  if (buffers_.in_place && dx.raw() != dy.raw())
+    dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, compute);
   Buffer grad_a, grad_b;
   if (buffers_.grad_buffers == 2) {
     grad_a = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
     grad_b = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
   }
-  const void* g = dy.raw();
+  const void* g = buffers_.in_place ? dx.raw() : dy.raw();
   std::int64_t next_fetch = O - 1;  // highest offloaded boundary not yet fetched
   for (std::int64_t l = L - 1; l >= 0; --l) {
     if (l < O) wait_for_copy(fetched_[static_cast<std::size_t>(l)]);
     void* out = l == 0 || buffers_.in_place ? dx.raw() : ((L - 1 - l) % 2 == 0 ? grad_a.data() : grad_b.data());
-    blocks_[static_cast<std::size_t>(l)]->backward(view(boundary_ptr(l)), view(buffers_.in_place ? out : g), view(out));
+    blocks_[static_cast<std::size_t>(l)]->backward(view(boundary_ptr(l)), view(g), view(out));
     if (l >= M) {
       resident_[static_cast<std::size_t>(l - M)].reset();
     } else if (next_fetch >= 0) {

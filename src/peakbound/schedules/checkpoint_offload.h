@@ -68,7 +68,8 @@ class CheckpointedStack {
   void forward_impl(const Tensor& x, const Tensor& y);
   void backward_impl(const Tensor& dy, const Tensor& dx);
   void abandon() noexcept;
-  void check_io(const Tensor& in, const Tensor& out, const char* what) const;
+  // may_alias: out may be in itself (an in-place stack's backward).
+  void check_io(const Tensor& in, const Tensor& out, const char* what, bool may_alias = false) const;
   void wait_for_copy(const Event& e);
 
   Device& dev_;

@@ -148,7 +148,7 @@ ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
   m.dispatch = set.dispatch();
   m.ring_dtp = set.ring_dtp();
   m.checkpoint.schedule = set.checkpoint();
-  m.moe_tile = set.dispatch() == DispatchKind::pipelined_llep ? kMoeTileRows : 0;
+  m.moe_tile = default_moe_tile(m.dispatch);
   return m;
 }
 
