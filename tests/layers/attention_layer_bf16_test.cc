@@ -155,7 +155,7 @@ TEST(AttentionLayerBf16, FootprintsAreTheF32OnesPlusTheBf16Temporaries) {
     // f32: the bf16-only specs hold nothing, and the elem_bytes form is the same.
     for (const BufferSpec& s : {a.tile, a.o32, a.dq32, a.dkv32}) EXPECT_EQ(s.bytes, 0u);
     EXPECT_EQ(attention_layer_buffers(c.T, f32, 4).h.bytes, a.h.bytes);
-    for (const char* ph : {"forward", "backward"})
+    for (const char* ph : {"forward project", "forward", "backward output", "backward", "backward project"})
       EXPECT_EQ(attention_layer_footprint(c.T, f32).phase(ph).device_total(),
                 attention_layer_footprint(c.T, f32, 4).phase(ph).device_total());
     // bf16: activations at half the bytes; statistics fp32 as in f32.

@@ -81,13 +81,16 @@ TEST(MemoryModel, BaselineEveryComponentByHand) {
   EXPECT_EQ(at(b, Phase::forward_attention, Component::params), 277056u + 99840u);
   // resident: 4 boundaries of 512 x 64 bf16.
   EXPECT_EQ(at(b, Phase::forward_attention, Component::checkpoints), 262144u);
-  // attention_layer_footprint (the trainer's sublayer, bf16): h, q, o [512, 64] and k, v
-  // [512, 32] bf16, rstd [512] f32, the RoPE tables 2 x [512, 8]
-  // f32, lse [512, 4] f32, the kernel's forward workspace 128 x 128 + 2 x 128 floats; backward
-  // its workspace (512 x 4 + 2 x 128 x 128 floats) and d_o, dq [512, 64], dk, dv [512, 32].
-  const std::uint64_t att = 3 * 65536u + 2 * 32768u + 2048u + 2 * 16384u + 8192u;
-  EXPECT_EQ(at(b, Phase::forward_attention, Component::attention), att + 16640u * 4);
-  EXPECT_EQ(at(b, Phase::backward_attention, Component::attention), att + 34816u * 4 + 2 * 65536u + 2 * 32768u);
+  // attention_layer_footprint (the trainer's sublayer, bf16): every phase holds q [512, 64],
+  // k, v [512, 32] bf16 and the RoPE tables 2 x [512, 8] f32. The forward's worst phase is
+  // the projections': + h, o [512, 64] bf16, rstd [512] f32, lse [512, 4] f32 (its kernel's
+  // holds the workspace, 16640 floats, where h and rstd were: 1024 bytes less). The
+  // backward's worst is the kernel's: o freed, lse, d_o [512, 64], row_dot [512, 4] f32,
+  // dq [512, 64], dk, dv [512, 32] and its workspace with D given (2 x 128 x 128 floats).
+  const std::uint64_t common = 65536u + 2 * 32768u + 2 * 16384u;
+  EXPECT_EQ(at(b, Phase::forward_attention, Component::attention), common + 2 * 65536u + 2048u + 8192u);
+  EXPECT_EQ(at(b, Phase::backward_attention, Component::attention),
+            common + 8192u + 65536u + 8192u + 65536u + 2 * 32768u + 32768u * 4);
   // mlp_footprint: stream 2 x T x H x 2 + router logits T x E x 4 + top-k ids/weights T x k x 8.
   EXPECT_EQ(at(b, Phase::forward_mlp, Component::layer), 131072u + 8192u + 8192u);
   EXPECT_EQ(at(b, Phase::backward_attention, Component::layer), 3 * 65536u);  // + the incoming gradient
@@ -133,9 +136,9 @@ TEST(MemoryModel, ScheduledEveryComponentByHand) {
   EXPECT_EQ(at(s, Phase::loss, Component::vocab), 2048u + 128000u + 64000u + 4 * 64000u);
   EXPECT_EQ(s.binding_phase, Phase::backward_attention);
   // The gradient shard (554112) and the gathered layer's gradient (24960 x 4) outweigh
-  // the attention sublayer's backward (641024) in that phase.
+  // the attention sublayer's backward (507904) in that phase.
   EXPECT_EQ(s.binding_component, Component::grads);
-  EXPECT_EQ(s.peak, 2003552u);  // docs/plan.md's worked example
+  EXPECT_EQ(s.peak, 1870432u);  // docs/plan.md's worked example
   // Host: the offloaded boundaries (L - ring = 2) and OffloadStreamAdamW's host state and
   // staging buckets (its footprint's step phase: state 12 B per parameter, staggered).
   OptimizerShape shard;

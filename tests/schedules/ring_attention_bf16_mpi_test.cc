@@ -131,7 +131,7 @@ double run_cases(Communicator& g) {
     ops::convert(dev, dev.compute_stream(), out16.as<bf16>(), out.as<float>(), T * wo);
     dev.arena().reset_peaks();
     ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(), bq.as<bf16>(),
-                            bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>());
+                            bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), nullptr);
     EXPECT_EQ(dev.arena().peak(Component::attention), fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
     EXPECT_EQ(dev.arena().live(Component::attention), 0u);
     dev.synchronize();
@@ -179,11 +179,11 @@ TEST(RingAttentionBf16, EntryPointsRefuseTheOtherPrecision) {
     EXPECT_EQ(std::string(e.what()), "ring attention runs in bf16 but was given f32 q, k, v");
   }
   float* f = x.data();
-  EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, f, f, f, f, f, f), InvalidArgument);
+  EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, f, f, f, f, f, f, nullptr), InvalidArgument);
   c.precision = Precision::f32;
   EXPECT_THROW(ring_attention_forward(dev, w, c, x.data(), x.data(), h.data(), h.data(), h.data()), InvalidArgument);
   const bf16* b = h.data();
-  EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, b, b, b, b, b, f), InvalidArgument);
+  EXPECT_THROW(ring_attention_backward(dev, w, c, f, f, f, b, b, b, b, b, f, nullptr), InvalidArgument);
 }
 
 }  // namespace PB_TEST_FILE

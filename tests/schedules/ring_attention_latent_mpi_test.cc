@@ -156,10 +156,10 @@ double run_case(Communicator& g, const Case& c) {
     if (latent)
       ring_attention_latent_backward(dev, g, cfg, r.dq.as<float>(), r.d0.as<float>(), r.d1.as<float>(),
                                      r.dw.as<float>(), bd.as<A>(), bq.as<A>(), bc.as<A>(), bkr.as<A>(), bw.as<A>(),
-                                     out_a.as<A>(), r.lse.as<float>(), nullptr, &bs);
+                                     out_a.as<A>(), r.lse.as<float>(), nullptr, nullptr, &bs);
     else
       ring_attention_backward(dev, g, cfg, r.dq.as<float>(), r.d0.as<float>(), r.d1.as<float>(), bd.as<A>(),
-                              bq.as<A>(), bk.as<A>(), bv.as<A>(), out_a.as<A>(), r.lse.as<float>(), nullptr, &bs);
+                              bq.as<A>(), bk.as<A>(), bv.as<A>(), out_a.as<A>(), r.lse.as<float>(), nullptr, nullptr, &bs);
     EXPECT_EQ(dev.arena().peak(Component::attention), peak(fp, "backward")) << (latent ? "latent" : "kv");
     EXPECT_EQ(dev.arena().live(Component::attention), 0u);
     dev.synchronize();
@@ -168,6 +168,41 @@ double run_case(Communicator& g, const Case& c) {
     EXPECT_EQ(bs.bytes_sent, t.backward) << (latent ? "latent" : "kv");
     r.bytes_fwd = fs.bytes_sent;
     r.bytes_bwd = bs.bytes_sent;
+    // given_row_dot: the caller's rowsum(dout * out) in place of out (null), the ring
+    // holding no row_dot of its own: the same gradients bit for bit.
+    RingAttentionConfig given = cfg;
+    given.given_row_dot = true;
+    AttentionDims rdd = cfg.dims;
+    rdd.tokens = T;
+    Buffer rd = zeros(dev, T * H), gq = zeros(dev, T * H * qk), g0 = zeros(dev, T * (latent ? L : H * qk)),
+           g1 = zeros(dev, T * (latent ? dr : H * dv)), gw = zeros(dev, kvw * L);
+    ops::attention_row_dot(dev, s, rd.as<float>(), bd.as<A>(), out_a.as<A>(), rdd);
+    dev.synchronize();
+    dev.arena().reset_peaks();
+    if (latent)
+      ring_attention_latent_backward(dev, g, given, gq.as<float>(), g0.as<float>(), g1.as<float>(), gw.as<float>(),
+                                     bd.as<A>(), bq.as<A>(), bc.as<A>(), bkr.as<A>(), bw.as<A>(), nullptr,
+                                     r.lse.as<float>(), rd.as<float>());
+    else
+      ring_attention_backward(dev, g, given, gq.as<float>(), g0.as<float>(), g1.as<float>(), bd.as<A>(), bq.as<A>(),
+                              bk.as<A>(), bv.as<A>(), nullptr, r.lse.as<float>(), rd.as<float>());
+    EXPECT_EQ(dev.arena().peak(Component::attention), peak(ring_attention_footprint(given, cp), "backward"));
+    EXPECT_LT(peak(ring_attention_footprint(given, cp), "backward"), peak(fp, "backward"));
+    dev.synchronize();
+    const auto same = [](const Buffer& a, const Buffer& b, std::int64_t n) {
+      return std::equal(a.as<float>(), a.as<float>() + n, b.as<float>());
+    };
+    EXPECT_TRUE(same(gq, r.dq, T * H * qk)) << (latent ? "latent" : "kv");
+    EXPECT_TRUE(same(g0, r.d0, T * (latent ? L : H * qk)) && same(g1, r.d1, T * (latent ? dr : H * dv)) &&
+                same(gw, r.dw, kvw * L))
+        << (latent ? "latent" : "kv");
+    // A row_dot without given_row_dot is refused (before anything moves).
+    if (!latent) {
+      EXPECT_THROW(ring_attention_backward(dev, g, cfg, gq.as<float>(), g0.as<float>(), g1.as<float>(), bd.as<A>(),
+                                           bq.as<A>(), bk.as<A>(), bv.as<A>(), out_a.as<A>(), r.lse.as<float>(),
+                                           rd.as<float>()),
+                   InvalidArgument);
+    }
     return r;
   };
   Result kv = run(false), la = run(true);

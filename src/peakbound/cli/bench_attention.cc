@@ -157,7 +157,8 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
     ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
                            pool, fs);
     ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
-                            q.as<float>(), k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), pool, bs);
+                            q.as<float>(), k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), nullptr, pool,
+                            bs);
   };
   // The slowest rank's value of x (every rank gets it).
   auto slowest = [&](double x) {

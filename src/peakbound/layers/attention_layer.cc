@@ -143,6 +143,7 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
   r.dims = dims_of(attention_local_seq_len(c), c);
   r.seq_len = c.seq_len;
   r.precision = c.precision;
+  r.given_row_dot = true;  // the layer's row_dot: o is freed before the backward's ring
   if (latent_ring(c)) {
     r.latent = c.kv_lora_rank;
     r.rope = c.qk_rope_dim;
@@ -186,7 +187,8 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   const DType wd = bf ? DType::bf16 : DType::f32;
   const bool kernel = T > 0 && c.cp == 1;
   b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d, wd)) : 0, kF32);
-  b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d, false, wd)) : 0, kF32);
+  // The backward's kernel reads D = rowsum(d_o * o) from row_dot (o is freed before it).
+  b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d, true, wd)) : 0, kF32);
   b.d_o = b.o;
   b.dq = b.q;
   b.dk = b.k;
@@ -219,7 +221,7 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   }
   const u64 sinks = c.sinks && T > 0 ? 1 : 0;
   b.sinks32 = buffer_spec(kC, mul(sinks, U(c.q_heads)), kF32);
-  b.sink_row_dot = buffer_spec(kC, mul(sinks, mul(U(S), U(c.q_heads))), kF32);
+  b.row_dot = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
   return b;
 }
 
@@ -237,18 +239,31 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   // "kept": forward_for_backward's o and lse, held from its end to the backward.
   f.device("kept", b.o);
   f.device("kept", b.lse);
-  for (const char* phase : {"forward", "backward"}) {
-    const bool bwd = phase[0] == 'b';
-    for (const BufferSpec& s : {b.h, b.rstd, b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos,
-                                b.rope_sin, b.o, b.lse, b.tile, b.o32, b.sinks32})
+  // What every phase holds: the projections' outputs (and the norms' state), the RoPE
+  // tables, the linear tile and the widened sinks; MLA's intermediates (else 0 bytes).
+  const auto common = [&](const char* phase) {
+    for (const BufferSpec& s : {b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos, b.rope_sin, b.tile,
+                                b.sinks32, b.qa, b.qa_n, b.qa_rstd, b.ckv, b.c_pre, b.c, b.c_rstd, b.kr, b.kv, b.qr})
       f.device(phase, s);
-    for (const BufferSpec& s : {b.qa, b.qa_n, b.qa_rstd, b.ckv, b.c_pre, b.c, b.c_rstd, b.kr, b.kv, b.qr})
-      f.device(phase, s);  // MLA (else 0 bytes)
-    f.device(phase, bwd ? b.workspace_backward : b.workspace_forward);
-    if (bwd)
-      for (const BufferSpec& s : {b.d_o, b.dq, b.dk, b.dv, b.dq32, b.dkv32, b.sink_row_dot, b.dqa, b.dc, b.dkr32})
-        f.device(phase, s);
-  }
+  };
+  // The projections (forward and the backward's recomputation): h and rstd, o and lse
+  // (allocated for the kernel, or kept).
+  common("forward project");
+  for (const BufferSpec& s : {b.h, b.rstd, b.o, b.lse}) f.device("forward project", s);
+  // The kernel (h freed: its backward recomputes it from x).
+  common("forward");
+  for (const BufferSpec& s : {b.o, b.lse, b.workspace_forward, b.o32}) f.device("forward", s);
+  // o_proj's backward: d_o and row_dot = rowsum(d_o * o), after which o is freed.
+  common("backward output");
+  for (const BufferSpec& s : {b.o, b.lse, b.d_o, b.row_dot}) f.device("backward output", s);
+  // The kernel's backward: d_o, row_dot and lse beside the gradients (o not held).
+  common("backward");
+  for (const BufferSpec& s : {b.lse, b.d_o, b.row_dot, b.dq, b.dk, b.dv, b.dq32, b.dkv32, b.workspace_backward, b.dc,
+                              b.dkr32})
+    f.device("backward", s);
+  // The projections' backward: h and rstd again, beside dq, dk, dv.
+  common("backward project");
+  for (const BufferSpec& s : {b.h, b.rstd, b.dq, b.dk, b.dv, b.dc, b.dkr32, b.dqa}) f.device("backward project", s);
   // Ring attention's internals, live inside the kernel call of each phase.
   if (T > 0 && c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
   return f;
@@ -386,14 +401,16 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
 }
 
 template <class A>
-void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
-                                     float* dq32, float* dkv32, A* dc, float* dkr32) {
+void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o,
+                                     const float* row_dot, A* dq, A* dk, A* dv, float* dq32, float* dkv32, A* dc,
+                                     float* dkr32) {
   Stream& s = dev_.compute_stream();
   const Widths w = widths(cfg_);
   const std::int64_t Hq = cfg_.q_heads, Q = w.q, K = w.k, V = w.v, O = w.o;
   const A *q = in.q.as<A>() + b * Q, *k = in.k.as<A>() + b * K, *v = in.v.as<A>() + b * V;
-  const A* o = in.o.as<A>() + b * O;
+  const A* o = nullptr;  // the kernels read D = rowsum(d_o * o) from row_dot instead
   const float* lse = in.lse.as<float>() + b * Hq;
+  row_dot += b * Hq;
   d_o += b * O;
   dq += b * Q;
   dk += b * K;
@@ -407,7 +424,7 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
     float* dc_to = f32 ? reinterpret_cast<float*>(dc + b * Rkv) : dkv32;
     ring_attention_latent_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq_to, dc_to, dkr32 + b * dr,
                                    g_.wkvb.data<float>(), d_o, q, in.c.as<A>() + b * Rkv, in.kr.as<A>() + b * dr,
-                                   p_.wkvb.data<A>(), o, lse);
+                                   p_.wkvb.data<A>(), o, lse, row_dot);
     if constexpr (!std::is_same_v<A, float>) {
       ops::convert(dev_, s, dq, dq32, S * Q);
       ops::convert(dev_, s, dc + b * Rkv, dkv32, S * Rkv);
@@ -416,14 +433,16 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
   }
   if constexpr (std::is_same_v<A, float>) {
     if (cfg_.cp == 1)
-      ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>());
+      ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>(), nullptr,
+                              row_dot);
     else
-      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq, dk, dv, d_o, q, k, v, o, lse);
+      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq, dk, dv, d_o, q, k, v, o, lse, row_dot);
   } else {
     // dk, dv: fp32 sums over every query chunk (or over the ring), narrowed once.
     float *dk32 = dkv32, *dv32 = dkv32 + S * K;
     if (cfg_.cp > 1) {
-      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq32, dk32, dv32, d_o, q, k, v, o, lse);
+      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq32, dk32, dv32, d_o, q, k, v, o, lse,
+                              row_dot);
       ops::convert(dev_, s, dq, dq32, S * Q);
     } else {
       ops::fill(dev_, s, dkv32, S * (K + V), 0.0f);
@@ -431,8 +450,8 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
       for (std::int64_t r = 0; r < S; r += R) {
         const std::int64_t n = std::min(R, S - r);
         ops::fill(dev_, s, dq32, n * Q, 0.0f);
-        ops::attention_backward(dev_, s, dq32, dk32, dv32, d_o + r * O, q + r * Q, k, v, o + r * O, lse + r * Hq,
-                                chunk_dims(n, r, cfg_, true), in.ws.as<float>());
+        ops::attention_backward(dev_, s, dq32, dk32, dv32, d_o + r * O, q + r * Q, k, v, o, lse + r * Hq,
+                                chunk_dims(n, r, cfg_, true), in.ws.as<float>(), nullptr, row_dot + r * Hq);
         ops::convert(dev_, s, dq + r * Q, dq32, n * Q);
       }
     }
@@ -441,13 +460,23 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
   }
 }
 
-// Allocates the forward's internals and computes them through o and lse. The
-// workspace is the backward's when the caller is backward (one buffer either way).
+// h = rmsnorm(x) * w_in and its rstd, allocated afresh (the projections' input: freed
+// before the attention kernel, recomputed for the projections' backward, bit for bit).
 template <class A>
-void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool for_backward, bool attend) {
+void AttentionLayer::norm_input(Internals& in, const A* x, std::int64_t T) {
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   in.h = allocate(dev_, b.h);
   in.rstd = allocate(dev_, b.rstd);
+  ops::rmsnorm_forward(dev_, dev_.compute_stream(), in.h.as<A>(), in.rstd.as<float>(), x, p_.w_in.data<A>(), T,
+                       cfg_.hidden, cfg_.rms_eps);
+}
+
+// Allocates the forward's internals and computes them through o and lse: the
+// projections (footprint phase "forward project"), then, with h and rstd freed, the
+// kernel and its workspace ("forward").
+template <class A>
+void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool attend) {
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   in.q = allocate(dev_, b.q);
   in.k = allocate(dev_, b.k);
   in.v = allocate(dev_, b.v);
@@ -461,9 +490,7 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
     in.o = allocate(dev_, b.o);
     in.lse = allocate(dev_, b.lse);
   }
-  in.ws = allocate(dev_, for_backward ? b.workspace_backward : b.workspace_forward);
   in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
-  in.o32 = allocate(dev_, b.o32);
   in.sinks32 = allocate(dev_, b.sinks32);  // sinks only (else null)
   for (auto [buf, spec] : {std::pair{&in.qa, &b.qa}, std::pair{&in.qa_n, &b.qa_n}, std::pair{&in.qa_rstd, &b.qa_rstd},
                            std::pair{&in.ckv, &b.ckv}, std::pair{&in.c_pre, &b.c_pre}, std::pair{&in.c, &b.c},
@@ -471,19 +498,32 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
                            std::pair{&in.qr, &b.qr}})
     *buf = allocate(dev_, *spec);  // MLA only (else null)
 
+  norm_input<A>(in, x, T);
+  const std::int64_t S = sequence_length(T, cfg_);
+  rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
+  if (cfg_.mla)
+    mla_project<A>(in, T, S);
+  else
+    gqa_project<A>(in, T, S);
+  // The kernel needs q, k, v only: h and rstd go (the backward recomputes them).
+  in.h.reset();
+  in.rstd.reset();
+  if (!attend) return;
+  in.ws = allocate(dev_, b.workspace_forward);
+  in.o32 = allocate(dev_, b.o32);  // bf16 only (else null)
+  for (std::int64_t b0 = 0; b0 < T; b0 += S) attend_forward<A>(in, b0, S);
+  in.ws.reset();
+  in.o32.reset();
+}
+
+// GQA: q, k, v from h (the projections, the q/k norms, RoPE).
+template <class A>
+void AttentionLayer::gqa_project(Internals& in, std::int64_t T, std::int64_t S) {
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = Hq * D, K = Hkv * D;
+  const A* h = in.h.as<A>();
   float* tile = in.tile.as<float>();
-  A* h = in.h.as<A>();
-  ops::rmsnorm_forward(dev_, s, h, in.rstd.as<float>(), x, p_.w_in.data<A>(), T, H, cfg_.rms_eps);
-  if (cfg_.mla) {
-    const std::int64_t S = sequence_length(T, cfg_);
-    rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
-    mla_project<A>(in, T, S);
-    for (std::int64_t b0 = 0; b0 < T && attend; b0 += S) attend_forward<A>(in, b0, S);
-    return;
-  }
   // With qk_norm the projections land in q_pre / k_pre (the norm's input, which its
   // backward reads) and the norm writes q / k; without, they land in q / k directly.
   A* qp = cfg_.qk_norm ? in.q_pre.as<A>() : in.q.as<A>();
@@ -511,13 +551,9 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool f
     else
       ops::convert(dev_, s, in.sinks32.as<float>(), p_.sinks.data<A>(), Hq);
   }
-  const std::int64_t S = sequence_length(T, cfg_);
-  rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
-  for (std::int64_t b = 0; b < T; b += S) {
+  for (std::int64_t b = 0; b < T; b += S)
     ops::rope_forward(dev_, s, in.q.as<A>() + b * Q, in.k.as<A>() + b * K, in.cos.as<float>(), in.sin.as<float>(),
                       S, Hq, Hkv, D);
-    if (attend) attend_forward<A>(in, b, S);
-  }
 }
 
 template <class A>
@@ -685,7 +721,7 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, boo
   const bool reused = take_kept(in, T, reuse);
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
-  recompute<A>(in, x.data<A>(), T, /*for_backward=*/false, /*attend=*/!reused);
+  recompute<A>(in, x.data<A>(), T, /*attend=*/!reused);
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
   dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
@@ -760,46 +796,52 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   // attention itself. Otherwise the whole forward again.
   Internals in;
   const bool kept = take_kept(in, T, kept_x_ == x.raw());
-  recompute<A>(in, xp, T, /*for_backward=*/true, /*attend=*/!kept);
+  recompute<A>(in, xp, T, /*attend=*/!kept);
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
-  Buffer d_o = allocate(dev_, b.d_o), dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
-  Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)
-  Buffer row_dot = allocate(dev_, b.sink_row_dot);                          // sinks only (else null)
-  // MLA only (else null): held from here so that they are live beside the attention's
-  // buffers, as the footprint counts them (under cp the ring's are freed before they are used).
-  Buffer dqa = allocate(dev_, b.dqa), dc = allocate(dev_, b.dc), dkr32 = allocate(dev_, b.dkr32);
-
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = widths(cfg_).q, K = widths(cfg_).k, O = widths(cfg_).o;
-  A* h = in.h.as<A>();
-  A *dqp = dq.as<A>(), *dkp = dk.as<A>(), *dvp = dv.as<A>();
   float* tile = in.tile.as<float>();
 
-  // o_proj: dWo += dy^T o [H, O] (dbo += colsum dy); d_o = dy Wo [T, O].
+  // o_proj: dWo += dy^T o [H, O] (dbo += colsum dy); d_o = dy Wo [T, O]; then D =
+  // rowsum(d_o * o) [T, Hq] for the kernels (and the sinks), after which o is freed
+  // (footprint phase "backward output").
+  Buffer d_o = allocate(dev_, b.d_o), row_dot = allocate(dev_, b.row_dot);
   add_weight_grad(dev_, s, H, O, T, dyp, in.o.as<A>(), g_.wo.data<float>());
   if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dyp, T, H);
   linear(dev_, s, T, O, {{.a = dyp, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
          d_o.as<A>(), O, LinearMode::write, tile);
-  // Attention: dq, dk, dv (written), then RoPE's backward rotates dq, dk in place,
-  // sequence by sequence (the workspace is one sequence's).
+  ops::attention_row_dot(dev_, s, row_dot.as<float>(), d_o.as<A>(), in.o.as<A>(), dims_of(T, cfg_));
+  in.o.reset();
+
+  // Attention ("backward"): dq, dk, dv (written), then RoPE's backward rotates dq, dk in
+  // place, sequence by sequence (the workspace is one sequence's).
+  Buffer dq = allocate(dev_, b.dq), dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv);
+  Buffer dq32 = allocate(dev_, b.dq32), dkv32 = allocate(dev_, b.dkv32);  // bf16 only (else null)
+  Buffer dc = allocate(dev_, b.dc), dkr32 = allocate(dev_, b.dkr32);      // MLA only (else null)
+  in.ws = allocate(dev_, b.workspace_backward);
+  A *dqp = dq.as<A>(), *dkp = dk.as<A>(), *dvp = dv.as<A>();
   const std::int64_t S = sequence_length(T, cfg_);
-  for (std::int64_t b = 0; b < T; b += S) {
-    if (cfg_.sinks) {  // dsinks from the merged lse and rowsum(d_o * o) of this sequence
-      ops::attention_row_dot(dev_, s, row_dot.as<float>(), d_o.as<A>() + b * O, in.o.as<A>() + b * O,
-                             dims_of(S, cfg_));
-      ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b * Hq,
-                                    row_dot.as<float>(), in.sinks32.as<float>(), S, Hq);
-    }
-    attend_backward<A>(in, b, S, d_o.as<A>(), dqp, dkp, dvp, dq32.as<float>(), dkv32.as<float>(), dc.as<A>(),
-                       dkr32.as<float>());
+  for (std::int64_t b0 = 0; b0 < T; b0 += S) {
+    if (cfg_.sinks)  // dsinks from the merged lse and this sequence's rows of D
+      ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b0 * Hq,
+                                    row_dot.as<float>() + b0 * Hq, in.sinks32.as<float>(), S, Hq);
+    attend_backward<A>(in, b0, S, d_o.as<A>(), row_dot.as<float>(), dqp, dkp, dvp, dq32.as<float>(),
+                       dkv32.as<float>(), dc.as<A>(), dkr32.as<float>());
     if (!cfg_.mla)
-      ops::rope_backward(dev_, s, dqp + b * Q, dkp + b * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
+      ops::rope_backward(dev_, s, dqp + b0 * Q, dkp + b0 * K, in.cos.as<float>(), in.sin.as<float>(), S, Hq, Hkv, D);
   }
-  if (cfg_.mla)
-    mla_backward<A>(in, T, S, dqp, dkp, dvp, dqa.as<A>(), dc.as<A>(), dkr32.as<float>(), tile);  // dh into h
-  else
+  for (Buffer* done : {&d_o, &row_dot, &in.lse, &in.ws, &dq32, &dkv32}) done->reset();
+
+  // The projections' backward ("backward project"): h again (it was freed before the
+  // kernel), then dh into h's buffer.
+  norm_input<A>(in, xp, T);
+  if (cfg_.mla) {
+    Buffer dqa = allocate(dev_, b.dqa);  // q_lora_rank only (else null)
+    mla_backward<A>(in, T, S, dqp, dkp, dvp, dqa.as<A>(), dc.as<A>(), dkr32.as<float>(), tile);
+  } else {
     gqa_backward<A>(in, T, dqp, dkp, dvp, tile);
-  A* dh = h;
+  }
+  A* dh = in.h.as<A>();
   // dx = dy (the residual path) + input_layernorm's backward, which adds. In place (dx
   // is dy) the residual is already there: dy's last reader was o_proj's backward above.
   if (dx.raw() != dy.raw()) dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);

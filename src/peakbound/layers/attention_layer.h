@@ -129,36 +129,40 @@ struct AttentionLayerTensors {
 // q [T, Hq*D], k, v [T, Hkv*D], q_pre [T, Hq*D] and k_pre [T, Hkv*D] (the projections
 // before the q/k norm, its input kept for backward) and q_rstd [T, Hq], k_rstd [T, Hkv]
 // (qk_norm only, else 0 bytes), rope_cos, rope_sin [S, D/2] (one sequence's: every
-// sequence uses the same positions), o [T, Hq*D], lse [T, Hq] (f32 whatever
-// elem_bytes), workspace_forward (the attention kernel's for one sequence, f32,
-// reused sequence after sequence; under cp > 1 none: the ring attention call allocates
-// its own, ring_attention_footprint, which the layer's footprint adds). Backward
-// holds all of them (workspace_backward in place of workspace_forward) plus d_o
-// [T, Hq*D], dq [T, Hq*D], dk, dv [T, Hkv*D]; dq/dk before the q/k norm go into q and
-// k's buffers and dh into h's, so nothing else is needed.
+// sequence uses the same positions), o [T, Hq*D], lse [T, Hq] (f32 whatever elem_bytes),
+// workspace_forward (the attention kernel's for one sequence, f32, reused sequence after
+// sequence; under cp > 1 none: the ring attention call allocates its own,
+// ring_attention_footprint, which the layer's footprint adds). h and rstd live only
+// through the projections: the kernel runs without them, and the backward recomputes
+// them from x for the projections' backward (rmsnorm is deterministic: the same bits).
+// Backward: d_o [T, Hq*D] and row_dot [T, Hq] f32 = rowsum(d_o * o), after which o is
+// freed (the kernel reads D from row_dot, workspace_backward sized for a given D); dq
+// [T, Hq*D], dk, dv [T, Hkv*D] through the kernel; then h and rstd again for the
+// projections' backward, with dq/dk before the q/k norm going into q and k's buffers
+// and dh into h's.
 // bf16 only (0 bytes under f32): tile, nn/linear's fp32 tile [min(T, 256), max(H, Q, K)]
-// (forward and backward); o32 [R, Q] fp32, the kernel's out of R query rows (forward and
-// backward, which recomputes o); dq32 [R, Q] and dkv32 [S_r, 2 K] fp32 (backward). R =
+// (forward and backward); o32 [R, Q] fp32, the kernel's out of R query rows (the
+// forward's kernel); dq32 [R, Q] and dkv32 [S_r, 2 K] fp32 (the backward's kernel). R =
 // min(S, kAttentionChunkRows) at cp = 1, S_r (the shard) under cp > 1. The workspaces are
 // sized for R rows and DType::bf16 under bf16.
 // Sinks only (else 0 bytes): sinks32 [Hq] f32, the sink logits widened (forward and
-// backward), and sink_row_dot [S_r, Hq] f32, one sequence's rowsum(d_o * o) for the sinks'
-// gradient (backward).
+// backward; their gradient reads lse and row_dot).
 // MLA only (else 0 bytes): forward and backward hold qa, qa_n [T, Rq] (act) and qa_rstd [T]
 // (q_lora_rank only), ckv [T, Rkv + rope], c_pre, c [T, Rkv], kr [T, rope], kv [T, Hq*(nope
 // + v)], qr [T, Hq*rope] (act) and c_rstd [T]; q and k are [T, Hq*(nope + rope)], v and o
-// [T, Hq*v]. Backward adds dqa [T, Rq] (act, q_lora_rank only), dc [T, Rkv] (act) and
-// dkr32 [T, rope] f32 (k_rot's gradient summed over the heads); it reuses kv for d kv, ckv
-// for d ckv, c for d c_pre and qa_n for d qa. With the latent ring (cp > 1 and
-// mla_latent_ring) K and V are never formed on the layer: k, v, kv, dk and dv are 0 bytes
-// (the ring expands each block itself), the ring writes dc and dkr32, and under bf16
-// dkv32 is the ring's fp32 dc [S_r, Rkv] (narrowed into dc).
+// [T, Hq*v]. Backward adds dc [T, Rkv] (act) and dkr32 [T, rope] f32 (k_rot's gradient
+// summed over the heads) from the kernel on, and dqa [T, Rq] (act, q_lora_rank only) in
+// the projections' backward; it reuses kv for d kv, ckv for d ckv, c for d c_pre and qa_n
+// for d qa. With the latent ring (cp > 1 and mla_latent_ring) K and V are never formed on
+// the layer: k, v, kv, dk and dv are 0 bytes (the ring expands each block itself), the
+// ring writes dc and dkr32, and under bf16 dkv32 is the ring's fp32 dc [S_r, Rkv]
+// (narrowed into dc).
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   BufferSpec workspace_forward, workspace_backward;
   BufferSpec d_o, dq, dk, dv;
   BufferSpec tile, o32, dq32, dkv32;
-  BufferSpec sinks32, sink_row_dot;
+  BufferSpec sinks32, row_dot;
   BufferSpec qa{}, qa_n{}, qa_rstd{}, ckv{}, c_pre{}, c{}, c_rstd{}, kr{}, kv{}, qr{};
   BufferSpec dqa{}, dc{}, dkr32{};
 };
@@ -168,8 +172,14 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const Attenti
 AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const AttentionLayerConfig& c,
                                               std::uint64_t elem_bytes);
 
-// Phases "forward" and "backward" (component attention only; parameters and their
-// gradients belong to the parameter store's footprint).
+// Phases (component attention only; parameters and their gradients belong to the
+// parameter store's footprint): "forward project" (the projections: h, rstd, q, k, v, o,
+// lse), "forward" (the kernel: h freed, its workspace; the ring's under cp), "backward
+// output" (o_proj's backward: d_o and row_dot beside o), "backward" (the kernel: o freed,
+// d_o, row_dot, dq, dk, dv, its workspace; the ring's under cp) and "backward project"
+// (the projections' backward: h again, dq, dk, dv), plus "kept" (forward_for_backward's
+// o and lse, held between calls). A forward call peaks at the larger of its two phases;
+// a backward call at the largest of all but "kept" (its recomputation runs the forward's).
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c);
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c, std::uint64_t elem_bytes);
 
@@ -223,8 +233,14 @@ class AttentionLayer final : public Block {
   // calls of the f32-only layer in its order.
   // attend false: in.o and in.lse are already there (kept); the kernel does not run.
   template <class A>
-  void recompute(Internals& in, const A* x, std::int64_t T, bool for_backward, bool attend = true);
-  // MLA: q, k, v from h (the projections, the norms, RoPE on the rope columns).
+  void recompute(Internals& in, const A* x, std::int64_t T, bool attend = true);
+  // h and rstd from x, allocated afresh into `in`.
+  template <class A>
+  void norm_input(Internals& in, const A* x, std::int64_t T);
+  // q, k, v from h: GQA's (the projections, the q/k norms, RoPE) or MLA's (the
+  // projections, the norms, RoPE on the rope columns).
+  template <class A>
+  void gqa_project(Internals& in, std::int64_t T, std::int64_t S);
   template <class A>
   void mla_project(Internals& in, std::int64_t T, std::int64_t S);
   // What an earlier forward kept (o, lse) moved into `in` when `use` and its token count is
@@ -249,11 +265,12 @@ class AttentionLayer final : public Block {
   // One sequence (S rows at row b) through the kernel: o, lse written; bf16 via o32.
   template <class A>
   void attend_forward(Internals& in, std::int64_t b, std::int64_t S);
-  // One sequence's dq, dk, dv written (before RoPE's backward); bf16 via dq32 / dkv32. The
+  // One sequence's dq, dk, dv written (before RoPE's backward) from d_o and row_dot (the
+  // call's rowsum(d_o * o) [T, Hq]: o itself is not held); bf16 via dq32 / dkv32. The
   // latent ring writes dq, dc and dkr32 instead (and adds into dWkvb).
   template <class A>
-  void attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, A* dq, A* dk, A* dv,
-                       float* dq32, float* dkv32, A* dc, float* dkr32);
+  void attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, const float* row_dot, A* dq,
+                       A* dk, A* dv, float* dq32, float* dkv32, A* dc, float* dkr32);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
 
   Device& dev_;

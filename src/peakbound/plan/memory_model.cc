@@ -123,6 +123,19 @@ namespace {
 // loss's forward and backward).
 ComponentBytes device_of(const Footprint& f, std::string_view phase) { return f.phase(phase).device; }
 
+// The worst (largest total) of the named phases f has: the attention sublayer's forward
+// is its projections' and its kernel's phases, its backward three.
+ComponentBytes worst_of(const Footprint& f, std::initializer_list<std::string_view> phases) {
+  ComponentBytes best{};
+  std::uint64_t best_total = 0;
+  for (std::string_view name : phases)
+    if (f.has_phase(name) && f.phase(name).device_total() >= best_total) {
+      best_total = f.phase(name).device_total();
+      best = f.phase(name).device;
+    }
+  return best;
+}
+
 ComponentBytes worst_phase(const Footprint& f) {
   ComponentBytes best{};
   std::uint64_t best_total = 0;
@@ -270,7 +283,8 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   };
   const std::int64_t L = m.num_layers;
   PhaseBytes fa = with(base(Phase::forward_attention),
-                       {ckpt_dev, device_of(attn, "forward"), device_of(mlp, "residual"), kept_layers(L - 1)});
+                       {ckpt_dev, worst_of(attn, {"forward project", "forward"}), device_of(mlp, "residual"),
+                        kept_layers(L - 1)});
   fa.bytes[C(Component::params)] = add(fa.bytes[C(Component::params)], gathered);
 
   PhaseBytes fm = with(base(Phase::forward_mlp), {ckpt_dev, device_of(mlp, "forward"), disp_fwd, kept_layers(L)});
@@ -281,7 +295,8 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   lo.bytes[C(Component::grads)] = add(lo.bytes[C(Component::grads)], mul(head_params, gb));
 
   PhaseBytes ba = with(base(Phase::backward_attention),
-                       {ckpt_dev, device_of(attn, "backward"), device_of(mlp, "residual_backward"), kept_layers(L - 1)});
+                       {ckpt_dev, worst_of(attn, {"backward output", "backward", "backward project"}),
+                        device_of(mlp, "residual_backward"), kept_layers(L - 1)});
   ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
   ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);
 

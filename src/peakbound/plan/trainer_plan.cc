@@ -68,7 +68,7 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
 
 Phase planner_phase_of(std::string_view p) {
   if (p.starts_with("optimizer")) return Phase::optimizer;
-  if (p == "embedding forward" || p == "forward attention") return Phase::forward_attention;
+  if (p == "embedding forward" || p.starts_with("forward attention")) return Phase::forward_attention;
   if (p.starts_with("forward ")) return Phase::forward_mlp;
   if (p.starts_with("loss ") || p == "final norm backward") return Phase::loss;
   if (p.starts_with("backward attention") || p == "embedding backward") return Phase::backward_attention;

@@ -240,7 +240,7 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
     // Nothing moves: the single-rank kernel, D_i in its own workspace.
     const AttentionDims w = whole_dims(c);
     b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(w, a)), kF32);
-    b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(w, false, a)), kF32);
+    b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(w, c.given_row_dot, a)), kF32);
     return b;
   }
   const auto mul = [](std::uint64_t x, std::uint64_t y) { return checked_mul(x, y, "ring attention"); };
@@ -255,7 +255,7 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
     b.tile = linear_tile_spec(T, kv_width(c), c.precision, kC);
   }
   b.dkv_ring = buffer_spec(kC, checked_add(mul(3, lanes), contribution, "ring attention"), kF32);
-  b.row_dot = buffer_spec(kC, mul(U(T), U(d.q_heads)), kF32);
+  b.row_dot = buffer_spec(kC, c.given_row_dot ? 0 : mul(U(T), U(d.q_heads)), kF32);
   b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d, a)), kF32);
   b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true, a)), kF32);
   return b;
@@ -448,9 +448,13 @@ void contract_block(Device& dev, Stream& s, const RingAttentionConfig& c, std::i
 
 template <class A>
 void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, const KvGrads& grads, float* dq,
-                 const A* dout, const A* q, const KvSource<A>& src, const A* out, const float* lse, ThreadPool* pool,
-                 RingAttentionStats* stats) {
+                 const A* dout, const A* q, const KvSource<A>& src, const A* out, const float* lse,
+                 const float* given_rd, ThreadPool* pool, RingAttentionStats* stats) {
   check_precision(c.precision, precision_of<A>(), "ring attention", "q, k, v");
+  if ((given_rd != nullptr) != c.given_row_dot)
+    throw InvalidArgument(std::string("ring attention: ") +
+                          (c.given_row_dot ? "given_row_dot needs the caller's row_dot"
+                                           : "a row_dot argument needs given_row_dot in the config"));
   const int P = g.size();
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
@@ -462,7 +466,7 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     timer.start();
     if (!timer.skip())
       ops::attention_backward(dev, s, dq, grads.first, grads.second, dout, q, src.first, src.second, out, lse,
-                              whole_dims(c), ws.as<float>(), pool);
+                              whole_dims(c), ws.as<float>(), pool, given_rd);
     timer.stop();
     dev.synchronize(s);
     timer.finish(nullptr);
@@ -485,10 +489,13 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
   const int acc0 = ring.add_accumulated(RingLane{{dkvb, dkvb + slot}, DType::f32, lane_counts(c.seq_len, P, w0)});
   const int acc1 =
       ring.add_accumulated(RingLane{{dkvb + off, dkvb + slot + off}, DType::f32, lane_counts(c.seq_len, P, w1)});
-  // D_i = rowsum(dout * out) once for every hop; dq is added into from zero.
-  timer.start();
-  if (!timer.skip()) ops::attention_row_dot(dev, s, rd.as<float>(), dout, out, call_dims(c, T, 0, 0, 0, false));
-  timer.stop();
+  // D_i = rowsum(dout * out) once for every hop (or the caller's); dq is added into from zero.
+  const float* row_dot = given_rd != nullptr ? given_rd : rd.as<float>();
+  if (given_rd == nullptr) {
+    timer.start();
+    if (!timer.skip()) ops::attention_row_dot(dev, s, rd.as<float>(), dout, out, call_dims(c, T, 0, 0, 0, false));
+    timer.stop();
+  }
   ops::fill(dev, s, dq, T * Hq * D, 0.0f);
   for (int hop = 0; hop < P; ++hop) {
     ring.begin(hop);
@@ -510,8 +517,8 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
       if (!timer.skip())
         ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
                                 dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
-                                vc + kch.row * Hkv * Dv, out + qc.row * Hq * Dv, lse + qc.row * Hq, d, ws.as<float>(),
-                                pool, rd.as<float>() + qc.row * Hq);
+                                vc + kch.row * Hkv * Dv, /*out: D is given*/ nullptr, lse + qc.row * Hq, d,
+                                ws.as<float>(), pool, row_dot + qc.row * Hq);
       timer.stop();
       ring.progress();
     });
@@ -571,14 +578,16 @@ void ring_attention_forward(Device& dev, Communicator& g, const RingAttentionCon
 
 void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const float* dout, const float* q, const float* k, const float* v,
-                             const float* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
-  backward_as<float>(dev, g, c, {dk, dv, nullptr}, dq, dout, q, kv_form(c, k, v), out, lse, pool, stats);
+                             const float* out, const float* lse, const float* row_dot, ThreadPool* pool,
+                             RingAttentionStats* stats) {
+  backward_as<float>(dev, g, c, {dk, dv, nullptr}, dq, dout, q, kv_form(c, k, v), out, lse, row_dot, pool, stats);
 }
 
 void ring_attention_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                             const bf16* out, const float* lse, ThreadPool* pool, RingAttentionStats* stats) {
-  backward_as<bf16>(dev, g, c, {dk, dv, nullptr}, dq, dout, q, kv_form(c, k, v), out, lse, pool, stats);
+                             const bf16* out, const float* lse, const float* row_dot, ThreadPool* pool,
+                             RingAttentionStats* stats) {
+  backward_as<bf16>(dev, g, c, {dk, dv, nullptr}, dq, dout, q, kv_form(c, k, v), out, lse, row_dot, pool, stats);
 }
 
 void ring_attention_latent_forward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out,
@@ -596,15 +605,17 @@ void ring_attention_latent_forward(Device& dev, Communicator& g, const RingAtten
 void ring_attention_latent_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dc,
                                     float* dkr, float* dwkvb, const float* dout, const float* q, const float* c_lat,
                                     const float* kr, const float* wkvb, const float* out, const float* lse,
-                                    ThreadPool* pool, RingAttentionStats* stats) {
-  backward_as<float>(dev, g, c, {dc, dkr, dwkvb}, dq, dout, q, latent_form(c, c_lat, kr, wkvb), out, lse, pool, stats);
+                                    const float* row_dot, ThreadPool* pool, RingAttentionStats* stats) {
+  backward_as<float>(dev, g, c, {dc, dkr, dwkvb}, dq, dout, q, latent_form(c, c_lat, kr, wkvb), out, lse, row_dot, pool,
+                     stats);
 }
 
 void ring_attention_latent_backward(Device& dev, Communicator& g, const RingAttentionConfig& c, float* dq, float* dc,
                                     float* dkr, float* dwkvb, const bf16* dout, const bf16* q, const bf16* c_lat,
                                     const bf16* kr, const bf16* wkvb, const bf16* out, const float* lse,
-                                    ThreadPool* pool, RingAttentionStats* stats) {
-  backward_as<bf16>(dev, g, c, {dc, dkr, dwkvb}, dq, dout, q, latent_form(c, c_lat, kr, wkvb), out, lse, pool, stats);
+                                    const float* row_dot, ThreadPool* pool, RingAttentionStats* stats) {
+  backward_as<bf16>(dev, g, c, {dc, dkr, dwkvb}, dq, dout, q, latent_form(c, c_lat, kr, wkvb), out, lse, row_dot, pool,
+                     stats);
 }
 
 }  // namespace peakbound

@@ -70,6 +70,12 @@ struct RingAttentionConfig {
   // `rope` columns; nope = qk_dim - rope). latent 0: K and V travel.
   std::int64_t latent = 0;
   std::int64_t rope = 0;
+  // Backward: the caller passes D = rowsum(dout * out) [T_r, Hq] fp32 (ops::
+  // attention_row_dot of its shard) through the backward's row_dot argument, so that it
+  // can free out before the call: out is then not read (it may be null) and the call
+  // holds no row_dot of its own (RingAttentionBuffers::row_dot is 0 bytes). false: row_dot
+  // is null and the call computes D from out.
+  bool given_row_dot = false;
 };
 
 // Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP).
@@ -89,7 +95,7 @@ struct RingAttentionBuffers {
   BufferSpec dkv_ring;           // backward: the travelling dK/dV (its slots) and one block's contribution
   BufferSpec expand;             // compressed form only: the expanded block, forward and backward
   BufferSpec tile;               // compressed form under bf16 only: the expansion's fp32 tile
-  BufferSpec row_dot;            // backward: [T_r, Hq] f32
+  BufferSpec row_dot;            // backward: [T_r, Hq] f32 (0 bytes with given_row_dot)
   BufferSpec workspace_forward;  // kernel tiles
   BufferSpec workspace_backward;
 };
@@ -149,7 +155,7 @@ void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAtten
                             RingAttentionStats* stats = nullptr);
 void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const float* dout, const float* q, const float* k, const float* v,
-                             const float* out, const float* lse, ThreadPool* pool = nullptr,
+                             const float* out, const float* lse, const float* row_dot, ThreadPool* pool = nullptr,
                              RingAttentionStats* stats = nullptr);
 // bf16 (c.precision must be bf16; the f32 forms above need f32): out, lse, dq, dk, dv fp32.
 void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out, float* lse,
@@ -157,7 +163,7 @@ void ring_attention_forward(Device& dev, Communicator& cp_group, const RingAtten
                             RingAttentionStats* stats = nullptr);
 void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq, float* dk,
                              float* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
-                             const bf16* out, const float* lse, ThreadPool* pool = nullptr,
+                             const bf16* out, const float* lse, const float* row_dot, ThreadPool* pool = nullptr,
                              RingAttentionStats* stats = nullptr);
 
 // The compressed form (c.latent > 0, cp > 1). c_lat [T_r, latent] and kr [T_r, rope] are
@@ -174,11 +180,13 @@ void ring_attention_latent_forward(Device& dev, Communicator& cp_group, const Ri
 void ring_attention_latent_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq,
                                     float* dc, float* dkr, float* dwkvb, const float* dout, const float* q,
                                     const float* c_lat, const float* kr, const float* wkvb, const float* out,
-                                    const float* lse, ThreadPool* pool = nullptr, RingAttentionStats* stats = nullptr);
+                                    const float* lse, const float* row_dot, ThreadPool* pool = nullptr,
+                                    RingAttentionStats* stats = nullptr);
 void ring_attention_latent_backward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* dq,
                                     float* dc, float* dkr, float* dwkvb, const bf16* dout, const bf16* q,
                                     const bf16* c_lat, const bf16* kr, const bf16* wkvb, const bf16* out,
-                                    const float* lse, ThreadPool* pool = nullptr, RingAttentionStats* stats = nullptr);
+                                    const float* lse, const float* row_dot, ThreadPool* pool = nullptr,
+                                    RingAttentionStats* stats = nullptr);
 
 // MLA's K and V from the latent, for `tokens` tokens (A = float | bf16): kv [tokens, Hq x
 // (nope + v)] = c Wkvb^T through nn/linear (tile: its bf16 scratch, linear_tile_spec), then

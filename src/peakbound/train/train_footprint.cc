@@ -5,6 +5,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -227,14 +229,17 @@ class TrainFootprintBuilder {
     f_.device(ph, fb_.embed_params);
   }
   // Forward, the last layer's attention sublayer (every layer's is the same size).
+  // Its projections ("... project", h live) and its kernel (h freed).
   void forward_attention() {
-    const std::string ph = "forward attention";
-    persistent(ph, true);
-    batch(ph, {bb_.x, bb_.y});
-    residents(ph, L_);  // the last layer's: boundaries through L live
-    f_.device(ph, db_.mid);
-    add_phase(f_, ph, att_.phase("forward"));
-    kept(ph, L_ - 1);  // the earlier layers'
+    for (const auto& [ph, part] : {std::pair{"forward attention project", "forward project"},
+                                   std::pair{"forward attention", "forward"}}) {
+      persistent(ph, true);
+      batch(ph, {bb_.x, bb_.y});
+      residents(ph, L_);  // the last layer's: boundaries through L live
+      f_.device(ph, db_.mid);
+      add_phase(f_, ph, att_.phase(part));
+      kept(ph, L_ - 1);  // the earlier layers'
+    }
   }
 
   // The MLP sublayers whose moments are phases: the last dense layer and the last MoE
@@ -383,14 +388,20 @@ class TrainFootprintBuilder {
       add_phase(f_, it->bwd, att_.phase("kept"));
       kept(it->bwd, it->layer);  // keep_attention: the earlier layers' too
     }
-    // The last layer's (keep_attention: its o and lse are the kept ones; the earlier
-    // layers' are held beside).
-    backward_common("backward attention recompute", L_ - 1);
-    add_phase(f_, "backward attention recompute", att_.phase("forward"));
-    kept("backward attention recompute", L_ - 1);
-    backward_common("backward attention", L_ - 1, /*mid=*/false);
-    add_phase(f_, "backward attention", att_.phase("backward"));
-    kept("backward attention", L_ - 1);
+    // The last layer's (keep_attention: its o and lse are the kept ones, so its
+    // recomputation runs the projections only; the earlier layers' are held beside). The
+    // backward's own recomputation of the projections is the first phase's without mid.
+    for (const auto& [ph, part, mid] :
+         {std::tuple{"backward attention recompute project", "forward project", true},
+          std::tuple{"backward attention recompute", "forward", true},
+          std::tuple{"backward attention output", "backward output", false},
+          std::tuple{"backward attention", "backward", false},
+          std::tuple{"backward attention project", "backward project", false}}) {
+      if (sch_.keep_attention && std::string_view(part) == "forward") continue;
+      backward_common(ph, L_ - 1, mid);
+      add_phase(f_, ph, att_.phase(part));
+      kept(ph, L_ - 1);
+    }
   }
   // The embedding's full gradient, after the layers (dx in x's buffer).
   void embedding_backward() {

@@ -15,8 +15,9 @@
 // one moment of the step (T = sequences x seq_len tokens on this rank):
 //   optimizer load             the trainer's constructor: stores, shards, aux, the
 //                              optimizer's load phase (no stack yet)
-//   forward attention          ids, targets, x, y; the resident boundaries acquired by
-//                              the last layer's forward; mid; the attention sublayer
+//   forward attention project / forward attention   ids, targets, x, y; the resident
+//                              boundaries acquired by the last layer's forward; mid;
+//                              the attention sublayer's projections / its kernel
 //   forward mlp / forward dense mlp   the last MoE / dense layer: mid, the MLP
 //                              sublayer's internals (+ the dispatch's forward pass)
 //   loss forward / loss backward   x, y, hn, rstd (+ d_hn); every resident boundary;
@@ -27,9 +28,12 @@
 //                              place on it), the resident boundaries not yet freed,
 //                              mid, the MLP sublayer's backward (+ the dispatch's
 //                              backward pass)
-//   backward attention recompute / backward attention   the last layer's attention
-//                              forward (recomputing mid) / backward, beside the same
-//                              (the backward without mid)
+//   backward attention recompute project / backward attention recompute   the last
+//                              layer's attention forward (recomputing mid: its
+//                              projections, its kernel unless keep_attention kept o)
+//   backward attention output / backward attention / backward attention project
+//                              its backward (o_proj's, the kernel's, the projections'),
+//                              beside the same without mid
 //   optimizer                  the persistent buffers (the step allocates nothing)
 //   loss eval                  with `evaluates`: the held-out loss's forward (x, y,
 //                              rstd and the vocabulary loss's plain forward, which a

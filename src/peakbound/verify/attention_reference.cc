@@ -147,7 +147,7 @@ RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const Att
   c.forward_peak = dev.arena().peak(Component::attention);
   dev.arena().reset_peaks();
   ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(), q.as<float>(),
-                          k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), pool);
+                          k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), nullptr, pool);
   c.backward_peak = dev.arena().peak(Component::attention);
   const std::vector<float> got[5] = {download(out, wo), download(lse, wl), download(dq, wq), download(dk, wk),
                                      download(dv, wv)};
