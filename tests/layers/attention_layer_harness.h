@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "peakbound/comm/communicator.h"
@@ -19,6 +20,19 @@
 #include "peakbound/schedules/ring_attention.h"
 
 namespace peakbound::attention_test {
+
+// A call's Arena peak of component c by the footprint: the largest of the phases it runs
+// (a backward's recomputation runs the forward's, without the kernel when it takes what
+// forward_for_backward kept).
+inline std::uint64_t call_peak(const Footprint& f, Component c, bool backward, bool reuses_kept = false) {
+  std::uint64_t w = 0;
+  const auto take = [&](std::string_view p) { w = std::max(w, f.phase(p).device[static_cast<std::size_t>(c)]); };
+  take(kAttentionForwardPhases[0]);
+  if (!reuses_kept) take(kAttentionForwardPhases[1]);
+  if (backward)
+    for (std::string_view p : kAttentionBackwardPhases) take(p);
+  return w;
+}
 
 using Vec = std::vector<float>;
 
@@ -158,12 +172,6 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   Buffer xb = upload(dev, Component::workspace, x, a), dyb = upload(dev, Component::workspace, dy, a);
   Buffer yb = upload(dev, Component::workspace, x, a), dxb = upload(dev, Component::workspace, x, a);
   const auto at = static_cast<std::size_t>(Component::attention);
-  // A call's peak: the largest of its phases (attention_layer_footprint).
-  const auto worst = [&](std::initializer_list<const char*> phases) {
-    std::uint64_t w = 0;
-    for (const char* p : phases) w = std::max(w, f.phase(p).device[at]);
-    return w;
-  };
   auto check = [&](const char* call, std::uint64_t peak, std::uint64_t live) {
     EXPECT_EQ(dev.arena().peak(Component::attention), peak) << call;
     EXPECT_EQ(dev.arena().live(Component::attention), live) << call;
@@ -175,18 +183,14 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
     layer.forward_for_backward(xb.tensor(s, a), yb.tensor(s, a));
   else
     layer.forward(xb.tensor(s, a), yb.tensor(s, a));
-  check("forward", worst({"forward project", "forward"}), keep && T > 0 ? f.phase("kept").device[at] : 0);
+  check("forward", call_peak(f, Component::attention, false), keep && T > 0 ? f.phase("kept").device[at] : 0);
   r.forward_ring_bytes = ring_attention_bytes_sent() - sent;
   for (int i = 0; i < backwards; ++i) {
     dev.arena().reset_peaks();
     sent = ring_attention_bytes_sent();
     layer.backward(xb.tensor(s, a), dyb.tensor(s, a), dxb.tensor(s, a));
     // The first backward after forward_for_backward skips the kernel's forward.
-    const bool reuses = keep && i == 0;
-    check("backward",
-          reuses ? worst({"forward project", "backward output", "backward", "backward project"})
-                 : worst({"forward project", "forward", "backward output", "backward", "backward project"}),
-          0);
+    check("backward", call_peak(f, Component::attention, true, keep && i == 0), 0);
     if (i == 0) r.backward_ring_bytes = ring_attention_bytes_sent() - sent;
   }
   dev.synchronize();

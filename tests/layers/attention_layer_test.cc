@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "peakbound/device/cpu/cpu_device.h"
+#include "tests/layers/attention_layer_harness.h"
 #include "tests/layers/layer_checks.h"
 #include "tests/layers/reference.h"
 
@@ -471,20 +472,18 @@ TEST(AttentionLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
     const Footprint f = attention_layer_footprint(c.T, config_of(c), 4);
     const Shape s{c.T, c.H};
     // A call peaks at the largest of its phases; the backward recomputes the forward's.
-    auto check = [&](const char* call, std::initializer_list<const char*> phases) {
-      for (Component comp : {Component::attention, Component::layer}) {
-        std::uint64_t want = 0;
-        for (const char* p : phases) want = std::max(want, f.phase(p).device[static_cast<std::size_t>(comp)]);
-        EXPECT_EQ(dev.arena().peak(comp), want) << call << " " << component_name(comp);
-      }
+    auto check = [&](const char* call, bool backward) {
+      for (Component comp : {Component::attention, Component::layer})
+        EXPECT_EQ(dev.arena().peak(comp), attention_test::call_peak(f, comp, backward))
+            << call << " " << component_name(comp);
       EXPECT_EQ(dev.arena().live(Component::attention), 0u);
     };
     dev.arena().reset_peaks();
     layer.forward(x.tensor(s, DType::f32), y.tensor(s, DType::f32));
-    check("forward", {"forward project", "forward"});
+    check("forward", false);
     dev.arena().reset_peaks();
     layer.backward(x.tensor(s, DType::f32), dy.tensor(s, DType::f32), dx.tensor(s, DType::f32));
-    check("backward", {"forward project", "forward", "backward output", "backward", "backward project"});
+    check("backward", true);
     dev.synchronize();
     if (c.T > 0) {
       EXPECT_GT(f.device_peak(Component::attention), 0u);

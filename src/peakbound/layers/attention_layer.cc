@@ -463,8 +463,7 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
 // h = rmsnorm(x) * w_in and its rstd, allocated afresh (the projections' input: freed
 // before the attention kernel, recomputed for the projections' backward, bit for bit).
 template <class A>
-void AttentionLayer::norm_input(Internals& in, const A* x, std::int64_t T) {
-  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+void AttentionLayer::norm_input(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b) {
   in.h = allocate(dev_, b.h);
   in.rstd = allocate(dev_, b.rstd);
   ops::rmsnorm_forward(dev_, dev_.compute_stream(), in.h.as<A>(), in.rstd.as<float>(), x, p_.w_in.data<A>(), T,
@@ -498,7 +497,7 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool a
                            std::pair{&in.qr, &b.qr}})
     *buf = allocate(dev_, *spec);  // MLA only (else null)
 
-  norm_input<A>(in, x, T);
+  norm_input<A>(in, x, T, b);
   const std::int64_t S = sequence_length(T, cfg_);
   rope_tables(in.cos.as<float>(), in.sin.as<float>(), S);
   if (cfg_.mla)
@@ -834,7 +833,7 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
 
   // The projections' backward ("backward project"): h again (it was freed before the
   // kernel), then dh into h's buffer.
-  norm_input<A>(in, xp, T);
+  norm_input<A>(in, xp, T, b);
   if (cfg_.mla) {
     Buffer dqa = allocate(dev_, b.dqa);  // q_lora_rank only (else null)
     mla_backward<A>(in, T, S, dqp, dkp, dvp, dqa.as<A>(), dc.as<A>(), dkr32.as<float>(), tile);

@@ -38,7 +38,9 @@
 // buffer is allocated per call (component attention) from attention_layer_buffers.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "peakbound/comm/communicator.h"
@@ -183,6 +185,11 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const Attenti
 // what forward_for_backward kept (its recomputation then runs no kernel).
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c);
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c, std::uint64_t elem_bytes);
+// The forward's phases (the projections', then the kernel's) and the backward's own
+// (o_proj's, the kernel's, the projections'), in the order a call reaches them.
+inline constexpr std::array<std::string_view, 2> kAttentionForwardPhases = {"forward project", "forward"};
+inline constexpr std::array<std::string_view, 3> kAttentionBackwardPhases = {"backward output", "backward",
+                                                                             "backward project"};
 
 class AttentionLayer final : public Block {
  public:
@@ -235,9 +242,9 @@ class AttentionLayer final : public Block {
   // attend false: in.o and in.lse are already there (kept); the kernel does not run.
   template <class A>
   void recompute(Internals& in, const A* x, std::int64_t T, bool attend = true);
-  // h and rstd from x, allocated afresh into `in`.
+  // h and rstd from x, allocated afresh into `in` (b: this call's buffers).
   template <class A>
-  void norm_input(Internals& in, const A* x, std::int64_t T);
+  void norm_input(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b);
   // q, k, v from h: GQA's (the projections, the q/k norms, RoPE) or MLA's (the
   // projections, the norms, RoPE on the rope columns).
   template <class A>

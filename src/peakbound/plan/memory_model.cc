@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -123,28 +124,28 @@ namespace {
 // loss's forward and backward).
 ComponentBytes device_of(const Footprint& f, std::string_view phase) { return f.phase(phase).device; }
 
-// The worst (largest total) of the named phases f has: the attention sublayer's forward
-// is its projections' and its kernel's phases, its backward three.
-ComponentBytes worst_of(const Footprint& f, std::initializer_list<std::string_view> phases) {
+// The worst (largest total; the later of equals) of f's phases that `pick` takes by name.
+template <class Pick>
+ComponentBytes worst_where(const Footprint& f, const Pick& pick) {
   ComponentBytes best{};
   std::uint64_t best_total = 0;
-  for (std::string_view name : phases)
-    if (f.has_phase(name) && f.phase(name).device_total() >= best_total) {
-      best_total = f.phase(name).device_total();
-      best = f.phase(name).device;
+  for (const Footprint::Phase& p : f.phases())
+    if (pick(p.name) && p.device_total() >= best_total) {
+      best_total = p.device_total();
+      best = p.device;
     }
   return best;
 }
 
 ComponentBytes worst_phase(const Footprint& f) {
-  ComponentBytes best{};
-  std::uint64_t best_total = 0;
-  for (const Footprint::Phase& p : f.phases())
-    if (p.device_total() >= best_total) {
-      best_total = p.device_total();
-      best = p.device;
-    }
-  return best;
+  return worst_where(f, [](std::string_view) { return true; });
+}
+
+// The worst of the named phases f has: the attention sublayer's forward is its
+// projections' and its kernel's phases, its backward three (the shape-level MLA estimate's
+// "forward" and "backward" are among them).
+ComponentBytes worst_of(const Footprint& f, std::span<const std::string_view> phases) {
+  return worst_where(f, [&](std::string_view n) { return std::ranges::find(phases, n) != phases.end(); });
 }
 
 void add_into(ComponentBytes& to, const ComponentBytes& b) {
@@ -283,7 +284,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   };
   const std::int64_t L = m.num_layers;
   PhaseBytes fa = with(base(Phase::forward_attention),
-                       {ckpt_dev, worst_of(attn, {"forward project", "forward"}), device_of(mlp, "residual"),
+                       {ckpt_dev, worst_of(attn, kAttentionForwardPhases), device_of(mlp, "residual"),
                         kept_layers(L - 1)});
   fa.bytes[C(Component::params)] = add(fa.bytes[C(Component::params)], gathered);
 
@@ -295,7 +296,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   lo.bytes[C(Component::grads)] = add(lo.bytes[C(Component::grads)], mul(head_params, gb));
 
   PhaseBytes ba = with(base(Phase::backward_attention),
-                       {ckpt_dev, worst_of(attn, {"backward output", "backward", "backward project"}),
+                       {ckpt_dev, worst_of(attn, kAttentionBackwardPhases),
                         device_of(mlp, "residual_backward"), kept_layers(L - 1)});
   ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
   ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);

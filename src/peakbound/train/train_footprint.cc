@@ -5,7 +5,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -391,13 +390,14 @@ class TrainFootprintBuilder {
     // The last layer's (keep_attention: its o and lse are the kept ones, so its
     // recomputation runs the projections only; the earlier layers' are held beside). The
     // backward's own recomputation of the projections is the first phase's without mid.
-    for (const auto& [ph, part, mid] :
-         {std::tuple{"backward attention recompute project", "forward project", true},
-          std::tuple{"backward attention recompute", "forward", true},
-          std::tuple{"backward attention output", "backward output", false},
-          std::tuple{"backward attention", "backward", false},
-          std::tuple{"backward attention project", "backward project", false}}) {
-      if (sch_.keep_attention && std::string_view(part) == "forward") continue;
+    // kernel: the phase runs the attention kernel's forward, which a kept o skips.
+    for (const auto& [ph, part, mid, kernel] :
+         {std::tuple{"backward attention recompute project", "forward project", true, false},
+          std::tuple{"backward attention recompute", "forward", true, true},
+          std::tuple{"backward attention output", "backward output", false, false},
+          std::tuple{"backward attention", "backward", false, false},
+          std::tuple{"backward attention project", "backward project", false, false}}) {
+      if (kernel && sch_.keep_attention) continue;
       backward_common(ph, L_ - 1, mid);
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);
