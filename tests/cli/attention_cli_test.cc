@@ -89,6 +89,17 @@ TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   EXPECT_LT(jb["peak_bytes"]["2"].get<double>(), jb["peak_bytes"]["1"].get<double>());
   EXPECT_TRUE(jb["overlap_fraction"].contains("2"));
   EXPECT_LT(jb["max_rel_err"].get<double>(), 1e-5);
+  EXPECT_FALSE(jb.contains("pieces"));
+  // --piece-tokens: CP 2 again carrying pieces (shards of 32 tokens in pieces of 10: 4
+  // passes), exact, its peak below the whole-shard ring's.
+  CliRun pc = run_mpi("bench attention --seq-len 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --cp-sizes 2 "
+                      "--piece-tokens 10 --json", 2);
+  ASSERT_EQ(pc.code, 0) << pc.err;
+  const nlohmann::json jp = nlohmann::json::parse(pc.out);
+  EXPECT_EQ(jp["piece_tokens"], 10);
+  EXPECT_EQ(jp["pieces"]["2"]["passes"], 4);
+  EXPECT_LT(jp["pieces"]["2"]["peak_bytes"].get<double>(), jp["peak_bytes"]["2"].get<double>());
+  EXPECT_LT(jp["pieces"]["2"]["max_rel_err"].get<double>(), 1e-5);
   // --tokens is the old name of --seq-len; the error names the one rule's setting.
   CliRun e = run_mpi("bench attention --tokens 3 --cp-sizes 2", 2);
   EXPECT_NE(e.code, 0);

@@ -102,47 +102,52 @@ double run_cases(Communicator& g) {
     const std::vector<bf16> q = narrow(p.q), k = narrow(p.k), v = narrow(p.v), dout = narrow(p.dout);
     const std::vector<std::vector<float>> ref = single_rank(a, q, k, v, dout);
 
-    RingAttentionConfig cfg;
-    cfg.dims = a;
-    cfg.seq_len = c.S;
-    cfg.precision = Precision::bf16;
-    RingAttentionConfig f32 = cfg;
-    f32.precision = Precision::f32;
-    if (cp > 1) {
-      EXPECT_EQ(2 * ring_attention_buffers(cfg, cp).kv_ring.bytes, ring_attention_buffers(f32, cp).kv_ring.bytes);
-    }
-    EXPECT_EQ(ring_attention_buffers(cfg, cp).dkv_ring.bytes, ring_attention_buffers(f32, cp).dkv_ring.bytes);
+    // Whole shards, and pieces of a third of the widest shard (three passes).
+    for (std::int64_t pt : {std::int64_t{0}, (zigzag_widest_tokens(c.S, cp) + 2) / 3}) {
+      SCOPED_TRACE("piece_tokens=" + std::to_string(pt));
+      RingAttentionConfig cfg;
+      cfg.dims = a;
+      cfg.seq_len = c.S;
+      cfg.precision = Precision::bf16;
+      cfg.piece_tokens = pt;
+      RingAttentionConfig f32 = cfg;
+      f32.precision = Precision::f32;
+      if (cp > 1) {
+        EXPECT_EQ(2 * ring_attention_buffers(cfg, cp).kv_ring.bytes, ring_attention_buffers(f32, cp).kv_ring.bytes);
+      }
+      EXPECT_EQ(ring_attention_buffers(cfg, cp).dkv_ring.bytes, ring_attention_buffers(f32, cp).dkv_ring.bytes);
 
-    const CpShard sh = zigzag_shard(c.S, cp, g.rank());
-    const std::int64_t T = sh.tokens(), wq = c.hq * c.d, wk = c.hkv * c.d, wv = c.hkv * c.dv, wo = c.hq * c.dv;
-    CpuDevice dev(64ull << 20);
-    Buffer bq = upload(dev, shard_rows(q, wq, sh)), bk = upload(dev, shard_rows(k, wk, sh)),
-           bv = upload(dev, shard_rows(v, wv, sh)), bd = upload(dev, shard_rows(dout, wo, sh));
-    Buffer out = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wo))),
-           lse = upload(dev, std::vector<float>(static_cast<std::size_t>(T * c.hq))),
-           dq = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wq))),
-           dk = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wk))),
-           dv = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wv))),
-           out16 = upload(dev, std::vector<bf16>(static_cast<std::size_t>(T * wo)));
-    const Footprint fp = ring_attention_footprint(cfg, cp);
-    dev.arena().reset_peaks();
-    ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), bq.as<bf16>(), bk.as<bf16>(), bv.as<bf16>());
-    EXPECT_EQ(dev.arena().peak(Component::attention), fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
-    ops::convert(dev, dev.compute_stream(), out16.as<bf16>(), out.as<float>(), T * wo);
-    dev.arena().reset_peaks();
-    ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(), bq.as<bf16>(),
-                            bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), nullptr);
-    EXPECT_EQ(dev.arena().peak(Component::attention), fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
-    EXPECT_EQ(dev.arena().live(Component::attention), 0u);
-    dev.synchronize();
-    const Buffer* got[5] = {&out, &lse, &dq, &dk, &dv};
-    const std::int64_t widths[5] = {wo, c.hq, wq, wk, wv};
-    const char* const names[5] = {"out", "lse", "dq", "dk", "dv"};
-    for (int f = 0; f < 5; ++f) {
-      const std::vector<float> r = shard_rows(ref[static_cast<std::size_t>(f)], widths[f], sh);
-      const double e = verify::group_relative_error(g, got[f]->as<float>(), r.data(), T * widths[f]);
-      EXPECT_LE(e, 1e-2) << names[f];
-      worst = std::max(worst, e);
+      const CpShard sh = zigzag_shard(c.S, cp, g.rank());
+      const std::int64_t T = sh.tokens(), wq = c.hq * c.d, wk = c.hkv * c.d, wv = c.hkv * c.dv, wo = c.hq * c.dv;
+      CpuDevice dev(64ull << 20);
+      Buffer bq = upload(dev, shard_rows(q, wq, sh)), bk = upload(dev, shard_rows(k, wk, sh)),
+             bv = upload(dev, shard_rows(v, wv, sh)), bd = upload(dev, shard_rows(dout, wo, sh));
+      Buffer out = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wo))),
+             lse = upload(dev, std::vector<float>(static_cast<std::size_t>(T * c.hq))),
+             dq = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wq))),
+             dk = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wk))),
+             dv = upload(dev, std::vector<float>(static_cast<std::size_t>(T * wv))),
+             out16 = upload(dev, std::vector<bf16>(static_cast<std::size_t>(T * wo)));
+      const Footprint fp = ring_attention_footprint(cfg, cp);
+      dev.arena().reset_peaks();
+      ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), bq.as<bf16>(), bk.as<bf16>(), bv.as<bf16>());
+      EXPECT_EQ(dev.arena().peak(Component::attention), fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
+      ops::convert(dev, dev.compute_stream(), out16.as<bf16>(), out.as<float>(), T * wo);
+      dev.arena().reset_peaks();
+      ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(), bq.as<bf16>(),
+                              bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), nullptr);
+      EXPECT_EQ(dev.arena().peak(Component::attention), fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
+      EXPECT_EQ(dev.arena().live(Component::attention), 0u);
+      dev.synchronize();
+      const Buffer* got[5] = {&out, &lse, &dq, &dk, &dv};
+      const std::int64_t widths[5] = {wo, c.hq, wq, wk, wv};
+      const char* const names[5] = {"out", "lse", "dq", "dk", "dv"};
+      for (int f = 0; f < 5; ++f) {
+        const std::vector<float> r = shard_rows(ref[static_cast<std::size_t>(f)], widths[f], sh);
+        const double e = verify::group_relative_error(g, got[f]->as<float>(), r.data(), T * widths[f]);
+        EXPECT_LE(e, 1e-2) << names[f];
+        worst = std::max(worst, e);
+      }
     }
   }
   if (world().rank() == 0)

@@ -85,16 +85,18 @@ struct Result {
   std::uint64_t bytes_fwd = 0, bytes_bwd = 0;
 };
 
-// One case on group g in precision A; returns the worst relative error.
+// One case on group g in precision A, both forms carrying pieces of piece_tokens
+// (RingAttentionConfig::piece_tokens; 0: whole shards); returns the worst relative error.
 template <class A>
-double run_case(Communicator& g, const Case& c) {
+double run_case(Communicator& g, const Case& c, std::int64_t piece_tokens) {
   const int cp = g.size();
   constexpr Precision prec = std::is_same_v<A, float> ? Precision::f32 : Precision::bf16;
   const std::int64_t H = c.heads, L = c.latent, dn = c.nope, dr = c.rope, dv = c.v, qk = dn + dr;
   const std::int64_t kvw = H * (dn + dv), S = c.S;
   SCOPED_TRACE("CP=" + std::to_string(cp) + " S=" + std::to_string(S) + " H=" + std::to_string(H) + " L=" +
                std::to_string(L) + " nope=" + std::to_string(dn) + " rope=" + std::to_string(dr) + " v=" +
-               std::to_string(dv) + (prec == Precision::bf16 ? " bf16" : " f32"));
+               std::to_string(dv) + (prec == Precision::bf16 ? " bf16" : " f32") + " piece_tokens=" +
+               std::to_string(piece_tokens));
   const std::uint64_t seed = static_cast<std::uint64_t>(S * 7 + L);
   // The whole sequence's tensors (the same on every rank), narrowed to A.
   const std::vector<A> c_all = as<A>(random(static_cast<std::size_t>(S * L), seed, 1.0f));
@@ -111,6 +113,7 @@ double run_case(Communicator& g, const Case& c) {
   kvc.dims.block_k = 8;
   kvc.seq_len = S;
   kvc.precision = prec;
+  kvc.piece_tokens = piece_tokens;
   RingAttentionConfig lat = kvc;
   lat.latent = L;
   lat.rope = dr;
@@ -260,10 +263,13 @@ TEST(RingAttentionLatent, EqualsTheKvFormInEveryGroupSizeAndPrecision) {
     std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
     ASSERT_EQ(g->size(), cp);
     double f32 = 0, b16 = 0;
-    for (const Case& c : cases(cp)) {
-      f32 = std::max(f32, run_case<float>(*g, c));
-      b16 = std::max(b16, run_case<bf16>(*g, c));
-    }
+    for (const Case& c : cases(cp))
+      // Whole shards, and pieces of a third of the widest shard (three passes, parts of
+      // unequal length).
+      for (std::int64_t pt : {std::int64_t{0}, (zigzag_widest_tokens(c.S, cp) + 2) / 3}) {
+        f32 = std::max(f32, run_case<float>(*g, c, pt));
+        b16 = std::max(b16, run_case<bf16>(*g, c, pt));
+      }
     if (w.rank() == 0)
       std::printf("latent ring attention CP=%d (world %d): worst relative error vs the K/V form f32 %.3g, bf16 %.3g\n",
                   cp, w.size(), f32, b16);

@@ -20,6 +20,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
 #include "peakbound/verify/attention_reference.h"
 #include "tests/comm/world.h"
@@ -85,21 +86,27 @@ double run_shapes(Communicator& g) {
     a.block_k = s.bk;
     const AttentionProblem p = make_attention_problem(a, 1000 + static_cast<std::uint64_t>(s.S * 7 + s.hq + s.window));
     const auto& [naive, kernel] = references(s, p);
-    CpuDevice dev(64ull << 20);
-    const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel);
-    for (int f = 0; f < 5; ++f) {
-      EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
-      EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";
+    // Whole shards, and pieces of a third of the widest shard (three passes round the
+    // ring, parts of unequal length; fewer where a chunk is shorter than three tokens).
+    for (std::int64_t pt : {std::int64_t{0}, (zigzag_widest_tokens(s.S, cp) + 2) / 3}) {
+      SCOPED_TRACE("piece_tokens=" + std::to_string(pt));
+      CpuDevice dev(64ull << 20);
+      const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel, Component::layer, nullptr, pt);
+      for (int f = 0; f < 5; ++f) {
+        EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
+        EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";
+      }
+      RingAttentionConfig cfg;
+      cfg.dims = a;
+      cfg.seq_len = s.S;
+      cfg.piece_tokens = pt;
+      const Footprint fp = ring_attention_footprint(cfg, cp);
+      EXPECT_EQ(c.forward_peak, fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
+      EXPECT_EQ(c.backward_peak, fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
+      EXPECT_EQ(dev.arena().live(), 0u) << "every buffer released";
+      worst = std::max(worst, c.worst_naive());
+      worst_kernel = std::max(worst_kernel, c.worst_kernel());
     }
-    RingAttentionConfig cfg;
-    cfg.dims = a;
-    cfg.seq_len = s.S;
-    const Footprint fp = ring_attention_footprint(cfg, cp);
-    EXPECT_EQ(c.forward_peak, fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
-    EXPECT_EQ(c.backward_peak, fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
-    EXPECT_EQ(dev.arena().live(), 0u) << "every buffer released";
-    worst = std::max(worst, c.worst_naive());
-    worst_kernel = std::max(worst_kernel, c.worst_kernel());
   }
   if (world().rank() == 0)
     std::printf("ring attention CP=%d (world %d): %zu shapes, worst relative error vs naive %.3g, vs kernel %.3g\n", cp,
@@ -158,6 +165,42 @@ TEST(RingAttention, FootprintShrinksWithCp) {
   EXPECT_GT(at(2), at(4));
   EXPECT_GT(at(4), at(8));
   EXPECT_EQ(ring_attention_buffers(c, 1).kv_ring.bytes, 0u);
+}
+
+// Pieces (RingAttentionConfig::piece_tokens): the passes are ceil(widest shard / piece),
+// at most the shortest chunk's tokens; the travelling buffers (kv_ring, dkv_ring) hold the
+// widest piece instead of the widest shard, the kernel's workspaces stay.
+TEST(RingAttention, PiecesBoundTheTravellingBuffers) {
+  RingAttentionConfig c;
+  c.dims.q_heads = 8;
+  c.dims.kv_heads = 2;
+  c.dims.qk_dim = c.dims.v_dim = 64;
+  c.seq_len = 65536 + 5;  // cp 4: chunks of 8192 and 8193 tokens, shards of 16384..16386
+  const int cp = 4;
+  const std::int64_t widest = zigzag_widest_tokens(c.seq_len, cp);
+  EXPECT_EQ(ring_attention_pieces(c, cp), 1);
+  c.piece_tokens = widest;
+  EXPECT_EQ(ring_attention_pieces(c, cp), 1);
+  c.piece_tokens = widest - 1;
+  EXPECT_EQ(ring_attention_pieces(c, cp), 2);
+  c.piece_tokens = 2048;
+  EXPECT_EQ(ring_attention_pieces(c, cp), 9);  // ceil(16386 / 2048)
+  c.piece_tokens = 1;
+  EXPECT_EQ(ring_attention_pieces(c, cp), 8192);  // the shortest chunk
+  EXPECT_EQ(ring_attention_pieces(c, 1), 1);
+  c.piece_tokens = -1;
+  EXPECT_THROW(ring_attention_pieces(c, cp), InvalidArgument);
+
+  c.piece_tokens = 0;
+  const RingAttentionBuffers whole = ring_attention_buffers(c, cp);
+  c.piece_tokens = 4096;  // 5 passes: parts of 1638..1639 tokens a chunk, pieces of at most 3278
+  ASSERT_EQ(ring_attention_pieces(c, cp), 5);
+  const RingAttentionBuffers pieces = ring_attention_buffers(c, cp);
+  const std::uint64_t lane_bytes = 2 * 64 * 2 * sizeof(float);  // K and V of 2 heads x 64, f32, a token
+  EXPECT_EQ(whole.kv_ring.bytes, 2 * static_cast<std::uint64_t>(widest) * lane_bytes);
+  EXPECT_EQ(pieces.kv_ring.bytes, 2 * 3278 * lane_bytes);
+  EXPECT_EQ(pieces.dkv_ring.bytes, 3 * 3278 * lane_bytes);
+  EXPECT_EQ(pieces.workspace_backward.bytes, whole.workspace_backward.bytes);
 }
 
 TEST(RingAttention, SequenceShorterThanTwoCpIsInvalidArgument) {

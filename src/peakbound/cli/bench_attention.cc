@@ -39,6 +39,10 @@
 //                  beside the causal ring's (window 0): what --window skips under CP.
 //   max_rel_err    ring vs the single-rank kernel on the whole sequence (out, lse, dq,
 //                  dk, dv at the zigzag rows), the worst over the CP sizes.
+// With --piece-tokens N (N > 0) each CP > 1 runs a second time carrying pieces of N tokens
+// (RingAttentionConfig::piece_tokens, what the attention layer does with kRingPieceTokens),
+// the same measurements side by side under "pieces": its passes, peak_bytes,
+// step_seconds, exposed_comm_seconds, imbalance_seconds, and its max_rel_err.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -78,6 +82,7 @@ struct BenchAttentionFlags {
                block_k = AttentionDims{}.block_k, window = 0;
   int threads = 1, reps = 3;
   std::string cp_sizes = "1,2,4", precision = "f32";
+  std::int64_t piece_tokens = 0;
   bool json = true;
 };
 
@@ -121,11 +126,12 @@ struct CpResult {
 
 // One CP size on group g (the ranks 0..CP-1 of the world): see the file comment.
 CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem& p, const AttentionResult& ref,
-                int reps, ThreadPool* pool) {
+                int reps, ThreadPool* pool, std::int64_t piece_tokens) {
   const int cp = g.size();
   RingAttentionConfig cfg;
   cfg.dims = a;
   cfg.seq_len = a.tokens;
+  cfg.piece_tokens = piece_tokens;
   const CpShard sh = zigzag_shard(a.tokens, cp, g.rank());
   const std::int64_t T = sh.tokens();
   const std::int64_t wq = a.q_heads * a.qk_dim, wk = a.kv_heads * a.qk_dim, wv = a.kv_heads * a.v_dim,
@@ -134,7 +140,7 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
   CpResult res;
   // Exactness and the peak: one forward + backward with every tensor under attention.
   {
-    const RingAttentionCheck c = verify_ring_attention(dev, g, p, ref, ref, Component::attention, pool);
+    const RingAttentionCheck c = verify_ring_attention(dev, g, p, ref, ref, Component::attention, pool, piece_tokens);
     res.rel_err = c.worst_kernel();
     std::uint64_t peak = std::max(c.forward_peak, c.backward_peak);
     g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
@@ -330,6 +336,8 @@ Command add_bench_attention(CLI::App& parent) {
             "f32 or bf16: the kernel part's storage (bf16: the trainer's bf16 kernel on the process's bf16 GEMM path; "
             "the ring part is f32)")
       ->capture_default_str();
+  int_flag(c.app, "--piece-tokens", f->piece_tokens,
+           "Also run each CP > 1 carrying K/V and dK/dV in pieces of this many tokens (0: not)", 0, 1 << 30);
   c.app->add_flag("--json", f->json, "Print one JSON object (the only output this benchmark has)");
   c.collective = true;  // the ring part runs on a group of the launched ranks
   c.validate = [f] {
@@ -371,7 +379,7 @@ Command add_bench_attention(CLI::App& parent) {
                    overlap = nlohmann::json::object(), exposed = nlohmann::json::object(),
                    alone = nlohmann::json::object(), compute = nlohmann::json::object(),
                    exposed_comm = nlohmann::json::object(), imbalance = nlohmann::json::object(),
-                   tiles = nlohmann::json::object();
+                   tiles = nlohmann::json::object(), pieces = nlohmann::json::object();
     std::vector<int> ran;
     double max_rel = 0;
     const std::string load_before = bench::load_average();
@@ -385,8 +393,21 @@ Command add_bench_attention(CLI::App& parent) {
           problem = make_attention_problem(a, 7);
           ref = kernel_attention(*problem, pp);
         }
-        const CpResult r = run_cp(*g, a, *problem, *ref, f->reps, pp);
+        const CpResult r = run_cp(*g, a, *problem, *ref, f->reps, pp, 0);
         const std::string key = std::to_string(cp);
+        if (cp > 1 && f->piece_tokens > 0) {
+          RingAttentionConfig pc;
+          pc.dims = a;
+          pc.seq_len = a.tokens;
+          pc.piece_tokens = f->piece_tokens;
+          const CpResult q = run_cp(*g, a, *problem, *ref, f->reps, pp, f->piece_tokens);
+          pieces[key] = {{"passes", ring_attention_pieces(pc, cp)},
+                         {"peak_bytes", q.peak_bytes},
+                         {"step_seconds", q.step_seconds},
+                         {"exposed_comm_seconds", q.exposed_comm_seconds},
+                         {"imbalance_seconds", q.imbalance_seconds},
+                         {"max_rel_err", q.rel_err}};
+        }
         peak[key] = r.peak_bytes;
         step[key] = r.step_seconds;
         exposed[key] = r.exposed_seconds;
@@ -432,6 +453,12 @@ Command add_bench_attention(CLI::App& parent) {
       j["ring_tiles_are"] = "per CP size: the [Bq x Bk] score tiles per head the group's kernel calls compute (with "
                             "--window, beside the causal ring's)";
       j["max_rel_err"] = max_rel;
+      if (f->piece_tokens > 0) {
+        j["piece_tokens"] = f->piece_tokens;
+        j["pieces"] = pieces;
+        j["pieces_are"] = "per CP size > 1: the same ring carrying pieces of piece_tokens (passes round the ring), "
+                          "run after the whole-shard ring on the same group";
+      }
       j["ring_load_average_before"] = load_before;
       j["ring_load_average_after"] = bench::load_average();
       std::printf("%s\n", j.dump(2).c_str());

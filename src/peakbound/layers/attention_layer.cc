@@ -144,6 +144,7 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
   r.seq_len = c.seq_len;
   r.precision = c.precision;
   r.given_row_dot = true;  // the layer's row_dot: o is freed before the backward's ring
+  r.piece_tokens = kRingPieceTokens;
   if (latent_ring(c)) {
     r.latent = c.kv_lora_rank;
     r.rope = c.qk_rope_dim;

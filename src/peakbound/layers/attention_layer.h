@@ -109,6 +109,14 @@ inline constexpr float kMlaNormEps = 1e-6f;
 // do not depend on the schedule; a multiple of the kernel's 64-row tiles).
 inline constexpr std::int64_t kAttentionChunkRows = 256;
 
+// Under cp > 1 the ring carries K/V (and, in backward, the dK/dV accumulators) in pieces
+// of at most about this many tokens (RingAttentionConfig::piece_tokens): a shard of up to
+// this many travels whole, a longer one in ceil(shard / this) passes round the ring, so
+// the ring's travelling buffers stop growing with the context (f32 tiny-moe: 2.5 KB a
+// local token, 5 MiB a piece). 2048 keeps each kernel call's key block about a thousand
+// rows (a piece has two parts) and each message a few MiB.
+inline constexpr std::int64_t kRingPieceTokens = 2048;
+
 // Tokens of one sequence a call holds on this rank: seq_len, or the zigzag shard's under cp.
 std::int64_t attention_local_seq_len(const AttentionLayerConfig& c);
 

@@ -62,10 +62,37 @@ AttentionDims call_dims(const RingAttentionConfig& c, std::int64_t tq, std::int6
 // The whole sequence on one rank (CP == 1): the plain kernel.
 AttentionDims whole_dims(const RingAttentionConfig& c) { return call_dims(c, c.seq_len, 0, 0, 0, false); }
 
-// Elements origin rank o's set of a lane holds: its shard's tokens x `width`, per rank.
-std::vector<std::size_t> lane_counts(std::int64_t S, int cp, std::int64_t width) {
+// Piece j of m of a shard (RingAttentionConfig::piece_tokens): the j-th of m near-equal
+// parts of each of its two chunks, as a shard of its own (its local rows: the first part,
+// then the second), with the rows its parts start at in the whole shard's local order.
+// m = 1: the shard itself.
+struct Piece {
+  CpShard shard;
+  std::int64_t row0 = 0, row1 = 0;
+};
+Piece piece_of(const CpShard& s, int m, int j) {
+  const auto part = [&](std::int64_t n, int i) { return n * i / m; };
+  const std::int64_t a0 = part(s.first.len, j), a1 = part(s.first.len, j + 1);
+  const std::int64_t b0 = part(s.second.len, j), b1 = part(s.second.len, j + 1);
+  return {{{s.first.begin + a0, a1 - a0}, {s.second.begin + b0, b1 - b0}}, a0, s.first.len + b0};
+}
+Piece piece_of(const RingAttentionConfig& c, int cp, int origin, int m, int j) {
+  return piece_of(zigzag_shard(c.seq_len, cp, origin), m, j);
+}
+
+// The most tokens a piece of an m-pass call holds (what the travelling buffers are sized for).
+std::int64_t widest_piece(const RingAttentionConfig& c, int cp, int m) {
+  std::int64_t t = 0;
+  for (int o = 0; o < cp; ++o)
+    for (int j = 0; j < m; ++j) t = std::max(t, piece_of(c, cp, o, m, j).shard.tokens());
+  return t;
+}
+
+// Elements origin rank o's set of a lane holds in pass j: its piece's tokens x `width`, per rank.
+std::vector<std::size_t> lane_counts(const RingAttentionConfig& c, int cp, int m, int j, std::int64_t width) {
   std::vector<std::size_t> n(static_cast<std::size_t>(cp));
-  for (int o = 0; o < cp; ++o) n[static_cast<std::size_t>(o)] = static_cast<std::size_t>(zigzag_shard(S, cp, o).tokens() * width);
+  for (int o = 0; o < cp; ++o)
+    n[static_cast<std::size_t>(o)] = static_cast<std::size_t>(piece_of(c, cp, o, m, j).shard.tokens() * width);
   return n;
 }
 
@@ -111,12 +138,13 @@ void for_each_call(const RingAttentionConfig& c, const CpShard& mine, const CpSh
 
 // Stream timestamps around kernel calls, and the ring's blocking waits with the times
 // the data they wait for was posted by the previous rank (RingAttentionStats), or nothing.
+// Hops are numbered over the call's passes: pass j's hop h is j P + h of `hops` = m P.
 class Timer {
  public:
   enum Kind { carried, accumulated, finished };
-  Timer(Device& dev, Stream& s, RingAttentionStats* st, int P)
-      : dev_(dev), s_(s), st_(st), t0_(now()), carried_post_(static_cast<std::size_t>(P), 0.0),
-        acc_post_(static_cast<std::size_t>(P), 0.0) {
+  Timer(Device& dev, Stream& s, RingAttentionStats* st, int hops)
+      : dev_(dev), s_(s), st_(st), t0_(now()), carried_post_(static_cast<std::size_t>(hops), 0.0),
+        acc_post_(static_cast<std::size_t>(hops), 0.0) {
     if (st_) st_->compute_seconds = 0.0;
   }
   bool skip() const { return st_ != nullptr && st_->communication_only; }
@@ -146,16 +174,17 @@ class Timer {
     st_->wait_seconds = st_->imbalance_seconds = st_->exposed_comm_seconds = 0.0;
     if (g == nullptr || g->size() == 1) return;
     const int P = g->size(), r = g->rank();
-    std::vector<double> mine(carried_post_), prev(2 * static_cast<std::size_t>(P));
+    const std::size_t N = carried_post_.size();
+    std::vector<double> mine(carried_post_), prev(2 * N);
     mine.insert(mine.end(), acc_post_.begin(), acc_post_.end());
     g->sendrecv(mine.data(), mine.size(), (r + 1) % P, prev.data(), prev.size(), (r - 1 + P) % P, DType::f64, kTagStats);
     for (const Wait& w : waits_) {
       // The previous rank's send this wait receives: hop h's carried data (posted in
       // its begin(h)); the running value for hop h (its send_accumulated at h - 1); the
-      // own complete value (its send_accumulated at the last hop).
+      // own complete value (its send_accumulated at the pass's last hop, w.hop).
       const std::size_t at = w.kind == carried ? static_cast<std::size_t>(w.hop)
-                           : w.kind == accumulated ? static_cast<std::size_t>(P + w.hop - 1)
-                                                   : static_cast<std::size_t>(2 * P - 1);
+                           : w.kind == accumulated ? N + static_cast<std::size_t>(w.hop - 1)
+                                                   : N + static_cast<std::size_t>(w.hop);
       const double post = prev[at];
       st_->wait_seconds += w.done - w.ready;
       st_->imbalance_seconds += std::max(0.0, std::min(w.done, post) - w.ready);
@@ -201,6 +230,9 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
                           std::to_string(2 * cp) + " (every zigzag chunk non-empty)");
   check_attention_dims(whole_dims(c));
   if (c.latent < 0) throw InvalidArgument("ring attention: latent must be >= 0, got " + std::to_string(c.latent));
+  if (c.piece_tokens < 0)
+    throw InvalidArgument("ring attention: piece_tokens must be >= 0 (0: whole shards), got " +
+                          std::to_string(c.piece_tokens));
   if (c.latent > 0) {
     if (cp == 1) throw InvalidArgument("ring attention: the compressed (latent) form needs cp > 1");
     if (c.dims.kv_heads != c.dims.q_heads)
@@ -209,6 +241,18 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
       throw InvalidArgument("ring attention: rope must be in [1, qk_dim = " + std::to_string(c.dims.qk_dim) +
                             "], got " + std::to_string(c.rope));
   }
+}
+
+int ring_attention_pieces(const RingAttentionConfig& c, int cp) {
+  check_ring_attention(c, cp);
+  if (cp == 1 || c.piece_tokens == 0) return 1;
+  const std::int64_t widest = zigzag_widest_tokens(c.seq_len, cp);
+  std::int64_t shortest = widest;
+  for (int o = 0; o < cp; ++o) {
+    const CpShard s = zigzag_shard(c.seq_len, cp, o);
+    shortest = std::min({shortest, s.first.len, s.second.len});
+  }
+  return static_cast<int>(std::clamp<std::int64_t>((widest + c.piece_tokens - 1) / c.piece_tokens, 1, shortest));
 }
 
 namespace {
@@ -244,7 +288,9 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
     return b;
   }
   const auto mul = [](std::uint64_t x, std::uint64_t y) { return checked_mul(x, y, "ring attention"); };
-  const std::int64_t T = zigzag_widest_tokens(c.seq_len, cp);
+  // The travelling buffers hold the widest piece, row_dot this rank's whole shard.
+  const std::int64_t T = widest_piece(c, cp, ring_attention_pieces(c, cp));
+  const std::int64_t shard = zigzag_widest_tokens(c.seq_len, cp);
   const auto [w0, w1] = lane_widths(c);
   const std::uint64_t lanes = mul(U(T), U(w0) + U(w1));
   std::uint64_t contribution = 0;  // the compressed form's fp32 dK/dV of one block
@@ -255,7 +301,7 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
     b.tile = linear_tile_spec(T, kv_width(c), c.precision, kC);
   }
   b.dkv_ring = buffer_spec(kC, checked_add(mul(3, lanes), contribution, "ring attention"), kF32);
-  b.row_dot = buffer_spec(kC, c.given_row_dot ? 0 : mul(U(T), U(d.q_heads)), kF32);
+  b.row_dot = buffer_spec(kC, c.given_row_dot ? 0 : mul(U(shard), U(d.q_heads)), kF32);
   b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d, a)), kF32);
   b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true, a)), kF32);
   return b;
@@ -287,12 +333,14 @@ AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int ra
   if (cp == 1) return attention_tiles(whole_dims(c));
   AttentionTiles t;
   const CpShard mine = zigzag_shard(c.seq_len, cp, rank);
-  for (int o = 0; o < cp; ++o)
-    for_each_call(c, mine, zigzag_shard(c.seq_len, cp, o), [&](const LocalChunk&, const LocalChunk&, const AttentionDims& d) {
-      const AttentionTiles k = attention_tiles(d);
-      t.forward += k.forward;
-      t.backward += k.backward;
-    });
+  const int m = ring_attention_pieces(c, cp);
+  for (int j = 0; j < m; ++j)
+    for (int o = 0; o < cp; ++o)
+      for_each_call(c, mine, piece_of(c, cp, o, m, j).shard, [&](const LocalChunk&, const LocalChunk&, const AttentionDims& d) {
+        const AttentionTiles k = attention_tiles(d);
+        t.forward += k.forward;
+        t.backward += k.backward;
+      });
   return t;
 }
 
@@ -345,16 +393,50 @@ struct KvGrads {
   float* dwkvb = nullptr;
 };
 
-// The two carried lanes in kv_ring's two slots.
+// One pass of a call: pass j of m, its buffers sized for Tmax tokens (widest_piece).
+struct Pass {
+  int m = 1, j = 0;
+  std::int64_t Tmax = 0;
+};
+
+// Rows [row, row + n) of a [*, w] tensor to or from a packed [n, w] one (copy_columns
+// with every column).
+template <class T>
+void copy_rows(Device& dev, Stream& s, T* dst, const T* src, std::int64_t n, std::int64_t w) {
+  ops::copy_columns(dev, s, dst, w, src, w, n, w);
+}
+// A piece's two parts of a whole shard's tensor, packed in the piece's local order.
+template <class T>
+void pack_piece(Device& dev, Stream& s, T* dst, const T* src, const Piece& p, std::int64_t w) {
+  copy_rows(dev, s, dst, src + p.row0 * w, p.shard.first.len, w);
+  copy_rows(dev, s, dst + p.shard.first.len * w, src + p.row1 * w, p.shard.second.len, w);
+}
+template <class T>
+void unpack_piece(Device& dev, Stream& s, T* dst, const T* src, const Piece& p, std::int64_t w) {
+  copy_rows(dev, s, dst + p.row0 * w, src, p.shard.first.len, w);
+  copy_rows(dev, s, dst + p.row1 * w, src + p.shard.first.len * w, p.shard.second.len, w);
+}
+
+// The two carried lanes in kv_ring's two slots. With pieces (m > 1) this rank's piece of
+// the pass is not contiguous in its tensors: it is packed into the slot hop 0 does not
+// receive into (RingExchange's hop 0 receives into slot 0; slot 1 first receives at hop
+// 1, after hop 0's send has left).
 template <class A>
-std::pair<int, int> add_carried_lanes(RingExchange& ring, const RingAttentionConfig& c, int P, A* base,
-                                      const KvSource<A>& src) {
-  const std::int64_t Tmax = zigzag_widest_tokens(c.seq_len, P);
+std::pair<int, int> add_carried_lanes(Device& dev, Stream& s, RingExchange& ring, const RingAttentionConfig& c, int P,
+                                      const Pass& pass, A* base, const KvSource<A>& src) {
   const auto [w0, w1] = lane_widths(c);
-  const std::int64_t slot = Tmax * (w0 + w1), off = Tmax * w0;
+  const std::int64_t slot = pass.Tmax * (w0 + w1), off = pass.Tmax * w0;
+  const A *own0 = src.first, *own1 = src.second;
+  if (pass.m > 1) {
+    const Piece mine = piece_of(c, P, ring.origin(0), pass.m, pass.j);
+    pack_piece(dev, s, base + slot, src.first, mine, w0);
+    pack_piece(dev, s, base + slot + off, src.second, mine, w1);
+    own0 = base + slot;
+    own1 = base + slot + off;
+  }
   constexpr DType kA = dtype_of<A>();
-  return {ring.add_carried(src.first, RingLane{{base, base + slot}, kA, lane_counts(c.seq_len, P, w0)}),
-          ring.add_carried(src.second, RingLane{{base + off, base + slot + off}, kA, lane_counts(c.seq_len, P, w1)})};
+  return {ring.add_carried(own0, RingLane{{base, base + slot}, kA, lane_counts(c, P, pass.m, pass.j, w0)}),
+          ring.add_carried(own1, RingLane{{base + off, base + slot + off}, kA, lane_counts(c, P, pass.m, pass.j, w1)})};
 }
 
 // This hop's K and V of tb tokens: the carried lanes, or (compressed form) the block
@@ -383,10 +465,10 @@ template <class A>
 void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, float* out, float* lse, const A* q,
                 const KvSource<A>& src, ThreadPool* pool, RingAttentionStats* stats) {
   check_precision(c.precision, precision_of<A>(), "ring attention", "q, k, v");
-  const int P = g.size();
+  const int P = g.size(), m = ring_attention_pieces(c, P);
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
-  Timer timer(dev, s, stats, P);
+  Timer timer(dev, s, stats, m * P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   Buffer ws = allocate(dev, b.workspace_forward);
   if (P == 1) {  // the K/V form only (check_ring_attention)
@@ -399,33 +481,38 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
     return;
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
-  const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
+  const std::int64_t T = mine.tokens(), Tmax = widest_piece(c, P, m);
   Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile);
-  RingExchange ring(dev, g, kTagForward);
-  const std::pair<int, int> lanes = add_carried_lanes(ring, c, P, kv.as<A>(), src);
   // Every row starts empty (lse -inf: out is not read).
   ops::fill(dev, s, lse, T * Hq, kNegInf);
-  for (int hop = 0; hop < P; ++hop) {
-    ring.begin(hop);
-    timer.posted(Timer::carried, hop);
-    const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
-    const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, blk.tokens(), Tmax, ex.as<A>(), tile.as<float>(), src.wkvb,
-                                 timer);
-    for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
-      timer.start();
-      if (!timer.skip())
-        ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
-                               kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
-      timer.stop();
-      ring.progress();
-    });
-    progress_while_computing(dev, s, ring);
-    timer.wait(Timer::carried, hop, [&] { ring.end(hop); });
+  std::uint64_t sent = 0;
+  for (int j = 0; j < m; ++j) {
+    RingExchange ring(dev, g, kTagForward);
+    const std::pair<int, int> lanes = add_carried_lanes(dev, s, ring, c, P, Pass{m, j, Tmax}, kv.as<A>(), src);
+    for (int hop = 0; hop < P; ++hop) {
+      const int at = j * P + hop;
+      ring.begin(hop);
+      timer.posted(Timer::carried, at);
+      const CpShard blk = piece_of(c, P, ring.origin(hop), m, j).shard;
+      const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, blk.tokens(), Tmax, ex.as<A>(), tile.as<float>(),
+                                   src.wkvb, timer);
+      for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
+        timer.start();
+        if (!timer.skip())
+          ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
+                                 kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
+        timer.stop();
+        ring.progress();
+      });
+      progress_while_computing(dev, s, ring);
+      timer.wait(Timer::carried, at, [&] { ring.end(hop); });
+    }
+    sent += ring.bytes_sent();
   }
   dev.synchronize(s);
   timer.finish(&g);
-  if (stats) stats->bytes_sent = ring.bytes_sent();
-  g_bytes_sent += ring.bytes_sent();
+  if (stats) stats->bytes_sent = sent;
+  g_bytes_sent += sent;
 }
 
 // The compressed form's backward of one block (tb tokens, its latent cc): dKx, dVx (this
@@ -455,10 +542,10 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     throw InvalidArgument(std::string("ring attention: ") +
                           (c.given_row_dot ? "given_row_dot needs the caller's row_dot"
                                            : "a row_dot argument needs given_row_dot in the config"));
-  const int P = g.size();
+  const int P = g.size(), m = ring_attention_pieces(c, P);
   const RingAttentionBuffers b = ring_attention_buffers(c, P);
   Stream& s = dev.compute_stream();
-  Timer timer(dev, s, stats, P);
+  Timer timer(dev, s, stats, m * P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   const bool latent = c.latent > 0;
   if (P == 1) {  // the K/V form only (check_ring_attention)
@@ -473,7 +560,7 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     return;
   }
   const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
-  const std::int64_t T = mine.tokens(), Tmax = zigzag_widest_tokens(c.seq_len, P);
+  const std::int64_t T = mine.tokens(), Tmax = widest_piece(c, P, m);
   Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile),
          dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot), ws = allocate(dev, b.workspace_backward);
   const auto [w0, w1] = lane_widths(c);
@@ -484,11 +571,6 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
   float *part0 = dkvb + 2 * slot, *part1 = part0 + off;
   float* dkx = latent ? dkvb + 3 * slot : nullptr;
   float* dvx = latent ? dkx + Tmax * Hq * D : nullptr;
-  RingExchange ring(dev, g, kTagBackward);
-  const std::pair<int, int> lanes = add_carried_lanes(ring, c, P, kv.as<A>(), src);
-  const int acc0 = ring.add_accumulated(RingLane{{dkvb, dkvb + slot}, DType::f32, lane_counts(c.seq_len, P, w0)});
-  const int acc1 =
-      ring.add_accumulated(RingLane{{dkvb + off, dkvb + slot + off}, DType::f32, lane_counts(c.seq_len, P, w1)});
   // D_i = rowsum(dout * out) once for every hop (or the caller's); dq is added into from zero.
   const float* row_dot = given_rd != nullptr ? given_rd : rd.as<float>();
   if (given_rd == nullptr) {
@@ -497,58 +579,77 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     timer.stop();
   }
   ops::fill(dev, s, dq, T * Hq * D, 0.0f);
-  for (int hop = 0; hop < P; ++hop) {
-    ring.begin(hop);
-    timer.posted(Timer::carried, hop);
-    const CpShard blk = zigzag_shard(c.seq_len, P, ring.origin(hop));
-    const std::int64_t tb = blk.tokens();
-    const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, tb, Tmax, ex.as<A>(), tile.as<float>(), src.wkvb, timer);
-    // This rank's part of the accumulated value: at hop 0 straight into the travelling
-    // accumulator, later into the part, added once the running value is in.
-    float* to0 = hop == 0 ? static_cast<float*>(ring.accumulator(acc0)) : part0;
-    float* to1 = hop == 0 ? static_cast<float*>(ring.accumulator(acc1)) : part1;
-    // The kernel's dK/dV: the part itself, or (compressed form) the block's, contracted below.
-    float* dkc = latent ? dkx : to0;
-    float* dvc = latent ? dvx : to1;
-    ops::fill(dev, s, dkc, tb * Hkv * D, 0.0f);
-    ops::fill(dev, s, dvc, tb * Hkv * Dv, 0.0f);
-    for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
-      timer.start();
-      if (!timer.skip())
-        ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
-                                dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
-                                vc + kch.row * Hkv * Dv, /*out: D is given*/ nullptr, lse + qc.row * Hq, d,
-                                ws.as<float>(), pool, row_dot + qc.row * Hq);
-      timer.stop();
-      ring.progress();
+  std::uint64_t sent = 0;
+  for (int j = 0; j < m; ++j) {
+    RingExchange ring(dev, g, kTagBackward);
+    const std::pair<int, int> lanes = add_carried_lanes(dev, s, ring, c, P, Pass{m, j, Tmax}, kv.as<A>(), src);
+    const int acc0 =
+        ring.add_accumulated(RingLane{{dkvb, dkvb + slot}, DType::f32, lane_counts(c, P, m, j, w0)});
+    const int acc1 =
+        ring.add_accumulated(RingLane{{dkvb + off, dkvb + slot + off}, DType::f32, lane_counts(c, P, m, j, w1)});
+    for (int hop = 0; hop < P; ++hop) {
+      const int at = j * P + hop;
+      ring.begin(hop);
+      timer.posted(Timer::carried, at);
+      const CpShard blk = piece_of(c, P, ring.origin(hop), m, j).shard;
+      const std::int64_t tb = blk.tokens();
+      const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, tb, Tmax, ex.as<A>(), tile.as<float>(), src.wkvb, timer);
+      // This rank's part of the accumulated value: at hop 0 straight into the travelling
+      // accumulator, later into the part, added once the running value is in.
+      float* to0 = hop == 0 ? static_cast<float*>(ring.accumulator(acc0)) : part0;
+      float* to1 = hop == 0 ? static_cast<float*>(ring.accumulator(acc1)) : part1;
+      // The kernel's dK/dV: the part itself, or (compressed form) the block's, contracted below.
+      float* dkc = latent ? dkx : to0;
+      float* dvc = latent ? dvx : to1;
+      ops::fill(dev, s, dkc, tb * Hkv * D, 0.0f);
+      ops::fill(dev, s, dvc, tb * Hkv * Dv, 0.0f);
+      for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
+        timer.start();
+        if (!timer.skip())
+          ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
+                                  dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
+                                  vc + kch.row * Hkv * Dv, /*out: D is given*/ nullptr, lse + qc.row * Hq, d,
+                                  ws.as<float>(), pool, row_dot + qc.row * Hq);
+        timer.stop();
+        ring.progress();
+      });
+      if (latent) {
+        A* dkv_ex = ex.as<A>() + Tmax * Hq * (D + Dv);  // kv_b_proj's output, read by this hop's expansion only
+        timer.start();
+        if (!timer.skip())
+          contract_block(dev, s, c, tb, dkx, dvx, static_cast<const A*>(ring.carried(lanes.first)), src.wkvb,
+                         dkv_ex, grads.dwkvb, to0, to1);
+        timer.stop();
+      }
+      progress_while_computing(dev, s, ring);
+      if (hop > 0) {
+        timer.wait(Timer::accumulated, at, [&] { ring.wait_accumulated(); });
+        ops::axpy(dev, s, static_cast<float*>(ring.accumulator(acc0)), part0, tb * w0, 1.0f);
+        ops::axpy(dev, s, static_cast<float*>(ring.accumulator(acc1)), part1, tb * w1, 1.0f);
+      }
+      ring.send_accumulated();
+      timer.posted(Timer::accumulated, at);
+      timer.wait(Timer::carried, at, [&] { ring.end(hop); });
+    }
+    // This rank's own piece's complete values come back from the previous rank: straight
+    // into dk, dv (one pass: the piece is the shard), or into the lanes' free slots and
+    // from there to the piece's rows.
+    timer.wait(Timer::finished, j * P + P - 1, [&] {
+      if (m == 1) {
+        ring.finish(acc0, grads.first);
+        ring.finish(acc1, grads.second);
+        return;
+      }
+      const Piece own = piece_of(mine, m, j);
+      unpack_piece(dev, s, grads.first, static_cast<const float*>(ring.finish(acc0)), own, w0);
+      unpack_piece(dev, s, grads.second, static_cast<const float*>(ring.finish(acc1)), own, w1);
     });
-    if (latent) {
-      A* dkv_ex = ex.as<A>() + Tmax * Hq * (D + Dv);  // kv_b_proj's output, read by this hop's expansion only
-      timer.start();
-      if (!timer.skip())
-        contract_block(dev, s, c, tb, dkx, dvx, static_cast<const A*>(ring.carried(lanes.first)), src.wkvb, dkv_ex,
-                       grads.dwkvb, to0, to1);
-      timer.stop();
-    }
-    progress_while_computing(dev, s, ring);
-    if (hop > 0) {
-      timer.wait(Timer::accumulated, hop, [&] { ring.wait_accumulated(); });
-      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(acc0)), part0, tb * w0, 1.0f);
-      ops::axpy(dev, s, static_cast<float*>(ring.accumulator(acc1)), part1, tb * w1, 1.0f);
-    }
-    ring.send_accumulated();
-    timer.posted(Timer::accumulated, hop);
-    timer.wait(Timer::carried, hop, [&] { ring.end(hop); });
+    sent += ring.bytes_sent();
   }
-  // This rank's own blocks' complete values come back from the previous rank.
-  timer.wait(Timer::finished, P - 1, [&] {
-    ring.finish(acc0, grads.first);
-    ring.finish(acc1, grads.second);
-  });
   dev.synchronize(s);
   timer.finish(&g);
-  if (stats) stats->bytes_sent = ring.bytes_sent();
-  g_bytes_sent += ring.bytes_sent();
+  if (stats) stats->bytes_sent = sent;
+  g_bytes_sent += sent;
 }
 
 // The public forms: K/V, then compressed, each for f32 and bf16.

@@ -76,22 +76,37 @@ struct RingAttentionConfig {
   // holds no row_dot of its own (RingAttentionBuffers::row_dot is 0 bytes). false: row_dot
   // is null and the call computes D from out.
   bool given_row_dot = false;
+  // The ring carries each shard in pieces of at most about piece_tokens tokens: the call
+  // makes ring_attention_pieces(c, cp) = m passes round the ring, pass j carrying piece j
+  // of every shard (the j-th of m near-equal parts of each of its two chunks, so every
+  // pass keeps the zigzag's balance), so the travelling K/V slots, dK/dV accumulators and
+  // (compressed form) the expanded block hold one piece instead of a shard. The same
+  // bytes travel in m times as many messages; out, lse and dq gather over more kernel
+  // calls (sums reordered: equal to the one-pass call to fp32 rounding, not bitwise).
+  // 0: whole shards, one pass.
+  std::int64_t piece_tokens = 0;
 };
 
-// Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP).
+// Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP,
+// piece_tokens < 0).
 void check_ring_attention(const RingAttentionConfig& c, int cp);
 
-// What one call holds on a rank of a CP group (sized for the largest shard, so every rank
+// The passes a call makes (RingAttentionConfig::piece_tokens): ceil(widest shard /
+// piece_tokens), at most the shortest zigzag chunk's tokens (every part non-empty); 1
+// with piece_tokens 0 or cp 1.
+int ring_attention_pieces(const RingAttentionConfig& c, int cp);
+
+// What one call holds on a rank of a CP group (sized for the largest shard's piece, so every rank
 // of the group allocates the same): the travelling K/V double buffer, the travelling dK/dV
 // accumulators and the block contribution they add (backward), rowsum(dout * out)
 // (backward) and the kernel's tile workspace per pass. Zero bytes where CP == 1 needs none.
-// The compressed form carries 2 slots x max shard x (latent + rope) in kv_ring, expands
+// The compressed form carries 2 slots x max piece x (latent + rope) in kv_ring, expands
 // each block into `expand` (K and V of the block and kv_b_proj's output, activation dtype;
 // the backward reuses the latter for d kv) with nn/linear's tile (bf16), and its dkv_ring
 // holds the travelling d c | d kr (two slots and one contribution, fp32) and the block's
 // dK/dV contribution (fp32).
 struct RingAttentionBuffers {
-  BufferSpec kv_ring;            // forward and backward: 2 slots x max shard x Hkv x (D + Dv), activation dtype
+  BufferSpec kv_ring;            // forward and backward: 2 slots x max piece x Hkv x (D + Dv), activation dtype
   BufferSpec dkv_ring;           // backward: the travelling dK/dV (its slots) and one block's contribution
   BufferSpec expand;             // compressed form only: the expanded block, forward and backward
   BufferSpec tile;               // compressed form under bf16 only: the expansion's fp32 tile

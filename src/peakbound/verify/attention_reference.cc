@@ -106,11 +106,12 @@ double RingAttentionCheck::worst_kernel() const { return *std::max_element(kerne
 
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel, Component io,
-                                         ThreadPool* pool) {
+                                         ThreadPool* pool, std::int64_t piece_tokens) {
   const AttentionDims& a = p.dims;
   RingAttentionConfig cfg;
   cfg.dims = a;
   cfg.seq_len = a.tokens;
+  cfg.piece_tokens = piece_tokens;
   check_ring_attention(cfg, g.size());
   const CpShard sh = zigzag_shard(a.tokens, g.size(), g.rank());
   const std::int64_t T = sh.tokens();

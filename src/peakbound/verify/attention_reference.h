@@ -49,9 +49,11 @@ struct RingAttentionCheck {
 };
 inline constexpr const char* kAttentionFields[5] = {"out", "lse", "dq", "dk", "dv"};
 
-// Collective over cp_group. Runs ring attention with seq_len = p.dims.tokens.
+// Collective over cp_group. Runs ring attention with seq_len = p.dims.tokens, carrying
+// pieces of piece_tokens (RingAttentionConfig::piece_tokens; 0: whole shards).
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& cp_group, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel,
-                                         Component io = Component::layer, ThreadPool* pool = nullptr);
+                                         Component io = Component::layer, ThreadPool* pool = nullptr,
+                                         std::int64_t piece_tokens = 0);
 
 }  // namespace peakbound
