@@ -22,13 +22,15 @@
 namespace peakbound::attention_test {
 
 // A call's Arena peak of component c by the footprint: the largest of the phases it runs
-// (a backward's recomputation runs the forward's, without the kernel when it takes what
-// forward_for_backward kept).
+// (a backward's recomputation runs the forward's, or only the projections beside the o and
+// lse forward_for_backward kept when it takes them).
 inline std::uint64_t call_peak(const Footprint& f, Component c, bool backward, bool reuses_kept = false) {
   std::uint64_t w = 0;
   const auto take = [&](std::string_view p) { w = std::max(w, f.phase(p).device[static_cast<std::size_t>(c)]); };
-  take(kAttentionForwardPhases[0]);
-  if (!reuses_kept) take(kAttentionForwardPhases[1]);
+  if (reuses_kept)
+    take(kAttentionKeptProjectPhase);
+  else
+    for (std::string_view p : kAttentionForwardPhases) take(p);
   if (backward)
     for (std::string_view p : kAttentionBackwardPhases) take(p);
   return w;

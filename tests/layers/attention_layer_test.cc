@@ -489,10 +489,14 @@ TEST(AttentionLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
       EXPECT_GT(f.device_peak(Component::attention), 0u);
       EXPECT_GT(f.phase("backward").device_total(), f.phase("forward").device_total());
       // Neither h nor o is held through the kernel: the backward's kernel phase holds
-      // neither, the forward's holds o but not h.
+      // neither, the forward's holds o but not h, and the projections hold h but not o
+      // (o and lse come after h is freed) unless they are the kept ones.
       const AttentionLayerBuffers b = attention_layer_buffers(c.T, config_of(c), 4);
-      EXPECT_EQ(f.phase("forward project").device_total() + b.workspace_forward.reserved(),
+      EXPECT_EQ(f.phase("forward project").device_total() + b.o.reserved() + b.lse.reserved() +
+                    b.workspace_forward.reserved(),
                 f.phase("forward").device_total() + b.h.reserved() + b.rstd.reserved());
+      EXPECT_EQ(f.phase(kAttentionKeptProjectPhase).device_total(),
+                f.phase("forward project").device_total() + b.o.reserved() + b.lse.reserved());
       EXPECT_EQ(f.phase("backward output").device_total() + b.dq.reserved() + b.dk.reserved() + b.dv.reserved() +
                     b.workspace_backward.reserved(),
                 f.phase("backward").device_total() + b.o.reserved());

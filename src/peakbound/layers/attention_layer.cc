@@ -242,15 +242,19 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   f.device("kept", b.lse);
   // What every phase holds: the projections' outputs (and the norms' state), the RoPE
   // tables, the linear tile and the widened sinks; MLA's intermediates (else 0 bytes).
-  const auto common = [&](const char* phase) {
+  const auto common = [&](std::string_view phase) {
     for (const BufferSpec& s : {b.q, b.k, b.v, b.q_pre, b.k_pre, b.q_rstd, b.k_rstd, b.rope_cos, b.rope_sin, b.tile,
                                 b.sinks32, b.qa, b.qa_n, b.qa_rstd, b.ckv, b.c_pre, b.c, b.c_rstd, b.kr, b.kv, b.qr})
       f.device(phase, s);
   };
-  // The projections (forward and the backward's recomputation): h and rstd, o and lse
-  // (allocated for the kernel, or kept).
+  // The projections (forward, and a recomputation that runs the kernel): h and rstd; o and
+  // lse come after them, for the kernel.
   common("forward project");
-  for (const BufferSpec& s : {b.h, b.rstd, b.o, b.lse}) f.device("forward project", s);
+  for (const BufferSpec& s : {b.h, b.rstd}) f.device("forward project", s);
+  // The projections of a recomputation that takes forward_for_backward's kept o and lse
+  // (the backward after it, or a forward under keep_through): beside them.
+  common(kAttentionKeptProjectPhase);
+  for (const BufferSpec& s : {b.h, b.rstd, b.o, b.lse}) f.device(kAttentionKeptProjectPhase, s);
   // The kernel (h freed: its backward recomputes it from x).
   common("forward");
   for (const BufferSpec& s : {b.o, b.lse, b.workspace_forward, b.o32}) f.device("forward", s);
@@ -486,10 +490,6 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool a
   in.k_rstd = allocate(dev_, b.k_rstd);
   in.cos = allocate(dev_, b.rope_cos);
   in.sin = allocate(dev_, b.rope_sin);
-  if (attend) {
-    in.o = allocate(dev_, b.o);
-    in.lse = allocate(dev_, b.lse);
-  }
   in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
   in.sinks32 = allocate(dev_, b.sinks32);  // sinks only (else null)
   for (auto [buf, spec] : {std::pair{&in.qa, &b.qa}, std::pair{&in.qa_n, &b.qa_n}, std::pair{&in.qa_rstd, &b.qa_rstd},
@@ -505,10 +505,13 @@ void AttentionLayer::recompute(Internals& in, const A* x, std::int64_t T, bool a
     mla_project<A>(in, T, S);
   else
     gqa_project<A>(in, T, S);
-  // The kernel needs q, k, v only: h and rstd go (the backward recomputes them).
+  // The kernel needs q, k, v only: h and rstd go (the backward recomputes them), and its
+  // o and lse take their place (o is h's size where Hq x Dv = H).
   in.h.reset();
   in.rstd.reset();
   if (!attend) return;
+  in.o = allocate(dev_, b.o);
+  in.lse = allocate(dev_, b.lse);
   in.ws = allocate(dev_, b.workspace_forward);
   in.o32 = allocate(dev_, b.o32);  // bf16 only (else null)
   for (std::int64_t b0 = 0; b0 < T; b0 += S) attend_forward<A>(in, b0, S);

@@ -194,8 +194,11 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const Attenti
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c);
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c, std::uint64_t elem_bytes);
 // The forward's phases (the projections', then the kernel's) and the backward's own
-// (o_proj's, the kernel's, the projections'), in the order a call reaches them.
+// (o_proj's, the kernel's, the projections'), in the order a call reaches them. A
+// recomputation that takes the o and lse forward_for_backward kept runs its projections
+// beside them (kAttentionKeptProjectPhase) instead of both forward phases.
 inline constexpr std::array<std::string_view, 2> kAttentionForwardPhases = {"forward project", "forward"};
+inline constexpr std::string_view kAttentionKeptProjectPhase = "kept project";
 inline constexpr std::array<std::string_view, 3> kAttentionBackwardPhases = {"backward output", "backward",
                                                                              "backward project"};
 

@@ -387,16 +387,20 @@ class TrainFootprintBuilder {
       add_phase(f_, it->bwd, att_.phase("kept"));
       kept(it->bwd, it->layer);  // keep_attention: the earlier layers' too
     }
-    // The last layer's (keep_attention: its o and lse are the kept ones, so its
-    // recomputation runs the projections only; the earlier layers' are held beside). The
-    // backward's own recomputation of the projections is the first phase's without mid.
-    // kernel: the phase runs the attention kernel's forward, which a kept o skips.
+    // The last layer's: forward_for_backward's recomputation (keep_attention: its o and
+    // lse are the kept ones, so it runs the projections only, beside them; the earlier
+    // layers' are held beside), then the backward's own recomputation of the projections,
+    // beside the o and lse forward_for_backward kept, without mid. kernel: the phase runs
+    // the attention kernel's forward, which a kept o skips.
+    const std::string_view recompute_project =
+        sch_.keep_attention ? kAttentionKeptProjectPhase : kAttentionForwardPhases[0];
     for (const auto& [ph, part, mid, kernel] :
-         {std::tuple{"backward attention recompute project", "forward project", true, false},
-          std::tuple{"backward attention recompute", "forward", true, true},
-          std::tuple{"backward attention output", "backward output", false, false},
-          std::tuple{"backward attention", "backward", false, false},
-          std::tuple{"backward attention project", "backward project", false, false}}) {
+         {std::tuple{"backward attention recompute project", recompute_project, true, false},
+          std::tuple{"backward attention recompute", kAttentionForwardPhases[1], true, true},
+          std::tuple{"backward attention reproject", kAttentionKeptProjectPhase, false, false},
+          std::tuple{"backward attention output", kAttentionBackwardPhases[0], false, false},
+          std::tuple{"backward attention", kAttentionBackwardPhases[1], false, false},
+          std::tuple{"backward attention project", kAttentionBackwardPhases[2], false, false}}) {
       if (kernel && sch_.keep_attention) continue;
       backward_common(ph, L_ - 1, mid);
       add_phase(f_, ph, att_.phase(part));
