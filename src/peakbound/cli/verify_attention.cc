@@ -2,9 +2,11 @@
 // backward against the single-rank kernel on the whole sequence and a naive double
 // reference (verify/attention_reference.h), under mpirun with W ranks, for every CP
 // dividing W (groups of CP consecutive ranks, each group one sequence), over odd
-// lengths (the given ones and 2 CP + 1), GQA head ratios and windows. One line per case
-// (the worst over the groups), the worst relative error, --json; exit 1 on any error
-// at or above 1e-5 relative.
+// lengths (the given ones and 2 CP + 1), GQA head ratios and windows; with --piece-tokens N
+// the ring carries K/V and dK/dV in pieces of N tokens (RingAttentionConfig::piece_tokens,
+// what the attention layer does past kRingPieceTokens). One line per case (the worst over
+// the groups), the worst relative error, --json; exit 1 on any error at or above 1e-5
+// relative.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -32,7 +34,7 @@ constexpr double kTolerance = 1e-5;
 struct VerifyAttentionFlags {
   std::string device = "cpu";
   std::string lengths = "37,130", ratios = "1,2,4", windows = "0,5";
-  std::int64_t heads = 4, dim = 16, v_dim = 8, block_q = 7, block_k = 5;
+  std::int64_t heads = 4, dim = 16, v_dim = 8, block_q = 7, block_k = 5, piece_tokens = 0;
   std::uint64_t seed = 1;
   bool json = false;
 
@@ -62,6 +64,8 @@ Command add_verify_attention(CLI::App& parent) {
   text_flag(c.app, "--windows", f->windows, "Sliding windows in keys, comma-separated (0: full causal)");
   int_flag(c.app, "--block-q", f->block_q, "Query rows per kernel tile", 1, 4096);
   int_flag(c.app, "--block-k", f->block_k, "Keys per kernel tile", 1, 4096);
+  int_flag(c.app, "--piece-tokens", f->piece_tokens,
+           "The ring carries K/V and dK/dV in pieces of this many tokens (0: whole shards)", 0, 1 << 30);
   seed_flag(c.app, "--seed", f->seed, "Seed of the random problem");
   device_flag(c.app, f->device);
   c.app->add_flag("--json", f->json, "Print one JSON object");
@@ -104,9 +108,12 @@ Command add_verify_attention(CLI::App& parent) {
             RingAttentionConfig cfg;
             cfg.dims = a;
             cfg.seq_len = S;
+            cfg.piece_tokens = f->piece_tokens;
             std::unique_ptr<Device> dev = make_device(f->device, ring_attention_device_budget(cfg, cp));
             std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, *g);
-            RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel);
+            RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel,
+                                                           Component::layer, nullptr, f->piece_tokens);
+            const int passes = ring_attention_pieces(cfg, cp);
             // The worst over the groups (each ran the same sequence).
             w.all_reduce(chk.naive, 5, DType::f64, ReduceOp::max);
             w.all_reduce(chk.kernel, 5, DType::f64, ReduceOp::max);
@@ -121,8 +128,8 @@ Command add_verify_attention(CLI::App& parent) {
               jk[kAttentionFields[i]] = chk.kernel[i];
             }
             cases.push_back({{"cp", cp}, {"seq_len", S}, {"q_heads", a.q_heads}, {"kv_heads", a.kv_heads},
-                             {"qk_dim", a.qk_dim}, {"v_dim", a.v_dim}, {"window", window}, {"rel_err_naive", jn},
-                             {"rel_err_kernel", jk}, {"pass", pass}});
+                             {"qk_dim", a.qk_dim}, {"v_dim", a.v_dim}, {"window", window}, {"passes", passes},
+                             {"rel_err_naive", jn}, {"rel_err_kernel", jk}, {"pass", pass}});
             if (w.rank() == 0 && !f->json)
               std::printf("CP %d  S %5lld  Hq %3lld  Hkv %3lld  D %4lld  Dv %4lld  window %4lld  vs naive %.2e  vs kernel %.2e  %s\n",
                           cp, static_cast<long long>(S), static_cast<long long>(a.q_heads),
