@@ -217,7 +217,7 @@ ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, 
   const u64 th = checked_mul(t, static_cast<u64>(hidden), "[T, H]");
   ModelBatchBuffers b;
   b.ids = b.targets = buffer_spec(Component::workspace, t, sizeof(std::int32_t));
-  b.x = b.y = b.hn = b.d_hn = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
+  b.x = b.y = b.d_hn = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
   b.rstd = buffer_spec(Component::layer, t, sizeof(float));
   b.seq_counts = b.seq_psum = buffer_spec(Component::workspace, static_cast<u64>(seq_floats), sizeof(float));
   return b;
@@ -837,7 +837,9 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   const u64 norm_at = fsdp_->find("model.norm.weight").second->offset;
   Buffer norm_w = dev_.allocate(fb.norm_params.component, fb.norm_params.bytes);
   fsdp_->gather(nu, norm_w.data());
-  Buffer hn = dev_.allocate(bb.hn.component, bb.hn.bytes);
+  // The final norm's output goes into x's buffer: the stack copied x into its first
+  // boundary (on the compute stream), and x's next use is the gradient below.
+  Buffer& hn = p.x;
   Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const A* w_norm = norm_w.as<A>() + norm_at;
@@ -857,7 +859,6 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
     vocab_loss_->backward(ce_scale, d_hn.as<A>(), d_head);
   }
-  hn.reset();
   // The layers' backward runs in place (every block's backward_in_place, the stack's one
   // gradient buffer): the final norm's gradient goes into x's buffer (the stack copied x
   // into its first boundary), and the layers turn it into dx there.

@@ -135,18 +135,20 @@ struct ModelRouterStateBuffers {
 };
 ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c);
 
-// One micro-batch of T tokens of hidden H (x, y, hn, d_hn in activation_dtype(p), rstd f32):
+// One micro-batch of T tokens of hidden H (x, y, d_hn in activation_dtype(p), rstd f32):
 //   ids, targets [T] i32 (workspace)     the whole forward_backward
-//   x [T, H] (layer)                      the embedding output, then the final norm's input
+//   x [T, H] (layer)                      the embedding output; once the stack has copied it
+//                                         into its first boundary, the final norm's output
+//                                         (the loss's input), then the final norm's input
 //                                         gradient, which the layers turn into dx in place
 //   y [T, H] (layer)                      the stack's output, until the final norm's backward
-//   hn [T, H], rstd [T] (layer)           the final norm's output (until the loss backward) and rstd
+//   rstd [T] (layer)                      the final norm's rstd
 //   d_hn [T, H] (layer)                   the loss's input gradient
 // forward() (evaluation) uses y as the second residual buffer and rstd.
 // seq_counts, seq_psum: the sequence-wise balance loss's statistics (seq_aux_floats each,
 // f32; 0 bytes when it is off), held through the pass like ids and targets.
 struct ModelBatchBuffers {
-  BufferSpec ids, targets, x, y, hn, rstd, d_hn, seq_counts, seq_psum;
+  BufferSpec ids, targets, x, y, rstd, d_hn, seq_counts, seq_psum;
 };
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
                                       std::int64_t seq_aux_floats = 0);

@@ -333,9 +333,9 @@ class TrainFootprintBuilder {
       const std::string ph = "loss forward";
       persistent(ph, true);
       if (fused)
-        batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, bb_.d_hn, fb_.norm_params});
+        batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params});  // the normed hidden in x
       else
-        batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, fb_.norm_params});
+        batch(ph, {bb_.x, bb_.y, bb_.rstd, fb_.norm_params});
       residents(ph, L_);
       kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "forward"));
@@ -343,7 +343,7 @@ class TrainFootprintBuilder {
     {
       const std::string ph = "loss backward";
       persistent(ph, true);
-      batch(ph, {bb_.x, bb_.y, bb_.hn, bb_.rstd, bb_.d_hn, fb_.norm_params});
+      batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params});
       residents(ph, L_);
       kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "backward"));
