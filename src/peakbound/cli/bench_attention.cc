@@ -119,6 +119,7 @@ double median(std::vector<double> v) {
 }
 
 struct CpResult {
+  int passes = 1;  // round the ring (ring_attention_pieces)
   std::uint64_t peak_bytes = 0;
   double step_seconds = 0, exposed_seconds = 0, exposed_comm_seconds = 0, imbalance_seconds = 0, alone_seconds = 0,
          compute_seconds = 0, rel_err = 0;
@@ -138,6 +139,7 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
                      wo = a.q_heads * a.v_dim, wl = a.q_heads;
   CpuDevice dev(ring_attention_device_budget(cfg, cp));
   CpResult res;
+  res.passes = ring_attention_pieces(cfg, cp);
   // Exactness and the peak: one forward + backward with every tensor under attention.
   {
     const RingAttentionCheck c = verify_ring_attention(dev, g, p, ref, ref, Component::attention, pool, piece_tokens);
@@ -396,12 +398,8 @@ Command add_bench_attention(CLI::App& parent) {
         const CpResult r = run_cp(*g, a, *problem, *ref, f->reps, pp, 0);
         const std::string key = std::to_string(cp);
         if (cp > 1 && f->piece_tokens > 0) {
-          RingAttentionConfig pc;
-          pc.dims = a;
-          pc.seq_len = a.tokens;
-          pc.piece_tokens = f->piece_tokens;
           const CpResult q = run_cp(*g, a, *problem, *ref, f->reps, pp, f->piece_tokens);
-          pieces[key] = {{"passes", ring_attention_pieces(pc, cp)},
+          pieces[key] = {{"passes", q.passes},
                          {"peak_bytes", q.peak_bytes},
                          {"step_seconds", q.step_seconds},
                          {"exposed_comm_seconds", q.exposed_comm_seconds},

@@ -2,6 +2,7 @@
 #include "peakbound/plan/trainer_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -141,15 +142,15 @@ ComponentBytes worst_phase(const Footprint& f) {
   return worst_where(f, [](std::string_view) { return true; });
 }
 
-// The worst of the named phases f has (and `also`): the attention sublayer's forward is
-// its projections' and its kernel's phases, its backward three and the projections'
-// recomputation beside the kept o and lse (the shape-level MLA estimate's "forward" and
+// The worst of the named phases f has: the attention sublayer's forward is its
+// projections' and its kernel's phases, its backward the projections' recomputation beside
+// the kept o and lse and its own three (the shape-level MLA estimate's "forward" and
 // "backward" are among them).
-ComponentBytes worst_of(const Footprint& f, std::span<const std::string_view> phases, std::string_view also = {}) {
-  return worst_where(f, [&](std::string_view n) {
-    return (!also.empty() && n == also) || std::ranges::find(phases, n) != phases.end();
-  });
+ComponentBytes worst_of(const Footprint& f, std::span<const std::string_view> phases) {
+  return worst_where(f, [&](std::string_view n) { return std::ranges::find(phases, n) != phases.end(); });
 }
+constexpr std::array<std::string_view, 4> kAttentionTrainerBackwardPhases = {
+    kAttentionKeptProjectPhase, kAttentionBackwardPhases[0], kAttentionBackwardPhases[1], kAttentionBackwardPhases[2]};
 
 void add_into(ComponentBytes& to, const ComponentBytes& b) {
   for (std::size_t i = 0; i < kNumComponents; ++i) to[i] = checked_add(to[i], b[i], "a planned phase");
@@ -299,7 +300,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   lo.bytes[C(Component::grads)] = add(lo.bytes[C(Component::grads)], mul(head_params, gb));
 
   PhaseBytes ba = with(base(Phase::backward_attention),
-                       {ckpt_dev, worst_of(attn, kAttentionBackwardPhases, kAttentionKeptProjectPhase),
+                       {ckpt_dev, worst_of(attn, kAttentionTrainerBackwardPhases),
                         device_of(mlp, "residual_backward"), kept_layers(L - 1)});
   ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
   ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);
