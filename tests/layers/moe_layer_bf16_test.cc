@@ -52,7 +52,9 @@ struct Result {
 
 // One forward and one backward in precision p; checks the measured per-phase peaks
 // against moe_layer_footprint(T, cfg) (the layer's precision).
-Result run(const Case& c, Precision p, const Params& P, const Vec& x, const Vec& dy, const Vec& aux_grad) {
+// in_place: the forward runs on a copy of x as y = x's buffer (MoeLayer::forward_in_place).
+Result run(const Case& c, Precision p, const Params& P, const Vec& x, const Vec& dy, const Vec& aux_grad,
+           bool in_place = false) {
   const MoeLayerConfig cfg = c.config(p);
   const DType a = activation_dtype(p);
   CpuDevice dev(256 << 20);
@@ -70,7 +72,7 @@ Result run(const Case& c, Precision p, const Params& P, const Vec& x, const Vec&
   const Shape s{c.T, c.H};
   const Tensor xt = put(dev, keep, Component::workspace, s, &x, a);
   const Tensor dyt = put(dev, keep, Component::workspace, s, &dy, a);
-  const Tensor yt = put(dev, keep, Component::workspace, s, nullptr, a);
+  const Tensor yt = put(dev, keep, Component::workspace, s, in_place ? &x : nullptr, a);
   const Tensor dxt = put(dev, keep, Component::workspace, s, nullptr, a);
   const Footprint f = moe_layer_footprint(c.T, cfg);
   auto check = [&](const char* phase) {
@@ -79,7 +81,7 @@ Result run(const Case& c, Precision p, const Params& P, const Vec& x, const Vec&
     EXPECT_EQ(dev.arena().live(Component::layer), 0u);
   };
   dev.arena().reset_peaks();
-  layer.forward(xt, yt);
+  layer.forward(in_place ? yt : xt, yt);
   check("forward");
   dev.arena().reset_peaks();
   layer.backward(xt, dyt, dxt);
@@ -209,6 +211,39 @@ TEST(MoeLayerBf16, RowTiles) {
     }
   std::printf("moe layer bf16 vs f32, row tiles: worst y %.3g, dx %.3g, lowest cosine %.6f (%s)\n", w.y, w.dx, w.cos,
               w.cos_name.c_str());
+}
+
+// The forward in place (y over x: a decoder layer runs its MLP on the attention's output
+// that way) gives the bits of the forward into a separate y, in both precisions, for every
+// variant, tiled and not, with empty and one-token calls; the backward after it too.
+TEST(MoeLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
+  int n = 0;
+  for (std::int64_t T : {0, 1, 37})
+    for (const Case& base : variants(T))
+      for (std::int64_t seq_tile : {0, 6})
+        for (std::int64_t hot : {-1, 3}) {
+          Case c = base;
+          c.seq_tile = seq_tile;
+          if (hot >= 0 && c.E == 0) continue;
+          c.hot = hot;  // every token's first choice one expert
+          SCOPED_TRACE(c.str());
+          const MoeLayerConfig cfg = c.config(Precision::f32);
+          std::mt19937 rng(static_cast<std::uint32_t>(T * 31 + seq_tile + c.S * 7 + c.dense + hot * 3 + 100));
+          Params P = moe_ref::random_params(cfg, rng, c.hot);
+          Vec x = moe_ref::randn(c.T * c.H, rng, hot >= 0 ? 1.0 : 0.0, hot >= 0 ? 0.2 : 1.0);
+          Vec dy = moe_ref::randn(c.T * c.H, rng, 0, 1), aux_grad = moe_ref::randn(c.E, rng, 0, 0.5);
+          for (Precision p : {Precision::f32, Precision::bf16}) {
+            const Result apart = run(c, p, P, x, dy, aux_grad, false);
+            const Result over = run(c, p, P, x, dy, aux_grad, true);
+            EXPECT_EQ(over.y, apart.y) << precision_name(p);
+            EXPECT_EQ(over.dx, apart.dx) << precision_name(p);
+            EXPECT_EQ(over.grads, apart.grads) << precision_name(p);
+            EXPECT_EQ(over.counts, apart.counts) << precision_name(p);
+            EXPECT_EQ(over.sums, apart.sums) << precision_name(p);
+            ++n;
+          }
+        }
+  EXPECT_GT(n, 40);
 }
 
 // Under f32 the bf16-only specs are 0 bytes (so the f32 footprint is the old one); under

@@ -24,6 +24,12 @@ DecoderLayer::DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, B
 }
 
 void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
+  if (mlp_.forward_in_place()) {
+    // No mid: the attention writes into y and the MLP runs on it in place.
+    attention_.forward(x, y);
+    mlp_.forward(y, y);
+    return;
+  }
   const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
   Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
   const Tensor m = mid.tensor(x.shape(), x.dtype());

@@ -7,6 +7,10 @@
 // its backward needs), runs the MLP sublayer's backward from mid into dx (it recomputes
 // its own internals), frees mid, then the attention sublayer's backward from x in place
 // on dx: the layer's only gradient buffer is the caller's dx, which may be dy itself.
+// With an MLP sublayer whose forward runs in place (Block::forward_in_place, the MoE
+// layer) the forward holds no mid: the attention writes into y and the MLP turns y into
+// its own output there; the backward's recomputation keeps mid (the MLP's backward needs
+// its input beside dx).
 // mid is a per-call buffer (component layer, [T, H]) in x's dtype: f32, or bf16 when both
 // sublayers run in bf16 (AttentionLayerConfig::precision, MoeLayerConfig::precision; each
 // sublayer refuses tensors of the other dtype).
@@ -22,8 +26,9 @@
 
 namespace peakbound {
 
-// The layer's own buffer on T tokens of hidden H: mid [T, H] in forward, and in backward
-// until the MLP sublayer's backward is done (component layer).
+// The layer's own buffer on T tokens of hidden H: mid [T, H] in forward (unless the MLP
+// runs in place), and in backward until the MLP sublayer's backward is done (component
+// layer).
 struct DecoderLayerBuffers {
   BufferSpec mid;
 };

@@ -40,11 +40,17 @@ Footprint mlp_footprint(const MlpShape& s, std::uint64_t a) {
   const u64 moe_bytes = router.reserved() + topk.reserved() + mul(3, shared.reserved());
   Footprint f("mlp");
   f.device("residual", stream, 2);
+  f.device("residual_forward", stream);       // the layer's output, which the MLP runs in place on
   f.device("residual_backward", stream, 3);  // + the incoming gradient
   for (const char* phase : {"forward", "backward"}) {
     const u64 copies = phase[0] == 'f' ? 1 : 2;
-    f.device(phase, stream, 2);
-    if (copies == 2) f.device(phase, stream);  // the incoming gradient
+    // Forward: the stream in place, and the MoE layer's row tile of its input set aside.
+    if (copies == 1) {
+      f.device(phase, stream);
+      if (s.experts > 0) f.device(phase, buffer_spec(L, mul(Tt, U(s.hidden)), a));
+    } else {
+      f.device(phase, stream, 3);  // + the incoming gradient
+    }
     if (dense_bytes >= moe_bytes) {
       f.device(phase, dense, 3 * copies);
     } else {

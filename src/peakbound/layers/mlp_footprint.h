@@ -3,8 +3,10 @@
 // and shared experts (the routed experts' memory is the dispatch schedule's own
 // footprint). The spec the trainer's layers allocate from once they land, and what
 // the planner composes today.
-//   residual  the stream's input and output [T, H] (every phase)
-//   forward   dense: gate, up, act [R, F_dense] (R: a row tile, MoeLayerConfig::side_tile); MoE: router logits [T, E] fp32,
+//   residual  the stream's input and output [T, H] (the loss: its input and the normed hidden)
+//   residual_forward   the layer's output [T, H] (the attention writes it, the MLP runs on it in place)
+//   forward   the stream [T, H] in place; MoE: the row tile's input set aside [tile, H]; then
+//             dense: gate, up, act [R, F_dense] (R: a row tile, MoeLayerConfig::side_tile); MoE: router logits [T, E] fp32,
 //             top-k ids and weights [T, k] (8 bytes a pair), shared experts' gate, up,
 //             act [R, shared_width * shared_experts]; the larger of the two kinds; with a
 //             row tile the router's terms are the tile's rows
@@ -28,9 +30,9 @@ struct MlpShape {
   static MlpShape of(const ModelConfig& m, std::int64_t tokens, bool has_dense_layers, bool has_moe_layers);
 };
 
-// Phases "residual" and "residual_backward" (what attention's phases hold: the stream,
-// and in backward its incoming gradient), "forward", "backward" (both include the
-// stream; backward also the incoming gradient).
+// Phases "residual" (the loss's), "residual_forward" and "residual_backward" (what
+// attention's phases hold: the stream, and in backward its incoming gradient), "forward",
+// "backward" (both include the stream; backward also the incoming gradient).
 Footprint mlp_footprint(const MlpShape& s, std::uint64_t elem_bytes);
 
 }  // namespace peakbound

@@ -162,6 +162,7 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a
   b.shared_out = buffer_spec(kC, mul(g, mul(t, H)), a);
   b.gate_logit = buffer_spec(kC, mul(g, t), kF32);
   b.dh = buffer_spec(kC, mul(t, H), a);
+  b.x_in = buffer_spec(kC, c.dense() ? 0 : mul(t, H), a);
   // bf16 only: dz apart from the fp32 z, and the fp32 tile of every linear (router and
   // gate dh contributions [T, H], the side SwiGLU's [R, max(H, side)]).
   const bool bf = c.precision == Precision::bf16;
@@ -187,6 +188,7 @@ Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c, u64 elem_
                                 b.shared_out, b.gate_logit})
       f.device(phase, s);
     if (bwd || c.side_ffn() > 0) f.device(phase, b.tile);  // 0 bytes under f32
+    if (!bwd) f.device(phase, b.x_in);                       // 0 bytes dense
     if (bwd) {
       f.device(phase, b.ffn.act);
       f.device(phase, b.router.d_weights);
@@ -402,12 +404,15 @@ void MoeLayer::forward(const Tensor& x, const Tensor& y) {
 template <class A>
 void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
   const std::int64_t T = check_shape(x, "x");
-  PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
-               "moe layer: y must be a distinct [T, H]");
+  PB_CHECK_MSG(check_shape(y, "y") == T, "moe layer: y must be [T, H] like x");
+  const bool in_place = T > 0 && y.raw() == x.raw();
   Stream& s = dev_.compute_stream();
-  const std::int64_t H = cfg_.hidden, tiles = tile_count(T);
+  const std::int64_t H = cfg_.hidden, tiles = tile_count(T), R = moe_tile_rows(T, cfg_.seq_tile);
   Internals in;
-  allocate_internals(in, moe_tile_rows(T, cfg_.seq_tile), /*for_backward=*/false);
+  allocate_internals(in, R, /*for_backward=*/false);
+  // The routed output is written over the tile's rows of y before the residual adds x:
+  // in place, x's rows are set aside first (allocated either way: the footprint's).
+  const Buffer x_in = allocate(dev_, moe_layer_buffers(R, cfg_).x_in);
   const A* h = in.h.as<A>();
   for (std::int64_t i = 0; i < tiles; ++i) {
     const std::int64_t r0 = tile_first(i), rows = tile_rows(T, i);
@@ -416,10 +421,16 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
     recompute<A>(in, xp, rows, r0, /*for_backward=*/false);
     if (cfg_.dense()) {
       if (rows == 0) continue;
-      // y = x + SwiGLU(h).
-      dev_.memcpy_async(yp, xp, static_cast<std::size_t>(rows * H) * sizeof(A), CopyKind::device_to_device, s);
+      // y = x + SwiGLU(h) (in place: y is x already).
+      if (!in_place)
+        dev_.memcpy_async(yp, xp, static_cast<std::size_t>(rows * H) * sizeof(A), CopyKind::device_to_device, s);
       side_forward<A>(in, h, rows, yp);
       continue;
+    }
+    if (in_place && rows > 0) {
+      dev_.memcpy_async(x_in.data(), xp, static_cast<std::size_t>(rows * H) * sizeof(A), CopyKind::device_to_device,
+                        s);
+      xp = x_in.as<A>();
     }
     // routed (written into y; a collective: every rank calls it, rows = 0 included), + x, + shared.
     dispatch_->forward(h, rows, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp);

@@ -212,6 +212,11 @@ struct MoeAuxState {
 //   tile [min(T, 256), max(H, side_ffn)] f32               bf16 only (linear_tile_spec): forward
 //                                                          with a side FFN, backward always
 //   dh [T, H] (act)                                        backward
+//   x_in [T, H] (act)                                      forward, MoE only (0 bytes dense):
+//                                                          the tile's input set aside when
+//                                                          y is x (in place), for the
+//                                                          residual after the dispatch
+//                                                          wrote the routed output over it
 // T here is the tile's rows, moe_tile_rows(tokens, seq_tile): with seq_tile every buffer
 // above holds one tile.
 // The bf16-only specs follow c.precision and are 0 bytes under f32, so the f32 specs are
@@ -222,6 +227,7 @@ struct MoeLayerBuffers {
   SwigluFfnBuffers ffn;
   BufferSpec shared_out, gate_logit;
   BufferSpec dh;
+  BufferSpec x_in;
   BufferSpec gate_dz{}, tile{};
 };
 // Activations in activation_dtype(c.precision).
@@ -246,9 +252,11 @@ class MoeLayer final : public Block {
   MoeLayer(Device& dev, Communicator& ep_group, const MoeLayerConfig& config, const MoeLayerTensors& params,
            const MoeLayerTensors& grads, const MoeAuxState* aux);
 
-  // x, y [T, H] of activation_dtype(precision) (T >= 0, may differ per rank); y must not alias x. MoE: collective
+  // x, y [T, H] of activation_dtype(precision) (T >= 0, may differ per rank); y may be x
+  // itself (in place: y = x + mlp(x) over x, tile by tile, the same bits). MoE: collective
   // over ep_group (every rank calls it, T = 0 included).
   void forward(const Tensor& x, const Tensor& y) override;
+  bool forward_in_place() const override { return true; }
   // Writes dx [T, H] (not aliasing x; dx may be dy itself: in place), adds into every parameter gradient
   // (replicated ones hold this rank's tokens' share: the model reduces them over data
   // parallelism). MoE: collective over ep_group, like forward.

@@ -25,7 +25,7 @@ class Block {
  public:
   virtual ~Block() = default;
 
-  // x, y: [tokens, hidden] on the device; y must not alias x.
+  // x, y: [tokens, hidden] on the device; y must not alias x unless forward_in_place().
   virtual void forward(const Tensor& x, const Tensor& y) = 0;
   // x: the same input the forward saw; dy: the gradient of y. Writes dx (same shape;
   // must not alias x, nor dy unless backward_in_place()), adds into every parameter's grad.
@@ -33,6 +33,9 @@ class Block {
   // True when backward may write dx over dy (dx.raw() == dy.raw(): the same buffer, in
   // place), so a stack of such blocks needs no gradient buffers of its own.
   virtual bool backward_in_place() const { return false; }
+  // True when forward may write y over x (y.raw() == x.raw()): a decoder layer then runs
+  // its MLP sublayer on the attention's output in place, with no buffer between them.
+  virtual bool forward_in_place() const { return false; }
   // A forward whose backward comes next, with the same x (a decoder layer's backward
   // recomputing its attention sublayer): the block may keep some of what that backward
   // needs instead of computing it again there, holding it until the backward (or the

@@ -288,7 +288,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   };
   const std::int64_t L = m.num_layers;
   PhaseBytes fa = with(base(Phase::forward_attention),
-                       {ckpt_dev, worst_of(attn, kAttentionForwardPhases), device_of(mlp, "residual"),
+                       {ckpt_dev, worst_of(attn, kAttentionForwardPhases), device_of(mlp, "residual_forward"),
                         kept_layers(L - 1)});
   fa.bytes[C(Component::params)] = add(fa.bytes[C(Component::params)], gathered);
 

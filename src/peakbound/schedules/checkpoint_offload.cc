@@ -94,6 +94,12 @@ void CheckpointedStack::check_io(const Tensor& in, const Tensor& out, const char
                std::string("checkpointed stack ") + what + ": input and output must differ");
 }
 
+Tensor CheckpointedStack::input() {
+  PB_CHECK_MSG(!forward_done_, "checkpointed stack: input() between a forward and its backward");
+  if (input_ == nullptr) input_ = acquire_boundary(0);
+  return view(input_);
+}
+
 void CheckpointedStack::forward(const Tensor& x, const Tensor& y) {
   PB_CHECK_MSG(!forward_done_, "checkpointed stack: forward called twice without a backward");
   check_io(x, y, "forward");
@@ -117,8 +123,9 @@ void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
     slot_free_[static_cast<std::size_t>(slot_of(l))] =
         link_.copy(host_[static_cast<std::size_t>(l)].data(), boundary, bytes_, CopyKind::device_to_host);
   };
-  void* in = acquire_boundary(0);
-  dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
+  void* in = input_ != nullptr ? input_ : acquire_boundary(0);
+  input_ = nullptr;
+  if (x.raw() != in) dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
   offload(0, in);
   for (std::int64_t l = 0; l < L; ++l) {
     void* out = l + 1 < L ? acquire_boundary(l + 1) : y.raw();
@@ -182,6 +189,7 @@ void CheckpointedStack::abandon() noexcept {
   } catch (...) {
   }
   for (Buffer& b : resident_) b.reset();
+  input_ = nullptr;
   for (Event& e : slot_free_) e = Event();
   for (Event& e : fetched_) e = Event();
   forward_done_ = false;

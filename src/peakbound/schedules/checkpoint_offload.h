@@ -15,7 +15,8 @@
 // the same numbers checkpoint_footprint() reports.
 // Only data placement differs, so outputs and every gradient are bitwise equal
 // between the schedules. The stack owns its boundaries: x is copied into boundary 0,
-// and the caller may reuse x once forward returns.
+// and the caller may reuse x once forward returns; or the caller writes the input into
+// boundary 0 itself (input()) and holds no buffer of its own for it.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +43,12 @@ class CheckpointedStack {
   CheckpointedStack(const CheckpointedStack&) = delete;
   CheckpointedStack& operator=(const CheckpointedStack&) = delete;
 
+  // Boundary 0's storage, for the caller to write the stack's input into (on the
+  // compute stream) and pass to forward, which then copies nothing: the input needs no
+  // buffer beside the stack's. Acquired at the first call before a forward.
+  Tensor input();
   // x [boundary] -> y [boundary], both on the device, distinct. Keeps every block's
-  // input per the schedule until backward.
+  // input per the schedule until backward. x may be input().
   void forward(const Tensor& x, const Tensor& y);
   // dy -> dx (device, distinct unless every block's backward runs in place, when dx may
   // be dy), recomputing block by block from the boundaries, last block first; parameter
@@ -86,6 +91,7 @@ class CheckpointedStack {
   std::vector<Buffer> host_;       // per offloaded boundary, allocated once
   std::vector<Event> fetched_;     // per offloaded boundary: its H2D in this backward
   std::vector<Buffer> resident_;   // per resident boundary, allocated in forward
+  void* input_ = nullptr;          // boundary 0 once input() acquired it, until forward
   bool forward_done_ = false;
   double stall_seconds_ = 0;
 };

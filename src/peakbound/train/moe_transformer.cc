@@ -710,26 +710,21 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
   }
   dev_.synchronize(cs);
   for (auto& l : layers_) l->attention->set_seq_len(S);
-  p.x = dev_.allocate(bb.x.component, bb.x.bytes);
   Stream& s = dev_.compute_stream();
-  if (schedules_.precision == Precision::bf16)
-    embed<bf16>(p);
-  else
-    embed<float>(p);
   ops::fill(dev_, s, counts_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
   ops::fill(dev_, s, prob_sums_.as<float>(), std::max<std::int64_t>(config_.num_experts, 1), 0.0f);
 }
 
 // The embedding, gathered for its forward only (its backward needs no weights): x = table[ids].
 template <class A>
-void MoeTransformer::embed(Pass& p) {
+void MoeTransformer::embed(Pass& p, A* out) {
   const std::int64_t V = config_.vocab_size, H = config_.hidden_size;
   Stream& s = dev_.compute_stream();
   const BufferSpec& es = fsdp_->buffers().embed_params;
   Buffer table = dev_.allocate(es.component, es.bytes);
   fsdp_->gather(FsdpUnits::embed(), table.data());
   const A* w = table.as<A>() + fsdp_->find("model.embed_tokens.weight").second->offset;
-  if (p.T > 0) ops::embedding_forward(dev_, s, p.x.as<A>(), p.ids.as<std::int32_t>(), w, p.T, H, 0, V);
+  if (p.T > 0) ops::embedding_forward(dev_, s, out, p.ids.as<std::int32_t>(), w, p.T, H, 0, V);
   dev_.synchronize(s);
 }
 
@@ -821,12 +816,19 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, kA, schedules_.checkpoint);
     stack_tokens_ = T;
   }
-  Buffer y = dev_.allocate(bb.y.component, bb.y.bytes);
+  // The embedding writes into the stack's first boundary: the forward holds no x.
   const Shape sh{T, H};
+  Buffer y;
   if (empty) {
+    p.x = dev_.allocate(bb.x.component, bb.x.bytes);
+    embed<A>(p, p.x.as<A>());
+    y = dev_.allocate(bb.y.component, bb.y.bytes);
     for (auto& l : layers_) l->fsdp->forward(p.x.tensor(sh, kA), y.tensor(sh, kA));
   } else {
-    stack_->forward(p.x.tensor(sh, kA), y.tensor(sh, kA));
+    const Tensor x0 = stack_->input();
+    embed<A>(p, x0.data<A>());
+    y = dev_.allocate(bb.y.component, bb.y.bytes);
+    stack_->forward(x0, y.tensor(sh, kA));
   }
   finish_aux(p, aux_scale, true);
 
@@ -837,8 +839,8 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   const u64 norm_at = fsdp_->find("model.norm.weight").second->offset;
   Buffer norm_w = dev_.allocate(fb.norm_params.component, fb.norm_params.bytes);
   fsdp_->gather(nu, norm_w.data());
-  // The final norm's output goes into x's buffer: the stack copied x into its first
-  // boundary (on the compute stream), and x's next use is the gradient below.
+  // x from here on: the final norm's output, then the gradient below.
+  p.x = dev_.allocate(bb.x.component, bb.x.bytes);
   Buffer& hn = p.x;
   Buffer rstd = dev_.allocate(bb.rstd.component, bb.rstd.bytes);
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -860,8 +862,8 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     vocab_loss_->backward(ce_scale, d_hn.as<A>(), d_head);
   }
   // The layers' backward runs in place (every block's backward_in_place, the stack's one
-  // gradient buffer): the final norm's gradient goes into x's buffer (the stack copied x
-  // into its first boundary), and the layers turn it into dx there.
+  // gradient buffer): the final norm's gradient goes into x's buffer (the normed hidden's
+  // last reader was the loss), and the layers turn it into dx there.
   Buffer& dy = p.x;
   {
     Buffer norm_g = dev_.allocate(fb.norm_grads.component, fb.norm_grads.bytes);
@@ -877,7 +879,7 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   d_hn.reset();
   y.reset();
   rstd.reset();
-  // The stack copied x into its first boundary: x's buffer takes dy, then dx.
+  // x's buffer takes dy, then dx.
   if (empty) {
     for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
       (*it)->fsdp->backward(p.x.tensor(sh, kA), dy.tensor(sh, kA), p.x.tensor(sh, kA));
@@ -930,6 +932,8 @@ BatchSums MoeTransformer::forward_as(const std::int32_t* ids, const std::int32_t
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H, schedules_.precision);
   const Shape sh{T, H};
+  p.x = dev_.allocate(bb.x.component, bb.x.bytes);
+  embed<A>(p, p.x.as<A>());
   Buffer other = dev_.allocate(bb.y.component, bb.y.bytes);
   Buffer* in = &p.x;
   Buffer* out = &other;

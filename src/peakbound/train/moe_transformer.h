@@ -137,10 +137,12 @@ ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c);
 
 // One micro-batch of T tokens of hidden H (x, y, d_hn in activation_dtype(p), rstd f32):
 //   ids, targets [T] i32 (workspace)     the whole forward_backward
-//   x [T, H] (layer)                      the embedding output; once the stack has copied it
-//                                         into its first boundary, the final norm's output
-//                                         (the loss's input), then the final norm's input
+//   x [T, H] (layer)                      from the loss on: the final norm's output (the
+//                                         loss's input), then the final norm's input
 //                                         gradient, which the layers turn into dx in place
+//                                         (the embedding writes straight into the stack's
+//                                         first boundary; evaluation, and a rank without
+//                                         tokens, embed into x)
 //   y [T, H] (layer)                      the stack's output, until the final norm's backward
 //   rstd [T] (layer)                      the final norm's rstd
 //   d_hn [T, H] (layer)                   the loss's input gradient
@@ -235,10 +237,12 @@ class MoeTransformer {
   struct Layer;
   struct Pass;
   class FsdpBlock;
+  // The pass's tokens on the device, their checks, the statistics zeroed (no x yet).
   void prepare(Pass& p, const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
   // The bodies over the activation type A (float | bf16), dispatched on the precision.
+  // embed: x = table[ids] into out [T, H] (the stack's first boundary, or the pass's x).
   template <class A>
-  void embed(Pass& p);
+  void embed(Pass& p, A* out);
   template <class A>
   BatchSums forward_backward_as(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
                                 std::int64_t S, float ce_scale, float aux_scale);

@@ -220,22 +220,24 @@ class TrainFootprintBuilder {
     for (const BufferSpec& b : resident_dev_) f_.device(ph, b);
     add_phase(f_, ph, opt_.phase("load"));
   }
-  // The embedding, gathered for its forward (every step, before the layers).
+  // The embedding, gathered for its forward (every step, before the layers), written
+  // into the stack's first boundary (a rank without tokens: into x, 0 bytes).
   void embedding_forward() {
     const std::string ph = "embedding forward";
     persistent(ph, true);
-    batch(ph, {bb_.x});
+    batch(ph, {});
+    residents(ph, 0);
     f_.device(ph, fb_.embed_params);
   }
-  // Forward, the last layer's attention sublayer (every layer's is the same size).
-  // Its projections ("... project", h live) and its kernel (h freed).
+  // Forward, the last layer's attention sublayer (every layer's is the same size), writing
+  // into y (the MoE layer then runs in place on it: no mid in the forward). Its projections
+  // ("... project", h live) and its kernel (h freed).
   void forward_attention() {
     for (const auto& [ph, part] : {std::pair{"forward attention project", "forward project"},
                                    std::pair{"forward attention", "forward"}}) {
       persistent(ph, true);
-      batch(ph, {bb_.x, bb_.y});
+      batch(ph, {bb_.y});
       residents(ph, L_);  // the last layer's: boundaries through L live
-      f_.device(ph, db_.mid);
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);  // the earlier layers'
     }
@@ -304,9 +306,8 @@ class TrainFootprintBuilder {
   void mlp_forwards() {
     for (const Mlp& m : mlps_) {
       persistent(m.fwd, true);
-      batch(m.fwd, {bb_.x, bb_.y});
+      batch(m.fwd, {bb_.y});
       residents(m.fwd, m.layer + 1);
-      f_.device(m.fwd, db_.mid);
       kept(m.fwd, m.layer + 1);  // this layer's and the earlier ones'
       add_phase(f_, m.fwd, m.layer_fp.phase("forward"));
       if (m.dispatch) add_phase(f_, m.fwd, m.dispatch_fp.phase("forward"));

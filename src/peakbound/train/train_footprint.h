@@ -15,12 +15,15 @@
 // one moment of the step (T = sequences x seq_len tokens on this rank):
 //   optimizer load             the trainer's constructor: stores, shards, aux, the
 //                              optimizer's load phase (no stack yet)
-//   forward attention project / forward attention   ids, targets, x, y; the resident
-//                              boundaries acquired by the last layer's forward; mid;
-//                              the attention sublayer's projections / its kernel
-//   forward mlp / forward dense mlp   the last MoE / dense layer: mid, the MLP
-//                              sublayer's internals (+ the dispatch's forward pass)
-//   loss forward / loss backward   x, y, hn, rstd (+ d_hn); every resident boundary;
+//   embedding forward          ids, targets, the gathered embedding (written into the
+//                              stack's first boundary: no x in the forward)
+//   forward attention project / forward attention   ids, targets, y; the resident
+//                              boundaries acquired by the last layer's forward; the
+//                              attention sublayer's projections / its kernel (writing
+//                              into the layer's output: no mid)
+//   forward mlp / forward dense mlp   the last MoE / dense layer: the MLP sublayer's
+//                              internals, in place on y (+ the dispatch's forward pass)
+//   loss forward / loss backward   x (from here on), y, hn, rstd (+ d_hn); every resident boundary;
 //                              the vocabulary loss's forward / backward phase
 //   final norm backward        x (taking dy), y, rstd, d_hn; every resident boundary
 //   backward mlp / backward dense mlp   the last MoE / dense layer's backward: x (the
