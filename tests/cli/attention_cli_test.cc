@@ -82,13 +82,16 @@ TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   EXPECT_TRUE(jv["pass"].get<bool>());
   // --piece-tokens: the ring in pieces (S 37 at CP 2: shards of 19 and 18 tokens in
   // ceil(19 / 4) = 5 passes), still within 1e-5 of both references.
-  CliRun vp = run_mpi("verify attention --lengths 37 --head-ratios 2 --windows 0 --piece-tokens 4 --json", 2);
+  // With --query-pieces 3 the queries go in three calls per direction as well (the
+  // layer's forward and backward past its piece).
+  CliRun vp = run_mpi(
+      "verify attention --lengths 37 --head-ratios 2 --windows 0 --piece-tokens 4 --query-pieces 3 --json", 2);
   ASSERT_EQ(vp.code, 0) << vp.err;
   const nlohmann::json jvp = nlohmann::json::parse(vp.out);
   EXPECT_TRUE(jvp["pass"].get<bool>());
   bool pieced = false;
   for (const auto& k : jvp["cases"])
-    if (k["cp"] == 2 && k["seq_len"] == 37) pieced = k["passes"] == 5;
+    if (k["cp"] == 2 && k["seq_len"] == 37) pieced = k["passes"] == 5 && k["query_pieces"] == 3;
   EXPECT_TRUE(pieced) << jvp.dump();
   CliRun b = run_mpi("bench attention --seq-len 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --json", 2);
   ASSERT_EQ(b.code, 0) << b.err;

@@ -41,12 +41,14 @@ struct Case {
   bool qk_norm;
   bool gpt_oss = false;     // q/k/v/o biases and sinks
   std::int64_t window = 0;  // sliding window (keys)
+  std::int64_t piece = kRingPieceTokens;  // the ring's K/V pieces and the backward's query pieces
 };
 
 AttentionLayerConfig config_of(const Case& c, Precision p) {
   AttentionLayerConfig cfg = attention_test::config(c.H, c.Hq, c.Hkv, c.D, c.qk_norm, c.S, p);
   cfg.qkv_bias = cfg.out_bias = cfg.sinks = c.gpt_oss;
   cfg.window = c.window;
+  cfg.piece_tokens = c.piece;
   return cfg;
 }
 
@@ -55,6 +57,7 @@ AttentionLayerConfig config_of(const Case& c, Precision p) {
 Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
            bool keep = false) {
   AttentionLayerConfig cfg = config_of(c, p);
+  if (g == nullptr) cfg.piece_tokens = 0;  // the reference: one call over whole sequences
   cfg.cp = g ? g->size() : 1;
   cfg.cp_rank = g ? g->rank() : 0;
   return attention_test::run_layer(cfg, params, x, dy, g, 1, keep);
@@ -98,10 +101,15 @@ void run_group(Communicator& g, Precision p) {
   // zigzag chunk, span several, or cover the whole sequence.
   for (const Case& c : {Case{2, 37, 40, 4, 2, 16, true}, Case{1, 2 * cp + 1, 24, 6, 1, 8, false},
                         Case{1, 601, 32, 4, 2, 16, true}, Case{2, 37, 24, 4, 2, 8, false, true, 5},
-                        Case{1, 301, 32, 4, 2, 16, false, true, 64}, Case{1, 23, 24, 4, 4, 8, false, true, 0}}) {
+                        Case{1, 301, 32, 4, 2, 16, false, true, 64}, Case{1, 23, 24, 4, 4, 8, false, true, 0},
+                        // K/V and the backward's queries in pieces (attention_query_pieces): as many as the
+                        // shortest chunk allows, uneven parts, with qk_norm, biases, sinks and windows.
+                        Case{2, 37, 40, 4, 2, 16, true, false, 0, 3}, Case{1, 301, 32, 4, 2, 16, false, true, 64, 19},
+                        Case{1, 601, 32, 4, 2, 16, true, false, 0, 50}, Case{2, 37, 24, 4, 2, 8, false, true, 5, 4}}) {
     SCOPED_TRACE("cp=" + std::to_string(cp) + " " + std::string(precision_name(p)) + " B=" + std::to_string(c.B) +
                  " S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
-                 " gpt_oss=" + std::to_string(c.gpt_oss) + " window=" + std::to_string(c.window));
+                 " gpt_oss=" + std::to_string(c.gpt_oss) + " window=" + std::to_string(c.window) +
+                 " piece=" + std::to_string(c.piece));
     std::mt19937 rng(static_cast<std::uint32_t>(c.S * 5 + c.H));
     const std::vector<Vec> params = attention_test::draw_params(config_of(c, p), rng);
     const Vec x = draw(c.B * c.S * c.H, rng, 0.0, 1.0), dy = draw(c.B * c.S * c.H, rng, 0.0, 1.0);

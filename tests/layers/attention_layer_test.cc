@@ -35,9 +35,11 @@ struct Params {
 struct Case {
   std::int64_t T, H, Hq, Hkv, D;
   bool qk_norm;
+  std::int64_t piece = kRingPieceTokens;  // AttentionLayerConfig::piece_tokens: the backward's query pieces
   std::string str() const {
     return "T=" + std::to_string(T) + " H=" + std::to_string(H) + " Hq=" + std::to_string(Hq) +
-           " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) + " qk_norm=" + std::to_string(qk_norm);
+           " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) + " qk_norm=" + std::to_string(qk_norm) +
+           " piece=" + std::to_string(piece);
   }
 };
 
@@ -218,6 +220,7 @@ AttentionLayerConfig config_of(const Case& c) {
   cfg.rope_theta = kTheta;
   cfg.rms_eps = static_cast<float>(kEps);
   cfg.qk_norm = c.qk_norm;
+  cfg.piece_tokens = c.piece;
   return cfg;
 }
 
@@ -254,6 +257,10 @@ std::vector<Case> cases() {
     for (auto [Hq, Hkv] : {std::pair<std::int64_t, std::int64_t>{4, 2}, {2, 2}, {6, 1}})
       for (std::int64_t D : {8, 16})
         for (bool qk : {false, true}) out.push_back({T, 32, Hq, Hkv, D, qk});
+  // The backward's queries in pieces (attention_query_pieces): one row, pieces that do not
+  // divide the rows, one piece short of the whole.
+  for (auto [T, piece] : {std::pair<std::int64_t, std::int64_t>{7, 1}, {33, 5}, {33, 32}, {70, 16}})
+    for (bool qk : {false, true}) out.push_back({T, 32, 4, 2, 8, qk, piece});
   return out;
 }
 
@@ -457,7 +464,8 @@ TEST(AttentionLayer, BackwardAddsIntoGradientsAndWritesDx) {
 // component; nothing under attention outlives a call.
 TEST(AttentionLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
   for (const Case& c : {Case{37, 24, 6, 2, 16, true}, Case{1, 8, 2, 1, 4, false}, Case{70, 64, 4, 4, 16, false},
-                        Case{0, 16, 2, 2, 8, true}}) {
+                        Case{0, 16, 2, 2, 8, true}, Case{37, 24, 6, 2, 16, true, 5},
+                        Case{70, 64, 4, 4, 16, false, 16}}) {
     SCOPED_TRACE(c.str());
     CpuDevice dev(64 << 20);
     std::mt19937 rng(3);
@@ -492,6 +500,17 @@ TEST(AttentionLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
       // neither, the forward's holds o but not h, and the projections hold h but not o
       // (o and lse come after h is freed) unless they are the kept ones.
       const AttentionLayerBuffers b = attention_layer_buffers(c.T, config_of(c), 4);
+      if (b.query_pieces > 1) {
+        // The query side one piece at a time: the backward's kernel phase holds less than
+        // the whole call's, and d_o, dq are a piece's rows.
+        Case whole = c;
+        whole.piece = 0;
+        EXPECT_LT(f.phase("backward").device_total(),
+                  attention_layer_footprint(c.T, config_of(whole), 4).phase("backward").device_total());
+        EXPECT_EQ(b.d_o.bytes, static_cast<std::uint64_t>(b.piece_rows * c.Hq * c.D) * 4);
+        EXPECT_LT(b.piece_rows, c.T);
+        continue;
+      }
       EXPECT_EQ(f.phase("forward project").device_total() + b.o.reserved() + b.lse.reserved() +
                     b.workspace_forward.reserved(),
                 f.phase("forward").device_total() + b.h.reserved() + b.rstd.reserved());

@@ -5,11 +5,12 @@
 // size, and every smaller CP dividing it as groups of consecutive ranks (CP 1: the
 // single-rank path; CP 2 twice at 4 ranks). Lengths that 2 CP does not divide, GQA
 // ratios 1, 2, 4, D != Dv, sliding windows, tiles that do not divide the chunks, chunks
-// cut into several query pieces (S = 2201). The
+// cut into several query pieces (S = 2201), K/V in pieces and the queries in pieces. The
 // arena's attention peak during each call equals the footprint's phase exactly, and
 // nothing is left allocated. S < 2 CP is an InvalidArgument.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -88,10 +89,20 @@ double run_shapes(Communicator& g) {
     const auto& [naive, kernel] = references(s, p);
     // Whole shards, and pieces of a third of the widest shard (three passes round the
     // ring, parts of unequal length; fewer where a chunk is shorter than three tokens).
-    for (std::int64_t pt : {std::int64_t{0}, (zigzag_widest_tokens(s.S, cp) + 2) / 3}) {
-      SCOPED_TRACE("piece_tokens=" + std::to_string(pt));
+    // Then the queries in three pieces too (RingAttentionConfig::query_pieces; fewer where
+    // a chunk is shorter): each piece's call moves the whole K/V, dk and dv summed.
+    std::int64_t shortest = s.S;
+    for (int o = 0; o < cp; ++o) {
+      const CpShard z = zigzag_shard(s.S, cp, o);
+      shortest = std::min({shortest, z.first.len, z.second.len});
+    }
+    const int qp = cp > 1 ? static_cast<int>(std::min<std::int64_t>(3, shortest)) : 1;
+    for (auto [pt, pieces] : {std::pair{std::int64_t{0}, 1}, std::pair{(zigzag_widest_tokens(s.S, cp) + 2) / 3, 1},
+                              std::pair{(zigzag_widest_tokens(s.S, cp) + 2) / 3, qp}}) {
+      SCOPED_TRACE("piece_tokens=" + std::to_string(pt) + " query_pieces=" + std::to_string(pieces));
       CpuDevice dev(64ull << 20);
-      const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel, Component::layer, nullptr, pt);
+      const RingAttentionCheck c =
+          verify_ring_attention(dev, g, p, naive, kernel, Component::layer, nullptr, pt, pieces);
       for (int f = 0; f < 5; ++f) {
         EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
         EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";

@@ -36,6 +36,8 @@ ModelSchedules schedules(bool all) {
   s.ring_dtp = all;
   s.vocab.chunk = 7;
   s.checkpoint.schedule = all ? CheckpointSchedule::sco : CheckpointSchedule::resident;
+  // The attention's queries and the ring's K/V in pieces (every shard of 24 or 29 tokens cut).
+  s.attention_piece = all ? 3 : 0;
   return s;
 }
 

@@ -43,6 +43,8 @@ ModelSchedules schedules(bool all) {
   s.vocab.chunk = 7;
   s.checkpoint.schedule = all ? CheckpointSchedule::sco : CheckpointSchedule::resident;
   s.moe_tile = all ? 5 : 0;  // the MLP sublayers over row tiles that cut the 24-token sequences
+  // The attention's queries (and under cp the ring's K/V) in pieces that cut them too.
+  s.attention_piece = all ? 5 : 0;
   return s;
 }
 

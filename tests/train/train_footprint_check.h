@@ -52,6 +52,7 @@ struct Variant {
   const char* optimizer;
   bool keep_attention = false;  // ModelSchedules::keep_attention
   std::int64_t moe_tile = 0;    // ModelSchedules::moe_tile
+  std::int64_t attention_piece = kRingPieceTokens;  // ModelSchedules::attention_piece
 };
 inline const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident, "device"};
 inline const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, "offload_stream"};
@@ -62,6 +63,10 @@ inline const Variant kNoneKept{"none, attention kept", DispatchKind::standard_ep
 // sized by the tile that held the most.
 inline const Variant kAllTiled{"all, row tiles of 7", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
                                "offload_stream", false, 7};
+// All four with the attention in pieces of 5 tokens (ModelSchedules::attention_piece): the
+// queries of the forward and the backward a piece at a time, the ring's K/V in pieces.
+inline const Variant kAllPieces{"all, attention pieces of 5", DispatchKind::pipelined_llep, true,
+                                CheckpointSchedule::sco, "offload_stream", false, 7, 5};
 inline const Variant kAllKept{"all, attention kept", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
                               "offload_stream", true};
 
@@ -109,6 +114,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   sched.precision = precision;
   sched.keep_attention = v.keep_attention;
   sched.moe_tile = v.moe_tile;
+  sched.attention_piece = v.attention_piece;
   MoeTransformer model(dev, host, groups, config, sched);
   model.init_parameters(7);
   TrainerOptions to;

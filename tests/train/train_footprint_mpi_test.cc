@@ -36,6 +36,23 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintRowTiles) {
   check(world, kAllTiled, c);
 }
 
+// The attention sublayers in pieces (ModelSchedules::attention_piece): the queries of the
+// forward and the backward a piece at a time, under context parallelism (the ring's pieces,
+// uneven shards), with ranks without tokens, kept attention and in bf16.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionPieces) {
+  Communicator& world = testing::world();
+  check(world, kAllPieces, tiny_model());
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  if (world.size() == 1) seqs[0] = 3;
+  check(world, kAllPieces, tiny_model(), nullptr, seqs);
+  if (world.size() % 2 == 0) check(world, kAllPieces, tiny_model(), nullptr, {}, 2, 27);
+  check(world, kAllPieces, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+  Variant kept = kAllPieces;
+  kept.keep_attention = true;
+  check(world, kept, tiny_model());
+}
+
 // keep_attention with ranks without tokens (no stack there: nothing kept) and under
 // context parallelism (the ring's o and lse kept per rank).
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionKept) {

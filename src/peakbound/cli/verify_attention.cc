@@ -4,7 +4,9 @@
 // dividing W (groups of CP consecutive ranks, each group one sequence), over odd
 // lengths (the given ones and 2 CP + 1), GQA head ratios and windows; with --piece-tokens N
 // the ring carries K/V and dK/dV in pieces of N tokens (RingAttentionConfig::piece_tokens,
-// what the attention layer does past kRingPieceTokens). One line per case (the worst over
+// what the attention layer does past kRingPieceTokens); with --query-pieces N the queries
+// go in N calls (RingAttentionConfig::query_pieces, at most the shortest zigzag chunk's
+// tokens; cp > 1 only), what the layer's forward and backward do. One line per case (the worst over
 // the groups), the worst relative error, --json; exit 1 on any error at or above 1e-5
 // relative.
 #include <algorithm>
@@ -34,7 +36,7 @@ constexpr double kTolerance = 1e-5;
 struct VerifyAttentionFlags {
   std::string device = "cpu";
   std::string lengths = "37,130", ratios = "1,2,4", windows = "0,5";
-  std::int64_t heads = 4, dim = 16, v_dim = 8, block_q = 7, block_k = 5, piece_tokens = 0;
+  std::int64_t heads = 4, dim = 16, v_dim = 8, block_q = 7, block_k = 5, piece_tokens = 0, query_pieces = 1;
   std::uint64_t seed = 1;
   bool json = false;
 
@@ -66,6 +68,8 @@ Command add_verify_attention(CLI::App& parent) {
   int_flag(c.app, "--block-k", f->block_k, "Keys per kernel tile", 1, 4096);
   int_flag(c.app, "--piece-tokens", f->piece_tokens,
            "The ring carries K/V and dK/dV in pieces of this many tokens (0: whole shards)", 0, 1 << 30);
+  int_flag(c.app, "--query-pieces", f->query_pieces,
+           "The queries in this many calls, dK/dV summed over them (at most the shortest chunk; cp > 1)", 1, 1 << 20);
   seed_flag(c.app, "--seed", f->seed, "Seed of the random problem");
   device_flag(c.app, f->device);
   c.app->add_flag("--json", f->json, "Print one JSON object");
@@ -109,10 +113,17 @@ Command add_verify_attention(CLI::App& parent) {
             cfg.dims = a;
             cfg.seq_len = S;
             cfg.piece_tokens = f->piece_tokens;
+            std::int64_t shortest = S;
+            for (int o = 0; o < cp; ++o) {
+              const CpShard z = zigzag_shard(S, cp, o);
+              shortest = std::min({shortest, z.first.len, z.second.len});
+            }
+            const int query_pieces = cp > 1 ? static_cast<int>(std::min(f->query_pieces, shortest)) : 1;
             std::unique_ptr<Device> dev = make_device(f->device, ring_attention_device_budget(cfg, cp));
             std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, *g);
             RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel,
-                                                           Component::layer, nullptr, f->piece_tokens);
+                                                           Component::layer, nullptr, f->piece_tokens,
+                                                           query_pieces);
             const int passes = ring_attention_pieces(cfg, cp);
             // The worst over the groups (each ran the same sequence).
             w.all_reduce(chk.naive, 5, DType::f64, ReduceOp::max);
@@ -129,6 +140,7 @@ Command add_verify_attention(CLI::App& parent) {
             }
             cases.push_back({{"cp", cp}, {"seq_len", S}, {"q_heads", a.q_heads}, {"kv_heads", a.kv_heads},
                              {"qk_dim", a.qk_dim}, {"v_dim", a.v_dim}, {"window", window}, {"passes", passes},
+                             {"query_pieces", query_pieces},
                              {"rel_err_naive", jn}, {"rel_err_kernel", jk}, {"pass", pass}});
             if (w.rank() == 0 && !f->json)
               std::printf("CP %d  S %5lld  Hq %3lld  Hkv %3lld  D %4lld  Dv %4lld  window %4lld  vs naive %.2e  vs kernel %.2e  %s\n",

@@ -112,6 +112,7 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
   if (c.window < 0) bad("window must be >= 0 (got " + std::to_string(c.window) + ")");
+  if (c.piece_tokens < 0) bad("piece_tokens must be >= 0 (0: whole; got " + std::to_string(c.piece_tokens) + ")");
   if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
         std::to_string(c.cp_rank) + ")");
@@ -144,7 +145,7 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
   r.seq_len = c.seq_len;
   r.precision = c.precision;
   r.given_row_dot = true;  // the layer's row_dot: o is freed before the backward's ring
-  r.piece_tokens = kRingPieceTokens;
+  r.piece_tokens = c.piece_tokens;
   if (latent_ring(c)) {
     r.latent = c.kv_lora_rank;
     r.rope = c.qk_rope_dim;
@@ -159,6 +160,35 @@ std::int64_t state_rows(std::int64_t S, const AttentionLayerConfig& c) {
 }
 
 }  // namespace
+
+AttentionPieceRows attention_piece_rows(std::int64_t S, int m, int i, const AttentionLayerConfig& c) {
+  AttentionPieceRows r;
+  if (c.cp > 1) {
+    const RingQueryRows q = ring_query_rows(c.seq_len, c.cp, c.cp_rank, m, i);
+    r.row[0] = q.row0, r.n[0] = q.n0, r.row[1] = q.row1, r.n[1] = q.n1;
+  } else {
+    r.row[0] = i * c.piece_tokens;
+    r.n[0] = std::min(c.piece_tokens, S - r.row[0]);
+  }
+  return r;
+}
+
+namespace {
+std::int64_t query_piece_rows(std::int64_t S, int m, const AttentionLayerConfig& c) {
+  std::int64_t P = 0;
+  for (int i = 0; i < m; ++i) P = std::max(P, attention_piece_rows(S, m, i, c).tokens());
+  return P;
+}
+
+}  // namespace
+
+int attention_query_pieces(std::int64_t T, const AttentionLayerConfig& c) {
+  check_attention_layer_config(c);
+  if (c.mla || T <= 0 || c.piece_tokens == 0) return 1;
+  if (c.cp > 1) return ring_attention_pieces(ring_config(c), c.cp);
+  const std::int64_t S = sequence_length(T, c);
+  return static_cast<int>((S + c.piece_tokens - 1) / c.piece_tokens);
+}
 
 AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLayerConfig& c, u64 a) {
   check_attention_layer_config(c);
@@ -223,6 +253,25 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   const u64 sinks = c.sinks && T > 0 ? 1 : 0;
   b.sinks32 = buffer_spec(kC, mul(sinks, U(c.q_heads)), kF32);
   b.row_dot = buffer_spec(kC, mul(t, U(c.q_heads)), kF32);
+  b.query_pieces = T > 0 ? attention_query_pieces(T, c) : 1;
+  if (b.query_pieces > 1) {
+    const std::int64_t P = query_piece_rows(S, b.query_pieces, c);
+    const u64 p = U(P), ring = c.cp > 1 ? 1 : 0;
+    b.piece_rows = P;
+    b.d_o = buffer_spec(kC, mul(p, U(w.o)), a);
+    b.dq = buffer_spec(kC, mul(p, q), a);
+    if (c.cp > 1) {
+      b.dq32 = buffer_spec(kC, mul(states, mul(p, q)), kF32);
+      b.o32 = buffer_spec(kC, mul(states, mul(p, U(w.o))), kF32);
+    }
+    b.q_piece = buffer_spec(kC, mul(p, q), a);
+    b.q_pre_piece = buffer_spec(kC, mul(qk, mul(p, q)), a);
+    b.q_rstd_piece = buffer_spec(kC, mul(qk, mul(p, U(c.q_heads))), kF32);
+    b.o_piece = buffer_spec(kC, mul(ring, mul(p, U(w.o))), a);
+    b.lse_piece = b.row_dot_piece = buffer_spec(kC, mul(ring, mul(p, U(c.q_heads))), kF32);
+    b.h_piece = buffer_spec(kC, mul(p, U(c.hidden)), a);
+    b.rstd_piece = buffer_spec(kC, p, kF32);
+  }
   return b;
 }
 
@@ -240,6 +289,37 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   // "kept": forward_for_backward's o and lse, held from its end to the backward.
   f.device("kept", b.o);
   f.device("kept", b.lse);
+  if (b.query_pieces > 1) {
+    // The queries in pieces (GQA): every phase holds k, v (and their norm's state), the
+    // RoPE tables, the tile and the sinks, and one piece's h and rstd; q is a piece's.
+    const auto common = [&](std::string_view phase) {
+      for (const BufferSpec& s : {b.k, b.v, b.k_pre, b.k_rstd, b.rope_cos, b.rope_sin, b.tile, b.sinks32, b.h_piece,
+                                  b.rstd_piece})
+        f.device(phase, s);
+    };
+    // k and v a row tile at a time; beside the kept o and lse when a backward takes them.
+    common("forward project");
+    common(kAttentionKeptProjectPhase);
+    for (const BufferSpec& s : {b.o, b.lse}) f.device(kAttentionKeptProjectPhase, s);
+    // The kernel a piece at a time, into the whole o and lse.
+    common("forward");
+    for (const BufferSpec& s : {b.o, b.lse, b.q_piece, b.q_pre_piece, b.q_rstd_piece, b.o_piece, b.o32, b.lse_piece,
+                                b.workspace_forward})
+      f.device("forward", s);
+    // o_proj's backward and D a piece at a time (o whole, d_o a piece); the kernel's
+    // pieces beside the whole dk, dv, lse and D (the piece's projections' backward follows
+    // each piece's kernel); then the keys' projections' backward, a row tile at a time.
+    common("backward output");
+    for (const BufferSpec& s : {b.o, b.lse, b.row_dot, b.d_o}) f.device("backward output", s);
+    common("backward");
+    for (const BufferSpec& s : {b.lse, b.row_dot, b.dk, b.dv, b.dkv32, b.d_o, b.dq, b.dq32, b.q_piece, b.q_pre_piece,
+                                b.q_rstd_piece, b.lse_piece, b.row_dot_piece, b.workspace_backward})
+      f.device("backward", s);
+    common("backward project");
+    for (const BufferSpec& s : {b.dk, b.dv}) f.device("backward project", s);
+    if (c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
+    return f;
+  }
   // What every phase holds: the projections' outputs (and the norms' state), the RoPE
   // tables, the linear tile and the widened sinks; MLA's intermediates (else 0 bytes).
   const auto common = [&](std::string_view phase) {
@@ -724,7 +804,19 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, boo
   const bool reused = take_kept(in, T, reuse);
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
-  recompute<A>(in, x.data<A>(), T, /*attend=*/!reused);
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+  if (b.query_pieces > 1) {
+    // The queries a piece at a time; nothing but o and lse is needed when they were kept.
+    if (reused) {
+      in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
+    } else {
+      pieces_common<A>(in, T, b);
+      project_kv<A>(in, x.data<A>(), T, b);
+      attend_pieces<A>(in, x.data<A>(), T, b);
+    }
+  } else {
+    recompute<A>(in, x.data<A>(), T, /*attend=*/!reused);
+  }
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
   dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
@@ -799,8 +891,16 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   // attention itself. Otherwise the whole forward again.
   Internals in;
   const bool kept = take_kept(in, T, kept_x_ == x.raw());
-  recompute<A>(in, xp, T, /*attend=*/!kept);
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+  if (b.query_pieces > 1) {
+    // k, v again; o and lse as forward_for_backward kept them, or a piece at a time.
+    pieces_common<A>(in, T, b);
+    project_kv<A>(in, xp, T, b);
+    if (!kept) attend_pieces<A>(in, xp, T, b);
+    backward_pieces<A>(in, xp, dyp, dx.data<A>(), T);
+    return;
+  }
+  recompute<A>(in, xp, T, /*attend=*/!kept);
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = widths(cfg_).q, K = widths(cfg_).k, O = widths(cfg_).o;
   float* tile = in.tile.as<float>();
@@ -850,6 +950,302 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   if (dx.raw() != dy.raw()) dev_.memcpy_async(dx.raw(), dy.raw(), dy.nbytes(), CopyKind::device_to_device, s);
   ops::rmsnorm_backward(dev_, s, dx.data<A>(), g_.w_in.data<float>(), dh, xp, p_.w_in.data<A>(),
                         in.rstd.as<float>(), T, H);
+}
+
+template <class A>
+void AttentionLayer::pieces_common(Internals& in, std::int64_t T, const AttentionLayerBuffers& b) {
+  in.k = allocate(dev_, b.k);
+  in.v = allocate(dev_, b.v);
+  in.k_pre = allocate(dev_, b.k_pre);    // qk_norm only (else null)
+  in.k_rstd = allocate(dev_, b.k_rstd);  // qk_norm only (else null)
+  in.cos = allocate(dev_, b.rope_cos);
+  in.sin = allocate(dev_, b.rope_sin);
+  in.tile = allocate(dev_, b.tile);        // bf16 only (else null)
+  in.sinks32 = allocate(dev_, b.sinks32);  // sinks only (else null)
+  in.hp = allocate(dev_, b.h_piece);
+  in.rstdp = allocate(dev_, b.rstd_piece);
+  rope_tables(in.cos.as<float>(), in.sin.as<float>(), sequence_length(T, cfg_));
+  if (cfg_.sinks) {
+    Stream& s = dev_.compute_stream();
+    if constexpr (std::is_same_v<A, float>)
+      dev_.memcpy_async(in.sinks32.data(), p_.sinks.raw(), p_.sinks.nbytes(), CopyKind::device_to_device, s);
+    else
+      ops::convert(dev_, s, in.sinks32.as<float>(), p_.sinks.data<A>(), cfg_.q_heads);
+  }
+}
+
+template <class A>
+void AttentionLayer::project_kv(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads, K = Hkv * D;
+  const std::int64_t S = sequence_length(T, cfg_);
+  A *hp = in.hp.as<A>(), *kp = cfg_.qk_norm ? in.k_pre.as<A>() : in.k.as<A>(), *v = in.v.as<A>();
+  float* tile = in.tile.as<float>();
+  for (std::int64_t r0 = 0; r0 < T; r0 += b.piece_rows) {
+    const std::int64_t n = std::min(b.piece_rows, T - r0);
+    ops::rmsnorm_forward(dev_, s, hp, in.rstdp.as<float>(), x + r0 * H, p_.w_in.data<A>(), n, H, cfg_.rms_eps);
+    // out [n, K] = h W^T (+ bias: the rows start as it), as gqa_project.
+    for (auto [w, bias, out] : {std::tuple{&p_.wk, &p_.bk, kp + r0 * K}, std::tuple{&p_.wv, &p_.bv, v + r0 * K}}) {
+      if (cfg_.qkv_bias) ops::broadcast_rows(dev_, s, out, bias->template data<A>(), n, K);
+      linear(dev_, s, n, K, {{.a = hp, .lda = H, .b = w->template data<A>(), .ldb = H, .k = H, .trans_b = true}}, out,
+             K, cfg_.qkv_bias ? LinearMode::add : LinearMode::write, tile);
+    }
+  }
+  if (cfg_.qk_norm)
+    ops::rmsnorm_forward(dev_, s, in.k.as<A>(), in.k_rstd.as<float>(), kp, p_.k_norm.data<A>(), T * Hkv, D,
+                         cfg_.rms_eps);
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    ops::rope_forward(dev_, s, static_cast<A*>(nullptr), in.k.as<A>() + b0 * K, in.cos.as<float>(),
+                      in.sin.as<float>(), S, 0, Hkv, D);
+  (void)Hq;
+}
+
+template <class A>
+void AttentionLayer::project_q_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Q = Hq * D, n = r.tokens(), half = D / 2;
+  A *hp = in.hp.as<A>(), *q = in.qp.as<A>(), *qpre = cfg_.qk_norm ? in.q_prep.as<A>() : q;
+  for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+    if (r.n[u] > 0)
+      ops::rmsnorm_forward(dev_, s, hp + at * H, in.rstdp.as<float>() + at, x + (b0 + r.row[u]) * H,
+                           p_.w_in.data<A>(), r.n[u], H, cfg_.rms_eps);
+  if (cfg_.qkv_bias) ops::broadcast_rows(dev_, s, qpre, p_.bq.data<A>(), n, Q);
+  linear(dev_, s, n, Q, {{.a = hp, .lda = H, .b = p_.wq.data<A>(), .ldb = H, .k = H, .trans_b = true}}, qpre, Q,
+         cfg_.qkv_bias ? LinearMode::add : LinearMode::write, in.tile.as<float>());
+  if (cfg_.qk_norm)
+    ops::rmsnorm_forward(dev_, s, q, in.q_rstdp.as<float>(), qpre, p_.q_norm.data<A>(), n * Hq, D, cfg_.rms_eps);
+  for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+    if (r.n[u] > 0)
+      ops::rope_forward(dev_, s, q + at * Q, static_cast<A*>(nullptr), in.cos.as<float>() + r.row[u] * half,
+                        in.sin.as<float>() + r.row[u] * half, r.n[u], Hq, 0, D);
+}
+
+template <class A>
+void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t D = cfg_.head_dim, Hq = cfg_.q_heads, Q = Hq * D, K = cfg_.kv_heads * D, O = widths(cfg_).o;
+  const std::int64_t S = sequence_length(T, cfg_);
+  const int m = b.query_pieces;
+  const bool ring = cfg_.cp > 1;
+  constexpr bool kF32Act = std::is_same_v<A, float>;
+  in.o = allocate(dev_, b.o);
+  in.lse = allocate(dev_, b.lse);
+  in.qp = allocate(dev_, b.q_piece);
+  in.q_prep = allocate(dev_, b.q_pre_piece);    // qk_norm only (else null)
+  in.q_rstdp = allocate(dev_, b.q_rstd_piece);  // qk_norm only (else null)
+  Buffer o_piece = allocate(dev_, b.o_piece), lse_piece = allocate(dev_, b.lse_piece);  // cp > 1 only
+  in.o32 = allocate(dev_, b.o32);  // bf16 only (else null)
+  in.ws = allocate(dev_, b.workspace_forward);
+  A *o = in.o.as<A>(), *k = in.k.as<A>(), *v = in.v.as<A>(), *qp = in.qp.as<A>();
+  float* lse = in.lse.as<float>();
+  const auto sink = [&](float* out, float* l, std::int64_t rows) {
+    if (cfg_.sinks) ops::attention_sinks_forward(dev_, s, out, l, in.sinks32.as<float>(), rows, Hq, cfg_.head_dim);
+  };
+  RingAttentionConfig rc = ring ? ring_config(cfg_) : RingAttentionConfig{};
+  rc.query_pieces = m;
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    for (int i = 0; i < m; ++i) {
+      const AttentionPieceRows r = attention_piece_rows(S, m, i, cfg_);
+      const std::int64_t n = r.tokens();
+      project_q_piece<A>(in, x, b0, r);
+      if (ring) {
+        // The ring's rows packed (fp32 under bf16, narrowed once), then put at the piece's rows.
+        rc.query_piece = i;
+        A* op = o_piece.as<A>();
+        float* out = kF32Act ? reinterpret_cast<float*>(op) : in.o32.as<float>();
+        ring_attention_forward(dev_, group_of(cp_group_), rc, out, lse_piece.as<float>(), qp, k + b0 * K,
+                               v + b0 * K);
+        sink(out, lse_piece.as<float>(), n);
+        if constexpr (!kF32Act) ops::convert(dev_, s, op, out, n * O);
+        for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u) {
+          const std::int64_t g = b0 + r.row[u];
+          ops::copy_columns(dev_, s, o + g * O, O, op + at * O, O, r.n[u], O);
+          ops::copy_columns(dev_, s, lse + g * Hq, Hq, lse_piece.as<float>() + at * Hq, Hq, r.n[u], Hq);
+        }
+        continue;
+      }
+      // Rows [a0, a0 + n) against keys [0, a0 + n): f32 one call, bf16 in kAttentionChunkRows chunks.
+      const std::int64_t a0 = r.row[0], R = kF32Act ? n : state_rows(S, cfg_);
+      for (std::int64_t c0 = 0; c0 < n; c0 += R) {
+        const std::int64_t nc = std::min(R, n - c0), g = b0 + a0 + c0;
+        float* out = kF32Act ? reinterpret_cast<float*>(o + g * O) : in.o32.as<float>();
+        ops::attention_forward(dev_, s, out, lse + g * Hq, qp + c0 * Q, k + b0 * K, v + b0 * K,
+                               chunk_dims(nc, a0 + c0, cfg_, false), in.ws.as<float>());
+        sink(out, lse + g * Hq, nc);
+        if constexpr (!kF32Act) ops::convert(dev_, s, o + g * O, out, nc * O);
+      }
+    }
+  for (Buffer* done : {&in.qp, &in.q_prep, &in.q_rstdp, &o_piece, &lse_piece, &in.o32, &in.ws}) done->reset();
+}
+
+template <class A>
+void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T) {
+  Stream& s = dev_.compute_stream();
+  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
+  const std::int64_t Q = Hq * D, K = Hkv * D, O = widths(cfg_).o, half = D / 2;
+  const std::int64_t S = sequence_length(T, cfg_);
+  const int m = b.query_pieces;
+  const bool ring = cfg_.cp > 1;
+  constexpr bool kF32Act = std::is_same_v<A, float>;
+  float* tile = in.tile.as<float>();
+  A *k = in.k.as<A>(), *v = in.v.as<A>();
+  // dx = dy + the norm's backward (added into below, a piece at a time); in place the
+  // residual is there already. Rows of dy are read again only by their own piece's d_o,
+  // before that piece adds into them.
+  if (dx != dy) dev_.memcpy_async(dx, dy, static_cast<std::size_t>(T * H) * sizeof(A), CopyKind::device_to_device, s);
+  // d_o of a piece's rows (two runs under cp, packed) = dy Wo.
+  const auto piece_d_o = [&](const AttentionPieceRows& r, std::int64_t b0, A* d_o) {
+    for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+      if (r.n[u] > 0)
+        linear(dev_, s, r.n[u], O,
+               {{.a = dy + (b0 + r.row[u]) * H, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
+               d_o + at * O, O, LinearMode::write, tile);
+  };
+
+  // o_proj's backward ("backward output"): dWo += dy^T o, then D = rowsum(d_o * o) a piece
+  // at a time; o is freed after.
+  Buffer row_dot = allocate(dev_, b.row_dot), d_o = allocate(dev_, b.d_o);
+  add_weight_grad(dev_, s, H, O, T, dy, in.o.as<A>(), g_.wo.data<float>());
+  if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dy, T, H);
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    for (int i = 0; i < m; ++i) {
+      const AttentionPieceRows r = attention_piece_rows(S, m, i, cfg_);
+      piece_d_o(r, b0, d_o.as<A>());
+      for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+        if (r.n[u] > 0)
+          ops::attention_row_dot(dev_, s, row_dot.as<float>() + (b0 + r.row[u]) * Hq, d_o.as<A>() + at * O,
+                                 in.o.as<A>() + (b0 + r.row[u]) * O, dims_of(r.n[u], cfg_));
+    }
+  in.o.reset();
+  if (cfg_.sinks)  // dsinks from the merged lse and D, sequence by sequence
+    for (std::int64_t b0 = 0; b0 < T; b0 += S)
+      ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b0 * Hq,
+                                    row_dot.as<float>() + b0 * Hq, in.sinks32.as<float>(), S, Hq);
+
+  // The kernel a piece at a time ("backward"), each piece's queries then through RoPE's,
+  // the q norm's and q_proj's backward into dWq and dx.
+  Buffer dk = allocate(dev_, b.dk), dv = allocate(dev_, b.dv), dkv32 = allocate(dev_, b.dkv32);
+  Buffer dq = allocate(dev_, b.dq), dq32 = allocate(dev_, b.dq32);
+  in.qp = allocate(dev_, b.q_piece);
+  in.q_prep = allocate(dev_, b.q_pre_piece);    // qk_norm only (else null)
+  in.q_rstdp = allocate(dev_, b.q_rstd_piece);  // qk_norm only (else null)
+  Buffer lse_piece = allocate(dev_, b.lse_piece), rd_piece = allocate(dev_, b.row_dot_piece);
+  in.ws = allocate(dev_, b.workspace_backward);
+  const float *cos = in.cos.as<float>(), *sin = in.sin.as<float>();
+  A *hp = in.hp.as<A>(), *dqp = dq.as<A>(), *qp = in.qp.as<A>();
+  float* rp = in.rstdp.as<float>();
+  // h and rstd of a row tile, as norm_input computes them for every row.
+  const auto piece_norm = [&](const AttentionPieceRows& r, std::int64_t b0) {
+    for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+      if (r.n[u] > 0)
+        ops::rmsnorm_forward(dev_, s, hp + at * H, rp + at, x + (b0 + r.row[u]) * H, p_.w_in.data<A>(), r.n[u], H,
+                             cfg_.rms_eps);
+  };
+  // dx's rows += input_layernorm's backward of dh (in h_piece's buffer).
+  const auto piece_dx = [&](const AttentionPieceRows& r, std::int64_t b0) {
+    for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+      if (r.n[u] > 0)
+        ops::rmsnorm_backward(dev_, s, dx + (b0 + r.row[u]) * H, g_.w_in.data<float>(), hp + at * H,
+                              x + (b0 + r.row[u]) * H, p_.w_in.data<A>(), rp + at, r.n[u], H);
+  };
+  RingAttentionConfig rc = ring ? ring_config(cfg_) : RingAttentionConfig{};
+  rc.query_pieces = m;
+  for (std::int64_t b0 = 0; b0 < T; b0 += S) {
+    // dk, dv: sums over the pieces (fp32 under bf16, narrowed once after the last).
+    float* dk32 = kF32Act ? reinterpret_cast<float*>(dk.as<A>() + b0 * K) : dkv32.as<float>();
+    float* dv32 = kF32Act ? reinterpret_cast<float*>(dv.as<A>() + b0 * K) : dkv32.as<float>() + S * K;
+    ops::fill(dev_, s, dk32, S * K, 0.0f);
+    ops::fill(dev_, s, dv32, S * K, 0.0f);
+    for (int i = 0; i < m; ++i) {
+      const AttentionPieceRows r = attention_piece_rows(S, m, i, cfg_);
+      const std::int64_t n = r.tokens(), a0 = r.row[0];
+      piece_d_o(r, b0, d_o.as<A>());
+      project_q_piece<A>(in, x, b0, r);  // h, rstd and q of the piece's rows
+      float* dq_to = kF32Act ? reinterpret_cast<float*>(dqp) : dq32.as<float>();
+      if (ring) {
+        // The piece's lse and D rows packed for the ring.
+        for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u) {
+          const std::int64_t g = b0 + r.row[u];
+          ops::copy_columns(dev_, s, lse_piece.as<float>() + at * Hq, Hq, in.lse.as<float>() + g * Hq, Hq, r.n[u], Hq);
+          ops::copy_columns(dev_, s, rd_piece.as<float>() + at * Hq, Hq, row_dot.as<float>() + g * Hq, Hq, r.n[u], Hq);
+        }
+        rc.query_piece = i;
+        ring_attention_backward(dev_, group_of(cp_group_), rc, dq_to, dk32, dv32, d_o.as<A>(), qp, k + b0 * K,
+                                v + b0 * K, static_cast<const A*>(nullptr), lse_piece.as<float>(),
+                                rd_piece.as<float>());
+        if constexpr (!kF32Act) ops::convert(dev_, s, dqp, dq32.as<float>(), n * Q);
+      } else {
+        // Rows [a0, a0 + n) against keys [0, a0 + n): f32 one call, bf16 in chunks of
+        // kAttentionChunkRows (those of the whole sequence: the piece starts at a multiple).
+        const std::int64_t R = kF32Act ? n : state_rows(S, cfg_);
+        for (std::int64_t c0 = 0; c0 < n; c0 += R) {
+          const std::int64_t nc = std::min(R, n - c0), g = b0 + a0 + c0;
+          float* dq_c = kF32Act ? dq_to + c0 * Q : dq32.as<float>();
+          ops::fill(dev_, s, dq_c, nc * Q, 0.0f);
+          ops::attention_backward(dev_, s, dq_c, dk32, dv32, d_o.as<A>() + c0 * O, qp + c0 * Q, k + b0 * K,
+                                  v + b0 * K, static_cast<const A*>(nullptr), in.lse.as<float>() + g * Hq,
+                                  chunk_dims(nc, a0 + c0, cfg_, true), in.ws.as<float>(), nullptr,
+                                  row_dot.as<float>() + g * Hq);
+          if constexpr (!kF32Act) ops::convert(dev_, s, dqp + c0 * Q, dq32.as<float>(), nc * Q);
+        }
+      }
+      A* q_dead = qp;  // the piece's q, dead once its kernel is done
+      // RoPE's backward at the runs' positions, then the q norm's (into the dead q rows).
+      for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
+        if (r.n[u] > 0)
+          ops::rope_backward(dev_, s, dqp + at * Q, static_cast<A*>(nullptr), cos + r.row[u] * half,
+                             sin + r.row[u] * half, r.n[u], Hq, 0, D);
+      A* dq_in = dqp;
+      if (cfg_.qk_norm) {
+        ops::fill(dev_, s, q_dead, n * Q, 0.0f);
+        ops::rmsnorm_backward(dev_, s, q_dead, g_.q_norm.data<float>(), dqp, in.q_prep.as<A>(), p_.q_norm.data<A>(),
+                              in.q_rstdp.as<float>(), n * Hq, D);
+        dq_in = q_dead;
+      }
+      if (cfg_.qkv_bias) ops::add_column_sums(dev_, s, g_.bq.data<float>(), dq_in, n, Q);
+      // dWq += dq^T h, then dh = dq Wq over h (its last reader), then dx += the norm's backward.
+      add_weight_grad(dev_, s, Q, H, n, dq_in, hp, g_.wq.data<float>());
+      linear(dev_, s, n, H, {{.a = dq_in, .lda = Q, .b = p_.wq.data<A>(), .ldb = H, .k = Q, .trans_b = false}}, hp,
+             H, LinearMode::write, tile);
+      piece_dx(r, b0);
+    }
+    if constexpr (!kF32Act) {
+      ops::convert(dev_, s, dk.as<A>() + b0 * K, dk32, S * K);
+      ops::convert(dev_, s, dv.as<A>() + b0 * K, dv32, S * K);
+    }
+  }
+  for (Buffer* done : {&d_o, &row_dot, &in.lse, &in.ws, &dq, &dq32, &dkv32, &in.qp, &in.q_prep, &in.q_rstdp,
+                       &lse_piece, &rd_piece})
+    done->reset();
+
+  // The keys' side ("backward project"): RoPE's and the k norm's backward over the whole
+  // dk, then k_proj's and v_proj's a row tile at a time.
+  A *dkp = dk.as<A>(), *dvp = dv.as<A>();
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    ops::rope_backward(dev_, s, static_cast<A*>(nullptr), dkp + b0 * K, cos, sin, S, 0, Hkv, D);
+  if (cfg_.qk_norm) {
+    ops::fill(dev_, s, k, T * K, 0.0f);  // its last reader, the kernel, is done
+    ops::rmsnorm_backward(dev_, s, k, g_.k_norm.data<float>(), dkp, in.k_pre.as<A>(), p_.k_norm.data<A>(),
+                          in.k_rstd.as<float>(), T * Hkv, D);
+    dkp = k;
+  }
+  if (cfg_.qkv_bias) {
+    ops::add_column_sums(dev_, s, g_.bk.data<float>(), dkp, T, K);
+    ops::add_column_sums(dev_, s, g_.bv.data<float>(), dvp, T, K);
+  }
+  for (std::int64_t r0 = 0; r0 < T; r0 += b.piece_rows) {
+    AttentionPieceRows r;
+    r.n[0] = std::min(b.piece_rows, T - r0);
+    piece_norm(r, r0);
+    add_weight_grad(dev_, s, K, H, r.n[0], dkp + r0 * K, hp, g_.wk.data<float>());
+    add_weight_grad(dev_, s, K, H, r.n[0], dvp + r0 * K, hp, g_.wv.data<float>());
+    linear(dev_, s, r.n[0], H,
+           {{.a = dkp + r0 * K, .lda = K, .b = p_.wk.data<A>(), .ldb = H, .k = K, .trans_b = false},
+            {.a = dvp + r0 * K, .lda = K, .b = p_.wv.data<A>(), .ldb = H, .k = K, .trans_b = false}},
+           hp, H, LinearMode::write, tile);
+    piece_dx(r, r0);
+  }
 }
 
 std::vector<Parameter> AttentionLayer::parameters() const {

@@ -32,6 +32,15 @@
 // chunk's fp32 out / dq narrowed once into o / dq; dk, dv accumulate over the chunks in
 // fp32 [S, 2 Hkv D] and are narrowed once after the last. Under cp > 1 the ring's fp32
 // out / dq / dk / dv cover this rank's whole shard (schedules/ring_attention.h).
+// Queries in pieces (GQA, attention_query_pieces > 1: a sequence's rows on this rank past
+// piece_tokens): k and v are projected a row tile at a time and stay whole, q is projected
+// a query piece at a time from x and never whole; the forward runs the kernel (or one ring
+// call) per piece into the whole o and lse, the backward runs o_proj's backward and D a
+// piece at a time, then per piece the kernel (or a ring call, which ADDS into the whole dk,
+// dv) and RoPE's, the q norm's, q_proj's and input_layernorm's backward into dx (linear in
+// dq row by row), then the keys' side a row tile at a time. The sums of dWq, dWk, dWv,
+// dw_in, dk and dv and of dx's norm term (split in the q and the k/v parts) reorder: equal
+// to the whole call to fp32 rounding.
 // Parameters are views into memory the caller owns
 // (a parameter store); backward recomputes everything from x (activation
 // checkpointing), writes dx and ADDS into the parameter gradients. Every internal
@@ -52,6 +61,14 @@
 #include "peakbound/nn/block.h"
 
 namespace peakbound {
+
+// Under cp > 1 the ring carries K/V (and, in backward, the dK/dV accumulators) in pieces
+// of at most about this many tokens (RingAttentionConfig::piece_tokens): a shard of up to
+// this many travels whole, a longer one in ceil(shard / this) passes round the ring, so
+// the ring's travelling buffers stop growing with the context (f32 tiny-moe: 2.5 KB a
+// local token, 5 MiB a piece). 2048 keeps each kernel call's key block about a thousand
+// rows (a piece has two parts) and each message a few MiB.
+inline constexpr std::int64_t kRingPieceTokens = 2048;
 
 // The sublayer's sizes (from the HF config: hidden_size, num_attention_heads,
 // num_key_value_heads, head_dim, rope_theta and YaRN's rope scaling, rms_norm_eps; qk_norm
@@ -95,6 +112,9 @@ struct AttentionLayerConfig {
   // token, expanded through kv_b_proj at every hop: ring_attention_latent_*) instead of
   // every head's K and V; false: K and V travel (what a GQA layer does).
   bool mla_latent_ring = true;
+  // Tokens of a piece: the ring's K/V pieces under cp > 1 and the backward's query pieces
+  // (attention_query_pieces); 0: whole shards and sequences (tests take small pieces).
+  std::int64_t piece_tokens = kRingPieceTokens;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
@@ -109,16 +129,26 @@ inline constexpr float kMlaNormEps = 1e-6f;
 // do not depend on the schedule; a multiple of the kernel's 64-row tiles).
 inline constexpr std::int64_t kAttentionChunkRows = 256;
 
-// Under cp > 1 the ring carries K/V (and, in backward, the dK/dV accumulators) in pieces
-// of at most about this many tokens (RingAttentionConfig::piece_tokens): a shard of up to
-// this many travels whole, a longer one in ceil(shard / this) passes round the ring, so
-// the ring's travelling buffers stop growing with the context (f32 tiny-moe: 2.5 KB a
-// local token, 5 MiB a piece). 2048 keeps each kernel call's key block about a thousand
-// rows (a piece has two parts) and each message a few MiB.
-inline constexpr std::int64_t kRingPieceTokens = 2048;
-
 // Tokens of one sequence a call holds on this rank: seq_len, or the zigzag shard's under cp.
 std::int64_t attention_local_seq_len(const AttentionLayerConfig& c);
+
+// The backward's query pieces per sequence (GQA and sinks; MLA: 1): under cp > 1 the ring's
+// passes (RingAttentionConfig::piece_tokens = c.piece_tokens: the same on every rank of
+// the group), at cp = 1 ceil(S / piece_tokens) pieces of piece_tokens rows (the default
+// kRingPieceTokens is a multiple of kAttentionChunkRows, so bf16's chunks are those of the
+// whole sequence); 1 with piece_tokens 0. The
+// backward then holds the query side (d_o, dq) one piece at a time; each piece under cp > 1
+// makes its own ring call, the whole K/V travelling once a piece.
+int attention_query_pieces(std::int64_t tokens, const AttentionLayerConfig& c);
+
+// Query piece i of m of a sequence's S rows on this rank: under cp > 1 the ring's
+// (ring_query_rows: its parts of the two zigzag chunks), at cp = 1 rows [i P, min((i + 1) P,
+// S)) of P = piece_tokens. Up to two runs (local row, count), packed in that order.
+struct AttentionPieceRows {
+  std::int64_t row[2] = {0, 0}, n[2] = {0, 0};
+  std::int64_t tokens() const { return n[0] + n[1]; }
+};
+AttentionPieceRows attention_piece_rows(std::int64_t S, int m, int i, const AttentionLayerConfig& c);
 
 // Throws InvalidArgument naming the first bad field.
 void check_attention_layer_config(const AttentionLayerConfig& c);
@@ -167,8 +197,20 @@ struct AttentionLayerTensors {
 // the layer: k, v, kv, dk and dv are 0 bytes (the ring expands each block itself), the
 // ring writes dc and dkr32, and under bf16 dkv32 is the ring's fp32 dc [S_r, Rkv]
 // (narrowed into dc).
+// Query pieces (GQA; query_pieces > 1 once a sequence's rows on this rank pass
+// piece_tokens, see attention_query_pieces): the forward and the backward take their
+// queries a piece at a time (P = piece_rows, this rank's widest piece): h and rstd are
+// h_piece [P, H], rstd_piece [P] (the projections run a row tile or a piece at a time),
+// q is q_piece [P, Q] (q_pre_piece, q_rstd_piece with qk_norm), never whole (h, rstd, q,
+// q_pre and q_rstd are not allocated); under cp > 1 o_piece [P, O] (act), lse_piece,
+// row_dot_piece [P, Hq] f32 hold the piece's rows packed for the ring and o32 / dq32 are
+// [P, width] (bf16); d_o and dq hold one piece. o, lse, k, v, dk and dv stay whole.
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
+  int query_pieces = 1;
+  std::int64_t piece_rows = 0;
+  BufferSpec q_piece{}, q_pre_piece{}, q_rstd_piece{}, o_piece{}, lse_piece{}, row_dot_piece{}, h_piece{},
+      rstd_piece{};
   BufferSpec workspace_forward, workspace_backward;
   BufferSpec d_o, dq, dk, dv;
   BufferSpec tile, o32, dq32, dkv32;
@@ -247,7 +289,23 @@ class AttentionLayer final : public Block {
   struct Internals {
     Buffer h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, cos, sin, o, lse, ws, tile, o32, sinks32;
     Buffer qa, qa_n, qa_rstd, ckv, c_pre, c, c_rstd, kr, kv, qr;  // MLA
+    // Query pieces: one piece's normed input and its queries (packed rows).
+    Buffer hp, rstdp, qp, q_prep, q_rstdp;
   };
+  // Query pieces (AttentionLayerBuffers::query_pieces > 1, GQA): what every phase holds (k,
+  // v and their norm's state, the RoPE tables, the tile, the sinks; the piece's h and rstd),
+  // allocated into `in`, the tables computed.
+  template <class A>
+  void pieces_common(Internals& in, std::int64_t T, const AttentionLayerBuffers& b);
+  // k, v of every row, a row tile at a time through the piece's h (RoPE on k).
+  template <class A>
+  void project_kv(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b);
+  // The piece's h, rstd and q (q_pre, q_rstd with qk_norm; RoPE at its rows' positions).
+  template <class A>
+  void project_q_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r);
+  // o and lse of every row (allocated here), a query piece at a time.
+  template <class A>
+  void attend_pieces(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b);
   // Written once for A = float | bf16 (the activation type); A = float makes the op
   // calls of the f32-only layer in its order.
   // attend false: in.o and in.lse are already there (kept); the kernel does not run.
@@ -280,6 +338,12 @@ class AttentionLayer final : public Block {
   void gqa_backward(Internals& in, std::int64_t T, A* dq, A* dk, A* dv, float* tile);
   template <class A>
   void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
+  // The backward after the recomputation when the queries go in pieces (attention_query_pieces
+  // > 1): o_proj's backward and D a piece at a time, then per piece the kernel (or the ring),
+  // RoPE's, the q norm's and q_proj's backward and input_layernorm's into dx; then the
+  // keys' side a row tile at a time. `in` holds q, k, v, o and lse.
+  template <class A>
+  void backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T);
   void rope_tables(float* cos, float* sin, std::int64_t S);
   // One sequence (S rows at row b) through the kernel: o, lse written; bf16 via o32.
   template <class A>

@@ -233,6 +233,19 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
   if (c.piece_tokens < 0)
     throw InvalidArgument("ring attention: piece_tokens must be >= 0 (0: whole shards), got " +
                           std::to_string(c.piece_tokens));
+  if (c.query_pieces < 1 || c.query_piece < 0 || c.query_piece >= c.query_pieces)
+    throw InvalidArgument("ring attention: query_piece must be in [0, query_pieces), query_pieces >= 1 (got " +
+                          std::to_string(c.query_piece) + " of " + std::to_string(c.query_pieces) + ")");
+  if (c.query_pieces > 1) {
+    if (cp == 1 || c.latent > 0)
+      throw InvalidArgument("ring attention: query pieces need cp > 1 and the K/V form");
+    for (int o = 0; o < cp; ++o) {
+      const CpShard s = zigzag_shard(c.seq_len, cp, o);
+      if (c.query_pieces > std::min(s.first.len, s.second.len))
+        throw InvalidArgument("ring attention: " + std::to_string(c.query_pieces) +
+                              " query pieces leave a zigzag chunk of rank " + std::to_string(o) + " empty");
+    }
+  }
   if (c.latent > 0) {
     if (cp == 1) throw InvalidArgument("ring attention: the compressed (latent) form needs cp > 1");
     if (c.dims.kv_heads != c.dims.q_heads)
@@ -241,6 +254,11 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
       throw InvalidArgument("ring attention: rope must be in [1, qk_dim = " + std::to_string(c.dims.qk_dim) +
                             "], got " + std::to_string(c.rope));
   }
+}
+
+RingQueryRows ring_query_rows(std::int64_t seq_len, int cp, int rank, int m, int j) {
+  const Piece p = piece_of(zigzag_shard(seq_len, cp, rank), m, j);
+  return {p.row0, p.shard.first.len, p.row1, p.shard.second.len};
 }
 
 int ring_attention_pieces(const RingAttentionConfig& c, int cp) {
@@ -402,8 +420,8 @@ struct Pass {
 // Rows [row, row + n) of a [*, w] tensor to or from a packed [n, w] one (copy_columns
 // with every column).
 template <class T>
-void copy_rows(Device& dev, Stream& s, T* dst, const T* src, std::int64_t n, std::int64_t w) {
-  ops::copy_columns(dev, s, dst, w, src, w, n, w);
+void copy_rows(Device& dev, Stream& s, T* dst, const T* src, std::int64_t n, std::int64_t w, bool add = false) {
+  ops::copy_columns(dev, s, dst, w, src, w, n, w, ops::ColumnOrder::same, add);
 }
 // A piece's two parts of a whole shard's tensor, packed in the piece's local order.
 template <class T>
@@ -411,10 +429,11 @@ void pack_piece(Device& dev, Stream& s, T* dst, const T* src, const Piece& p, st
   copy_rows(dev, s, dst, src + p.row0 * w, p.shard.first.len, w);
   copy_rows(dev, s, dst + p.shard.first.len * w, src + p.row1 * w, p.shard.second.len, w);
 }
+// add: added into dst's rows instead of written.
 template <class T>
-void unpack_piece(Device& dev, Stream& s, T* dst, const T* src, const Piece& p, std::int64_t w) {
-  copy_rows(dev, s, dst + p.row0 * w, src, p.shard.first.len, w);
-  copy_rows(dev, s, dst + p.row1 * w, src + p.shard.first.len * w, p.shard.second.len, w);
+void unpack_piece(Device& dev, Stream& s, T* dst, const T* src, const Piece& p, std::int64_t w, bool add = false) {
+  copy_rows(dev, s, dst + p.row0 * w, src, p.shard.first.len, w, add);
+  copy_rows(dev, s, dst + p.row1 * w, src + p.shard.first.len * w, p.shard.second.len, w, add);
 }
 
 // The two carried lanes in kv_ring's two slots. With pieces (m > 1) this rank's piece of
@@ -480,7 +499,8 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
     timer.finish(nullptr);
     return;
   }
-  const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
+  // The queries: this rank's shard, or its query piece (packed rows).
+  const CpShard mine = piece_of(zigzag_shard(c.seq_len, P, g.rank()), c.query_pieces, c.query_piece).shard;
   const std::int64_t T = mine.tokens(), Tmax = widest_piece(c, P, m);
   Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile);
   // Every row starts empty (lse -inf: out is not read).
@@ -559,7 +579,10 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     timer.finish(nullptr);
     return;
   }
-  const CpShard mine = zigzag_shard(c.seq_len, P, g.rank());
+  // The keys are this rank's whole shard; the queries its query piece (packed rows) or the shard.
+  const CpShard keys = zigzag_shard(c.seq_len, P, g.rank());
+  const CpShard mine = piece_of(keys, c.query_pieces, c.query_piece).shard;
+  const bool add_kv = c.query_pieces > 1;  // dk, dv summed over the caller's query pieces
   const std::int64_t T = mine.tokens(), Tmax = widest_piece(c, P, m);
   Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile),
          dkv = allocate(dev, b.dkv_ring), rd = allocate(dev, b.row_dot), ws = allocate(dev, b.workspace_backward);
@@ -635,14 +658,14 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     // into dk, dv (one pass: the piece is the shard), or into the lanes' free slots and
     // from there to the piece's rows.
     timer.wait(Timer::finished, j * P + P - 1, [&] {
-      if (m == 1) {
+      if (m == 1 && !add_kv) {
         ring.finish(acc0, grads.first);
         ring.finish(acc1, grads.second);
         return;
       }
-      const Piece own = piece_of(mine, m, j);
-      unpack_piece(dev, s, grads.first, static_cast<const float*>(ring.finish(acc0)), own, w0);
-      unpack_piece(dev, s, grads.second, static_cast<const float*>(ring.finish(acc1)), own, w1);
+      const Piece own = piece_of(keys, m, j);
+      unpack_piece(dev, s, grads.first, static_cast<const float*>(ring.finish(acc0)), own, w0, add_kv);
+      unpack_piece(dev, s, grads.second, static_cast<const float*>(ring.finish(acc1)), own, w1, add_kv);
     });
     sent += ring.bytes_sent();
   }

@@ -85,7 +85,27 @@ struct RingAttentionConfig {
   // calls (sums reordered: equal to the one-pass call to fp32 rounding, not bitwise).
   // 0: whole shards, one pass.
   std::int64_t piece_tokens = 0;
+  // The queries of this call: piece query_piece of query_pieces of this rank's shard (cut
+  // as the K/V pieces are: the j-th of m near-equal parts of each zigzag chunk, so every
+  // rank of the group makes the same calls), packed: q, dout, out, lse and row_dot (and
+  // the forward's out and lse, the backward's dq) hold those rows only, the piece's part
+  // of the early chunk, then of the late one. K and V are the whole shard's, and the
+  // backward ADDS its dk, dv into the caller's (zeroed before the first piece) when
+  // query_pieces > 1. Every piece's call moves the whole K/V round the ring (query_pieces
+  // times the traffic of one call over the shard). The K/V form only, cp > 1; at most the
+  // shortest zigzag chunk (every part non-empty). 1: the whole shard.
+  int query_pieces = 1;
+  int query_piece = 0;
 };
+
+// The rows piece j of m takes of rank `rank`'s shard (RingAttentionConfig::query_pieces):
+// its part of the early chunk at local row row0 and of the late chunk at row1, lengths n0
+// and n1 (packed: rows [0, n0) of the piece, then [n0, n0 + n1)).
+struct RingQueryRows {
+  std::int64_t row0 = 0, n0 = 0, row1 = 0, n1 = 0;
+  std::int64_t tokens() const { return n0 + n1; }
+};
+RingQueryRows ring_query_rows(std::int64_t seq_len, int cp, int rank, int m, int j);
 
 // Throws InvalidArgument naming the first bad field (dims as check_attention_dims, S < 2 CP,
 // piece_tokens < 0).

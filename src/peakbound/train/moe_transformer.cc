@@ -154,8 +154,10 @@ ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g) {
   return s;
 }
 
-AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp, int cp_rank) {
+AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp, int cp_rank,
+                                            std::int64_t piece_tokens) {
   AttentionLayerConfig ac;
+  ac.piece_tokens = piece_tokens;
   ac.hidden = c.hidden_size;
   ac.q_heads = c.num_heads;
   ac.kv_heads = c.num_kv_heads;
@@ -349,7 +351,8 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     auto layer = std::make_unique<Layer>();
-    AttentionLayerConfig ac = model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank());
+    AttentionLayerConfig ac =
+        model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank(), schedules_.attention_piece);
     ac.precision = prec;
     ac.window = c.attention_window(l);
     AttentionLayerTensors at[2];

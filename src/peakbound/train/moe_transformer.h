@@ -79,6 +79,10 @@ struct ModelSchedules {
   // model_schedules sets kMoeTileRows under PipelinedLLEP (the schedule that bounds the
   // sublayer's dispatch bounds the rest of it too), 0 otherwise.
   std::int64_t moe_tile = 0;
+  // Every attention sublayer's pieces (AttentionLayerConfig::piece_tokens): the ring's K/V
+  // pieces and the queries' pieces of the forward and the backward (attention_query_pieces);
+  // 0: whole. Tests take small ones.
+  std::int64_t attention_piece = kRingPieceTokens;
 };
 
 // One micro-batch's sums on this rank.
@@ -113,7 +117,8 @@ ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g);
 
 // Every decoder layer's attention sublayer config, with seq_len S (the whole sequence's),
 // on rank cp_rank of a context-parallel group of cp ranks.
-AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp = 1, int cp_rank = 0);
+AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S, int cp = 1, int cp_rank = 0,
+                                            std::int64_t piece_tokens = kRingPieceTokens);
 
 // The model's aux-loss state (Component::workspace, f32): counts, prob_sums, aux_grad
 // [max(E, 1)] each and the loss [2] (the aux loss, the sequence-wise balance loss), held for

@@ -102,7 +102,7 @@ class TrainFootprintBuilder {
     size_stack();
     optimizer_load();
     embedding_forward();
-    AttentionLayerConfig ac = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_);
+    AttentionLayerConfig ac = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_, sch_.attention_piece);
     ac.precision = p_;  // as MoeTransformer sets it: its bf16 tiles follow it
     att_ = attention_layer_footprint(T_, ac);
     forward_attention();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/host_attention.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
@@ -106,12 +107,13 @@ double RingAttentionCheck::worst_kernel() const { return *std::max_element(kerne
 
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel, Component io,
-                                         ThreadPool* pool, std::int64_t piece_tokens) {
+                                         ThreadPool* pool, std::int64_t piece_tokens, int query_pieces) {
   const AttentionDims& a = p.dims;
   RingAttentionConfig cfg;
   cfg.dims = a;
   cfg.seq_len = a.tokens;
   cfg.piece_tokens = piece_tokens;
+  cfg.query_pieces = query_pieces;
   check_ring_attention(cfg, g.size());
   const CpShard sh = zigzag_shard(a.tokens, g.size(), g.rank());
   const std::int64_t T = sh.tokens();
@@ -142,16 +144,70 @@ RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const Att
   Buffer out = fresh(wo), lse = fresh(wl), dq = fresh(wq), dk = fresh(wk), dv = fresh(wv);
   dev.synchronize(s);
   RingAttentionCheck c;
-  dev.arena().reset_peaks();
-  ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
-                         pool);
-  c.forward_peak = dev.arena().peak(Component::attention);
-  dev.arena().reset_peaks();
-  ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(), q.as<float>(),
-                          k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), nullptr, pool);
-  c.backward_peak = dev.arena().peak(Component::attention);
-  const std::vector<float> got[5] = {download(out, wo), download(lse, wl), download(dq, wq), download(dk, wk),
-                                     download(dv, wv)};
+  std::vector<float> got[5];
+  if (query_pieces == 1) {
+    dev.arena().reset_peaks();
+    ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(),
+                           v.as<float>(), pool);
+    c.forward_peak = dev.arena().peak(Component::attention);
+    dev.arena().reset_peaks();
+    ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
+                            q.as<float>(), k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), nullptr,
+                            pool);
+    c.backward_peak = dev.arena().peak(Component::attention);
+    got[0] = download(out, wo), got[1] = download(lse, wl), got[2] = download(dq, wq);
+  } else {
+    // Each query piece's rows packed on the host, its results put back at the rows.
+    const auto pack = [](const std::vector<float>& x, std::int64_t w, const RingQueryRows& r) {
+      std::vector<float> y(x.begin() + r.row0 * w, x.begin() + (r.row0 + r.n0) * w);
+      y.insert(y.end(), x.begin() + r.row1 * w, x.begin() + (r.row1 + r.n1) * w);
+      return y;
+    };
+    const auto unpack = [](std::vector<float>& x, const std::vector<float>& y, std::int64_t w, const RingQueryRows& r) {
+      std::copy_n(y.begin(), r.n0 * w, x.begin() + r.row0 * w);
+      std::copy_n(y.begin() + r.n0 * w, r.n1 * w, x.begin() + r.row1 * w);
+    };
+    const auto pieces = [&](auto&& f) {
+      for (int i = 0; i < query_pieces; ++i) {
+        cfg.query_piece = i;
+        f(ring_query_rows(a.tokens, g.size(), g.rank(), query_pieces, i));
+      }
+    };
+    for (int f : {0, 1, 2}) got[f].assign(Z(T * (f == 0 ? wo : f == 1 ? wl : wq)), 0.0f);
+    pieces([&](const RingQueryRows& r) {
+      const std::int64_t n = r.tokens();
+      Buffer qi = upload(pack(hq, wq, r));
+      Buffer oi = dev.allocate(io, Z(n * wo) * sizeof(float)), li = dev.allocate(io, Z(n * wl) * sizeof(float));
+      dev.arena().reset_peaks();
+      ring_attention_forward(dev, g, cfg, oi.as<float>(), li.as<float>(), qi.as<float>(), k.as<float>(),
+                             v.as<float>(), pool);
+      c.forward_peak = std::max(c.forward_peak, dev.arena().peak(Component::attention));
+      std::vector<float> ho(Z(n * wo)), hl(Z(n * wl));
+      dev.memcpy_async(ho.data(), oi.data(), ho.size() * sizeof(float), CopyKind::device_to_host, s);
+      dev.memcpy_async(hl.data(), li.data(), hl.size() * sizeof(float), CopyKind::device_to_host, s);
+      dev.synchronize(s);
+      unpack(got[0], ho, wo, r);
+      unpack(got[1], hl, wl, r);
+    });
+    ops::fill(dev, s, dk.as<float>(), T * wk, 0.0f);  // summed over the pieces
+    ops::fill(dev, s, dv.as<float>(), T * wv, 0.0f);
+    pieces([&](const RingQueryRows& r) {
+      const std::int64_t n = r.tokens();
+      Buffer qi = upload(pack(hq, wq, r)), di = upload(pack(hdo, wo, r)), oi = upload(pack(got[0], wo, r)),
+             li = upload(pack(got[1], wl, r));
+      Buffer dqi = dev.allocate(io, Z(n * wq) * sizeof(float));
+      dev.arena().reset_peaks();
+      ring_attention_backward(dev, g, cfg, dqi.as<float>(), dk.as<float>(), dv.as<float>(), di.as<float>(),
+                              qi.as<float>(), k.as<float>(), v.as<float>(), oi.as<float>(), li.as<float>(), nullptr,
+                              pool);
+      c.backward_peak = std::max(c.backward_peak, dev.arena().peak(Component::attention));
+      std::vector<float> hdq(Z(n * wq));
+      dev.memcpy_async(hdq.data(), dqi.data(), hdq.size() * sizeof(float), CopyKind::device_to_host, s);
+      dev.synchronize(s);
+      unpack(got[2], hdq, wq, r);
+    });
+  }
+  got[3] = download(dk, wk), got[4] = download(dv, wv);
   const std::int64_t widths[5] = {wo, wl, wq, wk, wv};
   const std::vector<float>* nv[5] = {&naive.out, &naive.lse, &naive.dq, &naive.dk, &naive.dv};
   const std::vector<float>* kv[5] = {&kernel.out, &kernel.lse, &kernel.dq, &kernel.dk, &kernel.dv};

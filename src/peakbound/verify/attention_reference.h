@@ -50,10 +50,13 @@ struct RingAttentionCheck {
 inline constexpr const char* kAttentionFields[5] = {"out", "lse", "dq", "dk", "dv"};
 
 // Collective over cp_group. Runs ring attention with seq_len = p.dims.tokens, carrying
-// pieces of piece_tokens (RingAttentionConfig::piece_tokens; 0: whole shards).
+// pieces of piece_tokens (RingAttentionConfig::piece_tokens; 0: whole shards); with
+// query_pieces > 1 the queries go in that many calls (RingAttentionConfig::query_pieces:
+// each piece's rows packed, dk and dv summed over the calls) and the peaks are the
+// largest call's.
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& cp_group, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel,
                                          Component io = Component::layer, ThreadPool* pool = nullptr,
-                                         std::int64_t piece_tokens = 0);
+                                         std::int64_t piece_tokens = 0, int query_pieces = 1);
 
 }  // namespace peakbound
