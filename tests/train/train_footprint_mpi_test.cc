@@ -19,18 +19,24 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintNone) { check(testing::world(), k
 
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAll) { check(testing::world(), kAll, tiny_model()); }
 
+// Variant v on the tiny model: as it is, with odd ranks holding no sequences, under context
+// parallelism's uneven shards (27 tokens over cp 2) and in bf16.
+void check_layouts(Communicator& world, const Variant& v) {
+  check(world, v, tiny_model());
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  if (world.size() == 1) seqs[0] = 3;
+  check(world, v, tiny_model(), nullptr, seqs);
+  if (world.size() % 2 == 0) check(world, v, tiny_model(), nullptr, {}, 2, 27);
+  check(world, v, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+}
+
 // The MLP sublayers over row tiles (ModelSchedules::moe_tile): the tiles every rank runs are
 // the group's most (ranks without tokens run them empty), under context parallelism's
 // uneven shards, with the sigmoid router's sequence-wise statistics, and in bf16.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintRowTiles) {
   Communicator& world = testing::world();
-  check(world, kAllTiled, tiny_model());
-  std::vector<std::int64_t> seqs;
-  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
-  if (world.size() == 1) seqs[0] = 3;
-  check(world, kAllTiled, tiny_model(), nullptr, seqs);
-  if (world.size() % 2 == 0) check(world, kAllTiled, tiny_model(), nullptr, {}, 2, 27);
-  check(world, kAllTiled, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+  check_layouts(world, kAllTiled);
   ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/dots1");
   c.seq_aux_loss_coef = 1e-3;
   check(world, kAllTiled, c);
@@ -41,13 +47,7 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintRowTiles) {
 // uneven shards), with ranks without tokens, kept attention and in bf16.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionPieces) {
   Communicator& world = testing::world();
-  check(world, kAllPieces, tiny_model());
-  std::vector<std::int64_t> seqs;
-  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
-  if (world.size() == 1) seqs[0] = 3;
-  check(world, kAllPieces, tiny_model(), nullptr, seqs);
-  if (world.size() % 2 == 0) check(world, kAllPieces, tiny_model(), nullptr, {}, 2, 27);
-  check(world, kAllPieces, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);
+  check_layouts(world, kAllPieces);
   Variant kept = kAllPieces;
   kept.keep_attention = true;
   check(world, kept, tiny_model());
