@@ -977,7 +977,7 @@ void AttentionLayer::pieces_common(Internals& in, std::int64_t T, const Attentio
 template <class A>
 void AttentionLayer::project_kv(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b) {
   Stream& s = dev_.compute_stream();
-  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads, K = Hkv * D;
+  const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hkv = cfg_.kv_heads, K = Hkv * D;
   const std::int64_t S = sequence_length(T, cfg_);
   A *hp = in.hp.as<A>(), *kp = cfg_.qk_norm ? in.k_pre.as<A>() : in.k.as<A>(), *v = in.v.as<A>();
   float* tile = in.tile.as<float>();
@@ -997,7 +997,6 @@ void AttentionLayer::project_kv(Internals& in, const A* x, std::int64_t T, const
   for (std::int64_t b0 = 0; b0 < T; b0 += S)
     ops::rope_forward(dev_, s, static_cast<A*>(nullptr), in.k.as<A>() + b0 * K, in.cos.as<float>(),
                       in.sin.as<float>(), S, 0, Hkv, D);
-  (void)Hq;
 }
 
 template <class A>
