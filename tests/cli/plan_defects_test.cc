@@ -43,7 +43,7 @@ TEST(PlanDefects, EmptyNanAndInfinityAreRefused) {
   expect_one_line_error(run_cli("plan --skew nan"), "--skew");
   expect_one_line_error(run_cli("plan --llep-alpha inf"), "--llep-alpha");
   expect_one_line_error(run_cli("plan --llep-alpha nan"), "--llep-alpha");
-  expect_one_line_error(run_cli("plan --prefetch-depth -1"), "--prefetch-depth");
+  expect_one_line_error(run_cli("plan --prefetch-depth -2"), "--prefetch-depth");
 }
 
 TEST(PlanDefects, DtypeErrorsNameTheFlagAndOnlyWhatItTakes) {

@@ -151,9 +151,10 @@ struct Result {
 // param_dtype, zero fp32 gradients) on rows x, dy [T, H] in activation_dtype; g: the
 // cp group (cfg.cp > 1), else null. Checks each call's Arena attention peak against the
 // footprint and that nothing stays live. keep: the forward is forward_for_backward, which
-// leaves exactly the footprint's "kept" bytes live for the first backward.
+// leaves exactly the footprint's "kept" bytes live for the first backward. in_place: the
+// forward writes y over its input (a copy of x; the backward reads the original).
 inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
-                        Communicator* g = nullptr, int backwards = 1, bool keep = false) {
+                        Communicator* g = nullptr, int backwards = 1, bool keep = false, bool in_place = false) {
   const DType a = activation_dtype(cfg.precision), w = param_dtype(cfg.precision);
   CpuDevice dev(256ull << 20);
   std::vector<Buffer> pb, gb;
@@ -183,6 +184,8 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   std::uint64_t sent = ring_attention_bytes_sent();
   if (keep)
     layer.forward_for_backward(xb.tensor(s, a), yb.tensor(s, a));
+  else if (in_place)
+    layer.forward(yb.tensor(s, a), yb.tensor(s, a));  // yb holds x until the forward writes y there
   else
     layer.forward(xb.tensor(s, a), yb.tensor(s, a));
   check("forward", call_peak(f, Component::attention, false), keep && T > 0 ? f.phase("kept").device[at] : 0);

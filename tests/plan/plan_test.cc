@@ -79,6 +79,36 @@ TEST(Plan, SelectivePolicyKeepsBoundariesOnTheDeviceWhenTheHostBinds) {
   EXPECT_FALSE(q.fits_host_scheduled);
 }
 
+// SCO's ring by the device budget (prefetch_depth -1): two slots while the plan fits with
+// them, one (depth 0) past that, so the reach is the one-slot ring's; a depth given is kept.
+TEST(Plan, TheRingHoldsOneBoundaryWhenTwoDoNotFit) {
+  PlanInputs in = preset_inputs("qwen3-30b-a3b", 1 << 20);
+  in.host_memory = 0;  // the host holds every offloaded boundary: the device binds
+  PlanInputs two = in, one = in;
+  two.prefetch_depth = 1;
+  one.prefetch_depth = 0;
+  const std::int64_t reach_two = make_plan(two, true).reach->scheduled;
+  const std::int64_t reach_one = make_plan(one, true).reach->scheduled;
+  ASSERT_GT(reach_one, reach_two);
+  EXPECT_EQ(make_plan(in, true).reach->scheduled, reach_one);
+  in.context = reach_two;  // fits with two slots: the policy keeps them
+  Plan p = make_plan(in, false);
+  EXPECT_TRUE(p.fits_scheduled);
+  EXPECT_EQ(p.prefetch_depth, 1);
+  in.context = reach_two + 1;  // does not: one slot, one boundary less on the device
+  Plan q = make_plan(in, false);
+  EXPECT_TRUE(q.fits_scheduled);
+  EXPECT_EQ(q.prefetch_depth, 0);
+  EXPECT_EQ(plan_json(q)["knobs"]["prefetch_depth"], 0);
+  EXPECT_NE(plan_table(q).find("SCO holds one boundary"), std::string::npos) << plan_table(q);
+  two.context = in.context;
+  Plan r = make_plan(two, false);
+  EXPECT_FALSE(r.fits_scheduled);
+  EXPECT_EQ(r.prefetch_depth, 1);
+  const auto ck = static_cast<std::size_t>(Component::checkpoints);
+  EXPECT_LT(q.scheduled.component_peak[ck], r.scheduled.component_peak[ck]);
+}
+
 TEST(Plan, ReachIsZeroWhenThePersistentStateAloneDoesNotFit) {
   PlanInputs in = preset_inputs("deepseek-v3", 4096);
   in.devices = 8;

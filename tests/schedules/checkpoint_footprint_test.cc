@@ -102,7 +102,7 @@ TEST(CheckpointFootprint, MeasuredPeaksEqualTheFootprintPerPhaseOverTheGrid) {
   for (std::int64_t L : {1, 2, 3, 4, 7}) {
     CheckpointRun base(odd(L, CheckpointSchedule::resident, 1, std::nullopt));
     expect_measured_is_footprint(base, "resident L=" + std::to_string(L));
-    for (std::int64_t D : {1, 2, 5}) {
+    for (std::int64_t D : {0, 1, 2, 5}) {
       std::vector<std::int64_t> ks = {0, 1, L / 2, L};
       std::sort(ks.begin(), ks.end());
       ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
@@ -175,8 +175,8 @@ TEST(CheckpointFootprint, ErrorsNameTheOption) {
     return "no error";
   };
   CheckpointOptions o;
-  o.prefetch_depth = 0;
-  EXPECT_NE(message(o).find("checkpoint prefetch_depth must be >= 1"), std::string::npos) << message(o);
+  o.prefetch_depth = -1;
+  EXPECT_NE(message(o).find("checkpoint prefetch_depth must be >= 0"), std::string::npos) << message(o);
   o = {};
   o.resident_layers = -5;
   EXPECT_NE(message(o).find("checkpoint resident_layers must be >= 0"), std::string::npos) << message(o);

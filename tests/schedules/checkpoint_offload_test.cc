@@ -45,7 +45,7 @@ TEST(CheckpointOffload, ScoIsBitwiseEqualToResidentForAnyLayersDepthAndResidentC
   for (std::int64_t L : {1, 2, 3, 4, 7}) {
     CheckpointRun base(small(L, CheckpointSchedule::resident));
     base.step();
-    for (std::int64_t D : {1, 2, 5})
+    for (std::int64_t D : {0, 1, 2, 5})
       for (std::int64_t K : {std::int64_t{0}, std::int64_t{1}, L / 2, L}) {
         if (K > L) continue;
         CheckpointRun sco(small(L, CheckpointSchedule::sco, D, K));
@@ -60,7 +60,7 @@ TEST(CheckpointOffload, OrderingHoldsWhenCopiesAreSlowerThanCompute) {
   // An emulated 0.05 GB/s link makes each 6 KiB copy take ~120 us, longer than a block
   // here: any missing wait (a slot rewritten before its D2H, a boundary read before its
   // H2D) would corrupt results.
-  for (std::int64_t D : {1, 3}) {
+  for (std::int64_t D : {0, 1, 3}) {
     CheckpointRun base(small(9, CheckpointSchedule::resident));
     CheckpointRunConfig c = small(9, CheckpointSchedule::sco, D, 0);
     c.options.link_gbps = 0.05;
@@ -81,9 +81,11 @@ TEST(CheckpointOffload, MeasuredPeaksMatchThePlacement) {
   CheckpointRun base(small(L, CheckpointSchedule::resident));
   CheckpointRun sco(small(L, CheckpointSchedule::sco, 1, 0));
   CheckpointRun sel(small(L, CheckpointSchedule::sco, 2, 2));
+  CheckpointRun one(small(L, CheckpointSchedule::sco, 0, 0));
   base.step();
   sco.step();
   sel.step();
+  one.step();
   const std::uint64_t b = arena_reserved(48 * 32 * 4);
   EXPECT_EQ(base.device().arena().peak(Component::checkpoints), L * b);
   EXPECT_EQ(base.host().peak(), 0u);
@@ -96,6 +98,12 @@ TEST(CheckpointOffload, MeasuredPeaksMatchThePlacement) {
   EXPECT_EQ(sel.device().arena().peak(Component::checkpoints), 5 * b);
   EXPECT_EQ(sel.host().peak(Component::checkpoints), 3 * b);
   EXPECT_EQ(sel.device().arena().peak(Component::checkpoints), sel.stack().placement().device_bytes());
+  // D = 0: one slot; all but the last boundary offloaded, the blocks in place in the slot.
+  EXPECT_EQ(one.stack().placement().ring_slots, 1);
+  EXPECT_EQ(one.device().arena().peak(Component::checkpoints), b);
+  EXPECT_EQ(one.host().peak(Component::checkpoints), 7 * b);
+  EXPECT_EQ(one.last_copy_step().d2h_bytes, 7 * 48 * 32 * 4);
+  EXPECT_EQ(one.last_copy_step().h2d_bytes, 7 * 48 * 32 * 4);
   // The offloaded boundaries really moved, once each way, and nothing else did.
   const std::uint64_t raw = 48 * 32 * 4;
   EXPECT_EQ(sco.last_copy_step().d2h_bytes, 6 * raw);
@@ -146,8 +154,44 @@ TEST(CheckpointOffload, StackEqualsThePlainChainOfBlockCalls) {
   EXPECT_TRUE(same_bits(ref.param_grads(), sco.param_grads()));
 }
 
+// A block whose forward does not run in place (the wrapped block's does).
+class NotInPlace final : public Block {
+ public:
+  explicit NotInPlace(Block& b) : b_(b) {}
+  void forward(const Tensor& x, const Tensor& y) override { b_.forward(x, y); }
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override { b_.backward(x, dy, dx); }
+  std::vector<Parameter> parameters() const override { return b_.parameters(); }
+  void zero_grad() override { b_.zero_grad(); }
+
+ private:
+  Block& b_;
+};
+
+TEST(CheckpointOffload, AOneSlotRingNeedsBlocksThatRunInPlace) {
+  CheckpointRun run(small(3, CheckpointSchedule::sco, 0, 0));
+  NotInPlace a(*run.blocks()[0]), b(*run.blocks()[1]), c(*run.blocks()[2]);
+  const CheckpointOptions o = run.config().options;
+  try {
+    CheckpointedStack s(run.device(), run.host(), {&a, &b, &c}, Shape{48, 32}, DType::f32, o);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("block 0's does not"), std::string::npos) << e.what();
+  }
+  // The last block writes the stack's output, never in place; one resident boundary
+  // (K = 1) leaves block 1 writing it outside the ring: only block 0 must run in place.
+  CheckpointOptions k1 = o;
+  k1.resident_layers = 1;
+  EXPECT_THROW(CheckpointedStack(run.device(), run.host(), {&a, &b, &c}, Shape{48, 32}, DType::f32, k1),
+               InvalidArgument);
+  EXPECT_NO_THROW(CheckpointedStack(run.device(), run.host(), {run.blocks()[0].get(), &b, &c}, Shape{48, 32},
+                                    DType::f32, k1));
+  CheckpointOptions d1 = o;
+  d1.prefetch_depth = 1;
+  EXPECT_NO_THROW(CheckpointedStack(run.device(), run.host(), {&a, &b, &c}, Shape{48, 32}, DType::f32, d1));
+}
+
 TEST(CheckpointOffload, BadOptionsAreUserErrors) {
-  EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, 0)), InvalidArgument);
+  EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, -1)), InvalidArgument);
   EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, 1, 5)), InvalidArgument);
   CheckpointRunConfig c = small(4, CheckpointSchedule::sco);
   c.options.link_gbps = -1;

@@ -21,8 +21,13 @@ TEST(CheckpointPolicy, RingIsDepthPlusOneAndTheRestGoesToHost) {
   EXPECT_EQ(p.ring_slots, 5);
   EXPECT_EQ(p.offloaded, 8);
   EXPECT_EQ(p.device_bytes(), 8 * kB);
-  // At the default depth two boundaries stay on the device whatever the stack's depth.
+  // At the default depth two boundaries stay on the device whatever the stack's depth; at
+  // depth 0 one.
   for (std::int64_t L : {2, 4, 7, 48}) EXPECT_EQ(place_sco(L, kB, 1, 0).device_bytes(), 2 * kB) << L;
+  for (std::int64_t L : {1, 2, 4, 7, 48}) {
+    EXPECT_EQ(place_sco(L, kB, 0, 0).device_bytes(), kB) << L;
+    EXPECT_EQ(place_sco(L, kB, 0, 0).offloaded, L - 1) << L;
+  }
 }
 
 TEST(CheckpointPolicy, FewLayersNeedNoMoreSlotsThanLayers) {
@@ -57,7 +62,7 @@ TEST(CheckpointPolicy, ReductionMeetsTheTargetForEveryDepthAndLength) {
 }
 
 TEST(CheckpointPolicy, BadInputsAreUserErrors) {
-  EXPECT_THROW(place_sco(4, kB, 0, 0), InvalidArgument);
+  EXPECT_THROW(place_sco(4, kB, -1, 0), InvalidArgument);
   EXPECT_THROW(place_sco(4, kB, 1, 5), InvalidArgument);
   EXPECT_THROW(place_sco(4, kB, 1, -1), InvalidArgument);
   EXPECT_EQ(arena_reserved(1), 256u);

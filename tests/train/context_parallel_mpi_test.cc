@@ -48,7 +48,8 @@ struct CpRun {
   std::unique_ptr<MoeTransformer> model;
 };
 
-std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false) {
+// prefetch_depth: SCO's ring (CheckpointOptions::prefetch_depth; 0 a one-slot ring).
+std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false, std::int64_t prefetch_depth = 1) {
   Communicator& world = testing::world();
   ParallelLayout layout;
   layout.cp = cp;
@@ -60,6 +61,7 @@ std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false) {
   r->groups = ProcessGroups::split(world, layout);
   ModelSchedules sched = schedules(all);
   sched.keep_attention = keep_attention;
+  sched.checkpoint.prefetch_depth = prefetch_depth;
   r->model = std::make_unique<MoeTransformer>(*r->dev, r->host, r->groups, cp_config(), sched);
   r->model->init_parameters(7);
   return r;
@@ -90,10 +92,10 @@ struct StepResult {
 };
 
 // One forward_backward over the step's batch; store gradients summed over their groups.
-StepResult one_step(int cp, bool all, std::int64_t S, bool keep_attention = false) {
+StepResult one_step(int cp, bool all, std::int64_t S, bool keep_attention = false, std::int64_t prefetch_depth = 1) {
   Communicator& world = testing::world();
   StepResult out;
-  out.run = make_run(cp, all, keep_attention);
+  out.run = make_run(cp, all, keep_attention, prefetch_depth);
   MoeTransformer& m = *out.run->model;
   std::vector<std::int32_t> ids, tgt;
   batch(0, cp, 1, S, ids, tgt);
@@ -141,6 +143,22 @@ double worst_gradient_error(CpRun& a, CpRun& b) {
   return worst;
 }
 
+// The loss and every gradient of b bitwise a's (the same layout: the shards line up).
+void expect_same_bits(const StepResult& a, const StepResult& b) {
+  EXPECT_EQ(a.loss, b.loss);
+  const FsdpUnits& fa = a.run->model->fsdp();
+  const FsdpUnits& fb = b.run->model->fsdp();
+  ASSERT_EQ(fa.shard_elements(), fb.shard_elements());
+  for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
+    ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << i;
+  for (std::size_t k = 0; k < a.run->model->stores().size(); ++k) {
+    const ParameterStore& sa = *a.run->model->stores()[k];
+    const ParameterStore& sb = *b.run->model->stores()[k];
+    for (std::uint64_t i = 0; i < sa.elements(); ++i)
+      ASSERT_EQ(float_bits(sa.grads_data()[i]), float_bits(sb.grads_data()[i])) << "store " << k << " " << i;
+  }
+}
+
 std::vector<int> cp_sizes() {
   std::vector<int> out;
   const int W = testing::world().size();
@@ -175,20 +193,28 @@ TEST(ContextParallel, KeepAttentionChangesNoBit) {
   if (world.size() == 1) GTEST_SKIP() << "context parallelism needs 2 or more ranks";
   for (const int cp : cp_sizes()) {
     SCOPED_TRACE("cp " + std::to_string(cp));
-    StepResult a = one_step(cp, true, 29), b = one_step(cp, true, 29, true);
-    EXPECT_EQ(a.loss, b.loss);
-    const FsdpUnits& fa = a.run->model->fsdp();
-    const FsdpUnits& fb = b.run->model->fsdp();
-    ASSERT_EQ(fa.shard_elements(), fb.shard_elements());
-    for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
-      ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << i;
-    for (std::size_t k = 0; k < a.run->model->stores().size(); ++k) {
-      const ParameterStore& sa = *a.run->model->stores()[k];
-      const ParameterStore& sb = *b.run->model->stores()[k];
-      for (std::uint64_t i = 0; i < sa.elements(); ++i)
-        ASSERT_EQ(float_bits(sa.grads_data()[i]), float_bits(sb.grads_data()[i])) << "store " << k << " " << i;
-    }
+    expect_same_bits(one_step(cp, true, 29), one_step(cp, true, 29, true));
   }
+}
+
+// SCO's one-slot ring (prefetch_depth 0: every decoder layer's forward in place in the
+// slot, each boundary fetched back when the slot is free) against the default two slots:
+// the loss and every gradient bitwise, at cp 1 and each cp dividing the world, with the
+// attention kept too (its kept o belongs to the slot's boundary of each layer in turn).
+// Each run's checkpoint peak is one boundary below the two-slot run's.
+TEST(ContextParallel, OneSlotRingChangesNoBit) {
+  std::vector<int> cps = cp_sizes();
+  cps.insert(cps.begin(), 1);
+  for (const int cp : cps)
+    for (const bool keep : {false, true}) {
+      SCOPED_TRACE("cp " + std::to_string(cp) + (keep ? ", attention kept" : ""));
+      StepResult two = one_step(cp, true, 29, keep, 1), one = one_step(cp, true, 29, keep, 0);
+      expect_same_bits(two, one);
+      const std::uint64_t a = two.run->dev->arena().peak(Component::checkpoints);
+      const std::uint64_t b = one.run->dev->arena().peak(Component::checkpoints);
+      EXPECT_EQ(b, a / 2) << "two slots " << a << ", one " << b;
+      EXPECT_GT(b, 0u);
+    }
 }
 
 TEST(ContextParallel, FiveStepsSameLossCurve) {

@@ -15,6 +15,7 @@
 #include "peakbound/train/run_checkpoint.h"
 #include "peakbound/train/run_resume.h"
 #include "peakbound/train/sequence_source.h"
+#include "peakbound/train/train_footprint.h"
 #include "tests/cli/run_cli.h"
 
 namespace peakbound {
@@ -144,6 +145,42 @@ TEST(Run, StepsAreTheTrainerDrivenDirectly) {
     const MicroBatch mb{ids.data(), tgt.data(), 1, 32};
     EXPECT_EQ(trainer.step({&mb, 1}).ce, ce[static_cast<std::size_t>(step - 1)]) << "step " << step;
   }
+}
+
+// SCO's ring by the budget (prefetch_depth -1): a device memory between the plan with two
+// ring slots and with one gets one slot, said in the plan's lines and the summary, and the
+// same losses bitwise as the two-slot run (only where the boundaries wait differs); the
+// depth given explicitly is kept, and the plan over the budget refused.
+TEST(Run, TheRingHoldsOneBoundaryWhenTwoDoNotFit) {
+  RunSettings s;
+  s.steps = 2;
+  s.seq_len = 64;
+  s.eval_batches = 0;
+  s.validate(1);
+  auto total = [&](std::int64_t depth) {
+    RunShape shape = resolve_run(s, 1);
+    shape.schedules.checkpoint.prefetch_depth = depth;
+    return train_footprint(run_footprint_inputs(s, shape, 1, 0)).device_peak_total();
+  };
+  const std::uint64_t two = total(1), one = total(0);
+  ASSERT_LT(one, two);
+  std::vector<double> ce_two;
+  {
+    peakbound::Run run(s);
+    while (!run.done()) ce_two.push_back(run.step().stats.ce);
+  }
+  s.device_memory = std::to_string((one + two) / 2);
+  std::string text;
+  std::vector<double> ce_one;
+  {
+    peakbound::Run run(s, [&](const std::string& t) { text += t; });
+    while (!run.done()) ce_one.push_back(run.step().stats.ce);
+    EXPECT_EQ(run.finish().run["prefetch_depth"], 0);
+  }
+  EXPECT_NE(text.find("SCO's ring holds one boundary"), std::string::npos) << text;
+  EXPECT_EQ(ce_one, ce_two);
+  s.prefetch_depth = 1;
+  EXPECT_THROW(peakbound::Run{s}, AgreedError);
 }
 
 // A stop after a step: without a save folder nothing is saved (130); with one the last

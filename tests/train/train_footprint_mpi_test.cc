@@ -53,6 +53,25 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionPieces) {
   check(world, kept, tiny_model());
 }
 
+// SCO's one-slot ring (CheckpointOptions::prefetch_depth 0): the decoder layers' forward in
+// place in the slot; the ring of one boundary and everything else as planned, in the
+// layouts above, with the attention kept, and on MLA.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintOneSlotRing) {
+  Communicator& world = testing::world();
+  CheckpointOptions o;
+  o.prefetch_depth = 0;
+  check(world, kAll, tiny_model(), &o);
+  check(world, kAllPieces, tiny_model(), &o);
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  if (world.size() == 1) seqs[0] = 3;
+  check(world, kAllPieces, tiny_model(), &o, seqs);
+  if (world.size() % 2 == 0) check(world, kAllPieces, tiny_model(), &o, {}, 2, 27);
+  check(world, kAllPieces, tiny_model(), &o, {}, 1, 24, Precision::bf16);
+  check(world, kAllKept, tiny_model(), &o);
+  check(world, kAll, load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/deepseek_v3"), &o);
+}
+
 // keep_attention with ranks without tokens (no stack there: nothing kept) and under
 // context parallelism (the ring's o and lse kept per rank).
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionKept) {

@@ -194,7 +194,8 @@ Command add_plan_command(CLI::App& root) {
   real_flag(a, "--llep-lambda", f->llep_lambda, "LLEP: routing imbalance (busiest rank over the mean) below which nothing spills", 1.0, 1e6);
   int_flag(a, "--llep-min-spill", f->llep_min_spill, "LLEP: smallest spilled piece in token-copies", 1, kMaxRows);
   int_flag(a, "--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block", 1, kMaxRows);
-  int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward", 1, 1024);
+  int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward (0: a one-slot ring whose copies wait; -1: 1 while the plan fits "
+           "with it, else 0)", -1, 1024);
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_flag("--keep-attention", f->keep_attention,
               "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "

@@ -794,8 +794,7 @@ void AttentionLayer::drop_kept() {
 template <class A>
 void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, bool reuse) {
   const std::int64_t T = check_shape(x, "x");
-  PB_CHECK_MSG(check_shape(y, "y") == T && (T == 0 || y.raw() != x.raw()),
-               "attention layer: y must be a distinct [T, H]");
+  PB_CHECK_MSG(check_shape(y, "y") == T, "attention layer: y must be [T, H] like x");
   // The stack's forward kept o and lse under keep_through: the recomputation before this
   // layer's backward takes them (its input is the same boundary, restored bit for bit)
   // instead of running the attention again. Any other forward starts afresh: what an
@@ -818,8 +817,9 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, boo
     recompute<A>(in, x.data<A>(), T, /*attend=*/!reused);
   }
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
+  // In place (y is x) there is nothing to copy: x was last read by the projections above.
   const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
-  dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+  if (y.raw() != x.raw()) dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
   if (cfg_.out_bias) ops::add_bias(dev_, s, y.data<A>(), p_.bo.data<A>(), T, H);
   linear(dev_, s, T, H, {{.a = in.o.as<A>(), .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}},
          y.data<A>(), H, LinearMode::add, in.tile.as<float>());

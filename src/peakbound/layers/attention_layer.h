@@ -251,8 +251,10 @@ class AttentionLayer final : public Block {
   AttentionLayer(Device& dev, const AttentionLayerConfig& config, const AttentionLayerTensors& params,
                  const AttentionLayerTensors& grads);
 
-  // x, y [T, H] of the activation dtype; y must not alias x.
+  // x, y [T, H] of the activation dtype; y may be x (in place: the output is added into
+  // the input once the projections have read it, the same bits).
   void forward(const Tensor& x, const Tensor& y) override;
+  bool forward_in_place() const override { return true; }
   // Writes dx [T, H] (not aliasing x; dx may be dy itself: in place), adds into every
   // parameter gradient.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;

@@ -24,6 +24,8 @@ DecoderLayer::DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, B
 }
 
 void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
+  if (y.raw() == x.raw() && !forward_in_place())
+    throw InvalidArgument("decoder layer: an in-place forward needs sublayers that both run in place");
   if (mlp_.forward_in_place()) {
     // No mid: the attention writes into y and the MLP runs on it in place.
     attention_.forward(x, y);

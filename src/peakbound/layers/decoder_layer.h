@@ -42,7 +42,9 @@ class DecoderLayer final : public Block {
   // and the attention's backward runs in place (InvalidArgument otherwise).
   DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, Block& mlp);
 
+  // y may be x when both sublayers run forward in place (forward_in_place).
   void forward(const Tensor& x, const Tensor& y) override;
+  bool forward_in_place() const override { return attention_.forward_in_place() && mlp_.forward_in_place(); }
   // dx may be dy (in place).
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   bool backward_in_place() const override { return true; }

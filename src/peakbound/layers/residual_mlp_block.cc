@@ -104,12 +104,13 @@ ResidualMlpBlock::Internals ResidualMlpBlock::recompute(const float* x, std::int
 
 void ResidualMlpBlock::forward(const Tensor& x, const Tensor& y) {
   const std::int64_t T = check_shape(x, "x");
-  PB_CHECK_MSG(check_shape(y, "y") == T && y.raw() != x.raw(), "residual MLP block: y must be a distinct [T, H]");
+  PB_CHECK_MSG(check_shape(y, "y") == T, "residual MLP block: y must be [T, H] like x");
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
   Internals in = recompute(x.data<float>(), T);
-  // y = x + FFN(n): the residual copy, then the FFN's output added into it.
-  dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+  // y = x + FFN(n): the residual copy, then the FFN's output added into it (in place, y
+  // is x: the norm above was x's last reader).
+  if (y.raw() != x.raw()) dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
   swiglu_ffn_forward(dev_, s, T, hidden_, ffn_, in.n.as<float>(), ffn_weights(), in.gate.as<float>(),
                      in.up.as<float>(), in.act.as<float>(), y.data<float>(), /*accumulate_out=*/true);
   // The internals are freed on return: whatever reuses their memory next is ordered

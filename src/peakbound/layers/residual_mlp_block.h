@@ -48,7 +48,9 @@ class ResidualMlpBlock final : public Block {
   ResidualMlpBlock(Device& dev, std::int64_t hidden, std::int64_t ffn, std::uint64_t seed,
                    float eps = 1e-5f);
 
+  // y may be x (in place).
   void forward(const Tensor& x, const Tensor& y) override;
+  bool forward_in_place() const override { return true; }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   std::vector<Parameter> parameters() const override;
   void zero_grad() override;

@@ -34,7 +34,8 @@ class Block {
   // place), so a stack of such blocks needs no gradient buffers of its own.
   virtual bool backward_in_place() const { return false; }
   // True when forward may write y over x (y.raw() == x.raw()): a decoder layer then runs
-  // its MLP sublayer on the attention's output in place, with no buffer between them.
+  // its MLP sublayer on the attention's output in place, with no buffer between them, and
+  // a checkpointed stack with a one-slot ring runs its blocks in that slot.
   virtual bool forward_in_place() const { return false; }
   // A forward whose backward comes next, with the same x (a decoder layer's backward
   // recomputing its attention sublayer): the block may keep some of what that backward

@@ -187,7 +187,7 @@ Footprint dispatch_term(const PlanInputs& in, const PlanShapes& s, DispatchKind 
 Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, CheckpointSchedule schedule) {
   CheckpointOptions o;
   o.schedule = schedule;
-  o.prefetch_depth = in.prefetch_depth;
+  o.prefetch_depth = in.planned_prefetch_depth();
   if (schedule == CheckpointSchedule::sco) o.resident_layers = in.resident_layers;
   const Footprint full = checkpoint_footprint(in.model.num_layers, mul(U(s.tokens_per_device), U(in.model.hidden_size)),
                                               U(in.activation_bytes), o);

@@ -131,8 +131,11 @@ bool fits_memory(const PlanInputs& in, const PeakEstimate& e) {
   return e.peak <= in.device_memory && e.host_bytes <= in.host_budget();
 }
 
-PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
-                                  std::optional<std::int64_t>* resident_layers) {
+namespace {
+
+// The host side of the policy, at in's (resolved) prefetch depth.
+PeakEstimate estimate_resident_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
+                                      std::optional<std::int64_t>* resident_layers) {
   if (resident_layers) resident_layers->reset();
   PeakEstimate e = estimate_peak(in, pc, s);
   if (!s.sco || in.resident_layers || e.host_bytes <= in.host_budget()) return e;
@@ -156,6 +159,22 @@ PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, co
   return k;
 }
 
+}  // namespace
+
+PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
+                                  std::optional<std::int64_t>* resident_layers, std::int64_t* prefetch_depth) {
+  PlanInputs x = in;
+  x.prefetch_depth = in.planned_prefetch_depth();
+  PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
+  // The device side: a ring of one slot when two do not fit (the copies then wait).
+  if (in.prefetch_depth < 0 && s.sco && x.prefetch_depth > 0 && e.peak > in.device_memory) {
+    x.prefetch_depth = 0;
+    e = estimate_resident_policy(x, pc, s, resident_layers);
+  }
+  if (prefetch_depth) *prefetch_depth = x.prefetch_depth;
+  return e;
+}
+
 Plan make_plan(const PlanInputs& given, bool with_reach) {
   PlanInputs in = given;
   in.resolve_auto();
@@ -165,7 +184,7 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   p.params = count_params(in.model);
   p.shapes = plan_shapes(in, p.params);
   p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
-  p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers);
+  p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers, &p.prefetch_depth);
   p.fits_host_baseline = p.baseline.host_bytes <= in.host_budget();
   p.fits_host_scheduled = p.scheduled.host_bytes <= in.host_budget();
   p.fits_baseline = fits_memory(in, p.baseline);
@@ -201,7 +220,7 @@ nlohmann::json plan_json(const Plan& p) {
   j["schedules"] = in.schedules.str();
   j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha}, {"llep_lambda", in.llep_lambda},
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
-                {"prefetch_depth", in.prefetch_depth}, {"adam_bucket_bytes", in.adam_bucket},
+                {"prefetch_depth", p.prefetch_depth}, {"adam_bucket_bytes", in.adam_bucket},
                 {"skew", in.skew == 0 ? nlohmann::json("worst") : nlohmann::json(in.skew)}};
   j["dispatch_copies"] = {{"balanced", p.shapes.routed_copies_balanced},
                           {"worst", p.shapes.routed_copies_worst},
@@ -297,6 +316,9 @@ std::string plan_table(const Plan& p) {
   if (p.policy_resident_layers)
     out += "selective    SCO keeps the last " + std::to_string(*p.policy_resident_layers) +
            " boundaries on the device so that the host memory fits\n";
+  if (in.prefetch_depth < 0 && in.schedules.sco && p.prefetch_depth == 0)
+    out += "ring         SCO holds one boundary on the device (prefetch depth 0, its copies waited for): the plan "
+           "does not fit with two\n";
   if (p.reach) {
     out += "reach        baseline: " + std::to_string(p.reach->baseline) + " tokens; scheduled: " +
            std::to_string(p.reach->scheduled) + " tokens";

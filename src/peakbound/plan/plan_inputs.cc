@@ -68,7 +68,7 @@ void PlanInputs::validate() const {
   check_real(llep_lambda, "llep_lambda", 1.0, 1e6);
   check_int(llep_min_spill, "llep_min_spill", 1, kMaxRows);
   check_int(vocab_chunk, "vocab_chunk", 1, kMaxRows);
-  check_int(prefetch_depth, "prefetch_depth", 1, 1024);
+  check_int(prefetch_depth, "prefetch_depth", -1, 1024);
   require(adam_bucket > 0, "adam_bucket must be positive");
   require(skew == 0 || (std::isfinite(skew) && skew >= 1.0 && skew <= 1e6),
           "skew must be 1 (balanced), a finite factor in [1, 1e6], or 0 (worst)");

@@ -59,7 +59,14 @@ struct PlanInputs {
   double llep_lambda = DispatchOptions{}.lambda;           // LLEP: imbalance below which nothing spills
   std::int64_t llep_min_spill = DispatchOptions{}.min_spill;  // LLEP: smallest spilled piece, token-copies
   std::int64_t vocab_chunk = VocabLossOptions{}.chunk;               // Ring-DTP: token rows per logits block
-  std::int64_t prefetch_depth = CheckpointOptions{}.prefetch_depth;  // SCO: boundaries prefetched ahead
+  // SCO: boundaries prefetched ahead in backward (the ring holds depth + 1); -1 the
+  // policy's choice (estimate_with_policy): CheckpointOptions' default while the plan fits
+  // the device with it, else 0 (one slot, the blocks forward in place in it).
+  std::int64_t prefetch_depth = -1;
+  // The depth a plan is made at when no policy chooses: prefetch_depth, or the default.
+  std::int64_t planned_prefetch_depth() const {
+    return prefetch_depth < 0 ? CheckpointOptions{}.prefetch_depth : prefetch_depth;
+  }
   // SCO: keep the last K boundaries resident on the device. Unset: the selective policy
   // (offload all but the ring, or keep as few as make the host memory fit).
   std::optional<std::int64_t> resident_layers;

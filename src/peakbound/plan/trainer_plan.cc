@@ -58,7 +58,7 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   ModelSchedules& s = t.schedules;
   s.dispatch_options = in.dispatch_options();
   s.vocab.chunk = in.vocab_chunk;
-  s.checkpoint.prefetch_depth = in.prefetch_depth;
+  s.checkpoint.prefetch_depth = in.planned_prefetch_depth();
   s.keep_attention = in.keep_attention;
   if (schedules.sco) s.checkpoint.resident_layers = in.resident_layers;
   t.optimizer_options.bucket_bytes = in.adam_bucket;

@@ -32,6 +32,13 @@ CheckpointedStack::CheckpointedStack(Device& dev, HostMemory& host, std::vector<
       bytes_(buffers_.boundary.bytes),
       link_(dev, dev.copy_stream(), options.link_gbps) {
   const CheckpointPlacement& p = placement();
+  // A one-slot ring: block l writes boundary l + 1 over its own input whenever both are
+  // ring boundaries (l + 1 < M).
+  if (p.ring_slots == 1)
+    for (std::int64_t l = 0; l + 1 < p.ringed(); ++l)
+      if (!blocks_[static_cast<std::size_t>(l)]->forward_in_place())
+        throw InvalidArgument("checkpoint prefetch_depth 0 (a one-slot ring) needs blocks whose forward runs in "
+                              "place; block " + std::to_string(l) + "'s does not (use prefetch_depth >= 1)");
   const auto R = static_cast<std::size_t>(p.ring_slots);
   const auto O = static_cast<std::size_t>(p.offloaded);
   ring_.reserve(R);
@@ -128,6 +135,7 @@ void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
   if (x.raw() != in) dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
   offload(0, in);
   for (std::int64_t l = 0; l < L; ++l) {
+    // One ring slot: out is in itself (in place), once in's D2H has completed.
     void* out = l + 1 < L ? acquire_boundary(l + 1) : y.raw();
     blocks_[static_cast<std::size_t>(l)]->forward(view(in), view(out));
     if (l + 1 < L) offload(l + 1, out);

@@ -9,7 +9,8 @@
 //             block l reads it, its device slot reused once that copy has completed;
 //             in backward boundaries come back into a fixed ring of prefetch_depth + 1
 //             device slots (allocated once, at construction) ahead of the block that
-//             needs them. The selective policy keeps the last K
+//             needs them (prefetch_depth 0: one slot, each block running forward in
+//             place in it, each copy waited for). The selective policy keeps the last K
 //             boundaries resident (checkpoint_policy.h); K = L is the baseline.
 // Every buffer the stack holds comes from checkpoint_buffers() (checkpoint_policy.h),
 // the same numbers checkpoint_footprint() reports.

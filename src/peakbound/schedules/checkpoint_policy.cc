@@ -37,8 +37,7 @@ void validate_link_gbps(double gbps) {
 }
 
 void validate_checkpoint_options(const CheckpointOptions& o) {
-  if (o.prefetch_depth < 1)
-    throw InvalidArgument("checkpoint prefetch_depth must be >= 1 (got " + std::to_string(o.prefetch_depth) + ")");
+  ring_slots_for(o.prefetch_depth);
   if (o.resident_layers && *o.resident_layers < 0)
     throw InvalidArgument("checkpoint resident_layers must be >= 0 (got " + std::to_string(*o.resident_layers) +
                           "); leave it unset to let the policy choose");
@@ -66,8 +65,9 @@ nlohmann::json CheckpointPlacement::to_json() const {
 }
 
 std::int64_t ring_slots_for(std::int64_t prefetch_depth) {
-  if (prefetch_depth < 1)
-    throw InvalidArgument("checkpoint prefetch_depth must be >= 1 (got " + std::to_string(prefetch_depth) + ")");
+  if (prefetch_depth < 0)
+    throw InvalidArgument("checkpoint prefetch_depth must be >= 0 (got " + std::to_string(prefetch_depth) +
+                          "); 0 is a one-slot ring whose copies wait");
   return prefetch_depth + 1;
 }
 

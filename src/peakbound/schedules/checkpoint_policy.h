@@ -14,8 +14,12 @@
 // slot is rewritten only D blocks after its D2H was issued (the D2H of boundary l
 // starts before block l reads it, so block l's compute hides it), in backward a freed
 // slot is refilled at once, D blocks before it is needed. At the default D = 1 the
-// device holds two boundaries of a checkpointed stack whatever its depth. With K = L
-// nothing moves and SCO is the resident baseline.
+// device holds two boundaries of a checkpointed stack whatever its depth. At D = 0 the
+// ring is one slot: every block but the last runs forward in place in it
+// (Block::forward_in_place), after the D2H of its input has completed, and in backward
+// each boundary is fetched once the block above has finished with the slot: the device
+// holds one boundary, and the copies are not hidden (the stack's stall_seconds). With
+// K = L nothing moves and SCO is the resident baseline.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +42,8 @@ CheckpointSchedule parse_checkpoint_schedule(std::string_view name);
 // flags and the planner all read this struct.
 struct CheckpointOptions {
   CheckpointSchedule schedule = CheckpointSchedule::sco;
-  // sco: blocks of compute each copy hides behind; the ring holds prefetch_depth + 1.
+  // sco: blocks of compute each copy hides behind; the ring holds prefetch_depth + 1
+  // (0: one slot, the copies exposed; the blocks must run forward in place).
   std::int64_t prefetch_depth = 1;
   // sco: keep exactly the last K boundaries resident, 0 <= K <= L. Unset: the policy
   // decides from checkpoint_budget.
@@ -55,7 +60,7 @@ struct CheckpointOptions {
   static constexpr double kMinLinkGbps = 1e-3;
 };
 
-// Throws InvalidArgument naming the option ("checkpoint prefetch_depth must be >= 1").
+// Throws InvalidArgument naming the option ("checkpoint prefetch_depth must be >= 0").
 // resident_layers against L is checked by the placement.
 void validate_checkpoint_options(const CheckpointOptions& o);
 // The link_gbps rule alone (0, or finite and >= kMinLinkGbps).
@@ -80,14 +85,14 @@ struct CheckpointPlacement {
   nlohmann::json to_json() const;
 };
 
-// Ring slots for a prefetch depth: D + 1 (see above). Throws InvalidArgument if D < 1.
+// Ring slots for a prefetch depth: D + 1 (see above). Throws InvalidArgument if D < 0.
 std::int64_t ring_slots_for(std::int64_t prefetch_depth);
 
 // Every boundary in its own device buffer: the `resident` baseline.
 CheckpointPlacement place_all_resident(std::int64_t layers, std::uint64_t boundary_bytes);
 
 // SCO keeping the last `resident_layers` boundaries on the device.
-// Throws InvalidArgument if resident_layers is outside [0, layers] or D < 1.
+// Throws InvalidArgument if resident_layers is outside [0, layers] or D < 0.
 CheckpointPlacement place_sco(std::int64_t layers, std::uint64_t boundary_bytes,
                               std::int64_t prefetch_depth, std::int64_t resident_layers);
 

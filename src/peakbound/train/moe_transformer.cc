@@ -281,6 +281,7 @@ class MoeTransformer::FsdpBlock final : public Block {
     m_.fsdp_->reduce_add_async(u, grads);  // completed by the next layer's, or the embedding's reduce_add
   }
   bool backward_in_place() const override { return inner_.backward_in_place(); }
+  bool forward_in_place() const override { return inner_.forward_in_place(); }
   std::vector<Parameter> parameters() const override { return inner_.parameters(); }
   void zero_grad() override { inner_.zero_grad(); }
 

@@ -167,6 +167,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.schedules = model_schedules(f.schedules, f.precision);
   s.schedules.keep_attention = f.keep_attention;
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
+  if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
   return s;
@@ -183,6 +184,8 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (steps < 1) bad("steps", "must be at least 1, got " + std::to_string(steps));
   if (moe_tile < -1) bad("moe_tile", "must be -1 (the schedules' choice), 0 (whole) or a row count, got " +
                                          std::to_string(moe_tile));
+  if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the schedules' choice) or a depth >= 0, got " +
+                                                     std::to_string(prefetch_depth));
   if (warmup < 0) bad("warmup", "must be at least 0, got " + std::to_string(warmup));
   if (symbols < 0) bad("symbols", "must be at least 0, got " + std::to_string(symbols));
   if (eval_every < 0) bad("eval_every", "must be at least 0, got " + std::to_string(eval_every));
@@ -363,14 +366,37 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   }
 
   // The plan: this rank's footprint, the largest over ranks (vocabulary shards differ).
-  const Footprint plan = train_footprint(run_footprint_inputs(f, s.shape, s.W, s.rank));
-  const ComponentBytes planned = plan.device_peak();
-  s.planned.assign(kNumComponents + 1, 0);
-  for (std::size_t i = 0; i < kNumComponents; ++i) s.planned[i] = static_cast<std::int64_t>(planned[i]);
-  s.planned[kNumComponents] = static_cast<std::int64_t>(plan.device_peak_total());
-  world->all_reduce(s.planned.data(), s.planned.size(), DType::i64, ReduceOp::max);
+  auto plan_of = [&](const RunShape& shape, std::vector<std::int64_t>& out) {
+    Footprint fp = train_footprint(run_footprint_inputs(f, shape, s.W, s.rank));
+    const ComponentBytes peak = fp.device_peak();
+    out.assign(kNumComponents + 1, 0);
+    for (std::size_t i = 0; i < kNumComponents; ++i) out[i] = static_cast<std::int64_t>(peak[i]);
+    out[kNumComponents] = static_cast<std::int64_t>(fp.device_peak_total());
+    world->all_reduce(out.data(), out.size(), DType::i64, ReduceOp::max);
+    return fp;
+  };
+  Footprint plan = plan_of(s.shape, s.planned);
+  s.budget = f.device_memory == "auto" ? auto_device_budget(static_cast<std::uint64_t>(s.planned[kNumComponents]))
+                                       : parse_bytes(f.device_memory, "--device-memory");
+  // SCO's ring by the budget (the schedules' choice, --prefetch-depth -1): two slots, each
+  // copy hidden behind a block's compute, while the plan fits with them; one slot (the
+  // blocks in place in it, every copy waited for) when it does not. Every rank decides on
+  // the same all-reduced figures.
+  std::string ring_note;
+  if (f.prefetch_depth < 0 && s.shape.schedules.checkpoint.schedule == CheckpointSchedule::sco &&
+      s.shape.schedules.checkpoint.prefetch_depth > 0 &&
+      static_cast<std::uint64_t>(s.planned[kNumComponents]) > s.budget) {
+    RunShape one = s.shape;
+    one.schedules.checkpoint.prefetch_depth = 0;
+    std::vector<std::int64_t> planned_one;
+    Footprint plan_one = plan_of(one, planned_one);
+    ring_note = format("SCO's ring holds one boundary (prefetch depth 0, its copies waited for): with two the plan "
+                       "needs %s\n", format_bytes(double(s.planned[kNumComponents])).c_str());
+    s.shape = std::move(one);
+    s.planned = std::move(planned_one);
+    plan = std::move(plan_one);
+  }
   const std::uint64_t planned_total = static_cast<std::uint64_t>(s.planned[kNumComponents]);
-  s.budget = f.device_memory == "auto" ? auto_device_budget(planned_total) : parse_bytes(f.device_memory, "--device-memory");
   std::string text = format(
       "peakbound train: %s (%s), %lld parameters, %d ranks (cp %lld, ep %lld, vocab group %lld), schedules %s, "
       "precision %s\n",
@@ -386,6 +412,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
       row += std::string(row.empty() ? "  " : ", ") + std::string(component_name(kAllComponents[i])) + " " +
              format_bytes(double(s.planned[i]));
   text += row + (c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "") + "\n";
+  text += ring_note;
   if (c.num_mtp_layers > 0)
     text += format("note: the model's %lld multi-token-prediction layer(s) (model.layers.%lld and on in its checkpoint) "
                    "are not trained: transformers does not load them either\n",
@@ -682,6 +709,7 @@ RunSummary Run::finish() {
              {"schedules", f.schedules.str()},
              {"keep_attention", f.keep_attention},
              {"moe_tile", s.shape.schedules.moe_tile},
+             {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
              {"step_seconds", s.step_seconds},
@@ -736,6 +764,7 @@ nlohmann::json RunSummary::json() const {
                       {"schedules", run["schedules"]},
                       {"keep_attention", run["keep_attention"]},
                       {"moe_tile", run["moe_tile"]},
+                      {"prefetch_depth", run["prefetch_depth"]},
                       {"steps", run["steps"]},
                       {"first_loss", first_loss},
                       {"final_loss", last_loss},
