@@ -92,6 +92,22 @@ TEST(ContextLayout, WidestShard) {
     }
 }
 
+// The shortest chunk over every rank's two: floor(S / 2 cp) (S = 7 over cp 2: 1).
+TEST(ContextLayout, ShortestChunk) {
+  EXPECT_EQ(zigzag_shortest_chunk(7, 2), 1);
+  for (std::int64_t S : {8, 9, 15, 1001})
+    for (int cp : {1, 2, 3, 4}) {
+      std::int64_t fewest = S;
+      for (int r = 0; r < cp; ++r) {
+        const CpShard z = zigzag_shard(S, cp, r);
+        fewest = std::min({fewest, z.first.len, z.second.len});
+      }
+      EXPECT_EQ(zigzag_shortest_chunk(S, cp), fewest) << S << " " << cp;
+      EXPECT_EQ(zigzag_shortest_chunk(S, cp), S / (2 * cp));
+    }
+  EXPECT_THROW(zigzag_shortest_chunk(8, 0), InvalidArgument);
+}
+
 }  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

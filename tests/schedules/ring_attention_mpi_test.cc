@@ -91,12 +91,7 @@ double run_shapes(Communicator& g) {
     // ring, parts of unequal length; fewer where a chunk is shorter than three tokens).
     // Then the queries in three pieces too (RingAttentionConfig::query_pieces; fewer where
     // a chunk is shorter): each piece's call moves the whole K/V, dk and dv summed.
-    std::int64_t shortest = s.S;
-    for (int o = 0; o < cp; ++o) {
-      const CpShard z = zigzag_shard(s.S, cp, o);
-      shortest = std::min({shortest, z.first.len, z.second.len});
-    }
-    const int qp = cp > 1 ? static_cast<int>(std::min<std::int64_t>(3, shortest)) : 1;
+    const int qp = cp > 1 ? static_cast<int>(std::min<std::int64_t>(3, zigzag_shortest_chunk(s.S, cp))) : 1;
     for (auto [pt, pieces] : {std::pair{std::int64_t{0}, 1}, std::pair{(zigzag_widest_tokens(s.S, cp) + 2) / 3, 1},
                               std::pair{(zigzag_widest_tokens(s.S, cp) + 2) / 3, qp}}) {
       SCOPED_TRACE("piece_tokens=" + std::to_string(pt) + " query_pieces=" + std::to_string(pieces));

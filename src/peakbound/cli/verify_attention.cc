@@ -113,12 +113,8 @@ Command add_verify_attention(CLI::App& parent) {
             cfg.dims = a;
             cfg.seq_len = S;
             cfg.piece_tokens = f->piece_tokens;
-            std::int64_t shortest = S;
-            for (int o = 0; o < cp; ++o) {
-              const CpShard z = zigzag_shard(S, cp, o);
-              shortest = std::min({shortest, z.first.len, z.second.len});
-            }
-            const int query_pieces = cp > 1 ? static_cast<int>(std::min(f->query_pieces, shortest)) : 1;
+            const int query_pieces =
+                cp > 1 ? static_cast<int>(std::min(f->query_pieces, zigzag_shortest_chunk(S, cp))) : 1;
             std::unique_ptr<Device> dev = make_device(f->device, ring_attention_device_budget(cfg, cp));
             std::unique_ptr<Communicator> gpu_group = device_group_for(*dev, *g);
             RingAttentionCheck chk = verify_ring_attention(*dev, gpu_group ? *gpu_group : *g, p, naive, kernel,

@@ -1000,23 +1000,30 @@ void AttentionLayer::project_kv(Internals& in, const A* x, std::int64_t T, const
 }
 
 template <class A>
+void AttentionLayer::norm_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden;
+  r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+    ops::rmsnorm_forward(dev_, s, in.hp.as<A>() + at * H, in.rstdp.as<float>() + at, x + (b0 + row) * H,
+                         p_.w_in.data<A>(), rn, H, cfg_.rms_eps);
+  });
+}
+
+template <class A>
 void AttentionLayer::project_q_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r) {
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Q = Hq * D, n = r.tokens(), half = D / 2;
   A *hp = in.hp.as<A>(), *q = in.qp.as<A>(), *qpre = cfg_.qk_norm ? in.q_prep.as<A>() : q;
-  for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-    if (r.n[u] > 0)
-      ops::rmsnorm_forward(dev_, s, hp + at * H, in.rstdp.as<float>() + at, x + (b0 + r.row[u]) * H,
-                           p_.w_in.data<A>(), r.n[u], H, cfg_.rms_eps);
+  norm_piece<A>(in, x, b0, r);
   if (cfg_.qkv_bias) ops::broadcast_rows(dev_, s, qpre, p_.bq.data<A>(), n, Q);
   linear(dev_, s, n, Q, {{.a = hp, .lda = H, .b = p_.wq.data<A>(), .ldb = H, .k = H, .trans_b = true}}, qpre, Q,
          cfg_.qkv_bias ? LinearMode::add : LinearMode::write, in.tile.as<float>());
   if (cfg_.qk_norm)
     ops::rmsnorm_forward(dev_, s, q, in.q_rstdp.as<float>(), qpre, p_.q_norm.data<A>(), n * Hq, D, cfg_.rms_eps);
-  for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-    if (r.n[u] > 0)
-      ops::rope_forward(dev_, s, q + at * Q, static_cast<A*>(nullptr), in.cos.as<float>() + r.row[u] * half,
-                        in.sin.as<float>() + r.row[u] * half, r.n[u], Hq, 0, D);
+  r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+    ops::rope_forward(dev_, s, q + at * Q, static_cast<A*>(nullptr), in.cos.as<float>() + row * half,
+                      in.sin.as<float>() + row * half, rn, Hq, 0, D);
+  });
 }
 
 template <class A>
@@ -1056,11 +1063,11 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
                                v + b0 * K);
         sink(out, lse_piece.as<float>(), n);
         if constexpr (!kF32Act) ops::convert(dev_, s, op, out, n * O);
-        for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u) {
-          const std::int64_t g = b0 + r.row[u];
-          ops::copy_columns(dev_, s, o + g * O, O, op + at * O, O, r.n[u], O);
-          ops::copy_columns(dev_, s, lse + g * Hq, Hq, lse_piece.as<float>() + at * Hq, Hq, r.n[u], Hq);
-        }
+        r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+          const std::int64_t g = b0 + row;
+          ops::copy_columns(dev_, s, o + g * O, O, op + at * O, O, rn, O);
+          ops::copy_columns(dev_, s, lse + g * Hq, Hq, lse_piece.as<float>() + at * Hq, Hq, rn, Hq);
+        });
         continue;
       }
       // Rows [a0, a0 + n) against keys [0, a0 + n): f32 one call, bf16 in kAttentionChunkRows chunks.
@@ -1095,11 +1102,11 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
   if (dx != dy) dev_.memcpy_async(dx, dy, static_cast<std::size_t>(T * H) * sizeof(A), CopyKind::device_to_device, s);
   // d_o of a piece's rows (two runs under cp, packed) = dy Wo.
   const auto piece_d_o = [&](const AttentionPieceRows& r, std::int64_t b0, A* d_o) {
-    for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-      if (r.n[u] > 0)
-        linear(dev_, s, r.n[u], O,
-               {{.a = dy + (b0 + r.row[u]) * H, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
-               d_o + at * O, O, LinearMode::write, tile);
+    r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+      linear(dev_, s, rn, O,
+             {{.a = dy + (b0 + row) * H, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
+             d_o + at * O, O, LinearMode::write, tile);
+    });
   };
 
   // o_proj's backward ("backward output"): dWo += dy^T o, then D = rowsum(d_o * o) a piece
@@ -1111,10 +1118,10 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
     for (int i = 0; i < m; ++i) {
       const AttentionPieceRows r = attention_piece_rows(S, m, i, cfg_);
       piece_d_o(r, b0, d_o.as<A>());
-      for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-        if (r.n[u] > 0)
-          ops::attention_row_dot(dev_, s, row_dot.as<float>() + (b0 + r.row[u]) * Hq, d_o.as<A>() + at * O,
-                                 in.o.as<A>() + (b0 + r.row[u]) * O, dims_of(r.n[u], cfg_));
+      r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+        ops::attention_row_dot(dev_, s, row_dot.as<float>() + (b0 + row) * Hq, d_o.as<A>() + at * O,
+                               in.o.as<A>() + (b0 + row) * O, dims_of(rn, cfg_));
+      });
     }
   in.o.reset();
   if (cfg_.sinks)  // dsinks from the merged lse and D, sequence by sequence
@@ -1134,19 +1141,12 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
   const float *cos = in.cos.as<float>(), *sin = in.sin.as<float>();
   A *hp = in.hp.as<A>(), *dqp = dq.as<A>(), *qp = in.qp.as<A>();
   float* rp = in.rstdp.as<float>();
-  // h and rstd of a row tile, as norm_input computes them for every row.
-  const auto piece_norm = [&](const AttentionPieceRows& r, std::int64_t b0) {
-    for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-      if (r.n[u] > 0)
-        ops::rmsnorm_forward(dev_, s, hp + at * H, rp + at, x + (b0 + r.row[u]) * H, p_.w_in.data<A>(), r.n[u], H,
-                             cfg_.rms_eps);
-  };
   // dx's rows += input_layernorm's backward of dh (in h_piece's buffer).
   const auto piece_dx = [&](const AttentionPieceRows& r, std::int64_t b0) {
-    for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-      if (r.n[u] > 0)
-        ops::rmsnorm_backward(dev_, s, dx + (b0 + r.row[u]) * H, g_.w_in.data<float>(), hp + at * H,
-                              x + (b0 + r.row[u]) * H, p_.w_in.data<A>(), rp + at, r.n[u], H);
+    r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+      ops::rmsnorm_backward(dev_, s, dx + (b0 + row) * H, g_.w_in.data<float>(), hp + at * H,
+                            x + (b0 + row) * H, p_.w_in.data<A>(), rp + at, rn, H);
+    });
   };
   RingAttentionConfig rc = ring ? ring_config(cfg_) : RingAttentionConfig{};
   rc.query_pieces = m;
@@ -1164,11 +1164,11 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
       float* dq_to = kF32Act ? reinterpret_cast<float*>(dqp) : dq32.as<float>();
       if (ring) {
         // The piece's lse and D rows packed for the ring.
-        for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u) {
-          const std::int64_t g = b0 + r.row[u];
-          ops::copy_columns(dev_, s, lse_piece.as<float>() + at * Hq, Hq, in.lse.as<float>() + g * Hq, Hq, r.n[u], Hq);
-          ops::copy_columns(dev_, s, rd_piece.as<float>() + at * Hq, Hq, row_dot.as<float>() + g * Hq, Hq, r.n[u], Hq);
-        }
+        r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+          const std::int64_t g = b0 + row;
+          ops::copy_columns(dev_, s, lse_piece.as<float>() + at * Hq, Hq, in.lse.as<float>() + g * Hq, Hq, rn, Hq);
+          ops::copy_columns(dev_, s, rd_piece.as<float>() + at * Hq, Hq, row_dot.as<float>() + g * Hq, Hq, rn, Hq);
+        });
         rc.query_piece = i;
         ring_attention_backward(dev_, group_of(cp_group_), rc, dq_to, dk32, dv32, d_o.as<A>(), qp, k + b0 * K,
                                 v + b0 * K, static_cast<const A*>(nullptr), lse_piece.as<float>(),
@@ -1191,10 +1191,10 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
       }
       A* q_dead = qp;  // the piece's q, dead once its kernel is done
       // RoPE's backward at the runs' positions, then the q norm's (into the dead q rows).
-      for (int u = 0, at = 0; u < 2; at += static_cast<int>(r.n[u]), ++u)
-        if (r.n[u] > 0)
-          ops::rope_backward(dev_, s, dqp + at * Q, static_cast<A*>(nullptr), cos + r.row[u] * half,
-                             sin + r.row[u] * half, r.n[u], Hq, 0, D);
+      r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+        ops::rope_backward(dev_, s, dqp + at * Q, static_cast<A*>(nullptr), cos + row * half,
+                           sin + row * half, rn, Hq, 0, D);
+      });
       A* dq_in = dqp;
       if (cfg_.qk_norm) {
         ops::fill(dev_, s, q_dead, n * Q, 0.0f);
@@ -1236,7 +1236,7 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
   for (std::int64_t r0 = 0; r0 < T; r0 += b.piece_rows) {
     AttentionPieceRows r;
     r.n[0] = std::min(b.piece_rows, T - r0);
-    piece_norm(r, r0);
+    norm_piece<A>(in, x, r0, r);  // h and rstd of the row tile, as norm_input computes them
     add_weight_grad(dev_, s, K, H, r.n[0], dkp + r0 * K, hp, g_.wk.data<float>());
     add_weight_grad(dev_, s, K, H, r.n[0], dvp + r0 * K, hp, g_.wv.data<float>());
     linear(dev_, s, r.n[0], H,

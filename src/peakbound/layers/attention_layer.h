@@ -147,6 +147,13 @@ int attention_query_pieces(std::int64_t tokens, const AttentionLayerConfig& c);
 struct AttentionPieceRows {
   std::int64_t row[2] = {0, 0}, n[2] = {0, 0};
   std::int64_t tokens() const { return n[0] + n[1]; }
+  // f(row, n, at) for each non-empty run in order: its first local row, its rows, and where
+  // it starts in the packed piece.
+  template <class F>
+  void for_each_run(F&& f) const {
+    for (int u = 0, at = 0; u < 2; at += static_cast<int>(n[u]), ++u)
+      if (n[u] > 0) f(row[u], n[u], static_cast<std::int64_t>(at));
+  }
 };
 AttentionPieceRows attention_piece_rows(std::int64_t S, int m, int i, const AttentionLayerConfig& c);
 
@@ -302,6 +309,9 @@ class AttentionLayer final : public Block {
   // k, v of every row, a row tile at a time through the piece's h (RoPE on k).
   template <class A>
   void project_kv(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b);
+  // The piece's h and rstd (input_layernorm of its rows, packed into h_piece, rstd_piece).
+  template <class A>
+  void norm_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r);
   // The piece's h, rstd and q (q_pre, q_rstd with qk_norm; RoPE at its rows' positions).
   template <class A>
   void project_q_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r);

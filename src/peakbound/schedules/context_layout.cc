@@ -46,6 +46,12 @@ int zigzag_widest_rank(std::int64_t S, int cp) {
 
 std::int64_t zigzag_widest_tokens(std::int64_t S, int cp) { return zigzag_shard(S, cp, zigzag_widest_rank(S, cp)).tokens(); }
 
+std::int64_t zigzag_shortest_chunk(std::int64_t S, int cp) {
+  std::int64_t shortest = zigzag_chunk(S, cp, 0).len;
+  for (int c = 1; c < 2 * cp; ++c) shortest = std::min(shortest, zigzag_chunk(S, cp, c).len);
+  return shortest;
+}
+
 std::int64_t causal_pairs(const CpShard& s) {
   // Sum of (p + 1) over p in [b, b + len): len (2b + len + 1) / 2 per chunk.
   auto chunk = [](const CpChunk& k) { return k.len * (2 * k.begin + k.len + 1) / 2; };

@@ -47,6 +47,10 @@ CpShard zigzag_shard(std::int64_t S, int cp, int rank);
 // every rank's buffers are sized for. InvalidArgument as zigzag_shard.
 int zigzag_widest_rank(std::int64_t S, int cp);
 std::int64_t zigzag_widest_tokens(std::int64_t S, int cp);
+// The fewest tokens any of the 2 cp chunks holds (floor(S / 2cp): the pieces of a shard's
+// rows are at most this many, so that every piece of every chunk is non-empty).
+// InvalidArgument as zigzag_chunk.
+std::int64_t zigzag_shortest_chunk(std::int64_t S, int cp);
 // The causal attention work of a shard: the number of (query, key) pairs with
 // key <= query over its tokens, sum of (position + 1).
 std::int64_t causal_pairs(const CpShard& s);

@@ -239,12 +239,9 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
   if (c.query_pieces > 1) {
     if (cp == 1 || c.latent > 0)
       throw InvalidArgument("ring attention: query pieces need cp > 1 and the K/V form");
-    for (int o = 0; o < cp; ++o) {
-      const CpShard s = zigzag_shard(c.seq_len, cp, o);
-      if (c.query_pieces > std::min(s.first.len, s.second.len))
-        throw InvalidArgument("ring attention: " + std::to_string(c.query_pieces) +
-                              " query pieces leave a zigzag chunk of rank " + std::to_string(o) + " empty");
-    }
+    if (c.query_pieces > zigzag_shortest_chunk(c.seq_len, cp))
+      throw InvalidArgument("ring attention: " + std::to_string(c.query_pieces) + " query pieces leave a zigzag chunk of " +
+                            std::to_string(zigzag_shortest_chunk(c.seq_len, cp)) + " tokens empty");
   }
   if (c.latent > 0) {
     if (cp == 1) throw InvalidArgument("ring attention: the compressed (latent) form needs cp > 1");
@@ -265,12 +262,8 @@ int ring_attention_pieces(const RingAttentionConfig& c, int cp) {
   check_ring_attention(c, cp);
   if (cp == 1 || c.piece_tokens == 0) return 1;
   const std::int64_t widest = zigzag_widest_tokens(c.seq_len, cp);
-  std::int64_t shortest = widest;
-  for (int o = 0; o < cp; ++o) {
-    const CpShard s = zigzag_shard(c.seq_len, cp, o);
-    shortest = std::min({shortest, s.first.len, s.second.len});
-  }
-  return static_cast<int>(std::clamp<std::int64_t>((widest + c.piece_tokens - 1) / c.piece_tokens, 1, shortest));
+  return static_cast<int>(std::clamp<std::int64_t>((widest + c.piece_tokens - 1) / c.piece_tokens, 1,
+                                                   zigzag_shortest_chunk(c.seq_len, cp)));
 }
 
 namespace {
