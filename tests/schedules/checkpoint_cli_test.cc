@@ -57,7 +57,7 @@ TEST(CheckpointCli, VerifyPassesAndBadFlagsAreOneLine) {
   EXPECT_EQ(v.code, 0) << v.err << v.out;
   EXPECT_NE(v.out.find("0 failed"), std::string::npos) << v.out;
   for (const char* bad : {"--resident-layers 9 --layers 4", "--checkpoint-budget 1KiB --tokens 64 --hidden 32",
-                          "--link-gbps -1", "--prefetch 0"}) {
+                          "--link-gbps -1", "--prefetch -1"}) {
     CliRun r = run(std::string("bench checkpoint --reps 1 --warmup 0 ") + bad);
     EXPECT_NE(r.code, 0) << bad;
     EXPECT_LT(r.code, 128) << bad;

@@ -247,7 +247,7 @@ Command add_bench_checkpoint(CLI::App& parent) {
   int_flag(a, "--tokens", f->tokens, "Tokens per step (T)", 1, 1 << 24);
   int_flag(a, "--hidden", f->hidden, "Hidden size (H)", 1, 1 << 16);
   int_flag(a, "--ffn", f->ffn, "MLP intermediate size (F); 0 = 8/3 H rounded up to 64", 0, 1 << 18);
-  int_flag(a, "--prefetch", f->prefetch, "SCO prefetch depth D (ring of D + 1 device slots)", 1, 1024);
+  int_flag(a, "--prefetch", f->prefetch, "SCO prefetch depth D (ring of D + 1 device slots; 0: one slot, the blocks in place)", 0, 1024);
   optional_int_flag(a, "--resident-layers", f->resident_layers,
                     "SCO: keep the last K boundaries resident, 0 <= K <= --layers; omit to let --checkpoint-budget decide",
                     0, 4096);

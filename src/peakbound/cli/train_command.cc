@@ -157,7 +157,7 @@ Command add_train(CLI::App& parent) {
            -1, std::int64_t{1} << 40);
   int_flag(app, "--prefetch-depth", f->run.prefetch_depth,
            "SCO: boundaries fetched ahead in backward (a ring of depth + 1 on the device); 0 is a one-slot ring "
-           "whose copies wait; -1 the schedules' choice (1)",
+           "whose copies wait; -1: 1 while the plan fits --device-memory with it, else 0",
            -1, 1024);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();

@@ -89,8 +89,9 @@ struct RunSettings {
   // The MLP sublayers' row tile (ModelSchedules::moe_tile): -1 the schedules' choice
   // (kMoeTileRows under PipelinedLLEP, whole otherwise), 0 whole, else rows.
   std::int64_t moe_tile = -1;
-  // SCO's ring (CheckpointOptions::prefetch_depth): -1 the schedules' choice, else the
-  // depth (0: a one-slot ring, every copy waited for).
+  // SCO's ring (CheckpointOptions::prefetch_depth): -1 the budget's choice (1 while the plan
+  // fits device_memory with it, else 0), else the depth (0: a one-slot ring, every copy
+  // waited for).
   std::int64_t prefetch_depth = -1;
   // Wait for the device at every phase boundary of a step (core/phase_clock.h), so that
   // an asynchronous device (CUDA) reports phase_seconds too: each phase's own time, with
