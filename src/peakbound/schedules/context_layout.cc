@@ -46,11 +46,8 @@ int zigzag_widest_rank(std::int64_t S, int cp) {
 
 std::int64_t zigzag_widest_tokens(std::int64_t S, int cp) { return zigzag_shard(S, cp, zigzag_widest_rank(S, cp)).tokens(); }
 
-std::int64_t zigzag_shortest_chunk(std::int64_t S, int cp) {
-  std::int64_t shortest = zigzag_chunk(S, cp, 0).len;
-  for (int c = 1; c < 2 * cp; ++c) shortest = std::min(shortest, zigzag_chunk(S, cp, c).len);
-  return shortest;
-}
+// The S mod 2cp extra tokens go to the first chunks, so the last chunk holds none of them.
+std::int64_t zigzag_shortest_chunk(std::int64_t S, int cp) { return zigzag_chunk(S, cp, 2 * cp - 1).len; }
 
 std::int64_t causal_pairs(const CpShard& s) {
   // Sum of (p + 1) over p in [b, b + len): len (2b + len + 1) / 2 per chunk.

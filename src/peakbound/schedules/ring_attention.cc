@@ -239,9 +239,10 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
   if (c.query_pieces > 1) {
     if (cp == 1 || c.latent > 0)
       throw InvalidArgument("ring attention: query pieces need cp > 1 and the K/V form");
-    if (c.query_pieces > zigzag_shortest_chunk(c.seq_len, cp))
+    const std::int64_t shortest = zigzag_shortest_chunk(c.seq_len, cp);
+    if (c.query_pieces > shortest)
       throw InvalidArgument("ring attention: " + std::to_string(c.query_pieces) + " query pieces leave a zigzag chunk of " +
-                            std::to_string(zigzag_shortest_chunk(c.seq_len, cp)) + " tokens empty");
+                            std::to_string(shortest) + " tokens empty");
   }
   if (c.latent > 0) {
     if (cp == 1) throw InvalidArgument("ring attention: the compressed (latent) form needs cp > 1");

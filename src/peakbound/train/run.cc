@@ -184,7 +184,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (steps < 1) bad("steps", "must be at least 1, got " + std::to_string(steps));
   if (moe_tile < -1) bad("moe_tile", "must be -1 (the schedules' choice), 0 (whole) or a row count, got " +
                                          std::to_string(moe_tile));
-  if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the schedules' choice) or a depth >= 0, got " +
+  if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the budget's choice) or a depth >= 0, got " +
                                                      std::to_string(prefetch_depth));
   if (warmup < 0) bad("warmup", "must be at least 0, got " + std::to_string(warmup));
   if (symbols < 0) bad("symbols", "must be at least 0, got " + std::to_string(symbols));
@@ -378,7 +378,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   Footprint plan = plan_of(s.shape, s.planned);
   s.budget = f.device_memory == "auto" ? auto_device_budget(static_cast<std::uint64_t>(s.planned[kNumComponents]))
                                        : parse_bytes(f.device_memory, "--device-memory");
-  // SCO's ring by the budget (the schedules' choice, --prefetch-depth -1): two slots, each
+  // SCO's ring by the budget (--prefetch-depth -1): two slots, each
   // copy hidden behind a block's compute, while the plan fits with them; one slot (the
   // blocks in place in it, every copy waited for) when it does not. Every rank decides on
   // the same all-reduced figures.
