@@ -267,6 +267,83 @@ TEST(AttentionLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
   EXPECT_EQ(n, 32);
 }
 
+// The output by rows (forward_for_rows, then forward_rows over tiles of output_rows: a
+// decoder layer's backward feeding its MLP's row tiles) has the bits of the forward's y
+// (forward_for_backward, over the same tiles), and the backward after it its dx and
+// gradients, for the same variants as above; rows out of range, not whole tiles, or
+// without forward_for_rows on that x, are refused.
+TEST(AttentionLayerBf16, ForwardByRowsIsBitwiseTheSame) {
+  int n = 0;
+  for (Precision p : {Precision::f32, Precision::bf16})
+    for (const Case& c : {Case{37, 0, 24, 6, 1, 8, true}, Case{48, 16, 32, 4, 2, 8, false},
+                          Case{1, 0, 8, 2, 1, 4, false}, Case{0, 0, 8, 2, 1, 4, false}})
+      for (int variant = 0; variant < 4; ++variant)
+        for (std::int64_t rows : {1, 6, 1024}) {
+          AttentionLayerConfig cfg = config_of(c, p);
+          cfg.output_rows = rows;  // as a decoder layer sets it to its MLP's row tile
+          if (variant == 1) cfg.piece_tokens = 5;
+          if (variant == 2) {
+            cfg.qk_norm = false;
+            cfg.qkv_bias = cfg.out_bias = cfg.sinks = true;
+            cfg.window = 6;
+            cfg.piece_tokens = 7;
+          }
+          if (variant == 3) {
+            cfg.mla = true;
+            cfg.qk_norm = false;
+            cfg.kv_heads = cfg.q_heads;
+            cfg.q_lora_rank = 6;
+            cfg.kv_lora_rank = 5;
+            cfg.qk_nope_dim = 4;
+            cfg.qk_rope_dim = 4;
+            cfg.v_dim = 3;
+          }
+          SCOPED_TRACE(c.str() + " variant " + std::to_string(variant) + " rows " + std::to_string(rows) + " " +
+                       std::string(precision_name(p)));
+          std::mt19937 rng(static_cast<std::uint32_t>(c.T * 11 + variant));
+          const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
+          const Vec x = draw(c.T * c.H, rng, 0.0, 1.0), dy = draw(c.T * c.H, rng, 0.0, 1.0);
+          const Result whole = attention_test::run_layer(cfg, params, x, dy, nullptr, 1, /*keep=*/true);
+          const Result by_rows = attention_test::run_layer(cfg, params, x, dy, nullptr, 1, false, false, rows);
+          EXPECT_EQ(by_rows.y, whole.y);
+          EXPECT_EQ(by_rows.dx, whole.dx);
+          EXPECT_EQ(by_rows.grads, whole.grads);
+          ++n;
+        }
+  EXPECT_EQ(n, 96);
+
+  const Case c{5, 0, 8, 2, 1, 4, false};
+  AttentionLayerConfig cfg = config_of(c, Precision::f32);
+  cfg.output_rows = 2;
+  std::mt19937 rng(1);
+  const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
+  CpuDevice dev(16 << 20);
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+  const std::vector<attention_test::ParamSlot> slots = attention_test::param_slots(cfg);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    pb.push_back(attention_test::upload(dev, Component::params, params[i], DType::f32));
+    gb.push_back(attention_test::upload(dev, Component::grads, Vec(params[i].size(), 0.0f), DType::f32));
+    pt.*slots[i].member = pb.back().tensor(slots[i].shape, DType::f32);
+    gt.*slots[i].member = gb.back().tensor(slots[i].shape, DType::f32);
+  }
+  AttentionLayer layer(dev, cfg, pt, gt);
+  const Shape s{c.T, c.H};
+  Buffer xb = attention_test::upload(dev, Component::workspace, draw(c.T * c.H, rng, 0.0, 1.0), DType::f32);
+  Buffer other = attention_test::upload(dev, Component::workspace, draw(c.T * c.H, rng, 0.0, 1.0), DType::f32);
+  Buffer yb = attention_test::upload(dev, Component::workspace, Vec(c.T * c.H, 0.0f), DType::f32);
+  EXPECT_THROW(layer.forward_rows(xb.tensor(s, DType::f32), 0, 1, yb.data()), InvalidArgument);  // nothing kept
+  layer.forward_for_rows(xb.tensor(s, DType::f32));
+  EXPECT_THROW(layer.forward_rows(other.tensor(s, DType::f32), 0, 1, yb.data()), InvalidArgument);  // another x
+  EXPECT_THROW(layer.forward_rows(xb.tensor(s, DType::f32), 3, 3, yb.data()), InvalidArgument);     // past T
+  EXPECT_THROW(layer.forward_rows(xb.tensor(s, DType::f32), -1, 1, yb.data()), InvalidArgument);
+  EXPECT_THROW(layer.forward_rows(xb.tensor(s, DType::f32), 1, 2, yb.data()), InvalidArgument);  // not a tile
+  EXPECT_THROW(layer.forward_rows(xb.tensor(s, DType::f32), 0, 3, yb.data()), InvalidArgument);  // 1.5 tiles
+  layer.forward_rows(xb.tensor(s, DType::f32), 2, 3, yb.data());  // two tiles, the last short
+  cfg.output_rows = -1;
+  EXPECT_THROW(AttentionLayer(dev, cfg, pt, gt), InvalidArgument);
+}
+
 TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
   const Case c{3, 0, 16, 2, 2, 8, false};
   CpuDevice dev(16 << 20);

@@ -153,8 +153,12 @@ struct Result {
 // footprint and that nothing stays live. keep: the forward is forward_for_backward, which
 // leaves exactly the footprint's "kept" bytes live for the first backward. in_place: the
 // forward writes y over its input (a copy of x; the backward reads the original).
+// rows > 0: the forward is forward_for_rows (the footprint's "kept" bytes left live), then
+// forward_rows writes y `rows` rows a call (each call's peak the footprint's "rows"), then
+// the backward takes the kept o and lse.
 inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
-                        Communicator* g = nullptr, int backwards = 1, bool keep = false, bool in_place = false) {
+                        Communicator* g = nullptr, int backwards = 1, bool keep = false, bool in_place = false,
+                        std::int64_t rows = 0) {
   const DType a = activation_dtype(cfg.precision), w = param_dtype(cfg.precision);
   CpuDevice dev(256ull << 20);
   std::vector<Buffer> pb, gb;
@@ -182,13 +186,24 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   Result r;
   dev.arena().reset_peaks();
   std::uint64_t sent = ring_attention_bytes_sent();
-  if (keep)
+  if (rows > 0) {
+    layer.forward_for_rows(xb.tensor(s, a));
+    check("forward_for_rows", call_peak(f, Component::attention, false), T > 0 ? f.phase("kept").device[at] : 0);
+    for (std::int64_t first = 0; first < T; first += rows) {
+      dev.arena().reset_peaks();
+      const std::int64_t n = std::min(rows, T - first);
+      layer.forward_rows(xb.tensor(s, a), first, n, static_cast<char*>(yb.data()) + first * cfg.hidden * dtype_size(a));
+      check("forward_rows", f.phase("rows").device[at], f.phase("kept").device[at]);
+    }
+    keep = true;  // the backward takes what forward_for_rows kept
+  } else if (keep)
     layer.forward_for_backward(xb.tensor(s, a), yb.tensor(s, a));
   else if (in_place)
     layer.forward(yb.tensor(s, a), yb.tensor(s, a));  // yb holds x until the forward writes y there
   else
     layer.forward(xb.tensor(s, a), yb.tensor(s, a));
-  check("forward", call_peak(f, Component::attention, false), keep && T > 0 ? f.phase("kept").device[at] : 0);
+  if (rows == 0)
+    check("forward", call_peak(f, Component::attention, false), keep && T > 0 ? f.phase("kept").device[at] : 0);
   r.forward_ring_bytes = ring_attention_bytes_sent() - sent;
   for (int i = 0; i < backwards; ++i) {
     dev.arena().reset_peaks();

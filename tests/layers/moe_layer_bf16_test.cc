@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -53,8 +54,10 @@ struct Result {
 // One forward and one backward in precision p; checks the measured per-phase peaks
 // against moe_layer_footprint(T, cfg) (the layer's precision).
 // in_place: the forward runs on a copy of x as y = x's buffer (MoeLayer::forward_in_place).
+// rows: the backward takes x by rows (MoeLayer::backward_rows; footprint phase "backward
+// rows"), each row asked for exactly once.
 Result run(const Case& c, Precision p, const Params& P, const Vec& x, const Vec& dy, const Vec& aux_grad,
-           bool in_place = false) {
+           bool in_place = false, bool rows = false) {
   const MoeLayerConfig cfg = c.config(p);
   const DType a = activation_dtype(p);
   CpuDevice dev(256 << 20);
@@ -84,8 +87,21 @@ Result run(const Case& c, Precision p, const Params& P, const Vec& x, const Vec&
   layer.forward(in_place ? yt : xt, yt);
   check("forward");
   dev.arena().reset_peaks();
-  layer.backward(xt, dyt, dxt);
-  check("backward");
+  if (rows) {
+    std::vector<int> asked(static_cast<std::size_t>(c.T), 0);
+    const std::size_t row_bytes = static_cast<std::size_t>(c.H) * dtype_size(a);
+    const Block::RowSource src{c.T, c.H, a, [&](std::int64_t first, std::int64_t n, void* dst) {
+                                 for (std::int64_t r = first; r < first + n; ++r) ++asked[static_cast<std::size_t>(r)];
+                                 std::memcpy(dst, static_cast<const char*>(xt.raw()) + first * row_bytes,
+                                             static_cast<std::size_t>(n) * row_bytes);
+                               }};
+    layer.backward_rows(src, dyt, dxt);
+    check("backward rows");
+    EXPECT_EQ(asked, std::vector<int>(static_cast<std::size_t>(c.T), 1));
+  } else {
+    layer.backward(xt, dyt, dxt);
+    check("backward");
+  }
   dev.synchronize();
   Result r;
   r.y = host(yt);
@@ -244,6 +260,64 @@ TEST(MoeLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
           }
         }
   EXPECT_GT(n, 40);
+}
+
+// The backward with its input by rows (a decoder layer's, fed the attention's output a
+// row tile at a time) gives the bits of the backward on the whole x, in both precisions,
+// for every variant, tiled and not, with empty and one-token calls and all tokens to one
+// expert; its peak is one tile's input more than the backward's (phase "backward rows").
+TEST(MoeLayerBf16, BackwardByRowsIsBitwiseTheSame) {
+  int n = 0;
+  for (std::int64_t T : {0, 1, 37})
+    for (const Case& base : variants(T))
+      for (std::int64_t seq_tile : {0, 6})
+        for (std::int64_t hot : {-1, 3}) {
+          Case c = base;
+          c.seq_tile = seq_tile;
+          if (hot >= 0 && c.E == 0) continue;
+          c.hot = hot;
+          SCOPED_TRACE(c.str());
+          const MoeLayerConfig cfg = c.config(Precision::f32);
+          std::mt19937 rng(static_cast<std::uint32_t>(T * 37 + seq_tile + c.S * 5 + c.dense + hot * 3 + 200));
+          Params P = moe_ref::random_params(cfg, rng, c.hot);
+          Vec x = moe_ref::randn(c.T * c.H, rng, hot >= 0 ? 1.0 : 0.0, hot >= 0 ? 0.2 : 1.0);
+          Vec dy = moe_ref::randn(c.T * c.H, rng, 0, 1), aux_grad = moe_ref::randn(c.E, rng, 0, 0.5);
+          for (Precision p : {Precision::f32, Precision::bf16}) {
+            const Result whole = run(c, p, P, x, dy, aux_grad, false, false);
+            const Result by_rows = run(c, p, P, x, dy, aux_grad, false, true);
+            EXPECT_EQ(by_rows.dx, whole.dx) << precision_name(p);
+            EXPECT_EQ(by_rows.grads, whole.grads) << precision_name(p);
+            EXPECT_EQ(by_rows.counts, whole.counts) << precision_name(p);
+            EXPECT_EQ(by_rows.sums, whole.sums) << precision_name(p);
+            const MoeLayerBuffers b = moe_layer_buffers(c.T, c.config(p));
+            EXPECT_EQ(moe_layer_footprint(c.T, c.config(p)).phase("backward rows").device_total(),
+                      moe_layer_footprint(c.T, c.config(p)).phase("backward").device_total() + b.x_rows.reserved());
+            ++n;
+          }
+        }
+  EXPECT_GT(n, 40);
+}
+
+// A RowSource that does not match the layer is refused in one line.
+TEST(MoeLayerBf16, BackwardByRowsRefusesAMismatchedSource) {
+  Case c;
+  c.T = 3;
+  const MoeLayerConfig cfg = c.config(Precision::f32);
+  std::mt19937 rng(3);
+  Params P = moe_ref::random_params(cfg, rng);
+  CpuDevice dev(16 << 20);
+  SingleRankCommunicator one;
+  std::vector<Buffer> keep;
+  const MoeLayerTensors pt = tensors(dev, keep, Component::params, cfg, P, false, DType::f32);
+  const MoeLayerTensors gt = tensors(dev, keep, Component::grads, cfg, P, true, DType::f32);
+  MoeLayer layer(dev, one, cfg, pt, gt, nullptr);
+  const Shape s{c.T, c.H};
+  const Tensor dy = put(dev, keep, Component::workspace, s, nullptr, DType::f32);
+  const auto fill = [](std::int64_t, std::int64_t, void*) {};
+  for (const Block::RowSource& src : {Block::RowSource{c.T, c.H + 1, DType::f32, fill},
+                                      Block::RowSource{c.T, c.H, DType::bf16, fill},
+                                      Block::RowSource{c.T, c.H, DType::f32, nullptr}})
+    EXPECT_THROW(layer.backward_rows(src, dy, dy), InvalidArgument);
 }
 
 // Under f32 the bf16-only specs are 0 bytes (so the f32 footprint is the old one); under

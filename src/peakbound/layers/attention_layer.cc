@@ -112,6 +112,7 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
   if (c.window < 0) bad("window must be >= 0 (got " + std::to_string(c.window) + ")");
+  if (c.output_rows < 0) bad("output_rows must be >= 0 (0: all rows at once; got " + std::to_string(c.output_rows) + ")");
   if (c.piece_tokens < 0) bad("piece_tokens must be >= 0 (0: whole; got " + std::to_string(c.piece_tokens) + ")");
   if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
@@ -289,6 +290,8 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   // "kept": forward_for_backward's o and lse, held from its end to the backward.
   f.device("kept", b.o);
   f.device("kept", b.lse);
+  // "rows": forward_for_rows' o and lse, and a forward_rows call's linear tile (bf16).
+  for (const BufferSpec& s : {b.o, b.lse, b.tile}) f.device(kAttentionRowsPhase, s);
   if (b.query_pieces > 1) {
     // The queries in pieces (GQA): every phase holds k, v (and their norm's state), the
     // RoPE tables, the tile and the sinks, and one piece's h and rstd; q is a piece's.
@@ -757,17 +760,67 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
 void AttentionLayer::forward(const Tensor& x, const Tensor& y) {
   const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
-    forward_as<bf16>(x, y, keep_through_, false);
+    forward_as<bf16>(x, &y, keep_through_, false);
   else
-    forward_as<float>(x, y, keep_through_, false);
+    forward_as<float>(x, &y, keep_through_, false);
 }
 
 void AttentionLayer::forward_for_backward(const Tensor& x, const Tensor& y) {
   const PhaseScope phase(StepPhase::attention);
   if (cfg_.precision == Precision::bf16)
-    forward_as<bf16>(x, y, true, keep_through_);
+    forward_as<bf16>(x, &y, true, keep_through_);
   else
-    forward_as<float>(x, y, true, keep_through_);
+    forward_as<float>(x, &y, true, keep_through_);
+}
+
+void AttentionLayer::forward_for_rows(const Tensor& x) {
+  const PhaseScope phase(StepPhase::attention);
+  if (cfg_.precision == Precision::bf16)
+    forward_as<bf16>(x, nullptr, true, keep_through_);
+  else
+    forward_as<float>(x, nullptr, true, keep_through_);
+}
+
+void AttentionLayer::forward_rows(const Tensor& x, std::int64_t first, std::int64_t rows, void* y) {
+  const PhaseScope phase(StepPhase::attention);
+  const std::int64_t T = check_shape(x, "x");
+  if (first < 0 || rows < 0 || first > T - rows)
+    throw InvalidArgument("attention layer: forward_rows' rows [" + std::to_string(first) + ", " +
+                          std::to_string(first + rows) + ") are outside the call's " + std::to_string(T) + " tokens");
+  if (rows == 0) return;
+  if (kept_x_ != x.raw() || kept_tokens_ != T || kept_o_.bytes() == 0)
+    throw InvalidArgument("attention layer: forward_rows needs forward_for_rows on the same x first");
+  const std::int64_t tile = cfg_.output_rows;
+  if (tile > 0 && (first % tile != 0 || (rows % tile != 0 && first + rows != T)))
+    throw InvalidArgument("attention layer: forward_rows' rows [" + std::to_string(first) + ", " +
+                          std::to_string(first + rows) + ") are not whole tiles of output_rows " + std::to_string(tile));
+  if (cfg_.precision == Precision::bf16)
+    forward_rows_as<bf16>(x.data<bf16>(), first, rows, static_cast<bf16*>(y));
+  else
+    forward_rows_as<float>(x.data<float>(), first, rows, static_cast<float*>(y));
+}
+
+// y = x + (bias) + o Wo^T over rows [first, first + rows): the whole forward's steps on
+// those rows, the projection over the same output_rows tiles (so the same bits).
+template <class A>
+void AttentionLayer::forward_rows_as(const A* x, std::int64_t first, std::int64_t rows, A* y) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
+  const Buffer tile = allocate(dev_, attention_layer_buffers(kept_tokens_, cfg_).tile);  // bf16 only (else null)
+  dev_.memcpy_async(y, x + first * H, static_cast<std::size_t>(rows * H) * sizeof(A), CopyKind::device_to_device, s);
+  if (cfg_.out_bias) ops::add_bias(dev_, s, y, p_.bo.data<A>(), rows, H);
+  project_output<A>(kept_o_.as<A>() + first * Q, rows, y, tile.as<float>());
+}
+
+template <class A>
+void AttentionLayer::project_output(const A* o, std::int64_t rows, A* y, float* tile) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
+  const std::int64_t step = cfg_.output_rows > 0 ? cfg_.output_rows : rows;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += step)
+    linear(dev_, s, std::min(step, rows - r0), H,
+           {{.a = o + r0 * Q, .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}}, y + r0 * H, H,
+           LinearMode::add, tile);
 }
 
 void AttentionLayer::set_keep_through(bool on) {
@@ -792,9 +845,9 @@ void AttentionLayer::drop_kept() {
 }
 
 template <class A>
-void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, bool reuse) {
+void AttentionLayer::forward_as(const Tensor& x, const Tensor* y, bool keep, bool reuse) {
   const std::int64_t T = check_shape(x, "x");
-  PB_CHECK_MSG(check_shape(y, "y") == T, "attention layer: y must be [T, H] like x");
+  PB_CHECK_MSG(y == nullptr || check_shape(*y, "y") == T, "attention layer: y must be [T, H] like x");
   // The stack's forward kept o and lse under keep_through: the recomputation before this
   // layer's backward takes them (its input is the same boundary, restored bit for bit)
   // instead of running the attention again. Any other forward starts afresh: what an
@@ -818,11 +871,12 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor& y, bool keep, boo
   }
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   // In place (y is x) there is nothing to copy: x was last read by the projections above.
-  const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
-  if (y.raw() != x.raw()) dev_.memcpy_async(y.raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
-  if (cfg_.out_bias) ops::add_bias(dev_, s, y.data<A>(), p_.bo.data<A>(), T, H);
-  linear(dev_, s, T, H, {{.a = in.o.as<A>(), .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}},
-         y.data<A>(), H, LinearMode::add, in.tile.as<float>());
+  const std::int64_t H = cfg_.hidden;
+  if (y != nullptr) {
+    if (y->raw() != x.raw()) dev_.memcpy_async(y->raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
+    if (cfg_.out_bias) ops::add_bias(dev_, s, y->data<A>(), p_.bo.data<A>(), T, H);
+    project_output<A>(in.o.as<A>(), T, y->data<A>(), in.tile.as<float>());
+  }
   if (keep) {
     kept_o_ = std::move(in.o);
     kept_lse_ = std::move(in.lse);

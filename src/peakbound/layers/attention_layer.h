@@ -115,6 +115,11 @@ struct AttentionLayerConfig {
   // Tokens of a piece: the ring's K/V pieces under cp > 1 and the backward's query pieces
   // (attention_query_pieces); 0: whole shards and sequences (tests take small pieces).
   std::int64_t piece_tokens = kRingPieceTokens;
+  // The output projection's row tile: y = x + o Wo^T is computed output_rows rows at a
+  // time from row 0 (0: all rows at once), by forward and forward_rows alike, so the rows
+  // a decoder layer's MLP tiles take have the forward's bits whatever the GEMM does with
+  // its row count (forward_rows' ranges are whole tiles).
+  std::int64_t output_rows = 0;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
@@ -237,7 +242,7 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const Attenti
 // output" (o_proj's backward: d_o and row_dot beside o), "backward" (the kernel: o freed,
 // d_o, row_dot, dq, dk, dv, its workspace; the ring's under cp) and "backward project"
 // (the projections' backward: h again, dq, dk, dv), plus "kept" (forward_for_backward's
-// o and lse, held between calls). A forward call peaks at the larger of its two phases; a
+// o and lse, held between calls) and "rows" (kept and a forward_rows call's linear tile). A forward call peaks at the larger of its two phases; a
 // backward call at the largest of the other four, and of "forward" too unless it takes
 // what forward_for_backward kept (its recomputation then runs no kernel).
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c);
@@ -248,6 +253,7 @@ Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerCon
 // beside them (kAttentionKeptProjectPhase) instead of both forward phases.
 inline constexpr std::array<std::string_view, 2> kAttentionForwardPhases = {"forward project", "forward"};
 inline constexpr std::string_view kAttentionKeptProjectPhase = "kept project";
+inline constexpr std::string_view kAttentionRowsPhase = "rows";
 inline constexpr std::array<std::string_view, 3> kAttentionBackwardPhases = {"backward output", "backward",
                                                                              "backward project"};
 
@@ -272,6 +278,15 @@ class AttentionLayer final : public Block {
   // checkpointed backward, not two. o and lse stay held (footprint phase "kept") until
   // that backward or the next forward.
   void forward_for_backward(const Tensor& x, const Tensor& y) override;
+  // forward_for_backward without y (footprint phase "rows" while the kept o and lse are
+  // held: what a backward's rows need): forward_rows(x, first, rows, y) then writes y's
+  // rows [first, first + rows) = x + o Wo^T (+ bias) from the kept o, the same bits as
+  // the whole forward, under a linear tile of the whole call's (bf16) per call; until this
+  // layer's backward on x (or the next forward). InvalidArgument without a kept o of x,
+  // rows outside [0, T) or a range that is not whole output_rows tiles.
+  bool forward_by_rows() const override { return true; }
+  void forward_for_rows(const Tensor& x) override;
+  void forward_rows(const Tensor& x, std::int64_t first, std::int64_t rows, void* y) override;
   // Keep-through (ModelSchedules::keep_attention): forward keeps o and lse too, from a
   // checkpointed stack's forward to this layer's backward, and forward_for_backward takes
   // what forward kept instead of running the attention kernel (or the ring) again: no
@@ -337,9 +352,16 @@ class AttentionLayer final : public Block {
   bool take_kept(Internals& in, std::int64_t T, bool use);
   // Frees what a forward kept.
   void drop_kept();
-  // keep: hold o and lse afterwards; reuse: take what an earlier forward kept (same T).
+  // keep: hold o and lse afterwards; reuse: take what an earlier forward kept (same T);
+  // y null (forward_for_rows): o and lse only.
   template <class A>
-  void forward_as(const Tensor& x, const Tensor& y, bool keep, bool reuse);
+  void forward_as(const Tensor& x, const Tensor* y, bool keep, bool reuse);
+  template <class A>
+  void forward_rows_as(const A* x, std::int64_t first, std::int64_t rows, A* y);
+  // y rows [0, rows) += o rows [0, rows) Wo^T, output_rows at a time (the caller's rows
+  // start a tile).
+  template <class A>
+  void project_output(const A* o, std::int64_t rows, A* y, float* tile);
   // MLA's backward from dq, dk, dv (the attention's) to dh written into h's buffer; dqa, dc
   // and dkr32 are its scratch (AttentionLayerBuffers).
   template <class A>

@@ -40,13 +40,24 @@ void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
 }
 
 void DecoderLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  if (dx.raw() == dy.raw() && !mlp_.backward_in_place())
+    throw InvalidArgument("decoder layer: an in-place backward needs an MLP sublayer that runs in place");
+  if (by_rows()) {
+    // No mid: the MLP's backward takes the attention's output a row tile at a time.
+    attention_.forward_for_rows(x);
+    Block::RowSource mid{x.dim(0), hidden_, x.dtype(),
+                         [&](std::int64_t first, std::int64_t rows, void* dst) {
+                           attention_.forward_rows(x, first, rows, dst);
+                         }};
+    mlp_.backward_rows(mid, dy, dx);
+    attention_.backward(x, dx, dx);
+    return;
+  }
   const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
   Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
   const Tensor m = mid.tensor(x.shape(), x.dtype());
   attention_.forward_for_backward(x, m);  // keeps its internals for its backward below
   // d mid into dx (the MLP's backward in place when dx is dy), then d x over it.
-  if (dx.raw() == dy.raw() && !mlp_.backward_in_place())
-    throw InvalidArgument("decoder layer: an in-place backward needs an MLP sublayer that runs in place");
   mlp_.backward(m, dy, dx);
   mid.reset();  // its last reader was the MLP's backward (stream-ordered reuse)
   attention_.backward(x, dx, dx);

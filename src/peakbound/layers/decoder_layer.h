@@ -11,6 +11,10 @@
 // layer) the forward holds no mid: the attention writes into y and the MLP turns y into
 // its own output there; the backward's recomputation keeps mid (the MLP's backward needs
 // its input beside dx).
+// With sublayers that can (Block::forward_by_rows, backward_by_rows: the attention and
+// MoE layers) the backward holds no mid either: the attention's recomputation keeps its
+// output o, and each of the MLP's row tiles takes its rows of mid = x + o Wo^T as it
+// starts (by_rows()).
 // mid is a per-call buffer (component layer, [T, H]) in x's dtype: f32, or bf16 when both
 // sublayers run in bf16 (AttentionLayerConfig::precision, MoeLayerConfig::precision; each
 // sublayer refuses tensors of the other dtype).
@@ -27,8 +31,8 @@
 namespace peakbound {
 
 // The layer's own buffer on T tokens of hidden H: mid [T, H] in forward (unless the MLP
-// runs in place), and in backward until the MLP sublayer's backward is done (component
-// layer).
+// runs in place), and in backward until the MLP sublayer's backward is done (unless
+// by_rows()) (component layer).
 struct DecoderLayerBuffers {
   BufferSpec mid;
 };
@@ -48,6 +52,8 @@ class DecoderLayer final : public Block {
   // dx may be dy (in place).
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   bool backward_in_place() const override { return true; }
+  // True when the backward passes mid by rows (no mid buffer).
+  bool by_rows() const { return attention_.forward_by_rows() && mlp_.backward_by_rows(); }
   // The attention sublayer's parameters, then the MLP sublayer's.
   std::vector<Parameter> parameters() const override;
   void zero_grad() override;

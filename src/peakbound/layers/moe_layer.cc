@@ -163,6 +163,7 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t T, const MoeLayerConfig& c, u64 a
   b.gate_logit = buffer_spec(kC, mul(g, t), kF32);
   b.dh = buffer_spec(kC, mul(t, H), a);
   b.x_in = buffer_spec(kC, c.dense() ? 0 : mul(t, H), a);
+  b.x_rows = buffer_spec(kC, mul(t, H), a);
   // bf16 only: dz apart from the fp32 z, and the fp32 tile of every linear (router and
   // gate dh contributions [T, H], the side SwiGLU's [R, max(H, side)]).
   const bool bf = c.precision == Precision::bf16;
@@ -182,8 +183,9 @@ Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c) {
 Footprint moe_layer_footprint(std::int64_t T, const MoeLayerConfig& c, u64 elem_bytes) {
   const MoeLayerBuffers b = moe_layer_buffers(T, c, elem_bytes);
   Footprint f("moe layer");
-  for (const char* phase : {"forward", "backward"}) {
-    const bool bwd = phase[0] == 'b';
+  for (const std::string_view phase : {"forward", "backward", "backward rows"}) {
+    const bool bwd = phase != "forward";
+    if (phase == "backward rows") f.device(phase, b.x_rows);
     for (const BufferSpec& s : {b.h, b.rstd, b.router.probs, b.router.ids, b.router.weights, b.ffn.gate, b.ffn.up,
                                 b.shared_out, b.gate_logit})
       f.device(phase, s);
@@ -450,9 +452,20 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
 void MoeLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const PhaseScope phase(StepPhase::experts);
   if (cfg_.precision == Precision::bf16)
-    backward_as<bf16>(x, dy, dx);
+    backward_as<bf16>(&x, nullptr, dy, dx);
   else
-    backward_as<float>(x, dy, dx);
+    backward_as<float>(&x, nullptr, dy, dx);
+}
+
+void MoeLayer::backward_rows(const RowSource& x, const Tensor& dy, const Tensor& dx) {
+  const PhaseScope phase(StepPhase::experts);
+  if (x.tokens < 0 || x.hidden != cfg_.hidden || x.dtype != activation_dtype(cfg_.precision) || !x.fill)
+    throw InvalidArgument("moe layer: backward_rows' input must be [T, " + std::to_string(cfg_.hidden) + "] " +
+                          std::string(dtype_name(activation_dtype(cfg_.precision))) + " rows with a fill");
+  if (cfg_.precision == Precision::bf16)
+    backward_as<bf16>(nullptr, &x, dy, dx);
+  else
+    backward_as<float>(nullptr, &x, dy, dx);
 }
 
 // The Qwen2-MoE gate's backward: d shared = sigmoid(z) dy into shared_out's buffer, dz
@@ -477,11 +490,13 @@ void MoeLayer::gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh,
 }
 
 template <class A>
-void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  const std::int64_t T = check_shape(x, "x");
+void MoeLayer::backward_as(const Tensor* x, const RowSource* src, const Tensor& dy, const Tensor& dx) {
+  const std::int64_t T = x != nullptr ? check_shape(*x, "x") : src->tokens;
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "moe layer: token counts differ");
-  PB_CHECK_MSG(T == 0 || dx.raw() != x.raw(), "moe layer: dx must not alias x");
+  PB_CHECK_MSG(T == 0 || x == nullptr || dx.raw() != x->raw(), "moe layer: dx must not alias x");
   const std::int64_t tiles = tile_count(T), R = moe_tile_rows(T, cfg_.seq_tile);
+  // From rows: each tile's input into x_rows first (0 bytes allocated when x is whole).
+  const Buffer x_rows = src != nullptr ? allocate(dev_, moe_layer_buffers(R, cfg_).x_rows) : Buffer{};
   Internals in;
   allocate_internals(in, R, /*for_backward=*/true);
   const MoeLayerBuffers b = moe_layer_buffers(R, cfg_);
@@ -491,7 +506,13 @@ void MoeLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx) 
   const std::int64_t H = cfg_.hidden;
   for (std::int64_t i = 0; i < tiles; ++i) {
     const std::int64_t r0 = tile_first(i), rows = tile_rows(T, i);
-    const A* xp = rows > 0 ? x.data<A>() + r0 * H : nullptr;
+    const A* xp = nullptr;
+    if (rows > 0 && src != nullptr) {
+      src->fill(r0, rows, x_rows.data());
+      xp = x_rows.as<A>();
+    } else if (rows > 0) {
+      xp = x->data<A>() + r0 * H;
+    }
     const A* dyp = rows > 0 ? dy.data<A>() + r0 * H : nullptr;
     A* dxp = rows > 0 ? dx.data<A>() + r0 * H : nullptr;
     recompute<A>(in, xp, rows, r0, /*for_backward=*/true);

@@ -212,6 +212,7 @@ struct MoeAuxState {
 //   tile [min(T, 256), max(H, side_ffn)] f32               bf16 only (linear_tile_spec): forward
 //                                                          with a side FFN, backward always
 //   dh [T, H] (act)                                        backward
+//   x_rows [T, H] (act)                                    backward_rows: the tile's input
 //   x_in [T, H] (act)                                      forward, MoE only (0 bytes dense):
 //                                                          the tile's input set aside when
 //                                                          y is x (in place), for the
@@ -227,7 +228,7 @@ struct MoeLayerBuffers {
   SwigluFfnBuffers ffn;
   BufferSpec shared_out, gate_logit;
   BufferSpec dh;
-  BufferSpec x_in;
+  BufferSpec x_in, x_rows;
   BufferSpec gate_dz{}, tile{};
 };
 // Activations in activation_dtype(c.precision).
@@ -236,7 +237,7 @@ MoeLayerBuffers moe_layer_buffers(std::int64_t tokens, const MoeLayerConfig& c);
 // follow c.precision).
 MoeLayerBuffers moe_layer_buffers(std::int64_t tokens, const MoeLayerConfig& c, std::uint64_t elem_bytes);
 
-// Phases "forward" and "backward", Component::layer only (parameters and gradients are
+// Phases "forward", "backward" and "backward rows" (backward_rows), Component::layer only (parameters and gradients are
 // the parameter store's, the dispatch's buffers dispatch_footprint's). Without
 // elem_bytes: the activations of c.precision (what the layer allocates).
 Footprint moe_layer_footprint(std::int64_t tokens, const MoeLayerConfig& c);
@@ -262,6 +263,10 @@ class MoeLayer final : public Block {
   // parallelism). MoE: collective over ep_group, like forward.
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   bool backward_in_place() const override { return true; }
+  // backward with x a row tile at a time (into x_rows, footprint phase "backward rows"):
+  // the same dx and gradients, bit for bit. x.tokens may differ per rank, as T does.
+  bool backward_by_rows() const override { return true; }
+  void backward_rows(const RowSource& x, const Tensor& dy, const Tensor& dx) override;
   // HF names (Qwen convention) relative to the decoder layer: post_attention_layernorm.weight;
   // dense: mlp.gate_proj/up_proj/down_proj.weight; MoE: mlp.gate.weight, then for each
   // local expert mlp.experts.<global e>.gate_proj/up_proj/down_proj.weight (views into
@@ -300,8 +305,9 @@ class MoeLayer final : public Block {
   void side_forward(Internals& in, const A* h, std::int64_t T, A* y);
   template <class A>
   void forward_as(const Tensor& x, const Tensor& y);
+  // x whole, or (x null) from rows a tile at a time.
   template <class A>
-  void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
+  void backward_as(const Tensor* x, const RowSource* rows, const Tensor& dy, const Tensor& dx);
   template <class A>
   void backward_tile(Internals& in, const A* x, const A* dy, A* dx, std::int64_t rows, std::int64_t first,
                      float* d_weights, A* dh, bf16* d_logits16, std::int64_t tile_index, std::int64_t tiles);

@@ -7,9 +7,12 @@
 // The residual MLP block implements it today; the MoE transformer block will too.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "peakbound/core/error.h"
 #include "peakbound/core/tensor.h"
 
 namespace peakbound {
@@ -42,6 +45,34 @@ class Block {
   // needs instead of computing it again there, holding it until the backward (or the
   // next forward). The default is forward.
   virtual void forward_for_backward(const Tensor& x, const Tensor& y) { forward(x, y); }
+
+  // A block's output produced a row range at a time instead of whole (a decoder layer's
+  // backward feeding its attention sublayer's output to its MLP sublayer's tiles, so no
+  // [tokens, hidden] buffer holds it). forward_for_rows(x) is forward_for_backward with no
+  // y: it keeps what forward_rows and the backward after it need; forward_rows(x, first,
+  // rows, y) then writes rows [first, first + rows) of the output into y ([rows, hidden],
+  // x's dtype), bitwise what forward would have written there. Only where
+  // forward_by_rows(); the defaults refuse.
+  virtual bool forward_by_rows() const { return false; }
+  virtual void forward_for_rows(const Tensor& /*x*/) {
+    throw InternalError("block: this block does not produce its output by rows");
+  }
+  virtual void forward_rows(const Tensor& /*x*/, std::int64_t /*first*/, std::int64_t /*rows*/, void* /*y*/) {
+    throw InternalError("block: this block does not produce its output by rows");
+  }
+  // An input [tokens, hidden] of dtype given a row range at a time: fill(first, rows, dst)
+  // writes rows [first, first + rows) into dst ([rows, hidden]).
+  struct RowSource {
+    std::int64_t tokens = 0, hidden = 0;
+    DType dtype = DType::f32;
+    std::function<void(std::int64_t first, std::int64_t rows, void* dst)> fill;
+  };
+  // backward with its input from a RowSource (each row asked for once),
+  // where backward_by_rows(); the same dx and gradients, bit for bit. The default refuses.
+  virtual bool backward_by_rows() const { return false; }
+  virtual void backward_rows(const RowSource& /*x*/, const Tensor& /*dy*/, const Tensor& /*dx*/) {
+    throw InternalError("block: this block does not take its input by rows");
+  }
 
   // Parameters in a fixed order, with their gradients.
   virtual std::vector<Parameter> parameters() const = 0;

@@ -356,6 +356,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
         model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank(), schedules_.attention_piece);
     ac.precision = prec;
     ac.window = c.attention_window(l);
+    ac.output_rows = schedules_.moe_tile;  // the MLP's row tiles: its backward takes mid by them
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2 && ac.mla; ++g) {
       const std::string a = p + "self_attn.";

@@ -13,7 +13,6 @@
 #include "peakbound/core/precision.h"
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/schedules/context_layout.h"
-#include "peakbound/layers/decoder_layer.h"
 #include "peakbound/layers/moe_layer.h"
 #include "peakbound/model/tensor_table.h"
 #include "peakbound/schedules/checkpoint_policy.h"
@@ -172,7 +171,6 @@ class TrainFootprintBuilder {
     const ParamShard ps{nullptr, param_dtype(p_), nullptr, DType::f32, static_cast<std::int64_t>(shard)};
     opt_ = optimizer_footprint(in_.optimizer, optimizer_shape(ps), in_.optimizer_options);
     bb_ = model_batch_buffers(T_, H_, p_, seq_aux_floats(c_, T_ > 0 ? sequences_of(in_.rank) : 0));
-    db_ = decoder_layer_buffers(T_, H_, act_bytes_);
   }
   // The stack (built on the first step with tokens): the checkpoint ring and host boundaries.
   void size_stack() {
@@ -370,40 +368,41 @@ class TrainFootprintBuilder {
   }
 
   // ---- backward, layer by layer from the last: x (the one gradient buffer: every block's
-  // backward runs in place on it), mid until the MLP's backward is done
-  void backward_common(const std::string& ph, std::int64_t layer, bool mid = true) {
+  // backward runs in place on it); no mid (DecoderLayer::by_rows: the MLP's backward takes
+  // it a row tile at a time from the attention's kept o)
+  void backward_common(const std::string& ph, std::int64_t layer) {
     persistent(ph, true);
     batch(ph, {bb_.x});
     if (stacked_) f_.device(ph, cb_.grad, static_cast<u64>(cb_.grad_buffers));  // 0 in place
     residents(ph, layer);
-    if (mid) f_.device(ph, db_.mid);
   }
   // A layer's backward: its attention's forward, keeping o and lse (DecoderLayer,
-  // forward_for_backward), the MLP's backward beside them, the attention's backward.
+  // forward_for_rows), the MLP's backward beside them with its input's row tile, the
+  // attention's backward.
   void layer_backwards() {
     for (auto it = mlps_.rbegin(); it != mlps_.rend(); ++it) {
       backward_common(it->bwd, it->layer);
-      add_phase(f_, it->bwd, it->layer_fp.phase("backward"));
+      add_phase(f_, it->bwd, it->layer_fp.phase("backward rows"));
       if (it->dispatch) add_phase(f_, it->bwd, it->dispatch_fp.phase("backward"));
-      add_phase(f_, it->bwd, att_.phase("kept"));
+      add_phase(f_, it->bwd, att_.phase(kAttentionRowsPhase));
       kept(it->bwd, it->layer);  // keep_attention: the earlier layers' too
     }
-    // The last layer's: forward_for_backward's recomputation (keep_attention: its o and
-    // lse are the kept ones, so it runs the projections only, beside them; the earlier
+    // The last layer's: forward_for_rows' recomputation (keep_attention: its o and lse
+    // are the kept ones, so it runs the projections only, beside them; the earlier
     // layers' are held beside), then the backward's own recomputation of the projections,
-    // beside the o and lse forward_for_backward kept, without mid. kernel: the phase runs
-    // the attention kernel's forward, which a kept o skips.
+    // beside the o and lse forward_for_rows kept. kernel: the phase runs the attention
+    // kernel's forward, which a kept o skips.
     const std::string_view recompute_project =
         sch_.keep_attention ? kAttentionKeptProjectPhase : kAttentionForwardPhases[0];
-    for (const auto& [ph, part, mid, kernel] :
-         {std::tuple{"backward attention recompute project", recompute_project, true, false},
-          std::tuple{"backward attention recompute", kAttentionForwardPhases[1], true, true},
-          std::tuple{"backward attention reproject", kAttentionKeptProjectPhase, false, false},
-          std::tuple{"backward attention output", kAttentionBackwardPhases[0], false, false},
-          std::tuple{"backward attention", kAttentionBackwardPhases[1], false, false},
-          std::tuple{"backward attention project", kAttentionBackwardPhases[2], false, false}}) {
+    for (const auto& [ph, part, kernel] :
+         {std::tuple{"backward attention recompute project", recompute_project, false},
+          std::tuple{"backward attention recompute", kAttentionForwardPhases[1], true},
+          std::tuple{"backward attention reproject", kAttentionKeptProjectPhase, false},
+          std::tuple{"backward attention output", kAttentionBackwardPhases[0], false},
+          std::tuple{"backward attention", kAttentionBackwardPhases[1], false},
+          std::tuple{"backward attention project", kAttentionBackwardPhases[2], false}}) {
       if (kernel && sch_.keep_attention) continue;
-      backward_common(ph, L_ - 1, mid);
+      backward_common(ph, L_ - 1);
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);
     }
@@ -429,7 +428,6 @@ class TrainFootprintBuilder {
   std::vector<BufferSpec> resident_dev_;
   Footprint opt_{"optimizer"};
   ModelBatchBuffers bb_;
-  DecoderLayerBuffers db_;
   bool stacked_ = false;
   CheckpointBuffers cb_;
   std::int64_t ringed_ = 0;

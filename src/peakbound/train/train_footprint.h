@@ -3,7 +3,7 @@
 // MoeTransformer and Trainer allocate, composed from the very BufferSpec functions
 // their runtimes allocate from (parameter_store_buffers with model_store_specs'
 // selectors, fsdp_buffers with the stores' slices as its tail, model_aux_buffers, model_batch_buffers,
-// decoder_layer_buffers, attention_layer_footprint, moe_layer_footprint,
+// attention_layer_footprint, moe_layer_footprint,
 // dispatch_footprint, materialized_vocab_footprint / ring_dtp_footprint,
 // checkpoint_buffers, optimizer_footprint). Measured Arena peaks after a step equal it
 // per component (tests/train/train_footprint_*test.cc).
@@ -29,14 +29,16 @@
 //   backward mlp / backward dense mlp   the last MoE / dense layer's backward: x (the
 //                              one gradient buffer: every layer's backward runs in
 //                              place on it), the resident boundaries not yet freed,
-//                              mid, the MLP sublayer's backward (+ the dispatch's
-//                              backward pass)
+//                              the attention's kept o and lse, the MLP sublayer's
+//                              backward with its input's row tile (no mid: the tile's
+//                              rows of x + o Wo^T are written as it starts) (+ the
+//                              dispatch's backward pass)
 //   backward attention recompute project / backward attention recompute   the last
-//                              layer's attention forward (recomputing mid: its
-//                              projections, its kernel unless keep_attention kept o)
+//                              layer's attention forward (its projections, its kernel
+//                              unless keep_attention kept o)
 //   backward attention output / backward attention / backward attention project
 //                              its backward (o_proj's, the kernel's, the projections'),
-//                              beside the same without mid
+//                              beside the same
 //   optimizer                  the persistent buffers (the step allocates nothing)
 //   loss eval                  with `evaluates`: the held-out loss's forward (x, y,
 //                              rstd and the vocabulary loss's plain forward, which a
@@ -53,7 +55,7 @@
 // (bf16 temporaries such as linear tiles, attention's o32/dq32/dkv32, the vocab's
 // g16/d_hidden32 and the dispatch's expert tile are 0 bytes under f32, so the f32
 // footprint is the one of before the bf16 form, byte for byte). Under bf16 the batch
-// buffers (x, y, hn, d_hn), mid, the checkpoint boundaries (ring, residents,
+// buffers (x, y, hn, d_hn), the checkpoint boundaries (ring, residents,
 // host slots), every layer's activations, the dispatch's rows, the
 // parameters the model computes with (FSDP shard and gathered slots, the stores' params,
 // the trainer's param shard) and the optimizer's param staging are 2 bytes an element;
