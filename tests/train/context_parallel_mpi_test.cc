@@ -215,6 +215,11 @@ TEST(ContextParallel, OneSlotRingChangesNoBit) {
       EXPECT_EQ(b, a / 2) << "two slots " << a << ", one " << b;
       EXPECT_GT(b, 0u);
     }
+  // Past one tile of the final norm's backward, which the one-slot ring's parked final
+  // hidden (parks_final_hidden) runs a tile at a time over d_hn: two tiles and a part.
+  SCOPED_TRACE("cp 1, the final norm's backward in 3 tiles");
+  const std::int64_t S = 2 * kFinalNormTileRows + 77;
+  expect_same_bits(one_step(1, true, S, false, 1), one_step(1, true, S, false, 0));
 }
 
 TEST(ContextParallel, FiveStepsSameLossCurve) {

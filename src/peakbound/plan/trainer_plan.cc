@@ -70,7 +70,7 @@ Phase planner_phase_of(std::string_view p) {
   if (p.starts_with("optimizer")) return Phase::optimizer;
   if (p == "embedding forward" || p.starts_with("forward attention")) return Phase::forward_attention;
   if (p.starts_with("forward ")) return Phase::forward_mlp;
-  if (p.starts_with("loss ") || p == "final norm backward") return Phase::loss;
+  if (p.starts_with("loss ") || p.starts_with("final norm ")) return Phase::loss;
   if (p.starts_with("backward attention") || p == "embedding backward") return Phase::backward_attention;
   if (p.starts_with("backward ")) return Phase::backward_mlp;
   throw InvalidArgument("the planner has no phase for the trainer's phase '" + std::string(p) + "'");

@@ -222,6 +222,11 @@ ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, 
   b.x = b.y = b.d_hn = buffer_spec(Component::layer, th, dtype_size(activation_dtype(precision)));
   b.rstd = buffer_spec(Component::layer, t, sizeof(float));
   b.seq_counts = b.seq_psum = buffer_spec(Component::workspace, static_cast<u64>(seq_floats), sizeof(float));
+  b.y_host = buffer_spec(Component::checkpoints, th, dtype_size(activation_dtype(precision)));
+  b.norm_tile = buffer_spec(
+      Component::layer,
+      checked_mul(static_cast<u64>(std::min(tokens, kFinalNormTileRows)), static_cast<u64>(hidden), "[tile, H]"),
+      dtype_size(activation_dtype(precision)));
   return b;
 }
 
@@ -814,11 +819,14 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   // keep_attention: each layer's attention keeps o and lse from this forward to its
   // backward (AttentionLayer::set_keep_through), so the backward runs no attention forward.
   for (auto& l : layers_) l->attention->set_keep_through(schedules_.keep_attention);
+  const bool park = !empty && parks_final_hidden(schedules_);
   if (!empty && (!stack_ || stack_tokens_ != T)) {
     stack_.reset();
+    y_host_.reset();
     std::vector<Block*> blocks;
     for (auto& l : layers_) blocks.push_back(l->fsdp.get());
     stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, kA, schedules_.checkpoint);
+    if (park) y_host_ = host_.allocate(bb.y_host.component, bb.y_host.bytes);
     stack_tokens_ = T;
   }
   // The embedding writes into the stack's first boundary: the forward holds no x.
@@ -851,6 +859,15 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const A* w_norm = norm_w.as<A>() + norm_at;
   if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<A>(), rstd.as<float>(), y.as<A>(), w_norm, T, H, eps);
+  // parks_final_hidden: y to the host until the final norm's backward (its memory free
+  // for the loss once the copy has read it).
+  Stream& copy = dev_.copy_stream();
+  if (park) {
+    dev_.wait(copy, dev_.record(s));
+    dev_.memcpy_async(y_host_.data(), y.data(), bb.y.bytes, CopyKind::device_to_host, copy);
+    dev_.wait(s, dev_.record(copy));
+    y.reset();
+  }
   const A* w_head = head_->contains("lm_head.weight") ? head_->param_as<A>("lm_head.weight") : nullptr;
   float* d_head = head_->contains("lm_head.weight") ? head_->grad("lm_head.weight") : nullptr;
   // The scale is known up front (the trainer counted the valid targets): a one-rank
@@ -868,18 +885,39 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   }
   // The layers' backward runs in place (every block's backward_in_place, the stack's one
   // gradient buffer): the final norm's gradient goes into x's buffer (the normed hidden's
-  // last reader was the loss), and the layers turn it into dx there.
-  Buffer& dy = p.x;
+  // last reader was the loss), and the layers turn it into dx there. parks_final_hidden:
+  // the normed hidden is freed, y comes back, and the norm's backward writes dy over d_hn
+  // a row tile at a time (each row's the same operations, the weight's gradient added in
+  // the same row order: the same bits); d_hn's buffer is then x's.
+  if (park) {
+    p.x.reset();
+    y = dev_.allocate(bb.y.component, bb.y.bytes);
+    dev_.wait(copy, dev_.record(s));
+    dev_.memcpy_async(y.data(), y_host_.data(), bb.y.bytes, CopyKind::host_to_device, copy);
+    dev_.wait(s, dev_.record(copy));
+  }
   {
     Buffer norm_g = dev_.allocate(fb.norm_grads.component, fb.norm_grads.bytes);
     ops::fill(dev_, s, norm_g.as<float>(), static_cast<std::int64_t>(fsdp_->layout(nu).elements), 0.0f);
-    if (T > 0) {
-      ops::fill(dev_, s, dy.as<A>(), T * H, 0.0f);
-      ops::rmsnorm_backward(dev_, s, dy.as<A>(), norm_g.as<float>() + norm_at, d_hn.as<A>(), y.as<A>(),
+    if (park) {
+      const Buffer tile = dev_.allocate(bb.norm_tile.component, bb.norm_tile.bytes);
+      for (std::int64_t r0 = 0; r0 < T; r0 += kFinalNormTileRows) {
+        const std::int64_t rows = std::min(kFinalNormTileRows, T - r0);
+        ops::fill(dev_, s, tile.as<A>(), rows * H, 0.0f);
+        ops::rmsnorm_backward(dev_, s, tile.as<A>(), norm_g.as<float>() + norm_at, d_hn.as<A>() + r0 * H,
+                              y.as<A>() + r0 * H, w_norm, rstd.as<float>() + r0, rows, H);
+        dev_.memcpy_async(d_hn.as<A>() + r0 * H, tile.data(), static_cast<std::size_t>(rows * H) * sizeof(A),
+                          CopyKind::device_to_device, s);
+      }
+    } else if (T > 0) {
+      ops::fill(dev_, s, p.x.as<A>(), T * H, 0.0f);
+      ops::rmsnorm_backward(dev_, s, p.x.as<A>(), norm_g.as<float>() + norm_at, d_hn.as<A>(), y.as<A>(),
                             w_norm, rstd.as<float>(), T, H);
     }
     fsdp_->reduce_add(nu, norm_g.as<float>());
   }
+  if (park) p.x = std::move(d_hn);
+  Buffer& dy = p.x;
   norm_w.reset();
   d_hn.reset();
   y.reset();

@@ -151,12 +151,27 @@ ModelRouterStateBuffers model_router_state_buffers(const ModelConfig& c);
 //   y [T, H] (layer)                      the stack's output, until the final norm's backward
 //   rstd [T] (layer)                      the final norm's rstd
 //   d_hn [T, H] (layer)                   the loss's input gradient
+//   y_host [T, H] (host, checkpoints)     parks_final_hidden: y across the loss (the
+//                                         stack allocates it with its ring, once)
+//   norm_tile [min(T, 1024), H] (layer)   parks_final_hidden: the final norm's backward
+//                                         a row tile at a time, written over d_hn, which
+//                                         then is the layers' gradient buffer (no x)
 // forward() (evaluation) uses y as the second residual buffer and rstd.
 // seq_counts, seq_psum: the sequence-wise balance loss's statistics (seq_aux_floats each,
 // f32; 0 bytes when it is off), held through the pass like ids and targets.
 struct ModelBatchBuffers {
-  BufferSpec ids, targets, x, y, rstd, d_hn, seq_counts, seq_psum;
+  BufferSpec ids, targets, x, y, rstd, d_hn, seq_counts, seq_psum, y_host, norm_tile;
 };
+// Rows of the final norm's backward tile (norm_tile).
+inline constexpr std::int64_t kFinalNormTileRows = 1024;
+// SCO's one-slot ring (prefetch_depth 0, what the budget chooses when two slots do not
+// fit) parks the final hidden y on the host across the loss too: from the final norm's
+// forward to its backward the device holds the normed hidden, d_hn and the ring's one
+// boundary, not y beside them (one [T, H] a rank less at the loss), for one more copy
+// each way a step (the H2D exposed, as the one-slot ring's are).
+inline bool parks_final_hidden(const ModelSchedules& s) {
+  return s.checkpoint.schedule == CheckpointSchedule::sco && s.checkpoint.prefetch_depth == 0;
+}
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
                                       std::int64_t seq_aux_floats = 0);
 // [MoE layers, sequences, E] when c.seq_aux_loss_coef > 0 (a rank's `sequences` per pass), else 0.
@@ -281,6 +296,7 @@ class MoeTransformer {
   std::vector<std::string> router_buffer_names_;  // correction_'s rows, one per MoE layer
   std::unique_ptr<MoeAuxState> aux_state_;
   std::unique_ptr<CheckpointedStack> stack_;
+  Buffer y_host_;  // parks_final_hidden: y across the loss (with the stack, for its tokens)
   std::int64_t stack_tokens_ = -1;
   std::int64_t moe_layers_ = 0;
 };

@@ -189,6 +189,7 @@ class TrainFootprintBuilder {
     if (with_stack && stacked_) {
       f_.device(phase, cb_.boundary, static_cast<u64>(cb_.placement.ring_slots));
       f_.host(phase, cb_.host_boundary, static_cast<u64>(cb_.placement.offloaded));
+      if (parks_final_hidden(sch_)) f_.host(phase, bb_.y_host);  // allocated with the stack
     }
   }
   // Resident boundaries live while block l runs forward (acquired up to l + 1) or
@@ -323,18 +324,29 @@ class TrainFootprintBuilder {
     // A one-rank group under Ring-DTP runs the fused forward_backward: d_hn is allocated
     // first and one phase of the loss holds it with the fused block (both phases below).
     const bool fused = sch_.ring_dtp && ring_dtp_fuses(vs);
+    // parks_final_hidden: y on the host from the final norm's forward to its backward
+    // (that moment is the norm's forward, y and its output x beside each other).
+    const bool park = stacked_ && parks_final_hidden(sch_);
+    const BufferSpec y_dev = park ? BufferSpec{bb_.y.component, 0} : bb_.y;
     VocabLossOptions vo = sch_.vocab;
     vo.precision = p_;  // the model's precision rules the head's (MoeTransformer)
     const Footprint voc = fused          ? ring_dtp_step_footprint(vs, vo, p_)
                           : sch_.ring_dtp ? ring_dtp_footprint(vs, vo, p_)
                                           : materialized_vocab_footprint(vs, vo, p_);
+    if (park) {
+      const std::string ph = "final norm forward";
+      persistent(ph, true);
+      batch(ph, {bb_.x, bb_.y, bb_.rstd, fb_.norm_params});
+      residents(ph, L_);
+      kept(ph, L_);
+    }
     {
       const std::string ph = "loss forward";
       persistent(ph, true);
       if (fused)
-        batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params});  // the normed hidden in x
+        batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});  // the normed hidden in x
       else
-        batch(ph, {bb_.x, bb_.y, bb_.rstd, fb_.norm_params});
+        batch(ph, {bb_.x, y_dev, bb_.rstd, fb_.norm_params});
       residents(ph, L_);
       kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "forward"));
@@ -342,7 +354,7 @@ class TrainFootprintBuilder {
     {
       const std::string ph = "loss backward";
       persistent(ph, true);
-      batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params});
+      batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});
       residents(ph, L_);
       kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "backward"));
@@ -361,7 +373,10 @@ class TrainFootprintBuilder {
     {
       const std::string ph = "final norm backward";
       persistent(ph, true);
-      batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads});  // dy into x's buffer
+      if (park)  // y back, x freed, dy over d_hn a row tile at a time
+        batch(ph, {bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads, bb_.norm_tile});
+      else
+        batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads});  // dy into x's buffer
       residents(ph, L_);
       kept(ph, L_);
     }
