@@ -226,6 +226,30 @@ TEST(AttentionLayerBf16, ForwardForBackwardKeepsOAndLseAndChangesNoBit) {
   EXPECT_EQ(got, run(c, Precision::f32, on_b).dx);
 }
 
+// The four variants the in-place and by-rows tests run: 0 whole calls; 1 the queries in
+// pieces; 2 gpt-oss (biases, sinks, a window; in pieces); 3 MLA with q_lora_rank (whole calls).
+AttentionLayerConfig variant_config(const Case& c, Precision p, int variant) {
+  AttentionLayerConfig cfg = config_of(c, p);
+  if (variant == 1) cfg.piece_tokens = 5;
+  if (variant == 2) {
+    cfg.qk_norm = false;
+    cfg.qkv_bias = cfg.out_bias = cfg.sinks = true;
+    cfg.window = 6;
+    cfg.piece_tokens = 7;
+  }
+  if (variant == 3) {
+    cfg.mla = true;
+    cfg.qk_norm = false;
+    cfg.kv_heads = cfg.q_heads;
+    cfg.q_lora_rank = 6;
+    cfg.kv_lora_rank = 5;
+    cfg.qk_nope_dim = 4;
+    cfg.qk_rope_dim = 4;
+    cfg.v_dim = 3;
+  }
+  return cfg;
+}
+
 // The forward in place (y over x, what a checkpointed stack's one-slot ring runs): the
 // same bits as into a buffer of its own, whole calls and queries in pieces, GQA with
 // gpt-oss's biases, sinks and window, and MLA; f32 and bf16.
@@ -235,24 +259,7 @@ TEST(AttentionLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
     for (const Case& c : {Case{37, 0, 24, 6, 1, 8, true}, Case{48, 16, 32, 4, 2, 8, false},
                           Case{1, 0, 8, 2, 1, 4, false}, Case{0, 0, 8, 2, 1, 4, false}})
       for (int variant = 0; variant < 4; ++variant) {
-        AttentionLayerConfig cfg = config_of(c, p);
-        if (variant == 1) cfg.piece_tokens = 5;  // the queries in pieces
-        if (variant == 2) {                      // gpt-oss: biases, sinks, a window; in pieces
-          cfg.qk_norm = false;
-          cfg.qkv_bias = cfg.out_bias = cfg.sinks = true;
-          cfg.window = 6;
-          cfg.piece_tokens = 7;
-        }
-        if (variant == 3) {  // MLA with q_lora_rank (whole calls)
-          cfg.mla = true;
-          cfg.qk_norm = false;
-          cfg.kv_heads = cfg.q_heads;
-          cfg.q_lora_rank = 6;
-          cfg.kv_lora_rank = 5;
-          cfg.qk_nope_dim = 4;
-          cfg.qk_rope_dim = 4;
-          cfg.v_dim = 3;
-        }
+        const AttentionLayerConfig cfg = variant_config(c, p, variant);
         SCOPED_TRACE(c.str() + " variant " + std::to_string(variant) + " " + std::string(precision_name(p)));
         std::mt19937 rng(static_cast<std::uint32_t>(c.T * 7 + variant));
         const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
@@ -279,25 +286,8 @@ TEST(AttentionLayerBf16, ForwardByRowsIsBitwiseTheSame) {
                           Case{1, 0, 8, 2, 1, 4, false}, Case{0, 0, 8, 2, 1, 4, false}})
       for (int variant = 0; variant < 4; ++variant)
         for (std::int64_t rows : {1, 6, 1024}) {
-          AttentionLayerConfig cfg = config_of(c, p);
+          AttentionLayerConfig cfg = variant_config(c, p, variant);
           cfg.output_rows = rows;  // as a decoder layer sets it to its MLP's row tile
-          if (variant == 1) cfg.piece_tokens = 5;
-          if (variant == 2) {
-            cfg.qk_norm = false;
-            cfg.qkv_bias = cfg.out_bias = cfg.sinks = true;
-            cfg.window = 6;
-            cfg.piece_tokens = 7;
-          }
-          if (variant == 3) {
-            cfg.mla = true;
-            cfg.qk_norm = false;
-            cfg.kv_heads = cfg.q_heads;
-            cfg.q_lora_rank = 6;
-            cfg.kv_lora_rank = 5;
-            cfg.qk_nope_dim = 4;
-            cfg.qk_rope_dim = 4;
-            cfg.v_dim = 3;
-          }
           SCOPED_TRACE(c.str() + " variant " + std::to_string(variant) + " rows " + std::to_string(rows) + " " +
                        std::string(precision_name(p)));
           std::mt19937 rng(static_cast<std::uint32_t>(c.T * 11 + variant));

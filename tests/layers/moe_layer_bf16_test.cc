@@ -231,7 +231,10 @@ TEST(MoeLayerBf16, RowTiles) {
 
 // The forward in place (y over x: a decoder layer runs its MLP on the attention's output
 // that way) gives the bits of the forward into a separate y, in both precisions, for every
-// variant, tiled and not, with empty and one-token calls; the backward after it too.
+// variant, tiled and not, with empty and one-token calls; the backward after it too. So
+// does the backward with its input by rows (a decoder layer's, fed the attention's output
+// a row tile at a time), whose peak is one tile's input more than the backward's (phase
+// "backward rows").
 TEST(MoeLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
   int n = 0;
   for (std::int64_t T : {0, 1, 37})
@@ -256,68 +259,18 @@ TEST(MoeLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
             EXPECT_EQ(over.grads, apart.grads) << precision_name(p);
             EXPECT_EQ(over.counts, apart.counts) << precision_name(p);
             EXPECT_EQ(over.sums, apart.sums) << precision_name(p);
+            const Result by_rows = run(c, p, P, x, dy, aux_grad, false, /*rows=*/true);
+            EXPECT_EQ(by_rows.dx, apart.dx) << precision_name(p);
+            EXPECT_EQ(by_rows.grads, apart.grads) << precision_name(p);
+            EXPECT_EQ(by_rows.counts, apart.counts) << precision_name(p);
+            EXPECT_EQ(by_rows.sums, apart.sums) << precision_name(p);
+            const Footprint f = moe_layer_footprint(c.T, c.config(p));
+            EXPECT_EQ(f.phase("backward rows").device_total(),
+                      f.phase("backward").device_total() + moe_layer_buffers(c.T, c.config(p)).x_rows.reserved());
             ++n;
           }
         }
   EXPECT_GT(n, 40);
-}
-
-// The backward with its input by rows (a decoder layer's, fed the attention's output a
-// row tile at a time) gives the bits of the backward on the whole x, in both precisions,
-// for every variant, tiled and not, with empty and one-token calls and all tokens to one
-// expert; its peak is one tile's input more than the backward's (phase "backward rows").
-TEST(MoeLayerBf16, BackwardByRowsIsBitwiseTheSame) {
-  int n = 0;
-  for (std::int64_t T : {0, 1, 37})
-    for (const Case& base : variants(T))
-      for (std::int64_t seq_tile : {0, 6})
-        for (std::int64_t hot : {-1, 3}) {
-          Case c = base;
-          c.seq_tile = seq_tile;
-          if (hot >= 0 && c.E == 0) continue;
-          c.hot = hot;
-          SCOPED_TRACE(c.str());
-          const MoeLayerConfig cfg = c.config(Precision::f32);
-          std::mt19937 rng(static_cast<std::uint32_t>(T * 37 + seq_tile + c.S * 5 + c.dense + hot * 3 + 200));
-          Params P = moe_ref::random_params(cfg, rng, c.hot);
-          Vec x = moe_ref::randn(c.T * c.H, rng, hot >= 0 ? 1.0 : 0.0, hot >= 0 ? 0.2 : 1.0);
-          Vec dy = moe_ref::randn(c.T * c.H, rng, 0, 1), aux_grad = moe_ref::randn(c.E, rng, 0, 0.5);
-          for (Precision p : {Precision::f32, Precision::bf16}) {
-            const Result whole = run(c, p, P, x, dy, aux_grad, false, false);
-            const Result by_rows = run(c, p, P, x, dy, aux_grad, false, true);
-            EXPECT_EQ(by_rows.dx, whole.dx) << precision_name(p);
-            EXPECT_EQ(by_rows.grads, whole.grads) << precision_name(p);
-            EXPECT_EQ(by_rows.counts, whole.counts) << precision_name(p);
-            EXPECT_EQ(by_rows.sums, whole.sums) << precision_name(p);
-            const MoeLayerBuffers b = moe_layer_buffers(c.T, c.config(p));
-            EXPECT_EQ(moe_layer_footprint(c.T, c.config(p)).phase("backward rows").device_total(),
-                      moe_layer_footprint(c.T, c.config(p)).phase("backward").device_total() + b.x_rows.reserved());
-            ++n;
-          }
-        }
-  EXPECT_GT(n, 40);
-}
-
-// A RowSource that does not match the layer is refused in one line.
-TEST(MoeLayerBf16, BackwardByRowsRefusesAMismatchedSource) {
-  Case c;
-  c.T = 3;
-  const MoeLayerConfig cfg = c.config(Precision::f32);
-  std::mt19937 rng(3);
-  Params P = moe_ref::random_params(cfg, rng);
-  CpuDevice dev(16 << 20);
-  SingleRankCommunicator one;
-  std::vector<Buffer> keep;
-  const MoeLayerTensors pt = tensors(dev, keep, Component::params, cfg, P, false, DType::f32);
-  const MoeLayerTensors gt = tensors(dev, keep, Component::grads, cfg, P, true, DType::f32);
-  MoeLayer layer(dev, one, cfg, pt, gt, nullptr);
-  const Shape s{c.T, c.H};
-  const Tensor dy = put(dev, keep, Component::workspace, s, nullptr, DType::f32);
-  const auto fill = [](std::int64_t, std::int64_t, void*) {};
-  for (const Block::RowSource& src : {Block::RowSource{c.T, c.H + 1, DType::f32, fill},
-                                      Block::RowSource{c.T, c.H, DType::bf16, fill},
-                                      Block::RowSource{c.T, c.H, DType::f32, nullptr}})
-    EXPECT_THROW(layer.backward_rows(src, dy, dy), InvalidArgument);
 }
 
 // Under f32 the bf16-only specs are 0 bytes (so the f32 footprint is the old one); under
@@ -347,7 +300,8 @@ TEST(MoeLayerBf16, BuffersFollowThePrecision) {
 }
 
 // A second backward adds the same fp32 gradients again and writes the same dx; the
-// parameters() views address the bf16 expert buffer by element.
+// parameters() views address the bf16 expert buffer by element; a RowSource of another
+// shape or dtype, or without a fill, is refused.
 TEST(MoeLayerBf16, BackwardAddsIntoGradientsAndWritesDx) {
   Case c;
   c.T = 9, c.S = 1, c.Fs = 5, c.gate = true;
@@ -379,6 +333,12 @@ TEST(MoeLayerBf16, BackwardAddsIntoGradientsAndWritesDx) {
     dev.synchronize();
   };
   layer_test::expect_backward_adds_into_grads(layer, dev, backward, dx);
+  // A RowSource that does not match the layer is refused in one line.
+  const auto fill = [](std::int64_t, std::int64_t, void*) {};
+  for (const Block::RowSource& src : {Block::RowSource{c.T, c.H + 1, DType::bf16, fill},
+                                      Block::RowSource{c.T, c.H, DType::f32, fill},
+                                      Block::RowSource{c.T, c.H, DType::bf16, nullptr}})
+    EXPECT_THROW(layer.backward_rows(src, dy, dx), InvalidArgument);
 }
 
 TEST(MoeLayerBf16, RefusesTensorsOfTheOtherPrecision) {
