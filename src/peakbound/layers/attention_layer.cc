@@ -112,7 +112,8 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (!(c.rms_eps >= 0.0f)) bad("rms_eps must be >= 0 (got " + std::to_string(c.rms_eps) + ")");
   if (c.seq_len < 0) bad("seq_len must be >= 0 (got " + std::to_string(c.seq_len) + ")");
   if (c.window < 0) bad("window must be >= 0 (got " + std::to_string(c.window) + ")");
-  if (c.output_rows < 0) bad("output_rows must be >= 0 (0: all rows at once; got " + std::to_string(c.output_rows) + ")");
+  if (c.output_rows < 0)
+    bad("output_rows must be >= 0 (0: all rows at once; got " + std::to_string(c.output_rows) + ")");
   if (c.piece_tokens < 0) bad("piece_tokens must be >= 0 (0: whole; got " + std::to_string(c.piece_tokens) + ")");
   if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
@@ -793,7 +794,8 @@ void AttentionLayer::forward_rows(const Tensor& x, std::int64_t first, std::int6
   const std::int64_t tile = cfg_.output_rows;
   if (tile > 0 && (first % tile != 0 || (rows % tile != 0 && first + rows != T)))
     throw InvalidArgument("attention layer: forward_rows' rows [" + std::to_string(first) + ", " +
-                          std::to_string(first + rows) + ") are not whole tiles of output_rows " + std::to_string(tile));
+                          std::to_string(first + rows) + ") are not whole tiles of output_rows " +
+                          std::to_string(tile));
   if (cfg_.precision == Precision::bf16)
     forward_rows_as<bf16>(x.data<bf16>(), first, rows, static_cast<bf16*>(y));
   else

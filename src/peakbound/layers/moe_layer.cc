@@ -495,11 +495,11 @@ void MoeLayer::backward_as(const Tensor* x, const RowSource* src, const Tensor& 
   PB_CHECK_MSG(check_shape(dy, "dy") == T && check_shape(dx, "dx") == T, "moe layer: token counts differ");
   PB_CHECK_MSG(T == 0 || x == nullptr || dx.raw() != x->raw(), "moe layer: dx must not alias x");
   const std::int64_t tiles = tile_count(T), R = moe_tile_rows(T, cfg_.seq_tile);
-  // From rows: each tile's input into x_rows first (0 bytes allocated when x is whole).
-  const Buffer x_rows = src != nullptr ? allocate(dev_, moe_layer_buffers(R, cfg_).x_rows) : Buffer{};
+  const MoeLayerBuffers b = moe_layer_buffers(R, cfg_);
+  // From rows: each tile's input into x_rows first (nothing allocated when x is whole).
+  const Buffer x_rows = src != nullptr ? allocate(dev_, b.x_rows) : Buffer{};
   Internals in;
   allocate_internals(in, R, /*for_backward=*/true);
-  const MoeLayerBuffers b = moe_layer_buffers(R, cfg_);
   Buffer d_weights = allocate(dev_, b.router.d_weights), dh_buf = allocate(dev_, b.dh);
   Buffer d_logits16 = allocate(dev_, b.router.d_logits16);  // bf16 only (else null)
   in.gate_dz = allocate(dev_, b.gate_dz);                    // bf16 only (else null)

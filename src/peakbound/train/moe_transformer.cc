@@ -859,13 +859,11 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const A* w_norm = norm_w.as<A>() + norm_at;
   if (T > 0) ops::rmsnorm_forward(dev_, s, hn.as<A>(), rstd.as<float>(), y.as<A>(), w_norm, T, H, eps);
-  // parks_final_hidden: y to the host until the final norm's backward (its memory free
-  // for the loss once the copy has read it).
-  Stream& copy = dev_.copy_stream();
+  // parks_final_hidden: y to the host until the final norm's backward, on the compute
+  // stream (nothing to overlap it with: the loss needs y's memory), so whatever reuses
+  // that memory is ordered after the copy.
   if (park) {
-    dev_.wait(copy, dev_.record(s));
-    dev_.memcpy_async(y_host_.data(), y.data(), bb.y.bytes, CopyKind::device_to_host, copy);
-    dev_.wait(s, dev_.record(copy));
+    dev_.memcpy_async(y_host_.data(), y.data(), bb.y.bytes, CopyKind::device_to_host, s);
     y.reset();
   }
   const A* w_head = head_->contains("lm_head.weight") ? head_->param_as<A>("lm_head.weight") : nullptr;
@@ -892,9 +890,7 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   if (park) {
     p.x.reset();
     y = dev_.allocate(bb.y.component, bb.y.bytes);
-    dev_.wait(copy, dev_.record(s));
-    dev_.memcpy_async(y.data(), y_host_.data(), bb.y.bytes, CopyKind::host_to_device, copy);
-    dev_.wait(s, dev_.record(copy));
+    dev_.memcpy_async(y.data(), y_host_.data(), bb.y.bytes, CopyKind::host_to_device, s);
   }
   {
     Buffer norm_g = dev_.allocate(fb.norm_grads.component, fb.norm_grads.bytes);
