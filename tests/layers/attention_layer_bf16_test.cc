@@ -334,6 +334,69 @@ TEST(AttentionLayerBf16, ForwardByRowsIsBitwiseTheSame) {
   EXPECT_THROW(AttentionLayer(dev, cfg, pt, gt), InvalidArgument);
 }
 
+// o on the host (output_on_host, what the trainer's one-slot ring sets): the forward, in
+// place or not, forward_for_backward and its backward, and the by-rows forward with the
+// backward after it give the bits of o on the device; run_layer checks every call's
+// measured peak against the footprint (no whole o on the device but o_proj's backward's)
+// and the host area's size. Queries in pieces (variants 1, 2: GQA, gpt-oss's biases, sinks
+// and window); whole calls and MLA (variants 0, 3) keep o on the device whatever the flag.
+TEST(AttentionLayerBf16, OutputOnTheHostIsBitwiseTheSame) {
+  int n = 0, on_host = 0;
+  for (Precision p : {Precision::f32, Precision::bf16})
+    for (const Case& c : {Case{37, 0, 24, 6, 1, 8, true}, Case{48, 16, 32, 4, 2, 8, false}})
+      for (int variant = 0; variant < 4; ++variant)
+        for (int mode = 0; mode < 5; ++mode) {
+          AttentionLayerConfig cfg = variant_config(c, p, variant);
+          cfg.output_rows = mode == 4 ? 0 : 6;  // 0: o_proj reads the whole o back in one tile
+          const bool keep = mode == 1, in_place = mode == 2;
+          const std::int64_t rows = mode == 3 ? 6 : 0;
+          SCOPED_TRACE(c.str() + " variant " + std::to_string(variant) + " mode " + std::to_string(mode) + " " +
+                       std::string(precision_name(p)));
+          std::mt19937 rng(static_cast<std::uint32_t>(c.T * 13 + variant));
+          const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
+          const Vec x = draw(c.T * c.H, rng, 0.0, 1.0), dy = draw(c.T * c.H, rng, 0.0, 1.0);
+          const Result device = attention_test::run_layer(cfg, params, x, dy, nullptr, 2, keep, in_place, rows);
+          cfg.output_on_host = true;
+          on_host += attention_output_on_host(c.T, cfg) ? 1 : 0;
+          const Result host = attention_test::run_layer(cfg, params, x, dy, nullptr, 2, keep, in_place, rows);
+          EXPECT_EQ(host.y, device.y);
+          EXPECT_EQ(host.dx, device.dx);
+          EXPECT_EQ(host.grads, device.grads);
+          ++n;
+        }
+  EXPECT_EQ(n, 80);
+  EXPECT_EQ(on_host, 40);  // variants 1 and 2 take their queries in pieces
+
+  // No area, or keep-through (every layer's o kept would share it): refused.
+  const Case c{12, 0, 8, 2, 1, 4, false};
+  AttentionLayerConfig cfg = variant_config(c, Precision::f32, 1);
+  cfg.output_on_host = true;
+  std::mt19937 rng(2);
+  const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
+  CpuDevice dev(16 << 20);
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+  const std::vector<attention_test::ParamSlot> slots = attention_test::param_slots(cfg);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    pb.push_back(attention_test::upload(dev, Component::params, params[i], DType::f32));
+    gb.push_back(attention_test::upload(dev, Component::grads, Vec(params[i].size(), 0.0f), DType::f32));
+    pt.*slots[i].member = pb.back().tensor(slots[i].shape, DType::f32);
+    gt.*slots[i].member = gb.back().tensor(slots[i].shape, DType::f32);
+  }
+  AttentionLayer layer(dev, cfg, pt, gt);
+  const Shape s{c.T, c.H};
+  Buffer xb = attention_test::upload(dev, Component::workspace, draw(c.T * c.H, rng, 0.0, 1.0), DType::f32);
+  Buffer yb = attention_test::upload(dev, Component::workspace, Vec(c.T * c.H, 0.0f), DType::f32);
+  try {
+    layer.forward(xb.tensor(s, DType::f32), yb.tensor(s, DType::f32));
+    ADD_FAILURE() << "a forward with its output on the host ran without a host area";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "attention layer: output_on_host needs set_output_host's area before a call");
+  }
+  EXPECT_THROW(layer.set_keep_through(true), InvalidArgument);
+  EXPECT_EQ(dev.arena().live(Component::attention), 0u);  // the refused call left nothing behind
+}
+
 TEST(AttentionLayerBf16, RefusesTensorsOfTheOtherPrecision) {
   const Case c{3, 0, 16, 2, 2, 8, false};
   CpuDevice dev(16 << 20);

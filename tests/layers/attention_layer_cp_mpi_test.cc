@@ -55,8 +55,9 @@ AttentionLayerConfig config_of(const Case& c, Precision p) {
 // One forward and one backward of this rank's rows `x`, `dy` (B sequences of its shard)
 // on group g (null: cp = 1); checks the measured peaks against the footprint.
 Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
-           bool keep = false) {
+           bool keep = false, bool output_on_host = false) {
   AttentionLayerConfig cfg = config_of(c, p);
+  cfg.output_on_host = output_on_host;
   if (g == nullptr) cfg.piece_tokens = 0;  // the reference: one call over whole sequences
   cfg.cp = g ? g->size() : 1;
   cfg.cp_rank = g ? g->rank() : 0;
@@ -125,6 +126,13 @@ void run_group(Communicator& g, Precision p) {
     EXPECT_GT(got.forward_ring_bytes, 0u);
     EXPECT_EQ(kept.forward_ring_bytes, got.forward_ring_bytes);
     EXPECT_EQ(kept.backward_ring_bytes, got.backward_ring_bytes - got.forward_ring_bytes);
+    // o on the host (the trainer's one-slot ring): the same bits, recomputing or not.
+    for (bool keep : {false, true}) {
+      const Result host = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), keep, true);
+      EXPECT_EQ(host.y, got.y);
+      EXPECT_EQ(host.dx, got.dx);
+      EXPECT_EQ(host.grads, got.grads);
+    }
     const Vec ref_y = shard_rows(ref.y, c, sh), ref_dx = shard_rows(ref.dx, c, sh);
     const auto n = static_cast<std::int64_t>(ref_y.size());
     for (auto [gv, rv, name] : {std::tuple{&got.y, &ref_y, "y"}, std::tuple{&got.dx, &ref_dx, "dx"}}) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "peakbound/comm/communicator.h"
+#include "peakbound/core/host_memory.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/schedules/ring_attention.h"
@@ -22,17 +23,13 @@
 namespace peakbound::attention_test {
 
 // A call's Arena peak of component c by the footprint: the largest of the phases it runs
-// (a backward's recomputation runs the forward's, or only the projections beside the o and
-// lse forward_for_backward kept when it takes them).
-inline std::uint64_t call_peak(const Footprint& f, Component c, bool backward, bool reuses_kept = false) {
+// (attention_call_phases: a backward's recomputation runs the forward's, or none of them
+// when it takes the o and lse forward_for_backward kept).
+inline std::uint64_t call_peak(const Footprint& f, Component c, std::int64_t T, const AttentionLayerConfig& cfg,
+                               AttentionCall call) {
   std::uint64_t w = 0;
-  const auto take = [&](std::string_view p) { w = std::max(w, f.phase(p).device[static_cast<std::size_t>(c)]); };
-  if (reuses_kept)
-    take(kAttentionKeptProjectPhase);
-  else
-    for (std::string_view p : kAttentionForwardPhases) take(p);
-  if (backward)
-    for (std::string_view p : kAttentionBackwardPhases) take(p);
+  for (std::string_view p : attention_call_phases(T, cfg, call))
+    w = std::max(w, f.phase(p).device[static_cast<std::size_t>(c)]);
   return w;
 }
 
@@ -173,6 +170,9 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   }
   AttentionLayer layer(dev, cfg, pt, gt);
   if (g) layer.set_cp_group(g);
+  HostMemory host;
+  AttentionOutputHost out_host(host);  // output_on_host: o's area
+  layer.set_output_host(&out_host);
   const std::int64_t T = static_cast<std::int64_t>(x.size()) / cfg.hidden;
   const Footprint f = attention_layer_footprint(T, cfg);
   const Shape s{T, cfg.hidden};
@@ -188,7 +188,8 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   std::uint64_t sent = ring_attention_bytes_sent();
   if (rows > 0) {
     layer.forward_for_rows(xb.tensor(s, a));
-    check("forward_for_rows", call_peak(f, Component::attention, false), T > 0 ? f.phase("kept").device[at] : 0);
+    check("forward_for_rows", call_peak(f, Component::attention, T, cfg, AttentionCall::forward_for_rows),
+          T > 0 ? f.phase("kept").device[at] : 0);
     for (std::int64_t first = 0; first < T; first += rows) {
       dev.arena().reset_peaks();
       const std::int64_t n = std::min(rows, T - first);
@@ -203,17 +204,25 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   else
     layer.forward(xb.tensor(s, a), yb.tensor(s, a));
   if (rows == 0)
-    check("forward", call_peak(f, Component::attention, false), keep && T > 0 ? f.phase("kept").device[at] : 0);
+    check("forward", call_peak(f, Component::attention, T, cfg, AttentionCall::forward),
+          keep && T > 0 ? f.phase("kept").device[at] : 0);
   r.forward_ring_bytes = ring_attention_bytes_sent() - sent;
   for (int i = 0; i < backwards; ++i) {
     dev.arena().reset_peaks();
     sent = ring_attention_bytes_sent();
     layer.backward(xb.tensor(s, a), dyb.tensor(s, a), dxb.tensor(s, a));
     // The first backward after forward_for_backward skips the kernel's forward.
-    check("backward", call_peak(f, Component::attention, true, keep && i == 0), 0);
+    check("backward",
+          call_peak(f, Component::attention, T, cfg,
+                    keep && i == 0 ? AttentionCall::backward_taking_kept : AttentionCall::backward),
+          0);
     if (i == 0) r.backward_ring_bytes = ring_attention_bytes_sent() - sent;
   }
   dev.synchronize();
+  // The host holds o only while o_proj has not read it: nothing of the area is counted by
+  // a call (the caller owns it), and it is the size the call says.
+  EXPECT_EQ(out_host.bytes(), arena_reserved(attention_output_host_bytes(T, cfg)));
+  EXPECT_EQ(host.peak(Component::attention), out_host.bytes());
   r.y = download(yb, x.size(), a);
   r.dx = download(dxb, x.size(), a);
   for (std::size_t i = 0; i < shapes.size(); ++i)

@@ -482,7 +482,9 @@ TEST(AttentionLayer, MeasuredPeaksPerPhaseEqualTheFootprint) {
     // A call peaks at the largest of its phases; the backward recomputes the forward's.
     auto check = [&](const char* call, bool backward) {
       for (Component comp : {Component::attention, Component::layer})
-        EXPECT_EQ(dev.arena().peak(comp), attention_test::call_peak(f, comp, backward))
+        EXPECT_EQ(dev.arena().peak(comp),
+                  attention_test::call_peak(f, comp, c.T, config_of(c),
+                                            backward ? AttentionCall::backward : AttentionCall::forward))
             << call << " " << component_name(comp);
       EXPECT_EQ(dev.arena().live(Component::attention), 0u);
     };

@@ -49,7 +49,8 @@ struct CpRun {
 };
 
 // prefetch_depth: SCO's ring (CheckpointOptions::prefetch_depth; 0 a one-slot ring).
-std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false, std::int64_t prefetch_depth = 1) {
+std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false, std::int64_t prefetch_depth = 1,
+                                std::int64_t attention_piece = kRingPieceTokens) {
   Communicator& world = testing::world();
   ParallelLayout layout;
   layout.cp = cp;
@@ -62,6 +63,7 @@ std::unique_ptr<CpRun> make_run(int cp, bool all, bool keep_attention = false, s
   ModelSchedules sched = schedules(all);
   sched.keep_attention = keep_attention;
   sched.checkpoint.prefetch_depth = prefetch_depth;
+  sched.attention_piece = attention_piece;
   r->model = std::make_unique<MoeTransformer>(*r->dev, r->host, r->groups, cp_config(), sched);
   r->model->init_parameters(7);
   return r;
@@ -92,10 +94,11 @@ struct StepResult {
 };
 
 // One forward_backward over the step's batch; store gradients summed over their groups.
-StepResult one_step(int cp, bool all, std::int64_t S, bool keep_attention = false, std::int64_t prefetch_depth = 1) {
+StepResult one_step(int cp, bool all, std::int64_t S, bool keep_attention = false, std::int64_t prefetch_depth = 1,
+                    std::int64_t attention_piece = kRingPieceTokens) {
   Communicator& world = testing::world();
   StepResult out;
-  out.run = make_run(cp, all, keep_attention, prefetch_depth);
+  out.run = make_run(cp, all, keep_attention, prefetch_depth, attention_piece);
   MoeTransformer& m = *out.run->model;
   std::vector<std::int32_t> ids, tgt;
   batch(0, cp, 1, S, ids, tgt);
@@ -201,20 +204,29 @@ TEST(ContextParallel, KeepAttentionChangesNoBit) {
 // slot, each boundary fetched back when the slot is free) against the default two slots:
 // the loss and every gradient bitwise, at cp 1 and each cp dividing the world, with the
 // attention kept too (its kept o belongs to the slot's boundary of each layer in turn).
-// Each run's checkpoint peak is one boundary below the two-slot run's.
+// Each run's checkpoint peak is one boundary below the two-slot run's. With the queries in
+// pieces (pieces of 5 tokens) and without the attention kept, the one-slot ring also puts
+// every layer's attention output on the host (offloads_attention_output): the same bits,
+// and an attention peak no higher than the two-slot run's.
 TEST(ContextParallel, OneSlotRingChangesNoBit) {
   std::vector<int> cps = cp_sizes();
   cps.insert(cps.begin(), 1);
   for (const int cp : cps)
-    for (const bool keep : {false, true}) {
-      SCOPED_TRACE("cp " + std::to_string(cp) + (keep ? ", attention kept" : ""));
-      StepResult two = one_step(cp, true, 29, keep, 1), one = one_step(cp, true, 29, keep, 0);
-      expect_same_bits(two, one);
-      const std::uint64_t a = two.run->dev->arena().peak(Component::checkpoints);
-      const std::uint64_t b = one.run->dev->arena().peak(Component::checkpoints);
-      EXPECT_EQ(b, a / 2) << "two slots " << a << ", one " << b;
-      EXPECT_GT(b, 0u);
-    }
+    for (const bool keep : {false, true})
+      for (const std::int64_t piece : {kRingPieceTokens, std::int64_t{5}}) {
+        SCOPED_TRACE("cp " + std::to_string(cp) + (keep ? ", attention kept" : "") + ", pieces of " +
+                     std::to_string(piece));
+        StepResult two = one_step(cp, true, 29, keep, 1, piece), one = one_step(cp, true, 29, keep, 0, piece);
+        expect_same_bits(two, one);
+        // The host area for o exists exactly when the one-slot ring offloads it.
+        EXPECT_EQ(one.run->host.peak(Component::attention) > 0, piece == 5 && !keep);
+        EXPECT_EQ(two.run->host.peak(Component::attention), 0u);
+        EXPECT_LE(one.run->dev->arena().peak(Component::attention), two.run->dev->arena().peak(Component::attention));
+        const std::uint64_t a = two.run->dev->arena().peak(Component::checkpoints);
+        const std::uint64_t b = one.run->dev->arena().peak(Component::checkpoints);
+        EXPECT_EQ(b, a / 2) << "two slots " << a << ", one " << b;
+        EXPECT_GT(b, 0u);
+      }
   // Past one tile of the final norm's backward, which the one-slot ring's parked final
   // hidden (parks_final_hidden) runs a tile at a time over d_hn: two tiles and a part.
   SCOPED_TRACE("cp 1, the final norm's backward in 3 tiles");

@@ -273,8 +273,64 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
     b.lse_piece = b.row_dot_piece = buffer_spec(kC, mul(ring, mul(p, U(c.q_heads))), kF32);
     b.h_piece = buffer_spec(kC, mul(p, U(c.hidden)), a);
     b.rstd_piece = buffer_spec(kC, p, kF32);
+    b.output_on_host = c.output_on_host;
+    if (b.output_on_host) {
+      // A piece's rows on their way to the host (cp = 1 too); o_proj's tile of them back.
+      b.o_piece = buffer_spec(kC, mul(p, U(w.o)), a);
+      const std::int64_t R = c.output_rows > 0 ? std::min(T, c.output_rows) : T;
+      b.o_tile = buffer_spec(kC, mul(U(R), U(w.o)), a);
+    }
   }
   return b;
+}
+
+bool attention_output_on_host(std::int64_t T, const AttentionLayerConfig& c) {
+  return c.output_on_host && T > 0 && attention_query_pieces(T, c) > 1;
+}
+
+std::uint64_t attention_output_host_bytes(std::int64_t T, const AttentionLayerConfig& c) {
+  if (!attention_output_on_host(T, c)) return 0;
+  return mul(mul(U(T), U(widths(c).o)), dtype_size(activation_dtype(c.precision)));
+}
+
+std::vector<std::string_view> attention_call_phases(std::int64_t T, const AttentionLayerConfig& c,
+                                                    AttentionCall call) {
+  const bool pieces = T > 0 && attention_query_pieces(T, c) > 1;
+  const std::string_view fp = kAttentionForwardPhases[0], fk = kAttentionForwardPhases[1];
+  const std::string_view bo = kAttentionBackwardPhases[0], bk = kAttentionBackwardPhases[1],
+                         bp = kAttentionBackwardPhases[2], kp = kAttentionKeptProjectPhase;
+  switch (call) {
+    case AttentionCall::forward:
+    case AttentionCall::forward_for_rows:  // o on the host: its kept o_tile comes beside k, v
+      if (attention_output_on_host(T, c)) return {fp, fk, kAttentionForwardOutputPhase};
+      return {fp, fk};
+    case AttentionCall::forward_reusing_kept:
+      return {pieces ? kAttentionRowsPhase : kp};
+    case AttentionCall::rows:
+      return {kAttentionRowsPhase};
+    case AttentionCall::backward:
+      if (pieces) return {fp, fk, bo, kp, bk, bp};
+      return {fp, fk, bo, bk, bp};
+    case AttentionCall::backward_taking_kept:
+      if (pieces) return {bo, kp, bk, bp};
+      return {kp, bo, bk, bp};
+  }
+  return {};
+}
+
+void AttentionOutputHost::release(Device& dev) {
+  if (area_.bytes() == 0) return;
+  dev.synchronize();
+  area_.reset();
+}
+
+void* AttentionOutputHost::reserve(Device& dev, std::uint64_t bytes) {
+  if (bytes > area_.bytes()) {
+    dev.synchronize();  // nothing may still be copying into the area freed here
+    area_.reset();
+    area_ = host_.allocate(Component::attention, bytes);
+  }
+  return area_.data();
 }
 
 AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLayerConfig& c) {
@@ -288,33 +344,44 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
 Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& c, u64 elem_bytes) {
   const AttentionLayerBuffers b = attention_layer_buffers(T, c, elem_bytes);
   Footprint f("attention layer");
+  // o on the host (query pieces, output_on_host): only lse stays on the device, and
+  // o_proj reads o back an o_tile at a time.
+  const bool host = b.output_on_host;
   // "kept": forward_for_backward's o and lse, held from its end to the backward.
-  f.device("kept", b.o);
-  f.device("kept", b.lse);
-  // "rows": forward_for_rows' o and lse, and a forward_rows call's linear tile (bf16).
-  for (const BufferSpec& s : {b.o, b.lse, b.tile}) f.device(kAttentionRowsPhase, s);
+  // "kept": forward_for_backward's o and lse (o on the host: lse and o_proj's o_tile),
+  // held from its end to the backward.
+  for (const BufferSpec& s : {host ? b.o_tile : b.o, b.lse}) f.device("kept", s);
+  // "rows": forward_for_rows' kept ones, and a forward_rows call's linear tile (bf16).
+  for (const BufferSpec& s : {host ? b.o_tile : b.o, b.lse, b.tile}) f.device(kAttentionRowsPhase, s);
   if (b.query_pieces > 1) {
-    // The queries in pieces (GQA): every phase holds k, v (and their norm's state), the
-    // RoPE tables, the tile and the sinks, and one piece's h and rstd; q is a piece's.
+    // The queries in pieces (GQA): every phase but o_proj's backward holds k, v (and their
+    // norm's state), the RoPE tables, the tile and the sinks, and one piece's h and rstd; q
+    // is a piece's.
     const auto common = [&](std::string_view phase) {
       for (const BufferSpec& s : {b.k, b.v, b.k_pre, b.k_rstd, b.rope_cos, b.rope_sin, b.tile, b.sinks32, b.h_piece,
                                   b.rstd_piece})
         f.device(phase, s);
     };
-    // k and v a row tile at a time; beside the kept o and lse when a backward takes them.
+    // k and v a row tile at a time: in the forward, and in the backward once o_proj's
+    // backward is done (beside lse and D).
     common("forward project");
     common(kAttentionKeptProjectPhase);
-    for (const BufferSpec& s : {b.o, b.lse}) f.device(kAttentionKeptProjectPhase, s);
-    // The kernel a piece at a time, into the whole o and lse.
+    for (const BufferSpec& s : {b.lse, b.row_dot}) f.device(kAttentionKeptProjectPhase, s);
+    // The kernel a piece at a time, into the whole o (or a piece's, to the host) and lse.
     common("forward");
-    for (const BufferSpec& s : {b.o, b.lse, b.q_piece, b.q_pre_piece, b.q_rstd_piece, b.o_piece, b.o32, b.lse_piece,
-                                b.workspace_forward})
+    for (const BufferSpec& s : {host ? BufferSpec{kC, 0} : b.o, b.lse, b.q_piece, b.q_pre_piece, b.q_rstd_piece,
+                                b.o_piece, b.o32, b.lse_piece, b.workspace_forward})
       f.device("forward", s);
-    // o_proj's backward and D a piece at a time (o whole, d_o a piece); the kernel's
-    // pieces beside the whole dk, dv, lse and D (the piece's projections' backward follows
-    // each piece's kernel); then the keys' projections' backward, a row tile at a time.
-    common("backward output");
-    for (const BufferSpec& s : {b.o, b.lse, b.row_dot, b.d_o}) f.device("backward output", s);
+    // o_proj from the host, a tile at a time.
+    if (host) {
+      common(kAttentionForwardOutputPhase);
+      for (const BufferSpec& s : {b.lse, b.o_tile}) f.device(kAttentionForwardOutputPhase, s);
+    }
+    // o_proj's backward and D a piece at a time (o whole, d_o a piece), without k and v;
+    // the kernel's pieces beside the whole dk, dv, lse and D (the piece's projections'
+    // backward follows each piece's kernel); then the keys' projections' backward, a row
+    // tile at a time.
+    for (const BufferSpec& s : {b.o, b.lse, b.row_dot, b.d_o, b.tile}) f.device("backward output", s);
     common("backward");
     for (const BufferSpec& s : {b.lse, b.row_dot, b.dk, b.dv, b.dkv32, b.d_o, b.dq, b.dq32, b.q_piece, b.q_pre_piece,
                                 b.q_rstd_piece, b.lse_piece, b.row_dot_piece, b.workspace_backward})
@@ -789,7 +856,7 @@ void AttentionLayer::forward_rows(const Tensor& x, std::int64_t first, std::int6
     throw InvalidArgument("attention layer: forward_rows' rows [" + std::to_string(first) + ", " +
                           std::to_string(first + rows) + ") are outside the call's " + std::to_string(T) + " tokens");
   if (rows == 0) return;
-  if (kept_x_ != x.raw() || kept_tokens_ != T || kept_o_.bytes() == 0)
+  if (kept_x_ != x.raw() || kept_tokens_ != T || kept_lse_.bytes() == 0)
     throw InvalidArgument("attention layer: forward_rows needs forward_for_rows on the same x first");
   const std::int64_t tile = cfg_.output_rows;
   if (tile > 0 && (first % tile != 0 || (rows % tile != 0 && first + rows != T)))
@@ -808,30 +875,49 @@ template <class A>
 void AttentionLayer::forward_rows_as(const A* x, std::int64_t first, std::int64_t rows, A* y) {
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
-  const Buffer tile = allocate(dev_, attention_layer_buffers(kept_tokens_, cfg_).tile);  // bf16 only (else null)
+  const AttentionLayerBuffers b = attention_layer_buffers(kept_tokens_, cfg_);
+  const Buffer tile = allocate(dev_, b.tile);  // bf16 only (else null)
+  const A* o = kept_on_host_ ? host_output<A>(kept_tokens_) : kept_o_.as<A>();
   dev_.memcpy_async(y, x + first * H, static_cast<std::size_t>(rows * H) * sizeof(A), CopyKind::device_to_device, s);
   if (cfg_.out_bias) ops::add_bias(dev_, s, y, p_.bo.data<A>(), rows, H);
-  project_output<A>(kept_o_.as<A>() + first * Q, rows, y, tile.as<float>());
+  project_output<A>(o + first * Q, rows, y, tile.as<float>(), kept_on_host_ ? kept_stage_.as<A>() : nullptr);
 }
 
 template <class A>
-void AttentionLayer::project_output(const A* o, std::int64_t rows, A* y, float* tile) {
+void AttentionLayer::project_output(const A* o, std::int64_t rows, A* y, float* tile, A* stage) {
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, Q = widths(cfg_).o;
   const std::int64_t step = cfg_.output_rows > 0 ? cfg_.output_rows : rows;
-  for (std::int64_t r0 = 0; r0 < rows; r0 += step)
-    linear(dev_, s, std::min(step, rows - r0), H,
-           {{.a = o + r0 * Q, .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}}, y + r0 * H, H,
-           LinearMode::add, tile);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += step) {
+    const std::int64_t n = std::min(step, rows - r0);
+    const A* a = o + r0 * Q;
+    if (stage != nullptr) {  // the tile's rows from the host, then the same product on them
+      dev_.memcpy_async(stage, a, static_cast<std::size_t>(n * Q) * sizeof(A), CopyKind::host_to_device, s);
+      a = stage;
+    }
+    linear(dev_, s, n, H, {{.a = a, .lda = Q, .b = p_.wo.data<A>(), .ldb = Q, .k = Q, .trans_b = true}}, y + r0 * H,
+           H, LinearMode::add, tile);
+  }
+}
+
+template <class A>
+A* AttentionLayer::host_output(std::int64_t T) {
+  if (out_host_ == nullptr)
+    throw InvalidArgument("attention layer: output_on_host needs set_output_host's area before a call");
+  return static_cast<A*>(out_host_->reserve(dev_, attention_output_host_bytes(T, cfg_)));
 }
 
 void AttentionLayer::set_keep_through(bool on) {
+  if (on && cfg_.output_on_host)
+    throw InvalidArgument(
+        "attention layer: keep-through holds every layer's o from its forward to its backward; "
+        "it does not combine with output_on_host (one host area for the layers)");
   keep_through_ = on;
   if (!on) drop_kept();  // nothing kept outlives the mode
 }
 
 bool AttentionLayer::take_kept(Internals& in, std::int64_t T, bool use) {
-  const bool taken = use && kept_o_.bytes() > 0 && kept_tokens_ == T;
+  const bool taken = use && kept_lse_.bytes() > 0 && kept_tokens_ == T;
   if (taken) {
     in.o = std::move(kept_o_);
     in.lse = std::move(kept_lse_);
@@ -843,6 +929,8 @@ bool AttentionLayer::take_kept(Internals& in, std::int64_t T, bool use) {
 void AttentionLayer::drop_kept() {
   kept_o_.reset();
   kept_lse_.reset();
+  kept_stage_.reset();
+  kept_on_host_ = false;
   kept_x_ = nullptr;
 }
 
@@ -859,6 +947,7 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor* y, bool keep, boo
   if (T == 0) return;
   Stream& s = dev_.compute_stream();
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+  if (b.output_on_host) host_output<A>(T);  // refused before any work without the area
   if (b.query_pieces > 1) {
     // The queries a piece at a time; nothing but o and lse is needed when they were kept.
     if (reused) {
@@ -873,15 +962,24 @@ void AttentionLayer::forward_as(const Tensor& x, const Tensor* y, bool keep, boo
   }
   // y = x + o Wo^T: the residual copy, then o_proj added into it (bf16: rounded once).
   // In place (y is x) there is nothing to copy: x was last read by the projections above.
+  // Output on the host: o_proj brings its rows back a tile at a time (never under
+  // keep-through, so nothing reused is there).
   const std::int64_t H = cfg_.hidden;
+  const bool host = b.output_on_host;
   if (y != nullptr) {
     if (y->raw() != x.raw()) dev_.memcpy_async(y->raw(), x.raw(), x.nbytes(), CopyKind::device_to_device, s);
     if (cfg_.out_bias) ops::add_bias(dev_, s, y->data<A>(), p_.bo.data<A>(), T, H);
-    project_output<A>(in.o.as<A>(), T, y->data<A>(), in.tile.as<float>());
+    Buffer stage = host ? allocate(dev_, b.o_tile) : Buffer{};
+    project_output<A>(host ? host_output<A>(T) : in.o.as<A>(), T, y->data<A>(), in.tile.as<float>(), stage.as<A>());
+    if (keep) kept_stage_ = std::move(stage);
   }
   if (keep) {
-    kept_o_ = std::move(in.o);
+    // With the output on the host the kept state is lse and o_proj's o_tile (forward_rows'
+    // rows come through it, held until the backward so that it is there whenever they are).
+    if (host && y == nullptr) kept_stage_ = allocate(dev_, b.o_tile);
+    kept_o_ = std::move(in.o);  // empty with the output on the host
     kept_lse_ = std::move(in.lse);
+    kept_on_host_ = host;
     kept_x_ = x.raw();
     kept_tokens_ = T;
   }
@@ -946,14 +1044,26 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
   // forward_for_backward's o and lse when it ran on this x: the recomputation skips the
   // attention itself. Otherwise the whole forward again.
   Internals in;
+  const bool kept_host = kept_on_host_;
   const bool kept = take_kept(in, T, kept_x_ == x.raw());
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
+  if (b.output_on_host) host_output<A>(T);  // refused before any work without the area
   if (b.query_pieces > 1) {
-    // k, v again; o and lse as forward_for_backward kept them, or a piece at a time.
+    // o and lse as forward_for_backward kept them, or a piece at a time (k and v then
+    // freed); o_proj's backward on them before k and v are projected again.
+    if (kept) {
+      in.tile = allocate(dev_, b.tile);  // bf16 only (else null)
+    } else {
+      pieces_common<A>(in, T, b);
+      project_kv<A>(in, xp, T, b);
+      attend_pieces<A>(in, xp, T, b);
+      release_pieces_common(in);
+    }
+    Buffer row_dot = allocate(dev_, b.row_dot);
+    backward_output_pieces<A>(in, dyp, T, b, kept ? kept_host : b.output_on_host, row_dot.as<float>());
     pieces_common<A>(in, T, b);
     project_kv<A>(in, xp, T, b);
-    if (!kept) attend_pieces<A>(in, xp, T, b);
-    backward_pieces<A>(in, xp, dyp, dx.data<A>(), T);
+    backward_pieces<A>(in, xp, dyp, dx.data<A>(), T, row_dot);
     return;
   }
   recompute<A>(in, xp, T, /*attend=*/!kept);
@@ -1016,8 +1126,8 @@ void AttentionLayer::pieces_common(Internals& in, std::int64_t T, const Attentio
   in.k_rstd = allocate(dev_, b.k_rstd);  // qk_norm only (else null)
   in.cos = allocate(dev_, b.rope_cos);
   in.sin = allocate(dev_, b.rope_sin);
-  in.tile = allocate(dev_, b.tile);        // bf16 only (else null)
-  in.sinks32 = allocate(dev_, b.sinks32);  // sinks only (else null)
+  if (in.tile.bytes() == 0) in.tile = allocate(dev_, b.tile);  // bf16 only (else null); kept if there
+  in.sinks32 = allocate(dev_, b.sinks32);                      // sinks only (else null)
   in.hp = allocate(dev_, b.h_piece);
   in.rstdp = allocate(dev_, b.rstd_piece);
   rope_tables(in.cos.as<float>(), in.sin.as<float>(), sequence_length(T, cfg_));
@@ -1028,6 +1138,47 @@ void AttentionLayer::pieces_common(Internals& in, std::int64_t T, const Attentio
     else
       ops::convert(dev_, s, in.sinks32.as<float>(), p_.sinks.data<A>(), cfg_.q_heads);
   }
+}
+
+void AttentionLayer::release_pieces_common(Internals& in) {
+  for (Buffer* done : {&in.k, &in.v, &in.k_pre, &in.k_rstd, &in.cos, &in.sin, &in.sinks32, &in.hp, &in.rstdp})
+    done->reset();
+}
+
+template <class A>
+void AttentionLayer::piece_d_o(const AttentionPieceRows& r, std::int64_t b0, const A* dy, A* d_o, float* tile) {
+  const std::int64_t H = cfg_.hidden, O = widths(cfg_).o;
+  r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+    linear(dev_, dev_.compute_stream(), rn, O,
+           {{.a = dy + (b0 + row) * H, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
+           d_o + at * O, O, LinearMode::write, tile);
+  });
+}
+
+template <class A>
+void AttentionLayer::backward_output_pieces(Internals& in, const A* dy, std::int64_t T, const AttentionLayerBuffers& b,
+                                            bool o_on_host, float* row_dot) {
+  Stream& s = dev_.compute_stream();
+  const std::int64_t H = cfg_.hidden, Hq = cfg_.q_heads, O = widths(cfg_).o;
+  const std::int64_t S = sequence_length(T, cfg_);
+  if (o_on_host) {
+    in.o = allocate(dev_, b.o);
+    dev_.memcpy_async(in.o.data(), host_output<A>(T), b.o.bytes, CopyKind::host_to_device, s);
+  }
+  Buffer d_o = allocate(dev_, b.d_o);
+  const A* o = in.o.as<A>();
+  add_weight_grad(dev_, s, H, O, T, dy, o, g_.wo.data<float>());
+  if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dy, T, H);
+  for (std::int64_t b0 = 0; b0 < T; b0 += S)
+    for (int i = 0; i < b.query_pieces; ++i) {
+      const AttentionPieceRows r = attention_piece_rows(S, b.query_pieces, i, cfg_);
+      piece_d_o<A>(r, b0, dy, d_o.as<A>(), in.tile.as<float>());
+      r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
+        ops::attention_row_dot(dev_, s, row_dot + (b0 + row) * Hq, d_o.as<A>() + at * O, o + (b0 + row) * O,
+                               dims_of(rn, cfg_));
+      });
+    }
+  in.o.reset();
 }
 
 template <class A>
@@ -1090,15 +1241,25 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
   const int m = b.query_pieces;
   const bool ring = cfg_.cp > 1;
   constexpr bool kF32Act = std::is_same_v<A, float>;
-  in.o = allocate(dev_, b.o);
+  const bool host = b.output_on_host;
+  if (!host) in.o = allocate(dev_, b.o);
   in.lse = allocate(dev_, b.lse);
   in.qp = allocate(dev_, b.q_piece);
   in.q_prep = allocate(dev_, b.q_pre_piece);    // qk_norm only (else null)
   in.q_rstdp = allocate(dev_, b.q_rstd_piece);  // qk_norm only (else null)
-  Buffer o_piece = allocate(dev_, b.o_piece), lse_piece = allocate(dev_, b.lse_piece);  // cp > 1 only
+  // o_piece: cp > 1 or the output on the host; lse_piece: cp > 1.
+  Buffer o_piece = allocate(dev_, b.o_piece), lse_piece = allocate(dev_, b.lse_piece);
   in.o32 = allocate(dev_, b.o32);  // bf16 only (else null)
   in.ws = allocate(dev_, b.workspace_forward);
-  A *o = in.o.as<A>(), *k = in.k.as<A>(), *v = in.v.as<A>(), *qp = in.qp.as<A>();
+  A *o = host ? host_output<A>(T) : in.o.as<A>(), *k = in.k.as<A>(), *v = in.v.as<A>(), *qp = in.qp.as<A>();
+  // Rows [g, g + rn) of o from the piece's packed rows at `at` (to the host, or into the whole o).
+  const auto put = [&](std::int64_t g, std::int64_t rn, std::int64_t at) {
+    if (host)
+      dev_.memcpy_async(o + g * O, o_piece.as<A>() + at * O, static_cast<std::size_t>(rn * O) * sizeof(A),
+                        CopyKind::device_to_host, s);
+    else
+      ops::copy_columns(dev_, s, o + g * O, O, o_piece.as<A>() + at * O, O, rn, O);
+  };
   float* lse = in.lse.as<float>();
   const auto sink = [&](float* out, float* l, std::int64_t rows) {
     if (cfg_.sinks) ops::attention_sinks_forward(dev_, s, out, l, in.sinks32.as<float>(), rows, Hq, cfg_.head_dim);
@@ -1121,27 +1282,30 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
         if constexpr (!kF32Act) ops::convert(dev_, s, op, out, n * O);
         r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
           const std::int64_t g = b0 + row;
-          ops::copy_columns(dev_, s, o + g * O, O, op + at * O, O, rn, O);
+          put(g, rn, at);
           ops::copy_columns(dev_, s, lse + g * Hq, Hq, lse_piece.as<float>() + at * Hq, Hq, rn, Hq);
         });
         continue;
       }
-      // Rows [a0, a0 + n) against keys [0, a0 + n): f32 one call, bf16 in kAttentionChunkRows chunks.
+      // Rows [a0, a0 + n) against keys [0, a0 + n): f32 one call, bf16 in kAttentionChunkRows
+      // chunks; into o's rows, or the piece's (then to the host) with the output there.
       const std::int64_t a0 = r.row[0], R = kF32Act ? n : state_rows(S, cfg_);
       for (std::int64_t c0 = 0; c0 < n; c0 += R) {
         const std::int64_t nc = std::min(R, n - c0), g = b0 + a0 + c0;
-        float* out = kF32Act ? reinterpret_cast<float*>(o + g * O) : in.o32.as<float>();
+        A* dst = host ? o_piece.as<A>() + c0 * O : o + g * O;
+        float* out = kF32Act ? reinterpret_cast<float*>(dst) : in.o32.as<float>();
         ops::attention_forward(dev_, s, out, lse + g * Hq, qp + c0 * Q, k + b0 * K, v + b0 * K,
                                chunk_dims(nc, a0 + c0, cfg_, false), in.ws.as<float>());
         sink(out, lse + g * Hq, nc);
-        if constexpr (!kF32Act) ops::convert(dev_, s, o + g * O, out, nc * O);
+        if constexpr (!kF32Act) ops::convert(dev_, s, dst, out, nc * O);
       }
+      if (host) put(b0 + a0, n, 0);
     }
   for (Buffer* done : {&in.qp, &in.q_prep, &in.q_rstdp, &o_piece, &lse_piece, &in.o32, &in.ws}) done->reset();
 }
 
 template <class A>
-void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T) {
+void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T, Buffer& row_dot) {
   Stream& s = dev_.compute_stream();
   const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
@@ -1154,32 +1318,9 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
   A *k = in.k.as<A>(), *v = in.v.as<A>();
   // dx = dy + the norm's backward (added into below, a piece at a time); in place the
   // residual is there already. Rows of dy are read again only by their own piece's d_o,
-  // before that piece adds into them.
+  // before that piece adds into them (o_proj's backward, before this, read dy whole).
   if (dx != dy) dev_.memcpy_async(dx, dy, static_cast<std::size_t>(T * H) * sizeof(A), CopyKind::device_to_device, s);
-  // d_o of a piece's rows (two runs under cp, packed) = dy Wo.
-  const auto piece_d_o = [&](const AttentionPieceRows& r, std::int64_t b0, A* d_o) {
-    r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
-      linear(dev_, s, rn, O,
-             {{.a = dy + (b0 + row) * H, .lda = H, .b = p_.wo.data<A>(), .ldb = O, .k = H, .trans_b = false}},
-             d_o + at * O, O, LinearMode::write, tile);
-    });
-  };
-
-  // o_proj's backward ("backward output"): dWo += dy^T o, then D = rowsum(d_o * o) a piece
-  // at a time; o is freed after.
-  Buffer row_dot = allocate(dev_, b.row_dot), d_o = allocate(dev_, b.d_o);
-  add_weight_grad(dev_, s, H, O, T, dy, in.o.as<A>(), g_.wo.data<float>());
-  if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dy, T, H);
-  for (std::int64_t b0 = 0; b0 < T; b0 += S)
-    for (int i = 0; i < m; ++i) {
-      const AttentionPieceRows r = attention_piece_rows(S, m, i, cfg_);
-      piece_d_o(r, b0, d_o.as<A>());
-      r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
-        ops::attention_row_dot(dev_, s, row_dot.as<float>() + (b0 + row) * Hq, d_o.as<A>() + at * O,
-                               in.o.as<A>() + (b0 + row) * O, dims_of(rn, cfg_));
-      });
-    }
-  in.o.reset();
+  Buffer d_o = allocate(dev_, b.d_o);
   if (cfg_.sinks)  // dsinks from the merged lse and D, sequence by sequence
     for (std::int64_t b0 = 0; b0 < T; b0 += S)
       ops::attention_sinks_backward(dev_, s, g_.sinks.data<float>(), in.lse.as<float>() + b0 * Hq,
@@ -1215,7 +1356,7 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
     for (int i = 0; i < m; ++i) {
       const AttentionPieceRows r = attention_piece_rows(S, m, i, cfg_);
       const std::int64_t n = r.tokens(), a0 = r.row[0];
-      piece_d_o(r, b0, d_o.as<A>());
+      piece_d_o<A>(r, b0, dy, d_o.as<A>(), tile);
       project_q_piece<A>(in, x, b0, r);  // h, rstd and q of the piece's rows
       float* dq_to = kF32Act ? reinterpret_cast<float*>(dqp) : dq32.as<float>();
       if (ring) {

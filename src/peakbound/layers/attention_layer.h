@@ -120,6 +120,14 @@ struct AttentionLayerConfig {
   // a decoder layer's MLP tiles take have the forward's bits whatever the GEMM does with
   // its row count (forward_rows' ranges are whole tiles).
   std::int64_t output_rows = 0;
+  // The attention's output o [T, O] on the host, not the device, between the kernel that
+  // writes it and its readers (GQA with query pieces only, attention_output_on_host; no
+  // effect otherwise): the forward's kernel puts each query piece's rows there, o_proj reads
+  // it back an output_rows tile at a time (forward, forward_rows), and a backward that takes
+  // a kept o brings it back whole for o_proj's backward before k and v are projected again.
+  // The same bits as on the device: the same operations on the same values. Needs
+  // set_output_host; not with keep-through (every layer's o would share one host area).
+  bool output_on_host = false;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
   int cp_rank = 0;            // this rank's place in the context-parallel group
@@ -161,6 +169,13 @@ struct AttentionPieceRows {
   }
 };
 AttentionPieceRows attention_piece_rows(std::int64_t S, int m, int i, const AttentionLayerConfig& c);
+
+// Whether a call on `tokens` tokens keeps o on the host: c.output_on_host and the queries go
+// in pieces (attention_query_pieces > 1).
+bool attention_output_on_host(std::int64_t tokens, const AttentionLayerConfig& c);
+// The host bytes such a call's o takes ([T, O] of the activation dtype; 0 when o stays on
+// the device).
+std::uint64_t attention_output_host_bytes(std::int64_t tokens, const AttentionLayerConfig& c);
 
 // Throws InvalidArgument naming the first bad field.
 void check_attention_layer_config(const AttentionLayerConfig& c);
@@ -217,10 +232,17 @@ struct AttentionLayerTensors {
 // q_pre and q_rstd are not allocated); under cp > 1 o_piece [P, O] (act), lse_piece,
 // row_dot_piece [P, Hq] f32 hold the piece's rows packed for the ring and o32 / dq32 are
 // [P, width] (bf16); d_o and dq hold one piece. o, lse, k, v, dk and dv stay whole.
+// Output on the host (attention_output_on_host): o is on the host; o_piece [P, O] holds a
+// piece's rows at cp = 1 too (on their way to the host) and o_tile [R, O] (act; R =
+// min(T, output_rows), T without output_rows) the rows o_proj reads back a tile at a time;
+// a backward taking a kept o brings o back whole (b.o on the device) beside lse, row_dot
+// and d_o only.
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   int query_pieces = 1;
   std::int64_t piece_rows = 0;
+  bool output_on_host = false;
+  BufferSpec o_tile{};
   BufferSpec q_piece{}, q_pre_piece{}, q_rstd_piece{}, o_piece{}, lse_piece{}, row_dot_piece{}, h_piece{},
       rstd_piece{};
   BufferSpec workspace_forward, workspace_backward;
@@ -246,6 +268,11 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const Attenti
 // A forward call peaks at the larger of its two phases; a backward call at the largest of
 // the other four, and of "forward" too unless it takes what forward_for_backward kept (its
 // recomputation then runs no kernel).
+// Query pieces (GQA): a backward runs o_proj's backward ("backward output": o, lse, D and
+// a piece's d_o) before k and v are projected ("kept project": k, v beside lse and D, no
+// o); without a kept o it runs both forward phases first. Output on the host adds "forward
+// output" (o_proj reading o back a tile at a time beside k, v and lse). attention_call_phases
+// lists what each call reaches.
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c);
 Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerConfig& c, std::uint64_t elem_bytes);
 // The forward's phases (the projections', then the kernel's) and the backward's own
@@ -254,9 +281,37 @@ Footprint attention_layer_footprint(std::int64_t tokens, const AttentionLayerCon
 // beside them (kAttentionKeptProjectPhase) instead of both forward phases.
 inline constexpr std::array<std::string_view, 2> kAttentionForwardPhases = {"forward project", "forward"};
 inline constexpr std::string_view kAttentionKeptProjectPhase = "kept project";
+inline constexpr std::string_view kAttentionForwardOutputPhase = "forward output";
 inline constexpr std::string_view kAttentionRowsPhase = "rows";
 inline constexpr std::array<std::string_view, 3> kAttentionBackwardPhases = {"backward output", "backward",
                                                                              "backward project"};
+
+// The calls whose phases attention_call_phases lists: forward (and forward_for_backward),
+// forward_for_rows, a forward reusing what keep-through kept, forward_rows, a backward that
+// recomputes the forward, and one that takes a kept o and lse.
+enum class AttentionCall { forward, forward_for_rows, forward_reusing_kept, rows, backward, backward_taking_kept };
+// The footprint phases (attention_layer_footprint) a call on `tokens` tokens reaches: it
+// peaks at their largest.
+std::vector<std::string_view> attention_call_phases(std::int64_t tokens, const AttentionLayerConfig& c,
+                                                    AttentionCall call);
+
+// Host memory for the o of layers with output_on_host: one area shared by the layers of a
+// model (they run one after another on the device's compute stream), grown to the largest
+// call's attention_output_host_bytes. Growing synchronizes the device first (no copy is in
+// flight into the area it frees).
+class AttentionOutputHost {
+ public:
+  explicit AttentionOutputHost(Allocator& host) : host_(host) {}
+  // An area of at least `bytes` (component attention on the host).
+  void* reserve(Device& dev, std::uint64_t bytes);
+  // Frees the area (the device synchronized first).
+  void release(Device& dev);
+  std::uint64_t bytes() const { return area_.bytes(); }
+
+ private:
+  Allocator& host_;
+  Buffer area_;
+};
 
 class AttentionLayer final : public Block {
  public:
@@ -308,6 +363,9 @@ class AttentionLayer final : public Block {
   // The context-parallel group (size cp, rank cp_rank of the config; checked). Needed
   // before any call when cp > 1; the layer does not own it.
   void set_cp_group(Communicator* group);
+  // The host area for o when the config says output_on_host (needed before such a call;
+  // the layer does not own it).
+  void set_output_host(AttentionOutputHost* area) { out_host_ = area; }
 
  private:
   // The forward's internals through o and lse, allocated under `attention`.
@@ -331,9 +389,18 @@ class AttentionLayer final : public Block {
   // The piece's h, rstd and q (q_pre, q_rstd with qk_norm; RoPE at its rows' positions).
   template <class A>
   void project_q_piece(Internals& in, const A* x, std::int64_t b0, const AttentionPieceRows& r);
-  // o and lse of every row (allocated here), a query piece at a time.
+  // o and lse of every row (allocated here; o into the host area instead under
+  // b.output_on_host), a query piece at a time.
   template <class A>
   void attend_pieces(Internals& in, const A* x, std::int64_t T, const AttentionLayerBuffers& b);
+  // The host area's o for a call of T tokens (InvalidArgument without set_output_host).
+  template <class A>
+  A* host_output(std::int64_t T);
+  // Frees what pieces_common allocated but the linear tile.
+  static void release_pieces_common(Internals& in);
+  // d_o of a piece's rows (two runs under cp, packed) = dy Wo.
+  template <class A>
+  void piece_d_o(const AttentionPieceRows& r, std::int64_t b0, const A* dy, A* d_o, float* tile);
   // Written once for A = float | bf16 (the activation type); A = float makes the op
   // calls of the f32-only layer in its order.
   // attend false: in.o and in.lse are already there (kept); the kernel does not run.
@@ -360,9 +427,10 @@ class AttentionLayer final : public Block {
   template <class A>
   void forward_rows_as(const A* x, std::int64_t first, std::int64_t rows, A* y);
   // y rows [0, rows) += o rows [0, rows) Wo^T, output_rows at a time (the caller's rows
-  // start a tile).
+  // start a tile); o on the host (stage non-null, an o_tile): each tile's rows brought
+  // into stage first.
   template <class A>
-  void project_output(const A* o, std::int64_t rows, A* y, float* tile);
+  void project_output(const A* o, std::int64_t rows, A* y, float* tile, A* stage = nullptr);
   // MLA's backward from dq, dk, dv (the attention's) to dh written into h's buffer; dqa, dc
   // and dkr32 are its scratch (AttentionLayerBuffers).
   template <class A>
@@ -378,7 +446,13 @@ class AttentionLayer final : public Block {
   // RoPE's, the q norm's and q_proj's backward and input_layernorm's into dx; then the
   // keys' side a row tile at a time. `in` holds q, k, v, o and lse.
   template <class A>
-  void backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T);
+  void backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T, Buffer& row_dot);
+  // o_proj's backward with the queries in pieces ("backward output"): dWo += dy^T o (dbo),
+  // then D = rowsum(d_o * o) into row_dot a piece at a time; o (in.o, or the host area's
+  // brought back whole) is freed after. in.tile is the linear tile.
+  template <class A>
+  void backward_output_pieces(Internals& in, const A* dy, std::int64_t T, const AttentionLayerBuffers& b,
+                              bool o_on_host, float* row_dot);
   void rope_tables(float* cos, float* sin, std::int64_t S);
   // One sequence (S rows at row b) through the kernel: o, lse written; bf16 via o32.
   template <class A>
@@ -397,6 +471,9 @@ class AttentionLayer final : public Block {
   AttentionLayerTensors p_, g_;
   // forward_for_backward's o and lse and the input they belong to (null: none kept).
   Buffer kept_o_, kept_lse_;
+  bool kept_on_host_ = false;  // the kept o is in out_host_'s area (output_on_host)
+  Buffer kept_stage_;          // then o_proj's o_tile for forward_rows, held with lse
+  AttentionOutputHost* out_host_ = nullptr;
   const void* kept_x_ = nullptr;
   std::int64_t kept_tokens_ = 0;
   bool keep_through_ = false;

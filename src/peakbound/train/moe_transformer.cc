@@ -298,7 +298,8 @@ class MoeTransformer::FsdpBlock final : public Block {
 
 MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& groups, const ModelConfig& config,
                                const ModelSchedules& schedules)
-    : dev_(dev), host_(host), groups_(groups), config_(config), table_(config, TableLayout::trainer), schedules_(schedules) {
+    : dev_(dev), host_(host), groups_(groups), config_(config), table_(config, TableLayout::trainer), schedules_(schedules),
+      out_host_(host) {
   check_trainable(config_);
   const ModelConfig& c = config_;
   if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks ||
@@ -362,6 +363,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     ac.precision = prec;
     ac.window = c.attention_window(l);
     ac.output_rows = schedules_.moe_tile;  // the MLP's row tiles: its backward takes mid by them
+    ac.output_on_host = offloads_attention_output(schedules_);
     AttentionLayerTensors at[2];
     for (int g = 0; g < 2 && ac.mla; ++g) {
       const std::string a = p + "self_attn.";
@@ -401,6 +403,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     }
     layer->attention = std::make_unique<AttentionLayer>(dev, ac, at[0], at[1]);
     if (ac.cp > 1) layer->attention->set_cp_group(groups_.cp.get());
+    layer->attention->set_output_host(&out_host_);
 
     MoeLayerConfig mc =
         moe_layer_config(c, l, static_cast<float>(c.rms_norm_eps), schedules_.dispatch, schedules_.dispatch_options);
@@ -827,6 +830,8 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     for (auto& l : layers_) blocks.push_back(l->fsdp.get());
     stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, kA, schedules_.checkpoint);
     if (park) y_host_ = host_.allocate(bb.y_host.component, bb.y_host.bytes);
+    out_host_.release(dev_);
+    out_host_.reserve(dev_, attention_output_host_bytes(T, layers_.front()->attention->config()));
     stack_tokens_ = T;
   }
   // The embedding writes into the stack's first boundary: the forward holds no x.

@@ -172,6 +172,16 @@ inline constexpr std::int64_t kFinalNormTileRows = 1024;
 inline bool parks_final_hidden(const ModelSchedules& s) {
   return s.checkpoint.schedule == CheckpointSchedule::sco && s.checkpoint.prefetch_depth == 0;
 }
+// With it (and without keep_attention, which holds every layer's o on the device) every
+// attention sublayer's output o lives on the host between the kernel that writes it and
+// o_proj's reads (AttentionLayerConfig::output_on_host; query pieces only): the device
+// holds no [T, Hq Dv] beside the forward's k and v, nor through the MLP's backward, and
+// o_proj's backward brings it back whole before k and v are projected again. One host area
+// of [T, Hq Dv] for all layers (allocated with the stack); one copy of o each way a layer
+// forward and two in its backward (the recomputation's out, the rows' and o_proj's back).
+inline bool offloads_attention_output(const ModelSchedules& s) {
+  return parks_final_hidden(s) && !s.keep_attention;
+}
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
                                       std::int64_t seq_aux_floats = 0);
 // [MoE layers, sequences, E] when c.seq_aux_loss_coef > 0 (a rank's `sequences` per pass), else 0.
@@ -297,6 +307,8 @@ class MoeTransformer {
   std::unique_ptr<MoeAuxState> aux_state_;
   std::unique_ptr<CheckpointedStack> stack_;
   Buffer y_host_;  // parks_final_hidden: y across the loss (with the stack, for its tokens)
+  // offloads_attention_output: the layers' o (reserved with the stack, for its tokens).
+  AttentionOutputHost out_host_;
   std::int64_t stack_tokens_ = -1;
   std::int64_t moe_layers_ = 0;
 };

@@ -97,13 +97,17 @@ class TrainFootprintBuilder {
     g_ = StoreGroups::of(in_.layout, in_.world, in_.rank);
     check_inputs();
     T_ = tokens_of(in_.rank);
+    // The layers' attention config as MoeTransformer builds it (its bf16 tiles follow the
+    // precision; o_proj's row tile is the MLP's; o on the host with the one-slot ring).
+    ac_ = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_, sch_.attention_piece);
+    ac_.precision = p_;
+    ac_.output_rows = sch_.moe_tile;
+    ac_.output_on_host = offloads_attention_output(sch_);
     size_persistent();
     size_stack();
     optimizer_load();
     embedding_forward();
-    AttentionLayerConfig ac = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_, sch_.attention_piece);
-    ac.precision = p_;  // as MoeTransformer sets it: its bf16 tiles follow it
-    att_ = attention_layer_footprint(T_, ac);
+    att_ = attention_layer_footprint(T_, ac_);
     forward_attention();
     plan_mlps();
     mlp_forwards();
@@ -190,6 +194,7 @@ class TrainFootprintBuilder {
       f_.device(phase, cb_.boundary, static_cast<u64>(cb_.placement.ring_slots));
       f_.host(phase, cb_.host_boundary, static_cast<u64>(cb_.placement.offloaded));
       if (parks_final_hidden(sch_)) f_.host(phase, bb_.y_host);  // allocated with the stack
+      f_.host(phase, BufferSpec{Component::attention, attention_output_host_bytes(T_, ac_)});  // with the stack too
     }
   }
   // Resident boundaries live while block l runs forward (acquired up to l + 1) or
@@ -232,8 +237,12 @@ class TrainFootprintBuilder {
   // into y (the MoE layer then runs in place on it: no mid in the forward). Its projections
   // ("... project", h live) and its kernel (h freed).
   void forward_attention() {
+    // o on the host: o_proj reads it back a tile at a time (a phase of its own).
+    const bool host = attention_output_on_host(T_, ac_);
     for (const auto& [ph, part] : {std::pair{"forward attention project", "forward project"},
-                                   std::pair{"forward attention", "forward"}}) {
+                                   std::pair{"forward attention", "forward"},
+                                   std::pair{"forward attention output", host ? "forward output" : ""}}) {
+      if (std::string_view(part).empty()) continue;
       persistent(ph, true);
       batch(ph, {bb_.y});
       residents(ph, L_);  // the last layer's: boundaries through L live
@@ -405,18 +414,22 @@ class TrainFootprintBuilder {
     // The last layer's: forward_for_rows' recomputation (keep_attention: its o and lse
     // are the kept ones, so it runs the projections only, beside them; the earlier
     // layers' are held beside), then the backward's own recomputation of the projections,
-    // beside the o and lse forward_for_rows kept. kernel: the phase runs the attention
-    // kernel's forward, which a kept o skips.
+    // beside the o and lse forward_for_rows kept (offloads_attention_output: o on the host,
+    // its o_tile kept instead, the recomputation's o_tile taken beside k and v: "... output").
+    // kernel: the phase runs the attention kernel's forward, which a kept o skips.
     const std::string_view recompute_project =
-        sch_.keep_attention ? kAttentionKeptProjectPhase : kAttentionForwardPhases[0];
+        sch_.keep_attention ? attention_call_phases(T_, ac_, AttentionCall::forward_reusing_kept).front()
+                            : kAttentionForwardPhases[0];
     for (const auto& [ph, part, kernel] :
          {std::tuple{"backward attention recompute project", recompute_project, false},
           std::tuple{"backward attention recompute", kAttentionForwardPhases[1], true},
+          std::tuple{"backward attention recompute output", kAttentionForwardOutputPhase, true},
           std::tuple{"backward attention reproject", kAttentionKeptProjectPhase, false},
           std::tuple{"backward attention output", kAttentionBackwardPhases[0], false},
           std::tuple{"backward attention", kAttentionBackwardPhases[1], false},
           std::tuple{"backward attention project", kAttentionBackwardPhases[2], false}}) {
       if (kernel && sch_.keep_attention) continue;
+      if (part == kAttentionForwardOutputPhase && !attention_output_on_host(T_, ac_)) continue;
       backward_common(ph, L_ - 1);
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);
@@ -446,6 +459,7 @@ class TrainFootprintBuilder {
   bool stacked_ = false;
   CheckpointBuffers cb_;
   std::int64_t ringed_ = 0;
+  AttentionLayerConfig ac_;
   Footprint att_{"attention"};
   std::vector<Mlp> mlps_;
 };
