@@ -190,6 +190,45 @@ TEST(CheckpointOffload, AOneSlotRingNeedsBlocksThatRunInPlace) {
   EXPECT_NO_THROW(CheckpointedStack(run.device(), run.host(), {&a, &b, &c}, Shape{48, 32}, DType::f32, d1));
 }
 
+// The one-slot ring's slot parked between forward and backward (park_slot, what the
+// trainer does across its loss): the device holds no boundary while parked, backward
+// brings the slot's boundary back, and the step is bitwise the unparked one's; a second
+// step reuses everything. Refused outside forward..backward, twice, or with two slots.
+TEST(CheckpointOffload, AParkedSlotChangesNoBit) {
+  const std::int64_t T = 48, H = 32;
+  for (std::int64_t K : {0, 1}) {
+    SCOPED_TRACE("K = " + std::to_string(K));
+    CheckpointRun run(small(4, CheckpointSchedule::sco, 0, K));
+    run.step();
+    const std::vector<float> y0 = run.output(), dx0 = run.input_grad(), g0 = run.param_grads();
+    Device& dev = run.device();
+    const std::uint64_t bytes = static_cast<std::uint64_t>(T * H) * 4;
+    Buffer y = dev.allocate(Component::layer, bytes), dx = dev.allocate(Component::layer, bytes);
+    Buffer parked = run.host().allocate(Component::checkpoints, bytes);
+    const Shape s{T, H};
+    EXPECT_THROW(run.stack().park_slot(parked.data()), InvalidArgument);  // no forward yet
+    for (int step = 0; step < 2; ++step) {
+      for (auto& b : run.blocks()) b->zero_grad();
+      run.stack().forward(run.input(), y.tensor(s, DType::f32));
+      const std::uint64_t held = dev.arena().live(Component::checkpoints);
+      run.stack().park_slot(parked.data());
+      EXPECT_EQ(dev.arena().live(Component::checkpoints), held - arena_reserved(bytes));  // only residents left
+      EXPECT_THROW(run.stack().park_slot(parked.data()), InvalidArgument);               // parked already
+      run.stack().backward(run.output_grad(), dx.tensor(s, DType::f32));
+      dev.synchronize();
+      EXPECT_TRUE(same_bits(std::vector<float>(y.as<float>(), y.as<float>() + T * H), y0));
+      EXPECT_TRUE(same_bits(std::vector<float>(dx.as<float>(), dx.as<float>() + T * H), dx0));
+      EXPECT_TRUE(same_bits(run.param_grads(), g0));
+    }
+  }
+  CheckpointRun two(small(3, CheckpointSchedule::sco, 1, 0));
+  two.step();
+  Buffer y = two.device().allocate(Component::layer, 48 * 32 * 4);
+  Buffer parked = two.host().allocate(Component::checkpoints, 48 * 32 * 4);
+  two.stack().forward(two.input(), y.tensor(Shape{48, 32}, DType::f32));
+  EXPECT_THROW(two.stack().park_slot(parked.data()), InvalidArgument);  // a ring of two
+}
+
 TEST(CheckpointOffload, BadOptionsAreUserErrors) {
   EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, -1)), InvalidArgument);
   EXPECT_THROW(CheckpointRun(small(4, CheckpointSchedule::sco, 1, 5)), InvalidArgument);

@@ -82,6 +82,8 @@ void* CheckpointedStack::acquire_boundary(std::int64_t l) {
   const auto s = static_cast<std::size_t>(slot_of(l));
   wait_for_copy(slot_free_[s]);
   slot_free_[s] = Event();
+  // A slot a parked step left freed (abandoned before its backward) is taken again.
+  if (ring_[s].bytes() == 0) ring_[s] = dev_.allocate(buffers_.boundary.component, buffers_.boundary.bytes);
   return ring_[s].data();
 }
 
@@ -143,6 +145,21 @@ void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
   }
 }
 
+void CheckpointedStack::park_slot(void* host) {
+  const CheckpointPlacement& p = placement();
+  if (!forward_done_ || p.ring_slots != 1 || p.ringed() == 0 || parked_ != nullptr || host == nullptr)
+    throw InvalidArgument("checkpointed stack: park_slot needs a one-slot ring (prefetch_depth 0) between a forward "
+                          "and its backward, parked once, and a host buffer");
+  Stream& compute = dev_.compute_stream();
+  wait_for_copy(slot_free_[0]);
+  slot_free_[0] = Event();
+  // Ordered after the last block's forward (it read the slot); whatever reuses the freed
+  // memory next is ordered after the copy on the same stream.
+  dev_.memcpy_async(host, ring_[0].data(), bytes_, CopyKind::device_to_host, compute);
+  ring_[0].reset();
+  parked_ = host;
+}
+
 void CheckpointedStack::backward(const Tensor& dy, const Tensor& dx) {
   PB_CHECK_MSG(forward_done_, "checkpointed stack: backward without a forward");
   check_io(dy, dx, "backward", /*may_alias=*/buffers_.in_place);  // an in-place stack may take dx == dy
@@ -167,6 +184,11 @@ void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   if (buffers_.grad_buffers == 2) {
     grad_a = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
     grad_b = dev_.allocate(buffers_.grad.component, buffers_.grad.bytes);
+  }
+  if (parked_ != nullptr) {  // park_slot's boundary back into the slot, before its block reads it
+    ring_[0] = dev_.allocate(buffers_.boundary.component, buffers_.boundary.bytes);
+    dev_.memcpy_async(ring_[0].data(), parked_, bytes_, CopyKind::host_to_device, compute);
+    parked_ = nullptr;
   }
   const void* g = buffers_.in_place ? dx.raw() : dy.raw();
   std::int64_t next_fetch = O - 1;  // highest offloaded boundary not yet fetched
@@ -198,6 +220,7 @@ void CheckpointedStack::abandon() noexcept {
   }
   for (Buffer& b : resident_) b.reset();
   input_ = nullptr;
+  parked_ = nullptr;  // a freed slot is taken again when next acquired
   for (Event& e : slot_free_) e = Event();
   for (Event& e : fetched_) e = Event();
   forward_done_ = false;

@@ -56,6 +56,15 @@ class CheckpointedStack {
   // gradients are added into by the blocks. Must follow forward. In place, every block
   // works on dx and the stack holds no gradient buffer (CheckpointBuffers::in_place).
   void backward(const Tensor& dy, const Tensor& dx);
+  // The one-slot ring (prefetch depth 0) between a forward and its backward: the slot's
+  // boundary (the last ringed block's input, the one boundary that ring never sends to the
+  // host) is copied to `host` (a [boundary] host buffer the caller owns until backward)
+  // on the compute stream and the slot's device memory is freed; backward first takes the
+  // slot again and brings the boundary back (the copy on the compute stream, before the
+  // block that reads it). For a caller whose work between forward and backward (a loss)
+  // needs the device more than two copies of a boundary cost; the same bits.
+  // InvalidArgument without a one-slot ring, outside forward..backward or parked already.
+  void park_slot(void* host);
 
   const CheckpointOptions& options() const { return options_; }
   const CheckpointPlacement& placement() const { return buffers_.placement; }
@@ -93,6 +102,7 @@ class CheckpointedStack {
   std::vector<Event> fetched_;     // per offloaded boundary: its H2D in this backward
   std::vector<Buffer> resident_;   // per resident boundary, allocated in forward
   void* input_ = nullptr;          // boundary 0 once input() acquired it, until forward
+  void* parked_ = nullptr;         // park_slot's host buffer until backward takes it back
   bool forward_done_ = false;
   double stall_seconds_ = 0;
 };

@@ -830,6 +830,11 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     for (auto& l : layers_) blocks.push_back(l->fsdp.get());
     stack_ = std::make_unique<CheckpointedStack>(dev_, host_, blocks, Shape{T, H}, kA, schedules_.checkpoint);
     if (park) y_host_ = host_.allocate(bb.y_host.component, bb.y_host.bytes);
+    slot_host_.reset();
+    if (park && parks_slot(stack_->placement())) {
+      const CheckpointBuffers& cb = stack_->buffers();
+      slot_host_ = host_.allocate(cb.host_boundary.component, cb.host_boundary.bytes);
+    }
     out_host_.release(dev_);
     out_host_.reserve(dev_, attention_output_host_bytes(T, layers_.front()->attention->config()));
     stack_tokens_ = T;
@@ -847,6 +852,7 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     embed<A>(p, x0.data<A>());
     y = dev_.allocate(bb.y.component, bb.y.bytes);
     stack_->forward(x0, y.tensor(sh, kA));
+    if (slot_host_.bytes() > 0) stack_->park_slot(slot_host_.data());  // until the stack's backward
   }
   finish_aux(p, aux_scale, true);
 

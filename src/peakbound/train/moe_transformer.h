@@ -169,9 +169,15 @@ inline constexpr std::int64_t kFinalNormTileRows = 1024;
 // forward to its backward the device holds the normed hidden, d_hn and the ring's one
 // boundary, not y beside them (one [T, H] a rank less at the loss), for one more copy
 // each way a step (the H2D exposed, as the one-slot ring's are).
+// The ring's one slot goes to the host across the loss too (CheckpointedStack::park_slot:
+// the last ringed layer's input, which the one-slot ring otherwise holds on the device
+// from the stack's forward to its backward), when the placement has one.
 inline bool parks_final_hidden(const ModelSchedules& s) {
   return s.checkpoint.schedule == CheckpointSchedule::sco && s.checkpoint.prefetch_depth == 0;
 }
+// Whether a stack placed as `p` under parks_final_hidden parks its slot too (one slot
+// and a ringed boundary in it; a placement keeping every boundary resident has none).
+inline bool parks_slot(const CheckpointPlacement& p) { return p.ring_slots == 1 && p.ringed() > 0; }
 // With it (and without keep_attention, which holds every layer's o on the device) every
 // attention sublayer's output o lives on the host between the kernel that writes it and
 // o_proj's reads (AttentionLayerConfig::output_on_host; query pieces only): the device
@@ -307,6 +313,8 @@ class MoeTransformer {
   std::unique_ptr<MoeAuxState> aux_state_;
   std::unique_ptr<CheckpointedStack> stack_;
   Buffer y_host_;  // parks_final_hidden: y across the loss (with the stack, for its tokens)
+  // parks_final_hidden with the one-slot ring: the slot's boundary across the loss.
+  Buffer slot_host_;
   // offloads_attention_output: the layers' o (reserved with the stack, for its tokens).
   AttentionOutputHost out_host_;
   std::int64_t stack_tokens_ = -1;

@@ -187,12 +187,15 @@ class TrainFootprintBuilder {
 
   // Everything held from the trainer's construction on, plus the stack's ring and host
   // boundaries once it exists.
-  void persistent(const std::string& phase, bool with_stack) {
+  // slot_parked: between the stack's forward and its backward under parks_slot (the
+  // slot's boundary on the host, its device memory free).
+  void persistent(const std::string& phase, bool with_stack, bool slot_parked = false) {
     for (const BufferSpec& b : resident_dev_) f_.device(phase, b);
     add_phase(f_, phase, opt_.phase("step"));
     if (with_stack && stacked_) {
-      f_.device(phase, cb_.boundary, static_cast<u64>(cb_.placement.ring_slots));
-      f_.host(phase, cb_.host_boundary, static_cast<u64>(cb_.placement.offloaded));
+      const bool parks = parks_final_hidden(sch_) && parks_slot(cb_.placement);
+      f_.device(phase, cb_.boundary, static_cast<u64>(cb_.placement.ring_slots - (slot_parked && parks ? 1 : 0)));
+      f_.host(phase, cb_.host_boundary, static_cast<u64>(cb_.placement.offloaded + (parks ? 1 : 0)));
       if (parks_final_hidden(sch_)) f_.host(phase, bb_.y_host);  // allocated with the stack
       f_.host(phase, BufferSpec{Component::attention, attention_output_host_bytes(T_, ac_)});  // with the stack too
     }
@@ -344,14 +347,14 @@ class TrainFootprintBuilder {
                                           : materialized_vocab_footprint(vs, vo, p_);
     if (park) {
       const std::string ph = "final norm forward";
-      persistent(ph, true);
+      persistent(ph, true, true);
       batch(ph, {bb_.x, bb_.y, bb_.rstd, fb_.norm_params});
       residents(ph, L_);
       kept(ph, L_);
     }
     {
       const std::string ph = "loss forward";
-      persistent(ph, true);
+      persistent(ph, true, true);
       if (fused)
         batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});  // the normed hidden in x
       else
@@ -362,7 +365,7 @@ class TrainFootprintBuilder {
     }
     {
       const std::string ph = "loss backward";
-      persistent(ph, true);
+      persistent(ph, true, true);
       batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});
       residents(ph, L_);
       kept(ph, L_);
@@ -381,7 +384,7 @@ class TrainFootprintBuilder {
     }
     {
       const std::string ph = "final norm backward";
-      persistent(ph, true);
+      persistent(ph, true, true);
       if (park)  // y back, x freed, dy over d_hn a row tile at a time
         batch(ph, {bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads, bb_.norm_tile});
       else
