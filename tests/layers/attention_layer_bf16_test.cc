@@ -191,25 +191,15 @@ TEST(AttentionLayerBf16, ForwardForBackwardKeepsOAndLseAndChangesNoBit) {
       const Inputs in = draw_inputs(c, static_cast<std::uint32_t>(c.T + c.H));
       const Result plain = attention_test::run_layer(config_of(c, p), in.params, in.x, in.dy, nullptr, 2, false);
       const Result kept = attention_test::run_layer(config_of(c, p), in.params, in.x, in.dy, nullptr, 2, true);
-      EXPECT_EQ(kept.y, plain.y);
-      EXPECT_EQ(kept.dx, plain.dx);
-      EXPECT_EQ(kept.grads, plain.grads);
+      attention_test::expect_same_bits(kept, plain);
     }
   // Kept for other rows: the backward recomputes for its own x (results as a plain layer's).
   const Case c{20, 0, 16, 4, 2, 8, true};
   const Inputs a = draw_inputs(c, 1), b = draw_inputs(c, 2);
   const AttentionLayerConfig cfg = config_of(c, Precision::f32);
   CpuDevice dev(64ull << 20);
-  std::vector<Buffer> pb, gb;
-  AttentionLayerTensors pt, gt;
-  const std::vector<attention_test::ParamSlot> slots = attention_test::param_slots(cfg);
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    pb.push_back(attention_test::upload(dev, Component::params, a.params[i], DType::f32));
-    gb.push_back(attention_test::upload(dev, Component::grads, Vec(a.params[i].size(), 0.0f), DType::f32));
-    pt.*slots[i].member = pb.back().tensor(slots[i].shape, DType::f32);
-    gt.*slots[i].member = gb.back().tensor(slots[i].shape, DType::f32);
-  }
-  AttentionLayer layer(dev, cfg, pt, gt);
+  const attention_test::LayerParams lp = attention_test::upload_params(dev, cfg, a.params);
+  AttentionLayer layer(dev, cfg, lp.pt, lp.gt);
   const Shape s{c.T, c.H};
   Buffer xa = attention_test::upload(dev, Component::workspace, a.x, DType::f32);
   Buffer xb = attention_test::upload(dev, Component::workspace, b.x, DType::f32);
@@ -266,9 +256,7 @@ TEST(AttentionLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
         const Vec x = draw(c.T * c.H, rng, 0.0, 1.0), dy = draw(c.T * c.H, rng, 0.0, 1.0);
         const Result apart = attention_test::run_layer(cfg, params, x, dy);
         const Result over = attention_test::run_layer(cfg, params, x, dy, nullptr, 1, false, /*in_place=*/true);
-        EXPECT_EQ(over.y, apart.y);
-        EXPECT_EQ(over.dx, apart.dx);
-        EXPECT_EQ(over.grads, apart.grads);
+        attention_test::expect_same_bits(over, apart);
         ++n;
       }
   EXPECT_EQ(n, 32);
@@ -295,9 +283,7 @@ TEST(AttentionLayerBf16, ForwardByRowsIsBitwiseTheSame) {
           const Vec x = draw(c.T * c.H, rng, 0.0, 1.0), dy = draw(c.T * c.H, rng, 0.0, 1.0);
           const Result whole = attention_test::run_layer(cfg, params, x, dy, nullptr, 1, /*keep=*/true);
           const Result by_rows = attention_test::run_layer(cfg, params, x, dy, nullptr, 1, false, false, rows);
-          EXPECT_EQ(by_rows.y, whole.y);
-          EXPECT_EQ(by_rows.dx, whole.dx);
-          EXPECT_EQ(by_rows.grads, whole.grads);
+          attention_test::expect_same_bits(by_rows, whole);
           ++n;
         }
   EXPECT_EQ(n, 96);
@@ -308,16 +294,8 @@ TEST(AttentionLayerBf16, ForwardByRowsIsBitwiseTheSame) {
   std::mt19937 rng(1);
   const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
   CpuDevice dev(16 << 20);
-  std::vector<Buffer> pb, gb;
-  AttentionLayerTensors pt, gt;
-  const std::vector<attention_test::ParamSlot> slots = attention_test::param_slots(cfg);
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    pb.push_back(attention_test::upload(dev, Component::params, params[i], DType::f32));
-    gb.push_back(attention_test::upload(dev, Component::grads, Vec(params[i].size(), 0.0f), DType::f32));
-    pt.*slots[i].member = pb.back().tensor(slots[i].shape, DType::f32);
-    gt.*slots[i].member = gb.back().tensor(slots[i].shape, DType::f32);
-  }
-  AttentionLayer layer(dev, cfg, pt, gt);
+  const attention_test::LayerParams lp = attention_test::upload_params(dev, cfg, params);
+  AttentionLayer layer(dev, cfg, lp.pt, lp.gt);
   const Shape s{c.T, c.H};
   Buffer xb = attention_test::upload(dev, Component::workspace, draw(c.T * c.H, rng, 0.0, 1.0), DType::f32);
   Buffer other = attention_test::upload(dev, Component::workspace, draw(c.T * c.H, rng, 0.0, 1.0), DType::f32);
@@ -331,7 +309,7 @@ TEST(AttentionLayerBf16, ForwardByRowsIsBitwiseTheSame) {
   EXPECT_THROW(layer.forward_rows(xb.tensor(s, DType::f32), 0, 3, yb.data()), InvalidArgument);  // 1.5 tiles
   layer.forward_rows(xb.tensor(s, DType::f32), 2, 3, yb.data());  // two tiles, the last short
   cfg.output_rows = -1;
-  EXPECT_THROW(AttentionLayer(dev, cfg, pt, gt), InvalidArgument);
+  EXPECT_THROW(AttentionLayer(dev, cfg, lp.pt, lp.gt), InvalidArgument);
 }
 
 // o on the host (output_on_host, what the trainer's one-slot ring sets): the forward, in
@@ -359,9 +337,7 @@ TEST(AttentionLayerBf16, OutputOnTheHostIsBitwiseTheSame) {
           cfg.output_on_host = true;
           on_host += attention_output_on_host(c.T, cfg) ? 1 : 0;
           const Result host = attention_test::run_layer(cfg, params, x, dy, nullptr, 2, keep, in_place, rows);
-          EXPECT_EQ(host.y, device.y);
-          EXPECT_EQ(host.dx, device.dx);
-          EXPECT_EQ(host.grads, device.grads);
+          attention_test::expect_same_bits(host, device);
           ++n;
         }
   EXPECT_EQ(n, 80);
@@ -374,16 +350,8 @@ TEST(AttentionLayerBf16, OutputOnTheHostIsBitwiseTheSame) {
   std::mt19937 rng(2);
   const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
   CpuDevice dev(16 << 20);
-  std::vector<Buffer> pb, gb;
-  AttentionLayerTensors pt, gt;
-  const std::vector<attention_test::ParamSlot> slots = attention_test::param_slots(cfg);
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    pb.push_back(attention_test::upload(dev, Component::params, params[i], DType::f32));
-    gb.push_back(attention_test::upload(dev, Component::grads, Vec(params[i].size(), 0.0f), DType::f32));
-    pt.*slots[i].member = pb.back().tensor(slots[i].shape, DType::f32);
-    gt.*slots[i].member = gb.back().tensor(slots[i].shape, DType::f32);
-  }
-  AttentionLayer layer(dev, cfg, pt, gt);
+  const attention_test::LayerParams lp = attention_test::upload_params(dev, cfg, params);
+  AttentionLayer layer(dev, cfg, lp.pt, lp.gt);
   const Shape s{c.T, c.H};
   Buffer xb = attention_test::upload(dev, Component::workspace, draw(c.T * c.H, rng, 0.0, 1.0), DType::f32);
   Buffer yb = attention_test::upload(dev, Component::workspace, Vec(c.T * c.H, 0.0f), DType::f32);

@@ -138,11 +138,37 @@ inline std::vector<Vec> draw_params(const AttentionLayerConfig& c, std::mt19937&
   return params;
 }
 
+// The layer's parameters uploaded (param_dtype) and zero fp32 gradients, as views.
+struct LayerParams {
+  std::vector<Buffer> pb, gb;
+  AttentionLayerTensors pt, gt;
+};
+inline LayerParams upload_params(Device& dev, const AttentionLayerConfig& cfg, const std::vector<Vec>& params) {
+  const DType w = param_dtype(cfg.precision);
+  LayerParams lp;
+  const std::vector<ParamSlot> slots = param_slots(cfg);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    lp.pb.push_back(upload(dev, Component::params, params[i], w));
+    lp.gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(slots[i].shape.numel()), 0.0f),
+                           DType::f32));
+    lp.pt.*slots[i].member = lp.pb.back().tensor(slots[i].shape, w);
+    lp.gt.*slots[i].member = lp.gb.back().tensor(slots[i].shape, DType::f32);
+  }
+  return lp;
+}
+
 struct Result {
   Vec y, dx;
   std::vector<Vec> grads;  // fp32, parameters() order
   std::uint64_t forward_ring_bytes = 0, backward_ring_bytes = 0;  // this rank's ring sends in each call
 };
+
+// y, dx and every gradient bit for bit.
+inline void expect_same_bits(const Result& got, const Result& want) {
+  EXPECT_EQ(got.y, want.y);
+  EXPECT_EQ(got.dx, want.dx);
+  EXPECT_EQ(got.grads, want.grads);
+}
 
 // One forward and `backwards` backward calls of the layer of cfg (parameters `params` in
 // param_dtype, zero fp32 gradients) on rows x, dy [T, H] in activation_dtype; g: the
@@ -156,19 +182,11 @@ struct Result {
 inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
                         Communicator* g = nullptr, int backwards = 1, bool keep = false, bool in_place = false,
                         std::int64_t rows = 0) {
-  const DType a = activation_dtype(cfg.precision), w = param_dtype(cfg.precision);
+  const DType a = activation_dtype(cfg.precision);
   CpuDevice dev(256ull << 20);
-  std::vector<Buffer> pb, gb;
-  AttentionLayerTensors pt, gt;
-  const std::vector<ParamSlot> slots = param_slots(cfg);
+  const LayerParams lp = upload_params(dev, cfg, params);
   const std::vector<Shape> shapes = param_shapes(cfg);
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    pb.push_back(upload(dev, Component::params, params[i], w));
-    gb.push_back(upload(dev, Component::grads, Vec(static_cast<std::size_t>(shapes[i].numel()), 0.0f), DType::f32));
-    pt.*slots[i].member = pb.back().tensor(shapes[i], w);
-    gt.*slots[i].member = gb.back().tensor(shapes[i], DType::f32);
-  }
-  AttentionLayer layer(dev, cfg, pt, gt);
+  AttentionLayer layer(dev, cfg, lp.pt, lp.gt);
   if (g) layer.set_cp_group(g);
   HostMemory host;
   AttentionOutputHost out_host(host);  // output_on_host: o's area
@@ -226,7 +244,7 @@ inline Result run_layer(const AttentionLayerConfig& cfg, const std::vector<Vec>&
   r.y = download(yb, x.size(), a);
   r.dx = download(dxb, x.size(), a);
   for (std::size_t i = 0; i < shapes.size(); ++i)
-    r.grads.push_back(download(gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
+    r.grads.push_back(download(lp.gb[i], static_cast<std::size_t>(shapes[i].numel()), DType::f32));
   return r;
 }
 
