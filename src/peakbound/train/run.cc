@@ -390,8 +390,10 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
     one.schedules.checkpoint.prefetch_depth = 0;
     std::vector<std::int64_t> planned_one;
     Footprint plan_one = plan_of(one, planned_one);
-    ring_note = format("SCO's ring holds one boundary (prefetch depth 0, its copies waited for): with two the plan "
-                       "needs %s\n", format_bytes(double(s.planned[kNumComponents])).c_str());
+    ring_note = format("SCO's ring holds one boundary (prefetch depth 0, its copies waited for; the slot and the "
+                       "final hidden on the host across the loss, the attention output on it between its readers "
+                       "where the queries go in pieces): with two the plan needs %s\n",
+                       format_bytes(double(s.planned[kNumComponents])).c_str());
     s.shape = std::move(one);
     s.planned = std::move(planned_one);
     plan = std::move(plan_one);
