@@ -377,11 +377,12 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
       common(kAttentionForwardOutputPhase);
       for (const BufferSpec& s : {b.lse, b.o_tile}) f.device(kAttentionForwardOutputPhase, s);
     }
-    // o_proj's backward and D a piece at a time (o whole, d_o a piece), without k and v;
+    // o_proj's backward (dWo) and D a piece at a time (o whole, or on the host a piece of
+    // it brought back; d_o a piece), without k and v;
     // the kernel's pieces beside the whole dk, dv, lse and D (the piece's projections'
     // backward follows each piece's kernel); then the keys' projections' backward, a row
     // tile at a time.
-    for (const BufferSpec& s : {b.o, b.lse, b.row_dot, b.d_o, b.tile}) f.device("backward output", s);
+    for (const BufferSpec& s : {host ? b.o_piece : b.o, b.lse, b.row_dot, b.d_o, b.tile}) f.device("backward output", s);
     common("backward");
     for (const BufferSpec& s : {b.lse, b.row_dot, b.dk, b.dv, b.dkv32, b.d_o, b.dq, b.dq32, b.q_piece, b.q_pre_piece,
                                 b.q_rstd_piece, b.lse_piece, b.row_dot_piece, b.workspace_backward})
@@ -1161,21 +1162,25 @@ void AttentionLayer::backward_output_pieces(Internals& in, const A* dy, std::int
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, Hq = cfg_.q_heads, O = widths(cfg_).o;
   const std::int64_t S = sequence_length(T, cfg_);
-  if (o_on_host) {
-    in.o = allocate(dev_, b.o);
-    dev_.memcpy_async(in.o.data(), host_output<A>(T), b.o.bytes, CopyKind::host_to_device, s);
-  }
-  Buffer d_o = allocate(dev_, b.d_o);
-  const A* o = in.o.as<A>();
-  add_weight_grad(dev_, s, H, O, T, dy, o, g_.wo.data<float>());
+  // o a piece at a time: its rows in the whole o, or (on the host) brought into o_piece.
+  Buffer d_o = allocate(dev_, b.d_o), staged = o_on_host ? allocate(dev_, b.o_piece) : Buffer{};
+  const A* o = o_on_host ? host_output<A>(T) : in.o.as<A>();
   if (cfg_.out_bias) ops::add_column_sums(dev_, s, g_.bo.data<float>(), dy, T, H);
   for (std::int64_t b0 = 0; b0 < T; b0 += S)
     for (int i = 0; i < b.query_pieces; ++i) {
       const AttentionPieceRows r = attention_piece_rows(S, b.query_pieces, i, cfg_);
       piece_d_o<A>(r, b0, dy, d_o.as<A>(), in.tile.as<float>());
       r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
-        ops::attention_row_dot(dev_, s, row_dot + (b0 + row) * Hq, d_o.as<A>() + at * O, o + (b0 + row) * O,
-                               dims_of(rn, cfg_));
+        const std::int64_t g = b0 + row;
+        const A* orows = o + g * O;
+        if (o_on_host) {
+          dev_.memcpy_async(staged.as<A>() + at * O, orows, static_cast<std::size_t>(rn * O) * sizeof(A),
+                            CopyKind::host_to_device, s);
+          orows = staged.as<A>() + at * O;
+        }
+        // dWo += dy^T o over the run's rows (the sum over the tokens in run order).
+        add_weight_grad(dev_, s, H, O, rn, dy + g * H, orows, g_.wo.data<float>());
+        ops::attention_row_dot(dev_, s, row_dot + g * Hq, d_o.as<A>() + at * O, orows, dims_of(rn, cfg_));
       });
     }
   in.o.reset();

@@ -123,9 +123,9 @@ struct AttentionLayerConfig {
   // The attention's output o [T, O] on the host, not the device, between the kernel that
   // writes it and its readers (GQA with query pieces only, attention_output_on_host; no
   // effect otherwise): the forward's kernel puts each query piece's rows there, o_proj reads
-  // it back an output_rows tile at a time (forward, forward_rows), and a backward that takes
-  // a kept o brings it back whole for o_proj's backward before k and v are projected again.
-  // The same bits as on the device: the same operations on the same values. Needs
+  // it back an output_rows tile at a time (forward, forward_rows), and o_proj's backward
+  // (dWo and D, a query piece at a time, before k and v are projected again) a piece at a
+  // time. The same bits as on the device: the same operations on the same values. Needs
   // set_output_host; not with keep-through (every layer's o would share one host area).
   bool output_on_host = false;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
@@ -235,8 +235,8 @@ struct AttentionLayerTensors {
 // Output on the host (attention_output_on_host): o is on the host; o_piece [P, O] holds a
 // piece's rows at cp = 1 too (on their way to the host) and o_tile [R, O] (act; R =
 // min(T, output_rows), T without output_rows) the rows o_proj reads back a tile at a time;
-// a backward taking a kept o brings o back whole (b.o on the device) beside lse, row_dot
-// and d_o only.
+// o_proj's backward brings one piece of o back at a time into o_piece (no whole o on the
+// device at all).
 struct AttentionLayerBuffers {
   BufferSpec h, rstd, q, k, v, q_pre, k_pre, q_rstd, k_rstd, rope_cos, rope_sin, o, lse;
   int query_pieces = 1;
@@ -447,9 +447,10 @@ class AttentionLayer final : public Block {
   // keys' side a row tile at a time. `in` holds q, k, v, o and lse.
   template <class A>
   void backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T, Buffer& row_dot);
-  // o_proj's backward with the queries in pieces ("backward output"): dWo += dy^T o (dbo),
-  // then D = rowsum(d_o * o) into row_dot a piece at a time; o (in.o, or the host area's
-  // brought back whole) is freed after. in.tile is the linear tile.
+  // o_proj's backward with the queries in pieces ("backward output"), a piece at a time:
+  // dWo += dy^T o over each run of its rows (the sum over the tokens in piece order; dbo
+  // whole), D = rowsum(d_o * o) into row_dot; o (in.o, or the host area's, each piece
+  // brought into an o_piece) is freed after. in.tile is the linear tile.
   template <class A>
   void backward_output_pieces(Internals& in, const A* dy, std::int64_t T, const AttentionLayerBuffers& b,
                               bool o_on_host, float* row_dot);

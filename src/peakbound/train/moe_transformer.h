@@ -182,9 +182,10 @@ inline bool parks_slot(const CheckpointPlacement& p) { return p.ring_slots == 1 
 // attention sublayer's output o lives on the host between the kernel that writes it and
 // o_proj's reads (AttentionLayerConfig::output_on_host; query pieces only): the device
 // holds no [T, Hq Dv] beside the forward's k and v, nor through the MLP's backward, and
-// o_proj's backward brings it back whole before k and v are projected again. One host area
-// of [T, Hq Dv] for all layers (allocated with the stack); one copy of o each way a layer
-// forward and two in its backward (the recomputation's out, the rows' and o_proj's back).
+// o_proj's backward brings it back a query piece at a time before k and v are projected
+// again. One host area of [T, Hq Dv] for all layers (allocated with the stack); one copy of
+// o each way a layer forward and three in its backward (the recomputation's out, the rows'
+// and o_proj's back).
 inline bool offloads_attention_output(const ModelSchedules& s) {
   return parks_final_hidden(s) && !s.keep_attention;
 }
