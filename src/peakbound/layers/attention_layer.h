@@ -264,7 +264,8 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t tokens, const Attenti
 // output" (o_proj's backward: d_o and row_dot beside o), "backward" (the kernel: o freed,
 // d_o, row_dot, dq, dk, dv, its workspace; the ring's under cp) and "backward project"
 // (the projections' backward: h again, dq, dk, dv), plus "kept" (forward_for_backward's
-// o and lse, held between calls) and "rows" (kept and a forward_rows call's linear tile).
+// o and lse, held between calls; o on the host: lse and an o_tile) and "rows" (kept and a
+// forward_rows call's linear tile).
 // A forward call peaks at the larger of its two phases; a backward call at the largest of
 // the other four, and of "forward" too unless it takes what forward_for_backward kept (its
 // recomputation then runs no kernel).
