@@ -347,7 +347,6 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   // o on the host (query pieces, output_on_host): only lse stays on the device, and
   // o_proj reads o back an o_tile at a time.
   const bool host = b.output_on_host;
-  // "kept": forward_for_backward's o and lse, held from its end to the backward.
   // "kept": forward_for_backward's o and lse (o on the host: lse and o_proj's o_tile),
   // held from its end to the backward.
   for (const BufferSpec& s : {host ? b.o_tile : b.o, b.lse}) f.device("kept", s);
@@ -378,11 +377,11 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
       for (const BufferSpec& s : {b.lse, b.o_tile}) f.device(kAttentionForwardOutputPhase, s);
     }
     // o_proj's backward (dWo) and D a piece at a time (o whole, or on the host a piece of
-    // it brought back; d_o a piece), without k and v;
-    // the kernel's pieces beside the whole dk, dv, lse and D (the piece's projections'
-    // backward follows each piece's kernel); then the keys' projections' backward, a row
-    // tile at a time.
-    for (const BufferSpec& s : {host ? b.o_piece : b.o, b.lse, b.row_dot, b.d_o, b.tile}) f.device("backward output", s);
+    // it brought back; d_o a piece), without k and v; the kernel's pieces beside the whole
+    // dk, dv, lse and D (the piece's projections' backward follows each piece's kernel);
+    // then the keys' projections' backward, a row tile at a time.
+    for (const BufferSpec& s : {host ? b.o_piece : b.o, b.lse, b.row_dot, b.d_o, b.tile})
+      f.device("backward output", s);
     common("backward");
     for (const BufferSpec& s : {b.lse, b.row_dot, b.dk, b.dv, b.dkv32, b.d_o, b.dq, b.dq32, b.q_piece, b.q_pre_piece,
                                 b.q_rstd_piece, b.lse_piece, b.row_dot_piece, b.workspace_backward})
@@ -1064,7 +1063,7 @@ void AttentionLayer::backward_as(const Tensor& x, const Tensor& dy, const Tensor
     backward_output_pieces<A>(in, dyp, T, b, kept ? kept_host : b.output_on_host, row_dot.as<float>());
     pieces_common<A>(in, T, b);
     project_kv<A>(in, xp, T, b);
-    backward_pieces<A>(in, xp, dyp, dx.data<A>(), T, row_dot);
+    backward_pieces<A>(in, xp, dyp, dx.data<A>(), T, b, row_dot);
     return;
   }
   recompute<A>(in, xp, T, /*attend=*/!kept);
@@ -1310,9 +1309,9 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
 }
 
 template <class A>
-void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T, Buffer& row_dot) {
+void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T,
+                                     const AttentionLayerBuffers& b, Buffer& row_dot) {
   Stream& s = dev_.compute_stream();
-  const AttentionLayerBuffers b = attention_layer_buffers(T, cfg_);
   const std::int64_t H = cfg_.hidden, D = cfg_.head_dim, Hq = cfg_.q_heads, Hkv = cfg_.kv_heads;
   const std::int64_t Q = Hq * D, K = Hkv * D, O = widths(cfg_).o, half = D / 2;
   const std::int64_t S = sequence_length(T, cfg_);

@@ -442,12 +442,14 @@ class AttentionLayer final : public Block {
   void gqa_backward(Internals& in, std::int64_t T, A* dq, A* dk, A* dv, float* tile);
   template <class A>
   void backward_as(const Tensor& x, const Tensor& dy, const Tensor& dx);
-  // The backward after the recomputation when the queries go in pieces (attention_query_pieces
-  // > 1): o_proj's backward and D a piece at a time, then per piece the kernel (or the ring),
-  // RoPE's, the q norm's and q_proj's backward and input_layernorm's into dx; then the
-  // keys' side a row tile at a time. `in` holds q, k, v, o and lse.
+  // The backward after o_proj's (backward_output_pieces, which wrote D into row_dot) when
+  // the queries go in pieces (attention_query_pieces > 1; b: the call's buffers): per piece
+  // the kernel (or the ring), RoPE's, the q norm's and q_proj's backward and
+  // input_layernorm's into dx; then the keys' side a row tile at a time. `in` holds k, v
+  // (projected again) and lse.
   template <class A>
-  void backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T, Buffer& row_dot);
+  void backward_pieces(Internals& in, const A* x, const A* dy, A* dx, std::int64_t T, const AttentionLayerBuffers& b,
+                       Buffer& row_dot);
   // o_proj's backward with the queries in pieces ("backward output"), a piece at a time:
   // dWo += dy^T o over each run of its rows (the sum over the tokens in piece order; dbo
   // whole), D = rowsum(d_o * o) into row_dot; o (in.o, or the host area's, each piece

@@ -240,12 +240,9 @@ class TrainFootprintBuilder {
   // into y (the MoE layer then runs in place on it: no mid in the forward). Its projections
   // ("... project", h live) and its kernel (h freed).
   void forward_attention() {
-    // o on the host: o_proj reads it back a tile at a time (a phase of its own).
-    const bool host = attention_output_on_host(T_, ac_);
-    for (const auto& [ph, part] : {std::pair{"forward attention project", "forward project"},
-                                   std::pair{"forward attention", "forward"},
-                                   std::pair{"forward attention output", host ? "forward output" : ""}}) {
-      if (std::string_view(part).empty()) continue;
+    // The phases the layer's forward reaches (o on the host: o_proj reading it back, too).
+    for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::forward)) {
+      const std::string ph = "forward attention" + std::string(forward_suffix(part));
       persistent(ph, true);
       batch(ph, {bb_.y});
       residents(ph, L_);  // the last layer's: boundaries through L live
@@ -414,29 +411,37 @@ class TrainFootprintBuilder {
       add_phase(f_, it->bwd, att_.phase(kAttentionRowsPhase));
       kept(it->bwd, it->layer);  // keep_attention: the earlier layers' too
     }
-    // The last layer's: forward_for_rows' recomputation (keep_attention: its o and lse
-    // are the kept ones, so it runs the projections only, beside them; the earlier
-    // layers' are held beside), then the backward's own recomputation of the projections,
-    // beside the o and lse forward_for_rows kept (offloads_attention_output: o on the host,
-    // its o_tile kept instead, the recomputation's o_tile taken beside k and v: "... output").
-    // kernel: the phase runs the attention kernel's forward, which a kept o skips.
-    const std::string_view recompute_project =
-        sch_.keep_attention ? attention_call_phases(T_, ac_, AttentionCall::forward_reusing_kept).front()
-                            : kAttentionForwardPhases[0];
-    for (const auto& [ph, part, kernel] :
-         {std::tuple{"backward attention recompute project", recompute_project, false},
-          std::tuple{"backward attention recompute", kAttentionForwardPhases[1], true},
-          std::tuple{"backward attention recompute output", kAttentionForwardOutputPhase, true},
-          std::tuple{"backward attention reproject", kAttentionKeptProjectPhase, false},
-          std::tuple{"backward attention output", kAttentionBackwardPhases[0], false},
-          std::tuple{"backward attention", kAttentionBackwardPhases[1], false},
-          std::tuple{"backward attention project", kAttentionBackwardPhases[2], false}}) {
-      if (kernel && sch_.keep_attention) continue;
-      if (part == kAttentionForwardOutputPhase && !attention_output_on_host(T_, ac_)) continue;
+    // The last layer's: forward_for_rows' recomputation (keep_attention: it reuses the kept
+    // o and lse and runs no kernel; the earlier layers' are held beside; o on the host: its
+    // o_tile taken beside k and v, "... output"), then the attention's backward taking what
+    // that kept: the phases each call reaches (attention_call_phases), named by the call.
+    const auto add = [&](const std::string& ph, std::string_view part) {
       backward_common(ph, L_ - 1);
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);
-    }
+    };
+    const AttentionCall recompute =
+        sch_.keep_attention ? AttentionCall::forward_reusing_kept : AttentionCall::forward_for_rows;
+    for (const std::string_view part : attention_call_phases(T_, ac_, recompute))
+      add("backward attention recompute" + std::string(forward_suffix(part)), part);
+    for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::backward_taking_kept))
+      add("backward attention" + std::string(backward_suffix(part)), part);
+  }
+  // The train footprint's name for an attention phase after the call's own ("forward
+  // attention", "backward attention recompute"): its projections (or, for a forward that
+  // reuses what keep-through kept, what it holds instead), its kernel, o_proj from the host.
+  static std::string_view forward_suffix(std::string_view part) {
+    if (part == kAttentionForwardPhases[1]) return "";
+    if (part == kAttentionForwardOutputPhase) return " output";
+    return " project";
+  }
+  // ... and after "backward attention": the reprojection beside what was kept, o_proj's
+  // backward, the kernel's, the projections'.
+  static std::string_view backward_suffix(std::string_view part) {
+    if (part == kAttentionKeptProjectPhase) return " reproject";
+    if (part == kAttentionBackwardPhases[0]) return " output";
+    if (part == kAttentionBackwardPhases[2]) return " project";
+    return "";
   }
   // The embedding's full gradient, after the layers (dx in x's buffer).
   void embedding_backward() {
