@@ -127,18 +127,60 @@ Errors compare(const std::string& c, const AttentionLayerConfig& cfg, bool expec
   return e;
 }
 
+// Both single-device forms: K and V of the whole sequence (piece_tokens past the 29
+// tokens, or the kv form asked for), and the latent form, whose keys are expanded from the
+// latent a piece at a time (pieces of 8 and of 5 tokens: 4 and 6 key pieces of unequal
+// length; ring_attention_latent_* on one rank).
 TEST(AttentionLayerMla, MatchesTransformersInBothPrecisions) {
+  struct Form {
+    std::int64_t piece_tokens;
+    bool latent;
+  };
   for (const char* c : {"lora", "plain_yarn"}) {
     for (Precision p : {Precision::f32, Precision::bf16}) {
-      SCOPED_TRACE(std::string(c) + " " + std::string(precision_name(p)));
-      const Errors e = compare(c, mla_config(c, p), true);
-      const double tol = p == Precision::f32 ? 1e-5 : 2e-2;
-      EXPECT_LE(e.y, tol);
-      EXPECT_LE(e.dx, tol);
-      std::printf("MLA %s %s vs transformers: y %.3g dx %.3g, worst gradient %.3g (cosine %.6f)\n", c,
-                  std::string(precision_name(p)).c_str(), e.y, e.dx, e.grad, e.grad_cos);
+      for (Form form : {Form{kRingPieceTokens, true}, Form{8, false}, Form{8, true}, Form{5, true}}) {
+        const char* name = form.latent && form.piece_tokens < 29 ? "latent" : "kv";
+        SCOPED_TRACE(std::string(c) + " " + std::string(precision_name(p)) + " " + name + " piece_tokens " +
+                     std::to_string(form.piece_tokens));
+        AttentionLayerConfig cfg = mla_config(c, p);
+        cfg.piece_tokens = form.piece_tokens;
+        cfg.mla_latent_ring = form.latent;
+        const Errors e = compare(c, cfg, true);
+        const double tol = p == Precision::f32 ? 1e-5 : 2e-2;
+        EXPECT_LE(e.y, tol);
+        EXPECT_LE(e.dx, tol);
+        std::printf("MLA %s %s %s (pieces of %lld) vs transformers: y %.3g dx %.3g, worst gradient %.3g (cosine %.6f)\n",
+                    c, std::string(precision_name(p)).c_str(), name, static_cast<long long>(form.piece_tokens), e.y,
+                    e.dx, e.grad, e.grad_cos);
+      }
     }
   }
+}
+
+// At cp 1 the latent form holds no K, V, kv or their gradients of the whole sequence: its
+// footprint's largest phase falls below the K/V form's once the sequence spans pieces
+// (DeepSeek-V3's shapes, 16384 tokens in pieces of 2048), and equals it within one piece.
+TEST(AttentionLayerMla, TheLatentFormHoldsNoWholeKeysAtOneDevice) {
+  AttentionLayerConfig c;
+  c.hidden = 7168;
+  c.q_heads = c.kv_heads = 128;
+  c.mla = true;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_dim = 128;
+  c.qk_rope_dim = 64;
+  c.v_dim = 128;
+  c.precision = Precision::bf16;
+  const auto peak = [&](std::int64_t T, bool latent) {
+    AttentionLayerConfig x = c;
+    x.mla_latent_ring = latent;
+    return attention_layer_footprint(T, x).device_peak(Component::attention);
+  };
+  EXPECT_EQ(peak(kRingPieceTokens, true), peak(kRingPieceTokens, false));
+  const std::uint64_t lat = peak(16384, true), kv = peak(16384, false);
+  EXPECT_LT(lat, kv);
+  std::printf("DeepSeek-V3 attention at 16384 tokens, one device, bf16: latent form %.1f KiB a token, K/V form %.1f\n",
+              static_cast<double>(lat) / 16384 / 1024, static_cast<double>(kv) / 16384 / 1024);
 }
 
 TEST(AttentionLayerMla, IgnoringTheInterleaveFailsTheComparison) {

@@ -126,13 +126,16 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintSigmoidRouter) {
 // Multi-head latent attention (the tiny DeepSeek-V3 fixture: its latent, rope key and
 // per-head K / V buffers), in both precisions and under context parallelism 2 where the
 // world is even, the ring carrying the latent (no K / V on the layer; the ring's expanded
-// block) or K and V: measured == footprint.
+// block) or K and V; at one device with pieces of 5 tokens the latent form too (the keys
+// expanded a piece at a time): measured == footprint.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintMla) {
   Communicator& world = testing::world();
   const ModelConfig c = load_hf_config(std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/deepseek_v3");
   check(world, kNone, c);
   check(world, kAll, c);
   check(world, kAll, c, nullptr, {}, 1, 24, Precision::bf16);
+  check(world, kAllPieces, c);
+  check(world, kAllPieces, c, nullptr, {}, 1, 24, Precision::bf16);
   if (world.size() % 2 == 0) {
     check(world, kAll, c, nullptr, {}, 2, 27);
     check(world, kAll, c, nullptr, {}, 2, 27, Precision::bf16);

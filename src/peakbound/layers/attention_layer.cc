@@ -4,6 +4,7 @@
 #include <string>
 #include <type_traits>
 
+#include "peakbound/comm/single_rank.h"
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/phase_clock.h"
 #include "peakbound/core/error.h"
@@ -55,8 +56,12 @@ MlaSizes mla_sizes(const AttentionLayerConfig& c) {
           c.q_heads * (c.qk_nope_dim + c.v_dim)};
 }
 
-// MLA's ring circulates the latent (no K/V on the layer).
-bool latent_ring(const AttentionLayerConfig& c) { return c.mla && c.cp > 1 && c.mla_latent_ring; }
+// MLA's latent form: no K/V of a whole sequence (S tokens on this rank) on the layer. The
+// ring circulates the latent under cp > 1; at cp 1 a sequence longer than a piece has its
+// keys expanded from the latent a piece at a time (ring_attention_latent_* on one rank).
+bool latent_ring(const AttentionLayerConfig& c, std::int64_t S) {
+  return c.mla && c.mla_latent_ring && (c.cp > 1 || (c.piece_tokens > 0 && S > c.piece_tokens));
+}
 
 AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   AttentionDims d;
@@ -72,10 +77,6 @@ AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
 
 Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
 
-Communicator& group_of(Communicator* g) {
-  PB_CHECK_MSG(g != nullptr, "attention layer: cp > 1 needs set_cp_group before a call");
-  return *g;
-}
 
 // The dims of one bf16 query chunk: n rows at q_offset r of a sequence, against its keys 0 .. r + n - 1.
 AttentionDims chunk_dims(std::int64_t n, std::int64_t r, const AttentionLayerConfig& c, bool accumulate) {
@@ -141,14 +142,16 @@ std::int64_t sequence_length(std::int64_t T, const AttentionLayerConfig& c) {
   return n;
 }
 
-RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
+// The ring's config for sequences of S tokens on this rank (at cp 1: MLA's latent form
+// over the one sequence).
+RingAttentionConfig ring_config(const AttentionLayerConfig& c, std::int64_t S) {
   RingAttentionConfig r;
-  r.dims = dims_of(attention_local_seq_len(c), c);
-  r.seq_len = c.seq_len;
+  r.dims = dims_of(S, c);
+  r.seq_len = c.cp > 1 ? c.seq_len : S;
   r.precision = c.precision;
   r.given_row_dot = true;  // the layer's row_dot: o is freed before the backward's ring
   r.piece_tokens = c.piece_tokens;
-  if (latent_ring(c)) {
+  if (latent_ring(c, S)) {
     r.latent = c.kv_lora_rank;
     r.rope = c.qk_rope_dim;
   }
@@ -156,9 +159,9 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c) {
 }
 
 // Query rows of the bf16 path's fp32 states (o32, dq32) and of one kernel call: a chunk
-// at cp = 1, this rank's whole shard under cp > 1 (the ring's out / dq).
+// at cp = 1, this rank's whole shard under cp > 1 or MLA's latent form (the ring's out / dq).
 std::int64_t state_rows(std::int64_t S, const AttentionLayerConfig& c) {
-  return c.cp > 1 ? S : std::min(S, kAttentionChunkRows);
+  return c.cp > 1 || latent_ring(c, S) ? S : std::min(S, kAttentionChunkRows);
 }
 
 }  // namespace
@@ -187,7 +190,7 @@ std::int64_t query_piece_rows(std::int64_t S, int m, const AttentionLayerConfig&
 int attention_query_pieces(std::int64_t T, const AttentionLayerConfig& c) {
   check_attention_layer_config(c);
   if (c.mla || T <= 0 || c.piece_tokens == 0) return 1;
-  if (c.cp > 1) return ring_attention_pieces(ring_config(c), c.cp);
+  if (c.cp > 1) return ring_attention_pieces(ring_config(c, attention_local_seq_len(c)), c.cp);
   const std::int64_t S = sequence_length(T, c);
   return static_cast<int>((S + c.piece_tokens - 1) / c.piece_tokens);
 }
@@ -218,7 +221,7 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   const bool bf = c.precision == Precision::bf16;
   const AttentionDims d = dims_of(bf ? state_rows(S, c) : S, c);
   const DType wd = bf ? DType::bf16 : DType::f32;
-  const bool kernel = T > 0 && c.cp == 1;
+  const bool kernel = T > 0 && c.cp == 1 && !latent_ring(c, S);
   b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d, wd)) : 0, kF32);
   // The backward's kernel reads D = rowsum(d_o * o) from row_dot (o is freed before it).
   b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d, true, wd)) : 0, kF32);
@@ -235,7 +238,8 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   b.o32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), U(w.o))), kF32);
   b.dq32 = buffer_spec(kC, mul(states, mul(U(state_rows(S, c)), q)), kF32);
   b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), kv + U(w.v))), kF32);
-  if (latent_ring(c)) {
+  const bool latent = latent_ring(c, S);
+  if (latent) {
     // The ring expands every block itself: no K/V here; under bf16 dkv32 is its fp32 dc.
     b.k = b.v = b.dk = b.dv = buffer_spec(kC, 0, a);
     b.dkv32 = buffer_spec(kC, mul(states, mul(U(S), U(Rkv))), kF32);
@@ -248,7 +252,7 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
     b.c_pre = b.c = b.dc = buffer_spec(kC, mul(t, U(Rkv)), a);
     b.c_rstd = buffer_spec(kC, t, kF32);
     b.kr = buffer_spec(kC, mul(t, U(dr)), a);
-    b.kv = buffer_spec(kC, latent_ring(c) ? 0 : mul(t, U(kvw)), a);
+    b.kv = buffer_spec(kC, latent ? 0 : mul(t, U(kvw)), a);
     b.qr = buffer_spec(kC, mul(t, U(c.q_heads * dr)), a);
     b.dkr32 = buffer_spec(kC, mul(t, U(dr)), kF32);
   }
@@ -388,7 +392,7 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
       f.device("backward", s);
     common("backward project");
     for (const BufferSpec& s : {b.dk, b.dv}) f.device("backward project", s);
-    if (c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
+    if (c.cp > 1) f.merge(ring_attention_footprint(ring_config(c, sequence_length(T, c)), c.cp));
     return f;
   }
   // What every phase holds: the projections' outputs (and the norms' state), the RoPE
@@ -421,7 +425,8 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   common("backward project");
   for (const BufferSpec& s : {b.h, b.rstd, b.dq, b.dk, b.dv, b.dc, b.dkr32, b.dqa}) f.device("backward project", s);
   // Ring attention's internals, live inside the kernel call of each phase.
-  if (T > 0 && c.cp > 1) f.merge(ring_attention_footprint(ring_config(c), c.cp));
+  if (T > 0 && (c.cp > 1 || latent_ring(c, sequence_length(T, c))))
+    f.merge(ring_attention_footprint(ring_config(c, sequence_length(T, c)), c.cp));
   return f;
 }
 
@@ -489,6 +494,15 @@ void AttentionLayer::set_cp_group(Communicator* group) {
   cp_group_ = group;
 }
 
+Communicator& AttentionLayer::ring_group() const {
+  if (cfg_.cp == 1) {
+    static SingleRankCommunicator one;  // the calls at cp 1 only ask its size and rank
+    return one;
+  }
+  PB_CHECK_MSG(cp_group_ != nullptr, "attention layer: cp > 1 needs set_cp_group before a call");
+  return *cp_group_;
+}
+
 // RoPE tables of this rank's positions of one sequence: 0 .. S-1, or under cp the two
 // zigzag chunks at their global positions, one after the other.
 void AttentionLayer::rope_tables(float* cos, float* sin, std::int64_t S) {
@@ -522,16 +536,17 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
     if (cfg_.sinks) ops::attention_sinks_forward(dev_, s, out, l, in.sinks32.as<float>(), rows, Hq, cfg_.head_dim);
   };
   // The ring's call: K/V travel, or MLA's latent and rope key (this sequence's rows).
+  const bool latent = latent_ring(cfg_, S);
   const auto ring = [&](float* out) {
-    if (latent_ring(cfg_))
-      ring_attention_latent_forward(dev_, group_of(cp_group_), ring_config(cfg_), out, lse, q,
+    if (latent)
+      ring_attention_latent_forward(dev_, ring_group(), ring_config(cfg_, S), out, lse, q,
                                     in.c.as<A>() + b * cfg_.kv_lora_rank, in.kr.as<A>() + b * cfg_.qk_rope_dim,
                                     p_.wkvb.data<A>());
     else
-      ring_attention_forward(dev_, group_of(cp_group_), ring_config(cfg_), out, lse, q, k, v);
+      ring_attention_forward(dev_, ring_group(), ring_config(cfg_, S), out, lse, q, k, v);
   };
   if constexpr (std::is_same_v<A, float>) {
-    if (cfg_.cp == 1)
+    if (cfg_.cp == 1 && !latent)
       ops::attention_forward(dev_, s, o, lse, q, k, v, dims_of(S, cfg_), in.ws.as<float>());
     else
       ring(o);
@@ -539,7 +554,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
   } else {
     // fp32 out of up to R query rows at a time, narrowed once into o.
     float* o32 = in.o32.as<float>();
-    if (cfg_.cp > 1) {
+    if (cfg_.cp > 1 || latent) {
       ring(o32);
       sink(o32, lse, S);
       ops::convert(dev_, s, o, o32, S * O);
@@ -571,14 +586,14 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
   dq += b * Q;
   dk += b * K;
   dv += b * V;
-  if (latent_ring(cfg_)) {
+  if (latent_ring(cfg_, S)) {
     // dq, dc and the rope key's dkr32 (fp32, before RoPE's backward) from the ring; its
     // share of dWkvb added into the gradient. bf16: dq and dc through fp32, narrowed once.
     const std::int64_t Rkv = cfg_.kv_lora_rank, dr = cfg_.qk_rope_dim;
     const bool f32 = std::is_same_v<A, float>;
     float* dq_to = f32 ? reinterpret_cast<float*>(dq) : dq32;
     float* dc_to = f32 ? reinterpret_cast<float*>(dc + b * Rkv) : dkv32;
-    ring_attention_latent_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq_to, dc_to, dkr32 + b * dr,
+    ring_attention_latent_backward(dev_, ring_group(), ring_config(cfg_, S), dq_to, dc_to, dkr32 + b * dr,
                                    g_.wkvb.data<float>(), d_o, q, in.c.as<A>() + b * Rkv, in.kr.as<A>() + b * dr,
                                    p_.wkvb.data<A>(), o, lse, row_dot);
     if constexpr (!std::is_same_v<A, float>) {
@@ -592,12 +607,12 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
       ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>(), nullptr,
                               row_dot);
     else
-      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq, dk, dv, d_o, q, k, v, o, lse, row_dot);
+      ring_attention_backward(dev_, ring_group(), ring_config(cfg_, S), dq, dk, dv, d_o, q, k, v, o, lse, row_dot);
   } else {
     // dk, dv: fp32 sums over every query chunk (or over the ring), narrowed once.
     float *dk32 = dkv32, *dv32 = dkv32 + S * K;
     if (cfg_.cp > 1) {
-      ring_attention_backward(dev_, group_of(cp_group_), ring_config(cfg_), dq32, dk32, dv32, d_o, q, k, v, o, lse,
+      ring_attention_backward(dev_, ring_group(), ring_config(cfg_, S), dq32, dk32, dv32, d_o, q, k, v, o, lse,
                               row_dot);
       ops::convert(dev_, s, dq, dq32, S * Q);
     } else {
@@ -751,7 +766,7 @@ void AttentionLayer::mla_project(Internals& in, std::int64_t T, std::int64_t S) 
   ops::copy_columns(dev_, s, q + dn, qk, qr, dr, T * Hq, dr);
   // k [T, Hq, nope + rope] = [(c Wkvb^T)'s nope | the rotated key for every head], v its v
   // part; the latent ring expands each block itself instead.
-  if (!latent_ring(cfg_))
+  if (!latent_ring(cfg_, S))
     mla_expand_kv(dev_, s, T, Hq, Rkv, dn, dr, dv, in.c.as<A>(), in.kr.as<A>(), p_.wkvb.data<A>(), k, v, in.kv.as<A>(),
                   tile);
 }
@@ -773,7 +788,7 @@ void AttentionLayer::mla_backward(Internals& in, std::int64_t T, std::int64_t S,
   ops::copy_columns(dev_, s, dq + dn, qk, qr, dr, T * Hq, dr, back);
   // The shared rope key's gradient: every head's, summed in fp32 (the latent ring's
   // already is), then RoPE's backward.
-  const bool ring = latent_ring(cfg_);
+  const bool ring = latent_ring(cfg_, S);
   if (!ring) {
     ops::fill(dev_, s, dkr32, T * dr, 0.0f);
     for (std::int64_t hd = 0; hd < Hq; ++hd)
@@ -1268,7 +1283,7 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
   const auto sink = [&](float* out, float* l, std::int64_t rows) {
     if (cfg_.sinks) ops::attention_sinks_forward(dev_, s, out, l, in.sinks32.as<float>(), rows, Hq, cfg_.head_dim);
   };
-  RingAttentionConfig rc = ring ? ring_config(cfg_) : RingAttentionConfig{};
+  RingAttentionConfig rc = ring ? ring_config(cfg_, S) : RingAttentionConfig{};
   rc.query_pieces = m;
   for (std::int64_t b0 = 0; b0 < T; b0 += S)
     for (int i = 0; i < m; ++i) {
@@ -1280,7 +1295,7 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
         rc.query_piece = i;
         A* op = o_piece.as<A>();
         float* out = kF32Act ? reinterpret_cast<float*>(op) : in.o32.as<float>();
-        ring_attention_forward(dev_, group_of(cp_group_), rc, out, lse_piece.as<float>(), qp, k + b0 * K,
+        ring_attention_forward(dev_, ring_group(), rc, out, lse_piece.as<float>(), qp, k + b0 * K,
                                v + b0 * K);
         sink(out, lse_piece.as<float>(), n);
         if constexpr (!kF32Act) ops::convert(dev_, s, op, out, n * O);
@@ -1349,7 +1364,7 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
                             x + (b0 + row) * H, p_.w_in.data<A>(), rp + at, rn, H);
     });
   };
-  RingAttentionConfig rc = ring ? ring_config(cfg_) : RingAttentionConfig{};
+  RingAttentionConfig rc = ring ? ring_config(cfg_, S) : RingAttentionConfig{};
   rc.query_pieces = m;
   for (std::int64_t b0 = 0; b0 < T; b0 += S) {
     // dk, dv: sums over the pieces (fp32 under bf16, narrowed once after the last).
@@ -1371,7 +1386,7 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
           ops::copy_columns(dev_, s, rd_piece.as<float>() + at * Hq, Hq, row_dot.as<float>() + g * Hq, Hq, rn, Hq);
         });
         rc.query_piece = i;
-        ring_attention_backward(dev_, group_of(cp_group_), rc, dq_to, dk32, dv32, d_o.as<A>(), qp, k + b0 * K,
+        ring_attention_backward(dev_, ring_group(), rc, dq_to, dk32, dv32, d_o.as<A>(), qp, k + b0 * K,
                                 v + b0 * K, static_cast<const A*>(nullptr), lse_piece.as<float>(),
                                 rd_piece.as<float>());
         if constexpr (!kF32Act) ops::convert(dev_, s, dqp, dq32.as<float>(), n * Q);

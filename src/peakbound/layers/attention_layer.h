@@ -468,6 +468,9 @@ class AttentionLayer final : public Block {
   void attend_backward(Internals& in, std::int64_t b, std::int64_t S, const A* d_o, const float* row_dot, A* dq,
                        A* dk, A* dv, float* dq32, float* dkv32, A* dc, float* dkr32);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
+  // The group a ring call runs on: the cp group, or at cp 1 (MLA's latent form) the
+  // group of one (nothing moves).
+  Communicator& ring_group() const;
 
   Device& dev_;
   AttentionLayerConfig cfg_;

@@ -245,7 +245,6 @@ void check_ring_attention(const RingAttentionConfig& c, int cp) {
                             std::to_string(shortest) + " tokens empty");
   }
   if (c.latent > 0) {
-    if (cp == 1) throw InvalidArgument("ring attention: the compressed (latent) form needs cp > 1");
     if (c.dims.kv_heads != c.dims.q_heads)
       throw InvalidArgument("ring attention: the compressed (latent) form needs kv_heads == q_heads");
     if (c.rope <= 0 || c.rope > c.dims.qk_dim)
@@ -261,7 +260,7 @@ RingQueryRows ring_query_rows(std::int64_t seq_len, int cp, int rank, int m, int
 
 int ring_attention_pieces(const RingAttentionConfig& c, int cp) {
   check_ring_attention(c, cp);
-  if (cp == 1 || c.piece_tokens == 0) return 1;
+  if (c.piece_tokens == 0 || (cp == 1 && c.latent == 0)) return 1;
   const std::int64_t widest = zigzag_widest_tokens(c.seq_len, cp);
   return static_cast<int>(std::clamp<std::int64_t>((widest + c.piece_tokens - 1) / c.piece_tokens, 1,
                                                    zigzag_shortest_chunk(c.seq_len, cp)));
@@ -292,7 +291,7 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
   const DType a = activation_dtype(c.precision);
   RingAttentionBuffers b;
   b.kv_ring = b.dkv_ring = b.row_dot = b.expand = b.tile = buffer_spec(kC, 0, kF32);
-  if (cp == 1) {
+  if (cp == 1 && c.latent == 0) {
     // Nothing moves: the single-rank kernel, D_i in its own workspace.
     const AttentionDims w = whole_dims(c);
     b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(w, a)), kF32);
@@ -306,13 +305,18 @@ RingAttentionBuffers ring_attention_buffers(const RingAttentionConfig& c, int cp
   const auto [w0, w1] = lane_widths(c);
   const std::uint64_t lanes = mul(U(T), U(w0) + U(w1));
   std::uint64_t contribution = 0;  // the compressed form's fp32 dK/dV of one block
-  b.kv_ring = buffer_spec(kC, mul(2, lanes), dtype_size(a));
   if (c.latent > 0) {
     contribution = U(expanded_block(c, T));
     b.expand = buffer_spec(kC, checked_add(contribution, mul(U(T), U(kv_width(c))), "ring attention"), dtype_size(a));
     b.tile = linear_tile_spec(T, kv_width(c), c.precision, kC);
   }
-  b.dkv_ring = buffer_spec(kC, checked_add(mul(3, lanes), contribution, "ring attention"), kF32);
+  // At cp 1 (the compressed form) nothing travels: one packed piece of the latent and
+  // rope key (with several pieces; one piece is the caller's tensors) and, in backward,
+  // its d c | d kr beside the block's contribution.
+  const std::uint64_t carried = cp > 1 ? mul(2, lanes) : ring_attention_pieces(c, cp) > 1 ? lanes : 0;
+  const std::uint64_t accumulated = cp > 1 ? mul(3, lanes) : carried;
+  b.kv_ring = buffer_spec(kC, carried, dtype_size(a));
+  b.dkv_ring = buffer_spec(kC, checked_add(accumulated, contribution, "ring attention"), kF32);
   b.row_dot = buffer_spec(kC, c.given_row_dot ? 0 : mul(U(shard), U(d.q_heads)), kF32);
   b.workspace_forward = buffer_spec(kC, U(attention_forward_workspace_floats(d, a)), kF32);
   b.workspace_backward = buffer_spec(kC, U(attention_backward_workspace_floats(d, true, a)), kF32);
@@ -342,7 +346,7 @@ void check_ring_rank(const RingAttentionConfig& c, int cp, int rank) {
 
 AttentionTiles ring_attention_tiles(const RingAttentionConfig& c, int cp, int rank) {
   check_ring_rank(c, cp, rank);
-  if (cp == 1) return attention_tiles(whole_dims(c));
+  if (cp == 1 && c.latent == 0) return attention_tiles(whole_dims(c));
   AttentionTiles t;
   const CpShard mine = zigzag_shard(c.seq_len, cp, rank);
   const int m = ring_attention_pieces(c, cp);
@@ -472,6 +476,35 @@ std::pair<const A*, const A*> hop_kv(Device& dev, Stream& s, const RingAttention
   return {kx, vx};
 }
 
+// The compressed form at cp 1, where nothing travels: the keys go in the call's m pieces
+// (piece_of the one shard, as a ring's pass would carry them), piece j's latent and rope
+// key packed into `packed` (m > 1; one piece is the caller's tensors) and expanded into
+// ex, so K and V are never whole. Returns K, V and the latent the block was expanded from.
+template <class A>
+struct LocalBlock {
+  const A *k = nullptr, *v = nullptr, *latent = nullptr;
+};
+template <class A>
+LocalBlock<A> local_block(Device& dev, Stream& s, const RingAttentionConfig& c, const KvSource<A>& src, const Piece& p,
+                          int m, std::int64_t Tmax, A* packed, A* ex, float* tile, Timer& timer) {
+  const A *l0 = src.first, *l1 = src.second;
+  if (m > 1) {
+    pack_piece(dev, s, packed, src.first, p, c.latent);
+    pack_piece(dev, s, packed + Tmax * c.latent, src.second, p, c.rope);
+    l0 = packed;
+    l1 = packed + Tmax * c.latent;
+  }
+  const std::int64_t H = c.dims.q_heads;
+  A* kx = ex;
+  A* vx = ex + Tmax * H * c.dims.qk_dim;
+  timer.start();
+  if (!timer.skip())
+    mla_expand_kv(dev, s, p.shard.tokens(), H, c.latent, c.dims.qk_dim - c.rope, c.rope, c.dims.v_dim, l0, l1,
+                  src.wkvb, kx, vx, vx + Tmax * H * c.dims.v_dim, tile);
+  timer.stop();
+  return {kx, vx, l0};
+}
+
 // Written once for A = float | bf16 (q, k, v, dout, out and the carried lanes); A = float
 // is the f32-only code's calls in its order.
 template <class A>
@@ -484,7 +517,7 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
   Timer timer(dev, s, stats, m * P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   Buffer ws = allocate(dev, b.workspace_forward);
-  if (P == 1) {  // the K/V form only (check_ring_attention)
+  if (P == 1 && c.latent == 0) {
     timer.start();
     if (!timer.skip())
       ops::attention_forward(dev, s, out, lse, q, src.first, src.second, whole_dims(c), ws.as<float>(), pool);
@@ -499,6 +532,27 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
   Buffer kv = allocate(dev, b.kv_ring), ex = allocate(dev, b.expand), tile = allocate(dev, b.tile);
   // Every row starts empty (lse -inf: out is not read).
   ops::fill(dev, s, lse, T * Hq, kNegInf);
+  // One query piece and key chunk pair of the kernel (accumulate mode).
+  const auto attend = [&](const A* kc, const A* vc, const LocalChunk& qc, const LocalChunk& kch,
+                          const AttentionDims& d) {
+    timer.start();
+    if (!timer.skip())
+      ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
+                             kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
+    timer.stop();
+  };
+  if (P == 1) {  // the compressed form: the keys a piece at a time, nothing travels
+    for (int j = 0; j < m; ++j) {
+      const Piece p = piece_of(mine, m, j);
+      const LocalBlock<A> blk = local_block(dev, s, c, src, p, m, Tmax, kv.as<A>(), ex.as<A>(), tile.as<float>(), timer);
+      for_each_call(c, mine, p.shard, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
+        attend(blk.k, blk.v, qc, kch, d);
+      });
+    }
+    dev.synchronize(s);
+    timer.finish(nullptr);
+    return;
+  }
   std::uint64_t sent = 0;
   for (int j = 0; j < m; ++j) {
     RingExchange ring(dev, g, kTagForward);
@@ -511,11 +565,7 @@ void forward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, floa
       const auto [kc, vc] = hop_kv(dev, s, c, ring, lanes, blk.tokens(), Tmax, ex.as<A>(), tile.as<float>(),
                                    src.wkvb, timer);
       for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
-        timer.start();
-        if (!timer.skip())
-          ops::attention_forward(dev, s, out + qc.row * Hq * Dv, lse + qc.row * Hq, q + qc.row * Hq * D,
-                                 kc + kch.row * Hkv * D, vc + kch.row * Hkv * Dv, d, ws.as<float>(), pool);
-        timer.stop();
+        attend(kc, vc, qc, kch, d);
         ring.progress();
       });
       progress_while_computing(dev, s, ring);
@@ -562,7 +612,7 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
   Timer timer(dev, s, stats, m * P);
   const std::int64_t Hq = c.dims.q_heads, Hkv = c.dims.kv_heads, D = c.dims.qk_dim, Dv = c.dims.v_dim;
   const bool latent = c.latent > 0;
-  if (P == 1) {  // the K/V form only (check_ring_attention)
+  if (P == 1 && !latent) {
     Buffer ws = allocate(dev, b.workspace_backward);
     timer.start();
     if (!timer.skip())
@@ -586,7 +636,8 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
   // After the accumulators' two slots: this rank's part of the block's accumulated
   // value (added once the running value is in), then (compressed form) the block's dK/dV.
   float *part0 = dkvb + 2 * slot, *part1 = part0 + off;
-  float* dkx = latent ? dkvb + 3 * slot : nullptr;
+  // (At cp 1 nothing travels: the contribution comes first, then the packed d c | d kr.)
+  float* dkx = latent ? dkvb + (P > 1 ? 3 * slot : 0) : nullptr;
   float* dvx = latent ? dkx + Tmax * Hq * D : nullptr;
   // D_i = rowsum(dout * out) once for every hop (or the caller's); dq is added into from zero.
   const float* row_dot = given_rd != nullptr ? given_rd : rd.as<float>();
@@ -596,6 +647,47 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
     timer.stop();
   }
   ops::fill(dev, s, dq, T * Hq * D, 0.0f);
+  // One query piece and key chunk pair of the kernel: dq and the block's dK/dV added into.
+  const auto attend = [&](const A* kc, const A* vc, float* dkc, float* dvc, const LocalChunk& qc,
+                          const LocalChunk& kch, const AttentionDims& d) {
+    timer.start();
+    if (!timer.skip())
+      ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
+                              dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
+                              vc + kch.row * Hkv * Dv, /*out: D is given*/ nullptr, lse + qc.row * Hq, d,
+                              ws.as<float>(), pool, row_dot + qc.row * Hq);
+    timer.stop();
+  };
+  if (P == 1) {
+    // The compressed form, nothing travelling: each key piece's dK/dV from every query,
+    // contracted at once into its rows of dc and dkr (written straight there with one
+    // piece, else through the packed d c | d kr after the contribution).
+    float* dcx = dvx + Tmax * Hq * Dv;
+    float* drx = dcx + Tmax * w0;
+    A* dkv_ex = ex.as<A>() + Tmax * Hq * (D + Dv);
+    for (int j = 0; j < m; ++j) {
+      const Piece p = piece_of(mine, m, j);
+      const std::int64_t tb = p.shard.tokens();
+      const LocalBlock<A> blk = local_block(dev, s, c, src, p, m, Tmax, kv.as<A>(), ex.as<A>(), tile.as<float>(), timer);
+      ops::fill(dev, s, dkx, tb * Hkv * D, 0.0f);
+      ops::fill(dev, s, dvx, tb * Hkv * Dv, 0.0f);
+      for_each_call(c, mine, p.shard, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
+        attend(blk.k, blk.v, dkx, dvx, qc, kch, d);
+      });
+      timer.start();
+      if (!timer.skip())
+        contract_block(dev, s, c, tb, dkx, dvx, blk.latent, src.wkvb, dkv_ex, grads.dwkvb, m > 1 ? dcx : grads.first,
+                       m > 1 ? drx : grads.second);
+      timer.stop();
+      if (m > 1) {
+        unpack_piece(dev, s, grads.first, dcx, p, w0);
+        unpack_piece(dev, s, grads.second, drx, p, w1);
+      }
+    }
+    dev.synchronize(s);
+    timer.finish(nullptr);
+    return;
+  }
   std::uint64_t sent = 0;
   for (int j = 0; j < m; ++j) {
     RingExchange ring(dev, g, kTagBackward);
@@ -621,13 +713,7 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, con
       ops::fill(dev, s, dkc, tb * Hkv * D, 0.0f);
       ops::fill(dev, s, dvc, tb * Hkv * Dv, 0.0f);
       for_each_call(c, mine, blk, [&](const LocalChunk& qc, const LocalChunk& kch, const AttentionDims& d) {
-        timer.start();
-        if (!timer.skip())
-          ops::attention_backward(dev, s, dq + qc.row * Hq * D, dkc + kch.row * Hkv * D, dvc + kch.row * Hkv * Dv,
-                                  dout + qc.row * Hq * Dv, q + qc.row * Hq * D, kc + kch.row * Hkv * D,
-                                  vc + kch.row * Hkv * Dv, /*out: D is given*/ nullptr, lse + qc.row * Hq, d,
-                                  ws.as<float>(), pool, row_dot + qc.row * Hq);
-        timer.stop();
+        attend(kc, vc, dkc, dvc, qc, kch, d);
         ring.progress();
       });
       if (latent) {

@@ -40,8 +40,11 @@
 // over the group completes), and d c = d kv Wkvb, d kr = the heads' dK rope columns
 // summed, both fp32, travel the ring as the accumulated lanes. After the last hop every
 // rank holds the complete dc, dkr of its own tokens (before kv_a_layernorm's and RoPE's
-// backward, which stay the caller's). Needs cp > 1 (at cp 1 nothing travels) and
-// kv_heads == q_heads.
+// backward, which stay the caller's). Needs kv_heads == q_heads. At cp 1 nothing travels
+// but the keys still go in the call's pieces (piece_tokens): each piece's latent is
+// expanded into the block buffer, its dK/dV from every query contracted at once into its
+// rows of dc and dkr, so K and V of the whole sequence never exist (the MLA layer's
+// single-device form for sequences longer than a piece).
 //
 // Memory: every internal buffer is allocated per call from the device (component
 // attention) from ring_attention_buffers, so ring_attention_footprint is what a call
@@ -113,7 +116,7 @@ void check_ring_attention(const RingAttentionConfig& c, int cp);
 
 // The passes a call makes (RingAttentionConfig::piece_tokens): ceil(widest shard /
 // piece_tokens), at most the shortest zigzag chunk's tokens (every part non-empty); 1
-// with piece_tokens 0 or cp 1.
+// with piece_tokens 0 or (the K/V form) cp 1.
 int ring_attention_pieces(const RingAttentionConfig& c, int cp);
 
 // What one call holds on a rank of a CP group (sized for the largest shard's piece, so every rank
@@ -124,7 +127,8 @@ int ring_attention_pieces(const RingAttentionConfig& c, int cp);
 // each block into `expand` (K and V of the block and kv_b_proj's output, activation dtype;
 // the backward reuses the latter for d kv) with nn/linear's tile (bf16), and its dkv_ring
 // holds the travelling d c | d kr (two slots and one contribution, fp32) and the block's
-// dK/dV contribution (fp32).
+// dK/dV contribution (fp32). At cp 1 (compressed form) kv_ring is one packed piece (none
+// with one piece) and dkv_ring the block's dK/dV contribution, then that piece's d c | d kr.
 struct RingAttentionBuffers {
   BufferSpec kv_ring;            // forward and backward: 2 slots x max piece x Hkv x (D + Dv), activation dtype
   BufferSpec dkv_ring;           // backward: the travelling dK/dV (its slots) and one block's contribution
@@ -201,7 +205,7 @@ void ring_attention_backward(Device& dev, Communicator& cp_group, const RingAtte
                              const bf16* out, const float* lse, const float* row_dot, ThreadPool* pool = nullptr,
                              RingAttentionStats* stats = nullptr);
 
-// The compressed form (c.latent > 0, cp > 1). c_lat [T_r, latent] and kr [T_r, rope] are
+// The compressed form (c.latent > 0; cp 1 too, see above). c_lat [T_r, latent] and kr [T_r, rope] are
 // this rank's tokens' (kr rotated, in the keys' column order), wkvb kv_b_proj's weight
 // [Hq x (nope + v), latent] of the activation dtype. Forward: out, lse as the K/V form's.
 // Backward: dq, dc [T_r, latent] and dkr [T_r, rope] WRITTEN (fp32); dwkvb (fp32, [Hq x
