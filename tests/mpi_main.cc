@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "peakbound/comm/communicator.h"
+#include "peakbound/ops/gemm.h"
 #include "tests/comm/world.h"
 
 namespace peakbound::testing {
@@ -39,6 +40,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  peakbound::ops::prefer_blas_kernels(argv);  // the kernels the CLI runs with (ops/gemm.h)
   ::testing::InitGoogleTest(&argc, argv);
   auto& w = peakbound::testing::world();
   if (w.rank() != 0) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <random>
 #include <vector>
 
@@ -73,6 +75,36 @@ TEST(Gemm, TensorFormChecksShapes) {
   EXPECT_EQ(c[11], 4.0f);
   EXPECT_THROW(matmul(ta, true, tb, false, tc), InternalError);
   EXPECT_FALSE(blas_core_name().empty());
+}
+
+// OpenBLAS's kernels for what the CPU allows (prefer_blas_kernels): the mapping, and in
+// this very binary (whose main() ran it) no generic core on a CPU with AVX2 and FMA unless
+// the user asked for one. On a 5th-generation Xeon (family 6 model 207) Debian's OpenBLAS
+// 0.3.21 alone takes Prescott, and the second check fails without the re-execution.
+TEST(Gemm, OpenBlasRunsTheKernelsTheCpuAllows) {
+  CpuFeatures f;
+  EXPECT_EQ(blas_core_for(f), "");
+  f.avx2 = true;
+  EXPECT_EQ(blas_core_for(f), "");  // no FMA: OpenBLAS's Haswell kernels need it
+  f.fma = true;
+  EXPECT_EQ(blas_core_for(f), "Haswell");
+  f.avx512f = f.avx512bw = f.avx512vl = true;
+  EXPECT_EQ(blas_core_for(f), "Haswell");  // AVX-512 without DQ: not SkylakeX's set
+  f.avx512dq = true;
+  EXPECT_EQ(blas_core_for(f), "SkylakeX");
+  f.avx512bf16 = true;
+  EXPECT_EQ(blas_core_for(f), "Cooperlake");
+  EXPECT_TRUE(blas_core_is_generic("Prescott"));
+  EXPECT_TRUE(blas_core_is_generic("Nehalem"));
+  EXPECT_FALSE(blas_core_is_generic("Haswell"));
+  EXPECT_FALSE(blas_core_is_generic("Cooperlake"));
+
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  const std::string allowed = blas_core_for(cpu_features());
+  if (allowed.empty() || (asked != nullptr && blas_core_is_generic(asked)))
+    GTEST_SKIP() << "a CPU without AVX2 and FMA, or a generic core asked for";
+  EXPECT_FALSE(blas_core_is_generic(blas_core_name()))
+      << "OpenBLAS runs its generic " << blas_core_name() << " kernels where " << allowed << " would run";
 }
 
 TEST(Elementwise, RelativeErrorIsTheProjectMetric) {

@@ -28,7 +28,7 @@ std::string build_description() {
 #else
   s += "  cuda: off (built without the CUDA toolkit)\n";
 #endif
-  s += "  blas: OpenBLAS, " + ops::blas_core_name() + " kernels, " +
+  s += "  blas: OpenBLAS, " + ops::blas_core_name() + " kernels (" + ops::blas_core_source() + "), " +
        std::to_string(ops::blas_num_threads()) + " thread(s)";
   return s;
 }
@@ -75,6 +75,7 @@ Command add_info_command(CLI::App& root) {
     if (f->json) {
       nlohmann::json j = {{"version", PEAKBOUND_VERSION}, {"build_type", PEAKBOUND_BUILD_TYPE},
                           {"compiler", PEAKBOUND_COMPILER}, {"blas_core", ops::blas_core_name()},
+                          {"blas_core_source", ops::blas_core_source()},
                           {"blas_threads", ops::blas_num_threads()}, {"bf16_gemm_path", ops::bf16_gemm_path()},
                           {"ranks", world->size()}, {"communicator", world->backend()},
                           {"mpi_single_copy", single_copy}};

@@ -11,6 +11,7 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
+#include "peakbound/ops/gemm.h"
 #ifdef PEAKBOUND_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -80,6 +81,8 @@ int fail_everywhere(int code, const std::string& message, bool all_ranks = true)
 
 int main(int argc, char** argv) {
   using namespace peakbound;
+  // Before anything else (MPI included): OpenBLAS's kernels for a CPU newer than it knows.
+  ops::prefer_blas_kernels(argv);
   CLI::App app("peakbound: trains Mixture-of-Experts models at long context with bounded memory peaks",
                "peakbound");
   app.require_subcommand(0, 1);

@@ -90,6 +90,10 @@ std::string blas_core_name() { return cpu::blas_core_name(); }
 
 int blas_num_threads() { return cpu::blas_num_threads(); }
 
+std::string blas_core_source() { return cpu::blas_core_source(); }
+
+void prefer_blas_kernels(char** argv) { cpu::prefer_blas_kernels(argv); }
+
 void share_host_cores_among_local_ranks() {
   cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launcher_local_size()));
 }

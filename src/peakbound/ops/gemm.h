@@ -43,6 +43,12 @@ void set_bf16_gemm_path(std::string_view name);
 // kernels were chosen for ("Haswell", "SkylakeX", ...) and its thread count.
 std::string blas_core_name();
 int blas_num_threads();
+// Where the core type came from: "detected" (OpenBLAS's choice) or "OPENBLAS_CORETYPE".
+std::string blas_core_source();
+// First thing in a program's main(): where OpenBLAS fell back to its generic kernels on a
+// CPU newer than it knows, re-executes the program with the kernels the CPU allows
+// (kernels/cpu/gemm.h, prefer_blas_kernels).
+void prefer_blas_kernels(char** argv);
 
 // The host's BLAS threads shared among the ranks the launcher put on this machine
 // (hardware threads / local ranks, at least 1), so co-located ranks do not oversubscribe.

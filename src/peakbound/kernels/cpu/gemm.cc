@@ -2,7 +2,13 @@
 
 #include <cblas.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "peakbound/core/error.h"
 
@@ -45,6 +51,50 @@ void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const 
 std::string blas_core_name() {
   const char* name = openblas_get_corename();
   return name ? name : "unknown";
+}
+
+CpuFeatures cpu_features() {
+  CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();  // libgcc's cpuid, with XGETBV: a feature the OS does not save reads false
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+#endif
+  return f;
+}
+
+std::string blas_core_for(const CpuFeatures& f) {
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  if (avx512 && f.avx512bf16) return "Cooperlake";
+  if (avx512) return "SkylakeX";
+  if (f.avx2 && f.fma) return "Haswell";
+  return "";
+}
+
+bool blas_core_is_generic(const std::string& name) {
+  for (const char* g : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai", "Coppermine",
+                        "Northwood", "Banias", "unknown"})
+    if (name == g) return true;
+  return false;
+}
+
+std::string blas_core_source() { return std::getenv("OPENBLAS_CORETYPE") != nullptr ? "OPENBLAS_CORETYPE" : "detected"; }
+
+void prefer_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || !blas_core_is_generic(blas_core_name())) return;
+  const std::string core = blas_core_for(cpu_features());
+  if (core.empty()) return;
+  setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // Only on failure: the run goes on, with the generic kernels.
+  std::fprintf(stderr, "peakbound: warning: OpenBLAS chose its generic %s kernels on this CPU, and re-executing with "
+                       "OPENBLAS_CORETYPE=%s failed (%s); f32 GEMMs run several times slower\n",
+               blas_core_name().c_str(), core.c_str(), std::strerror(errno));
 }
 
 int blas_num_threads() { return openblas_get_num_threads(); }
