@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -81,8 +83,13 @@ void run_case(const Case& c, Worst& worst) {
   Buffer yb = dev.allocate(Component::workspace, x.size() * 4), dxb = dev.allocate(Component::workspace, x.size() * 4);
   const Shape s{c.T, c.H};
   layer.forward(xb.tensor(s, DType::f32), yb.tensor(s, DType::f32));
+  // A recomputation (a checkpoint group's backward, forward_recompute): the same y bit for
+  // bit, and no statistics (the checks at the end see them added once).
+  Buffer y2 = dev.allocate(Component::workspace, x.size() * 4);
+  layer.forward_recompute(xb.tensor(s, DType::f32), y2.tensor(s, DType::f32));
   layer.backward(xb.tensor(s, DType::f32), dyb.tensor(s, DType::f32), dxb.tensor(s, DType::f32));
   dev.synchronize();
+  EXPECT_EQ(std::memcmp(y2.data(), yb.data(), x.size() * 4), 0) << "forward_recompute's y";
 
   const double ey = rel_err(yb.as<float>(), ref.y);
   EXPECT_LT(ey, kTol) << "y";

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -188,6 +189,132 @@ TEST(CheckpointOffload, AOneSlotRingNeedsBlocksThatRunInPlace) {
   CheckpointOptions d1 = o;
   d1.prefetch_depth = 1;
   EXPECT_NO_THROW(CheckpointedStack(run.device(), run.host(), {&a, &b, &c}, Shape{48, 32}, DType::f32, d1));
+}
+
+// Checkpoint groups (CheckpointOptions::group_layers): one boundary per group of G blocks,
+// the group's other inputs recomputed in its backward. Every L, G, depth and resident count:
+// bitwise the resident baseline's output, dx and gradients, over two steps.
+TEST(CheckpointOffload, GroupsAreBitwiseTheBaselineForAnyLayersGroupDepthAndResidentCount) {
+  for (std::int64_t L : {1, 2, 3, 5, 7}) {
+    CheckpointRun base(small(L, CheckpointSchedule::resident));
+    base.step();
+    for (std::int64_t G : {2, 3, 4, 8})
+      for (std::int64_t D : {0, 1, 2}) {
+        const std::int64_t n = checkpoint_group_count(L, G);
+        for (std::int64_t K : {std::int64_t{0}, std::int64_t{1}, n}) {
+          if (K > n) continue;
+          CheckpointRunConfig c = small(L, CheckpointSchedule::sco, D, K);
+          c.options.group_layers = G;
+          CheckpointRun sco(c);
+          sco.step();
+          sco.step();
+          expect_bitwise_equal(base, sco, "L=" + std::to_string(L) + " G=" + std::to_string(G) + " D=" +
+                                              std::to_string(D) + " K=" + std::to_string(K));
+          EXPECT_EQ(sco.stack().placement().layers, n);
+        }
+      }
+    CheckpointRunConfig r = small(L, CheckpointSchedule::resident);
+    r.options.group_layers = 3;
+    CheckpointRun res(r);
+    res.step();
+    expect_bitwise_equal(base, res, "resident, G=3, L=" + std::to_string(L));
+  }
+}
+
+// The groups' shape (the last full, the first the remainder) and what a stack of 8 blocks in
+// groups of 3 holds: 3 boundaries (blocks 0, 2 and 5), of which one on the device with a
+// one-slot ring and 2 on the host, and in backward up to 2 recomputed inputs beside them:
+// the measured peaks equal checkpoint_footprint and the bytes moved the offloaded ones.
+TEST(CheckpointOffload, GroupsHoldOneBoundaryPerGroupAndRecomputeTheRest) {
+  EXPECT_EQ(checkpoint_group_count(8, 3), 3);
+  EXPECT_EQ(checkpoint_group(8, 3, 0).first, 0);
+  EXPECT_EQ(checkpoint_group(8, 3, 0).count, 2);
+  EXPECT_EQ(checkpoint_group(8, 3, 1).first, 2);
+  EXPECT_EQ(checkpoint_group(8, 3, 2).first, 5);
+  EXPECT_EQ(checkpoint_group(8, 3, 2).count, 3);
+  EXPECT_EQ(checkpoint_group_count(2, 5), 1);
+  EXPECT_EQ(checkpoint_group(2, 5, 0).count, 2);
+  EXPECT_THROW(checkpoint_group(8, 3, 3), InvalidArgument);
+  EXPECT_THROW(checkpoint_group_count(8, 0), InvalidArgument);
+
+  const std::uint64_t b = arena_reserved(48 * 32 * 4), raw = 48 * 32 * 4;
+  for (std::int64_t D : {0, 1}) {
+    SCOPED_TRACE("D = " + std::to_string(D));
+    CheckpointRunConfig c = small(8, CheckpointSchedule::sco, D, 0);
+    c.options.group_layers = 3;
+    CheckpointRun run(c);
+    run.step();
+    const CheckpointBuffers& cb = run.stack().buffers();
+    EXPECT_EQ(cb.recompute, 2);
+    EXPECT_EQ(cb.placement.layers, 3);
+    EXPECT_EQ(cb.placement.ring_slots, D + 1);
+    const Footprint f = checkpoint_footprint(cb);
+    EXPECT_EQ(run.device().arena().peak(Component::checkpoints), f.device_peak(Component::checkpoints));
+    EXPECT_EQ(run.device().arena().peak(Component::checkpoints), static_cast<std::uint64_t>(D + 1 + 2) * b);
+    EXPECT_EQ(run.host().peak(Component::checkpoints), f.host_peak(Component::checkpoints));
+    EXPECT_EQ(run.host().peak(Component::checkpoints), static_cast<std::uint64_t>(2 - D) * b);
+    EXPECT_EQ(run.last_copy_step().d2h_bytes, static_cast<std::uint64_t>(2 - D) * raw);
+    EXPECT_EQ(run.last_copy_step().h2d_bytes, static_cast<std::uint64_t>(2 - D) * raw);
+    EXPECT_EQ(run.device().arena().live(Component::checkpoints), static_cast<std::uint64_t>(D + 1) * b);
+  }
+}
+
+// A block counting its forwards and recomputations (the wrapped block does the work).
+class Counting final : public Block {
+ public:
+  explicit Counting(Block& b) : b_(b) {}
+  void forward(const Tensor& x, const Tensor& y) override {
+    ++forwards;
+    b_.forward(x, y);
+  }
+  void forward_recompute(const Tensor& x, const Tensor& y) override {
+    ++recomputes;
+    b_.forward(x, y);
+  }
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override { b_.backward(x, dy, dx); }
+  bool forward_in_place() const override { return b_.forward_in_place(); }
+  std::vector<Parameter> parameters() const override { return b_.parameters(); }
+  void zero_grad() override { b_.zero_grad(); }
+  int forwards = 0, recomputes = 0;
+
+ private:
+  Block& b_;
+};
+
+// A group's backward recomputes the inputs of its blocks but the first through
+// forward_recompute, once a step: blocks 0 and 1 (group 0 of 2) and 2, 3 (group 1 of 3) of
+// 5 in groups of 3; the last block of each group is never recomputed. A group's blocks
+// after its first must run in place.
+TEST(CheckpointOffload, AGroupRecomputesItsInnerInputsOnceAStep) {
+  CheckpointRun run(small(5, CheckpointSchedule::sco, 1, 0));
+  std::vector<std::unique_ptr<Counting>> c;
+  std::vector<Block*> blocks;
+  for (auto& b : run.blocks()) {
+    c.push_back(std::make_unique<Counting>(*b));
+    blocks.push_back(c.back().get());
+  }
+  CheckpointOptions o = run.config().options;
+  o.group_layers = 3;
+  CheckpointedStack s(run.device(), run.host(), blocks, Shape{48, 32}, DType::f32, o);
+  s.forward(run.input(), run.device().allocate(Component::layer, 48 * 32 * 4).tensor(Shape{48, 32}, DType::f32));
+  Buffer dx = run.device().allocate(Component::layer, 48 * 32 * 4);
+  s.backward(run.output_grad(), dx.tensor(Shape{48, 32}, DType::f32));
+  const std::vector<int> recomputed = {1, 0, 1, 1, 0};
+  for (std::size_t l = 0; l < c.size(); ++l) {
+    EXPECT_EQ(c[l]->forwards, 1) << "block " << l;
+    EXPECT_EQ(c[l]->recomputes, recomputed[l]) << "block " << l;
+  }
+  NotInPlace a(*run.blocks()[0]), b(*run.blocks()[1]);
+  try {
+    CheckpointedStack bad(run.device(), run.host(), {&a, &b}, Shape{48, 32}, DType::f32, o);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("group_layers 3 needs blocks whose forward runs in place; block 1's"),
+              std::string::npos)
+        << e.what();
+  }
+  o.group_layers = 0;
+  EXPECT_THROW(CheckpointedStack(run.device(), run.host(), blocks, Shape{48, 32}, DType::f32, o), InvalidArgument);
 }
 
 // The one-slot ring's slot parked between forward and backward (park_slot, what the

@@ -23,20 +23,30 @@ DecoderLayer::DecoderLayer(Device& dev, std::int64_t hidden, Block& attention, B
     throw InvalidArgument("decoder layer: the attention sublayer's backward must run in place");
 }
 
-void DecoderLayer::forward(const Tensor& x, const Tensor& y) {
+void DecoderLayer::forward(const Tensor& x, const Tensor& y) { forward_as(x, y, false); }
+
+void DecoderLayer::forward_recompute(const Tensor& x, const Tensor& y) { forward_as(x, y, true); }
+
+void DecoderLayer::forward_as(const Tensor& x, const Tensor& y, bool recompute) {
   if (y.raw() == x.raw() && !forward_in_place())
     throw InvalidArgument("decoder layer: an in-place forward needs sublayers that both run in place");
+  const auto mlp = [&](const Tensor& in, const Tensor& out) {
+    if (recompute)
+      mlp_.forward_recompute(in, out);
+    else
+      mlp_.forward(in, out);
+  };
   if (mlp_.forward_in_place()) {
     // No mid: the attention writes into y and the MLP runs on it in place.
     attention_.forward(x, y);
-    mlp_.forward(y, y);
+    mlp(y, y);
     return;
   }
   const DecoderLayerBuffers b = decoder_layer_buffers(x.dim(0), hidden_, dtype_size(x.dtype()));
   Buffer mid = dev_.allocate(b.mid.component, b.mid.bytes);
   const Tensor m = mid.tensor(x.shape(), x.dtype());
   attention_.forward(x, m);
-  mlp_.forward(m, y);
+  mlp(m, y);
 }
 
 void DecoderLayer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

@@ -48,6 +48,8 @@ class DecoderLayer final : public Block {
 
   // y may be x when both sublayers run forward in place (forward_in_place).
   void forward(const Tensor& x, const Tensor& y) override;
+  // forward with the MLP sublayer's forward_recompute (the attention records nothing).
+  void forward_recompute(const Tensor& x, const Tensor& y) override;
   bool forward_in_place() const override { return attention_.forward_in_place() && mlp_.forward_in_place(); }
   // dx may be dy (in place).
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -59,6 +61,8 @@ class DecoderLayer final : public Block {
   void zero_grad() override;
 
  private:
+  void forward_as(const Tensor& x, const Tensor& y, bool recompute);
+
   Device& dev_;
   std::int64_t hidden_;
   Block& attention_;

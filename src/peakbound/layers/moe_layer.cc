@@ -314,7 +314,8 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, std::int64_t
   if (!cfg_.dense()) {
     float* counts = nullptr;
     float* prob_sums = nullptr;
-    if (!for_backward && aux_ != nullptr) {
+    const bool record = !for_backward && records_;  // a recomputation records nothing
+    if (record && aux_ != nullptr) {
       counts = aux_->counts;
       prob_sums = aux_->prob_sums;
     }
@@ -322,7 +323,7 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, std::int64_t
                        in.ids.as<std::int32_t>(), in.weights.as<float>(), counts, prob_sums,
                        cfg_.router_bias ? p_.w_gate_bias.data<A>() : nullptr,
                        cfg_.score_correction ? p_.correction.data<float>() : nullptr);
-    if (!for_backward && aux_ != nullptr && aux_->seq_counts != nullptr) {
+    if (record && aux_ != nullptr && aux_->seq_counts != nullptr) {
       const std::int64_t at = cfg_.moe_index * aux_->seq_stride, st = aux_->seq_tokens, E = cfg_.experts,
                          K = cfg_.top_k;
       const float* probs = in.probs.as<float>();
@@ -333,7 +334,7 @@ void MoeLayer::recompute(Internals& in, const A* x, std::int64_t T, std::int64_t
                                   K, seq_rows);
       });
     }
-    if (!for_backward && p_.loads.raw() != nullptr && (aux_ == nullptr || aux_->count_loads))
+    if (record && p_.loads.raw() != nullptr && (aux_ == nullptr || aux_->count_loads))
       ops::moe_router_stats(dev_, s, p_.loads.data<float>(), nullptr, in.probs.as<float>(),
                             in.ids.as<std::int32_t>(), T, cfg_.experts, cfg_.top_k);
   }
@@ -401,6 +402,17 @@ void MoeLayer::forward(const Tensor& x, const Tensor& y) {
     forward_as<bf16>(x, y);
   else
     forward_as<float>(x, y);
+}
+
+void MoeLayer::forward_recompute(const Tensor& x, const Tensor& y) {
+  records_ = false;
+  try {
+    forward(x, y);
+  } catch (...) {
+    records_ = true;
+    throw;
+  }
+  records_ = true;
 }
 
 template <class A>

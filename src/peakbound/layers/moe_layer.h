@@ -258,6 +258,10 @@ class MoeLayer final : public Block {
   // over ep_group (every rank calls it, T = 0 included).
   void forward(const Tensor& x, const Tensor& y) override;
   bool forward_in_place() const override { return true; }
+  // forward without recording the router's statistics for the step (the aux loss's counts
+  // and probability sums, the sequence-wise statistics, the load counts): the same y, bit
+  // for bit (a checkpoint group's backward running the layer again).
+  void forward_recompute(const Tensor& x, const Tensor& y) override;
   // Writes dx [T, H] (not aliasing x; dx may be dy itself: in place), adds into every parameter gradient
   // (replicated ones hold this rank's tokens' share: the model reduces them over data
   // parallelism). MoE: collective over ep_group, like forward.
@@ -319,6 +323,7 @@ class MoeLayer final : public Block {
   MoeLayerConfig cfg_;
   MoeLayerTensors p_, g_;
   const MoeAuxState* aux_;
+  bool records_ = true;  // a forward records the router's statistics (false: forward_recompute)
   int ep_rank_ = 0, ep_size_ = 1;
   Communicator* ep_group_ = nullptr;
   std::unique_ptr<MoeDispatch> dispatch_;

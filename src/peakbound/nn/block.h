@@ -45,6 +45,11 @@ class Block {
   // needs instead of computing it again there, holding it until the backward (or the
   // next forward). The default is forward.
   virtual void forward_for_backward(const Tensor& x, const Tensor& y) { forward(x, y); }
+  // The forward again inside a checkpointed stack's backward (CheckpointOptions::
+  // group_layers: a group's blocks recompute their inputs): the same y bit for bit, without
+  // what a forward records for the step (a router's load counts and balance statistics,
+  // which the step's forward took already). The default is forward.
+  virtual void forward_recompute(const Tensor& x, const Tensor& y) { forward(x, y); }
 
   // A block's output produced a row range at a time instead of whole (a decoder layer's
   // backward feeding its attention sublayer's output to its MLP sublayer's tiles, so no

@@ -32,13 +32,24 @@ CheckpointedStack::CheckpointedStack(Device& dev, HostMemory& host, std::vector<
       bytes_(buffers_.boundary.bytes),
       link_(dev, dev.copy_stream(), options.link_gbps) {
   const CheckpointPlacement& p = placement();
-  // A one-slot ring: block l writes boundary l + 1 over its own input whenever both are
-  // ring boundaries (l + 1 < M).
+  // A one-slot ring: group k's first block writes boundary k + 1 over its own input
+  // whenever both are ring boundaries (k + 1 < M).
   if (p.ring_slots == 1)
-    for (std::int64_t l = 0; l + 1 < p.ringed(); ++l)
+    for (std::int64_t k = 0; k + 1 < p.ringed(); ++k) {
+      const std::int64_t l = group(k).first;
       if (!blocks_[static_cast<std::size_t>(l)]->forward_in_place())
         throw InvalidArgument("checkpoint prefetch_depth 0 (a one-slot ring) needs blocks whose forward runs in "
                               "place; block " + std::to_string(l) + "'s does not (use prefetch_depth >= 1)");
+    }
+  // A group's blocks after its first run in place on its output (no boundary between them).
+  for (std::int64_t k = 0; k < p.layers; ++k) {
+    const CheckpointGroup g = group(k);
+    for (std::int64_t l = g.first + 1; l < g.first + g.count; ++l)
+      if (!blocks_[static_cast<std::size_t>(l)]->forward_in_place())
+        throw InvalidArgument("checkpoint group_layers " + std::to_string(options.group_layers) +
+                              " needs blocks whose forward runs in place; block " + std::to_string(l) +
+                              "'s does not (use group_layers 1)");
+  }
   const auto R = static_cast<std::size_t>(p.ring_slots);
   const auto O = static_cast<std::size_t>(p.offloaded);
   ring_.reserve(R);
@@ -121,9 +132,13 @@ void CheckpointedStack::forward(const Tensor& x, const Tensor& y) {
   forward_done_ = true;
 }
 
+CheckpointGroup CheckpointedStack::group(std::int64_t k) const {
+  return checkpoint_group(layers(), options_.group_layers, k);
+}
+
 void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
   Stream& compute = dev_.compute_stream();
-  const std::int64_t L = layers(), O = placement().offloaded;
+  const std::int64_t n = placement().layers, O = placement().offloaded;
   // Boundary l, once the compute that writes it is done, goes to the host while block l
   // reads it: both only read it, and the copy has block l's compute to hide behind.
   auto offload = [&](std::int64_t l, const void* boundary) {
@@ -136,11 +151,15 @@ void CheckpointedStack::forward_impl(const Tensor& x, const Tensor& y) {
   input_ = nullptr;
   if (x.raw() != in) dev_.memcpy_async(in, x.raw(), bytes_, CopyKind::device_to_device, compute);
   offload(0, in);
-  for (std::int64_t l = 0; l < L; ++l) {
-    // One ring slot: out is in itself (in place), once in's D2H has completed.
-    void* out = l + 1 < L ? acquire_boundary(l + 1) : y.raw();
-    blocks_[static_cast<std::size_t>(l)]->forward(view(in), view(out));
-    if (l + 1 < L) offload(l + 1, out);
+  for (std::int64_t k = 0; k < n; ++k) {
+    // One ring slot: out is in itself (in place), once in's D2H has completed. The group's
+    // other blocks run in place on out: their inputs are recomputed in backward.
+    void* out = k + 1 < n ? acquire_boundary(k + 1) : y.raw();
+    const CheckpointGroup g = group(k);
+    blocks_[static_cast<std::size_t>(g.first)]->forward(view(in), view(out));
+    for (std::int64_t l = g.first + 1; l < g.first + g.count; ++l)
+      blocks_[static_cast<std::size_t>(l)]->forward(view(out), view(out));
+    if (k + 1 < n) offload(k + 1, out);
     in = out;
   }
 }
@@ -174,7 +193,7 @@ void CheckpointedStack::backward(const Tensor& dy, const Tensor& dx) {
 
 void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   Stream& compute = dev_.compute_stream();
-  const std::int64_t L = layers(), M = placement().ringed(), O = placement().offloaded;
+  const std::int64_t L = layers(), n = placement().layers, M = placement().ringed(), O = placement().offloaded;
   // In place (every block's backward may write dx over dy): dy is copied into dx once and
   // every block turns it into its own dx there. Otherwise the residual-stream gradient
   // ping-pongs between two buffers and the last block writes dx.
@@ -192,22 +211,38 @@ void CheckpointedStack::backward_impl(const Tensor& dy, const Tensor& dx) {
   }
   const void* g = buffers_.in_place ? dx.raw() : dy.raw();
   std::int64_t next_fetch = O - 1;  // highest offloaded boundary not yet fetched
-  for (std::int64_t l = L - 1; l >= 0; --l) {
-    if (l < O) wait_for_copy(fetched_[static_cast<std::size_t>(l)]);
-    void* out = l == 0 || buffers_.in_place ? dx.raw() : ((L - 1 - l) % 2 == 0 ? grad_a.data() : grad_b.data());
-    blocks_[static_cast<std::size_t>(l)]->backward(view(boundary_ptr(l)), view(g), view(out));
-    if (l >= M) {
-      resident_[static_cast<std::size_t>(l - M)].reset();
+  for (std::int64_t k = n - 1; k >= 0; --k) {
+    if (k < O) wait_for_copy(fetched_[static_cast<std::size_t>(k)]);
+    // The group's forward again from its boundary to the inputs of its other blocks
+    // (recompute buffers, each freed once its block's backward is done), then its blocks'
+    // backward, last first.
+    const CheckpointGroup grp = group(k);
+    std::vector<Buffer> inner(static_cast<std::size_t>(grp.count - 1));
+    const void* in = boundary_ptr(k);
+    for (std::size_t j = 0; j < inner.size(); ++j) {
+      inner[j] = dev_.allocate(buffers_.boundary.component, buffers_.boundary.bytes);
+      blocks_[static_cast<std::size_t>(grp.first) + j]->forward_recompute(view(in), view(inner[j].data()));
+      in = inner[j].data();
+    }
+    for (std::int64_t j = grp.count - 1; j >= 0; --j) {
+      const std::int64_t l = grp.first + j;
+      void* out = l == 0 || buffers_.in_place ? dx.raw() : ((L - 1 - l) % 2 == 0 ? grad_a.data() : grad_b.data());
+      const void* x = j == 0 ? boundary_ptr(k) : inner[static_cast<std::size_t>(j - 1)].data();
+      blocks_[static_cast<std::size_t>(l)]->backward(view(x), view(g), view(out));
+      if (j > 0) inner[static_cast<std::size_t>(j - 1)].reset();
+      g = out;
+    }
+    if (k >= M) {
+      resident_[static_cast<std::size_t>(k - M)].reset();
     } else if (next_fetch >= 0) {
-      // Block l's slot is free: refill it with the next boundary backward will need
-      // (slot_of(next_fetch) == slot_of(l): they are R apart).
+      // Group k's slot is free: refill it with the next boundary backward will need
+      // (slot_of(next_fetch) == slot_of(k): they are R apart).
       dev_.wait(link_.stream(), dev_.record(compute));
       const auto f = static_cast<std::size_t>(next_fetch);
       fetched_[f] = link_.copy(ring_[static_cast<std::size_t>(slot_of(next_fetch))].data(), host_[f].data(), bytes_,
                                CopyKind::host_to_device);
       --next_fetch;
     }
-    g = out;
   }
 }
 

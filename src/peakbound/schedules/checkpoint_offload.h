@@ -70,6 +70,7 @@ class CheckpointedStack {
   const CheckpointPlacement& placement() const { return buffers_.placement; }
   const CheckpointBuffers& buffers() const { return buffers_; }
   const CheckpointLink& link() const { return link_; }
+  // The stack's blocks (its boundaries, one per checkpoint group: placement().layers).
   std::int64_t layers() const { return static_cast<std::int64_t>(blocks_.size()); }
   // Seconds compute has spent waiting for copies so far (a slot's D2H in forward, a
   // boundary's H2D in backward): the copy time that overlap did not hide.
@@ -78,7 +79,8 @@ class CheckpointedStack {
  private:
   void* acquire_boundary(std::int64_t l);
   void* boundary_ptr(std::int64_t l) const;
-  std::int64_t slot_of(std::int64_t l) const { return l % placement().ring_slots; }
+  std::int64_t slot_of(std::int64_t k) const { return k % placement().ring_slots; }
+  CheckpointGroup group(std::int64_t k) const;  // checkpoint group k's blocks
   Tensor view(const void* p) const;
   void forward_impl(const Tensor& x, const Tensor& y);
   void backward_impl(const Tensor& dy, const Tensor& dx);

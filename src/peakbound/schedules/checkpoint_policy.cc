@@ -38,6 +38,9 @@ void validate_link_gbps(double gbps) {
 
 void validate_checkpoint_options(const CheckpointOptions& o) {
   ring_slots_for(o.prefetch_depth);
+  if (o.group_layers < 1)
+    throw InvalidArgument("checkpoint group_layers must be >= 1 (got " + std::to_string(o.group_layers) +
+                          "); 1 keeps a boundary per layer");
   if (o.resident_layers && *o.resident_layers < 0)
     throw InvalidArgument("checkpoint resident_layers must be >= 0 (got " + std::to_string(*o.resident_layers) +
                           "); leave it unset to let the policy choose");
@@ -53,7 +56,7 @@ std::uint64_t CheckpointPlacement::host_bytes() const {
 }
 
 nlohmann::json CheckpointPlacement::to_json() const {
-  return {{"layers", layers},
+  return {{"layers", layers},  // boundaries: checkpoint groups
           {"prefetch_depth", prefetch_depth},
           {"resident_layers", resident},
           {"ring_slots", ring_slots},
@@ -78,6 +81,22 @@ void check_layers(std::int64_t layers) {
 }
 
 }  // namespace
+
+std::int64_t checkpoint_group_count(std::int64_t layers, std::int64_t group_layers) {
+  check_layers(layers);
+  if (group_layers < 1)
+    throw InvalidArgument("checkpoint group_layers must be >= 1 (got " + std::to_string(group_layers) + ")");
+  return (layers + group_layers - 1) / group_layers;
+}
+
+CheckpointGroup checkpoint_group(std::int64_t layers, std::int64_t group_layers, std::int64_t k) {
+  const std::int64_t n = checkpoint_group_count(layers, group_layers);
+  if (k < 0 || k >= n)
+    throw InvalidArgument("checkpoint group " + std::to_string(k) + " is not in [0, " + std::to_string(n) + ")");
+  const std::int64_t first_count = layers - (n - 1) * group_layers;
+  if (k == 0) return {0, first_count};
+  return {first_count + (k - 1) * group_layers, group_layers};
+}
 
 CheckpointPlacement place_all_resident(std::int64_t layers, std::uint64_t boundary_bytes) {
   check_layers(layers);
@@ -143,7 +162,11 @@ CheckpointBuffers checkpoint_buffers(std::int64_t layers, std::uint64_t boundary
   b.grad = buffer_spec(Component::layer, boundary_elems, elem_bytes);
   b.in_place = in_place;
   b.grad_buffers = layers > 1 && !in_place ? 2 : 0;
-  b.placement = place_checkpoints(layers, b.boundary.bytes, o);
+  validate_checkpoint_options(o);
+  b.blocks = layers;
+  b.group_layers = o.group_layers;
+  b.recompute = std::min(o.group_layers, layers) - 1;
+  b.placement = place_checkpoints(checkpoint_group_count(layers, o.group_layers), b.boundary.bytes, o);
   return b;
 }
 
@@ -157,6 +180,7 @@ Footprint checkpoint_footprint(const CheckpointBuffers& b) {
     f.host(phase, b.host_boundary, host);
   }
   f.device("backward", b.grad, static_cast<std::uint64_t>(b.grad_buffers));
+  f.device("backward", b.boundary, static_cast<std::uint64_t>(b.recompute));
   return f;
 }
 

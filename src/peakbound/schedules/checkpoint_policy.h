@@ -54,6 +54,14 @@ struct CheckpointOptions {
   // 0 = off; otherwise emulate a host link of this many GB/s (1e9 bytes/s) on the CPU
   // device's copy engine, at least kMinLinkGbps.
   double link_gbps = 0;
+  // Blocks per checkpoint group (>= 1): the stack keeps one boundary per group of this many
+  // consecutive blocks (the last group full, the first taking the remainder) and, in a
+  // group's backward, runs the group's forward again from its boundary (Block::
+  // forward_recompute) to the inputs of its other blocks, held on the device until their
+  // backward (checkpoint_group_layers, CheckpointBuffers::recompute). ceil(L / G)
+  // boundaries instead of L, for up to G - 1 more forwards of a block per step. The blocks
+  // of groups of several must run forward in place. 1: a boundary per block.
+  std::int64_t group_layers = 1;
 
   // The slowest emulated link accepted: 1 MB/s, a thousand times slower than any real
   // host link, so a boundary copy takes milliseconds, not the hours a 1e-9 would.
@@ -66,6 +74,18 @@ void validate_checkpoint_options(const CheckpointOptions& o);
 // The link_gbps rule alone (0, or finite and >= kMinLinkGbps).
 void validate_link_gbps(double gbps);
 
+// Checkpoint groups of L blocks by G (CheckpointOptions::group_layers): n = ceil(L / G)
+// groups, group k its blocks [first, first + count), the last n - 1 of G blocks each and the
+// first the remainder (so the stack's last blocks, whose backward comes first and meets the
+// most resident boundaries, sit in a full group). Throws InvalidArgument for L < 1 or G < 1.
+struct CheckpointGroup {
+  std::int64_t first = 0, count = 0;
+};
+std::int64_t checkpoint_group_count(std::int64_t layers, std::int64_t group_layers);
+CheckpointGroup checkpoint_group(std::int64_t layers, std::int64_t group_layers, std::int64_t k);
+
+// The placement of a stack's boundaries: one per checkpoint group (`layers` counts them:
+// the stack's blocks when group_layers is 1).
 struct CheckpointPlacement {
   std::int64_t layers = 0;          // L
   std::int64_t prefetch_depth = 0;  // D
@@ -114,7 +134,12 @@ CheckpointPlacement place_checkpoints(std::int64_t layers, std::uint64_t boundar
 //   grad           device, layer: the backward's residual-gradient ping-pong, two
 //                  buffers when L > 1 (one block writes dx directly when L = 1); none
 //                  when every block's backward runs in place (in_place: the caller's dx
-//                  is the one gradient buffer).
+//                  is the one gradient buffer);
+//   recompute      device, checkpoints (boundary's spec): the inputs of a group's blocks
+//                  but its first, recomputed in its backward: up to `recompute` = (the
+//                  largest group) - 1 at once, allocated there and each freed after its
+//                  block's backward.
+// The placement is over the n checkpoint groups' boundaries.
 struct CheckpointBuffers {
   CheckpointSchedule schedule = CheckpointSchedule::sco;
   CheckpointPlacement placement;
@@ -123,6 +148,9 @@ struct CheckpointBuffers {
   BufferSpec grad;
   std::int64_t grad_buffers = 0;
   bool in_place = false;
+  std::int64_t blocks = 0;        // L: the stack's blocks
+  std::int64_t group_layers = 1;  // G
+  std::int64_t recompute = 0;     // min(G, L) - 1
 };
 
 // layers L >= 1; boundary_elems: elements of one boundary (tokens x hidden);
@@ -133,7 +161,8 @@ CheckpointBuffers checkpoint_buffers(std::int64_t layers, std::uint64_t boundary
 
 // Phases, what the stack holds (its blocks' internals and parameters are theirs):
 //   "forward"   device checkpoints (R + K) x boundary; host checkpoints O x boundary
-//   "backward"  the same, plus device layer grad_buffers x grad
+//   "backward"  the same, plus device layer grad_buffers x grad and checkpoints
+//               recompute x boundary (a full group's backward, its last block's moment)
 Footprint checkpoint_footprint(const CheckpointBuffers& b);
 Footprint checkpoint_footprint(std::int64_t layers, std::uint64_t boundary_elems, std::uint64_t elem_bytes,
                                const CheckpointOptions& o);
