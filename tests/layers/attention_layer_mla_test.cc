@@ -21,7 +21,9 @@
 
 #include "peakbound/io/safetensors.h"
 #include "peakbound/layers/attention_layer.h"
+#include "peakbound/model/presets.h"
 #include "peakbound/model/rope_scaling.h"
+#include "peakbound/train/moe_transformer.h"
 #include "tests/layers/attention_layer_harness.h"
 #include "tests/layers/layer_checks.h"
 
@@ -161,15 +163,7 @@ TEST(AttentionLayerMla, MatchesTransformersInBothPrecisions) {
 // footprint's largest phase falls below the K/V form's once the sequence spans pieces
 // (DeepSeek-V3's shapes, 16384 tokens in pieces of 2048), and equals it within one piece.
 TEST(AttentionLayerMla, TheLatentFormHoldsNoWholeKeysAtOneDevice) {
-  AttentionLayerConfig c;
-  c.hidden = 7168;
-  c.q_heads = c.kv_heads = 128;
-  c.mla = true;
-  c.q_lora_rank = 1536;
-  c.kv_lora_rank = 512;
-  c.qk_nope_dim = 128;
-  c.qk_rope_dim = 64;
-  c.v_dim = 128;
+  AttentionLayerConfig c = model_attention_config(find_preset("deepseek-v3").config, 0, 1, 0, kRingPieceTokens);
   c.precision = Precision::bf16;
   const auto peak = [&](std::int64_t T, bool latent) {
     AttentionLayerConfig x = c;
