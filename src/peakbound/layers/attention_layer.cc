@@ -62,6 +62,9 @@ MlaSizes mla_sizes(const AttentionLayerConfig& c) {
 bool latent_ring(const AttentionLayerConfig& c, std::int64_t S) {
   return c.mla && c.mla_latent_ring && (c.cp > 1 || (c.piece_tokens > 0 && S > c.piece_tokens));
 }
+// The attention of a sequence of S tokens on this rank runs as a ring call (under cp, or
+// MLA's latent form at cp 1) rather than the single-rank kernel.
+bool ring_call(const AttentionLayerConfig& c, std::int64_t S) { return c.cp > 1 || latent_ring(c, S); }
 
 AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   AttentionDims d;
@@ -76,7 +79,6 @@ AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
 }
 
 Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
-
 
 // The dims of one bf16 query chunk: n rows at q_offset r of a sequence, against its keys 0 .. r + n - 1.
 AttentionDims chunk_dims(std::int64_t n, std::int64_t r, const AttentionLayerConfig& c, bool accumulate) {
@@ -161,7 +163,7 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c, std::int64_t S) {
 // Query rows of the bf16 path's fp32 states (o32, dq32) and of one kernel call: a chunk
 // at cp = 1, this rank's whole shard under cp > 1 or MLA's latent form (the ring's out / dq).
 std::int64_t state_rows(std::int64_t S, const AttentionLayerConfig& c) {
-  return c.cp > 1 || latent_ring(c, S) ? S : std::min(S, kAttentionChunkRows);
+  return ring_call(c, S) ? S : std::min(S, kAttentionChunkRows);
 }
 
 }  // namespace
@@ -221,7 +223,7 @@ AttentionLayerBuffers attention_layer_buffers(std::int64_t T, const AttentionLay
   const bool bf = c.precision == Precision::bf16;
   const AttentionDims d = dims_of(bf ? state_rows(S, c) : S, c);
   const DType wd = bf ? DType::bf16 : DType::f32;
-  const bool kernel = T > 0 && c.cp == 1 && !latent_ring(c, S);
+  const bool kernel = T > 0 && !ring_call(c, S);
   b.workspace_forward = buffer_spec(kC, kernel ? U(attention_forward_workspace_floats(d, wd)) : 0, kF32);
   // The backward's kernel reads D = rowsum(d_o * o) from row_dot (o is freed before it).
   b.workspace_backward = buffer_spec(kC, kernel ? U(attention_backward_workspace_floats(d, true, wd)) : 0, kF32);
@@ -425,7 +427,7 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   common("backward project");
   for (const BufferSpec& s : {b.h, b.rstd, b.dq, b.dk, b.dv, b.dc, b.dkr32, b.dqa}) f.device("backward project", s);
   // Ring attention's internals, live inside the kernel call of each phase.
-  if (T > 0 && (c.cp > 1 || latent_ring(c, sequence_length(T, c))))
+  if (T > 0 && ring_call(c, sequence_length(T, c)))
     f.merge(ring_attention_footprint(ring_config(c, sequence_length(T, c)), c.cp));
   return f;
 }
@@ -546,7 +548,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
       ring_attention_forward(dev_, ring_group(), ring_config(cfg_, S), out, lse, q, k, v);
   };
   if constexpr (std::is_same_v<A, float>) {
-    if (cfg_.cp == 1 && !latent)
+    if (!ring_call(cfg_, S))
       ops::attention_forward(dev_, s, o, lse, q, k, v, dims_of(S, cfg_), in.ws.as<float>());
     else
       ring(o);
@@ -554,7 +556,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
   } else {
     // fp32 out of up to R query rows at a time, narrowed once into o.
     float* o32 = in.o32.as<float>();
-    if (cfg_.cp > 1 || latent) {
+    if (ring_call(cfg_, S)) {
       ring(o32);
       sink(o32, lse, S);
       ops::convert(dev_, s, o, o32, S * O);

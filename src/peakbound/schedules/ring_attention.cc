@@ -456,15 +456,12 @@ std::pair<int, int> add_carried_lanes(Device& dev, Stream& s, RingExchange& ring
           ring.add_carried(own1, RingLane{{base + off, base + slot + off}, kA, lane_counts(c, P, pass.m, pass.j, w1)})};
 }
 
-// This hop's K and V of tb tokens: the carried lanes, or (compressed form) the block
-// expanded from them into `ex` (K, V, then kv_b_proj's output).
+// The compressed form's block of tb tokens expanded from its latent l0 and rope key l1 into
+// `ex` (K, V, then kv_b_proj's output, each sized for Tmax tokens): its K and V.
 template <class A>
-std::pair<const A*, const A*> hop_kv(Device& dev, Stream& s, const RingAttentionConfig& c, RingExchange& ring,
-                                     std::pair<int, int> lanes, std::int64_t tb, std::int64_t Tmax, A* ex,
-                                     float* tile, const A* wkvb, Timer& timer) {
-  const A* l0 = static_cast<const A*>(ring.carried(lanes.first));
-  const A* l1 = static_cast<const A*>(ring.carried(lanes.second));
-  if (c.latent == 0) return {l0, l1};
+std::pair<const A*, const A*> expand_block(Device& dev, Stream& s, const RingAttentionConfig& c, std::int64_t tb,
+                                           std::int64_t Tmax, const A* l0, const A* l1, const A* wkvb, A* ex,
+                                           float* tile, Timer& timer) {
   const std::int64_t H = c.dims.q_heads;
   A* kx = ex;
   A* vx = ex + Tmax * H * c.dims.qk_dim;
@@ -474,6 +471,18 @@ std::pair<const A*, const A*> hop_kv(Device& dev, Stream& s, const RingAttention
                   vx + Tmax * H * c.dims.v_dim, tile);
   timer.stop();
   return {kx, vx};
+}
+
+// This hop's K and V of tb tokens: the carried lanes, or (compressed form) the block
+// expanded from them into `ex` (K, V, then kv_b_proj's output).
+template <class A>
+std::pair<const A*, const A*> hop_kv(Device& dev, Stream& s, const RingAttentionConfig& c, RingExchange& ring,
+                                     std::pair<int, int> lanes, std::int64_t tb, std::int64_t Tmax, A* ex,
+                                     float* tile, const A* wkvb, Timer& timer) {
+  const A* l0 = static_cast<const A*>(ring.carried(lanes.first));
+  const A* l1 = static_cast<const A*>(ring.carried(lanes.second));
+  if (c.latent == 0) return {l0, l1};
+  return expand_block(dev, s, c, tb, Tmax, l0, l1, wkvb, ex, tile, timer);
 }
 
 // The compressed form at cp 1, where nothing travels: the keys go in the call's m pieces
@@ -494,14 +503,7 @@ LocalBlock<A> local_block(Device& dev, Stream& s, const RingAttentionConfig& c, 
     l0 = packed;
     l1 = packed + Tmax * c.latent;
   }
-  const std::int64_t H = c.dims.q_heads;
-  A* kx = ex;
-  A* vx = ex + Tmax * H * c.dims.qk_dim;
-  timer.start();
-  if (!timer.skip())
-    mla_expand_kv(dev, s, p.shard.tokens(), H, c.latent, c.dims.qk_dim - c.rope, c.rope, c.dims.v_dim, l0, l1,
-                  src.wkvb, kx, vx, vx + Tmax * H * c.dims.v_dim, tile);
-  timer.stop();
+  const auto [kx, vx] = expand_block(dev, s, c, p.shard.tokens(), Tmax, l0, l1, src.wkvb, ex, tile, timer);
   return {kx, vx, l0};
 }
 
