@@ -148,6 +148,27 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintMla) {
 
 // The same in bf16 (ModelSchedules::precision): the bf16 model's measured peaks equal
 // train_footprint per component and in total, at every world size and cp.
+// Checkpoint groups of 2 and 3 over 5 layers (the first group the remainder): the
+// recomputation's dispatch and buffers, with ranks without tokens (they make the same
+// calls), under context parallelism and in bf16.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintCheckpointGroups) {
+  Communicator& world = testing::world();
+  for (const std::int64_t G : {2, 3}) {
+    SCOPED_TRACE("groups of " + std::to_string(G));
+    CheckpointOptions o;
+    o.group_layers = G;
+    o.resident_layers = 1;
+    check(world, kAll, tiny_model(5), &o);
+    check(world, kNone, tiny_model(5), &o);
+    std::vector<std::int64_t> seqs;
+    for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+    if (world.size() == 1) seqs[0] = 3;
+    check(world, kAllPieces, tiny_model(5), &o, seqs);
+    if (world.size() % 2 == 0) check(world, kAllPieces, tiny_model(5), &o, {}, 2, 27);
+    check(world, kAllTiled, tiny_model(5), &o, {}, 1, 24, Precision::bf16);
+  }
+}
+
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16) {
   Communicator& world = testing::world();
   check(world, kNone, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);

@@ -58,6 +58,37 @@ TEST(TrainFootprint, MeasuredEqualsFootprintAttentionKept) {
             plain.device[static_cast<std::size_t>(Component::attention)]);
 }
 
+// Checkpoint groups (CheckpointOptions::group_layers): one boundary per group of G layers,
+// the group's other inputs recomputed in its backward into buffers held beside the
+// boundaries until their layer's backward is done (the recomputation's attention and MLP
+// phases); measured == footprint with both schedules, SCO's one-slot ring, the attention
+// in pieces and bf16, and fewer boundaries on the host.
+TEST(TrainFootprint, MeasuredEqualsFootprintCheckpointGroups) {
+  SingleRankCommunicator world;
+  for (const std::int64_t G : {2, 3, 4, 6}) {
+    SCOPED_TRACE("groups of " + std::to_string(G));
+    CheckpointOptions o;
+    o.group_layers = G;
+    check(world, kNone, tiny_model(6), &o);
+    o.resident_layers = 1;
+    check(world, kAll, tiny_model(6), &o);
+    check(world, kAllPieces, tiny_model(6), &o, {}, 1, 24, Precision::bf16);
+    o.resident_layers.reset();
+    o.prefetch_depth = 0;
+    check(world, kAllPieces, tiny_model(6), &o);
+  }
+  CheckpointOptions one, two;
+  one.resident_layers = two.resident_layers = 0;
+  two.group_layers = 2;
+  const Measured a = run_step(world, kAll, tiny_model(6), 2, 24, &one);
+  const Measured b = run_step(world, kAll, tiny_model(6), 2, 24, &two);
+  const auto cp = static_cast<std::size_t>(Component::checkpoints);
+  EXPECT_LT(b.host[cp], a.host[cp]);  // 1 boundary of 3 on the host against 4 of 6
+  EXPECT_TRUE(b.footprint.has_phase("recompute attention"));
+  EXPECT_TRUE(b.footprint_max.has_phase("recompute mlp"));  // (footprint: per MoE layer, "... (layer 4)")
+  EXPECT_FALSE(a.footprint.has_phase("recompute attention"));
+}
+
 TrainFootprintInputs inputs() {
   TrainFootprintInputs in;
   in.model = tiny_model();
@@ -73,14 +104,20 @@ TEST(TrainFootprint, PhasesMapToThePlannersPhases) {
   one_slot.schedules.checkpoint.schedule = CheckpointSchedule::sco;
   one_slot.schedules.checkpoint.prefetch_depth = 0;
   ASSERT_TRUE(train_footprint(one_slot).has_phase("final norm forward"));
-  for (const Footprint& f : {train_footprint(inputs()), train_footprint(one_slot)}) {
+  TrainFootprintInputs grouped = inputs();  // checkpoint groups: their recomputation's phases
+  grouped.schedules.checkpoint.group_layers = 2;
+  ASSERT_TRUE(train_footprint(grouped).has_phase("recompute attention"));
+  ASSERT_TRUE(train_footprint(grouped).has_phase("recompute mlp"));
+  for (const Footprint& f : {train_footprint(inputs()), train_footprint(one_slot), train_footprint(grouped)}) {
     for (const Footprint::Phase& p : f.phases()) {
       const std::string& n = p.name;
       const Phase want = n.starts_with("forward attention") || n == "embedding forward" ? Phase::forward_attention
                          : n.starts_with("forward ")                                      ? Phase::forward_mlp
                          : n.starts_with("backward attention") || n == "embedding backward"
                              ? Phase::backward_attention
-                         : n.starts_with("backward ") ? Phase::backward_mlp
+                         : n.starts_with("backward ")           ? Phase::backward_mlp
+                         : n.starts_with("recompute attention") ? Phase::backward_attention
+                         : n.starts_with("recompute ")          ? Phase::backward_mlp
                          : n.starts_with("optimizer") ? Phase::optimizer
                                                       : Phase::loss;
       EXPECT_EQ(planner_phase_of(n), want) << n;

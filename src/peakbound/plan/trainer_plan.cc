@@ -73,6 +73,9 @@ Phase planner_phase_of(std::string_view p) {
   if (p.starts_with("loss ") || p.starts_with("final norm ")) return Phase::loss;
   if (p.starts_with("backward attention") || p == "embedding backward") return Phase::backward_attention;
   if (p.starts_with("backward ")) return Phase::backward_mlp;
+  // A checkpoint group's recomputation runs in the backward.
+  if (p.starts_with("recompute attention")) return Phase::backward_attention;
+  if (p.starts_with("recompute ")) return Phase::backward_mlp;
   throw InvalidArgument("the planner has no phase for the trainer's phase '" + std::string(p) + "'");
 }
 

@@ -98,6 +98,31 @@ CheckpointGroup checkpoint_group(std::int64_t layers, std::int64_t group_layers,
   return {first_count + (k - 1) * group_layers, group_layers};
 }
 
+std::int64_t checkpoint_group_of(std::int64_t layers, std::int64_t group_layers, std::int64_t l) {
+  const std::int64_t n = checkpoint_group_count(layers, group_layers);
+  if (l < 0 || l >= layers)
+    throw InvalidArgument("checkpoint block " + std::to_string(l) + " is not in [0, " + std::to_string(layers) + ")");
+  const std::int64_t first_count = layers - (n - 1) * group_layers;
+  return l < first_count ? 0 : 1 + (l - first_count) / group_layers;
+}
+
+std::vector<CheckpointBlockCall> checkpoint_backward_calls(std::int64_t layers, std::int64_t group_layers) {
+  std::vector<CheckpointBlockCall> calls;
+  for (std::int64_t k = checkpoint_group_count(layers, group_layers) - 1; k >= 0; --k) {
+    const CheckpointGroup g = checkpoint_group(layers, group_layers, k);
+    for (std::int64_t l = g.first; l + 1 < g.first + g.count; ++l) calls.push_back({l, true});
+    for (std::int64_t l = g.first + g.count - 1; l >= g.first; --l) calls.push_back({l, false});
+  }
+  return calls;
+}
+
+std::int64_t checkpoint_backward_next(std::int64_t layers, std::int64_t group_layers, CheckpointBlockCall call) {
+  const std::int64_t k = checkpoint_group_of(layers, group_layers, call.block);
+  if (call.recompute) return call.block + 1;
+  if (call.block != checkpoint_group(layers, group_layers, k).first) return call.block - 1;
+  return k == 0 ? -1 : checkpoint_group(layers, group_layers, k - 1).first;
+}
+
 CheckpointPlacement place_all_resident(std::int64_t layers, std::uint64_t boundary_bytes) {
   check_layers(layers);
   CheckpointPlacement p;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -83,6 +84,24 @@ struct CheckpointGroup {
 };
 std::int64_t checkpoint_group_count(std::int64_t layers, std::int64_t group_layers);
 CheckpointGroup checkpoint_group(std::int64_t layers, std::int64_t group_layers, std::int64_t k);
+// The group block l (0 <= l < layers) belongs to. Throws InvalidArgument as above, or for l
+// outside [0, layers).
+std::int64_t checkpoint_group_of(std::int64_t layers, std::int64_t group_layers, std::int64_t l);
+
+// The calls a checkpointed stack's backward makes of its blocks, in order
+// (CheckpointedStack::backward): per group from the last, its blocks but the last forward
+// again (Block::forward_recompute, first to last), then every block's backward, last first.
+// A caller that runs the blocks without a stack (a rank without tokens, whose collectives
+// must pair with its group's) makes the same calls from here.
+struct CheckpointBlockCall {
+  std::int64_t block = 0;
+  bool recompute = false;  // forward_recompute; otherwise backward
+};
+std::vector<CheckpointBlockCall> checkpoint_backward_calls(std::int64_t layers, std::int64_t group_layers);
+// The block the stack's backward computes next after `call` (-1: none): after block l's
+// recomputation l + 1; after block l's backward l - 1, unless l opens its group: then the
+// previous group's first block (recomputed, or its backward when it is alone).
+std::int64_t checkpoint_backward_next(std::int64_t layers, std::int64_t group_layers, CheckpointBlockCall call);
 
 // The placement of a stack's boundaries: one per checkpoint group (`layers` counts them:
 // the stack's blocks when group_layers is 1).

@@ -117,6 +117,15 @@ void check_trainable(const ModelConfig& c) {
   if (c.num_experts == 0 && c.num_layers == 0) unsupported(c, "a model without layers");
 }
 
+void check_model_schedules(const ModelSchedules& s) {
+  validate_checkpoint_options(s.checkpoint);
+  if (s.keep_attention && s.checkpoint.group_layers > 1)
+    throw InvalidArgument("keep_attention (--keep-attention) does not combine with checkpoint groups of " +
+                          std::to_string(s.checkpoint.group_layers) +
+                          " layers: a group's recomputation runs its layers' attention again, so nothing kept "
+                          "from the forward would be read; choose one");
+}
+
 StoreGroups StoreGroups::of(const ParallelLayout& layout, int world, int rank) {
   validate_layout(layout, world);
   if (rank < 0 || rank >= world)
@@ -262,25 +271,32 @@ Tensor MoeTransformer::slot_view(std::int64_t layer, const std::string& name, bo
 
 // A decoder layer under FSDP: its unit is gathered into its slot before forward and
 // backward, and after backward its full gradient is reduce-scattered into the shard. The
-// next layer's gather is started as soon as this one's has landed (forward: layer l + 1,
-// backward: l - 1, into the other slot, which the previous layer has finished with), and
-// this layer's reduce-scatter runs while the next layer's backward does (FsdpUnits).
+// next block's gather is started as soon as this one's has landed, into the other slot
+// (which the previous block has finished with): forward layer l + 1; in backward the block
+// the stack computes next (checkpoint_backward_next: l - 1, or with checkpoint groups the
+// group's next recomputation or the previous group's first block). Layer l's views are in
+// slot l % 2, so where that next block uses the same slot as this one (a group of an even
+// count before this one's first block) its gather waits for its call. This layer's
+// reduce-scatter runs while the next layer's backward does (FsdpUnits).
 class MoeTransformer::FsdpBlock final : public Block {
  public:
   FsdpBlock(MoeTransformer& m, std::int64_t layer, Block& inner) : m_(m), l_(layer), inner_(inner) {}
   void forward(const Tensor& x, const Tensor& y) override {
     mark_phase(m_.dev_.arena(), "forward layer", l_);  // the memory timeline's phase
-    m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].data());
-    if (l_ + 1 < static_cast<std::int64_t>(m_.layers_.size()))
-      m_.fsdp_->prefetch(FsdpUnits::layer(l_ + 1), m_.param_slots_[(l_ + 1) % 2].data());
+    gather_then_prefetch(l_ + 1 < layers() ? l_ + 1 : -1);
     inner_.forward(x, y);
+  }
+  // A checkpoint group's recomputation in the stack's backward.
+  void forward_recompute(const Tensor& x, const Tensor& y) override {
+    mark_phase(m_.dev_.arena(), "recompute layer", l_);
+    gather_then_prefetch(checkpoint_backward_next(layers(), group_layers(), {l_, true}));
+    inner_.forward_recompute(x, y);
   }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
     mark_phase(m_.dev_.arena(), "backward layer", l_);  // with the layer's recomputation
     const std::size_t u = FsdpUnits::layer(l_);
     float* grads = m_.grad_slots_[l_ % 2].as<float>();
-    m_.fsdp_->gather(u, m_.param_slots_[l_ % 2].data());
-    if (l_ > 0) m_.fsdp_->prefetch(FsdpUnits::layer(l_ - 1), m_.param_slots_[(l_ - 1) % 2].data());
+    gather_then_prefetch(checkpoint_backward_next(layers(), group_layers(), {l_, false}));
     ops::fill(m_.dev_, m_.dev_.compute_stream(), grads, static_cast<std::int64_t>(m_.fsdp_->layout(u).elements), 0.0f);
     inner_.backward(x, dy, dx);
     m_.fsdp_->reduce_add_async(u, grads);  // completed by the next layer's, or the embedding's reduce_add
@@ -291,6 +307,16 @@ class MoeTransformer::FsdpBlock final : public Block {
   void zero_grad() override { inner_.zero_grad(); }
 
  private:
+  std::int64_t layers() const { return static_cast<std::int64_t>(m_.layers_.size()); }
+  std::int64_t group_layers() const { return m_.schedules_.checkpoint.group_layers; }
+  // This layer's unit into its slot, then the gather of block `next` (-1: none) started
+  // where its slot is the other one.
+  void gather_then_prefetch(std::int64_t next) {
+    m_.fsdp_->gather(FsdpUnits::layer(l_), m_.param_slots_[l_ % 2].data());
+    if (next >= 0 && next % 2 != l_ % 2)
+      m_.fsdp_->prefetch(FsdpUnits::layer(next), m_.param_slots_[next % 2].data());
+  }
+
   MoeTransformer& m_;
   std::int64_t l_;
   Block& inner_;
@@ -301,6 +327,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     : dev_(dev), host_(host), groups_(groups), config_(config), table_(config, TableLayout::trainer), schedules_(schedules),
       out_host_(host) {
   check_trainable(config_);
+  check_model_schedules(schedules_);
   const ModelConfig& c = config_;
   if (dev.backend() != Backend::cpu && (c.attention_qkv_bias || c.attention_out_bias || c.attention_sinks ||
                                        c.router_bias || c.mlp_bias || c.swiglu_limit > 0.0 ||
@@ -931,8 +958,16 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   rstd.reset();
   // x's buffer takes dy, then dx.
   if (empty) {
-    for (auto it = layers_.rbegin(); it != layers_.rend(); ++it)
-      (*it)->fsdp->backward(p.x.tensor(sh, kA), dy.tensor(sh, kA), p.x.tensor(sh, kA));
+    // The calls the stacks of the ranks with tokens make (their recomputations' dispatch
+    // and gathers are collective).
+    for (const CheckpointBlockCall& call :
+         checkpoint_backward_calls(static_cast<std::int64_t>(layers_.size()), schedules_.checkpoint.group_layers)) {
+      Block& b = *layers_[static_cast<std::size_t>(call.block)]->fsdp;
+      if (call.recompute)
+        b.forward_recompute(p.x.tensor(sh, kA), y.tensor(sh, kA));
+      else
+        b.backward(p.x.tensor(sh, kA), dy.tensor(sh, kA), p.x.tensor(sh, kA));
+    }
   } else {
     stack_->backward(dy.tensor(sh, kA), p.x.tensor(sh, kA));
   }

@@ -189,6 +189,11 @@ inline bool parks_slot(const CheckpointPlacement& p) { return p.ring_slots == 1 
 inline bool offloads_attention_output(const ModelSchedules& s) {
   return parks_final_hidden(s) && !s.keep_attention;
 }
+// Throws InvalidArgument for schedules the model refuses: checkpoint options out of range
+// (validate_checkpoint_options), and keep_attention with checkpoint groups of several
+// layers (a group's recomputation runs its blocks' attention forward again: nothing of the
+// first forward's would be read).
+void check_model_schedules(const ModelSchedules& s);
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
                                       std::int64_t seq_aux_floats = 0);
 // [MoE layers, sequences, E] when c.seq_aux_loss_coef > 0 (a rank's `sequences` per pass), else 0.

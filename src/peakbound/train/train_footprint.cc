@@ -113,6 +113,7 @@ class TrainFootprintBuilder {
     mlp_forwards();
     vocab_loss();
     layer_backwards();
+    recomputations();
     embedding_backward();
     persistent("optimizer", true);  // the optimizer step
     return std::move(f_);
@@ -121,7 +122,7 @@ class TrainFootprintBuilder {
  private:
   struct Mlp {
     std::int64_t layer;
-    std::string fwd, bwd;
+    std::string fwd, bwd, rec;  // forward, backward, a checkpoint group's recomputation
     Footprint layer_fp, dispatch_fp;
     bool dispatch = false;
   };
@@ -133,6 +134,7 @@ class TrainFootprintBuilder {
     // Context parallel: rank r is rank r % cp of its group and holds its zigzag shard of
     // each sequence (the group's ranks bring the same sequences).
     check_context_split(cp_, in_.seq_len);
+    check_model_schedules(sch_);
   }
   std::int64_t sequences_of(int r) const {
     return in_.rank_sequences.empty() ? in_.sequences : in_.rank_sequences[static_cast<std::size_t>(r)];
@@ -182,7 +184,15 @@ class TrainFootprintBuilder {
     if (stacked_)
       cb_ = checkpoint_buffers(L_, checked_mul(static_cast<u64>(T_), static_cast<u64>(H_), "[T, H]"), act_bytes_,
                                sch_.checkpoint, /*in_place=*/true);  // the decoder layers' backward runs in place
-    ringed_ = stacked_ ? cb_.placement.ringed() : L_;
+    groups_ = checkpoint_group_count(L_, G_);
+    ringed_ = stacked_ ? cb_.placement.ringed() : groups_;
+  }
+  // Checkpoint groups (CheckpointOptions::group_layers): block l's group, and its place in it.
+  std::int64_t group_of(std::int64_t l) const { return checkpoint_group_of(L_, G_, l); }
+  std::int64_t index_in_group(std::int64_t l) const { return l - checkpoint_group(L_, G_, group_of(l)).first; }
+  bool last_in_group(std::int64_t l) const {
+    const CheckpointGroup g = checkpoint_group(L_, G_, group_of(l));
+    return l == g.first + g.count - 1;
   }
 
   // Everything held from the trainer's construction on, plus the stack's ring and host
@@ -200,12 +210,15 @@ class TrainFootprintBuilder {
       f_.host(phase, BufferSpec{Component::attention, attention_output_host_bytes(T_, ac_)});  // with the stack too
     }
   }
-  // Resident boundaries live while block l runs forward (acquired up to l + 1) or
-  // backward (freed once their block's backward is done).
+  // Resident boundaries (one per checkpoint group) live through group k: while block l
+  // runs forward, through group_of(l) + 1 (its group's output acquired); in its backward
+  // through group_of(l) (the later groups' freed once their backward is done).
+  std::int64_t resident_count(std::int64_t live_through) const {
+    if (!stacked_) return 0;
+    return std::max<std::int64_t>(0, std::min(live_through, groups_ - 1) - ringed_ + 1);
+  }
   void residents(const std::string& phase, std::int64_t live_through) {
-    if (!stacked_) return;
-    const std::int64_t n = std::max<std::int64_t>(0, std::min(live_through, L_ - 1) - ringed_ + 1);
-    f_.device(phase, cb_.boundary, static_cast<u64>(n));
+    if (stacked_) f_.device(phase, cb_.boundary, static_cast<u64>(resident_count(live_through)));
   }
   // keep_attention: the o and lse of `layers` layers held from their forward to their
   // backward (AttentionLayer::set_keep_through); nothing without it.
@@ -245,7 +258,7 @@ class TrainFootprintBuilder {
       const std::string ph = "forward attention" + std::string(forward_suffix(part));
       persistent(ph, true);
       batch(ph, {bb_.y});
-      residents(ph, L_);  // the last layer's: boundaries through L live
+      residents(ph, groups_);  // the last layer's: every boundary live
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);  // the earlier layers'
     }
@@ -262,38 +275,66 @@ class TrainFootprintBuilder {
     if (!in_.dispatch_layers.empty() && static_cast<std::int64_t>(in_.dispatch_layers.size()) != moe_count)
       throw InvalidArgument("train footprint: dispatch_layers has " + std::to_string(in_.dispatch_layers.size()) +
                             " entries for " + std::to_string(moe_count) + " MoE layers");
-    const float eps = static_cast<float>(c_.rms_norm_eps);
-    const std::int64_t group_tokens = ep_tokens();
-    const double skew = dispatch_skew();
     for (std::int64_t l = 0, moe_index = 0; l < L_; ++l) {
       const bool moe = c_.is_moe_layer(l);
       const std::int64_t i = moe ? moe_index++ : -1;
       const bool every = moe && !in_.dispatch_layers.empty();
       if (l != (moe ? last_moe : last_dense) && !every) continue;
-      MoeLayerConfig mc = moe_layer_config(c_, l, eps, sch_.dispatch, sch_.dispatch_options);
-      mc.precision = p_;  // as MoeTransformer sets it (its dispatch's too)
-      mc.seq_tile = sch_.moe_tile;
-      Mlp m;
-      m.layer = l;
-      const std::string kind = moe ? "mlp" : "dense mlp";
       const std::string suffix = l == (moe ? last_moe : last_dense) ? "" : " (layer " + std::to_string(l) + ")";
-      m.fwd = "forward " + kind + suffix;
-      m.bwd = "backward " + kind + suffix;
-      m.layer_fp = moe_layer_footprint(T_, mc);
-      if (moe) {
-        const MoeShape shape = moe_layer_dispatch_shape(mc);
-        DispatchSizes ds = every          ? in_.dispatch_layers[static_cast<std::size_t>(i)]
-                           : in_.dispatch ? *in_.dispatch
-                                          : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep,
-                                                                    moe_tile_rows(group_tokens, mc.seq_tile), skew,
-                                                                    sch_.dispatch_options, p_);
-        // Its host scratch is this rank's own tile's.
-        if (!every && !in_.dispatch) ds.tokens = moe_tile_rows(T_, mc.seq_tile);
-        m.dispatch_fp = dispatch_footprint(shape, ds, p_);
-        m.dispatch = true;
-      }
-      mlps_.push_back(std::move(m));
+      mlps_.push_back(mlp_at(l, i, suffix));
     }
+    // Backward and a group's recomputation: the layer of each kind (every MoE layer with
+    // its own sizes) holding the most boundaries then (without groups: the last of its
+    // kind, as above).
+    const auto most_live = [&](bool moe, bool recompute) {
+      std::int64_t best = -1, live = -1;
+      for (std::int64_t l = 0; l < L_; ++l) {
+        if (c_.is_moe_layer(l) != moe || (recompute && last_in_group(l))) continue;
+        const std::int64_t n = resident_count(group_of(l)) + index_in_group(l) + (recompute ? 1 : 0);
+        if (n >= live) best = l, live = n;
+      }
+      return best;
+    };
+    for (const bool recompute : {false, true}) {
+      std::vector<Mlp>& out = recompute ? recompute_mlps_ : backward_mlps_;
+      if (recompute && G_ <= 1) break;
+      const std::int64_t dense_at = most_live(false, recompute), moe_at = most_live(true, recompute);
+      for (std::int64_t l = 0, moe_index = 0; l < L_; ++l) {
+        const bool moe = c_.is_moe_layer(l);
+        const std::int64_t i = moe ? moe_index++ : -1;
+        const bool every = moe && !in_.dispatch_layers.empty();
+        if (every ? recompute && last_in_group(l) : l != (moe ? moe_at : dense_at)) continue;
+        out.push_back(mlp_at(l, i, every && l != last_moe ? " (layer " + std::to_string(l) + ")" : ""));
+      }
+    }
+  }
+  // MLP sublayer l's footprint and its phases' names (i: its index among the MoE layers, or -1).
+  Mlp mlp_at(std::int64_t l, std::int64_t i, const std::string& suffix) const {
+    const bool moe = i >= 0;
+    const bool every = moe && !in_.dispatch_layers.empty();
+    MoeLayerConfig mc = moe_layer_config(c_, l, static_cast<float>(c_.rms_norm_eps), sch_.dispatch, sch_.dispatch_options);
+    mc.precision = p_;  // as MoeTransformer sets it (its dispatch's too)
+    mc.seq_tile = sch_.moe_tile;
+    Mlp m;
+    m.layer = l;
+    const std::string kind = moe ? "mlp" : "dense mlp";
+    m.fwd = "forward " + kind + suffix;
+    m.bwd = "backward " + kind + suffix;
+    m.rec = "recompute " + kind + suffix;
+    m.layer_fp = moe_layer_footprint(T_, mc);
+    if (moe) {
+      const MoeShape shape = moe_layer_dispatch_shape(mc);
+      DispatchSizes ds = every          ? in_.dispatch_layers[static_cast<std::size_t>(i)]
+                         : in_.dispatch ? *in_.dispatch
+                                        : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep,
+                                                                  moe_tile_rows(ep_tokens(), mc.seq_tile),
+                                                                  dispatch_skew(), sch_.dispatch_options, p_);
+      // Its host scratch is this rank's own tile's.
+      if (!every && !in_.dispatch) ds.tokens = moe_tile_rows(T_, mc.seq_tile);
+      m.dispatch_fp = dispatch_footprint(shape, ds, p_);
+      m.dispatch = true;
+    }
+    return m;
   }
   // The estimate sizes the exchange for the expert group's largest source (every rank of
   // the group sizes its rounds alike): the most tokens any rank of the group holds
@@ -315,7 +356,7 @@ class TrainFootprintBuilder {
     for (const Mlp& m : mlps_) {
       persistent(m.fwd, true);
       batch(m.fwd, {bb_.y});
-      residents(m.fwd, m.layer + 1);
+      residents(m.fwd, group_of(m.layer) + 1);
       kept(m.fwd, m.layer + 1);  // this layer's and the earlier ones'
       add_phase(f_, m.fwd, m.layer_fp.phase("forward"));
       if (m.dispatch) add_phase(f_, m.fwd, m.dispatch_fp.phase("forward"));
@@ -346,7 +387,7 @@ class TrainFootprintBuilder {
       const std::string ph = "final norm forward";
       persistent(ph, true, true);
       batch(ph, {bb_.x, bb_.y, bb_.rstd, fb_.norm_params});
-      residents(ph, L_);
+      residents(ph, groups_);
       kept(ph, L_);
     }
     {
@@ -356,7 +397,7 @@ class TrainFootprintBuilder {
         batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});  // the normed hidden in x
       else
         batch(ph, {bb_.x, y_dev, bb_.rstd, fb_.norm_params});
-      residents(ph, L_);
+      residents(ph, groups_);
       kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "forward"));
     }
@@ -364,7 +405,7 @@ class TrainFootprintBuilder {
       const std::string ph = "loss backward";
       persistent(ph, true, true);
       batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});
-      residents(ph, L_);
+      residents(ph, groups_);
       kept(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "backward"));
     }
@@ -386,7 +427,7 @@ class TrainFootprintBuilder {
         batch(ph, {bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads, bb_.norm_tile});
       else
         batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads});  // dy into x's buffer
-      residents(ph, L_);
+      residents(ph, groups_);
       kept(ph, L_);
     }
   }
@@ -394,17 +435,21 @@ class TrainFootprintBuilder {
   // ---- backward, layer by layer from the last: x (the one gradient buffer: every block's
   // backward runs in place on it); no mid (DecoderLayer::by_rows: the MLP's backward takes
   // it a row tile at a time from the attention's kept o)
-  void backward_common(const std::string& ph, std::int64_t layer) {
+  // With checkpoint groups: the group's recomputed inputs held so far (CheckpointBuffers::
+  // recompute): block l's backward holds those of the blocks before it in its group, and
+  // its recomputation those and its output.
+  void backward_common(const std::string& ph, std::int64_t layer, bool recompute = false) {
     persistent(ph, true);
     batch(ph, {bb_.x});
     if (stacked_) f_.device(ph, cb_.grad, static_cast<u64>(cb_.grad_buffers));  // 0 in place
-    residents(ph, layer);
+    residents(ph, group_of(layer));
+    if (stacked_) f_.device(ph, cb_.boundary, static_cast<u64>(index_in_group(layer) + (recompute ? 1 : 0)));
   }
   // A layer's backward: its attention's forward, keeping o and lse (DecoderLayer,
   // forward_for_rows), the MLP's backward beside them with its input's row tile, the
   // attention's backward.
   void layer_backwards() {
-    for (auto it = mlps_.rbegin(); it != mlps_.rend(); ++it) {
+    for (auto it = backward_mlps_.rbegin(); it != backward_mlps_.rend(); ++it) {
       backward_common(it->bwd, it->layer);
       add_phase(f_, it->bwd, it->layer_fp.phase("backward rows"));
       if (it->dispatch) add_phase(f_, it->bwd, it->dispatch_fp.phase("backward"));
@@ -426,6 +471,30 @@ class TrainFootprintBuilder {
       add("backward attention recompute" + std::string(forward_suffix(part)), part);
     for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::backward_taking_kept))
       add("backward attention" + std::string(backward_suffix(part)), part);
+  }
+  // A checkpoint group's recomputation (CheckpointOptions::group_layers > 1), in the
+  // stack's backward: its blocks but the last forward again (Block::forward_recompute),
+  // each writing its output into a recompute buffer beside the group's earlier ones, the
+  // attention's forward phases (the layer holding the most boundaries then) and the MLP's
+  // with its dispatch (per kind; every MoE layer with its own sizes).
+  void recomputations() {
+    if (G_ <= 1 || L_ <= 1) return;
+    std::int64_t at = -1, live = -1;
+    for (std::int64_t l = 0; l < L_; ++l) {
+      if (last_in_group(l)) continue;
+      const std::int64_t n = resident_count(group_of(l)) + index_in_group(l) + 1;
+      if (n >= live) at = l, live = n;
+    }
+    for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::forward)) {
+      const std::string ph = "recompute attention" + std::string(forward_suffix(part));
+      backward_common(ph, at, true);
+      add_phase(f_, ph, att_.phase(part));
+    }
+    for (const Mlp& m : recompute_mlps_) {
+      backward_common(m.rec, m.layer, true);
+      add_phase(f_, m.rec, m.layer_fp.phase("forward"));
+      if (m.dispatch) add_phase(f_, m.rec, m.dispatch_fp.phase("forward"));
+    }
   }
   // The train footprint's name for an attention phase after the call's own ("forward
   // attention", "backward attention recompute"): its projections (or, for a forward that
@@ -466,10 +535,14 @@ class TrainFootprintBuilder {
   ModelBatchBuffers bb_;
   bool stacked_ = false;
   CheckpointBuffers cb_;
+  const std::int64_t G_ = sch_.checkpoint.group_layers;  // checkpoint groups of G_ blocks
+  std::int64_t groups_ = 0;                                // ceil(L / G): the stack's boundaries
   std::int64_t ringed_ = 0;
   AttentionLayerConfig ac_;
   Footprint att_{"attention"};
-  std::vector<Mlp> mlps_;
+  std::vector<Mlp> mlps_;           // forward: the last of each kind (every MoE layer with its own sizes)
+  std::vector<Mlp> backward_mlps_;  // backward and a group's recomputation: see plan_mlps
+  std::vector<Mlp> recompute_mlps_;
 };
 
 }  // namespace
