@@ -61,14 +61,24 @@ TEST(PlanDefects, HostMemoryIsCheckedAgainstTheNode) {
   // Was: 763 GiB of host memory per device reported and never checked ("fits: yes").
   // bf16 gradients keep this an estimate: the trainer's footprint of 256 devices (64
   // distinct ranks, the selective SCO policy's search) takes more than ten minutes.
+  // A boundary per layer (--checkpoint-group 1: the policy's groups would make it fit).
   testing::CliRun r = run_cli(
-      "plan --model qwen3-235b-a22b --context 1M --devices 256 --device-memory 141GiB --grad-dtype bf16 --json");
+      "plan --model qwen3-235b-a22b --context 1M --devices 256 --device-memory 141GiB --grad-dtype bf16 "
+      "--checkpoint-group 1 --json");
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
+  auto j = nlohmann::json::parse(r.out);
   EXPECT_FALSE(j["fits_host"]["scheduled"].get<bool>());
   EXPECT_FALSE(j["fits"]["scheduled"].get<bool>());
   EXPECT_EQ(j["host_binding_component"]["scheduled"], "checkpoints");
   EXPECT_EQ(j["layout"]["devices_per_node"], 8);
+  // The policy's: one boundary per group of layers, and the host holds them.
+  r = run_cli("plan --model qwen3-235b-a22b --context 1M --devices 256 --device-memory 141GiB --grad-dtype bf16 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["fits_host"]["scheduled"].get<bool>());
+  EXPECT_GT(j["knobs"]["checkpoint_group"].get<int>(), 1);
+  expect_one_line_error(run_cli("plan --checkpoint-group 0"), "checkpoint_group");
+  expect_one_line_error(run_cli("plan --model tiny-moe --checkpoint-group 9"), "checkpoint_group");
   r = run_cli(
       "plan --model qwen3-235b-a22b --context 1M --devices 256 --device-memory 141GiB --host-memory 0 --grad-dtype bf16 "
       "--json");

@@ -114,6 +114,35 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
   EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], b["peaks"]["total"]["planned_bytes"]);
 }
 
+// --checkpoint-group: the same losses bitwise (a group's recomputation gives its layers'
+// inputs bit for bit), the JSON says so, the plan equals what the run measured, the host
+// holds fewer boundaries, and `plan --checkpoint-group` plans the same peak. Refused: 0,
+// more than the layers, and with --keep-attention.
+TEST(CliTrain, CheckpointGroupsSameLossesAndTheirPlanMeasured) {
+  const std::string base = "train --steps 3 --seq-len 32 --eval-every 0 --json";
+  const CliRun plain = run_cli(base, 300);
+  const CliRun grouped = run_cli(base + " --checkpoint-group 2", 300);
+  ASSERT_EQ(plain.code, 0) << plain.err << plain.out;
+  ASSERT_EQ(grouped.code, 0) << grouped.err << grouped.out;
+  const nlohmann::json a = last_json_line(plain.out), b = last_json_line(grouped.out);
+  EXPECT_EQ(a["checkpoint_group"], 1);
+  EXPECT_EQ(b["checkpoint_group"], 2);
+  EXPECT_EQ(a["first_loss"].dump(), b["first_loss"].dump());
+  EXPECT_EQ(a["final_loss"].dump(), b["final_loss"].dump());
+  for (const auto& [name, row] : b["peaks"].items()) {
+    if (name == "total") continue;
+    if (name == "dispatch") EXPECT_LE(row["measured_bytes"].get<std::int64_t>(), row["planned_bytes"].get<std::int64_t>());
+    else EXPECT_EQ(row["planned_bytes"].get<std::int64_t>(), row["measured_bytes"].get<std::int64_t>()) << name;
+  }
+  const CliRun p =
+      run_cli("plan --model tiny-moe --devices 1 --context 32 --trainer-defaults --checkpoint-group 2 --json");
+  ASSERT_EQ(p.code, 0) << p.err << p.out;
+  EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], b["peaks"]["total"]["planned_bytes"]);
+  expect_one_line_error(run_cli("train --checkpoint-group 0"), "--checkpoint-group");
+  expect_one_line_error(run_cli("train --model tiny-moe --checkpoint-group 99"), "--checkpoint-group");
+  expect_one_line_error(run_cli("train --checkpoint-group 2 --keep-attention"), "--keep-attention");
+}
+
 TEST(CliTrain, PrecisionErrorsAreOneLineNamingTheFlag) {
   for (const char* cmd : {"train --precision f16", "eval --data x.bin --precision fp8",
                           "bench reach --precision half", "plan --precision f64"})

@@ -43,6 +43,7 @@ TEST(Plan, HostMemoryCountsInFitsAndNamesItsBindingComponent) {
   // 1M tokens a device: SCO's offloaded boundaries need ~740 GiB of host memory per
   // device, against a 256 GiB share of a 2 TiB, 8-device node.
   PlanInputs in = preset_inputs("qwen3-235b-a22b", 1 << 20);
+  in.checkpoint_group = 1;  // a boundary per layer (the policy's groups would make the host fit)
   Plan p = make_plan(in, false);
   EXPECT_FALSE(p.fits_host_scheduled);
   EXPECT_FALSE(p.fits_scheduled);
@@ -107,6 +108,39 @@ TEST(Plan, TheRingHoldsOneBoundaryWhenTwoDoNotFit) {
   EXPECT_EQ(r.prefetch_depth, 1);
   const auto ck = static_cast<std::size_t>(Component::checkpoints);
   EXPECT_LT(q.scheduled.component_peak[ck], r.scheduled.component_peak[ck]);
+}
+
+// Checkpoint groups by the memory (checkpoint_group -1): one boundary per layer while the
+// plan fits with it; where the host share binds on the boundaries, the fewest layers a
+// group with which the plan fits (a group fewer does not); a group given is kept; the
+// baseline keeps a boundary per layer.
+TEST(Plan, CheckpointGroupsWhereTheHostBinds) {
+  PlanInputs in = preset_inputs("qwen3-235b-a22b", 1 << 20);
+  Plan p = make_plan(in, false);
+  EXPECT_TRUE(p.fits_scheduled);
+  ASSERT_GT(p.checkpoint_group, 1);
+  EXPECT_EQ(plan_json(p)["knobs"]["checkpoint_group"], p.checkpoint_group);
+  EXPECT_NE(plan_table(p).find("--checkpoint-group " + std::to_string(p.checkpoint_group)), std::string::npos)
+      << plan_table(p);
+  PlanInputs fewer = p.inputs;
+  fewer.checkpoint_group = p.checkpoint_group - 1;
+  Plan q = make_plan(fewer, false);
+  EXPECT_FALSE(q.fits_scheduled);
+  EXPECT_EQ(q.checkpoint_group, p.checkpoint_group - 1);
+  EXPECT_EQ(plan_table(q).find("--checkpoint-group"), std::string::npos);
+  const auto ck = static_cast<std::size_t>(Component::checkpoints);
+  EXPECT_LT(p.scheduled.host_bytes, q.scheduled.host_bytes);
+  EXPECT_GT(p.scheduled.component_peak[ck], q.scheduled.component_peak[ck]);  // the recomputed inputs
+  EXPECT_EQ(p.baseline.peak, q.baseline.peak);
+  // Where one boundary per layer fits, the policy keeps it.
+  PlanInputs small = preset_inputs("qwen3-235b-a22b", 64 * 1024);
+  EXPECT_EQ(make_plan(small, false).checkpoint_group, 1);
+  // keep_attention does not combine with groups: the policy leaves them out.
+  in.keep_attention = true;
+  EXPECT_EQ(make_plan(in, false).checkpoint_group, 1);
+  in.keep_attention = false;
+  in.checkpoint_group = 0;
+  EXPECT_THROW(make_plan(in, false), InvalidArgument);
 }
 
 TEST(Plan, ReachIsZeroWhenThePersistentStateAloneDoesNotFit) {

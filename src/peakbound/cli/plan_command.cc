@@ -42,7 +42,7 @@ struct PlanFlags {
     sequences = d.sequences, devices = 8, cp = d.cp, fsdp = d.fsdp;
     dispatch_cap = d.dispatch_cap, llep_alpha = d.llep_alpha, llep_lambda = d.llep_lambda;
     llep_min_spill = d.llep_min_spill;
-    vocab_chunk = d.vocab_chunk, prefetch_depth = d.prefetch_depth;
+    vocab_chunk = d.vocab_chunk, prefetch_depth = d.prefetch_depth, checkpoint_group = d.checkpoint_group;
     adam_bucket = std::to_string(d.adam_bucket);
     comm_reserve = std::to_string(d.comm_reserve), workspace_reserve = std::to_string(d.workspace_reserve);
     host_memory = format_bytes_exact(d.host_memory);
@@ -62,6 +62,7 @@ struct PlanFlags {
   std::int64_t llep_min_spill;
   std::int64_t vocab_chunk;
   std::int64_t prefetch_depth;
+  std::int64_t checkpoint_group;
   std::string adam_bucket;
   std::string skew = "balanced";
   bool keep_attention = false;
@@ -91,7 +92,8 @@ void apply_precision(PlanFlags& f, const CLI::App& a) {
 
 // --trainer-defaults: the settings of a `peakbound train` run, for each flag not given
 // explicitly: train's default precision, no fixed reserves, unlimited host memory, and
-// the worst routing skew (train's --plan-skew default).
+// the worst routing skew (train's --plan-skew default), a boundary per layer (train's
+// --checkpoint-group).
 void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
   if (a.count("--param-dtype") == 0 && a.count("--precision") == 0)
     f.param_dtype = std::string(precision_name(RunSettings{}.precision));
@@ -99,6 +101,7 @@ void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
   if (a.count("--workspace-reserve") == 0) f.workspace_reserve = "0";
   if (a.count("--host-memory") == 0) f.host_memory = "0";
   if (a.count("--skew") == 0) f.skew = "worst";
+  if (a.count("--checkpoint-group") == 0) f.checkpoint_group = RunSettings{}.checkpoint_group;
 }
 
 ModelConfig load_model(const std::string& spec) {
@@ -144,6 +147,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.llep_min_spill = f.llep_min_spill;
   in.vocab_chunk = f.vocab_chunk;
   in.prefetch_depth = f.prefetch_depth;
+  in.checkpoint_group = f.checkpoint_group;
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
   in.keep_attention = f.keep_attention;
@@ -196,6 +200,10 @@ Command add_plan_command(CLI::App& root) {
   int_flag(a, "--vocab-chunk", f->vocab_chunk, "Ring-DTP: token rows per logits block", 1, kMaxRows);
   int_flag(a, "--prefetch-depth", f->prefetch_depth, "SCO: boundaries prefetched ahead in backward (0: a one-slot ring whose copies wait; -1: 1 while the plan fits "
            "with it, else 0)", -1, 1024);
+  int_flag(a, "--checkpoint-group", f->checkpoint_group,
+           "SCO: one checkpoint boundary per group of this many layers, the group's other inputs recomputed in its "
+           "backward (train's --checkpoint-group; -1: 1, or the fewest that make the plan fit)",
+           -1, ModelConfig::kMaxLayers);
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_flag("--keep-attention", f->keep_attention,
               "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "

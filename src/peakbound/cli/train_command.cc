@@ -159,6 +159,11 @@ Command add_train(CLI::App& parent) {
            "SCO: boundaries fetched ahead in backward (a ring of depth + 1 on the device); 0 is a one-slot ring "
            "whose copies wait; -1: 1 while the plan fits --device-memory with it, else 0",
            -1, 1024);
+  int_flag(app, "--checkpoint-group", f->run.checkpoint_group,
+           "Layers per checkpoint group: one boundary kept per group, the group's other inputs recomputed in its "
+           "backward (fewer boundaries on the host or device, up to N - 1 more layer forwards a step and N - 1 more "
+           "[tokens, hidden] on the device there; `peakbound plan` says the fewest that fit); 1: one per layer",
+           1, ModelConfig::kMaxLayers);
   seed_flag(app, "--seed", f->run.seed, "Seed of the initialisation and the task");
   text_flag(app, "--schedules", f->schedules, "all, none, or a list of llep,dtp,sco,adam")->capture_default_str();
   text_flag(app, "--precision", f->precision,

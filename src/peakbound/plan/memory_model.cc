@@ -188,7 +188,10 @@ Footprint checkpoint_term(const PlanInputs& in, const PlanShapes& s, CheckpointS
   CheckpointOptions o;
   o.schedule = schedule;
   o.prefetch_depth = in.planned_prefetch_depth();
-  if (schedule == CheckpointSchedule::sco) o.resident_layers = in.resident_layers;
+  if (schedule == CheckpointSchedule::sco) {
+    o.resident_layers = in.resident_layers;
+    o.group_layers = in.planned_checkpoint_group();
+  }
   const Footprint full = checkpoint_footprint(in.model.num_layers, mul(U(s.tokens_per_device), U(in.model.hidden_size)),
                                               U(in.activation_bytes), o);
   Footprint f("checkpoints");

@@ -133,7 +133,7 @@ bool fits_memory(const PlanInputs& in, const PeakEstimate& e) {
 
 namespace {
 
-// The host side of the policy, at in's (resolved) prefetch depth.
+// The host side of the policy, at in's (resolved) prefetch depth and checkpoint group.
 PeakEstimate estimate_resident_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
                                       std::optional<std::int64_t>* resident_layers) {
   if (resident_layers) resident_layers->reset();
@@ -141,7 +141,7 @@ PeakEstimate estimate_resident_policy(const PlanInputs& in, const ParamCount& pc
   if (!s.sco || in.resident_layers || e.host_bytes <= in.host_budget()) return e;
   // Host memory binds: each resident boundary moves one from the host to the device.
   // The fewest that make the host fit (host bytes fall as K grows), if the device holds them.
-  const std::int64_t L = in.model.num_layers;
+  const std::int64_t L = checkpoint_group_count(in.model.num_layers, in.planned_checkpoint_group());
   auto with_k = [&](std::int64_t k) {
     PlanInputs x = in;
     x.resident_layers = k;
@@ -159,19 +159,54 @@ PeakEstimate estimate_resident_policy(const PlanInputs& in, const ParamCount& pc
   return k;
 }
 
-}  // namespace
-
-PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
-                                  std::optional<std::int64_t>* resident_layers, std::int64_t* prefetch_depth) {
+// The resident policy, then the device side: a ring of one slot when two do not fit (the
+// copies then wait).
+PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
+                                   std::optional<std::int64_t>* resident_layers, std::int64_t* prefetch_depth) {
   PlanInputs x = in;
   x.prefetch_depth = in.planned_prefetch_depth();
   PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
-  // The device side: a ring of one slot when two do not fit (the copies then wait).
   if (in.prefetch_depth < 0 && s.sco && x.prefetch_depth > 0 && e.peak > in.device_memory) {
     x.prefetch_depth = 0;
     e = estimate_resident_policy(x, pc, s, resident_layers);
   }
   if (prefetch_depth) *prefetch_depth = x.prefetch_depth;
+  return e;
+}
+
+}  // namespace
+
+PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
+                                  std::optional<std::int64_t>* resident_layers, std::int64_t* prefetch_depth,
+                                  std::int64_t* checkpoint_group) {
+  PlanInputs x = in;
+  x.checkpoint_group = in.planned_checkpoint_group();
+  if (checkpoint_group) *checkpoint_group = x.checkpoint_group;
+  PeakEstimate e = estimate_depth_policy(x, pc, s, resident_layers, prefetch_depth);
+  // Checkpoint groups where the host memory does not hold the plan: a group of G layers keeps
+  // one boundary for G (the host's share falls) and holds up to G - 1 recomputed inputs on
+  // the device in its backward (the device's rises), so the fewest layers a group that fits;
+  // none where the host fits already (the device binds: groups only add to it), where even
+  // one boundary for the whole stack leaves the host short, or once the device overflows. keep_attention does not combine with groups (check_model_schedules).
+  const std::int64_t L = in.model.num_layers;
+  if (in.checkpoint_group >= 1 || !s.sco || in.resident_layers || in.keep_attention || L < 2 ||
+      e.host_bytes <= in.host_budget())
+    return e;
+  x.checkpoint_group = L;
+  if (estimate_depth_policy(x, pc, s, nullptr, nullptr).host_bytes > in.host_budget()) return e;
+  for (std::int64_t G = 2; G <= L; ++G) {
+    x.checkpoint_group = G;
+    std::optional<std::int64_t> k;
+    std::int64_t depth = 0;
+    const PeakEstimate g = estimate_depth_policy(x, pc, s, &k, &depth);
+    if (fits_memory(in, g)) {
+      if (resident_layers) *resident_layers = k;
+      if (prefetch_depth) *prefetch_depth = depth;
+      if (checkpoint_group) *checkpoint_group = G;
+      return g;
+    }
+    if (g.peak > in.device_memory) break;
+  }
   return e;
 }
 
@@ -184,7 +219,8 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   p.params = count_params(in.model);
   p.shapes = plan_shapes(in, p.params);
   p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
-  p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers, &p.prefetch_depth);
+  p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers, &p.prefetch_depth,
+                                     &p.checkpoint_group);
   p.fits_host_baseline = p.baseline.host_bytes <= in.host_budget();
   p.fits_host_scheduled = p.scheduled.host_bytes <= in.host_budget();
   p.fits_baseline = fits_memory(in, p.baseline);
@@ -220,7 +256,8 @@ nlohmann::json plan_json(const Plan& p) {
   j["schedules"] = in.schedules.str();
   j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha}, {"llep_lambda", in.llep_lambda},
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
-                {"prefetch_depth", p.prefetch_depth}, {"adam_bucket_bytes", in.adam_bucket},
+                {"prefetch_depth", p.prefetch_depth}, {"checkpoint_group", p.checkpoint_group},
+                {"adam_bucket_bytes", in.adam_bucket},
                 {"skew", in.skew == 0 ? nlohmann::json("worst") : nlohmann::json(in.skew)}};
   j["dispatch_copies"] = {{"balanced", p.shapes.routed_copies_balanced},
                           {"worst", p.shapes.routed_copies_worst},
@@ -316,6 +353,10 @@ std::string plan_table(const Plan& p) {
   if (p.policy_resident_layers)
     out += "selective    SCO keeps the last " + std::to_string(*p.policy_resident_layers) +
            " boundaries on the device so that the host memory fits\n";
+  if (in.checkpoint_group < 1 && p.checkpoint_group > 1)
+    out += "groups       SCO keeps one boundary per " + std::to_string(p.checkpoint_group) +
+           " layers (--checkpoint-group " + std::to_string(p.checkpoint_group) +
+           ", their other inputs recomputed in the group's backward): with one per layer the plan does not fit\n";
   if (in.prefetch_depth < 0 && in.schedules.sco && p.prefetch_depth == 0)
     out += "ring         SCO holds one boundary on the device (prefetch depth 0, its copies waited for): the plan "
            "does not fit with two\n";

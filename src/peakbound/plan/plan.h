@@ -35,6 +35,9 @@ struct Plan {
   std::optional<std::int64_t> policy_resident_layers;
   // SCO's ring depth the scheduled plan was made at (the policy's when prefetch_depth is -1).
   std::int64_t prefetch_depth = 0;
+  // Layers per checkpoint group the scheduled plan was made at (the policy's when
+  // checkpoint_group is -1).
+  std::int64_t checkpoint_group = 1;
   std::optional<Reach> reach;
   std::vector<std::string> fixes;  // for a scheduled plan that does not fit
 };
@@ -46,10 +49,12 @@ Plan make_plan(const PlanInputs& in, bool with_reach);
 // memory cannot hold the offloaded boundaries, the fewest boundaries that make it fit
 // stay resident on the device (*resident_layers says how many; unset if none moved);
 // with prefetch_depth -1, a ring of one slot (depth 0) when the device does not hold the
-// plan with the default two (*prefetch_depth says which depth the estimate is at).
+// plan with the default two (*prefetch_depth says which depth the estimate is at); with
+// checkpoint_group -1, where the plan still does not fit, the fewest layers a checkpoint
+// group with which it does (*checkpoint_group says which group the estimate is at).
 PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& schedules,
                                   std::optional<std::int64_t>* resident_layers = nullptr,
-                                  std::int64_t* prefetch_depth = nullptr);
+                                  std::int64_t* prefetch_depth = nullptr, std::int64_t* checkpoint_group = nullptr);
 // Device peak within device_memory and host bytes within the device's host share.
 bool fits_memory(const PlanInputs& in, const PeakEstimate& e);
 

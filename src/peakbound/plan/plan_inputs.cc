@@ -62,13 +62,18 @@ void PlanInputs::validate() const {
           "fsdp " + std::to_string(fsdp) + " must divide devices " + std::to_string(devices));
   require(device_memory > 0, "device_memory must be positive");
   check_int(devices_per_node, "devices_per_node", 1, 1024);
-  if (resident_layers) check_int(*resident_layers, "resident_layers", 0, model.num_layers);
+  if (resident_layers)  // of the boundaries: one per checkpoint group
+    check_int(*resident_layers, "resident_layers", 0,
+              (model.num_layers + planned_checkpoint_group() - 1) / planned_checkpoint_group());
   check_int(dispatch_cap, "dispatch_cap", 1, kMaxRows);
   check_real(llep_alpha, "llep_alpha", 1.0, 1e6);
   check_real(llep_lambda, "llep_lambda", 1.0, 1e6);
   check_int(llep_min_spill, "llep_min_spill", 1, kMaxRows);
   check_int(vocab_chunk, "vocab_chunk", 1, kMaxRows);
   check_int(prefetch_depth, "prefetch_depth", -1, 1024);
+  require(checkpoint_group == -1 || (checkpoint_group >= 1 && checkpoint_group <= model.num_layers),
+          "checkpoint_group must be -1 (the policy's) or a group of 1 to " + std::to_string(model.num_layers) +
+              " layers, got " + std::to_string(checkpoint_group));
   require(adam_bucket > 0, "adam_bucket must be positive");
   require(skew == 0 || (std::isfinite(skew) && skew >= 1.0 && skew <= 1e6),
           "skew must be 1 (balanced), a finite factor in [1, 1e6], or 0 (worst)");

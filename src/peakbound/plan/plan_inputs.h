@@ -67,6 +67,13 @@ struct PlanInputs {
   std::int64_t planned_prefetch_depth() const {
     return prefetch_depth < 0 ? CheckpointOptions{}.prefetch_depth : prefetch_depth;
   }
+  // Checkpoint groups under SCO (CheckpointOptions::group_layers): one boundary per group of
+  // this many layers, the group's other inputs recomputed in its backward. -1 the policy's
+  // choice (estimate_with_policy): 1, or where the host memory does not hold the plan the
+  // fewest layers a group with which it fits. The baseline keeps a boundary per layer.
+  std::int64_t checkpoint_group = -1;
+  // The group size a plan is made at when no policy chooses: checkpoint_group, or 1.
+  std::int64_t planned_checkpoint_group() const { return checkpoint_group < 1 ? 1 : checkpoint_group; }
   // SCO: keep the last K boundaries resident on the device. Unset: the selective policy
   // (offload all but the ring, or keep as few as make the host memory fit).
   std::optional<std::int64_t> resident_layers;

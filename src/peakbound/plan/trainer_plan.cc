@@ -60,7 +60,10 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   s.vocab.chunk = in.vocab_chunk;
   s.checkpoint.prefetch_depth = in.planned_prefetch_depth();
   s.keep_attention = in.keep_attention;
-  if (schedules.sco) s.checkpoint.resident_layers = in.resident_layers;
+  if (schedules.sco) {
+    s.checkpoint.resident_layers = in.resident_layers;
+    s.checkpoint.group_layers = in.planned_checkpoint_group();
+  }
   t.optimizer_options.bucket_bytes = in.adam_bucket;
   t.skew = imbalance;
   return t;

@@ -168,6 +168,14 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.schedules.keep_attention = f.keep_attention;
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
+  s.schedules.checkpoint.group_layers = f.checkpoint_group;
+  if (f.checkpoint_group > s.config.num_layers)
+    throw InvalidArgument(spell("checkpoint_group") + " must be at most the model's " +
+                          std::to_string(s.config.num_layers) + " layers, got " + std::to_string(f.checkpoint_group));
+  if (f.keep_attention && f.checkpoint_group > 1)
+    throw InvalidArgument(spell("keep_attention") + " does not combine with " + spell("checkpoint_group") + " " +
+                          std::to_string(f.checkpoint_group) +
+                          ": a group's recomputation runs its layers' attention again; choose one");
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
   return s;
@@ -186,6 +194,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
                                          std::to_string(moe_tile));
   if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the budget's choice) or a depth >= 0, got " +
                                                      std::to_string(prefetch_depth));
+  if (checkpoint_group < 1) bad("checkpoint_group", "must be at least 1, got " + std::to_string(checkpoint_group));
   if (warmup < 0) bad("warmup", "must be at least 0, got " + std::to_string(warmup));
   if (symbols < 0) bad("symbols", "must be at least 0, got " + std::to_string(symbols));
   if (eval_every < 0) bad("eval_every", "must be at least 0, got " + std::to_string(eval_every));
@@ -712,6 +721,7 @@ RunSummary Run::finish() {
              {"keep_attention", f.keep_attention},
              {"moe_tile", s.shape.schedules.moe_tile},
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
+             {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
              {"step_seconds", s.step_seconds},
@@ -767,6 +777,7 @@ nlohmann::json RunSummary::json() const {
                       {"keep_attention", run["keep_attention"]},
                       {"moe_tile", run["moe_tile"]},
                       {"prefetch_depth", run["prefetch_depth"]},
+                      {"checkpoint_group", run["checkpoint_group"]},
                       {"steps", run["steps"]},
                       {"first_loss", first_loss},
                       {"final_loss", last_loss},

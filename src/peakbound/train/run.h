@@ -93,6 +93,10 @@ struct RunSettings {
   // fits device_memory with it, else 0), else the depth (0: a one-slot ring, every copy
   // waited for).
   std::int64_t prefetch_depth = -1;
+  // Layers per checkpoint group (CheckpointOptions::group_layers): the stack keeps one
+  // boundary per group and recomputes the group's other inputs in its backward (up to G - 1
+  // more layer forwards a step, G - 1 more [T, H] on the device there). 1: one per layer.
+  std::int64_t checkpoint_group = 1;
   // Wait for the device at every phase boundary of a step (core/phase_clock.h), so that
   // an asynchronous device (CUDA) reports phase_seconds too: each phase's own time, with
   // no overlap between phases (a diagnostic; the step runs slower). The CPU device reports
