@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "peakbound/model/model_flops.h"
@@ -87,6 +88,33 @@ TEST(CliTrain, Bf16RunSaysSoAndMeasuresItsPlan) {
   EXPECT_LT(j["peaks"]["layer"]["planned_bytes"].get<std::int64_t>(), k["peaks"]["layer"]["planned_bytes"].get<std::int64_t>());
 }
 
+// Every component of a run's JSON planned == measured (the dispatch: at most the planned,
+// which reserves for the worst routing).
+void expect_planned_is_measured(const nlohmann::json& run) {
+  for (const auto& [name, row] : run["peaks"].items()) {
+    if (name == "total") continue;
+    if (name == "dispatch") EXPECT_LE(row["measured_bytes"].get<std::int64_t>(), row["planned_bytes"].get<std::int64_t>());
+    else EXPECT_EQ(row["planned_bytes"].get<std::int64_t>(), row["measured_bytes"].get<std::int64_t>()) << name;
+  }
+}
+
+// The last JSON lines of `base` and of `base FLAGS` (each must exit 0; nulls if not).
+std::pair<nlohmann::json, nlohmann::json> run_both(const std::string& base, const std::string& flags) {
+  const CliRun a = run_cli(base, 300), b = run_cli(base + " " + flags, 300);
+  EXPECT_EQ(a.code, 0) << a.err << a.out;
+  EXPECT_EQ(b.code, 0) << b.err << b.out;
+  if (a.code != 0 || b.code != 0) return {};
+  return {last_json_line(a.out), last_json_line(b.out)};
+}
+
+// `plan --trainer-defaults FLAGS` for the tiny-moe run of 32 tokens on one rank plans the
+// peak that run (its JSON) planned.
+void expect_plan_is_the_runs(const std::string& flags, const nlohmann::json& run) {
+  const CliRun p = run_cli("plan --model tiny-moe --devices 1 --context 32 --trainer-defaults " + flags + " --json");
+  ASSERT_EQ(p.code, 0) << p.err << p.out;
+  EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], run["peaks"]["total"]["planned_bytes"]);
+}
+
 // --keep-attention: the same losses bitwise (the backward takes the forward's attention
 // output instead of recomputing it), the JSON says so, the plan still equals what the run
 // measured, and the attention's planned peak grows by the kept bytes.
@@ -101,17 +129,11 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
   EXPECT_EQ(b["keep_attention"], true);
   EXPECT_EQ(a["first_loss"].dump(), b["first_loss"].dump());
   EXPECT_EQ(a["final_loss"].dump(), b["final_loss"].dump());
-  for (const auto& [name, row] : b["peaks"].items()) {
-    if (name == "total") continue;
-    if (name == "dispatch") EXPECT_LE(row["measured_bytes"].get<std::int64_t>(), row["planned_bytes"].get<std::int64_t>());
-    else EXPECT_EQ(row["planned_bytes"].get<std::int64_t>(), row["measured_bytes"].get<std::int64_t>()) << name;
-  }
+  expect_planned_is_measured(b);
   EXPECT_GT(b["peaks"]["attention"]["planned_bytes"].get<std::int64_t>(),
             a["peaks"]["attention"]["planned_bytes"].get<std::int64_t>());
   // `plan --keep-attention` for the same run plans the same peak.
-  const CliRun p = run_cli("plan --model tiny-moe --devices 1 --context 32 --trainer-defaults --keep-attention --json");
-  ASSERT_EQ(p.code, 0) << p.err << p.out;
-  EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], b["peaks"]["total"]["planned_bytes"]);
+  expect_plan_is_the_runs("--keep-attention", b);
 }
 
 // --checkpoint-group: the same losses bitwise (a group's recomputation gives its layers'
@@ -119,28 +141,33 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
 // holds fewer boundaries, and `plan --checkpoint-group` plans the same peak. Refused: 0,
 // more than the layers, and with --keep-attention.
 TEST(CliTrain, CheckpointGroupsSameLossesAndTheirPlanMeasured) {
-  const std::string base = "train --steps 3 --seq-len 32 --eval-every 0 --json";
-  const CliRun plain = run_cli(base, 300);
-  const CliRun grouped = run_cli(base + " --checkpoint-group 2", 300);
-  ASSERT_EQ(plain.code, 0) << plain.err << plain.out;
-  ASSERT_EQ(grouped.code, 0) << grouped.err << grouped.out;
-  const nlohmann::json a = last_json_line(plain.out), b = last_json_line(grouped.out);
+  const auto [a, b] = run_both("train --steps 3 --seq-len 32 --eval-every 0 --json", "--checkpoint-group 2");
+  ASSERT_FALSE(a.is_null());
   EXPECT_EQ(a["checkpoint_group"], 1);
   EXPECT_EQ(b["checkpoint_group"], 2);
   EXPECT_EQ(a["first_loss"].dump(), b["first_loss"].dump());
   EXPECT_EQ(a["final_loss"].dump(), b["final_loss"].dump());
-  for (const auto& [name, row] : b["peaks"].items()) {
-    if (name == "total") continue;
-    if (name == "dispatch") EXPECT_LE(row["measured_bytes"].get<std::int64_t>(), row["planned_bytes"].get<std::int64_t>());
-    else EXPECT_EQ(row["planned_bytes"].get<std::int64_t>(), row["measured_bytes"].get<std::int64_t>()) << name;
-  }
-  const CliRun p =
-      run_cli("plan --model tiny-moe --devices 1 --context 32 --trainer-defaults --checkpoint-group 2 --json");
-  ASSERT_EQ(p.code, 0) << p.err << p.out;
-  EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], b["peaks"]["total"]["planned_bytes"]);
+  expect_planned_is_measured(b);
+  expect_plan_is_the_runs("--checkpoint-group 2", b);
   expect_one_line_error(run_cli("train --checkpoint-group 0"), "--checkpoint-group");
   expect_one_line_error(run_cli("train --model tiny-moe --checkpoint-group 99"), "--checkpoint-group");
   expect_one_line_error(run_cli("train --checkpoint-group 2 --keep-attention"), "--keep-attention");
+}
+
+// --embedding vocab: the first step's loss bitwise the FSDP embedding's (the same rows;
+// later steps differ by the order of the embedding gradient's sums), planned == measured,
+// and `plan --embedding vocab` plans the run's peak. A bad value is one line.
+TEST(CliTrain, VocabEmbeddingSameFirstLossAndItsPlanMeasured) {
+  const auto [a, b] = run_both("train --steps 2 --seq-len 32 --eval-every 0 --json", "--embedding vocab");
+  ASSERT_FALSE(a.is_null());
+  EXPECT_EQ(a["embedding"], "fsdp");
+  EXPECT_EQ(b["embedding"], "vocab");
+  EXPECT_EQ(a["first_loss"].dump(), b["first_loss"].dump());
+  EXPECT_NEAR(a["final_loss"].get<double>(), b["final_loss"].get<double>(), 1e-5 * a["final_loss"].get<double>());
+  expect_planned_is_measured(b);
+  expect_plan_is_the_runs("--embedding vocab", b);
+  expect_one_line_error(run_cli("train --embedding rows"), "--embedding");
+  expect_one_line_error(run_cli("plan --embedding rows"), "embedding");
 }
 
 TEST(CliTrain, PrecisionErrorsAreOneLineNamingTheFlag) {

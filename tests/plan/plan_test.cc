@@ -143,6 +143,43 @@ TEST(Plan, CheckpointGroupsWhereTheHostBinds) {
   EXPECT_THROW(make_plan(in, false), InvalidArgument);
 }
 
+// The embedding by the footprint (embedding "auto"): the smaller scheduled peak of the two
+// forms, each as given explicitly; where the vocabulary is large beside everything else the
+// FSDP embedding's whole gather and gradient bind and the vocabulary-parallel one is taken.
+TEST(Plan, TheEmbeddingIsTheSmallerOfTheTwo) {
+  for (const std::int64_t vocab : {std::int64_t{16384}, std::int64_t{1} << 20}) {
+    PlanInputs in;
+    in.model = preset_config("tiny-moe");
+    in.model.vocab_size = vocab;
+    in.context = 256;
+    in.devices = 4;
+    in.ep = 4;
+    in.vocab_group = 4;
+    in.device_memory = 1ull << 40;
+    in.host_memory = 0;
+    in.schedules = ScheduleSet::all();
+    PlanInputs f = in, v = in;
+    f.embedding = "fsdp";
+    v.embedding = "vocab";
+    const Plan pf = make_plan(f, false), pv = make_plan(v, false), pa = make_plan(in, false);
+    ASSERT_TRUE(pa.embedding_peaks.has_value());
+    EXPECT_EQ(pa.embedding_peaks->first, pf.scheduled.peak);
+    EXPECT_EQ(pa.embedding_peaks->second, pv.scheduled.peak);
+    const bool vocab_smaller = pv.scheduled.peak < pf.scheduled.peak;
+    EXPECT_EQ(pa.inputs.embedding, vocab_smaller ? "vocab" : "fsdp") << vocab;
+    EXPECT_EQ(pa.scheduled.peak, std::min(pf.scheduled.peak, pv.scheduled.peak));
+    EXPECT_EQ(pa.baseline.peak, pf.baseline.peak);  // the baseline's embedding is FSDP's
+    EXPECT_EQ(plan_json(pa)["knobs"]["embedding"], pa.inputs.embedding);
+    if (vocab == (std::int64_t{1} << 20)) {
+      EXPECT_TRUE(vocab_smaller) << pf.scheduled.peak << " vs " << pv.scheduled.peak;
+      EXPECT_NE(plan_table(pa).find("--embedding vocab"), std::string::npos) << plan_table(pa);
+    }
+  }
+  PlanInputs bad = preset_inputs("qwen3-30b-a3b", 4096);
+  bad.embedding = "rows";
+  EXPECT_THROW(make_plan(bad, false), InvalidArgument);
+}
+
 TEST(Plan, ReachIsZeroWhenThePersistentStateAloneDoesNotFit) {
   PlanInputs in = preset_inputs("deepseek-v3", 4096);
   in.devices = 8;

@@ -53,6 +53,8 @@ struct Variant {
   bool keep_attention = false;  // ModelSchedules::keep_attention
   std::int64_t moe_tile = 0;    // ModelSchedules::moe_tile
   std::int64_t attention_piece = kRingPieceTokens;  // ModelSchedules::attention_piece
+  bool vocab_parallel_embedding = false;            // ModelSchedules::vocab_parallel_embedding
+  std::int64_t embedding_rows = kEmbeddingRoundRows;
 };
 inline const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident, "device"};
 inline const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, "offload_stream"};
@@ -67,6 +69,9 @@ inline const Variant kAllTiled{"all, row tiles of 7", DispatchKind::pipelined_ll
 // queries of the forward and the backward a piece at a time, the ring's K/V in pieces.
 inline const Variant kAllPieces{"all, attention pieces of 5", DispatchKind::pipelined_llep, true,
                                 CheckpointSchedule::sco, "offload_stream", false, 7, 5};
+// All four with the vocabulary-parallel embedding in rounds of 7 tokens a rank.
+inline const Variant kAllVocabEmbedding{"all, vocabulary-parallel embedding", DispatchKind::pipelined_llep, true,
+                                        CheckpointSchedule::sco, "offload_stream", false, 7, 5, true, 7};
 inline const Variant kAllKept{"all, attention kept", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
                               "offload_stream", true};
 
@@ -115,6 +120,8 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   sched.keep_attention = v.keep_attention;
   sched.moe_tile = v.moe_tile;
   sched.attention_piece = v.attention_piece;
+  sched.vocab_parallel_embedding = v.vocab_parallel_embedding;
+  sched.embedding_rows = v.embedding_rows;
   MoeTransformer model(dev, host, groups, config, sched);
   model.init_parameters(7);
   TrainerOptions to;

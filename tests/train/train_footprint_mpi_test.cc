@@ -169,6 +169,20 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintCheckpointGroups) {
   }
 }
 
+// The vocabulary-parallel embedding: its exchange buffers in the embedding's forward and
+// backward (rounds sized by the group's most tokens: ranks without tokens hold them too),
+// the embedding's rows in the head's store and no FSDP unit of it; under context
+// parallelism and in bf16.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintVocabEmbedding) {
+  check_layouts(testing::world(), kAllVocabEmbedding);
+  Variant none = kAllVocabEmbedding;
+  none.dispatch = DispatchKind::standard_ep;
+  none.ring_dtp = false;
+  none.checkpoint = CheckpointSchedule::resident;
+  none.optimizer = "device";
+  check(testing::world(), none, tiny_model());
+}
+
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintBf16) {
   Communicator& world = testing::world();
   check(world, kNone, tiny_model(), nullptr, {}, 1, 24, Precision::bf16);

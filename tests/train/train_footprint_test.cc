@@ -89,6 +89,26 @@ TEST(TrainFootprint, MeasuredEqualsFootprintCheckpointGroups) {
   EXPECT_FALSE(a.footprint.has_phase("recompute attention"));
 }
 
+// The vocabulary-parallel embedding on a model whose hidden is wide beside its vocabulary,
+// so that its exchange buffers (in one round of every token) are the vocabulary component's
+// peak: measured == footprint, and that peak sits in the embedding's forward or backward.
+TEST(TrainFootprint, MeasuredEqualsFootprintVocabEmbedding) {
+  SingleRankCommunicator world;
+  ModelConfig c = tiny_model();
+  c.vocab_size = 40;
+  c.hidden_size = 64;
+  check(world, kAllVocabEmbedding, c);
+  Variant whole = kAllVocabEmbedding;
+  whole.embedding_rows = 1 << 20;  // one round of every token
+  check(world, whole, c, nullptr, {}, 1, 24, Precision::bf16);
+  const Measured m = run_step(world, whole, c);
+  const auto v = static_cast<std::size_t>(Component::vocab);
+  const std::uint64_t fwd = m.footprint.phase("embedding forward").device[v];
+  const std::uint64_t bwd = m.footprint.phase("embedding backward").device[v];
+  EXPECT_EQ(std::max(fwd, bwd), m.device[v]);
+  EXPECT_GT(fwd, 0u);
+}
+
 TrainFootprintInputs inputs() {
   TrainFootprintInputs in;
   in.model = tiny_model();

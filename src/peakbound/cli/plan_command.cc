@@ -63,6 +63,7 @@ struct PlanFlags {
   std::int64_t vocab_chunk;
   std::int64_t prefetch_depth;
   std::int64_t checkpoint_group;
+  std::string embedding = "auto";
   std::string adam_bucket;
   std::string skew = "balanced";
   bool keep_attention = false;
@@ -102,6 +103,7 @@ void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
   if (a.count("--host-memory") == 0) f.host_memory = "0";
   if (a.count("--skew") == 0) f.skew = "worst";
   if (a.count("--checkpoint-group") == 0) f.checkpoint_group = RunSettings{}.checkpoint_group;
+  if (a.count("--embedding") == 0) f.embedding = RunSettings{}.embedding;
 }
 
 ModelConfig load_model(const std::string& spec) {
@@ -148,6 +150,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.vocab_chunk = f.vocab_chunk;
   in.prefetch_depth = f.prefetch_depth;
   in.checkpoint_group = f.checkpoint_group;
+  in.embedding = f.embedding;
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
   in.keep_attention = f.keep_attention;
@@ -204,6 +207,10 @@ Command add_plan_command(CLI::App& root) {
            "SCO: one checkpoint boundary per group of this many layers, the group's other inputs recomputed in its "
            "backward (train's --checkpoint-group; -1: 1, or the fewest that make the plan fit)",
            -1, ModelConfig::kMaxLayers);
+  a->add_option("--embedding", f->embedding,
+                "The scheduled side's embedding (train's --embedding): fsdp, vocab (sharded over the vocabulary "
+                "group), or auto: whichever gives the smaller peak")
+      ->capture_default_str();
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_flag("--keep-attention", f->keep_attention,
               "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "

@@ -132,6 +132,11 @@ Command add_train(CLI::App& parent) {
   real_flag(app, "--seq-aux-coef", f->run.seq_aux_coef,
             "DeepSeek-V3's sequence-wise balance loss: its alpha (sigmoid routers; the report's 0.0001; 0 = off)", 0.0,
             1.0);
+  text_flag(app, "--embedding", f->run.embedding,
+            "The embedding: fsdp (an FSDP unit, gathered whole for its forward, its whole gradient in the backward) "
+            "or vocab (its rows sharded over the vocabulary group; each token's row fetched from its owner in rounds "
+            "of 1024 tokens; CPU device; `peakbound plan` says which is smaller)")
+      ->capture_default_str();
   text_flag(app, "--cp-ring", f->run.cp_ring,
             "What MLA's context-parallel ring carries: latent (the latent and the rope key per token, expanded at "
             "each hop) or kv (every head's K and V)")

@@ -215,8 +215,22 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   in.resolve_auto();
   in.validate();
   Plan p;
-  p.inputs = in;
   p.params = count_params(in.model);
+  // The embedding by the footprint: the vocabulary-parallel one where it gives the trainer's
+  // footprint the smaller peak at this context (or fits where FSDP's does not).
+  if (in.embedding == "auto") {
+    PlanInputs f = in, v = in;
+    f.embedding = "fsdp";
+    v.embedding = "vocab";
+    const PeakEstimate ef = estimate_with_policy(f, p.params, in.schedules);
+    in.embedding = "fsdp";
+    if (ef.trainer_footprint && in.schedules.any()) {
+      const PeakEstimate ev = estimate_with_policy(v, p.params, in.schedules);
+      p.embedding_peaks = {ef.peak, ev.peak};
+      if (fits_memory(in, ev) && (!fits_memory(in, ef) || ev.peak < ef.peak)) in.embedding = "vocab";
+    }
+  }
+  p.inputs = in;
   p.shapes = plan_shapes(in, p.params);
   p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
   p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers, &p.prefetch_depth,
@@ -257,6 +271,7 @@ nlohmann::json plan_json(const Plan& p) {
   j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha}, {"llep_lambda", in.llep_lambda},
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
                 {"prefetch_depth", p.prefetch_depth}, {"checkpoint_group", p.checkpoint_group},
+                {"embedding", in.embedding},
                 {"adam_bucket_bytes", in.adam_bucket},
                 {"skew", in.skew == 0 ? nlohmann::json("worst") : nlohmann::json(in.skew)}};
   j["dispatch_copies"] = {{"balanced", p.shapes.routed_copies_balanced},
@@ -353,6 +368,9 @@ std::string plan_table(const Plan& p) {
   if (p.policy_resident_layers)
     out += "selective    SCO keeps the last " + std::to_string(*p.policy_resident_layers) +
            " boundaries on the device so that the host memory fits\n";
+  if (p.embedding_peaks && in.embedding == "vocab")
+    out += "embedding    sharded over the vocabulary group (--embedding vocab): peak " + bytes(p.embedding_peaks->second) +
+           " against " + bytes(p.embedding_peaks->first) + " with the FSDP embedding\n";
   if (in.checkpoint_group < 1 && p.checkpoint_group > 1)
     out += "groups       SCO keeps one boundary per " + std::to_string(p.checkpoint_group) +
            " layers (--checkpoint-group " + std::to_string(p.checkpoint_group) +

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct Plan {
   // Layers per checkpoint group the scheduled plan was made at (the policy's when
   // checkpoint_group is -1).
   std::int64_t checkpoint_group = 1;
+  // With embedding "auto" on the trainer's footprint: the scheduled peak with the FSDP
+  // embedding and with the vocabulary-parallel one (inputs.embedding says which was taken).
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> embedding_peaks;
   std::optional<Reach> reach;
   std::vector<std::string> fixes;  // for a scheduled plan that does not fit
 };

@@ -71,6 +71,8 @@ void PlanInputs::validate() const {
   check_int(llep_min_spill, "llep_min_spill", 1, kMaxRows);
   check_int(vocab_chunk, "vocab_chunk", 1, kMaxRows);
   check_int(prefetch_depth, "prefetch_depth", -1, 1024);
+  require(embedding == "auto" || embedding == "fsdp" || embedding == "vocab",
+          "embedding must be auto, fsdp or vocab, got '" + embedding + "'");
   require(checkpoint_group == -1 || (checkpoint_group >= 1 && checkpoint_group <= model.num_layers),
           "checkpoint_group must be -1 (the policy's) or a group of 1 to " + std::to_string(model.num_layers) +
               " layers, got " + std::to_string(checkpoint_group));

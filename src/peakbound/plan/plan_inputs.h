@@ -72,6 +72,11 @@ struct PlanInputs {
   // choice (estimate_with_policy): 1, or where the host memory does not hold the plan the
   // fewest layers a group with which it fits. The baseline keeps a boundary per layer.
   std::int64_t checkpoint_group = -1;
+  // The scheduled plan's embedding (train's --embedding): "fsdp", "vocab" (sharded over the
+  // vocabulary group), or "auto": whichever gives the trainer's footprint the smaller peak at
+  // the plan's context (make_plan; the estimate's rules, without the trainer's footprint,
+  // take fsdp). The baseline's is fsdp.
+  std::string embedding = "auto";
   // The group size a plan is made at when no policy chooses: checkpoint_group, or 1.
   std::int64_t planned_checkpoint_group() const { return checkpoint_group < 1 ? 1 : checkpoint_group; }
   // SCO: keep the last K boundaries resident on the device. Unset: the selective policy

@@ -60,6 +60,8 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   s.vocab.chunk = in.vocab_chunk;
   s.checkpoint.prefetch_depth = in.planned_prefetch_depth();
   s.keep_attention = in.keep_attention;
+  // The scheduled side's embedding (make_plan resolved auto); the baseline's is FSDP's.
+  if (schedules.any()) s.vocab_parallel_embedding = in.embedding == "vocab";
   if (schedules.sco) {
     s.checkpoint.resident_layers = in.resident_layers;
     s.checkpoint.group_layers = in.planned_checkpoint_group();
@@ -73,7 +75,7 @@ Phase planner_phase_of(std::string_view p) {
   if (p.starts_with("optimizer")) return Phase::optimizer;
   if (p == "embedding forward" || p.starts_with("forward attention")) return Phase::forward_attention;
   if (p.starts_with("forward ")) return Phase::forward_mlp;
-  if (p.starts_with("loss ") || p.starts_with("final norm ")) return Phase::loss;
+  if (p.starts_with("loss ") || p.starts_with("final norm ") || p == "embedding eval") return Phase::loss;
   if (p.starts_with("backward attention") || p == "embedding backward") return Phase::backward_attention;
   if (p.starts_with("backward ")) return Phase::backward_mlp;
   // A checkpoint group's recomputation runs in the backward.

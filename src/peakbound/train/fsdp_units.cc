@@ -21,8 +21,8 @@ RowRange whole(const TensorEntry& e) { return RowRange{0, e.shape.empty() ? 1 : 
 
 }  // namespace
 
-std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_layers) {
-  if (e.kind == TensorKind::embedding) return 0;
+std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_layers, bool with_embedding) {
+  if (e.kind == TensorKind::embedding) return with_embedding ? std::optional<std::size_t>(0) : std::nullopt;
   if (e.layer < 0) {
     if (e.kind == TensorKind::norm) return static_cast<std::size_t>(num_layers) + 1;
     return std::nullopt;
@@ -31,12 +31,12 @@ std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_l
   return std::nullopt;
 }
 
-ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u) {
+ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u, bool with_embedding) {
   const std::int64_t L = table.config().num_layers;
   if (u > static_cast<std::size_t>(L) + 1)
     throw InvalidArgument("fsdp: unit " + std::to_string(u) + " of " + std::to_string(L + 2));
-  return [u, L](const TensorEntry& e) -> std::optional<RowRange> {
-    if (fsdp_unit_of(e, L) != u) return std::nullopt;
+  return [u, L, with_embedding](const TensorEntry& e) -> std::optional<RowRange> {
+    if (fsdp_unit_of(e, L, with_embedding) != u) return std::nullopt;
     return whole(e);
   };
 }
@@ -46,7 +46,7 @@ LayoutOptions fsdp_layout_options(int group_size) {
   return LayoutOptions{kViewAlignElements, kViewAlignElements * static_cast<u64>(group_size)};
 }
 
-std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size) {
+std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size, bool with_embedding) {
   // One pass over the table (a 235B model's has tens of thousands of expert entries),
   // each entry into its unit's layout in table order: what parameter_layout with
   // fsdp_unit_selector(u) builds for each u.
@@ -54,7 +54,7 @@ std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int gro
   std::vector<ParameterLayoutBuilder> units(static_cast<std::size_t>(L) + 2,
                                             ParameterLayoutBuilder(fsdp_layout_options(group_size)));
   table.for_each([&](const TensorEntry& e) {
-    if (const std::optional<std::size_t> u = fsdp_unit_of(e, L))
+    if (const std::optional<std::size_t> u = fsdp_unit_of(e, L, with_embedding))
       units[*u].add(e, whole(e));
   });
   std::vector<ParameterLayout> out;
@@ -63,8 +63,9 @@ std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int gro
   return out;
 }
 
-FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision, u64 tail) {
-  return fsdp_buffers(fsdp_unit_layouts(table, group_size), group_size, precision, tail);
+FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision, u64 tail,
+                         bool with_embedding) {
+  return fsdp_buffers(fsdp_unit_layouts(table, group_size, with_embedding), group_size, precision, tail);
 }
 
 FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision, u64 tail) {
@@ -92,9 +93,9 @@ FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_si
 }
 
 FsdpUnits::FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision, u64 tail,
-                     bool reduce_thread)
-    : dev_(dev), g_(group), precision_(precision), layouts_(fsdp_unit_layouts(table, group.size())), tail_(tail),
-      buffers_(fsdp_buffers(layouts_, group.size(), precision, tail)) {
+                     bool reduce_thread, bool with_embedding)
+    : dev_(dev), g_(group), precision_(precision), layouts_(fsdp_unit_layouts(table, group.size(), with_embedding)),
+      tail_(tail), buffers_(fsdp_buffers(layouts_, group.size(), precision, tail)), with_embedding_(with_embedding) {
   for (std::size_t u = 0; u < layouts_.size(); ++u) {
     offsets_.push_back(shard_elements_);
     shard_elements_ += shard_len(u);

@@ -55,11 +55,14 @@ namespace peakbound {
 
 // Unit u's tensors (0 embedding, 1 + l layer l, L + 1 the final norm) and the layout
 // options over a group of G ranks; the layouts of all units, in that order.
-ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u);
+// with_embedding false: the embedding is sharded by vocabulary instead (ModelSchedules::
+// vocab_parallel_embedding, in the head's store) and unit 0 is empty.
+ShardSelector fsdp_unit_selector(const TensorTable& table, std::size_t u, bool with_embedding = true);
 LayoutOptions fsdp_layout_options(int group_size);
-std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size);
-// The unit holding entry e of a model of num_layers layers (none: an expert or head tensor).
-std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_layers);
+std::vector<ParameterLayout> fsdp_unit_layouts(const TensorTable& table, int group_size, bool with_embedding = true);
+// The unit holding entry e of a model of num_layers layers (none: an expert or head tensor,
+// or the embedding without with_embedding).
+std::optional<std::size_t> fsdp_unit_of(const TensorEntry& e, std::int64_t num_layers, bool with_embedding = true);
 
 // The *_params specs are in param_dtype(precision) (4 or 2 bytes an element); the
 // *_grads specs and the scratch are f32 in both precisions.
@@ -70,7 +73,7 @@ struct FsdpBuffers {
   BufferSpec norm_params, norm_grads;             // the final norm gathered / its full gradient
 };
 FsdpBuffers fsdp_buffers(const TensorTable& table, int group_size, Precision precision = Precision::f32,
-                         std::uint64_t tail = 0);
+                         std::uint64_t tail = 0, bool with_embedding = true);
 // The same from the layouts fsdp_unit_layouts returned (a planner that sizes many runs of
 // one model computes them once).
 FsdpBuffers fsdp_buffers(const std::vector<ParameterLayout>& units, int group_size, Precision precision,
@@ -82,14 +85,20 @@ class FsdpUnits {
   // scratch. group: the data-parallel group. reduce_thread: reduce_add_async runs on a
   // thread of its own where the group allows concurrent threads and the device is the
   // CPU (the constructor then splits the group: a collective over it).
+  // with_embedding: as fsdp_unit_layouts (false: unit 0 is empty).
   FsdpUnits(Device& dev, const TensorTable& table, Communicator& group, Precision precision = Precision::f32,
-            std::uint64_t tail = 0, bool reduce_thread = false);
+            std::uint64_t tail = 0, bool reduce_thread = false, bool with_embedding = true);
   ~FsdpUnits();  // completes what is in flight
   FsdpUnits(const FsdpUnits&) = delete;
   FsdpUnits& operator=(const FsdpUnits&) = delete;
 
   std::size_t size() const { return layouts_.size(); }
   static std::size_t embed() { return 0; }
+  bool has_embedding() const { return with_embedding_; }
+  // Unit u's selector (fsdp_unit_selector with this model's with_embedding).
+  ShardSelector unit_selector(const TensorTable& table, std::size_t u) const {
+    return fsdp_unit_selector(table, u, with_embedding_);
+  }
   static std::size_t layer(std::int64_t l) { return static_cast<std::size_t>(1 + l); }
   std::size_t norm() const { return layouts_.size() - 1; }
   const ParameterLayout& layout(std::size_t u) const { return layouts_[u]; }
@@ -174,6 +183,7 @@ class FsdpUnits {
   FsdpBuffers buffers_;
   Buffer params_, grads_, scratch_;
   std::vector<float> pending_master_;
+  bool with_embedding_ = true;
   std::optional<Prefetch> prefetch_;
   std::unique_ptr<CollectiveThread> reducer_;  // where the group allows one
   std::optional<std::size_t> reducing_;        // the unit whose reduce-scatter is in flight

@@ -14,6 +14,7 @@
 #include "peakbound/ops/elementwise.h"
 #include "peakbound/ops/embedding.h"
 #include "peakbound/ops/host_convert.h"
+#include "peakbound/ops/moe_permute.h"
 #include "peakbound/ops/moe_router.h"
 #include "peakbound/ops/rmsnorm.h"
 #include "peakbound/schedules/checkpoint_offload.h"
@@ -124,6 +125,8 @@ void check_model_schedules(const ModelSchedules& s) {
                           std::to_string(s.checkpoint.group_layers) +
                           " layers: a group's recomputation runs its layers' attention again, so nothing kept "
                           "from the forward would be read; choose one");
+  if (s.embedding_rows < 1)
+    throw InvalidArgument("embedding_rows must be >= 1, got " + std::to_string(s.embedding_rows));
 }
 
 StoreGroups StoreGroups::of(const ParallelLayout& layout, int world, int rank) {
@@ -142,7 +145,7 @@ StoreGroups StoreGroups::of(const ParallelLayout& layout, int world, int rank) {
   return g;
 }
 
-ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g) {
+ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g, bool vocab_parallel_embedding) {
   const std::int64_t E = c.num_experts, ep = g.ep, ep_rank = g.ep_rank;
   if (E > 0 && E % ep != 0)
     throw InvalidArgument("--ep " + std::to_string(ep) + " must divide the model's " + std::to_string(E) + " experts");
@@ -155,8 +158,9 @@ ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g) {
     return RowRange{0, e.shape[0]};
   };
   s.experts.options = LayoutOptions{1, multiple(g.ep_replicas)};
-  s.head.select = [shard](const TensorEntry& e) -> std::optional<RowRange> {
-    if (e.kind != TensorKind::head) return std::nullopt;
+  s.head.select = [shard, vocab_parallel_embedding](const TensorEntry& e) -> std::optional<RowRange> {
+    if (e.kind != TensorKind::head && !(vocab_parallel_embedding && e.kind == TensorKind::embedding))
+      return std::nullopt;
     return RowRange{shard.offset, shard.offset + shard.rows};
   };
   s.head.options = LayoutOptions{kViewAlignElements, multiple(g.vocab_replicas)};
@@ -196,6 +200,27 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
   ac.cp = cp;
   ac.cp_rank = cp_rank;
   return ac;
+}
+
+std::int64_t embedding_round_rows(std::int64_t most, std::int64_t embedding_rows) {
+  if (most < 0 || embedding_rows < 1)
+    throw InvalidArgument("embedding rounds: need tokens >= 0 and embedding_rows >= 1 (got " +
+                          std::to_string(embedding_rows) + ")");
+  return std::min(most, embedding_rows);
+}
+
+ModelEmbeddingBuffers model_embedding_buffers(std::int64_t rows, int group, std::int64_t hidden, Precision p) {
+  if (rows < 0 || group < 1 || hidden < 1)
+    throw InvalidArgument("embedding buffers: need rows >= 0, a group of >= 1 and hidden >= 1");
+  const u64 r = static_cast<u64>(rows), all = checked_mul(r, static_cast<u64>(group), "[P rows]");
+  const u64 a = dtype_size(activation_dtype(p));
+  ModelEmbeddingBuffers b;
+  b.ids = buffer_spec(Component::vocab, r, sizeof(std::int32_t));
+  b.order = buffer_spec(Component::vocab, r, sizeof(std::int64_t));
+  b.recv_ids = buffer_spec(Component::vocab, all, sizeof(std::int32_t));
+  b.rows_out = buffer_spec(Component::vocab, checked_mul(all, static_cast<u64>(hidden), "[P rows, H]"), a);
+  b.rows_in = buffer_spec(Component::vocab, checked_mul(r, static_cast<u64>(hidden), "[rows, H]"), a);
+  return b;
 }
 
 ModelAuxBuffers model_aux_buffers(std::int64_t experts) {
@@ -348,7 +373,9 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   sg.vocab = groups_.vocab->size();
   sg.vocab_rank = groups_.vocab->rank();
   sg.vocab_replicas = groups_.vocab_replicas->size();
-  store_specs_ = model_store_specs(c, sg);
+  if (schedules_.vocab_parallel_embedding && dev.backend() != Backend::cpu)
+    throw Unavailable("the vocabulary-parallel embedding runs on the CPU device only so far; train it with --device cpu");
+  store_specs_ = model_store_specs(c, sg, schedules_.vocab_parallel_embedding);
   const ModelStoreSpecs& specs = store_specs_;
   const Precision prec = schedules_.precision;
   schedules_.vocab.precision = prec;  // the model's precision rules the head's
@@ -357,7 +384,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   // The FSDP shard buffers carry the trainer's slices of the two stores after the units'
   // shard (optimizer_shard_tail): the optimizer updates them all in place.
   fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec, optimizer_shard_tail(),
-                                      schedules_.fsdp_reduce_thread);
+                                      schedules_.fsdp_reduce_thread, !schedules_.vocab_parallel_embedding);
   const FsdpBuffers& fb = fsdp_->buffers();
   for (int k = 0; k < 2; ++k) {
     param_slots_[k] = dev.allocate(fb.layer_params.component, fb.layer_params.bytes);
@@ -604,7 +631,7 @@ void MoeTransformer::load_hf_bf16(const std::string& dir) {
   }
   // Every unit's tensors in one pass; this rank keeps the part inside its slice of each.
   std::vector<ShardSelector> units;
-  for (std::size_t u = 0; u < fsdp_->size(); ++u) units.push_back(fsdp_unit_selector(table_, u));
+  for (std::size_t u = 0; u < fsdp_->size(); ++u) units.push_back(fsdp_->unit_selector(table_, u));
   const ShardSelector any = [&units](const TensorEntry& e) -> std::optional<RowRange> {
     for (const ShardSelector& sel : units)
       if (auto rows = sel(e)) return rows;
@@ -644,7 +671,7 @@ void MoeTransformer::load_hf(const std::string& dir) {
   // One unit at a time, whole, through a store of the unit's layout; this rank keeps its slice.
   const u64 r = static_cast<u64>(groups_.world->rank());
   for (std::size_t u = 0; u < fsdp_->size(); ++u) {
-    ParameterStore unit(dev_, table_, fsdp_unit_selector(table_, u), fsdp_layout_options(groups_.world->size()));
+    ParameterStore unit(dev_, table_, fsdp_->unit_selector(table_, u), fsdp_layout_options(groups_.world->size()));
     load_hf_weights(dir, unit);
     const u64 len = fsdp_->shard_len(u);
     dev_.memcpy_async(fsdp_->params_shard() + fsdp_->shard_offset(u), unit.params_data() + r * len,
@@ -758,6 +785,7 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
 // The embedding, gathered for its forward only (its backward needs no weights): x = table[ids].
 template <class A>
 void MoeTransformer::embed(Pass& p, A* out) {
+  if (schedules_.vocab_parallel_embedding) return embed_exchange<A>(p, out, nullptr, false);
   const std::int64_t V = config_.vocab_size, H = config_.hidden_size;
   Stream& s = dev_.compute_stream();
   const BufferSpec& es = fsdp_->buffers().embed_params;
@@ -766,6 +794,99 @@ void MoeTransformer::embed(Pass& p, A* out) {
   const A* w = table.as<A>() + fsdp_->find("model.embed_tokens.weight").second->offset;
   if (p.T > 0) ops::embedding_forward(dev_, s, out, p.ids.as<std::int32_t>(), w, p.T, H, 0, V);
   dev_.synchronize(s);
+}
+
+template <class A>
+void MoeTransformer::embed_exchange(Pass& p, A* out, const A* dx, bool backward) {
+  Communicator& g = *groups_.vocab;
+  const int P = g.size();
+  const std::int64_t V = config_.vocab_size, H = config_.hidden_size;
+  Stream& s = dev_.compute_stream();
+  constexpr DType kA = dtype_of<A>();
+  // The rounds: every rank of the group runs as many as its busiest (empty ones included).
+  std::int64_t most = p.T;
+  g.all_reduce(&most, 1, DType::i64, ReduceOp::max);
+  const std::int64_t R = embedding_round_rows(most, schedules_.embedding_rows);
+  if (R == 0) return;
+  const ModelEmbeddingBuffers b = model_embedding_buffers(R, P, H, schedules_.precision);
+  Buffer ids = dev_.allocate(b.ids.component, b.ids.bytes), order = dev_.allocate(b.order.component, b.order.bytes);
+  Buffer recv_ids = dev_.allocate(b.recv_ids.component, b.recv_ids.bytes);
+  Buffer rows_out = dev_.allocate(b.rows_out.component, b.rows_out.bytes);
+  Buffer rows_in = dev_.allocate(b.rows_in.component, b.rows_in.bytes);
+  // The shards' first rows (owner of id: the last shard starting at or before it) and this one's.
+  std::vector<std::int64_t> first(static_cast<std::size_t>(P));
+  for (int j = 0; j < P; ++j) first[static_cast<std::size_t>(j)] = vocab_shard(V, P, j).offset;
+  const VocabShard mine = vocab_shard(V, P, g.rank());
+  const std::string name = "model.embed_tokens.weight";
+  const A* table = mine.rows > 0 ? head_->param_as<A>(name) : nullptr;
+  float* dtable = mine.rows > 0 ? head_->grad(name) : nullptr;
+  std::vector<std::int32_t> host_ids(static_cast<std::size_t>(p.T));
+  if (p.T > 0) {
+    dev_.memcpy_async(host_ids.data(), p.ids.data(), host_ids.size() * sizeof(std::int32_t), CopyKind::device_to_host, s);
+    dev_.synchronize(s);
+  }
+  std::vector<std::size_t> send_n(static_cast<std::size_t>(P)), recv_n(send_n), send_at(send_n), recv_at(send_n);
+  std::vector<std::size_t> ones(static_cast<std::size_t>(P), 1), steps(static_cast<std::size_t>(P));
+  for (int j = 0; j < P; ++j) steps[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j);
+  std::vector<std::int32_t> by_owner(static_cast<std::size_t>(R));
+  std::vector<std::int64_t> where(static_cast<std::size_t>(R));
+  auto scale = [H](std::vector<std::size_t> v) {
+    for (std::size_t& x : v) x *= static_cast<std::size_t>(H);
+    return v;
+  };
+  for (std::int64_t t0 = 0; t0 < most; t0 += R) {
+    const std::int64_t n = std::clamp<std::int64_t>(p.T - t0, 0, R);
+    // This round's ids by owner (stable: token order within an owner).
+    std::vector<std::int64_t> owner(static_cast<std::size_t>(n));
+    std::fill(send_n.begin(), send_n.end(), 0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int32_t id = host_ids[static_cast<std::size_t>(t0 + i)];
+      const auto o = std::upper_bound(first.begin(), first.end(), static_cast<std::int64_t>(id)) - first.begin() - 1;
+      owner[static_cast<std::size_t>(i)] = o;
+      ++send_n[static_cast<std::size_t>(o)];
+    }
+    for (int j = 0, at = 0; j < P; ++j) {
+      send_at[static_cast<std::size_t>(j)] = static_cast<std::size_t>(at);
+      at += static_cast<int>(send_n[static_cast<std::size_t>(j)]);
+    }
+    std::vector<std::size_t> next = send_at;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t k = next[static_cast<std::size_t>(owner[static_cast<std::size_t>(i)])]++;
+      by_owner[k] = host_ids[static_cast<std::size_t>(t0 + i)];
+      // forward: token i's row is the k-th back (out[i] = rows_in[k]); backward: the k-th
+      // row sent is token i's gradient (rows_in[k] = dx[i]).
+      where[backward ? k : static_cast<std::size_t>(i)] = backward ? i : static_cast<std::int64_t>(k);
+    }
+    dev_.memcpy_async(ids.data(), by_owner.data(), static_cast<std::size_t>(n) * sizeof(std::int32_t),
+                      CopyKind::host_to_device, s);
+    dev_.memcpy_async(order.data(), where.data(), static_cast<std::size_t>(n) * sizeof(std::int64_t),
+                      CopyKind::host_to_device, s);
+    dev_.synchronize(s);
+    // Counts, then the ids to their owners.
+    g.all_to_all_v(send_n.data(), ones, steps, recv_n.data(), ones, steps, DType::i64);  // size_t: 8 bytes
+    std::size_t got = 0;
+    for (int j = 0; j < P; ++j) {
+      recv_at[static_cast<std::size_t>(j)] = got;
+      got += recv_n[static_cast<std::size_t>(j)];
+    }
+    g.all_to_all_v(ids.data(), send_n, send_at, recv_ids.data(), recv_n, recv_at, DType::i32);
+    if (!backward) {
+      if (got > 0)
+        ops::embedding_forward(dev_, s, rows_out.as<A>(), recv_ids.as<std::int32_t>(), table,
+                               static_cast<std::int64_t>(got), H, mine.offset, mine.rows);
+      dev_.synchronize(s);
+      g.all_to_all_v(rows_out.data(), scale(recv_n), scale(recv_at), rows_in.data(), scale(send_n), scale(send_at), kA);
+      if (n > 0) ops::moe_gather_rows(dev_, s, out + t0 * H, rows_in.as<A>(), order.as<std::int64_t>(), n, H);
+    } else {
+      if (n > 0) ops::moe_gather_rows(dev_, s, rows_in.as<A>(), dx + t0 * H, order.as<std::int64_t>(), n, H);
+      dev_.synchronize(s);
+      g.all_to_all_v(rows_in.data(), scale(send_n), scale(send_at), rows_out.data(), scale(recv_n), scale(recv_at), kA);
+      if (got > 0)
+        ops::embedding_backward(dev_, s, dtable, recv_ids.as<std::int32_t>(), rows_out.as<A>(),
+                                static_cast<std::int64_t>(got), H, mine.offset, mine.rows);
+    }
+    dev_.synchronize(s);
+  }
 }
 
 // The ranks of a context-parallel group must bring the same sequences (each keeps its
@@ -972,7 +1093,11 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     stack_->backward(dy.tensor(sh, kA), p.x.tensor(sh, kA));
   }
   mark_phase(dev_.arena(), "embedding backward");
-  {
+  if (schedules_.vocab_parallel_embedding) {
+    // Each token's row gradient to the row's owner, added into the store's shard (reduced
+    // over the store's replicas with the head's).
+    embed_exchange<A>(p, nullptr, p.x.as<A>(), true);
+  } else {
     // The embedding's full gradient (no weights needed), then its reduce-scatter.
     Buffer emb_g = dev_.allocate(fb.embed_grads.component, fb.embed_grads.bytes);
     const std::size_t eu = FsdpUnits::embed();

@@ -49,6 +49,10 @@ struct DispatchStats;
 class CheckpointedStack;
 class FsdpUnits;
 
+// Tokens a rank's round of the vocabulary-parallel embedding holds at most by default
+// (ModelSchedules::embedding_rows).
+inline constexpr std::int64_t kEmbeddingRoundRows = 1024;
+
 // Which schedule runs each peak (the optimizer's is the trainer's).
 struct ModelSchedules {
   DispatchKind dispatch = DispatchKind::standard_ep;
@@ -83,6 +87,16 @@ struct ModelSchedules {
   // pieces and the queries' pieces of the forward and the backward (attention_query_pieces);
   // 0: whole. Tests take small ones.
   std::int64_t attention_piece = kRingPieceTokens;
+  // The vocabulary-parallel embedding (Megatron's VocabParallelEmbedding, for ranks that
+  // hold different tokens): the embedding's rows sharded over the vocabulary group as the
+  // head's are (in the head's store, reduced over its replicas), not an FSDP unit gathered
+  // whole for the forward with a whole [V, H] f32 gradient in the backward. Each token's row
+  // comes from the rank that holds it: rounds of at most embedding_rows tokens a rank, the
+  // ids sent to their rows' owners and the rows sent back (all_to_all_v over the group), and
+  // in the backward the row gradients sent to the owners, which add them into their shard
+  // (model_embedding_buffers). The same rows; the gradient's sums in another order. CPU only.
+  bool vocab_parallel_embedding = false;
+  std::int64_t embedding_rows = kEmbeddingRoundRows;
 };
 
 // One micro-batch's sums on this rank.
@@ -113,7 +127,26 @@ struct ModelStoreSpecs {
 };
 // The stores MoeTransformer builds for model c on rank g (InvalidArgument when ep does
 // not divide E). The footprint calls parameter_store_buffers with the same specs.
-ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g);
+// vocab_parallel_embedding: the head's store holds the embedding's rows of the vocabulary
+// shard too (ModelSchedules::vocab_parallel_embedding).
+ModelStoreSpecs model_store_specs(const ModelConfig& c, const StoreGroups& g, bool vocab_parallel_embedding = false);
+
+// The vocabulary-parallel embedding's buffers for one call (forward or backward), in
+// rounds of `rows` tokens a rank over a vocabulary group of P ranks, sized for the most
+// any round can bring (every token of the group's round to one shard), Component::vocab:
+//   ids [rows] i32, order [rows] i64     this rank's round: its ids by owner, and where each
+//                                        token's row goes (forward) or comes from (backward)
+//   recv_ids [P rows] i32                the ids the group's ranks ask of this shard
+//   rows_out [P rows, H] (activations)   forward: their rows; backward: their gradients
+//   rows_in [rows, H] (activations)      forward: this rank's rows back; backward: its
+//                                        gradient rows by owner
+struct ModelEmbeddingBuffers {
+  BufferSpec ids, order, recv_ids, rows_out, rows_in;
+};
+// The rows of a round: embedding_rows, or fewer where no rank of the group has that many
+// (most: the group's most tokens); 0 where none has any.
+std::int64_t embedding_round_rows(std::int64_t most, std::int64_t embedding_rows);
+ModelEmbeddingBuffers model_embedding_buffers(std::int64_t rows, int group, std::int64_t hidden, Precision p);
 
 // Every decoder layer's attention sublayer config, with seq_len S (the whole sequence's),
 // on rank cp_rank of a context-parallel group of cp ranks.
@@ -192,7 +225,7 @@ inline bool offloads_attention_output(const ModelSchedules& s) {
 // Throws InvalidArgument for schedules the model refuses: checkpoint options out of range
 // (validate_checkpoint_options), and keep_attention with checkpoint groups of several
 // layers (a group's recomputation runs its blocks' attention forward again: nothing of the
-// first forward's would be read).
+// first forward's would be read), and embedding_rows below 1.
 void check_model_schedules(const ModelSchedules& s);
 ModelBatchBuffers model_batch_buffers(std::int64_t tokens, std::int64_t hidden, Precision p = Precision::f32,
                                       std::int64_t seq_aux_floats = 0);
@@ -285,6 +318,11 @@ class MoeTransformer {
   // embed: x = table[ids] into out [T, H] (the stack's first boundary, or the pass's x).
   template <class A>
   void embed(Pass& p, A* out);
+  // The vocabulary-parallel embedding (ModelSchedules::vocab_parallel_embedding): forward
+  // out [T, H] = the rows of p's ids; backward adds dx's rows into the store's gradient
+  // of the shard's rows. Collective over the vocabulary group.
+  template <class A>
+  void embed_exchange(Pass& p, A* out, const A* dx, bool backward);
   template <class A>
   BatchSums forward_backward_as(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
                                 std::int64_t S, float ce_scale, float aux_scale);

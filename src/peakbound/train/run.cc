@@ -169,6 +169,9 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
   s.schedules.checkpoint.group_layers = f.checkpoint_group;
+  if (f.embedding != "fsdp" && f.embedding != "vocab")
+    throw InvalidArgument(spell("embedding") + " must be fsdp or vocab, got '" + f.embedding + "'");
+  s.schedules.vocab_parallel_embedding = f.embedding == "vocab";
   if (f.checkpoint_group > s.config.num_layers)
     throw InvalidArgument(spell("checkpoint_group") + " must be at most the model's " +
                           std::to_string(s.config.num_layers) + " layers, got " + std::to_string(f.checkpoint_group));
@@ -722,6 +725,7 @@ RunSummary Run::finish() {
              {"moe_tile", s.shape.schedules.moe_tile},
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},
+             {"embedding", f.embedding},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
              {"step_seconds", s.step_seconds},
@@ -778,6 +782,7 @@ nlohmann::json RunSummary::json() const {
                       {"moe_tile", run["moe_tile"]},
                       {"prefetch_depth", run["prefetch_depth"]},
                       {"checkpoint_group", run["checkpoint_group"]},
+                      {"embedding", run["embedding"]},
                       {"steps", run["steps"]},
                       {"first_loss", first_loss},
                       {"final_loss", last_loss},

@@ -97,6 +97,9 @@ struct RunSettings {
   // boundary per group and recomputes the group's other inputs in its backward (up to G - 1
   // more layer forwards a step, G - 1 more [T, H] on the device there). 1: one per layer.
   std::int64_t checkpoint_group = 1;
+  // The embedding: "fsdp" (an FSDP unit, gathered whole for its forward) or "vocab" (its rows
+  // sharded over the vocabulary group, ModelSchedules::vocab_parallel_embedding).
+  std::string embedding = "fsdp";
   // Wait for the device at every phase boundary of a step (core/phase_clock.h), so that
   // an asynchronous device (CUDA) reports phase_seconds too: each phase's own time, with
   // no overlap between phases (a diagnostic; the step runs slower). The CPU device reports

@@ -39,18 +39,18 @@ struct ModelLayouts {
   std::vector<ParameterLayout> fsdp_units;
 };
 // Throws InvalidArgument for a config the TensorTable refuses (a cached one was accepted).
-std::shared_ptr<const ModelLayouts> model_layouts(const ModelConfig& c, int world) {
+std::shared_ptr<const ModelLayouts> model_layouts(const ModelConfig& c, int world, bool with_embedding) {
   static std::mutex mu;
-  static std::optional<std::pair<ModelConfig, int>> key;
+  static std::optional<std::tuple<ModelConfig, int, bool>> key;
   static std::shared_ptr<const ModelLayouts> cached;
   const std::lock_guard<std::mutex> lock(mu);
-  if (!key || key->first != c || key->second != world) {
+  if (!key || std::get<0>(*key) != c || std::get<1>(*key) != world || std::get<2>(*key) != with_embedding) {
     const TensorTable table(c, TableLayout::trainer);  // the trainer's stores (gpt-oss: per-expert rows)
     auto m = std::make_shared<ModelLayouts>();
     m->entries = table.entries();
-    m->fsdp_units = fsdp_unit_layouts(table, world);
+    m->fsdp_units = fsdp_unit_layouts(table, world, with_embedding);
     cached = std::move(m);
-    key.emplace(c, world);
+    key.emplace(c, world, with_embedding);
   }
   return cached;
 }
@@ -148,10 +148,10 @@ class TrainFootprintBuilder {
 
   // ---- persistent: stores, shards, optimizer, aux
   void size_persistent() {
-    const ModelStoreSpecs specs = model_store_specs(c_, g_);
+    const ModelStoreSpecs specs = model_store_specs(c_, g_, sch_.vocab_parallel_embedding);
     // The FSDP units (train/fsdp_units.h): shards, reduce scratch, the two layer slots of
     // parameters and of gradients, all held for the model's life.
-    const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, g_.world);
+    const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, g_.world, !sch_.vocab_parallel_embedding);
     // The stores, then the FSDP shard buffers with the stores' slices in their tail (the
     // optimizer's shard, updated in place: MoeTransformer::optimizer_shard_tail).
     u64 tail = 0;
@@ -247,7 +247,27 @@ class TrainFootprintBuilder {
     persistent(ph, true);
     batch(ph, {});
     residents(ph, 0);
-    f_.device(ph, fb_.embed_params);
+    f_.device(ph, fb_.embed_params);  // 0 bytes under the vocabulary-parallel embedding
+    embedding_exchange(ph);
+  }
+  // The vocabulary-parallel embedding's buffers in its forward and backward (rounds sized
+  // by the vocabulary group's most tokens); nothing without it.
+  void embedding_exchange(const std::string& ph) {
+    if (!sch_.vocab_parallel_embedding) return;
+    std::int64_t most = 0;
+    for (int r = in_.rank - g_.vocab_rank; r < in_.rank - g_.vocab_rank + g_.vocab; ++r)
+      most = std::max(most, tokens_of(r));
+    const std::int64_t R = embedding_round_rows(most, sch_.embedding_rows);
+    if (R == 0) return;
+    const ModelEmbeddingBuffers b = model_embedding_buffers(R, g_.vocab, H_, p_);
+    for (const BufferSpec& s : {b.ids, b.order, b.recv_ids, b.rows_out, b.rows_in}) f_.device(ph, s);
+    if (in_.evaluates && ph == "embedding forward") {
+      // The held-out loss's forward embeds into x (MoeTransformer::forward).
+      const std::string eval = "embedding eval";
+      persistent(eval, true);
+      batch(eval, {bb_.x});
+      for (const BufferSpec& s : {b.ids, b.order, b.recv_ids, b.rows_out, b.rows_in}) f_.device(eval, s);
+    }
   }
   // Forward, the last layer's attention sublayer (every layer's is the same size), writing
   // into y (the MoE layer then runs in place on it: no mid in the forward). Its projections
@@ -517,6 +537,7 @@ class TrainFootprintBuilder {
     const std::string ph = "embedding backward";
     persistent(ph, true);
     batch(ph, {bb_.x, fb_.embed_grads});
+    embedding_exchange(ph);
   }
 
   const TrainFootprintInputs& in_;
