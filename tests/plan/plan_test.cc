@@ -135,6 +135,17 @@ TEST(Plan, CheckpointGroupsWhereTheHostBinds) {
   // Where one boundary per layer fits, the policy keeps it.
   PlanInputs small = preset_inputs("qwen3-235b-a22b", 64 * 1024);
   EXPECT_EQ(make_plan(small, false).checkpoint_group, 1);
+  // The reach search starts each context's groups from the fewest a smaller context needed:
+  // the same reach as the policy from one layer a group (it fits there, not one token on).
+  const Plan r = make_plan(in, true);
+  ASSERT_TRUE(r.reach.has_value());
+  PlanInputs x = r.inputs;
+  x.context = r.reach->scheduled;
+  std::int64_t g = 0;
+  EXPECT_TRUE(fits_memory(x, estimate_with_policy(x, r.params, in.schedules, nullptr, nullptr, &g)));
+  EXPECT_GT(g, 1);
+  x.context += 1;
+  EXPECT_FALSE(fits_memory(x, estimate_with_policy(x, r.params, in.schedules)));
   // keep_attention does not combine with groups: the policy leaves them out.
   in.keep_attention = true;
   EXPECT_EQ(make_plan(in, false).checkpoint_group, 1);

@@ -13,12 +13,6 @@ namespace peakbound {
 
 namespace {
 
-bool fits(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s, std::int64_t context) {
-  PlanInputs x = in;
-  x.context = context;
-  return fits_memory(x, estimate_with_policy(x, pc, s));
-}
-
 std::string bytes(std::uint64_t b) { return format_bytes(static_cast<double>(b)); }
 
 // Ways to make a plan fit that does not, each checked by re-planning (with the
@@ -111,22 +105,6 @@ nlohmann::json estimate_json(const PeakEstimate& e) {
 
 }  // namespace
 
-std::int64_t context_reach(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s) {
-  constexpr std::int64_t kMax = std::int64_t{1} << 31;
-  if (!fits(in, pc, s, 1)) return 0;
-  std::int64_t lo = 1, hi = 1024;  // lo fits; hi is the next candidate
-  while (hi <= kMax && fits(in, pc, s, hi)) {
-    lo = hi;
-    hi *= 2;
-  }
-  if (hi > kMax) return lo;
-  while (hi - lo > 1) {  // invariant: lo fits, hi does not
-    std::int64_t mid = lo + (hi - lo) / 2;
-    (fits(in, pc, s, mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 bool fits_memory(const PlanInputs& in, const PeakEstimate& e) {
   return e.peak <= in.device_memory && e.host_bytes <= in.host_budget();
 }
@@ -174,40 +152,90 @@ PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, c
   return e;
 }
 
+// The policy's estimate (estimate_with_policy), its checkpoint groups tried from `first`
+// layers on: a caller that knows fewer do not fit (the fewest a smaller context needed: the
+// host's and the device's bytes only grow with the context) starts there and skips G = 1.
+// Where nothing fits it returns the last estimate tried (G = 1's when first is 1).
+PeakEstimate estimate_from_group(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
+                                 std::int64_t first, std::optional<std::int64_t>* resident_layers,
+                                 std::int64_t* prefetch_depth, std::int64_t* checkpoint_group) {
+  PlanInputs x = in;
+  x.checkpoint_group = in.planned_checkpoint_group();
+  if (checkpoint_group) *checkpoint_group = x.checkpoint_group;
+  // Checkpoint groups where the host memory does not hold the plan: a group of G layers keeps
+  // one boundary for G (the host's share falls) and holds up to G - 1 recomputed inputs on
+  // the device in its backward (the device's rises), so the fewest layers a group that fits;
+  // none where the host fits already or the device is over already (groups only add to it),
+  // where even one boundary for the whole stack leaves the host short, or once the device
+  // overflows.
+  // keep_attention does not combine with groups (check_model_schedules).
+  const std::int64_t L = in.model.num_layers;
+  const bool policy = in.checkpoint_group < 1 && s.sco && !in.resident_layers && !in.keep_attention && L >= 2;
+  PeakEstimate e;
+  if (!policy || first <= 1) {
+    e = estimate_depth_policy(x, pc, s, resident_layers, prefetch_depth);
+    // A device over its memory here holds no resident boundary (the policy keeps one only
+    // where the device has room), and a group only adds recomputed inputs to it.
+    if (!policy || e.host_bytes <= in.host_budget() || e.peak > in.device_memory) return e;
+  }
+  x.checkpoint_group = L;
+  const PeakEstimate one = estimate_depth_policy(x, pc, s, nullptr, nullptr);
+  if (one.host_bytes > in.host_budget()) return first <= 1 ? e : one;
+  for (std::int64_t G = std::max<std::int64_t>(2, first); G <= L; ++G) {
+    x.checkpoint_group = G;
+    std::optional<std::int64_t> k;
+    std::int64_t depth = 0;
+    const PeakEstimate g = estimate_depth_policy(x, pc, s, &k, &depth);
+    const bool ok = fits_memory(in, g);
+    if (ok || first > 1) {  // what it is at (from `first` on, the last tried where nothing fits)
+      if (resident_layers) *resident_layers = k;
+      if (prefetch_depth) *prefetch_depth = depth;
+      if (checkpoint_group) *checkpoint_group = G;
+      e = g;
+    }
+    if (ok) return g;
+    if (g.peak > in.device_memory) break;
+  }
+  return e;
+}
+
+bool fits(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s, std::int64_t context, std::int64_t first,
+          std::int64_t* group) {
+  PlanInputs x = in;
+  x.context = context;
+  return fits_memory(x, estimate_from_group(x, pc, s, first, nullptr, nullptr, group));
+}
+
 }  // namespace
 
 PeakEstimate estimate_with_policy(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s,
                                   std::optional<std::int64_t>* resident_layers, std::int64_t* prefetch_depth,
                                   std::int64_t* checkpoint_group) {
-  PlanInputs x = in;
-  x.checkpoint_group = in.planned_checkpoint_group();
-  if (checkpoint_group) *checkpoint_group = x.checkpoint_group;
-  PeakEstimate e = estimate_depth_policy(x, pc, s, resident_layers, prefetch_depth);
-  // Checkpoint groups where the host memory does not hold the plan: a group of G layers keeps
-  // one boundary for G (the host's share falls) and holds up to G - 1 recomputed inputs on
-  // the device in its backward (the device's rises), so the fewest layers a group that fits;
-  // none where the host fits already (the device binds: groups only add to it), where even
-  // one boundary for the whole stack leaves the host short, or once the device overflows. keep_attention does not combine with groups (check_model_schedules).
-  const std::int64_t L = in.model.num_layers;
-  if (in.checkpoint_group >= 1 || !s.sco || in.resident_layers || in.keep_attention || L < 2 ||
-      e.host_bytes <= in.host_budget())
-    return e;
-  x.checkpoint_group = L;
-  if (estimate_depth_policy(x, pc, s, nullptr, nullptr).host_bytes > in.host_budget()) return e;
-  for (std::int64_t G = 2; G <= L; ++G) {
-    x.checkpoint_group = G;
-    std::optional<std::int64_t> k;
-    std::int64_t depth = 0;
-    const PeakEstimate g = estimate_depth_policy(x, pc, s, &k, &depth);
-    if (fits_memory(in, g)) {
-      if (resident_layers) *resident_layers = k;
-      if (prefetch_depth) *prefetch_depth = depth;
-      if (checkpoint_group) *checkpoint_group = G;
-      return g;
-    }
-    if (g.peak > in.device_memory) break;
+  return estimate_from_group(in, pc, s, 1, resident_layers, prefetch_depth, checkpoint_group);
+}
+
+std::int64_t context_reach(const PlanInputs& in, const ParamCount& pc, const ScheduleSet& s) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 31;
+  // The group policy's fewest at the largest context known to fit: a larger one needs at
+  // least as many (estimate_from_group).
+  std::int64_t first = 1, group = 1;
+  const auto fits_at = [&](std::int64_t context) {
+    const bool ok = fits(in, pc, s, context, first, &group);
+    if (ok) first = group;
+    return ok;
+  };
+  if (!fits_at(1)) return 0;
+  std::int64_t lo = 1, hi = 1024;  // lo fits; hi is the next candidate
+  while (hi <= kMax && fits_at(hi)) {
+    lo = hi;
+    hi *= 2;
   }
-  return e;
+  if (hi > kMax) return lo;
+  while (hi - lo > 1) {  // invariant: lo fits, hi does not
+    std::int64_t mid = lo + (hi - lo) / 2;
+    (fits_at(mid) ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 Plan make_plan(const PlanInputs& given, bool with_reach) {
