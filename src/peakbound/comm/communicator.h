@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "peakbound/core/dtype.h"
 
@@ -38,6 +39,14 @@ class Request {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// all_to_all_v's displacements for blocks packed back to back: the exclusive prefix sums
+// of counts.
+inline std::vector<std::size_t> packed_displs(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> d(counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
 
 class Communicator {
  public:
@@ -71,7 +80,8 @@ class Communicator {
                               ReduceOp op) = 0;
   virtual void broadcast(void* buf, std::size_t count, DType t, int root) = 0;
   // Block j of send (send_counts[j] elements at send_displs[j]) goes to rank j; block
-  // from rank j lands at recv_displs[j]. Zero counts are fine.
+  // from rank j lands at recv_displs[j]. Zero counts are fine. packed_displs gives the
+  // displacements of blocks packed back to back.
   virtual void all_to_all_v(const void* send, std::span<const std::size_t> send_counts,
                             std::span<const std::size_t> send_displs, void* recv,
                             std::span<const std::size_t> recv_counts,

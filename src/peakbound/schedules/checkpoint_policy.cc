@@ -80,6 +80,11 @@ void check_layers(std::int64_t layers) {
   if (layers < 1) throw InvalidArgument("checkpoint layers must be >= 1 (got " + std::to_string(layers) + ")");
 }
 
+// The first checkpoint group's blocks (the remainder; the others hold G each).
+std::int64_t first_group_count(std::int64_t layers, std::int64_t group_layers, std::int64_t groups) {
+  return layers - (groups - 1) * group_layers;
+}
+
 }  // namespace
 
 std::int64_t checkpoint_group_count(std::int64_t layers, std::int64_t group_layers) {
@@ -93,7 +98,7 @@ CheckpointGroup checkpoint_group(std::int64_t layers, std::int64_t group_layers,
   const std::int64_t n = checkpoint_group_count(layers, group_layers);
   if (k < 0 || k >= n)
     throw InvalidArgument("checkpoint group " + std::to_string(k) + " is not in [0, " + std::to_string(n) + ")");
-  const std::int64_t first_count = layers - (n - 1) * group_layers;
+  const std::int64_t first_count = first_group_count(layers, group_layers, n);
   if (k == 0) return {0, first_count};
   return {first_count + (k - 1) * group_layers, group_layers};
 }
@@ -102,7 +107,7 @@ std::int64_t checkpoint_group_of(std::int64_t layers, std::int64_t group_layers,
   const std::int64_t n = checkpoint_group_count(layers, group_layers);
   if (l < 0 || l >= layers)
     throw InvalidArgument("checkpoint block " + std::to_string(l) + " is not in [0, " + std::to_string(layers) + ")");
-  const std::int64_t first_count = layers - (n - 1) * group_layers;
+  const std::int64_t first_count = first_group_count(layers, group_layers, n);
   return l < first_count ? 0 : 1 + (l - first_count) / group_layers;
 }
 

@@ -32,12 +32,6 @@ namespace peakbound {
 
 namespace {
 
-std::vector<std::size_t> prefix(const std::vector<std::size_t>& counts) {
-  std::vector<std::size_t> d(counts.size(), 0);
-  for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
-  return d;
-}
-
 // The first failure of the communication thread's host tasks; later tasks are skipped.
 struct CommFailure {
   std::mutex mu;
@@ -217,7 +211,7 @@ class MoeDispatch::Pass {
     ops::moe_gather_rows(dev_, cs_, wsend.as<A>(), io_.params, windex.as<std::int64_t>(),
                          static_cast<std::int64_t>(lent_.size()), EF_);
     dev_.synchronize(cs_);
-    g_.all_to_all_v(wsend.data(), wsc_, prefix(wsc_), fweights_.data(), wrc_, prefix(wrc_), kRows);
+    g_.all_to_all_v(wsend.data(), wsc_, packed_displs(wsc_), fweights_.data(), wrc_, packed_displs(wrc_), kRows);
   }
 
   // The expert slot of expert e on this rank: its own experts, then the lent ones.
@@ -322,9 +316,9 @@ class MoeDispatch::Pass {
       const int b = i % nbuf_;
       auto [sc, rc] = counts(i, back);
       if (back)
-        g_.all_to_all_v_on(dev_, comm_, out_[b].data(), sc, prefix(sc), back_[b].data(), rc, prefix(rc), kRows);
+        g_.all_to_all_v_on(dev_, comm_, out_[b].data(), sc, packed_displs(sc), back_[b].data(), rc, packed_displs(rc), kRows);
       else
-        g_.all_to_all_v_on(dev_, comm_, send_[b].data(), sc, prefix(sc), recv_[b].data(), rc, prefix(rc), kRows);
+        g_.all_to_all_v_on(dev_, comm_, send_[b].data(), sc, packed_displs(sc), recv_[b].data(), rc, packed_displs(rc), kRows);
       return dev_.record(comm_);
     }
     dev_.host_task(comm_, [this, i, back, &failure] {
@@ -386,9 +380,9 @@ class MoeDispatch::Pass {
     const int b = i % nbuf_;
     auto [sc, rc] = counts(i, back);
     if (back)
-      g_.all_to_all_v(out_[b].data(), sc, prefix(sc), back_[b].data(), rc, prefix(rc), kRows);
+      g_.all_to_all_v(out_[b].data(), sc, packed_displs(sc), back_[b].data(), rc, packed_displs(rc), kRows);
     else
-      g_.all_to_all_v(send_[b].data(), sc, prefix(sc), recv_[b].data(), rc, prefix(rc), kRows);
+      g_.all_to_all_v(send_[b].data(), sc, packed_displs(sc), recv_[b].data(), rc, packed_displs(rc), kRows);
   }
 
   // The expert slot of every received row (sources in rank order, each source's slice in
@@ -503,7 +497,7 @@ class MoeDispatch::Pass {
     if (plan_.spills.empty()) return;
     Buffer back = alloc(bufs_.grad_return);
     dev_.synchronize(cs_);
-    g_.all_to_all_v(fgrads_.data(), wrc_, prefix(wrc_), back.data(), wsc_, prefix(wsc_), DType::f32);
+    g_.all_to_all_v(fgrads_.data(), wrc_, packed_displs(wrc_), back.data(), wsc_, packed_displs(wsc_), DType::f32);
     for (std::size_t i = 0; i < lent_.size(); ++i)
       ops::axpy(dev_, cs_, io_.dparams + lent_[i] * EF_, back.as<float>() + static_cast<std::int64_t>(i) * EF_, EF_,
                 1.0f);

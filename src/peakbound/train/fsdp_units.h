@@ -94,7 +94,6 @@ class FsdpUnits {
 
   std::size_t size() const { return layouts_.size(); }
   static std::size_t embed() { return 0; }
-  bool has_embedding() const { return with_embedding_; }
   // Unit u's selector (fsdp_unit_selector with this model's with_embedding).
   ShardSelector unit_selector(const TensorTable& table, std::size_t u) const {
     return fsdp_unit_selector(table, u, with_embedding_);

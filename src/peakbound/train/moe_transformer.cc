@@ -825,7 +825,7 @@ void MoeTransformer::embed_exchange(Pass& p, A* out, const A* dx, bool backward)
     dev_.memcpy_async(host_ids.data(), p.ids.data(), host_ids.size() * sizeof(std::int32_t), CopyKind::device_to_host, s);
     dev_.synchronize(s);
   }
-  std::vector<std::size_t> send_n(static_cast<std::size_t>(P)), recv_n(send_n), send_at(send_n), recv_at(send_n);
+  std::vector<std::size_t> send_n(static_cast<std::size_t>(P)), recv_n(send_n);
   std::vector<std::size_t> ones(static_cast<std::size_t>(P), 1), steps(static_cast<std::size_t>(P));
   for (int j = 0; j < P; ++j) steps[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j);
   std::vector<std::int32_t> by_owner(static_cast<std::size_t>(R));
@@ -845,10 +845,7 @@ void MoeTransformer::embed_exchange(Pass& p, A* out, const A* dx, bool backward)
       owner[static_cast<std::size_t>(i)] = o;
       ++send_n[static_cast<std::size_t>(o)];
     }
-    for (int j = 0, at = 0; j < P; ++j) {
-      send_at[static_cast<std::size_t>(j)] = static_cast<std::size_t>(at);
-      at += static_cast<int>(send_n[static_cast<std::size_t>(j)]);
-    }
+    const std::vector<std::size_t> send_at = packed_displs(send_n);
     std::vector<std::size_t> next = send_at;
     for (std::int64_t i = 0; i < n; ++i) {
       const std::size_t k = next[static_cast<std::size_t>(owner[static_cast<std::size_t>(i)])]++;
@@ -864,11 +861,8 @@ void MoeTransformer::embed_exchange(Pass& p, A* out, const A* dx, bool backward)
     dev_.synchronize(s);
     // Counts, then the ids to their owners.
     g.all_to_all_v(send_n.data(), ones, steps, recv_n.data(), ones, steps, DType::i64);  // size_t: 8 bytes
-    std::size_t got = 0;
-    for (int j = 0; j < P; ++j) {
-      recv_at[static_cast<std::size_t>(j)] = got;
-      got += recv_n[static_cast<std::size_t>(j)];
-    }
+    const std::vector<std::size_t> recv_at = packed_displs(recv_n);
+    const std::size_t got = recv_at.back() + recv_n.back();
     g.all_to_all_v(ids.data(), send_n, send_at, recv_ids.data(), recv_n, recv_at, DType::i32);
     if (!backward) {
       if (got > 0)

@@ -1,6 +1,7 @@
 #include "peakbound/train/train_footprint.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -295,38 +296,45 @@ class TrainFootprintBuilder {
     if (!in_.dispatch_layers.empty() && static_cast<std::int64_t>(in_.dispatch_layers.size()) != moe_count)
       throw InvalidArgument("train footprint: dispatch_layers has " + std::to_string(in_.dispatch_layers.size()) +
                             " entries for " + std::to_string(moe_count) + " MoE layers");
-    for (std::int64_t l = 0, moe_index = 0; l < L_; ++l) {
-      const bool moe = c_.is_moe_layer(l);
-      const std::int64_t i = moe ? moe_index++ : -1;
-      const bool every = moe && !in_.dispatch_layers.empty();
-      if (l != (moe ? last_moe : last_dense) && !every) continue;
-      const std::string suffix = l == (moe ? last_moe : last_dense) ? "" : " (layer " + std::to_string(l) + ")";
-      mlps_.push_back(mlp_at(l, i, suffix));
-    }
-    // Backward and a group's recomputation: the layer of each kind (every MoE layer with
-    // its own sizes) holding the most boundaries then (without groups: the last of its
-    // kind, as above).
-    const auto most_live = [&](bool moe, bool recompute) {
-      std::int64_t best = -1, live = -1;
-      for (std::int64_t l = 0; l < L_; ++l) {
-        if (c_.is_moe_layer(l) != moe || (recompute && last_in_group(l))) continue;
-        const std::int64_t n = resident_count(group_of(l)) + index_in_group(l) + (recompute ? 1 : 0);
-        if (n >= live) best = l, live = n;
-      }
-      return best;
+    // Each sublayer's footprint once (mlp_at), whichever moments name it.
+    std::vector<std::int64_t> moe_index(static_cast<std::size_t>(L_), -1);
+    for (std::int64_t l = 0, k = 0; l < L_; ++l)
+      if (c_.is_moe_layer(l)) moe_index[static_cast<std::size_t>(l)] = k++;
+    const auto take = [&](std::vector<std::int64_t>& moments, std::int64_t l) {
+      const std::int64_t i = moe_index[static_cast<std::size_t>(l)];
+      const bool every = i >= 0 && !in_.dispatch_layers.empty();
+      if (!mlps_.contains(l)) mlps_.emplace(l, mlp_at(l, i, every && l != last_moe ? " (layer " + std::to_string(l) + ")" : ""));
+      moments.push_back(l);
     };
+    // Forward: the last of each kind (every MoE layer with its own sizes).
+    for (std::int64_t l = 0; l < L_; ++l) {
+      const bool moe = c_.is_moe_layer(l);
+      if (l == (moe ? last_moe : last_dense) || (moe && !in_.dispatch_layers.empty())) take(forward_mlps_, l);
+    }
+    // Backward and a group's recomputation: the layer of each kind holding the most
+    // boundaries then (without groups: the last of its kind, as above), or every MoE layer
+    // with its own sizes (recomputed: those not last in their group).
     for (const bool recompute : {false, true}) {
-      std::vector<Mlp>& out = recompute ? recompute_mlps_ : backward_mlps_;
       if (recompute && G_ <= 1) break;
-      const std::int64_t dense_at = most_live(false, recompute), moe_at = most_live(true, recompute);
-      for (std::int64_t l = 0, moe_index = 0; l < L_; ++l) {
+      const std::int64_t dense_at = most_boundaries(false, recompute), moe_at = most_boundaries(true, recompute);
+      for (std::int64_t l = 0; l < L_; ++l) {
         const bool moe = c_.is_moe_layer(l);
-        const std::int64_t i = moe ? moe_index++ : -1;
-        const bool every = moe && !in_.dispatch_layers.empty();
-        if (every ? recompute && last_in_group(l) : l != (moe ? moe_at : dense_at)) continue;
-        out.push_back(mlp_at(l, i, every && l != last_moe ? " (layer " + std::to_string(l) + ")" : ""));
+        if (moe && !in_.dispatch_layers.empty() ? !(recompute && last_in_group(l)) : l == (moe ? moe_at : dense_at))
+          take(recompute ? recompute_mlps_ : backward_mlps_, l);
       }
     }
+  }
+  // The layer (of the kind `moe` says, or any) whose backward, or whose group's
+  // recomputation, holds the most boundaries: the resident ones and the group's recomputed
+  // inputs (ties: the later); -1 where none.
+  std::int64_t most_boundaries(std::optional<bool> moe, bool recompute) const {
+    std::int64_t best = -1, live = -1;
+    for (std::int64_t l = 0; l < L_; ++l) {
+      if ((moe && c_.is_moe_layer(l) != *moe) || (recompute && last_in_group(l))) continue;
+      const std::int64_t n = resident_count(group_of(l)) + index_in_group(l) + (recompute ? 1 : 0);
+      if (n >= live) best = l, live = n;
+    }
+    return best;
   }
   // MLP sublayer l's footprint and its phases' names (i: its index among the MoE layers, or -1).
   Mlp mlp_at(std::int64_t l, std::int64_t i, const std::string& suffix) const {
@@ -373,7 +381,8 @@ class TrainFootprintBuilder {
                                                 static_cast<double>(c_.top_k)));
   }
   void mlp_forwards() {
-    for (const Mlp& m : mlps_) {
+    for (const std::int64_t l : forward_mlps_) {
+      const Mlp& m = mlps_.at(l);
       persistent(m.fwd, true);
       batch(m.fwd, {bb_.y});
       residents(m.fwd, group_of(m.layer) + 1);
@@ -470,11 +479,12 @@ class TrainFootprintBuilder {
   // attention's backward.
   void layer_backwards() {
     for (auto it = backward_mlps_.rbegin(); it != backward_mlps_.rend(); ++it) {
-      backward_common(it->bwd, it->layer);
-      add_phase(f_, it->bwd, it->layer_fp.phase("backward rows"));
-      if (it->dispatch) add_phase(f_, it->bwd, it->dispatch_fp.phase("backward"));
-      add_phase(f_, it->bwd, att_.phase(kAttentionRowsPhase));
-      kept(it->bwd, it->layer);  // keep_attention: the earlier layers' too
+      const Mlp& m = mlps_.at(*it);
+      backward_common(m.bwd, m.layer);
+      add_phase(f_, m.bwd, m.layer_fp.phase("backward rows"));
+      if (m.dispatch) add_phase(f_, m.bwd, m.dispatch_fp.phase("backward"));
+      add_phase(f_, m.bwd, att_.phase(kAttentionRowsPhase));
+      kept(m.bwd, m.layer);  // keep_attention: the earlier layers' too
     }
     // The last layer's: forward_for_rows' recomputation (keep_attention: it reuses the kept
     // o and lse and runs no kernel; the earlier layers' are held beside; o on the host: its
@@ -499,18 +509,14 @@ class TrainFootprintBuilder {
   // with its dispatch (per kind; every MoE layer with its own sizes).
   void recomputations() {
     if (G_ <= 1 || L_ <= 1) return;
-    std::int64_t at = -1, live = -1;
-    for (std::int64_t l = 0; l < L_; ++l) {
-      if (last_in_group(l)) continue;
-      const std::int64_t n = resident_count(group_of(l)) + index_in_group(l) + 1;
-      if (n >= live) at = l, live = n;
-    }
+    const std::int64_t at = most_boundaries(std::nullopt, true);
     for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::forward)) {
       const std::string ph = "recompute attention" + std::string(forward_suffix(part));
       backward_common(ph, at, true);
       add_phase(f_, ph, att_.phase(part));
     }
-    for (const Mlp& m : recompute_mlps_) {
+    for (const std::int64_t l : recompute_mlps_) {
+      const Mlp& m = mlps_.at(l);
       backward_common(m.rec, m.layer, true);
       add_phase(f_, m.rec, m.layer_fp.phase("forward"));
       if (m.dispatch) add_phase(f_, m.rec, m.dispatch_fp.phase("forward"));
@@ -561,9 +567,9 @@ class TrainFootprintBuilder {
   std::int64_t ringed_ = 0;
   AttentionLayerConfig ac_;
   Footprint att_{"attention"};
-  std::vector<Mlp> mlps_;           // forward: the last of each kind (every MoE layer with its own sizes)
-  std::vector<Mlp> backward_mlps_;  // backward and a group's recomputation: see plan_mlps
-  std::vector<Mlp> recompute_mlps_;
+  std::map<std::int64_t, Mlp> mlps_;  // by layer: the MLP sublayers whose moments are phases
+  // Their layers in the forward, the backward and a group's recomputation (plan_mlps).
+  std::vector<std::int64_t> forward_mlps_, backward_mlps_, recompute_mlps_;
 };
 
 }  // namespace
