@@ -107,14 +107,32 @@ double RingAttentionCheck::worst_kernel() const { return *std::max_element(kerne
 
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel, Component io,
-                                         ThreadPool* pool, std::int64_t piece_tokens, int query_pieces) {
+                                         ThreadPool* pool, std::int64_t piece_tokens, int query_pieces,
+                                         ContextAttention kind) {
   const AttentionDims& a = p.dims;
   RingAttentionConfig cfg;
   cfg.dims = a;
   cfg.seq_len = a.tokens;
   cfg.piece_tokens = piece_tokens;
   cfg.query_pieces = query_pieces;
-  check_ring_attention(cfg, g.size());
+  const bool ulysses = kind == ContextAttention::ulysses;
+  if (ulysses)
+    check_ulysses_attention(cfg, g.size());
+  else
+    check_ring_attention(cfg, g.size());
+  const auto forward = [&](float* out, float* lse, const float* q, const float* k, const float* v) {
+    if (ulysses)
+      ulysses_attention_forward(dev, g, cfg, out, lse, q, k, v, pool);
+    else
+      ring_attention_forward(dev, g, cfg, out, lse, q, k, v, pool);
+  };
+  const auto backward = [&](float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                            const float* v, const float* out, const float* lse) {
+    if (ulysses)
+      ulysses_attention_backward(dev, g, cfg, dq, dk, dv, dout, q, k, v, out, lse, nullptr, pool);
+    else
+      ring_attention_backward(dev, g, cfg, dq, dk, dv, dout, q, k, v, out, lse, nullptr, pool);
+  };
   const CpShard sh = zigzag_shard(a.tokens, g.size(), g.rank());
   const std::int64_t T = sh.tokens();
   const std::int64_t wq = a.q_heads * a.qk_dim, wk = a.kv_heads * a.qk_dim, wv = a.kv_heads * a.v_dim,
@@ -147,13 +165,11 @@ RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const Att
   std::vector<float> got[5];
   if (query_pieces == 1) {
     dev.arena().reset_peaks();
-    ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(),
-                           v.as<float>(), pool);
+    forward(out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>());
     c.forward_peak = dev.arena().peak(Component::attention);
     dev.arena().reset_peaks();
-    ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
-                            q.as<float>(), k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), nullptr,
-                            pool);
+    backward(dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(), q.as<float>(), k.as<float>(),
+             v.as<float>(), out.as<float>(), lse.as<float>());
     c.backward_peak = dev.arena().peak(Component::attention);
     got[0] = download(out, wo), got[1] = download(lse, wl), got[2] = download(dq, wq);
   } else {
@@ -179,8 +195,7 @@ RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const Att
       Buffer qi = upload(pack(hq, wq, r));
       Buffer oi = dev.allocate(io, Z(n * wo) * sizeof(float)), li = dev.allocate(io, Z(n * wl) * sizeof(float));
       dev.arena().reset_peaks();
-      ring_attention_forward(dev, g, cfg, oi.as<float>(), li.as<float>(), qi.as<float>(), k.as<float>(),
-                             v.as<float>(), pool);
+      forward(oi.as<float>(), li.as<float>(), qi.as<float>(), k.as<float>(), v.as<float>());
       c.forward_peak = std::max(c.forward_peak, dev.arena().peak(Component::attention));
       std::vector<float> ho(Z(n * wo)), hl(Z(n * wl));
       dev.memcpy_async(ho.data(), oi.data(), ho.size() * sizeof(float), CopyKind::device_to_host, s);
@@ -197,9 +212,8 @@ RingAttentionCheck verify_ring_attention(Device& dev, Communicator& g, const Att
              li = upload(pack(got[1], wl, r));
       Buffer dqi = dev.allocate(io, Z(n * wq) * sizeof(float));
       dev.arena().reset_peaks();
-      ring_attention_backward(dev, g, cfg, dqi.as<float>(), dk.as<float>(), dv.as<float>(), di.as<float>(),
-                              qi.as<float>(), k.as<float>(), v.as<float>(), oi.as<float>(), li.as<float>(), nullptr,
-                              pool);
+      backward(dqi.as<float>(), dk.as<float>(), dv.as<float>(), di.as<float>(), qi.as<float>(), k.as<float>(),
+               v.as<float>(), oi.as<float>(), li.as<float>());
       c.backward_peak = std::max(c.backward_peak, dev.arena().peak(Component::attention));
       std::vector<float> hdq(Z(n * wq));
       dev.memcpy_async(hdq.data(), dqi.data(), hdq.size() * sizeof(float), CopyKind::device_to_host, s);

@@ -13,6 +13,7 @@
 #include "peakbound/core/component.h"
 #include "peakbound/device/device.h"
 #include "peakbound/ops/attention.h"
+#include "peakbound/schedules/ulysses_attention.h"
 
 namespace peakbound {
 
@@ -49,7 +50,8 @@ struct RingAttentionCheck {
 };
 inline constexpr const char* kAttentionFields[5] = {"out", "lse", "dq", "dk", "dv"};
 
-// Collective over cp_group. Runs ring attention with seq_len = p.dims.tokens, carrying
+// Collective over cp_group. Runs ring attention (kind ulysses: Ulysses attention,
+// schedules/ulysses_attention.h, the same calls) with seq_len = p.dims.tokens, carrying
 // pieces of piece_tokens (RingAttentionConfig::piece_tokens; 0: whole shards); with
 // query_pieces > 1 the queries go in that many calls (RingAttentionConfig::query_pieces:
 // each piece's rows packed, dk and dv summed over the calls) and the peaks are the
@@ -57,6 +59,7 @@ inline constexpr const char* kAttentionFields[5] = {"out", "lse", "dq", "dk", "d
 RingAttentionCheck verify_ring_attention(Device& dev, Communicator& cp_group, const AttentionProblem& p,
                                          const AttentionResult& naive, const AttentionResult& kernel,
                                          Component io = Component::layer, ThreadPool* pool = nullptr,
-                                         std::int64_t piece_tokens = 0, int query_pieces = 1);
+                                         std::int64_t piece_tokens = 0, int query_pieces = 1,
+                                         ContextAttention kind = ContextAttention::ring);
 
 }  // namespace peakbound

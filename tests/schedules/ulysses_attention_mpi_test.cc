@@ -1,0 +1,233 @@
+// Ulysses attention (schedules/ulysses_attention.h) at whatever world size the binary runs
+// with (1-4), at CP = the world size and every smaller CP dividing it (groups of consecutive
+// ranks): forward out/lse and backward dq/dk/dv of each rank's zigzag shard against the
+// single-rank kernel on the whole sequence and a naive double reference, within 1e-5
+// relative (the ring's harness, verify_ring_attention, with kind ulysses). Lengths 2 CP
+// does not divide, GQA ratios 1 and 2, one and two KV heads a rank (one and two head
+// steps), D != Dv, windows, odd tiles, the queries in three pieces (dk, dv summed over the
+// calls), S = 2201. bf16 against the single-rank bf16 kernel to 1e-2 of max|ref| (the
+// ring's bound). The arena's attention peak of every call equals the footprint's phase,
+// nothing stays live; KV heads cp does not divide are refused in one line.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "peakbound/core/error.h"
+#include "peakbound/device/cpu/cpu_device.h"
+#include "peakbound/ops/attention.h"
+#include "peakbound/ops/elementwise.h"
+#include "peakbound/schedules/context_layout.h"
+#include "peakbound/schedules/ulysses_attention.h"
+#include "peakbound/verify/attention_reference.h"
+#include "peakbound/verify/relative_error.h"
+#include "tests/comm/world.h"
+#include "tests/schedules/ring_attention_test_rows.h"
+
+namespace peakbound {
+namespace {
+namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
+
+using testing::shard_rows;
+using testing::upload;
+using testing::world;
+
+struct Shape {
+  std::int64_t S, hq, hkv, d, dv, window, bq, bk;
+};
+
+std::string name(const Shape& s, int cp) {
+  return "CP=" + std::to_string(cp) + " S=" + std::to_string(s.S) + " Hq=" + std::to_string(s.hq) +
+         " Hkv=" + std::to_string(s.hkv) + " D=" + std::to_string(s.d) + " Dv=" + std::to_string(s.dv) +
+         " W=" + std::to_string(s.window) + " Bq=" + std::to_string(s.bq) + " Bk=" + std::to_string(s.bk);
+}
+
+// KV heads a multiple of cp: one head a rank (GQA 1 and 2) and two (two head steps).
+std::vector<Shape> shapes(int cp) {
+  std::vector<Shape> out;
+  int n = 0;
+  for (std::int64_t S : {std::int64_t{2} * cp, std::int64_t{2} * cp + 1, std::int64_t{37}, std::int64_t{130}})
+    for (auto [hq, hkv] : {std::pair{cp, cp}, std::pair{2 * cp, cp}, std::pair{4 * cp, 2 * cp}})
+      for (std::int64_t W : {0, 5}) {
+        const bool odd = (n++ % 2) == 1;
+        out.push_back({S, hq, hkv, odd ? 13 : 16, odd ? 8 : 16, W, odd ? 7 : 64, odd ? 5 : 64});
+      }
+  out.push_back({2201, 2 * cp, cp, 16, 8, 0, 7, 5});
+  out.push_back({2201, 2 * cp, 2 * cp, 8, 8, 300, 64, 64});
+  return out;
+}
+
+double run_shapes(Communicator& g) {
+  const int cp = g.size();
+  double worst = 0, worst_kernel = 0;
+  for (const Shape& s : shapes(cp)) {
+    SCOPED_TRACE(name(s, cp));
+    AttentionDims a;
+    a.tokens = s.S;
+    a.q_heads = s.hq;
+    a.kv_heads = s.hkv;
+    a.qk_dim = s.d;
+    a.v_dim = s.dv;
+    a.window = s.window;
+    a.block_q = s.bq;
+    a.block_k = s.bk;
+    const AttentionProblem p = make_attention_problem(a, 3000 + static_cast<std::uint64_t>(s.S * 7 + s.hq + s.window));
+    const AttentionResult naive = naive_attention(p), kernel = kernel_attention(p);
+    const int qp = static_cast<int>(std::min<std::int64_t>(3, zigzag_shortest_chunk(s.S, cp)));
+    for (int pieces : {1, qp}) {
+      SCOPED_TRACE("query_pieces=" + std::to_string(pieces));
+      CpuDevice dev(64ull << 20);
+      const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel, Component::layer, nullptr, 0,
+                                                         pieces, ContextAttention::ulysses);
+      for (int f = 0; f < 5; ++f) {
+        EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
+        EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";
+      }
+      RingAttentionConfig cfg;
+      cfg.dims = a;
+      cfg.seq_len = s.S;
+      cfg.query_pieces = pieces;
+      const Footprint fp = ulysses_attention_footprint(cfg, cp);
+      EXPECT_EQ(c.forward_peak, fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
+      EXPECT_EQ(c.backward_peak, fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
+      EXPECT_EQ(dev.arena().live(), 0u) << "every buffer released";
+      worst = std::max(worst, c.worst_naive());
+      worst_kernel = std::max(worst_kernel, c.worst_kernel());
+    }
+  }
+  if (world().rank() == 0)
+    std::printf("Ulysses attention CP=%d (world %d): %zu shapes, worst relative error vs naive %.3g, vs kernel %.3g\n",
+                cp, world().size(), shapes(cp).size(), worst, worst_kernel);
+  return worst;
+}
+
+// Every CP dividing the world, as groups of consecutive ranks.
+template <class F>
+void each_group(F&& f) {
+  Communicator& w = world();
+  for (int cp = 1; cp <= w.size(); ++cp) {
+    if (w.size() % cp != 0) continue;
+    std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
+    ASSERT_EQ(g->size(), cp);
+    f(*g);
+  }
+}
+
+TEST(UlyssesAttention, MatchesKernelAndNaiveInEveryGroupSize) {
+  each_group([](Communicator& g) { run_shapes(g); });
+}
+
+std::vector<bf16> narrow(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
+  return out;
+}
+std::vector<float> host(const Buffer& b, std::int64_t n) { return {b.as<float>(), b.as<float>() + n}; }
+
+// bf16: the single-rank bf16 kernel's five results on the whole sequence, against each
+// rank's shard through Ulysses (the fp32 out narrowed once and given back to the backward).
+TEST(UlyssesAttention, Bf16MatchesTheSingleRankBf16Kernel) {
+  each_group([](Communicator& g) {
+    const int cp = g.size();
+    double worst = 0;
+    for (const Shape& c : {Shape{2 * cp + 1, 4 * cp, 2 * cp, 16, 16, 0, 64, 64}, Shape{37, 2 * cp, cp, 16, 8, 5, 7, 5},
+                           Shape{601, 2 * cp, cp, 16, 16, 0, 64, 64}}) {
+      SCOPED_TRACE(name(c, cp));
+      AttentionDims a;
+      a.tokens = c.S;
+      a.q_heads = c.hq;
+      a.kv_heads = c.hkv;
+      a.qk_dim = c.d;
+      a.v_dim = c.dv;
+      a.window = c.window;
+      a.block_q = c.bq;
+      a.block_k = c.bk;
+      const AttentionProblem p = make_attention_problem(a, 700 + static_cast<std::uint64_t>(c.S));
+      const std::vector<bf16> q = narrow(p.q), k = narrow(p.k), v = narrow(p.v), dout = narrow(p.dout);
+      const std::int64_t S = c.S, wq = c.hq * c.d, wk = c.hkv * c.d, wv = c.hkv * c.dv, wo = c.hq * c.dv;
+      std::vector<std::vector<float>> ref;
+      {
+        CpuDevice dev(64ull << 20);
+        Stream& s = dev.compute_stream();
+        Buffer bq = upload(dev, q), bk = upload(dev, k), bv = upload(dev, v), bd = upload(dev, dout);
+        const auto zeros = [&](std::int64_t w) { return upload(dev, std::vector<float>(static_cast<std::size_t>(S * w))); };
+        Buffer out = zeros(wo), lse = zeros(c.hq), dq = zeros(wq), dk = zeros(wk), dv = zeros(wv);
+        Buffer ws = upload(dev, std::vector<float>(static_cast<std::size_t>(attention_workspace_floats(a, DType::bf16))));
+        ops::attention_forward(dev, s, out.as<float>(), lse.as<float>(), bq.as<bf16>(), bk.as<bf16>(), bv.as<bf16>(), a,
+                               ws.as<float>());
+        Buffer out16 = upload(dev, std::vector<bf16>(static_cast<std::size_t>(S * wo)));
+        ops::convert(dev, s, out16.as<bf16>(), out.as<float>(), S * wo);
+        ops::attention_backward(dev, s, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(), bq.as<bf16>(),
+                                bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), a, ws.as<float>());
+        dev.synchronize();
+        ref = {host(out, S * wo), host(lse, S * c.hq), host(dq, S * wq), host(dk, S * wk), host(dv, S * wv)};
+      }
+      RingAttentionConfig cfg;
+      cfg.dims = a;
+      cfg.seq_len = c.S;
+      cfg.precision = Precision::bf16;
+      const CpShard sh = zigzag_shard(c.S, cp, g.rank());
+      const std::int64_t T = sh.tokens();
+      CpuDevice dev(64ull << 20);
+      Buffer bq = upload(dev, shard_rows(q, wq, sh)), bk = upload(dev, shard_rows(k, wk, sh)),
+             bv = upload(dev, shard_rows(v, wv, sh)), bd = upload(dev, shard_rows(dout, wo, sh));
+      const auto zeros = [&](std::int64_t w) { return upload(dev, std::vector<float>(static_cast<std::size_t>(T * w))); };
+      Buffer out = zeros(wo), lse = zeros(c.hq), dq = zeros(wq), dk = zeros(wk), dv = zeros(wv),
+             out16 = upload(dev, std::vector<bf16>(static_cast<std::size_t>(T * wo)));
+      const Footprint fp = ulysses_attention_footprint(cfg, cp);
+      dev.arena().reset_peaks();
+      ulysses_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), bq.as<bf16>(), bk.as<bf16>(),
+                                bv.as<bf16>());
+      EXPECT_EQ(dev.arena().peak(Component::attention),
+                fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
+      ops::convert(dev, dev.compute_stream(), out16.as<bf16>(), out.as<float>(), T * wo);
+      dev.arena().reset_peaks();
+      ulysses_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(),
+                                 bq.as<bf16>(), bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), nullptr);
+      EXPECT_EQ(dev.arena().peak(Component::attention),
+                fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
+      EXPECT_EQ(dev.arena().live(Component::attention), 0u);
+      dev.synchronize();
+      const Buffer* got[5] = {&out, &lse, &dq, &dk, &dv};
+      const std::int64_t widths[5] = {wo, c.hq, wq, wk, wv};
+      for (int f = 0; f < 5; ++f) {
+        const std::vector<float> r = shard_rows(ref[static_cast<std::size_t>(f)], widths[f], sh);
+        const double e = verify::group_relative_error(g, got[f]->as<float>(), r.data(), T * widths[f]);
+        EXPECT_LE(e, 1e-2) << kAttentionFields[f];
+        worst = std::max(worst, e);
+      }
+    }
+    if (world().rank() == 0)
+      std::printf("bf16 Ulysses attention CP=%d (world %d): worst relative error vs the single-rank bf16 kernel %.3g\n",
+                  cp, world().size(), worst);
+  });
+}
+
+TEST(UlyssesAttention, KvHeadsTheGroupDoesNotDivideAreRefused) {
+  RingAttentionConfig c;
+  c.dims.q_heads = 6;
+  c.dims.kv_heads = 3;
+  c.dims.qk_dim = c.dims.v_dim = 8;
+  c.seq_len = 64;
+  try {
+    check_ulysses_attention(c, 2);
+    ADD_FAILURE() << "3 KV heads over 2 ranks";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Ulysses attention splits the 3 KV heads over the 2 context-parallel ranks, so cp must divide them "
+              "(got kv_heads 3, cp 2)");
+  }
+  EXPECT_NO_THROW(check_ulysses_attention(c, 3));
+  c.latent = 16;
+  EXPECT_THROW(check_ulysses_attention(c, 3), InvalidArgument);
+  EXPECT_EQ(ulysses_refusal(8, 4), "");
+}
+
+}  // namespace PB_TEST_FILE
+}  // namespace
+}  // namespace peakbound
