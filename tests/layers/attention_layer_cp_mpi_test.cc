@@ -10,6 +10,7 @@
 // fp32 out / dq / dk / dv narrow once at values that differ in the last fp32 bits, after
 // which the usual chain of bf16 roundings follows. The Arena's attention peak of each
 // call equals attention_layer_footprint (which merges the ring's) in both precisions.
+// The same for Ulysses (schedules/ulysses_attention.h) where cp divides the KV heads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,8 +56,9 @@ AttentionLayerConfig config_of(const Case& c, Precision p) {
 // One forward and one backward of this rank's rows `x`, `dy` (B sequences of its shard)
 // on group g (null: cp = 1); checks the measured peaks against the footprint.
 Result run(const Case& c, Precision p, Communicator* g, const std::vector<Vec>& params, const Vec& x, const Vec& dy,
-           bool keep = false, bool output_on_host = false) {
+           bool keep = false, bool output_on_host = false, ContextAttention kind = ContextAttention::ring) {
   AttentionLayerConfig cfg = config_of(c, p);
+  cfg.context_attention = kind;
   cfg.output_on_host = output_on_host;
   if (g == nullptr) cfg.piece_tokens = 0;  // the reference: one call over whole sequences
   cfg.cp = g ? g->size() : 1;
@@ -94,20 +96,30 @@ double max_relative(const Vec& got, const Vec& ref) {
   return err / scale;
 }
 
-void run_group(Communicator& g, Precision p) {
-  const int cp = g.size();
-  const bool bf = p == Precision::bf16;
-  double worst = 0, worst_cos = 1;
+std::vector<Case> cases(int cp, ContextAttention kind) {
+  if (kind == ContextAttention::ulysses)  // KV heads a multiple of cp: one or two a rank
+    return {Case{2, 37, 40, 2 * cp, cp, 16, true}, Case{1, 2 * cp + 1, 24, 4 * cp, 2 * cp, 8, false},
+            Case{1, 601, 32, 2 * cp, 2 * cp, 16, true}, Case{2, 37, 24, 2 * cp, cp, 8, false, true, 5},
+            Case{1, 301, 32, 2 * cp, cp, 16, false, true, 64, 19}, Case{2, 37, 40, 2 * cp, 2 * cp, 16, true, false, 0, 3},
+            Case{1, 601, 32, 2 * cp, cp, 16, true, false, 0, 50}};
   // The last three: gpt-oss's attention (biases, sinks) with windows that end inside a
   // zigzag chunk, span several, or cover the whole sequence.
-  for (const Case& c : {Case{2, 37, 40, 4, 2, 16, true}, Case{1, 2 * cp + 1, 24, 6, 1, 8, false},
-                        Case{1, 601, 32, 4, 2, 16, true}, Case{2, 37, 24, 4, 2, 8, false, true, 5},
-                        Case{1, 301, 32, 4, 2, 16, false, true, 64}, Case{1, 23, 24, 4, 4, 8, false, true, 0},
-                        // K/V and the backward's queries in pieces (attention_query_pieces): as many as the
-                        // shortest chunk allows, uneven parts, with qk_norm, biases, sinks and windows.
-                        Case{2, 37, 40, 4, 2, 16, true, false, 0, 3}, Case{1, 301, 32, 4, 2, 16, false, true, 64, 19},
-                        Case{1, 601, 32, 4, 2, 16, true, false, 0, 50}, Case{2, 37, 24, 4, 2, 8, false, true, 5, 4}}) {
-    SCOPED_TRACE("cp=" + std::to_string(cp) + " " + std::string(precision_name(p)) + " B=" + std::to_string(c.B) +
+  return {Case{2, 37, 40, 4, 2, 16, true}, Case{1, 2 * cp + 1, 24, 6, 1, 8, false},
+          Case{1, 601, 32, 4, 2, 16, true}, Case{2, 37, 24, 4, 2, 8, false, true, 5},
+          Case{1, 301, 32, 4, 2, 16, false, true, 64}, Case{1, 23, 24, 4, 4, 8, false, true, 0},
+          // K/V and the backward's queries in pieces (attention_query_pieces): as many as the
+          // shortest chunk allows, uneven parts, with qk_norm, biases, sinks and windows.
+          Case{2, 37, 40, 4, 2, 16, true, false, 0, 3}, Case{1, 301, 32, 4, 2, 16, false, true, 64, 19},
+          Case{1, 601, 32, 4, 2, 16, true, false, 0, 50}, Case{2, 37, 24, 4, 2, 8, false, true, 5, 4}};
+}
+
+void run_group(Communicator& g, Precision p, ContextAttention kind) {
+  const int cp = g.size();
+  const bool bf = p == Precision::bf16, ring = kind == ContextAttention::ring;
+  double worst = 0, worst_cos = 1;
+  for (const Case& c : cases(cp, kind)) {
+    SCOPED_TRACE("cp=" + std::to_string(cp) + " " + context_attention_name(kind) + " " +
+                 std::string(precision_name(p)) + " B=" + std::to_string(c.B) +
                  " S=" + std::to_string(c.S) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
                  " gpt_oss=" + std::to_string(c.gpt_oss) + " window=" + std::to_string(c.window) +
                  " piece=" + std::to_string(c.piece));
@@ -116,19 +128,23 @@ void run_group(Communicator& g, Precision p) {
     const Vec x = draw(c.B * c.S * c.H, rng, 0.0, 1.0), dy = draw(c.B * c.S * c.H, rng, 0.0, 1.0);
     const Result ref = run(c, p, nullptr, params, x, dy);
     const CpShard sh = zigzag_shard(c.S, cp, g.rank());
-    Result got = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh));
+    Result got = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), false, false, kind);
     // forward_for_backward: the same bits, and the backward sends only its own ring (the
     // recomputing backward's traffic less one forward's): the ring's forward ran once.
-    const Result kept = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), true);
+    const Result kept = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), true, false, kind);
     EXPECT_EQ(kept.y, got.y);
     EXPECT_EQ(kept.dx, got.dx);
     EXPECT_EQ(kept.grads, got.grads);
-    EXPECT_GT(got.forward_ring_bytes, 0u);
-    EXPECT_EQ(kept.forward_ring_bytes, got.forward_ring_bytes);
-    EXPECT_EQ(kept.backward_ring_bytes, got.backward_ring_bytes - got.forward_ring_bytes);
+    if (ring) {
+      EXPECT_GT(got.forward_ring_bytes, 0u);
+      EXPECT_EQ(kept.forward_ring_bytes, got.forward_ring_bytes);
+      EXPECT_EQ(kept.backward_ring_bytes, got.backward_ring_bytes - got.forward_ring_bytes);
+    } else {
+      EXPECT_EQ(got.forward_ring_bytes, 0u) << "Ulysses sends nothing round the ring";
+    }
     // o on the host (the trainer's one-slot ring): the same bits, recomputing or not.
     for (bool keep : {false, true}) {
-      const Result host = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), keep, true);
+      const Result host = run(c, p, &g, params, shard_rows(x, c, sh), shard_rows(dy, c, sh), keep, true, kind);
       EXPECT_EQ(host.y, got.y);
       EXPECT_EQ(host.dx, got.dx);
       EXPECT_EQ(host.grads, got.grads);
@@ -154,8 +170,8 @@ void run_group(Communicator& g, Precision p) {
     }
   }
   if (world().rank() == 0)
-    std::printf("attention layer cp=%d %s vs cp=1: worst y/dx %.3g of max|ref|, worst summed dW cosine %.6f\n", cp,
-                std::string(precision_name(p)).c_str(), worst, worst_cos);
+    std::printf("attention layer cp=%d %s %s vs cp=1: worst y/dx %.3g of max|ref|, worst summed dW cosine %.6f\n", cp,
+                context_attention_name(kind), std::string(precision_name(p)).c_str(), worst, worst_cos);
 }
 
 TEST(AttentionLayerCp, MatchesTheSingleRankLayerInBothPrecisions) {
@@ -165,7 +181,20 @@ TEST(AttentionLayerCp, MatchesTheSingleRankLayerInBothPrecisions) {
     std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
     ASSERT_EQ(g->size(), cp);
     if (cp == 1) continue;  // the cp = 1 layer is the reference
-    for (Precision p : {Precision::f32, Precision::bf16}) run_group(*g, p);
+    for (Precision p : {Precision::f32, Precision::bf16}) run_group(*g, p, ContextAttention::ring);
+  }
+}
+
+// Ulysses (AttentionLayerConfig::context_attention) in the same layer: the same checks
+// against cp = 1 (its bf16 keys in the single-rank kernel's order, so closer than the
+// ring's), the measured peaks equal to the footprint that merges Ulysses' buffers.
+TEST(AttentionLayerCp, UlyssesMatchesTheSingleRankLayerInBothPrecisions) {
+  Communicator& w = world();
+  for (int cp = 2; cp <= w.size(); ++cp) {
+    if (w.size() % cp != 0) continue;
+    std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
+    ASSERT_EQ(g->size(), cp);
+    for (Precision p : {Precision::f32, Precision::bf16}) run_group(*g, p, ContextAttention::ulysses);
   }
 }
 

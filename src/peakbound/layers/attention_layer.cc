@@ -16,6 +16,7 @@
 #include "peakbound/ops/rope.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
+#include "peakbound/schedules/ulysses_attention.h"
 
 namespace peakbound {
 
@@ -121,6 +122,10 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
         std::to_string(c.cp_rank) + ")");
+  if (c.cp > 1 && c.context_attention == ContextAttention::ulysses) {
+    if (c.mla) bad("Ulysses attention takes the K/V form, not MLA (its latent travels the ring)");
+    if (const std::string why = ulysses_refusal(c.kv_heads, c.cp); !why.empty()) bad(why);
+  }
   if (c.cp > 1 && c.seq_len != 0 && c.seq_len < 2 * static_cast<std::int64_t>(c.cp))
     bad("context parallel over " + std::to_string(c.cp) + " ranks needs sequences of at least " +
         std::to_string(2 * c.cp) + " tokens (2 chunks per rank), got seq_len " + std::to_string(c.seq_len));
@@ -164,6 +169,37 @@ RingAttentionConfig ring_config(const AttentionLayerConfig& c, std::int64_t S) {
 // at cp = 1, this rank's whole shard under cp > 1 or MLA's latent form (the ring's out / dq).
 std::int64_t state_rows(std::int64_t S, const AttentionLayerConfig& c) {
   return ring_call(c, S) ? S : std::min(S, kAttentionChunkRows);
+}
+
+// The context-parallel attention call of the K/V form (cp > 1): the ring's, or Ulysses'
+// (c.context_attention), the same contract (schedules/ulysses_attention.h).
+bool ulysses(const AttentionLayerConfig& c) { return c.cp > 1 && c.context_attention == ContextAttention::ulysses; }
+template <class A>
+void cp_attention_forward(Device& dev, Communicator& g, const AttentionLayerConfig& c, const RingAttentionConfig& rc,
+                          float* out, float* lse, const A* q, const A* k, const A* v) {
+  if (ulysses(c))
+    ulysses_attention_forward(dev, g, rc, out, lse, q, k, v);
+  else
+    ring_attention_forward(dev, g, rc, out, lse, q, k, v);
+}
+template <class A>
+void cp_attention_backward(Device& dev, Communicator& g, const AttentionLayerConfig& c, const RingAttentionConfig& rc,
+                           float* dq, float* dk, float* dv, const A* dout, const A* q, const A* k, const A* v,
+                           const A* out, const float* lse, const float* row_dot) {
+  if (ulysses(c))
+    ulysses_attention_backward(dev, g, rc, dq, dk, dv, dout, q, k, v, out, lse, row_dot);
+  else
+    ring_attention_backward(dev, g, rc, dq, dk, dv, dout, q, k, v, out, lse, row_dot);
+}
+// What such a call holds (for sequences of S tokens on this rank).
+// Ulysses gathers the queries of one call (a query piece's over the group, when the layer
+// takes them in pieces: attention_query_pieces, the ring's passes), so its buffers follow
+// the pieces; the ring's do not.
+Footprint cp_attention_footprint(const AttentionLayerConfig& c, std::int64_t S) {
+  RingAttentionConfig rc = ring_config(c, S);
+  if (!ulysses(c)) return ring_attention_footprint(rc, c.cp);
+  rc.query_pieces = ring_attention_pieces(rc, c.cp);
+  return ulysses_attention_footprint(rc, c.cp);
 }
 
 }  // namespace
@@ -394,7 +430,7 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
       f.device("backward", s);
     common("backward project");
     for (const BufferSpec& s : {b.dk, b.dv}) f.device("backward project", s);
-    if (c.cp > 1) f.merge(ring_attention_footprint(ring_config(c, sequence_length(T, c)), c.cp));
+    if (c.cp > 1) f.merge(cp_attention_footprint(c, sequence_length(T, c)));
     return f;
   }
   // What every phase holds: the projections' outputs (and the norms' state), the RoPE
@@ -428,7 +464,7 @@ Footprint attention_layer_footprint(std::int64_t T, const AttentionLayerConfig& 
   for (const BufferSpec& s : {b.h, b.rstd, b.dq, b.dk, b.dv, b.dc, b.dkr32, b.dqa}) f.device("backward project", s);
   // Ring attention's internals, live inside the kernel call of each phase.
   if (T > 0 && ring_call(c, sequence_length(T, c)))
-    f.merge(ring_attention_footprint(ring_config(c, sequence_length(T, c)), c.cp));
+    f.merge(cp_attention_footprint(c, sequence_length(T, c)));
   return f;
 }
 
@@ -545,7 +581,7 @@ void AttentionLayer::attend_forward(Internals& in, std::int64_t b, std::int64_t 
                                     in.c.as<A>() + b * cfg_.kv_lora_rank, in.kr.as<A>() + b * cfg_.qk_rope_dim,
                                     p_.wkvb.data<A>());
     else
-      ring_attention_forward(dev_, ring_group(), ring_config(cfg_, S), out, lse, q, k, v);
+      cp_attention_forward(dev_, ring_group(), cfg_, ring_config(cfg_, S), out, lse, q, k, v);
   };
   if constexpr (std::is_same_v<A, float>) {
     if (!ring_call(cfg_, S))
@@ -609,13 +645,14 @@ void AttentionLayer::attend_backward(Internals& in, std::int64_t b, std::int64_t
       ops::attention_backward(dev_, s, dq, dk, dv, d_o, q, k, v, o, lse, dims_of(S, cfg_), in.ws.as<float>(), nullptr,
                               row_dot);
     else
-      ring_attention_backward(dev_, ring_group(), ring_config(cfg_, S), dq, dk, dv, d_o, q, k, v, o, lse, row_dot);
+      cp_attention_backward(dev_, ring_group(), cfg_, ring_config(cfg_, S), dq, dk, dv, d_o, q, k, v, o, lse,
+                            row_dot);
   } else {
     // dk, dv: fp32 sums over every query chunk (or over the ring), narrowed once.
     float *dk32 = dkv32, *dv32 = dkv32 + S * K;
     if (cfg_.cp > 1) {
-      ring_attention_backward(dev_, ring_group(), ring_config(cfg_, S), dq32, dk32, dv32, d_o, q, k, v, o, lse,
-                              row_dot);
+      cp_attention_backward(dev_, ring_group(), cfg_, ring_config(cfg_, S), dq32, dk32, dv32, d_o, q, k, v, o, lse,
+                            row_dot);
       ops::convert(dev_, s, dq, dq32, S * Q);
     } else {
       ops::fill(dev_, s, dkv32, S * (K + V), 0.0f);
@@ -1297,8 +1334,7 @@ void AttentionLayer::attend_pieces(Internals& in, const A* x, std::int64_t T, co
         rc.query_piece = i;
         A* op = o_piece.as<A>();
         float* out = kF32Act ? reinterpret_cast<float*>(op) : in.o32.as<float>();
-        ring_attention_forward(dev_, ring_group(), rc, out, lse_piece.as<float>(), qp, k + b0 * K,
-                               v + b0 * K);
+        cp_attention_forward(dev_, ring_group(), cfg_, rc, out, lse_piece.as<float>(), qp, k + b0 * K, v + b0 * K);
         sink(out, lse_piece.as<float>(), n);
         if constexpr (!kF32Act) ops::convert(dev_, s, op, out, n * O);
         r.for_each_run([&](std::int64_t row, std::int64_t rn, std::int64_t at) {
@@ -1388,9 +1424,8 @@ void AttentionLayer::backward_pieces(Internals& in, const A* x, const A* dy, A* 
           ops::copy_columns(dev_, s, rd_piece.as<float>() + at * Hq, Hq, row_dot.as<float>() + g * Hq, Hq, rn, Hq);
         });
         rc.query_piece = i;
-        ring_attention_backward(dev_, ring_group(), rc, dq_to, dk32, dv32, d_o.as<A>(), qp, k + b0 * K,
-                                v + b0 * K, static_cast<const A*>(nullptr), lse_piece.as<float>(),
-                                rd_piece.as<float>());
+        cp_attention_backward(dev_, ring_group(), cfg_, rc, dq_to, dk32, dv32, d_o.as<A>(), qp, k + b0 * K,
+                              v + b0 * K, static_cast<const A*>(nullptr), lse_piece.as<float>(), rd_piece.as<float>());
         if constexpr (!kF32Act) ops::convert(dev_, s, dqp, dq32.as<float>(), n * Q);
       } else {
         // Rows [a0, a0 + n) against keys [0, a0 + n): f32 one call, bf16 in chunks of

@@ -59,6 +59,7 @@
 #include "peakbound/device/device.h"
 #include "peakbound/model/rope_scaling.h"
 #include "peakbound/nn/block.h"
+#include "peakbound/schedules/ulysses_attention.h"
 
 namespace peakbound {
 
@@ -130,6 +131,11 @@ struct AttentionLayerConfig {
   bool output_on_host = false;
   std::int64_t seq_len = 0;   // S: tokens per sequence; 0 = each call is one sequence
   int cp = 1;                 // context-parallel ranks (cp > 1: calls need seq_len >= 2 cp)
+  // How attention runs under cp > 1: the ring (K/V travel round the group), or Ulysses
+  // (schedules/ulysses_attention.h: the heads split over the group by all-to-all; GQA with
+  // cp dividing kv_heads). The same results to fp32 rounding; the footprint and the
+  // traffic differ.
+  ContextAttention context_attention = ContextAttention::ring;
   int cp_rank = 0;            // this rank's place in the context-parallel group
   Precision precision = Precision::f32;  // the activations' and parameters' dtype
 };
