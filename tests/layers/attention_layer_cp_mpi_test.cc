@@ -101,7 +101,9 @@ std::vector<Case> cases(int cp, ContextAttention kind) {
     return {Case{2, 37, 40, 2 * cp, cp, 16, true}, Case{1, 2 * cp + 1, 24, 4 * cp, 2 * cp, 8, false},
             Case{1, 601, 32, 2 * cp, 2 * cp, 16, true}, Case{2, 37, 24, 2 * cp, cp, 8, false, true, 5},
             Case{1, 301, 32, 2 * cp, cp, 16, false, true, 64, 19}, Case{2, 37, 40, 2 * cp, 2 * cp, 16, true, false, 0, 3},
-            Case{1, 601, 32, 2 * cp, cp, 16, true, false, 0, 50}};
+            Case{1, 601, 32, 2 * cp, cp, 16, true, false, 0, 50},
+            // one KV head shared by the group (replicated), with pieces and gpt-oss's sinks
+            Case{2, 37, 40, 2 * cp, 1, 16, true}, Case{1, 301, 32, 2 * cp, 1, 16, false, true, 64, 19}};
   // The last three: gpt-oss's attention (biases, sinks) with windows that end inside a
   // zigzag chunk, span several, or cover the whole sequence.
   return {Case{2, 37, 40, 4, 2, 16, true}, Case{1, 2 * cp + 1, 24, 6, 1, 8, false},

@@ -47,18 +47,23 @@ std::string name(const Shape& s, int cp) {
          " W=" + std::to_string(s.window) + " Bq=" + std::to_string(s.bq) + " Bk=" + std::to_string(s.bk);
 }
 
-// KV heads a multiple of cp: one head a rank (GQA 1 and 2) and two (two head steps).
+// KV heads a multiple of cp: one head a rank (GQA 1 and 2) and two (two head steps); and
+// one KV head shared by every rank (replicated: Hq / cp query heads each, dK/dV summed),
+// and Hq 4 over Hkv 2 where cp allows it (cp 4: each KV head on two ranks).
 std::vector<Shape> shapes(int cp) {
   std::vector<Shape> out;
   int n = 0;
   for (std::int64_t S : {std::int64_t{2} * cp, std::int64_t{2} * cp + 1, std::int64_t{37}, std::int64_t{130}})
-    for (auto [hq, hkv] : {std::pair{cp, cp}, std::pair{2 * cp, cp}, std::pair{4 * cp, 2 * cp}})
+    for (auto [hq, hkv] : {std::pair{cp, cp}, std::pair{2 * cp, cp}, std::pair{4 * cp, 2 * cp}, std::pair{2 * cp, 1},
+                           std::pair{4, 2}})
       for (std::int64_t W : {0, 5}) {
+        if (!ulysses_refusal(hq, hkv, cp).empty()) continue;
         const bool odd = (n++ % 2) == 1;
         out.push_back({S, hq, hkv, odd ? 13 : 16, odd ? 8 : 16, W, odd ? 7 : 64, odd ? 5 : 64});
       }
   out.push_back({2201, 2 * cp, cp, 16, 8, 0, 7, 5});
   out.push_back({2201, 2 * cp, 2 * cp, 8, 8, 300, 64, 64});
+  out.push_back({2201, 2 * cp, 1, 16, 8, 40, 64, 64});
   return out;
 }
 
@@ -136,7 +141,7 @@ TEST(UlyssesAttention, Bf16MatchesTheSingleRankBf16Kernel) {
     const int cp = g.size();
     double worst = 0;
     for (const Shape& c : {Shape{2 * cp + 1, 4 * cp, 2 * cp, 16, 16, 0, 64, 64}, Shape{37, 2 * cp, cp, 16, 8, 5, 7, 5},
-                           Shape{601, 2 * cp, cp, 16, 16, 0, 64, 64}}) {
+                           Shape{601, 2 * cp, cp, 16, 16, 0, 64, 64}, Shape{37, 2 * cp, 1, 16, 8, 0, 64, 64}}) {
       SCOPED_TRACE(name(c, cp));
       AttentionDims a;
       a.tokens = c.S;
@@ -208,7 +213,7 @@ TEST(UlyssesAttention, Bf16MatchesTheSingleRankBf16Kernel) {
   });
 }
 
-TEST(UlyssesAttention, KvHeadsTheGroupDoesNotDivideAreRefused) {
+TEST(UlyssesAttention, HeadsTheGroupCannotSplitAreRefused) {
   RingAttentionConfig c;
   c.dims.q_heads = 6;
   c.dims.kv_heads = 3;
@@ -219,13 +224,17 @@ TEST(UlyssesAttention, KvHeadsTheGroupDoesNotDivideAreRefused) {
     ADD_FAILURE() << "3 KV heads over 2 ranks";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "Ulysses attention splits the 3 KV heads over the 2 context-parallel ranks, so cp must divide them "
-              "(got kv_heads 3, cp 2)");
+              "Ulysses attention splits the heads over the 2 context-parallel ranks: cp must divide the 3 KV heads, "
+              "or be a multiple of them that divides the 6 query heads");
   }
-  EXPECT_NO_THROW(check_ulysses_attention(c, 3));
+  EXPECT_NO_THROW(check_ulysses_attention(c, 3));  // one KV head a rank
+  EXPECT_NO_THROW(check_ulysses_attention(c, 6));  // each KV head on two ranks, one query head each
   c.latent = 16;
   EXPECT_THROW(check_ulysses_attention(c, 3), InvalidArgument);
-  EXPECT_EQ(ulysses_refusal(8, 4), "");
+  EXPECT_EQ(ulysses_refusal(32, 8, 4), "");
+  EXPECT_EQ(ulysses_refusal(32, 4, 8), "");   // replicated
+  EXPECT_NE(ulysses_refusal(6, 2, 4), "");    // 2 KV heads divide 4 ranks, but 4 does not divide 6 query heads
+  EXPECT_NE(ulysses_refusal(64, 4, 6), "");   // neither divides
 }
 
 }  // namespace PB_TEST_FILE

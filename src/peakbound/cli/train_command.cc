@@ -137,6 +137,10 @@ Command add_train(CLI::App& parent) {
             "or vocab (its rows sharded over the vocabulary group; each token's row fetched from its owner in rounds "
             "of 1024 tokens; CPU device; `peakbound plan` says which is smaller)")
       ->capture_default_str();
+  text_flag(app, "--context-attention", f->run.context_attention,
+            "Attention under context parallelism (--cp > 1): ring (K/V travel round the group in pieces) or ulysses "
+            "(the heads split over the group by all-to-all; --cp must divide the KV heads; not MLA; CPU device)")
+      ->capture_default_str();
   text_flag(app, "--cp-ring", f->run.cp_ring,
             "What MLA's context-parallel ring carries: latent (the latent and the rope key per token, expanded at "
             "each hop) or kv (every head's K and V)")

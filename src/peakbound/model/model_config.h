@@ -128,6 +128,11 @@ struct ModelConfig {
   // instead of every head's K and V: 71x fewer bytes for DeepSeek-V3. Not a config.json
   // field: train's --cp-ring (latent or kv).
   bool mla_latent_ring = true;
+  // Under context parallelism the attention of the K/V form runs as Ulysses (the heads
+  // split over the group by all-to-all, schedules/ulysses_attention.h; cp must divide
+  // num_key_value_heads) instead of the ring. Not a config.json field: train's
+  // --context-attention (ring or ulysses). MLA keeps its ring.
+  bool ulysses_attention = false;
   // Standard deviation of the normal initialisation of every Linear and the
   // embedding (initializer_range); RMSNorm weights start at 1.
   double initializer_range = 0.02;

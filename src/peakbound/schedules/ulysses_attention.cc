@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ std::uint64_t U(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 std::size_t Z(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 Buffer allocate(Device& dev, const BufferSpec& b) { return dev.allocate(b.component, b.bytes); }
+
+// Every call's sends to other ranks in this process (ulysses_attention_bytes_sent).
+std::atomic<std::uint64_t> g_bytes_sent{0};
 
 // A run of rows one rank holds: `n` rows from its local row `row`, at global position `at`.
 struct Run {
@@ -83,12 +87,26 @@ QuerySizes query_sizes(const RingAttentionConfig& c, int cp) {
   return z;
 }
 
-// One step's head widths: g query heads per KV head.
+// Which heads a rank takes at each step. cp dividing Hkv: hk = Hkv / cp steps, at step t
+// KV head d hk + t and its Hq / Hkv query heads. Hkv dividing cp (replicated): one step,
+// query heads d g .. d g + g - 1 (g = Hq / cp) and the one KV head they read, which
+// cp / Hkv ranks then share (each takes its K/V; their dK/dV are summed at the owner).
 struct Heads {
   std::int64_t hk = 0, g = 0, D = 0, Dv = 0;
+  std::int64_t per_kv = 0;  // Hq / Hkv
+  bool replicated = false;
+  std::int64_t q_head(int d, int t) const { return replicated ? d * g : (d * hk + t) * g; }
+  std::int64_t kv_head(int d, int t) const { return replicated ? q_head(d, t) / per_kv : d * hk + t; }
 };
 Heads heads_of(const RingAttentionConfig& c, int cp) {
-  return {c.dims.kv_heads / cp, c.dims.q_heads / c.dims.kv_heads, c.dims.qk_dim, c.dims.v_dim};
+  Heads h;
+  h.D = c.dims.qk_dim;
+  h.Dv = c.dims.v_dim;
+  h.per_kv = c.dims.q_heads / c.dims.kv_heads;
+  h.replicated = c.dims.kv_heads % cp != 0;
+  h.hk = h.replicated ? 1 : c.dims.kv_heads / cp;
+  h.g = h.replicated ? c.dims.q_heads / cp : h.per_kv;
+  return h;
 }
 
 void exchange(Device& dev, Stream& s, Communicator& g, const void* send, const std::vector<std::size_t>& sc,
@@ -96,6 +114,10 @@ void exchange(Device& dev, Stream& s, Communicator& g, const void* send, const s
               const std::vector<std::size_t>& rd, DType t) {
   dev.synchronize(s);  // the packed sends are written; the receives' readers come after
   g.all_to_all_v(send, sc, sd, recv, rc, rd, t);
+  std::size_t n = 0;
+  for (std::size_t d = 0; d < sc.size(); ++d)
+    if (static_cast<int>(d) != g.rank()) n += sc[d];
+  g_bytes_sent += n * dtype_size(t);
 }
 
 // Out: run u of this rank's rows of src ([*, lds]), columns [col(d), col(d) + w) to each
@@ -169,9 +191,8 @@ struct Step {
   Step(const RingAttentionConfig& cfg, int cp)
       : c(cfg), h(heads_of(cfg, cp)), q(query_runs(cfg.seq_len, cp, cfg.query_pieces, cfg.query_piece)),
         k(key_runs(cfg.seq_len, cp)), R(gathered_rows(q)) {}
-  // The KV head rank d takes at step t, and the first of its query heads.
-  std::int64_t kv_head(int d, int t) const { return d * h.hk + t; }
-  std::int64_t q_head(int d, int t) const { return kv_head(d, t) * h.g; }
+  std::int64_t kv_head(int d, int t) const { return h.kv_head(d, t); }
+  std::int64_t q_head(int d, int t) const { return h.q_head(d, t); }
 };
 
 // Everything the forward and the backward exchange on the way out, for step t: the
@@ -252,7 +273,12 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
   A *qu = qb.as<A>(), *ku = kv.as<A>(), *vu = ku + S * h.D, *du = db.as<A>();
   float *lu = lb.as<float>(), *ru = lu + st.R * h.g, *dqu = dqb.as<float>(), *dku = dkvb.as<float>(),
         *dvu = dku + S * h.D;
-  const bool add = c.query_pieces > 1;
+  // A replicated KV head's dK/dV come from several ranks: summed into zeroed ones.
+  const bool add = c.query_pieces > 1 || h.replicated;
+  if (h.replicated && c.query_pieces == 1) {
+    ops::fill(dev, s, dk, zigzag_shard(S, cp, g.rank()).tokens() * c.dims.kv_heads * h.D, 0.0f);
+    ops::fill(dev, s, dv, zigzag_shard(S, cp, g.rank()).tokens() * c.dims.kv_heads * h.Dv, 0.0f);
+  }
   const std::int64_t Kw = c.dims.kv_heads * h.D, Vw = c.dims.kv_heads * h.Dv;
   for (int t = 0; t < h.hk; ++t) {
     gather_queries(dev, s, g, st, t, q, h.D, stage.as<A>(), qu);
@@ -281,12 +307,17 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
 
 }  // namespace
 
+std::uint64_t ulysses_attention_bytes_sent() { return g_bytes_sent.load(); }
+
 const char* context_attention_name(ContextAttention a) { return a == ContextAttention::ulysses ? "ulysses" : "ring"; }
 
-std::string ulysses_refusal(std::int64_t kv_heads, int cp) {
-  if (cp >= 1 && kv_heads % cp == 0) return {};
-  return "Ulysses attention splits the " + std::to_string(kv_heads) + " KV heads over the " + std::to_string(cp) +
-         " context-parallel ranks, so cp must divide them";
+std::string ulysses_refusal(std::int64_t q_heads, std::int64_t kv_heads, int cp) {
+  if (cp < 1 || kv_heads < 1) return "Ulysses attention needs cp >= 1 and KV heads";
+  if (kv_heads % cp == 0) return {};
+  if (cp % kv_heads == 0 && q_heads % cp == 0) return {};
+  return "Ulysses attention splits the heads over the " + std::to_string(cp) + " context-parallel ranks: cp must " +
+         "divide the " + std::to_string(kv_heads) + " KV heads, or be a multiple of them that divides the " +
+         std::to_string(q_heads) + " query heads";
 }
 
 void check_ulysses_attention(const RingAttentionConfig& c, int cp) {
@@ -299,9 +330,8 @@ void check_ulysses_attention(const RingAttentionConfig& c, int cp) {
   if (cp == 1 && (c.query_pieces < 1 || c.query_piece < 0 || c.query_piece >= c.query_pieces ||
                   c.query_pieces > zigzag_shortest_chunk(c.seq_len, 1)))
     throw InvalidArgument("Ulysses attention: query_piece must be in [0, query_pieces), query_pieces in [1, S / 2]");
-  if (const std::string why = ulysses_refusal(c.dims.kv_heads, cp); !why.empty())
-    throw InvalidArgument(why + " (got kv_heads " + std::to_string(c.dims.kv_heads) + ", cp " + std::to_string(cp) +
-                          ")");
+  if (const std::string why = ulysses_refusal(c.dims.q_heads, c.dims.kv_heads, cp); !why.empty())
+    throw InvalidArgument(why);
 }
 
 UlyssesAttentionBuffers ulysses_attention_buffers(const RingAttentionConfig& c, int cp) {

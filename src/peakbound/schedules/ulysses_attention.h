@@ -7,13 +7,15 @@
 // second all-to-all brings each rank its shard's rows of every head back. Nothing
 // circulates: K and V cross the group once a call (a ring moves them cp - 1 hops).
 //
-// Heads: rank d takes KV heads d x hk .. d x hk + hk - 1 (hk = Hkv / cp: cp must divide
-// Hkv, so no KV head is split or repeated; the plan refuses Ulysses elsewhere) and the Hq /
-// Hkv query heads of each. The call goes one of a rank's KV heads at a time (hk steps):
-// step t exchanges each rank's columns of KV head d x hk + t (and its query heads) with
-// rank d, so a rank holds K and V of ONE head for the whole sequence, [S, D] and [S, Dv],
-// not its share of every head at once (ALST's head-tiled Ulysses): the buffers below are
-// the sequence of one KV head, whatever hk is.
+// Heads: where cp divides Hkv, rank d takes KV heads d x hk .. d x hk + hk - 1 (hk = Hkv /
+// cp) and the Hq / Hkv query heads of each, and the call goes one of its KV heads at a
+// time (hk steps): step t exchanges each rank's columns of KV head d x hk + t (and its
+// query heads) with rank d, so a rank holds K and V of ONE head for the whole sequence,
+// [S, D] and [S, Dv], not its share of every head at once (ALST's head-tiled Ulysses).
+// Where Hkv divides cp instead (more ranks than KV heads; cp must then divide Hq), rank d
+// takes Hq / cp query heads, d x Hq / cp onwards, in one step, and the one KV head they
+// read: every KV head goes to the cp / Hkv ranks sharing it (DeepSpeed-Ulysses' KV head
+// replication), and their dK/dV are summed at the keys' owner. Elsewhere it is refused.
 //
 // Forward (step t): q (this call's query rows: the whole shard, or query piece j of m as
 // the ring cuts it, RingAttentionConfig::query_pieces), k and v go to the heads' owners;
@@ -60,11 +62,11 @@ enum class ContextAttention : std::uint8_t { ring, ulysses };
 const char* context_attention_name(ContextAttention a);
 
 // Throws InvalidArgument naming the first bad field: the ring's checks (cp >= 1, S >= 2 cp,
-// the dims, query pieces) and latent == 0, Hkv a multiple of cp.
+// the dims, query pieces), latent == 0 and the heads (ulysses_refusal).
 void check_ulysses_attention(const RingAttentionConfig& c, int cp);
-// Whether Ulysses can run these heads over cp ranks (cp divides Hkv); the one-line reason
-// otherwise (empty when it can).
-std::string ulysses_refusal(std::int64_t kv_heads, int cp);
+// Whether Ulysses can split these heads over cp ranks (cp divides Hkv, or Hkv divides cp
+// and cp divides Hq): empty when it can, else the one-line reason.
+std::string ulysses_refusal(std::int64_t q_heads, std::int64_t kv_heads, int cp);
 
 // What one call holds (every rank the same: sized for the widest call over the group's
 // ranks and the call's pieces). Forward: stage, q, kv, out, lse, workspace_forward.
@@ -72,7 +74,7 @@ std::string ulysses_refusal(std::int64_t kv_heads, int cp);
 // row_dot (this call's D when not given).
 struct UlyssesAttentionBuffers {
   BufferSpec stage;     // the largest packed exchange (sends and receives in turn)
-  BufferSpec q;         // [R, g x D] act: the gathered queries of one KV head's g query heads
+  BufferSpec q;         // [R, g x D] act: the gathered queries of a step's g query heads
   BufferSpec kv;        // [S, D + Dv] act: K and V of one KV head, the whole sequence
   BufferSpec out;       // [R, g x Dv] f32 (forward)
   BufferSpec lse;       // [R, g] f32 (forward)
@@ -91,6 +93,10 @@ Footprint ulysses_attention_footprint(const RingAttentionConfig& c, int cp);
 // itself): forward q, k, v out and out, lse back; backward q, k, v, dout, lse, D out and
 // dq, dk, dv back.
 RingAttentionTraffic ulysses_attention_traffic(const RingAttentionConfig& c, int cp, int rank);
+
+// The bytes every Ulysses call of this process has sent to other ranks so far (what
+// ulysses_attention_traffic counts, summed): a training step's is the difference across it.
+std::uint64_t ulysses_attention_bytes_sent();
 
 // The ring's signatures (schedules/ring_attention.h); pool: the kernel's shares.
 void ulysses_attention_forward(Device& dev, Communicator& cp_group, const RingAttentionConfig& c, float* out,

@@ -199,6 +199,7 @@ AttentionLayerConfig model_attention_config(const ModelConfig& c, std::int64_t S
   ac.seq_len = S;
   ac.cp = cp;
   ac.cp_rank = cp_rank;
+  ac.context_attention = c.ulysses_attention ? ContextAttention::ulysses : ContextAttention::ring;
   return ac;
 }
 
@@ -375,6 +376,8 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   sg.vocab_replicas = groups_.vocab_replicas->size();
   if (schedules_.vocab_parallel_embedding && dev.backend() != Backend::cpu)
     throw Unavailable("the vocabulary-parallel embedding runs on the CPU device only so far; train it with --device cpu");
+  if (c.ulysses_attention && groups_.cp->size() > 1 && dev.backend() != Backend::cpu)
+    throw Unavailable("Ulysses attention runs on the CPU device only so far; train it with --device cpu or use the ring");
   store_specs_ = model_store_specs(c, sg, schedules_.vocab_parallel_embedding);
   const ModelStoreSpecs& specs = store_specs_;
   const Precision prec = schedules_.precision;

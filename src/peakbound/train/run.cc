@@ -24,6 +24,7 @@
 #include "peakbound/ops/gemm_rate.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
+#include "peakbound/schedules/ulysses_attention.h"
 #include "peakbound/train/copy_task.h"
 #include "peakbound/train/kv_retrieval_task.h"
 #include "peakbound/train/model_spec.h"
@@ -152,6 +153,12 @@ ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
   return m;
 }
 
+bool ulysses_context_attention(const std::string& value, const std::string& spelled) {
+  if (value != "ring" && value != "ulysses")
+    throw InvalidArgument(spelled + " must be ring or ulysses, got '" + value + "'");
+  return value == "ulysses";
+}
+
 bool latent_cp_ring(const std::string& value, const std::string& spelled) {
   if (value != "latent" && value != "kv")
     throw InvalidArgument(spelled + " must be latent or kv, got '" + value + "'");
@@ -163,6 +170,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.config = load_model_spec(f.model);
   s.config.seq_aux_loss_coef = f.seq_aux_coef;
   s.config.mla_latent_ring = latent_cp_ring(f.cp_ring, spell("cp_ring"));
+  s.config.ulysses_attention = ulysses_context_attention(f.context_attention, spell("context_attention"));
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
   s.schedules.keep_attention = f.keep_attention;
@@ -181,6 +189,13 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
                           ": a group's recomputation runs its layers' attention again; choose one");
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
+  if (s.config.ulysses_attention && s.layout.cp > 1) {
+    if (s.config.attention == AttentionKind::mla)
+      throw InvalidArgument(spell("context_attention") + " ulysses: " + s.config.name +
+                            " has MLA attention, whose context parallelism is the ring (its latent travels); use ring");
+    if (const std::string why = ulysses_refusal(s.config.num_heads, s.config.num_kv_heads, s.layout.cp); !why.empty())
+      throw InvalidArgument(spell("context_attention") + " ulysses: " + why + "; use ring");
+  }
   return s;
 }
 
@@ -529,7 +544,7 @@ RunStep Run::step() {
     micro.push_back({s.ids[static_cast<std::size_t>(m)].data(), s.tgt[static_cast<std::size_t>(m)].data(), s.B, s.S});
   }
   RunStep r;
-  const std::uint64_t ring0 = ring_attention_bytes_sent();
+  const std::uint64_t ring0 = ring_attention_bytes_sent() + ulysses_attention_bytes_sent();
   // sync_phases: this thread's phase boundaries wait for the device during the step.
   struct BoundaryHook {
     explicit BoundaryHook(Device* dev) {
@@ -538,7 +553,7 @@ RunStep Run::step() {
     ~BoundaryHook() { set_phase_boundary_hook({}); }
   } const hook(f.sync_phases ? s.m->device.get() : nullptr);
   r.stats = s.trainer->step(micro, s.stop);
-  s.ring_bytes += ring_attention_bytes_sent() - ring0;
+  s.ring_bytes += ring_attention_bytes_sent() + ulysses_attention_bytes_sent() - ring0;
   const StepStats& st = r.stats;
   if (st.stopped != 0) return r;
   s.step = step;
@@ -726,6 +741,7 @@ RunSummary Run::finish() {
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},
              {"embedding", f.embedding},
+             {"context_attention", f.context_attention},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},
              {"step_seconds", s.step_seconds},
@@ -783,6 +799,7 @@ nlohmann::json RunSummary::json() const {
                       {"prefetch_depth", run["prefetch_depth"]},
                       {"checkpoint_group", run["checkpoint_group"]},
                       {"embedding", run["embedding"]},
+                      {"context_attention", run["context_attention"]},
                       {"steps", run["steps"]},
                       {"first_loss", first_loss},
                       {"final_loss", last_loss},

@@ -74,6 +74,10 @@ struct RunSettings {
   // What MLA's context-parallel ring carries: "latent" (the latent and the rope key) or
   // "kv" (every head's K and V; ModelConfig::mla_latent_ring). Other attention ignores it.
   std::string cp_ring = "latent";  // read by latent_cp_ring (below)
+  // How attention runs under context parallelism (cp > 1): "ring" (K/V round the group) or
+  // "ulysses" (the heads split over the group by all-to-all; cp must divide the KV heads;
+  // not MLA). The same losses to fp32 rounding; `peakbound plan` says which peak is smaller.
+  std::string context_attention = "ring";
   // The machine's GEMM peak in FLOP/s at the run's precision (`peakbound info --json`'s
   // gemm.f32_flops_per_second or bf16_flops_per_second), for the MFU the summary reports;
   // 0: not given (no MFU).
@@ -194,6 +198,9 @@ struct RunStep {
 // RunSettings::cp_ring (or plan's --cp-ring) as ModelConfig::mla_latent_ring: true for
 // "latent", false for "kv"; anything else is InvalidArgument "<spelled> must be latent or kv".
 bool latent_cp_ring(const std::string& value, const std::string& spelled);
+// RunSettings::context_attention (or plan's --context-attention ring|ulysses) as
+// ModelConfig::ulysses_attention; InvalidArgument naming `spelled` for any other value.
+bool ulysses_context_attention(const std::string& value, const std::string& spelled);
 
 struct RunSummary {
   std::vector<std::int64_t> planned, measured, at_peak;  // per component, then the total (at_peak: none)
