@@ -67,6 +67,39 @@ TEST(PlanTrainer, TwoRanksContextParallelMatchesTrainsPrintedPlan) {
   }
 }
 
+// Ulysses (--context-attention ulysses) at 2 ranks, cp 2, both precisions: plan's numbers
+// are train's printed plan, train measures what it planned, and the losses are the ring's
+// (f32 to 1e-6 relative: the attention's sums reorder; bf16 to 1e-3). The JSON says which
+// attention ran. Values outside ring|ulysses and heads cp cannot split are one-line errors.
+TEST(PlanTrainer, UlyssesTwoRanksMatchesTrainsPrintedPlanAndTheRingsLosses) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  for (const char* prec : {"f32", "bf16"}) {
+    const std::string p = prec;
+    const std::string train = "train --model tiny-moe --steps 2 --seq-len 90 --cp 2 --schedules all --eval-every 0 "
+                              "--json --precision " + p;
+    CliRun plan = run_cli("plan --model tiny-moe --devices 2 --ep 2 --cp 2 --vocab-group 2 --context 90 --schedules all "
+                          "--trainer-defaults --context-attention ulysses --json --precision " + p);
+    CliRun ulysses = run_mpi(train + " --context-attention ulysses", 2, 300);
+    CliRun ring = run_mpi(train, 2, 300);
+    expect_same_numbers(plan, ulysses, "2 ranks, cp 2, Ulysses, " + p);
+    ASSERT_EQ(ring.code, 0) << ring.err;
+    const nlohmann::json u = last_json_line(ulysses.out), r = last_json_line(ring.out);
+    EXPECT_EQ(u["context_attention"], "ulysses");
+    EXPECT_EQ(r["context_attention"], "ring");
+    for (const auto& [name, row] : u["peaks"].items())
+      if (name != "dispatch" && name != "total")
+        EXPECT_EQ(row["planned_bytes"], row["measured_bytes"]) << name;
+    const double tol = p == "f32" ? 1e-6 : 1e-3;
+    for (const char* loss : {"first_loss", "final_loss"})
+      EXPECT_NEAR(u[loss].get<double>(), r[loss].get<double>(), tol * r[loss].get<double>()) << loss << " " << p;
+    EXPECT_GT(u["cp_ring_bytes_per_step"].get<std::int64_t>(), 0) << "Ulysses' all-to-alls are counted";
+  }
+  peakbound::testing::expect_one_line_error(run_cli("train --context-attention heads"), "--context-attention");
+  peakbound::testing::expect_one_line_error(
+      run_cli("plan --model tiny-moe --devices 3 --ep 1 --cp 3 --vocab-group 3 --context 96 --context-attention ulysses"),
+      "cp must divide the 2 KV heads");
+}
+
 // A Hugging Face config in bf16: plan --precision bf16 is train --precision bf16's own plan.
 TEST(PlanTrainer, HuggingFaceConfigInBf16MatchesTrainsPrintedPlan) {
   const std::string fixture = std::string(PEAKBOUND_SOURCE_DIR) + "/tests/fixtures/hf/mixtral";

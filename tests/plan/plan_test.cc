@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "peakbound/core/error.h"
@@ -189,6 +191,87 @@ TEST(Plan, TheEmbeddingIsTheSmallerOfTheTwo) {
   PlanInputs bad = preset_inputs("qwen3-30b-a3b", 4096);
   bad.embedding = "rows";
   EXPECT_THROW(make_plan(bad, false), InvalidArgument);
+}
+
+// --context-attention auto: Ulysses where the trainer's footprint with it has the smaller
+// scheduled peak (or fits where the ring's does not), the ring otherwise; the baseline keeps
+// the ring; the reach takes the better at each context. Heads cp cannot split, MLA and cp 1
+// leave nothing to choose; a forced ulysses there is refused in one line.
+TEST(Plan, TheContextAttentionIsTheSmallerOfTheTwo) {
+  bool ulysses_won = false, ring_won = false;
+  struct Case {
+    std::int64_t heads, kv, head_dim, vocab, context;
+    bool reach;
+  };
+  // tiny-moe (8 heads, 2 KV heads of 32) at 64K: the ring's pieces bound its buffers,
+  // Ulysses holds a KV head of the whole sequence. Attention-heavy (16 heads of 128, all KV,
+  // a small vocabulary) at 8K: the ring's two K/V slots of every head outweigh one head of
+  // the sequence.
+  for (const Case& c : {Case{8, 2, 32, 16384, 65536, false}, Case{16, 16, 128, 1024, 8192, true},
+                        Case{16, 8, 128, 1024, 4096, false}}) {
+    SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv) + " context " +
+                 std::to_string(c.context));
+    PlanInputs in;
+    in.model = preset_config("tiny-moe");
+    in.model.num_heads = c.heads;
+    in.model.num_kv_heads = c.kv;
+    in.model.head_dim = c.head_dim;
+    in.model.vocab_size = c.vocab;
+    in.context = c.context;
+    in.devices = 4;
+    in.ep = 4;
+    in.vocab_group = 4;
+    in.cp = 4;
+    in.device_memory = 1ull << 40;
+    in.host_memory = 0;
+    in.comm_reserve = in.workspace_reserve = 0;
+    in.schedules = ScheduleSet::all();
+    PlanInputs r = in, u = in;
+    r.context_attention = "ring";
+    u.context_attention = "ulysses";
+    const Plan pr = make_plan(r, c.reach), pu = make_plan(u, c.reach), pa = make_plan(in, c.reach);
+    ASSERT_TRUE(pa.context_attention_peaks.has_value());
+    EXPECT_EQ(pa.context_attention_peaks->first, pr.scheduled.peak);
+    EXPECT_EQ(pa.context_attention_peaks->second, pu.scheduled.peak);
+    const bool ulysses_smaller = pu.scheduled.peak < pr.scheduled.peak;
+    (ulysses_smaller ? ulysses_won : ring_won) = true;
+    EXPECT_EQ(pa.inputs.context_attention, ulysses_smaller ? "ulysses" : "ring");
+    EXPECT_EQ(pa.scheduled.peak, std::min(pr.scheduled.peak, pu.scheduled.peak));
+    EXPECT_NE(pu.scheduled.peak, pr.scheduled.peak) << "Ulysses' buffers are in the footprint";
+    EXPECT_EQ(pa.baseline.peak, pr.baseline.peak);  // the baseline's attention is the ring
+    EXPECT_EQ(pu.baseline.peak, pr.baseline.peak);
+    if (c.reach) EXPECT_EQ(pa.reach->scheduled, std::max(pr.reach->scheduled, pu.reach->scheduled));
+    EXPECT_EQ(plan_json(pa)["knobs"]["context_attention"], pa.inputs.context_attention);
+    EXPECT_NE(plan_table(pa).find(ulysses_smaller ? "Ulysses (--context-attention ulysses" : "the ring (--context"),
+              std::string::npos);
+    std::printf("heads %lld/%lld of %lld at %lld, cp 4: scheduled peak ring %llu, Ulysses %llu\n",
+                static_cast<long long>(c.heads), static_cast<long long>(c.kv), static_cast<long long>(c.head_dim),
+                static_cast<long long>(c.context), static_cast<unsigned long long>(pr.scheduled.peak),
+                static_cast<unsigned long long>(pu.scheduled.peak));
+  }
+  EXPECT_TRUE(ulysses_won && ring_won) << "the cases above have each win somewhere";
+  // Nothing to choose: MLA, heads 3 ranks cannot split, cp 1.
+  PlanInputs mla = preset_inputs("deepseek-v3", 8192);
+  mla.cp = 2;
+  EXPECT_FALSE(make_plan(mla, false).context_attention_peaks.has_value());
+  mla.context_attention = "ulysses";
+  EXPECT_THROW(make_plan(mla, false), InvalidArgument);
+  PlanInputs three;
+  three.model = preset_config("tiny-moe");
+  three.context = 4096;
+  three.devices = three.cp = 3;
+  three.device_memory = 1ull << 40;
+  three.schedules = ScheduleSet::all();
+  EXPECT_FALSE(make_plan(three, false).context_attention_peaks.has_value());
+  three.context_attention = "ulysses";
+  try {
+    make_plan(three, false);
+    ADD_FAILURE() << "2 KV heads, 8 query heads over 3 ranks";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cp must divide the 2 KV heads"), std::string::npos) << e.what();
+  }
+  three.context_attention = "heads";
+  EXPECT_THROW(make_plan(three, false), InvalidArgument);
 }
 
 TEST(Plan, ReachIsZeroWhenThePersistentStateAloneDoesNotFit) {

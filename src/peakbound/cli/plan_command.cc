@@ -64,6 +64,7 @@ struct PlanFlags {
   std::int64_t prefetch_depth;
   std::int64_t checkpoint_group;
   std::string embedding = "auto";
+  std::string context_attention = "auto";  // --context-attention
   std::string adam_bucket;
   std::string skew = "balanced";
   bool keep_attention = false;
@@ -104,6 +105,7 @@ void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
   if (a.count("--skew") == 0) f.skew = "worst";
   if (a.count("--checkpoint-group") == 0) f.checkpoint_group = RunSettings{}.checkpoint_group;
   if (a.count("--embedding") == 0) f.embedding = RunSettings{}.embedding;
+  if (a.count("--context-attention") == 0) f.context_attention = RunSettings{}.context_attention;
 }
 
 ModelConfig load_model(const std::string& spec) {
@@ -151,6 +153,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.prefetch_depth = f.prefetch_depth;
   in.checkpoint_group = f.checkpoint_group;
   in.embedding = f.embedding;
+  in.context_attention = f.context_attention;
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
   in.keep_attention = f.keep_attention;
@@ -210,6 +213,11 @@ Command add_plan_command(CLI::App& root) {
   a->add_option("--embedding", f->embedding,
                 "The scheduled side's embedding (train's --embedding): fsdp, vocab (sharded over the vocabulary "
                 "group), or auto: whichever gives the smaller peak")
+      ->capture_default_str();
+  a->add_option("--context-attention", f->context_attention,
+                "The scheduled side's attention under --cp > 1 (train's --context-attention): ring, ulysses (the "
+                "heads split over the cp group), or auto: Ulysses where it gives the smaller peak and cp can split "
+                "the heads (the reach takes the better at each context); the baseline's is the ring")
       ->capture_default_str();
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_flag("--keep-attention", f->keep_attention,

@@ -76,8 +76,9 @@ i64 widest_shard(i64 context, i64 cp) { return cp == 1 ? context : zigzag_widest
 // The attention term: the trainer's attention sublayer's own footprint (and ring
 // attention's under cp) on the widest shard, at the activations' element size. MLA,
 // which the trainer does not implement yet, keeps the shape-level estimate.
-Footprint attention_term(const PlanInputs& in, const PlanShapes& s, u64 elem_bytes) {
-  const ModelConfig& m = in.model;
+Footprint attention_term(const PlanInputs& in, const PlanShapes& s, u64 elem_bytes, bool scheduled) {
+  ModelConfig m = in.model;
+  m.ulysses_attention = m.ulysses_attention && scheduled;  // the baseline's is the ring
   if (m.attention == AttentionKind::mla)
     return attention_footprint(AttentionShape::of(m, s.tokens_per_device, in.cp), elem_bytes);
   const i64 cp = in.context >= 2 * in.cp ? in.cp : 1;  // shorter: every chunk a token or none
@@ -249,7 +250,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   const u64 head_params = sharded ? mul(U(s.vocab_shard), H) : 0;
 
   // ---- the terms: each a footprint (layers/, schedules/) ------------------------------
-  const Footprint attn = attention_term(in, s, a);
+  const Footprint attn = attention_term(in, s, a, sched.any());
   MlpShape ms = MlpShape::of(m, s.tokens_per_device, pc.num_dense_layers > 0, has_moe);
   ms.tile = default_moe_tile(sched.dispatch());  // as model_schedules
   const Footprint mlp = mlp_footprint(ms, a);

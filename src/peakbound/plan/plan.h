@@ -42,6 +42,9 @@ struct Plan {
   // With embedding "auto" on the trainer's footprint: the scheduled peak with the FSDP
   // embedding and with the vocabulary-parallel one (inputs.embedding says which was taken).
   std::optional<std::pair<std::uint64_t, std::uint64_t>> embedding_peaks;
+  // With context_attention "auto" where Ulysses can run: the scheduled peak with the ring
+  // and with Ulysses (inputs.context_attention says which was taken).
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> context_attention_peaks;
   std::optional<Reach> reach;
   std::vector<std::string> fixes;  // for a scheduled plan that does not fit
 };

@@ -7,6 +7,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/ledger.h"
 #include "peakbound/core/values.h"
+#include "peakbound/schedules/ulysses_attention.h"
 
 namespace peakbound {
 
@@ -73,6 +74,14 @@ void PlanInputs::validate() const {
   check_int(prefetch_depth, "prefetch_depth", -1, 1024);
   require(embedding == "auto" || embedding == "fsdp" || embedding == "vocab",
           "embedding must be auto, fsdp or vocab, got '" + embedding + "'");
+  require(context_attention == "auto" || context_attention == "ring" || context_attention == "ulysses",
+          "context_attention must be auto, ring or ulysses, got '" + context_attention + "'");
+  if (context_attention == "ulysses" && cp > 1) {
+    require(model.attention != AttentionKind::mla,
+            "context_attention ulysses: " + model.name + " has MLA attention, whose context parallelism is the ring");
+    const std::string why = ulysses_refusal(model.num_heads, model.num_kv_heads, static_cast<int>(cp));
+    require(why.empty(), "context_attention ulysses: " + why);
+  }
   require(checkpoint_group == -1 || (checkpoint_group >= 1 && checkpoint_group <= model.num_layers),
           "checkpoint_group must be -1 (the policy's) or a group of 1 to " + std::to_string(model.num_layers) +
               " layers, got " + std::to_string(checkpoint_group));

@@ -77,6 +77,12 @@ struct PlanInputs {
   // the plan's context (make_plan; the estimate's rules, without the trainer's footprint,
   // take fsdp). The baseline's is fsdp.
   std::string embedding = "auto";
+  // The scheduled plan's attention under cp > 1 (train's --context-attention): "ring",
+  // "ulysses" (the heads split over the cp group; ModelConfig::ulysses_attention), or
+  // "auto": Ulysses where the trainer's footprint with it has the smaller peak at the plan's
+  // context (make_plan), the ring otherwise and wherever Ulysses cannot split the heads. The
+  // baseline's is the ring.
+  std::string context_attention = "auto";
   // The group size a plan is made at when no policy chooses: checkpoint_group, or 1.
   std::int64_t planned_checkpoint_group() const { return checkpoint_group < 1 ? 1 : checkpoint_group; }
   // SCO: keep the last K boundaries resident on the device. Unset: the selective policy

@@ -52,7 +52,8 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   run.batch = in.sequences;
   run.schedules = schedules;
   run.precision = *in.activation_precision();
-  const RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules, run.precision)};
+  RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules, run.precision)};
+  shape.config.ulysses_attention = in.model.ulysses_attention && schedules.any();  // the baseline's is the ring
   TrainFootprintInputs t = run_footprint_inputs(run, shape, static_cast<int>(in.devices), rank);
   // The planner's knobs over the schedules' defaults; the dispatch at the plan's imbalance.
   ModelSchedules& s = t.schedules;
