@@ -103,6 +103,14 @@ TEST(AttentionCli, UnderMpiEveryCpRunsAndRank0Reports) {
   EXPECT_TRUE(jb["overlap_fraction"].contains("2"));
   EXPECT_LT(jb["max_rel_err"].get<double>(), 1e-5);
   EXPECT_FALSE(jb.contains("pieces"));
+  // Ulysses beside the ring at CP 2 (2 KV heads split over 2 ranks): exact, its peak the
+  // tensors plus its own buffers, the bytes each sends (the traffic functions) both set.
+  ASSERT_TRUE(jb["ulysses"].contains("2")) << jb["ulysses"];
+  EXPECT_LT(jb["ulysses"]["2"]["max_rel_err"].get<double>(), 1e-5);
+  EXPECT_GT(jb["ulysses"]["2"]["peak_bytes"].get<double>(), 0.0);
+  EXPECT_GT(jb["ulysses"]["2"]["bytes_sent"].get<double>(), 0.0);
+  EXPECT_GT(jb["ulysses"]["2"]["ring_bytes_sent"].get<double>(), 0.0);
+  EXPECT_FALSE(jb["ulysses"].contains("1"));
   // --piece-tokens: CP 2 again carrying pieces (shards of 32 tokens in pieces of 10: 4
   // passes), exact, its peak below the whole-shard ring's.
   CliRun pc = run_mpi("bench attention --seq-len 64 --heads 4 --kv-heads 2 --dim 8 --reps 1 --cp-sizes 2 "

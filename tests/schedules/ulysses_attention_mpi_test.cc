@@ -7,7 +7,8 @@
 // steps), D != Dv, windows, odd tiles, the queries in three pieces (dk, dv summed over the
 // calls), S = 2201. bf16 against the single-rank bf16 kernel to 1e-2 of max|ref| (the
 // ring's bound). The arena's attention peak of every call equals the footprint's phase,
-// nothing stays live; KV heads cp does not divide are refused in one line.
+// the bytes a rank sends equal ulysses_attention_traffic, nothing stays live; heads cp cannot
+// split are refused in one line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -87,8 +88,16 @@ double run_shapes(Communicator& g) {
     for (int pieces : {1, qp}) {
       SCOPED_TRACE("query_pieces=" + std::to_string(pieces));
       CpuDevice dev(64ull << 20);
+      const std::uint64_t sent = ulysses_attention_bytes_sent();
       const RingAttentionCheck c = verify_ring_attention(dev, g, p, naive, kernel, Component::layer, nullptr, 0,
                                                          pieces, ContextAttention::ulysses);
+      if (pieces == 1) {  // one forward and one backward: what the traffic function counts
+        RingAttentionConfig one;
+        one.dims = a;
+        one.seq_len = s.S;
+        const RingAttentionTraffic t = ulysses_attention_traffic(one, cp, g.rank());
+        EXPECT_EQ(ulysses_attention_bytes_sent() - sent, t.forward + t.backward);
+      }
       for (int f = 0; f < 5; ++f) {
         EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
         EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";

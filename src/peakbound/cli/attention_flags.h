@@ -14,6 +14,7 @@
 #include "peakbound/core/values.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
+#include "peakbound/schedules/ulysses_attention.h"
 
 namespace peakbound::cli {
 
@@ -35,7 +36,7 @@ inline std::vector<std::int64_t> int_list(const std::string& text, const std::st
 // The automatic device budget (auto_device_budget) of one rank of a ring attention run
 // of `c` over `cp` ranks: the ring's footprint planned, and the caller's nine tensors
 // (q, k, v, out, lse, dout, dq, dk, dv, each sized for the widest shard) unplanned.
-inline std::uint64_t ring_attention_device_budget(const RingAttentionConfig& c, int cp) {
+inline std::uint64_t ring_attention_device_budget(const RingAttentionConfig& c, int cp, bool ulysses = false) {
   const auto& a = c.dims;
   std::int64_t T = 0;
   for (int r = 0; r < cp; ++r) T = std::max(T, zigzag_shard(c.seq_len, cp, r).tokens());
@@ -43,7 +44,8 @@ inline std::uint64_t ring_attention_device_budget(const RingAttentionConfig& c, 
   for (std::int64_t w : {a.q_heads * a.qk_dim, a.kv_heads * a.qk_dim, a.kv_heads * a.v_dim, a.q_heads * a.v_dim,
                          a.q_heads, a.q_heads * a.v_dim, a.q_heads * a.qk_dim, a.kv_heads * a.qk_dim, a.kv_heads * a.v_dim})
     io = checked_add(io, arena_reserved(static_cast<std::uint64_t>(T * w) * sizeof(float)), "the attention tensors");
-  return auto_device_budget(ring_attention_footprint(c, cp).device_peak_total(), io);
+  return auto_device_budget(
+      (ulysses ? ulysses_attention_footprint(c, cp) : ring_attention_footprint(c, cp)).device_peak_total(), io);
 }
 
 }  // namespace peakbound::cli

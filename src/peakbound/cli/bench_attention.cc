@@ -43,6 +43,10 @@
 // (RingAttentionConfig::piece_tokens, what the attention layer does with kRingPieceTokens),
 // the same measurements side by side under "pieces": its passes, peak_bytes,
 // step_seconds, exposed_comm_seconds, imbalance_seconds, and its max_rel_err.
+// Per CP > 1 where cp can split the heads (schedules/ulysses_attention.h), Ulysses runs on
+// the same group after the ring, under "ulysses": its peak_bytes, step_seconds and
+// max_rel_err measured the same way, and the most bytes a rank sends in a forward +
+// backward under each schedule (bytes_sent, ring_bytes_sent: the traffic functions).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -70,6 +74,7 @@
 #include "peakbound/ops/host_convert.h"
 #include "peakbound/schedules/context_layout.h"
 #include "peakbound/schedules/ring_attention.h"
+#include "peakbound/schedules/ulysses_attention.h"
 #include "peakbound/verify/attention_reference.h"
 
 namespace peakbound::cli {
@@ -127,7 +132,9 @@ struct CpResult {
 
 // One CP size on group g (the ranks 0..CP-1 of the world): see the file comment.
 CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem& p, const AttentionResult& ref,
-                int reps, ThreadPool* pool, std::int64_t piece_tokens) {
+                int reps, ThreadPool* pool, std::int64_t piece_tokens,
+                ContextAttention kind = ContextAttention::ring) {
+  const bool ulysses = kind == ContextAttention::ulysses;
   const int cp = g.size();
   RingAttentionConfig cfg;
   cfg.dims = a;
@@ -137,12 +144,13 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
   const std::int64_t T = sh.tokens();
   const std::int64_t wq = a.q_heads * a.qk_dim, wk = a.kv_heads * a.qk_dim, wv = a.kv_heads * a.v_dim,
                      wo = a.q_heads * a.v_dim, wl = a.q_heads;
-  CpuDevice dev(ring_attention_device_budget(cfg, cp));
+  CpuDevice dev(ring_attention_device_budget(cfg, cp, ulysses));
   CpResult res;
-  res.passes = ring_attention_pieces(cfg, cp);
+  res.passes = ulysses ? 1 : ring_attention_pieces(cfg, cp);
   // Exactness and the peak: one forward + backward with every tensor under attention.
   {
-    const RingAttentionCheck c = verify_ring_attention(dev, g, p, ref, ref, Component::attention, pool, piece_tokens);
+    const RingAttentionCheck c =
+        verify_ring_attention(dev, g, p, ref, ref, Component::attention, pool, piece_tokens, 1, kind);
     res.rel_err = c.worst_kernel();
     std::uint64_t peak = std::max(c.forward_peak, c.backward_peak);
     g.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
@@ -162,6 +170,14 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
   fill_rows(v, p.v, wv);
   fill_rows(dout, p.dout, wo);
   auto step = [&](RingAttentionStats* fs, RingAttentionStats* bs) {
+    if (ulysses) {  // no stats: nothing of it overlaps (all-to-all, then the kernel, then all-to-all)
+      ulysses_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(),
+                                v.as<float>(), pool);
+      ulysses_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
+                                 q.as<float>(), k.as<float>(), v.as<float>(), out.as<float>(), lse.as<float>(), nullptr,
+                                 pool);
+      return;
+    }
     ring_attention_forward(dev, g, cfg, out.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(),
                            pool, fs);
     ring_attention_backward(dev, g, cfg, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
@@ -187,7 +203,7 @@ CpResult run_cp(Communicator& g, const AttentionDims& a, const AttentionProblem&
     exposed_comm.push_back(slowest(fs.exposed_comm_seconds + bs.exposed_comm_seconds));
     imbalance.push_back(slowest(fs.imbalance_seconds + bs.imbalance_seconds));
   }
-  if (cp > 1)
+  if (cp > 1 && !ulysses)
     for (int i = 0; i < reps; ++i) {
       RingAttentionStats fs, bs;
       fs.communication_only = bs.communication_only = true;
@@ -381,7 +397,8 @@ Command add_bench_attention(CLI::App& parent) {
                    overlap = nlohmann::json::object(), exposed = nlohmann::json::object(),
                    alone = nlohmann::json::object(), compute = nlohmann::json::object(),
                    exposed_comm = nlohmann::json::object(), imbalance = nlohmann::json::object(),
-                   tiles = nlohmann::json::object(), pieces = nlohmann::json::object();
+                   tiles = nlohmann::json::object(), pieces = nlohmann::json::object(),
+                   ulysses = nlohmann::json::object();
     std::vector<int> ran;
     double max_rel = 0;
     const std::string load_before = bench::load_average();
@@ -405,6 +422,25 @@ Command add_bench_attention(CLI::App& parent) {
                          {"exposed_comm_seconds", q.exposed_comm_seconds},
                          {"imbalance_seconds", q.imbalance_seconds},
                          {"max_rel_err", q.rel_err}};
+        }
+        // Ulysses on the same group beside the ring (where cp can split the heads): its peak,
+        // time, error, and both schedules' bytes sent a rank (forward + backward).
+        if (cp > 1 && ulysses_refusal(a.q_heads, a.kv_heads, cp).empty()) {
+          const CpResult u = run_cp(*g, a, *problem, *ref, f->reps, pp, 0, ContextAttention::ulysses);
+          RingAttentionConfig rc;
+          rc.dims = a;
+          rc.seq_len = a.tokens;
+          std::uint64_t ring_sent = 0, ulysses_sent = 0;
+          for (int rank = 0; rank < cp; ++rank) {
+            const RingAttentionTraffic t = ring_attention_traffic(rc, cp, rank), v = ulysses_attention_traffic(rc, cp, rank);
+            ring_sent = std::max(ring_sent, t.forward + t.backward);
+            ulysses_sent = std::max(ulysses_sent, v.forward + v.backward);
+          }
+          ulysses[key] = {{"peak_bytes", u.peak_bytes},
+                          {"step_seconds", u.step_seconds},
+                          {"max_rel_err", u.rel_err},
+                          {"bytes_sent", ulysses_sent},
+                          {"ring_bytes_sent", ring_sent}};
         }
         peak[key] = r.peak_bytes;
         step[key] = r.step_seconds;
@@ -451,6 +487,11 @@ Command add_bench_attention(CLI::App& parent) {
       j["ring_tiles_are"] = "per CP size: the [Bq x Bk] score tiles per head the group's kernel calls compute (with "
                             "--window, beside the causal ring's)";
       j["max_rel_err"] = max_rel;
+      j["ulysses"] = ulysses;
+      j["ulysses_is"] = "per CP size > 1 where cp can split the heads: Ulysses attention (the heads split over the group "
+                        "by all-to-all) on the same group after the ring: its attention peak_bytes, step_seconds and "
+                        "max_rel_err as the ring's, and the most bytes a rank sends per forward + backward under "
+                        "each (bytes_sent, ring_bytes_sent)";
       if (f->piece_tokens > 0) {
         j["piece_tokens"] = f->piece_tokens;
         j["pieces"] = pieces;
