@@ -32,6 +32,7 @@ namespace peakbound {
 namespace {
 namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
+using testing::narrow;
 using testing::shard_rows;
 using testing::upload;
 using testing::world;
@@ -53,37 +54,6 @@ std::vector<Case> cases(int cp) {
           {601, 4, 2, 16, 16, 64, 64}};  // shard chunks over several query pieces at CP 2
 }
 
-std::vector<bf16> narrow(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-
-std::vector<float> host(const Buffer& b, std::int64_t n) { return {b.as<float>(), b.as<float>() + n}; }
-
-// The five results (out, lse, dq, dk, dv) of the whole sequence on one rank in bf16.
-std::vector<std::vector<float>> single_rank(const AttentionDims& a, const std::vector<bf16>& q,
-                                            const std::vector<bf16>& k, const std::vector<bf16>& v,
-                                            const std::vector<bf16>& dout) {
-  CpuDevice dev(64ull << 20);
-  Stream& s = dev.compute_stream();
-  const std::int64_t S = a.tokens;
-  Buffer bq = upload(dev, q), bk = upload(dev, k), bv = upload(dev, v), bd = upload(dev, dout);
-  std::vector<float> zeros(static_cast<std::size_t>(S * std::max<std::int64_t>(a.q_heads * std::max(a.qk_dim, a.v_dim), 1)), 0.0f);
-  Buffer out = upload(dev, zeros), lse = upload(dev, zeros), dq = upload(dev, zeros), dk = upload(dev, zeros),
-         dv = upload(dev, zeros);
-  Buffer ws = upload(dev, std::vector<float>(static_cast<std::size_t>(attention_workspace_floats(a, DType::bf16))));
-  ops::attention_forward(dev, s, out.as<float>(), lse.as<float>(), bq.as<bf16>(), bk.as<bf16>(), bv.as<bf16>(), a,
-                         ws.as<float>());
-  Buffer out16 = upload(dev, std::vector<bf16>(static_cast<std::size_t>(S * a.q_heads * a.v_dim)));
-  ops::convert(dev, s, out16.as<bf16>(), out.as<float>(), S * a.q_heads * a.v_dim);
-  ops::attention_backward(dev, s, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(), bq.as<bf16>(),
-                          bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), a, ws.as<float>());
-  dev.synchronize();
-  return {host(out, S * a.q_heads * a.v_dim), host(lse, S * a.q_heads), host(dq, S * a.q_heads * a.qk_dim),
-          host(dk, S * a.kv_heads * a.qk_dim), host(dv, S * a.kv_heads * a.v_dim)};
-}
-
 // Every case on group g; returns the worst relative error against the single rank.
 double run_cases(Communicator& g) {
   const int cp = g.size();
@@ -100,7 +70,7 @@ double run_cases(Communicator& g) {
     a.block_k = c.bk;
     const AttentionProblem p = make_attention_problem(a, 500 + static_cast<std::uint64_t>(c.S * 3 + c.hkv));
     const std::vector<bf16> q = narrow(p.q), k = narrow(p.k), v = narrow(p.v), dout = narrow(p.dout);
-    const std::vector<std::vector<float>> ref = single_rank(a, q, k, v, dout);
+    const std::vector<std::vector<float>> ref = testing::single_rank_bf16(a, q, k, v, dout);
 
     // Whole shards, and pieces of a third of the widest shard (three passes).
     for (std::int64_t pt : {std::int64_t{0}, (zigzag_widest_tokens(c.S, cp) + 2) / 3}) {
@@ -157,13 +127,7 @@ double run_cases(Communicator& g) {
 }
 
 TEST(RingAttentionBf16, MatchesTheSingleRankBf16KernelInEveryGroupSize) {
-  Communicator& w = world();
-  for (int cp = 1; cp <= w.size(); ++cp) {
-    if (w.size() % cp != 0) continue;
-    std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
-    ASSERT_EQ(g->size(), cp);
-    run_cases(*g);
-  }
+  testing::each_group([](Communicator& g) { run_cases(g); });
 }
 
 TEST(RingAttentionBf16, EntryPointsRefuseTheOtherPrecision) {

@@ -34,19 +34,14 @@ namespace peakbound {
 namespace {
 namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
+using testing::each_group;
+using testing::narrow;
 using testing::shard_rows;
 using testing::upload;
 using testing::world;
 
-struct Shape {
-  std::int64_t S, hq, hkv, d, dv, window, bq, bk;
-};
-
-std::string name(const Shape& s, int cp) {
-  return "CP=" + std::to_string(cp) + " S=" + std::to_string(s.S) + " Hq=" + std::to_string(s.hq) +
-         " Hkv=" + std::to_string(s.hkv) + " D=" + std::to_string(s.d) + " Dv=" + std::to_string(s.dv) +
-         " W=" + std::to_string(s.window) + " Bq=" + std::to_string(s.bq) + " Bk=" + std::to_string(s.bk);
-}
+using Shape = testing::AttentionShape;
+std::string name(const Shape& s, int cp) { return testing::shape_name(s, cp); }
 
 // KV heads a multiple of cp: one head a rank (GQA 1 and 2) and two (two head steps); and
 // one KV head shared by every rank (replicated: Hq / cp query heads each, dK/dV summed),
@@ -73,15 +68,7 @@ double run_shapes(Communicator& g) {
   double worst = 0, worst_kernel = 0;
   for (const Shape& s : shapes(cp)) {
     SCOPED_TRACE(name(s, cp));
-    AttentionDims a;
-    a.tokens = s.S;
-    a.q_heads = s.hq;
-    a.kv_heads = s.hkv;
-    a.qk_dim = s.d;
-    a.v_dim = s.dv;
-    a.window = s.window;
-    a.block_q = s.bq;
-    a.block_k = s.bk;
+    const AttentionDims a = s.dims();
     const AttentionProblem p = make_attention_problem(a, 3000 + static_cast<std::uint64_t>(s.S * 7 + s.hq + s.window));
     const AttentionResult naive = naive_attention(p), kernel = kernel_attention(p);
     const int qp = static_cast<int>(std::min<std::int64_t>(3, zigzag_shortest_chunk(s.S, cp)));
@@ -98,18 +85,11 @@ double run_shapes(Communicator& g) {
         const RingAttentionTraffic t = ulysses_attention_traffic(one, cp, g.rank());
         EXPECT_EQ(ulysses_attention_bytes_sent() - sent, t.forward + t.backward);
       }
-      for (int f = 0; f < 5; ++f) {
-        EXPECT_LT(c.naive[f], 1e-5) << kAttentionFields[f] << " vs naive double";
-        EXPECT_LT(c.kernel[f], 1e-5) << kAttentionFields[f] << " vs the single-rank kernel";
-      }
       RingAttentionConfig cfg;
       cfg.dims = a;
       cfg.seq_len = s.S;
       cfg.query_pieces = pieces;
-      const Footprint fp = ulysses_attention_footprint(cfg, cp);
-      EXPECT_EQ(c.forward_peak, fp.phase("forward").device[static_cast<std::size_t>(Component::attention)]);
-      EXPECT_EQ(c.backward_peak, fp.phase("backward").device[static_cast<std::size_t>(Component::attention)]);
-      EXPECT_EQ(dev.arena().live(), 0u) << "every buffer released";
+      testing::expect_exact_and_footprint(c, ulysses_attention_footprint(cfg, cp), dev);
       worst = std::max(worst, c.worst_naive());
       worst_kernel = std::max(worst_kernel, c.worst_kernel());
     }
@@ -120,28 +100,9 @@ double run_shapes(Communicator& g) {
   return worst;
 }
 
-// Every CP dividing the world, as groups of consecutive ranks.
-template <class F>
-void each_group(F&& f) {
-  Communicator& w = world();
-  for (int cp = 1; cp <= w.size(); ++cp) {
-    if (w.size() % cp != 0) continue;
-    std::unique_ptr<Communicator> g = w.split(w.rank() / cp, w.rank());
-    ASSERT_EQ(g->size(), cp);
-    f(*g);
-  }
-}
-
 TEST(UlyssesAttention, MatchesKernelAndNaiveInEveryGroupSize) {
   each_group([](Communicator& g) { run_shapes(g); });
 }
-
-std::vector<bf16> narrow(const std::vector<float>& v) {
-  std::vector<bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
-  return out;
-}
-std::vector<float> host(const Buffer& b, std::int64_t n) { return {b.as<float>(), b.as<float>() + n}; }
 
 // bf16: the single-rank bf16 kernel's five results on the whole sequence, against each
 // rank's shard through Ulysses (the fp32 out narrowed once and given back to the backward).
@@ -152,35 +113,11 @@ TEST(UlyssesAttention, Bf16MatchesTheSingleRankBf16Kernel) {
     for (const Shape& c : {Shape{2 * cp + 1, 4 * cp, 2 * cp, 16, 16, 0, 64, 64}, Shape{37, 2 * cp, cp, 16, 8, 5, 7, 5},
                            Shape{601, 2 * cp, cp, 16, 16, 0, 64, 64}, Shape{37, 2 * cp, 1, 16, 8, 0, 64, 64}}) {
       SCOPED_TRACE(name(c, cp));
-      AttentionDims a;
-      a.tokens = c.S;
-      a.q_heads = c.hq;
-      a.kv_heads = c.hkv;
-      a.qk_dim = c.d;
-      a.v_dim = c.dv;
-      a.window = c.window;
-      a.block_q = c.bq;
-      a.block_k = c.bk;
+      const AttentionDims a = c.dims();
       const AttentionProblem p = make_attention_problem(a, 700 + static_cast<std::uint64_t>(c.S));
       const std::vector<bf16> q = narrow(p.q), k = narrow(p.k), v = narrow(p.v), dout = narrow(p.dout);
-      const std::int64_t S = c.S, wq = c.hq * c.d, wk = c.hkv * c.d, wv = c.hkv * c.dv, wo = c.hq * c.dv;
-      std::vector<std::vector<float>> ref;
-      {
-        CpuDevice dev(64ull << 20);
-        Stream& s = dev.compute_stream();
-        Buffer bq = upload(dev, q), bk = upload(dev, k), bv = upload(dev, v), bd = upload(dev, dout);
-        const auto zeros = [&](std::int64_t w) { return upload(dev, std::vector<float>(static_cast<std::size_t>(S * w))); };
-        Buffer out = zeros(wo), lse = zeros(c.hq), dq = zeros(wq), dk = zeros(wk), dv = zeros(wv);
-        Buffer ws = upload(dev, std::vector<float>(static_cast<std::size_t>(attention_workspace_floats(a, DType::bf16))));
-        ops::attention_forward(dev, s, out.as<float>(), lse.as<float>(), bq.as<bf16>(), bk.as<bf16>(), bv.as<bf16>(), a,
-                               ws.as<float>());
-        Buffer out16 = upload(dev, std::vector<bf16>(static_cast<std::size_t>(S * wo)));
-        ops::convert(dev, s, out16.as<bf16>(), out.as<float>(), S * wo);
-        ops::attention_backward(dev, s, dq.as<float>(), dk.as<float>(), dv.as<float>(), bd.as<bf16>(), bq.as<bf16>(),
-                                bk.as<bf16>(), bv.as<bf16>(), out16.as<bf16>(), lse.as<float>(), a, ws.as<float>());
-        dev.synchronize();
-        ref = {host(out, S * wo), host(lse, S * c.hq), host(dq, S * wq), host(dk, S * wk), host(dv, S * wv)};
-      }
+      const std::int64_t wq = c.hq * c.d, wk = c.hkv * c.d, wv = c.hkv * c.dv, wo = c.hq * c.dv;
+      const std::vector<std::vector<float>> ref = testing::single_rank_bf16(a, q, k, v, dout);
       RingAttentionConfig cfg;
       cfg.dims = a;
       cfg.seq_len = c.S;
