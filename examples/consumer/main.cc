@@ -20,6 +20,7 @@
 #include "peakbound/device/device.h"
 #include "peakbound/schedules/optimizer_schedule.h"
 #include "peakbound/schedules/vocab_loss.h"
+#include "peakbound/ops/gemm.h"
 
 using namespace peakbound;
 
@@ -42,7 +43,10 @@ static double naive_cross_entropy(const float* hidden, const std::int32_t* targe
   return total;
 }
 
-int main() try {
+int main(int, char** argv) try {
+  // First thing: where OpenBLAS fell back to its generic kernels on a CPU newer than it
+  // knows, re-execute with the kernels this CPU allows (what `peakbound` itself does).
+  ops::prefer_blas_kernels(argv);
   const std::int64_t T = 37, H = 24, V = 101;  // tokens, hidden size, vocabulary: odd on purpose
 
   // The working set is fixed at launch: every device allocation comes from this budget.

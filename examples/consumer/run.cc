@@ -10,10 +10,14 @@
 #include "peakbound/core/error.h"
 #include "peakbound/core/launcher.h"
 #include "peakbound/train/run.h"
+#include "peakbound/ops/gemm.h"
 
 using namespace peakbound;
 
-int main() try {
+int main(int, char** argv) try {
+  // First thing: where OpenBLAS fell back to its generic kernels on a CPU newer than it
+  // knows, re-execute with the kernels this CPU allows (what `peakbound` itself does).
+  ops::prefer_blas_kernels(argv);
   RunSettings s;  // every knob at `peakbound train`'s default: tiny-moe, the copy task, all schedules
   s.steps = 8;
   s.seq_len = 32;
