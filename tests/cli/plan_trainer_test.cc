@@ -86,9 +86,11 @@ TEST(PlanTrainer, UlyssesTwoRanksMatchesTrainsPrintedPlanAndTheRingsLosses) {
     const nlohmann::json u = last_json_line(ulysses.out), r = last_json_line(ring.out);
     EXPECT_EQ(u["context_attention"], "ulysses");
     EXPECT_EQ(r["context_attention"], "ring");
-    for (const auto& [name, row] : u["peaks"].items())
-      if (name != "dispatch" && name != "total")
+    for (const auto& [name, row] : u["peaks"].items()) {
+      if (name != "dispatch" && name != "total") {
         EXPECT_EQ(row["planned_bytes"], row["measured_bytes"]) << name;
+      }
+    }
     const double tol = p == "f32" ? 1e-6 : 1e-3;
     for (const char* loss : {"first_loss", "final_loss"})
       EXPECT_NEAR(u[loss].get<double>(), r[loss].get<double>(), tol * r[loss].get<double>()) << loss << " " << p;

@@ -240,7 +240,9 @@ TEST(Plan, TheContextAttentionIsTheSmallerOfTheTwo) {
     EXPECT_NE(pu.scheduled.peak, pr.scheduled.peak) << "Ulysses' buffers are in the footprint";
     EXPECT_EQ(pa.baseline.peak, pr.baseline.peak);  // the baseline's attention is the ring
     EXPECT_EQ(pu.baseline.peak, pr.baseline.peak);
-    if (c.reach) EXPECT_EQ(pa.reach->scheduled, std::max(pr.reach->scheduled, pu.reach->scheduled));
+    if (c.reach) {
+      EXPECT_EQ(pa.reach->scheduled, std::max(pr.reach->scheduled, pu.reach->scheduled));
+    }
     EXPECT_EQ(plan_json(pa)["knobs"]["context_attention"], pa.inputs.context_attention);
     EXPECT_NE(plan_table(pa).find(ulysses_smaller ? "Ulysses (--context-attention ulysses" : "the ring (--context"),
               std::string::npos);
