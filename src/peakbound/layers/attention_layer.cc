@@ -123,8 +123,7 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
         std::to_string(c.cp_rank) + ")");
   if (c.cp > 1 && c.context_attention == ContextAttention::ulysses) {
-    if (c.mla) bad("Ulysses attention takes the K/V form, not MLA (its latent travels the ring)");
-    if (const std::string why = ulysses_refusal(c.q_heads, c.kv_heads, c.cp); !why.empty()) bad(why);
+    if (const std::string why = ulysses_refusal(c.q_heads, c.kv_heads, c.cp, c.mla); !why.empty()) bad(why);
   }
   if (c.cp > 1 && c.seq_len != 0 && c.seq_len < 2 * static_cast<std::int64_t>(c.cp))
     bad("context parallel over " + std::to_string(c.cp) + " ranks needs sequences of at least " +

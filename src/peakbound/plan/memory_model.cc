@@ -78,7 +78,7 @@ i64 widest_shard(i64 context, i64 cp) { return cp == 1 ? context : zigzag_widest
 // which the trainer does not implement yet, keeps the shape-level estimate.
 Footprint attention_term(const PlanInputs& in, const PlanShapes& s, u64 elem_bytes, bool scheduled) {
   ModelConfig m = in.model;
-  m.ulysses_attention = m.ulysses_attention && scheduled;  // the baseline's is the ring
+  m.ulysses_attention = scheduled && in.context_attention == "ulysses";  // the baseline's is the ring
   if (m.attention == AttentionKind::mla)
     return attention_footprint(AttentionShape::of(m, s.tokens_per_device, in.cp), elem_bytes);
   const i64 cp = in.context >= 2 * in.cp ? in.cp : 1;  // shorter: every chunk a token or none

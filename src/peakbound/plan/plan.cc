@@ -262,14 +262,14 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   // Under cp > 1 the attention by the footprint: Ulysses where the trainer's footprint with
   // it has the smaller scheduled peak at this context (or fits where the ring's does not).
   const bool ulysses_auto = in.context_attention == "auto" && in.cp > 1 && in.schedules.any() &&
-                            in.model.attention != AttentionKind::mla &&
-                            ulysses_refusal(in.model.num_heads, in.model.num_kv_heads, static_cast<int>(in.cp)).empty();
+                            ulysses_refusal(in.model.num_heads, in.model.num_kv_heads, static_cast<int>(in.cp),
+                                            in.model.attention == AttentionKind::mla)
+                                .empty();
   if (in.context_attention == "auto") {
     in.context_attention = "ring";
     if (ulysses_auto && in.context >= 2 * in.cp) {
       PlanInputs r = in, u = in;
       u.context_attention = "ulysses";
-      u.model.ulysses_attention = true;
       const PeakEstimate er = estimate_with_policy(r, p.params, in.schedules);
       if (er.trainer_footprint) {
         const PeakEstimate eu = estimate_with_policy(u, p.params, in.schedules);
@@ -278,7 +278,6 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
       }
     }
   }
-  in.model.ulysses_attention = in.context_attention == "ulysses";
   p.inputs = in;
   p.shapes = plan_shapes(in, p.params);
   p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
@@ -294,8 +293,7 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
     r.scheduled = context_reach(in, p.params, in.schedules);
     if (ulysses_auto) {  // the attention chosen at each context: the larger of the two reaches
       PlanInputs other = in;
-      other.model.ulysses_attention = !in.model.ulysses_attention;
-      other.context_attention = other.model.ulysses_attention ? "ulysses" : "ring";
+      other.context_attention = in.context_attention == "ulysses" ? "ring" : "ulysses";
       r.scheduled = std::max(r.scheduled, context_reach(other, p.params, in.schedules));
     }
     if (r.baseline > 0) r.ratio = static_cast<double>(r.scheduled) / static_cast<double>(r.baseline);
@@ -427,15 +425,14 @@ std::string plan_table(const Plan& p) {
   if (p.embedding_peaks && in.embedding == "vocab")
     out += "embedding    sharded over the vocabulary group (--embedding vocab): peak " + bytes(p.embedding_peaks->second) +
            " against " + bytes(p.embedding_peaks->first) + " with the FSDP embedding\n";
-  if (p.context_attention_peaks)
-    out += std::string("attention    ") +
-           (in.context_attention == "ulysses" ? "Ulysses (--context-attention ulysses: the heads split over the cp "
-                                                "group): peak "
-                                              : "the ring (--context-attention ring): peak ") +
-           bytes(in.context_attention == "ulysses" ? p.context_attention_peaks->second : p.context_attention_peaks->first) +
-           " against " +
-           bytes(in.context_attention == "ulysses" ? p.context_attention_peaks->first : p.context_attention_peaks->second) +
-           (in.context_attention == "ulysses" ? " with the ring\n" : " with Ulysses\n");
+  if (p.context_attention_peaks) {
+    const auto [ring, ulysses] = *p.context_attention_peaks;
+    out += in.context_attention == "ulysses"
+               ? "attention    Ulysses (--context-attention ulysses: the heads split over the cp group): peak " +
+                     bytes(ulysses) + " against " + bytes(ring) + " with the ring\n"
+               : "attention    the ring (--context-attention ring): peak " + bytes(ring) + " against " + bytes(ulysses) +
+                     " with Ulysses\n";
+  }
   if (in.checkpoint_group < 1 && p.checkpoint_group > 1)
     out += "groups       SCO keeps one boundary per " + std::to_string(p.checkpoint_group) +
            " layers (--checkpoint-group " + std::to_string(p.checkpoint_group) +

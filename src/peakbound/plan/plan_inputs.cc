@@ -77,9 +77,8 @@ void PlanInputs::validate() const {
   require(context_attention == "auto" || context_attention == "ring" || context_attention == "ulysses",
           "context_attention must be auto, ring or ulysses, got '" + context_attention + "'");
   if (context_attention == "ulysses" && cp > 1) {
-    require(model.attention != AttentionKind::mla,
-            "context_attention ulysses: " + model.name + " has MLA attention, whose context parallelism is the ring");
-    const std::string why = ulysses_refusal(model.num_heads, model.num_kv_heads, static_cast<int>(cp));
+    const std::string why = ulysses_refusal(model.num_heads, model.num_kv_heads, static_cast<int>(cp),
+                                            model.attention == AttentionKind::mla);
     require(why.empty(), "context_attention ulysses: " + why);
   }
   require(checkpoint_group == -1 || (checkpoint_group >= 1 && checkpoint_group <= model.num_layers),

@@ -53,7 +53,7 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   run.schedules = schedules;
   run.precision = *in.activation_precision();
   RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules, run.precision)};
-  shape.config.ulysses_attention = in.model.ulysses_attention && schedules.any();  // the baseline's is the ring
+  shape.config.ulysses_attention = schedules.any() && in.context_attention == "ulysses";  // the baseline's: the ring
   TrainFootprintInputs t = run_footprint_inputs(run, shape, static_cast<int>(in.devices), rank);
   // The planner's knobs over the schedules' defaults; the dispatch at the plan's imbalance.
   ModelSchedules& s = t.schedules;

@@ -34,6 +34,7 @@ struct Run {
   std::int64_t row = 0, n = 0, at = 0;
 };
 using Runs = std::vector<std::array<Run, 2>>;  // per rank of the group: its two runs
+std::int64_t rows_of(const std::array<Run, 2>& r) { return r[0].n + r[1].n; }
 
 // The keys' runs: every rank's two zigzag chunks (local rows of its whole shard).
 Runs key_runs(std::int64_t S, int cp) {
@@ -69,7 +70,7 @@ std::int64_t gathered_row(const Runs& r, int o, int u) {
 }
 std::int64_t gathered_rows(const Runs& r) {
   std::int64_t n = 0;
-  for (const auto& x : r) n += x[0].n + x[1].n;
+  for (const auto& x : r) n += rows_of(x);
   return n;
 }
 
@@ -82,7 +83,7 @@ QuerySizes query_sizes(const RingAttentionConfig& c, int cp) {
   for (int j = 0; j < c.query_pieces; ++j) {
     const Runs r = query_runs(c.seq_len, cp, c.query_pieces, j);
     z.gathered = std::max(z.gathered, gathered_rows(r));
-    for (const auto& x : r) z.piece = std::max(z.piece, x[0].n + x[1].n);
+    for (const auto& x : r) z.piece = std::max(z.piece, rows_of(x));
   }
   return z;
 }
@@ -174,7 +175,7 @@ AttentionDims run_dims(const RingAttentionConfig& c, const Heads& h, std::int64_
   return d;
 }
 
-// f(o, u, gathered row, run) for every non-empty query run.
+// f(gathered row, run) for every non-empty query run.
 template <class F>
 void for_each_run(const Runs& q, F&& f) {
   for (int u = 0; u < 2; ++u)
@@ -182,7 +183,7 @@ void for_each_run(const Runs& q, F&& f) {
       if (q[Z(o)][Z(u)].n > 0) f(gathered_row(q, o, u), q[Z(o)][Z(u)]);
 }
 
-// The per-step plumbing shared by the two passes: the runs, widths and column maps.
+// The plumbing shared by the two passes: the heads a step takes, the runs, the gathered rows.
 struct Step {
   const RingAttentionConfig& c;
   Heads h;
@@ -191,12 +192,10 @@ struct Step {
   Step(const RingAttentionConfig& cfg, int cp)
       : c(cfg), h(heads_of(cfg, cp)), q(query_runs(cfg.seq_len, cp, cfg.query_pieces, cfg.query_piece)),
         k(key_runs(cfg.seq_len, cp)), R(gathered_rows(q)) {}
-  std::int64_t kv_head(int d, int t) const { return h.kv_head(d, t); }
-  std::int64_t q_head(int d, int t) const { return h.q_head(d, t); }
 };
 
-// Everything the forward and the backward exchange on the way out, for step t: the
-// queries' rows (q, and the backward's dout, lse and D) and the keys' (k, v).
+// The keys' side for step t: every rank's k and v rows of the step's KV head, at their
+// global positions in ku [S, D] and vu [S, Dv].
 template <class A>
 void gather_kv(Device& dev, Stream& s, Communicator& g, const Step& st, int t, const A* k, const A* v, A* stage,
                A* ku, A* vu) {
@@ -204,8 +203,8 @@ void gather_kv(Device& dev, Stream& s, Communicator& g, const Step& st, int t, c
   const std::int64_t Kw = st.c.dims.kv_heads * h.D, Vw = st.c.dims.kv_heads * h.Dv;
   const auto at = [&](int u) { return [&st, u](int o) { return st.k[Z(o)][Z(u)].at; }; };
   for (int u = 0; u < 2; ++u) {
-    to_sequence(dev, s, g, k, Kw, st.k, u, h.D, [&](int d) { return st.kv_head(d, t) * h.D; }, at(u), stage, ku);
-    to_sequence(dev, s, g, v, Vw, st.k, u, h.Dv, [&](int d) { return st.kv_head(d, t) * h.Dv; }, at(u), stage, vu);
+    to_sequence(dev, s, g, k, Kw, st.k, u, h.D, [&](int d) { return st.h.kv_head(d, t) * h.D; }, at(u), stage, ku);
+    to_sequence(dev, s, g, v, Vw, st.k, u, h.Dv, [&](int d) { return st.h.kv_head(d, t) * h.Dv; }, at(u), stage, vu);
   }
 }
 // Query-side tensor x ([P, heads x w] of this call's rows) for step t into xu ([R, g x w]).
@@ -214,7 +213,7 @@ void gather_queries(Device& dev, Stream& s, Communicator& g, const Step& st, int
                     T* stage, T* xu) {
   const std::int64_t ld = st.c.dims.q_heads * w, gw = st.h.g * w;
   for (int u = 0; u < 2; ++u)
-    to_sequence(dev, s, g, x, ld, st.q, u, gw, [&](int d) { return st.q_head(d, t) * w; },
+    to_sequence(dev, s, g, x, ld, st.q, u, gw, [&](int d) { return st.h.q_head(d, t) * w; },
                 [&st, u](int o) { return gathered_row(st.q, o, u); }, stage, xu);
 }
 // The gathered queries' results xu ([R, g x w], f32) for step t back into x ([P, heads x w]).
@@ -223,7 +222,7 @@ void scatter_queries(Device& dev, Stream& s, Communicator& g, const Step& st, in
   const std::int64_t ld = st.c.dims.q_heads * w, gw = st.h.g * w;
   for (int u = 0; u < 2; ++u)
     to_heads(dev, s, g, xu, st.q, u, gw, [&st, u](int o) { return gathered_row(st.q, o, u); },
-             [&](int d) { return st.q_head(d, t) * w; }, stage, x, ld, false);
+             [&](int d) { return st.h.q_head(d, t) * w; }, stage, x, ld, false);
 }
 
 template <class A>
@@ -259,7 +258,7 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
   const UlyssesAttentionBuffers b = ulysses_attention_buffers(c, cp);
   const Step st(c, cp);
   const Heads& h = st.h;
-  const std::int64_t S = c.seq_len, P = st.q[Z(g.rank())][0].n + st.q[Z(g.rank())][1].n;
+  const std::int64_t S = c.seq_len, P = rows_of(st.q[Z(g.rank())]), T = rows_of(st.k[Z(g.rank())]);
   Stream& s = dev.compute_stream();
   Buffer stage = allocate(dev, b.stage), qb = allocate(dev, b.q), kv = allocate(dev, b.kv), db = allocate(dev, b.d_o),
          lb = allocate(dev, b.lse_and_d), dqb = allocate(dev, b.dq), dkvb = allocate(dev, b.dkv), rdb = allocate(dev, b.row_dot),
@@ -276,8 +275,8 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
   // A replicated KV head's dK/dV come from several ranks: summed into zeroed ones.
   const bool add = c.query_pieces > 1 || h.replicated;
   if (h.replicated && c.query_pieces == 1) {
-    ops::fill(dev, s, dk, zigzag_shard(S, cp, g.rank()).tokens() * c.dims.kv_heads * h.D, 0.0f);
-    ops::fill(dev, s, dv, zigzag_shard(S, cp, g.rank()).tokens() * c.dims.kv_heads * h.Dv, 0.0f);
+    ops::fill(dev, s, dk, T * c.dims.kv_heads * h.D, 0.0f);
+    ops::fill(dev, s, dv, T * c.dims.kv_heads * h.Dv, 0.0f);
   }
   const std::int64_t Kw = c.dims.kv_heads * h.D, Vw = c.dims.kv_heads * h.Dv;
   for (int t = 0; t < h.hk; ++t) {
@@ -297,9 +296,9 @@ void backward_as(Device& dev, Communicator& g, const RingAttentionConfig& c, flo
     for (int u = 0; u < 2; ++u) {
       const auto at = [&st, u](int o) { return st.k[Z(o)][Z(u)].at; };
       to_heads(dev, s, g, static_cast<const float*>(dku), st.k, u, h.D, at,
-               [&](int d) { return st.kv_head(d, t) * h.D; }, stage.as<float>(), dk, Kw, add);
+               [&](int d) { return st.h.kv_head(d, t) * h.D; }, stage.as<float>(), dk, Kw, add);
       to_heads(dev, s, g, static_cast<const float*>(dvu), st.k, u, h.Dv, at,
-               [&](int d) { return st.kv_head(d, t) * h.Dv; }, stage.as<float>(), dv, Vw, add);
+               [&](int d) { return st.h.kv_head(d, t) * h.Dv; }, stage.as<float>(), dv, Vw, add);
     }
   }
   dev.synchronize(s);
@@ -311,7 +310,8 @@ std::uint64_t ulysses_attention_bytes_sent() { return g_bytes_sent.load(); }
 
 const char* context_attention_name(ContextAttention a) { return a == ContextAttention::ulysses ? "ulysses" : "ring"; }
 
-std::string ulysses_refusal(std::int64_t q_heads, std::int64_t kv_heads, int cp) {
+std::string ulysses_refusal(std::int64_t q_heads, std::int64_t kv_heads, int cp, bool mla) {
+  if (mla) return "Ulysses attention splits K/V heads; MLA's context parallelism is its latent ring";
   if (cp < 1 || kv_heads < 1) return "Ulysses attention needs cp >= 1 and KV heads";
   if (kv_heads % cp == 0) return {};
   if (cp % kv_heads == 0 && q_heads % cp == 0) return {};
@@ -389,10 +389,10 @@ RingAttentionTraffic ulysses_attention_traffic(const RingAttentionConfig& c, int
   std::uint64_t mq = 0, mk = 0, oq = 0, ok = 0;
   for (int o = 0; o < cp; ++o) {
     if (o == rank) continue;
-    mq += U(q[Z(rank)][0].n + q[Z(rank)][1].n);
-    mk += U(k[Z(rank)][0].n + k[Z(rank)][1].n);
-    oq += U(q[Z(o)][0].n + q[Z(o)][1].n);
-    ok += U(k[Z(o)][0].n + k[Z(o)][1].n);
+    mq += U(rows_of(q[Z(rank)]));
+    mk += U(rows_of(k[Z(rank)]));
+    oq += U(rows_of(q[Z(o)]));
+    ok += U(rows_of(k[Z(o)]));
   }
   const std::uint64_t g = U(h.g), D = U(h.D), Dv = U(h.Dv), steps = U(h.hk);
   RingAttentionTraffic t;

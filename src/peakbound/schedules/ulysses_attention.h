@@ -65,8 +65,9 @@ const char* context_attention_name(ContextAttention a);
 // the dims, query pieces), latent == 0 and the heads (ulysses_refusal).
 void check_ulysses_attention(const RingAttentionConfig& c, int cp);
 // Whether Ulysses can split these heads over cp ranks (cp divides Hkv, or Hkv divides cp
-// and cp divides Hq): empty when it can, else the one-line reason.
-std::string ulysses_refusal(std::int64_t q_heads, std::int64_t kv_heads, int cp);
+// and cp divides Hq; never MLA's attention, whose context parallelism is its latent ring):
+// empty when it can, else the one-line reason. The one rule the layer, train and plan apply.
+std::string ulysses_refusal(std::int64_t q_heads, std::int64_t kv_heads, int cp, bool mla = false);
 
 // What one call holds (every rank the same: sized for the widest call over the group's
 // ranks and the call's pieces). Forward: stage, q, kv, out, lse, workspace_forward.

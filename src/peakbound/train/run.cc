@@ -189,13 +189,11 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
                           ": a group's recomputation runs its layers' attention again; choose one");
   s.layout = resolve_layout(f.ep, f.vocab_group, f.cp, s.config, world);
   check_context_split(f.cp, f.seq_len, spell("seq_len"));
-  if (s.config.ulysses_attention && s.layout.cp > 1) {
-    if (s.config.attention == AttentionKind::mla)
-      throw InvalidArgument(spell("context_attention") + " ulysses: " + s.config.name +
-                            " has MLA attention, whose context parallelism is the ring (its latent travels); use ring");
-    if (const std::string why = ulysses_refusal(s.config.num_heads, s.config.num_kv_heads, s.layout.cp); !why.empty())
+  if (s.config.ulysses_attention && s.layout.cp > 1)
+    if (const std::string why = ulysses_refusal(s.config.num_heads, s.config.num_kv_heads, s.layout.cp,
+                                                s.config.attention == AttentionKind::mla);
+        !why.empty())
       throw InvalidArgument(spell("context_attention") + " ulysses: " + why + "; use ring");
-  }
   return s;
 }
 
