@@ -11,6 +11,7 @@
 #include "peakbound/cli/command.h"
 #include "peakbound/cli/config_file.h"
 #include "peakbound/cli/flags.h"
+#include "peakbound/cli/plan_command.h"
 #include "peakbound/core/dtype.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/precision.h"
@@ -33,50 +34,6 @@ std::string format_bytes_exact(std::uint64_t b) {
   while (u < 4 && b % 1024 == 0) b /= 1024, ++u;
   return std::to_string(b) + units[u];
 }
-
-// Every default comes from PlanInputs, whose knob defaults come from the schedules'
-// own options structs: one place per default.
-struct PlanFlags {
-  PlanFlags() {
-    const PlanInputs d;
-    sequences = d.sequences, devices = 8, cp = d.cp, fsdp = d.fsdp;
-    dispatch_cap = d.dispatch_cap, llep_alpha = d.llep_alpha, llep_lambda = d.llep_lambda;
-    llep_min_spill = d.llep_min_spill;
-    vocab_chunk = d.vocab_chunk, prefetch_depth = d.prefetch_depth, checkpoint_group = d.checkpoint_group;
-    adam_bucket = std::to_string(d.adam_bucket);
-    comm_reserve = std::to_string(d.comm_reserve), workspace_reserve = std::to_string(d.workspace_reserve);
-    host_memory = format_bytes_exact(d.host_memory);
-    devices_per_node = d.devices_per_node;
-  }
-  std::string model = "deepseek-v3";
-  std::string context = "128K";
-  std::int64_t sequences, devices, cp, fsdp;
-  std::string ep = "auto", vocab_group = "auto";
-  std::string device_memory = "80GiB";
-  std::string host_memory;
-  std::int64_t devices_per_node;
-  std::optional<std::int64_t> resident_layers;  // unset: the selective policy decides
-  std::string schedules = "all";
-  std::int64_t dispatch_cap;
-  double llep_alpha, llep_lambda;
-  std::int64_t llep_min_spill;
-  std::int64_t vocab_chunk;
-  std::int64_t prefetch_depth;
-  std::int64_t checkpoint_group;
-  std::string embedding = "auto";
-  std::string context_attention = "auto";  // --context-attention
-  std::string adam_bucket;
-  std::string skew = "balanced";
-  bool keep_attention = false;
-  std::string cp_ring = "latent";  // --cp-ring (train's)
-  std::string precision;            // --precision; empty: not given
-  std::string param_dtype = "bf16";  // --param-dtype, the older spelling of --precision's parameter dtype
-  std::string grad_dtype = "f32";
-  std::string comm_reserve, workspace_reserve;
-  bool reach = false;
-  bool json = false;
-  bool trainer_defaults = false;
-};
 
 // --precision bf16|f32 (train's): parameters and activations 2 or 4 bytes; gradients
 // (--grad-dtype, f32 by default) and optimizer state 4. --param-dtype, the older
@@ -167,13 +124,20 @@ PlanInputs to_inputs(const PlanFlags& f) {
 
 }  // namespace
 
-namespace {
+PlanFlags::PlanFlags() {
+  const PlanInputs d;
+  sequences = d.sequences, devices = 8, cp = d.cp, fsdp = d.fsdp;
+  dispatch_cap = d.dispatch_cap, llep_alpha = d.llep_alpha, llep_lambda = d.llep_lambda;
+  llep_min_spill = d.llep_min_spill;
+  vocab_chunk = d.vocab_chunk, prefetch_depth = d.prefetch_depth, checkpoint_group = d.checkpoint_group;
+  adam_bucket = std::to_string(d.adam_bucket);
+  comm_reserve = std::to_string(d.comm_reserve), workspace_reserve = std::to_string(d.workspace_reserve);
+  host_memory = format_bytes_exact(d.host_memory);
+  devices_per_node = d.devices_per_node;
+}
 
-Command add_plan_command(CLI::App& root) {
-  auto f = std::make_shared<PlanFlags>();
-  Command c;
-  c.app = root.add_subcommand("plan", "Per-component memory peaks, baseline vs schedules, binding component, context reach");
-  auto* a = c.app;
+void add_plan_flags(CLI::App* a, PlanFlags& ff) {
+  PlanFlags* f = &ff;
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   a->add_option("--model", f->model, "Preset (" + presets + ") or a Hugging Face config.json (file or folder)")->capture_default_str();
@@ -240,10 +204,24 @@ Command add_plan_command(CLI::App& root) {
               "worst skew (each unless given); with a trainable model and --fsdp 0 the peaks are then the trainer's "
               "own footprint");
   add_config_flag(a);
+}
+
+Plan plan_from_flags(PlanFlags& f, const CLI::App& a) {
+  apply_precision(f, a);
+  if (f.trainer_defaults) apply_trainer_defaults(f, a);
+  return make_plan(to_inputs(f), f.reach);
+}
+
+namespace {
+
+Command add_plan_command(CLI::App& root) {
+  auto f = std::make_shared<PlanFlags>();
+  Command c;
+  c.app = root.add_subcommand("plan", "Per-component memory peaks, baseline vs schedules, binding component, context reach");
+  auto* a = c.app;
+  add_plan_flags(a, *f);
   c.run = [f, a] {
-    apply_precision(*f, *a);
-    if (f->trainer_defaults) apply_trainer_defaults(*f, *a);
-    Plan p = make_plan(to_inputs(*f), f->reach);
+    const Plan p = plan_from_flags(*f, *a);
     if (f->json)
       std::printf("%s\n", plan_json(p).dump(2).c_str());
     else

@@ -18,6 +18,7 @@
 #include "peakbound/cli/command_paths.h"
 #include "peakbound/cli/config_file.h"
 #include "peakbound/cli/flags.h"
+#include "peakbound/cli/train_command.h"
 #include "peakbound/comm/communicator.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/launcher.h"
@@ -28,13 +29,6 @@
 namespace peakbound::cli {
 
 namespace {
-
-struct TrainFlags {
-  RunSettings run;  // every knob and its default (train/run.h)
-  std::string schedules = "all";
-  std::string precision = std::string(precision_name(RunSettings{}.precision));  // parsed into run.precision
-  bool json = false;
-};
 
 // SIGINT / SIGTERM / SIGUSR1 (what mpirun forwards): stop at the next micro-batch
 // boundary, save the last complete step, exit 0. A second SIGINT or SIGTERM exits at
@@ -102,13 +96,10 @@ int run_train(const TrainFlags& f) {
   return 0;
 }
 
-Command add_train(CLI::App& parent) {
-  auto f = std::make_shared<TrainFlags>();
-  Command cmd;
-  cmd.collective = true;
-  CLI::App* app = parent.add_subcommand(
-      "train", "Train a Mixture-of-Experts model with the four peak-bounding schedules (over mpirun ranks)");
-  cmd.app = app;
+}  // namespace
+
+void add_train_flags(CLI::App* app, TrainFlags& ff) {
+  TrainFlags* f = &ff;
   text_flag(app, "--model", f->run.model, "A preset name (see `peakbound info`) or a Hugging Face directory")
       ->capture_default_str();
   text_flag(app, "--data", f->run.data, "A token file (llm.c / nanoGPT format); default: the built-in task");
@@ -216,15 +207,29 @@ Command add_train(CLI::App& parent) {
             "for `peakbound plot-memory`: this file on one rank, else one per rank with .rank-R before the "
             "extension (t.json -> t.rank-0.json)");
   add_config_flag(app);
-  cmd.validate = [f, app] {
-    // The paths first (cli/command_paths.h): no output over an input, no FIFO or device.
-    check_command_paths(app, {.inputs = {{"--data", f->run.data}}, .model = f->run.model, .checkpoint = f->run.resume,
-                              .outputs = {{"--metrics", f->run.metrics}}, .memory_timeline = f->run.memory_timeline,
-                              .world = launcher_size()});
-    f->run.schedules = ScheduleSet::parse(f->schedules, "--schedules");
-    f->run.precision = parse_precision(f->precision, "--precision");
-    f->run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
-  };
+}
+
+void validate_train_flags(TrainFlags& f, CLI::App* app) {
+  // The paths first (cli/command_paths.h): no output over an input, no FIFO or device.
+  check_command_paths(app, {.inputs = {{"--data", f.run.data}}, .model = f.run.model, .checkpoint = f.run.resume,
+                            .outputs = {{"--metrics", f.run.metrics}}, .memory_timeline = f.run.memory_timeline,
+                            .world = launcher_size()});
+  f.run.schedules = ScheduleSet::parse(f.schedules, "--schedules");
+  f.run.precision = parse_precision(f.precision, "--precision");
+  f.run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
+}
+
+namespace {
+
+Command add_train(CLI::App& parent) {
+  auto f = std::make_shared<TrainFlags>();
+  Command cmd;
+  cmd.collective = true;
+  CLI::App* app = parent.add_subcommand(
+      "train", "Train a Mixture-of-Experts model with the four peak-bounding schedules (over mpirun ranks)");
+  cmd.app = app;
+  add_train_flags(app, *f);
+  cmd.validate = [f, app] { validate_train_flags(*f, app); };
   cmd.run = [f] { return run_train(*f); };
   return cmd;
 }

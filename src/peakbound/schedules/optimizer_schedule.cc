@@ -41,6 +41,11 @@ OptimizerSchedule::OptimizerSchedule(std::string_view schedule, OptimizerContext
 
 void OptimizerSchedule::load(const float* master) { restore(master, nullptr, nullptr, 0); }
 
+void OptimizerSchedule::set_gradients(const void* grads) {
+  if (shard_.n > 0 && grads == nullptr) throw InvalidArgument("optimizer: null gradients for a non-empty shard");
+  shard_.grads = grads;
+}
+
 void OptimizerSchedule::restore(const float* master, const float* m, const float* v, std::int64_t steps) {
   if (steps < 0) throw InvalidArgument("optimizer: a restored step count must be >= 0, got " + std::to_string(steps));
   if ((m == nullptr) != (v == nullptr)) throw InvalidArgument("optimizer: restore needs both m and v, or neither");

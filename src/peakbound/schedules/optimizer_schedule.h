@@ -98,6 +98,10 @@ class OptimizerSchedule {
   void restore(const float* master, const float* m, const float* v, std::int64_t steps);
 
   std::int64_t steps_taken() const { return steps_; }
+  // Points the schedule at its gradients' new place (same count and dtype): for a caller
+  // whose gradient buffer moves between steps, as PyTorch's zero_grad(set_to_none=True)
+  // makes it (python/peakbound/torch.py). InvalidArgument for null with n > 0.
+  void set_gradients(const void* grads);
   const ParamShard& shard() const { return shard_; }
   const OptimizerOptions& options() const { return options_; }
   // What this schedule allocates; optimizer_footprint(buffers()) is its footprint.

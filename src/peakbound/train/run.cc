@@ -347,6 +347,27 @@ struct Run::State {
     save_clock = Stopwatch();
     writer->start(*trainer, st, shape.config, shape.layout);
   }
+  // save_dir's writer: the folder becomes this run's (its lock, its identity;
+  // run_checkpoint.h) before anything is written. A resumed run is the run its checkpoint
+  // names; a checkpoint from before run ids makes the folder it was resumed from this
+  // run's. Collective.
+  void open_writer(Communicator& world) {
+    writer.emplace(f.save_dir, SaveOptions{f.keep});
+    std::string id;
+    bool adopt = false;
+    if (!f.resume.empty()) {
+      const std::string from = resolve_checkpoint(f.resume);
+      const nlohmann::json m = read_checkpoint_manifest(from);
+      if (m.contains("run_id") && m["run_id"].is_string()) id = m["run_id"].get<std::string>();
+      std::error_code ec;
+      if (id.empty()) adopt = std::filesystem::equivalent(std::filesystem::path(from).parent_path(), f.save_dir, ec);
+    }
+    if (id.empty()) id = new_run_id();
+    writer->claim(world, id, record, adopt);
+    if (!writer->locked())
+      say(format("note: %s is on a file system without locks: a second run on it is not detected while this one "
+                 "runs\n", f.save_dir.c_str()));
+  }
   void finish_save() {
     const std::string where = writer->finish(*m->world);
     if (where.empty()) return;
@@ -369,26 +390,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   s.shape = resolve_run(f, s.W);
   const ModelConfig& c = s.shape.config;
   s.record = run_record(f, s.shape, s.W);
-  if (!f.save_dir.empty()) {
-    s.writer.emplace(f.save_dir, SaveOptions{f.keep});
-    // save_dir becomes this run's (its lock, its identity; run_checkpoint.h) before
-    // anything is built. A resumed run is the run its checkpoint names; a checkpoint from
-    // before run ids makes the folder it was resumed from this run's.
-    std::string id;
-    bool adopt = false;
-    if (!f.resume.empty()) {
-      const std::string from = resolve_checkpoint(f.resume);
-      const nlohmann::json m = read_checkpoint_manifest(from);
-      if (m.contains("run_id") && m["run_id"].is_string()) id = m["run_id"].get<std::string>();
-      std::error_code ec;
-      if (id.empty()) adopt = std::filesystem::equivalent(std::filesystem::path(from).parent_path(), f.save_dir, ec);
-    }
-    if (id.empty()) id = new_run_id();
-    s.writer->claim(*world, id, s.record, adopt);
-    if (!s.writer->locked())
-      s.say(format("note: %s is on a file system without locks: a second run on it is not detected while this one "
-                   "runs\n", f.save_dir.c_str()));
-  }
+  if (!f.save_dir.empty()) s.open_writer(*world);
 
   // The plan: this rank's footprint, the largest over ranks (vocabulary shards differ).
   auto plan_of = [&](const RunShape& shape, std::vector<std::int64_t>& out) {
@@ -592,17 +594,20 @@ RunStep Run::step() {
     p.elapsed_seconds = s.clock.seconds();
     p.eval_loss = eval_loss;
     r.report_due = progress_every(step, f.steps) || eval_loss;
-    if (s.metrics) {
-      nlohmann::json j = step_json(p);
-      j["ce"] = st.ce;
-      j["aux"] = st.aux;
-      j["scored_tokens"] = st.tokens;
-      j["skipped"] = st.skipped;
-      j["skipped_steps"] = s.skipped;
-      s.metrics->write(j);
-    }
+    r.skipped_steps = s.skipped;
+    if (s.metrics) s.metrics->write(r.json());
   }
   return r;
+}
+
+nlohmann::json RunStep::json() const {
+  nlohmann::json j = step_json(report);
+  j["ce"] = stats.ce;
+  j["aux"] = stats.aux;
+  j["scored_tokens"] = stats.tokens;
+  j["skipped"] = stats.skipped;
+  j["skipped_steps"] = skipped_steps;
+  return j;
 }
 
 void Run::save() {
@@ -611,6 +616,23 @@ void Run::save() {
   if (s.writer->pending()) s.finish_save();
   s.start_save(s.step);
   s.finish_save();
+}
+
+void Run::save(const std::string& dir) {
+  State& s = *s_;
+  if (dir.empty()) throw InvalidArgument("Run::save: the folder must not be empty");
+  if (!s.writer) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw InvalidArgument("Run::save: cannot create " + dir + ": " + ec.message());
+    s.f.save_dir = dir;
+    s.open_writer(*s.m->world);
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::equivalent(dir, s.f.save_dir, ec))
+      throw InvalidArgument("Run::save: this run saves to " + s.f.save_dir + " (its save_dir), not " + dir);
+  }
+  save();
 }
 
 int Run::stop(const RunStep& last) {

@@ -192,6 +192,10 @@ struct RunStep {
   StepReport report;               // a progress line's figures (peak: the largest over ranks)
   bool report_due = false;         // about 20 a run, the first and the last, and each evaluation
   std::int64_t stop_signal = 0;    // a stop seen after the step (any rank): call Run::stop()
+  std::int64_t skipped_steps = 0;  // steps the run has skipped so far (on_nonfinite skip)
+  // The step as one line of the metrics file (RunSettings::metrics; rank 0's report): the
+  // progress line's figures, the loss's two terms, the scored tokens, whether it was skipped.
+  nlohmann::json json() const;
 };
 
 // The end of a run: planned beside measured peaks (largest over ranks) and the losses.
@@ -248,6 +252,10 @@ class Run {
   double evaluate();
   // Saves the last complete step now and waits for it (needs save_dir).
   void save();
+  // The same into `dir`: the run's save_dir, or, for a run started without one, the folder
+  // it becomes from now on (claimed as save_dir is at the start; InvalidArgument, one
+  // line, for another folder than the run's).
+  void save(const std::string& dir);
   // After a step whose stats.stopped or stop_signal is set: saves the last complete
   // step (save_dir), says where to resume; returns the exit status (0 saved, 130 not).
   int stop(const RunStep& last);
