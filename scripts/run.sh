@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the main job on its built-in default:
+# Installs what is missing, builds (the library, the CLI and the Python package), and runs
+# the main job on its built-in default:
 # `peakbound train` on the built-in tiny-moe model and copy task, 4 MPI ranks (on any
 # number of cores), every schedule on (PipelinedLLEP, Ring-DTP, SCO, OffloadStreamAdamW).
 # It prints the plan before step 1, the loss as it falls below what a model blind to the
@@ -10,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh release
+# The Python package too (build/venv-python: `import peakbound`; scripts/python.sh).
+bash scripts/python.sh install >/dev/null
+echo "python: build/venv-python/bin/python imports peakbound ($(build/venv-python/bin/python -c 'import peakbound; print(peakbound.__version__)'))"
 ./build/release/peakbound --version
 ranks="${PEAKBOUND_RANKS:-4}"
 # Shared memory moves large messages in one copy (CMA) where this machine lets one process

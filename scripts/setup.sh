@@ -12,7 +12,8 @@ packages=(
   libtomlplusplus-dev    # --config files: a real TOML parser (toml++ 3.x)
   libgtest-dev libgmock-dev    # unit tests
   libbenchmark-dev       # micro-benchmarks of kernels
-  python3-venv           # scripts/tokenize_text.sh: a venv for the tokenizers wheel
+  python3-venv           # scripts/tokenize_text.sh and scripts/python.sh: their venvs
+  python3-dev            # scripts/python.sh: Python.h for the package's extension module
   clang libclang-rt-dev  # scripts/fuzz.sh: clang and libFuzzer's runtime (libclang_rt.fuzzer)
   llvm                   # scripts/fuzz.sh: llvm-symbolizer, for a finding's stack trace
 )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the whole test suite (unit and mpi; in the
-# release pass also the fuzz targets, scripts/fuzz.sh).
+# release pass also the Python package's tests, scripts/python.sh, and the fuzz targets,
+# scripts/fuzz.sh).
 # Usage: scripts/test.sh [preset]   (release by default; `asan` for the sanitizer build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,13 @@ fi
 # would need the consumer built with the sanitizers too).
 if [ "$preset" = release ]; then
   timed example bash scripts/example.sh "$preset"
+fi
+# The Python package (release only: the module links the release library): its venv
+# (build/venv-python, pinned requirements), `pip install .` from the release tree (nothing
+# compiled twice), and its tests with pytest (scripts/python.sh). PEAKBOUND_SKIP_PYTHON=1
+# leaves it out.
+if [ "$preset" = release ] && [ "${PEAKBOUND_SKIP_PYTHON:-0}" != "1" ]; then
+  timed python bash scripts/python.sh test
 fi
 # The parsers of user input under libFuzzer, a bounded time each (scripts/fuzz.sh; its own
 # clang build in build/fuzz). Once, in the release pass: the fuzz build has ASan/UBSan itself.
