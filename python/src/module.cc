@@ -22,6 +22,7 @@
 #include <cstring>
 #include <span>
 #include <tuple>
+#include <type_traits>
 
 #include <cstdint>
 #include <memory>
@@ -214,6 +215,27 @@ void expect_shape(const char* what, const A& a, std::int64_t rows, std::int64_t 
     throw InvalidArgument(std::string("ring_dtp_cross_entropy: ") + what + " must be [" + std::to_string(rows) + ", " +
                           std::to_string(cols) + "], got [" + std::to_string(a.shape(0)) + ", " +
                           std::to_string(a.shape(1)) + "]");
+}
+
+// vocab_fused on arrays (E: float with float32 arrays, bf16 with their int16 bits), their
+// shapes checked; the gradients both given or neither (the loss alone).
+template <class E, class Matrix>
+VocabResult ring_dtp_fused(Matrix hidden, I32Vector targets, Matrix weight, float scale,
+                           std::optional<Matrix> d_hidden, std::optional<F32Matrix> d_weight, std::int64_t chunk,
+                           std::int32_t ignore_index) {
+  const std::int64_t T = hidden.shape(0), H = hidden.shape(1), V = weight.shape(0);
+  expect_shape("weight", weight, V, H);
+  if (d_hidden.has_value() != d_weight.has_value())
+    throw InvalidArgument("ring_dtp_cross_entropy: give both gradients or neither");
+  if (d_hidden) expect_shape("d_hidden", *d_hidden, T, H);
+  if (d_weight) expect_shape("d_weight", *d_weight, V, H);
+  if (static_cast<std::int64_t>(targets.shape(0)) != T)
+    throw InvalidArgument("ring_dtp_cross_entropy: targets must have one entry per hidden row");
+  void* dh = d_hidden ? d_hidden->data() : nullptr;
+  float* dw = d_weight ? d_weight->data() : nullptr;
+  nb::gil_scoped_release nogil;
+  return vocab_fused<E>(hidden.data(), targets.data(), T, weight.data(), V, H, scale, dh, dw, chunk, ignore_index,
+                        std::is_same_v<E, bf16> ? Precision::bf16 : Precision::f32);
 }
 
 // ---- a communicator over a torch.distributed group ----------------------------------
@@ -595,44 +617,9 @@ NB_MODULE(_core, m) {
       .def_ro("footprint_bytes", &VocabResult::footprint_bytes)
       .def_ro("mode", &VocabResult::mode);
 
-  m.def(
-      "ring_dtp_fused_f32",
-      [](F32Matrix hidden, I32Vector targets, F32Matrix weight, float scale, std::optional<F32Matrix> d_hidden_in, std::optional<F32Matrix> d_weight_in,
-         std::int64_t chunk, std::int32_t ignore_index) {
-        const std::int64_t T = hidden.shape(0), H = hidden.shape(1), V = weight.shape(0);
-        expect_shape("weight", weight, V, H);
-        if (d_hidden_in.has_value() != d_weight_in.has_value())
-          throw InvalidArgument("ring_dtp_cross_entropy: give both gradients or neither");
-        if (d_hidden_in) expect_shape("d_hidden", *d_hidden_in, T, H);
-        if (d_weight_in) expect_shape("d_weight", *d_weight_in, V, H);
-        void* d_hidden = d_hidden_in ? d_hidden_in->data() : nullptr;
-        float* d_weight = d_weight_in ? d_weight_in->data() : nullptr;
-        if (static_cast<std::int64_t>(targets.shape(0)) != T)
-          throw InvalidArgument("ring_dtp_cross_entropy: targets must have one entry per hidden row");
-        nb::gil_scoped_release nogil;
-        return vocab_fused<float>(hidden.data(), targets.data(), T, weight.data(), V, H, scale, d_hidden, d_weight, chunk, ignore_index, Precision::f32);
-      },
-      "hidden"_a, "targets"_a, "weight"_a, "scale"_a, "d_hidden"_a.none(), "d_weight"_a.none(), "chunk"_a = 0,
-      "ignore_index"_a = -100);
-
   using I16Matrix = nb::ndarray<std::int16_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-  m.def(
-      "ring_dtp_fused_bf16",
-      [](I16Matrix hidden, I32Vector targets, I16Matrix weight, float scale, std::optional<I16Matrix> d_hidden_in, std::optional<F32Matrix> d_weight_in,
-         std::int64_t chunk, std::int32_t ignore_index) {
-        const std::int64_t T = hidden.shape(0), H = hidden.shape(1), V = weight.shape(0);
-        expect_shape("weight", weight, V, H);
-        if (d_hidden_in.has_value() != d_weight_in.has_value())
-          throw InvalidArgument("ring_dtp_cross_entropy: give both gradients or neither");
-        if (d_hidden_in) expect_shape("d_hidden", *d_hidden_in, T, H);
-        if (d_weight_in) expect_shape("d_weight", *d_weight_in, V, H);
-        void* d_hidden = d_hidden_in ? d_hidden_in->data() : nullptr;
-        float* d_weight = d_weight_in ? d_weight_in->data() : nullptr;
-        if (static_cast<std::int64_t>(targets.shape(0)) != T)
-          throw InvalidArgument("ring_dtp_cross_entropy: targets must have one entry per hidden row");
-        nb::gil_scoped_release nogil;
-        return vocab_fused<bf16>(hidden.data(), targets.data(), T, weight.data(), V, H, scale, d_hidden, d_weight, chunk, ignore_index, Precision::bf16);
-      },
-      "hidden"_a, "targets"_a, "weight"_a, "scale"_a, "d_hidden"_a.none(), "d_weight"_a.none(), "chunk"_a = 0,
-      "ignore_index"_a = -100);
+  m.def("ring_dtp_fused_f32", &ring_dtp_fused<float, F32Matrix>, "hidden"_a, "targets"_a, "weight"_a, "scale"_a,
+        "d_hidden"_a.none(), "d_weight"_a.none(), "chunk"_a = 0, "ignore_index"_a = -100);
+  m.def("ring_dtp_fused_bf16", &ring_dtp_fused<bf16, I16Matrix>, "hidden"_a, "targets"_a, "weight"_a, "scale"_a,
+        "d_hidden"_a.none(), "d_weight"_a.none(), "chunk"_a = 0, "ignore_index"_a = -100);
 }

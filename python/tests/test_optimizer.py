@@ -19,9 +19,12 @@ def grads(step, ps, seed=100):
     return [torch.randn(p.shape, generator=g).to(p.dtype) for p in ps]
 
 
-def run(opt_cls, ps, steps, first=0, lr_at=None, **kw):
-    opt = opt_cls([{"params": ps[:2]}, {"params": ps[2:], "lr": 3e-3}], lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
-                  weight_decay=0.1, **kw)
+def build(opt_cls, ps, **kw):
+    return opt_cls([{"params": ps[:2]}, {"params": ps[2:], "lr": 3e-3}], lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                   weight_decay=0.1, **kw)
+
+
+def steps_of(opt, ps, first, steps, lr_at=None):
     for t in range(first, first + steps):
         for i, (p, gr) in enumerate(zip(ps, grads(t, ps))):
             p.grad = None if (i == 2 and t % 3 == 0) else gr  # a parameter without a gradient some steps
@@ -29,6 +32,10 @@ def run(opt_cls, ps, steps, first=0, lr_at=None, **kw):
             opt.param_groups[0]["lr"] = lr_at(t)
         opt.step()
     return opt
+
+
+def run(opt_cls, ps, steps, lr_at=None, **kw):
+    return steps_of(build(opt_cls, ps, **kw), ps, 0, steps, lr_at)
 
 
 def max_rel(a, b):
@@ -83,24 +90,16 @@ def test_state_dict_round_trip_continues_bit_for_bit():
     assert set(sd["state"]) == set(range(len(SIZES)))
     assert all(float(s["step"]) == (6 if i == 2 else 10) for i, s in sd["state"].items())  # 2: no grad at 0, 3, 6, 9
     again = [torch.nn.Parameter(p.detach().clone()) for p in first]
-    opt2 = OffloadStreamAdamW([{"params": again[:2]}, {"params": again[2:], "lr": 3e-3}], lr=1e-2,
-                              betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt2 = build(OffloadStreamAdamW, again)
     opt2.load_state_dict(sd)
-    for t in range(10, 20):
-        for i, (p, gr) in enumerate(zip(again, grads(t, again))):
-            p.grad = None if (i == 2 and t % 3 == 0) else gr
-        opt2.step()
+    steps_of(opt2, again, 10, 10)
     for a, b in zip(again, straight):
         assert torch.equal(a.detach(), b.detach())
     # torch.optim.AdamW takes the same state_dict (its layout) and goes on within 1e-6.
     third = [torch.nn.Parameter(p.detach().clone()) for p in first]
-    t_opt = torch.optim.AdamW([{"params": third[:2]}, {"params": third[2:], "lr": 3e-3}], lr=1e-2,
-                              betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    t_opt = build(torch.optim.AdamW, third)
     t_opt.load_state_dict(sd)
-    for t in range(10, 20):
-        for i, (p, gr) in enumerate(zip(third, grads(t, third))):
-            p.grad = None if (i == 2 and t % 3 == 0) else gr
-        t_opt.step()
+    steps_of(t_opt, third, 10, 10)
     assert max_rel([p.detach() for p in third], [p.detach() for p in straight]) <= 1e-6
 
 
