@@ -1,6 +1,10 @@
 """peakbound.Run (the library's run object) against `peakbound train` (the CLI it carries)."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -40,6 +44,36 @@ def test_twenty_steps_give_the_clis_losses_bit_for_bit(tmp_path, precision):
     assert summary.peaks.total.measured_bytes > 0
     for name, c in summary.peaks.items():
         assert c["measured_bytes"] == c["planned_bytes"], name
+
+
+MPI_SCRIPT = """
+import json, os, sys
+import peakbound
+with peakbound.Run(model="tiny-moe", steps=4, seq_len=64, eval_batches=0, precision="f32") as run:
+    steps = list(run)
+    run.finish()
+with open(os.path.join(sys.argv[1], "rank-" + os.environ["OMPI_COMM_WORLD_RANK"] + ".json"), "w") as f:
+    json.dump({"rank_steps": [[s["loss"], s["grad_norm"]] for s in steps], "ranks": run.summary["ranks"]}, f)
+"""
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (scripts/setup.sh installs openmpi-bin)")
+def test_two_ranks_under_mpirun_give_the_clis_losses(tmp_path):
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    r = subprocess.run(["mpirun", *root, "--oversubscribe", "-np", "2", sys.executable, "-c", MPI_SCRIPT,
+                        str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in range(2)]
+    assert len(ranks) == 2 and all(x["ranks"] == 2 for x in ranks)
+    assert ranks[0]["rank_steps"] == ranks[1]["rank_steps"]  # every rank's step says the same
+    subprocess.run(["mpirun", *root, "--oversubscribe", "-np", "2", peakbound.cli_path(), "train", "--model",
+                    "tiny-moe", "--steps", "4", "--seq-len", "64", "--eval-batches", "0", "--precision", "f32",
+                    "--metrics", str(tmp_path / "cli.jsonl")], capture_output=True, text=True, env=env, check=True,
+                   timeout=300)
+    ref = [[m["loss"], m["grad_norm"]] for m in read_metrics(tmp_path / "cli.jsonl")]
+    assert ranks[0]["rank_steps"] == ref
 
 
 def test_save_and_resume_continue_exactly(tmp_path):

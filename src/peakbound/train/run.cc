@@ -582,7 +582,7 @@ RunStep Run::step() {
   if (s.writer && ((f.save_every > 0 && step % f.save_every == 0) || step == f.steps) && vitals[1] == 0)
     s.start_save(step);
   r.stop_signal = vitals[1];
-  if (s.lead) {
+  {
     StepReport& p = r.report;
     p.step = step;
     p.total_steps = f.steps;
@@ -595,7 +595,7 @@ RunStep Run::step() {
     p.eval_loss = eval_loss;
     r.report_due = progress_every(step, f.steps) || eval_loss;
     r.skipped_steps = s.skipped;
-    if (s.metrics) s.metrics->write(r.json());
+    if (s.metrics) s.metrics->write(r.json());  // rank 0's (the others have no writer)
   }
   return r;
 }

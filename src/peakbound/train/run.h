@@ -186,14 +186,15 @@ struct RunModel {
 // stdout); an empty printer is silent.
 using RunPrinter = std::function<void(const std::string& text)>;
 
-// One step's outcome (the same on every rank, but `report` is filled on rank 0 only).
+// One step's outcome, the same on every rank but for the timings in `report`
+// (tokens_per_second, elapsed_seconds), which are each rank's own.
 struct RunStep {
   StepStats stats;                 // the trainer's; stats.stopped: a stop abandoned the step
   StepReport report;               // a progress line's figures (peak: the largest over ranks)
   bool report_due = false;         // about 20 a run, the first and the last, and each evaluation
   std::int64_t stop_signal = 0;    // a stop seen after the step (any rank): call Run::stop()
   std::int64_t skipped_steps = 0;  // steps the run has skipped so far (on_nonfinite skip)
-  // The step as one line of the metrics file (RunSettings::metrics; rank 0's report): the
+  // The step as one line of the metrics file (RunSettings::metrics, written by rank 0): the
   // progress line's figures, the loss's two terms, the scored tokens, whether it was skipped.
   nlohmann::json json() const;
 };
