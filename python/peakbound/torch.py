@@ -37,7 +37,7 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) ->
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{where}: {name} must be a torch.Tensor, not {type(t).__name__}")
         if t.device.type != "cpu":
-            raise ValueError(f"{where}: {name} is on {t.device}; this build computes on CPU tensors")
+            raise ValueError(f"{where}: {name} is on {t.device}; the drop-ins take CPU tensors in this version")
     if hidden.dtype not in (torch.float32, torch.bfloat16):
         raise TypeError(f"{where}: hidden must be float32 or bfloat16, not {hidden.dtype}")
     if weight.dtype != hidden.dtype:
@@ -292,7 +292,8 @@ class OffloadStreamAdamW(torch.optim.Optimizer):
         self._params = [p for g in self.param_groups for p in g["params"]]
         for p in self._params:
             if p.device.type != "cpu":
-                raise ValueError(f"OffloadStreamAdamW: a parameter is on {p.device}; this build updates CPU tensors")
+                raise ValueError(f"OffloadStreamAdamW: a parameter is on {p.device}; the drop-ins take CPU tensors in "
+                                 "this version")
             if p.dtype not in _DTYPES:
                 raise TypeError(f"OffloadStreamAdamW: parameters must be float32 or bfloat16, not {p.dtype}")
             if not p.is_contiguous():
