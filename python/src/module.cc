@@ -103,39 +103,40 @@ class PyRun {
     nb::gil_scoped_release nogil;
     run_ = std::make_unique<Run>(f_.run, std::move(printer));
   }
-  bool done() const { return run_->done(); }
-  std::int64_t steps_done() const { return run_->steps_done(); }
+  ~PyRun() { close(); }  // without the GIL: the run's threads may print (which takes it) while it ends
+  bool done() const { return run().done(); }
+  std::int64_t steps_done() const { return run().steps_done(); }
   // The step's record (the metrics file's line) as JSON text; "" after a stop.
   std::string step() {
-    if (run_->done()) throw InvalidArgument("Run.step: every step is taken (steps = " + std::to_string(f_.run.steps) + ")");
+    if (run().done()) throw InvalidArgument("Run.step: every step is taken (steps = " + std::to_string(f_.run.steps) + ")");
     RunStep r;
     {
       nb::gil_scoped_release nogil;
-      r = run_->step();
+      r = run().step();
     }
     return r.json().dump();
   }
   double evaluate() {
     nb::gil_scoped_release nogil;
-    return run_->evaluate();
+    return run().evaluate();
   }
   void save(const std::optional<std::string>& dir) {
     nb::gil_scoped_release nogil;
     if (dir)
-      run_->save(*dir);
+      run().save(*dir);
     else
-      run_->save();
+      run().save();
   }
-  std::string last_saved() const { return run_->last_saved(); }
+  std::string last_saved() const { return run().last_saved(); }
   // The summary's JSON (train --json's object) and its table (planned beside measured).
   std::pair<std::string, std::string> finish() {
-    if (!run_->done())
-      throw InvalidArgument("Run.finish: " + std::to_string(run_->steps_done()) + " of " +
+    if (!run().done())
+      throw InvalidArgument("Run.finish: " + std::to_string(run().steps_done()) + " of " +
                             std::to_string(f_.run.steps) + " steps taken; step until done() first");
     RunSummary sum;
     {
       nb::gil_scoped_release nogil;
-      sum = run_->finish();
+      sum = run().finish();
     }
     return {sum.json().dump(), sum.text()};
   }
@@ -144,7 +145,7 @@ class PyRun {
     run_.reset();
   }
   bool closed() const { return !run_; }
-  Run& run() {
+  Run& run() const {
     if (!run_) throw InvalidArgument("Run: this run is closed");
     return *run_;
   }

@@ -108,6 +108,14 @@ def test_evaluate_and_finish_order(tmp_path):
         assert run.summary["steps"] == 2
 
 
+def test_a_closed_run_refuses_in_one_line():
+    run = peakbound.Run({**SETTINGS, "steps": 1, "eval_batches": 0})
+    run.close()
+    for call in (run.step, run.evaluate, run.finish, lambda: run.done):
+        with pytest.raises(peakbound.Error, match="this run is closed"):
+            call()
+
+
 def test_print_receives_the_clis_lines():
     lines = []
     with peakbound.Run({**SETTINGS, "steps": 1, "eval_batches": 0}, print=lines.append) as run:
