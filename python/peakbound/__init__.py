@@ -147,6 +147,8 @@ class Record(Mapping[str, Any]):
         return v
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not a field: copy, pickle and the like probe these
+            raise AttributeError(name)
         try:
             return Record.wrap(self._d[name])
         except KeyError:

@@ -29,6 +29,10 @@ def test_the_issues_example_and_typed_fields():
     assert "qwen3-30b-a3b" in repr(p) and "peak" in str(p)
     with pytest.raises(AttributeError, match="no field 'nope'"):
         p.nope
+    import copy
+    import pickle
+    assert copy.deepcopy(p).to_dict() == p.to_dict() and str(copy.copy(p)) == str(p)
+    assert pickle.loads(pickle.dumps(p.peak_bytes)).to_dict() == p.peak_bytes.to_dict()
 
 
 def test_defaults_are_the_clis():
