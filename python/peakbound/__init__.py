@@ -32,7 +32,7 @@ def _prefer_blas_kernels() -> None:
     # to its generic kernels on CPUs newer than it knows, several times slower. The CLI then
     # re-executes itself with OPENBLAS_CORETYPE; an interpreter cannot, so the variable is set
     # before the extension loads OpenBLAS, to what kernels/cpu/gemm.cc's blas_core_for picks
-    # (tests/test_core.py checks the two agree on this machine). A value already set wins.
+    # (python/tests/test_core.py checks the two agree on this machine). A value already set wins.
     if "OPENBLAS_CORETYPE" in _os.environ:
         return
     try:

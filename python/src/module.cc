@@ -404,7 +404,7 @@ class PyRingDtpShard {
 //   streamed  the offload_stream schedule itself, one per tensor (over a CPU device whose
 //             memory the tensors stand in for): gradients copied in bucket by bucket, the
 //             update, parameters copied out, as it runs for a GPU's tensors.
-// Both give the same bits (the schedules' kernel and scalars; tests/test_optimizer.py).
+// Both give the same bits (the schedules' kernel and scalars; python/tests/test_optimizer.py).
 class PyOffloadAdamW {
  public:
   PyOffloadAdamW(const std::vector<std::tuple<std::uintptr_t, std::int64_t, std::string>>& params, float beta1,
