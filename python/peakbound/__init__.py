@@ -116,6 +116,10 @@ def _flag_values(where: str, key: str, value: Any) -> list[str]:
 
 
 def _entries(where: str, settings: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """Settings as (flag name without dashes, values): a --config file's entries."""
+    for k in ("json", "config"):
+        if k in settings:
+            raise TypeError(f"{where}: '{k}' is the CLI's flag, not a setting")
     out = []
     for key, value in settings.items():
         if not isinstance(key, str):
@@ -225,14 +229,9 @@ def plan(model: Any = None, context: Any = None, devices: Optional[int] = None, 
     with "_" for "-": host_memory, cp, ep, vocab_group, schedules ("all", "none" or a list
     of llep, dtp, sco, adam), precision ("bf16"/"f32"), trainer_defaults, reach, ...
     Defaults are the CLI's."""
-    keep: list = []
-    settings = {"model": _model_spec(model, keep), "context": context, "devices": devices,
-                "device_memory": device_memory, **flags}
-    for k in ("json", "config"):
-        if k in settings:
-            raise TypeError(f"peakbound.plan: '{k}' is the CLI's; not a planning input")
-    document, table = _core.plan(_entries("peakbound.plan", settings))
     given = {"model": model, "context": context, "devices": devices, "device_memory": device_memory, **flags}
+    keep: list = []  # a dict model's temporary config.json, until the plan is made
+    document, table = _core.plan(_entries("peakbound.plan", {**given, "model": _model_spec(model, keep)}))
     return Plan(_json.loads(document), table, {k: v for k, v in given.items() if v is not None})
 
 
@@ -252,9 +251,6 @@ class Run:
 
     def __init__(self, settings: Optional[Mapping[str, Any]] = None, *, print: Any = None, **kwargs: Any):
         merged = {**(dict(settings) if settings is not None else {}), **kwargs}
-        for k in ("json", "config"):
-            if k in merged:
-                raise TypeError(f"peakbound.Run: '{k}' is the CLI's; not a run setting")
         if print is True:
             def printer(text: str) -> None:
                 _sys.stdout.write(text)

@@ -54,6 +54,18 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) ->
                          f"{hidden.numel() // max(1, hidden.shape[-1])} hidden rows")
 
 
+def _flat(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple:
+    """What the library reads: hidden as [T, H], weight, int32 targets [T], each contiguous
+    (a view where it already is, else one copy)."""
+    h = hidden.detach().reshape(-1, hidden.shape[-1]).contiguous()
+    return h, weight.detach().contiguous(), targets.reshape(-1).to(torch.int32).contiguous()
+
+
+def _mean(loss_sum: float, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """F.cross_entropy's mean over the valid targets (NaN when there are none)."""
+    return torch.tensor(loss_sum / count if count > 0 else float("nan"), dtype=dtype)
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """bf16 tensors cross as their int16 bits (the library's bf16 is the same 16 bits)."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
@@ -63,10 +75,7 @@ class _RingDtpCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, ignore_index, chunk):  # type: ignore[override]
         global _last
-        shape = hidden.shape
-        h = hidden.detach().reshape(-1, shape[-1]).contiguous()
-        w = weight.detach().contiguous()
-        t = targets.reshape(-1).to(torch.int32).contiguous()
+        h, w, t = _flat(hidden, weight, targets)
         count = int((t != ignore_index).sum())
         want_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         scale = 1.0 / count if count > 0 else 0.0
@@ -76,12 +85,8 @@ class _RingDtpCrossEntropy(torch.autograd.Function):
         r = run(_bits(h), t, _bits(w), scale, None if d_h is None else _bits(d_h), d_w, chunk, ignore_index)
         _last = {"peak_bytes": r.peak_bytes, "footprint_bytes": r.footprint_bytes, "mode": r.mode,
                  "tokens": h.shape[0], "valid_tokens": r.count}
-        ctx.shape = shape
-        ctx.weight_dtype = weight.dtype
-        ctx.d_h, ctx.d_w = d_h, d_w
-        # F.cross_entropy's mean over the valid targets (NaN when there are none).
-        mean = r.loss_sum / r.count if r.count > 0 else float("nan")
-        return torch.tensor(mean, dtype=hidden.dtype)
+        ctx.shape, ctx.weight_dtype, ctx.d_h, ctx.d_w = hidden.shape, weight.dtype, d_h, d_w
+        return _mean(r.loss_sum, r.count, hidden.dtype)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
@@ -163,10 +168,7 @@ class _RingDtpShardedCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, group, ignore_index, chunk):  # type: ignore[override]
         global _last
         g = _TorchGroup(group)
-        shape = hidden.shape
-        h = hidden.detach().reshape(-1, shape[-1]).contiguous()
-        w = weight.detach().contiguous()
-        t = targets.reshape(-1).to(torch.int32).contiguous()
+        h, w, t = _flat(hidden, weight, targets)
         # Every rank's token count and shard rows (the footprint and the shard check need them).
         counts = torch.tensor([h.shape[0], w.shape[0]], dtype=torch.int64)
         every = [torch.empty(2, dtype=torch.int64) for _ in range(g.size)]
@@ -190,8 +192,8 @@ class _RingDtpShardedCrossEntropy(torch.autograd.Function):
             ctx.loss, ctx.keep = loss, (h, t, w)  # the schedule reads them again in its backward
         else:
             loss.discard()
-        ctx.shape, ctx.count, ctx.weight_dtype, ctx.group = shape, count, weight.dtype, group
-        return torch.tensor(loss_sum / count if count > 0 else float("nan"), dtype=hidden.dtype)
+        ctx.shape, ctx.count, ctx.weight_dtype, ctx.group = hidden.shape, count, weight.dtype, group
+        return _mean(loss_sum, count, hidden.dtype)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]

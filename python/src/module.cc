@@ -8,8 +8,8 @@
 // library's Ring-DTP on the caller's buffers (torch tensors, without copies) and its
 // scratch in a CPU device's Arena sized by the schedule's own footprint.
 //
-// Errors: every peakbound and CLI11 error becomes ValueError with its one-line message
-// (python/peakbound/__init__.py re-raises it as peakbound.Error, a ValueError).
+// Errors: every peakbound and CLI11 error becomes peakbound._core.Error (a ValueError;
+// python/peakbound/__init__.py names it peakbound.Error) with its one-line message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -19,15 +19,14 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-#include <cstring>
-#include <span>
-#include <tuple>
-#include <type_traits>
-
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -106,7 +105,7 @@ class PyRun {
   ~PyRun() { close(); }  // without the GIL: the run's threads may print (which takes it) while it ends
   bool done() const { return run().done(); }
   std::int64_t steps_done() const { return run().steps_done(); }
-  // The step's record (the metrics file's line) as JSON text; "" after a stop.
+  // The step's record (the metrics file's line) as JSON text.
   std::string step() {
     if (run().done()) throw InvalidArgument("Run.step: every step is taken (steps = " + std::to_string(f_.run.steps) + ")");
     RunStep r;
@@ -170,23 +169,31 @@ struct VocabResult {
   std::string mode;
 };
 
-// Ring-DTP over the whole vocabulary (one rank: the fused form, one [chunk, V] logits block
-// at a time): the summed loss of hidden [T, H] against weight [V, H] and the targets
-// (ignore_index skipped), d_hidden = scale x dLoss/dHidden written, d_weight += scale x
-// dLoss/dW; with d_hidden null the forward alone (the loss, no gradient). Every array is the caller's (no copy); the scratch comes from a CPU device
-// whose budget is the schedule's footprint, so the Arena's peak is the schedule's peak.
-// bf16: hidden, weight and d_hidden hold bf16 bits (int16 views), d_weight fp32.
-template <class T>
-VocabResult vocab_fused(const void* hidden, const std::int32_t* targets, std::int64_t tokens, const void* weight,
-                        std::int64_t vocab, std::int64_t hidden_size, float scale, void* d_hidden, float* d_weight,
-                        std::int64_t chunk, std::int32_t ignore_index, Precision p) {
+// The vocabulary loss's options for the drop-in's arguments (chunk 0: the default),
+// validated with the head's dimensions (InvalidArgument, one line).
+VocabLossOptions vocab_options(std::int64_t chunk, std::int32_t ignore_index, Precision p, const VocabDims& dims) {
   VocabLossOptions o;
   if (chunk > 0) o.chunk = chunk;
   o.ignore_index = ignore_index;
   o.precision = p;
-  const VocabDims dims{vocab, hidden_size};
   validate(o);
   validate(dims);
+  return o;
+}
+
+// Ring-DTP over the whole vocabulary (one rank: the fused form, one [chunk, V] logits block
+// at a time): the summed loss of hidden [T, H] against weight [V, H] and the targets
+// (ignore_index skipped), d_hidden = scale x dLoss/dHidden written, d_weight += scale x
+// dLoss/dW; with d_hidden null the forward alone (the loss, no gradient). Every array is
+// the caller's (no copy); the scratch comes from a CPU device whose budget is the
+// schedule's footprint, so the Arena's peak is the schedule's peak. bf16: hidden, weight
+// and d_hidden hold bf16 bits (int16 views), d_weight fp32.
+template <class T>
+VocabResult vocab_fused(const void* hidden, const std::int32_t* targets, std::int64_t tokens, const void* weight,
+                        std::int64_t vocab, std::int64_t hidden_size, float scale, void* d_hidden, float* d_weight,
+                        std::int64_t chunk, std::int32_t ignore_index, Precision p) {
+  const VocabDims dims{vocab, hidden_size};
+  const VocabLossOptions o = vocab_options(chunk, ignore_index, p, dims);
   const VocabLossShape shape = VocabLossShape::uniform(tokens, dims, 1);
   const Footprint fp = ring_dtp_step_footprint(shape, o, p);
   VocabResult r;
@@ -338,13 +345,8 @@ class PyRingDtpShard {
   PyRingDtpShard(nb::object group, std::int64_t vocab, std::int64_t hidden, const std::vector<std::int64_t>& tokens,
                  std::int64_t chunk, std::int32_t ignore_index, bool bf16)
       : comm_(std::move(group)) {
-    VocabLossOptions o;
-    if (chunk > 0) o.chunk = chunk;
-    o.ignore_index = ignore_index;
-    o.precision = bf16 ? Precision::bf16 : Precision::f32;
     const VocabDims dims{vocab, hidden};
-    validate(o);
-    validate(dims);
+    const VocabLossOptions o = vocab_options(chunk, ignore_index, bf16 ? Precision::bf16 : Precision::f32, dims);
     if (static_cast<int>(tokens.size()) != comm_.size())
       throw InvalidArgument("ring_dtp_cross_entropy: one token count per rank of the group");
     VocabLossShape shape{tokens, dims, comm_.rank()};

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import peakbound
-from conftest import cli
+from conftest import cli, launch_env
 
 SETTINGS = dict(model="tiny-moe", steps=20, seq_len=96, eval_every=10, eval_batches=2)
 
@@ -60,8 +60,7 @@ with open(os.path.join(sys.argv[1], "rank-" + os.environ["OMPI_COMM_WORLD_RANK"]
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (scripts/setup.sh installs openmpi-bin)")
 def test_two_ranks_under_mpirun_give_the_clis_losses(tmp_path):
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
-    env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    env = {**launch_env(), "OMPI_MCA_mpi_yield_when_idle": "1"}
     r = subprocess.run(["mpirun", *root, "--oversubscribe", "-np", "2", sys.executable, "-c", MPI_SCRIPT,
                         str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -92,6 +91,14 @@ def test_save_and_resume_continue_exactly(tmp_path):
         assert resumed.steps_done == 3
         rest = [st["loss"] for st in resumed]
     assert rest == losses[3:]
+
+
+def test_save_into_a_file_is_refused_as_save_dir_is(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with peakbound.Run({**SETTINGS, "steps": 1, "eval_batches": 0}) as run:
+        run.step()
+        with pytest.raises(peakbound.Error, match="exists and is not a folder"):
+            run.save(tmp_path / "a-file")
 
 
 def test_evaluate_and_finish_order(tmp_path):

@@ -622,9 +622,7 @@ void Run::save(const std::string& dir) {
   State& s = *s_;
   if (dir.empty()) throw InvalidArgument("Run::save: the folder must not be empty");
   if (!s.writer) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw InvalidArgument("Run::save: cannot create " + dir + ": " + ec.message());
+    prepare_save_folder(dir);  // what validate() checks of a save_dir given at the start
     s.f.save_dir = dir;
     s.open_writer(*s.m->world);
   } else {
