@@ -39,9 +39,8 @@ def main() -> None:
     n = count(a.params)
     dtype = torch.float32 if a.dtype == "f32" else torch.bfloat16
     sizes = [n // a.tensors + (1 if i < n % a.tensors else 0) for i in range(a.tensors)]
-    g = torch.Generator().manual_seed(0)
-
-    def make():
+    def make():  # every side the same parameters and gradients
+        g = torch.Generator().manual_seed(0)
         ps = [torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for s in sizes]
         for p in ps:
             p.grad = torch.randn(p.shape, generator=g).to(dtype)
@@ -53,6 +52,9 @@ def main() -> None:
     sides = {"peakbound_direct": OffloadStreamAdamW(make(), lr=1e-4),
              "peakbound_streamed": OffloadStreamAdamW(make(), lr=1e-4, streamed=True),
              "torch_fused": torch.optim.AdamW(make(), lr=1e-4, fused=True)}
+
+    def params(opt):
+        return [p.detach() for group in opt.param_groups for p in group["params"]]
 
     def timed(opt) -> float:
         for _ in range(a.warmup):
@@ -74,6 +76,15 @@ def main() -> None:
     def spread(key):
         xs = [r[key] for r in rounds]
         return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+    # Every side took the same steps on the same gradients: the parameters' largest
+    # difference from torch's, over the largest parameter (bf16: each side's own rounding).
+    ref = params(sides["torch_fused"])
+
+    def max_rel_err(name):
+        mine = params(sides[name])
+        return max(float((a.double() - b.double()).abs().max()) for a, b in zip(mine, ref)) / \
+            max(float(b.double().abs().max()) for b in ref)
+
     print(json.dumps({
         "bench": "python_adamw", "params": n, "tensors": a.tensors, "dtype": a.dtype,
         "threads": torch.get_num_threads(), "torch": torch.__version__, "peakbound": peakbound.__version__,
@@ -81,6 +92,8 @@ def main() -> None:
         "rounds": rounds,
         "statistic": "per round each side's median step seconds; speedup = torch fused seconds / peakbound seconds",
         "speedup_direct": spread("speedup_direct"), "speedup_streamed": spread("speedup_streamed"),
+        "max_rel_err_vs_torch": {"direct": max_rel_err("peakbound_direct"),
+                                 "streamed": max_rel_err("peakbound_streamed")},
     }))
 
 
