@@ -85,6 +85,32 @@ TEST(Collectives, ReduceScatterSumsBlockOfThisRank) {
   }
 }
 
+// f32 sums of kRingMinElements or more a rank take MpiCommunicator's ring: chunk c summed
+// from rank c + 1 round to rank c, ((a[c+1] + a[c+2]) + ...) + a[c], whatever the timing.
+// Values of very different magnitudes make another order give other bits. Three sizes
+// in a row (the scratch grows, then is reused), one not a multiple of anything.
+TEST(Collectives, ReduceScatterRingSumsInItsDocumentedOrder) {
+  Communicator& w = world();
+  const int P = w.size();
+  auto input = [](int rank, std::size_t i) {
+    const float scale = (rank % 3 == 0) ? 1e7f : (rank % 3 == 1 ? 1.0f : 3e-4f);
+    return scale * static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * rank));
+  };
+  for (std::size_t n : {std::size_t{4096}, std::size_t{9001}, std::size_t{5000}}) {
+    std::vector<float> send(n * static_cast<std::size_t>(P)), recv(n, -1.0f);
+    for (std::size_t i = 0; i < send.size(); ++i) send[i] = input(w.rank(), i);
+    w.reduce_scatter(send.data(), recv.data(), n, DType::f32, ReduceOp::sum);
+    const std::size_t base = static_cast<std::size_t>(w.rank()) * n;
+    std::size_t wrong = 0, first = n;  // counted, not asserted: every rank makes every call
+    for (std::size_t i = 0; i < n; ++i) {
+      float want = input((w.rank() + 1) % P, base + i);
+      for (int k = 2; k <= P; ++k) want += input((w.rank() + k) % P, base + i);
+      if (recv[i] != want && wrong++ == 0) first = i;
+    }
+    EXPECT_EQ(wrong, 0u) << "n " << n << ", first at element " << first;
+  }
+}
+
 TEST(Collectives, BroadcastFromTheLastRank) {
   Communicator& w = world();
   int root = w.size() - 1;

@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -142,6 +143,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) : comm_(comm) {
 MpiCommunicator::~MpiCommunicator() {
   int fin = 0;
   MPI_Finalized(&fin);
+  if (!fin && ring_comm_ != MPI_COMM_NULL) MPI_Comm_free(&ring_comm_);
   if (!fin && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -217,9 +219,46 @@ Request MpiCommunicator::iall_gather(const void* send, void* recv, std::size_t c
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
                                      ReduceOp op) {
   const MpiCall call;  // the buffers may be device memory
+  if (size_ == 1) {  // the sum over one rank is its values: one copy (Open MPI's makes two)
+    if (recv_count > 0) std::memcpy(recv, send, recv_count * dtype_size(t));
+    return;
+  }
+  if (t == DType::f32 && op == ReduceOp::sum && recv_count >= kRingMinElements) {
+    ring_reduce_scatter(static_cast<const float*>(send), static_cast<float*>(recv), recv_count);
+    return;
+  }
   check(MPI_Reduce_scatter_block(send, recv, to_int(recv_count, "reduce_scatter"), mpi_type(t),
                                  mpi_op(t, op), comm_),
         "MPI_Reduce_scatter_block");
+}
+
+// P - 1 steps around the ring (P the group's size; chunk c of `send` is the part that ends
+// on rank c). At step k rank r sends its partial sum of chunk r - k (mod P; at step 1 its own
+// chunk r - 1 straight from `send`), receives the left neighbour's partial of chunk r - k - 1
+// and adds its own values to it: chunk c is summed as ((a[c+1] + a[c+2]) + ...) + a[c] over
+// the ranks from c + 1 round to c, the same order whatever the timing. The partials land in
+// `recv` and one scratch chunk alternately, so that the last step's lands in `recv`: no
+// copy of the input (Open MPI's recursive halving copies all of it into two buffers of its
+// size first) and 1/P of it in scratch.
+void MpiCommunicator::ring_reduce_scatter(const float* send, float* recv, std::size_t n) {
+  if (ring_comm_ == MPI_COMM_NULL) {  // its own context: no user message can match the ring's
+    check(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup");
+    check(MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  }
+  if (ring_scratch_.size() < n) ring_scratch_.resize(n);
+  const int P = size_, r = rank_, right = (r + 1) % P, left = (r - 1 + P) % P;
+  const int count = to_int(n, "reduce_scatter");
+  const auto chunk = [&](int c) { return send + static_cast<std::size_t>(((c % P) + P) % P) * n; };
+  const float* out = chunk(r - 1);
+  for (int k = 1; k < P; ++k) {
+    float* in = (P - 1 - k) % 2 == 0 ? recv : ring_scratch_.data();
+    check(MPI_Sendrecv(out, count, MPI_FLOAT, right, 0, in, count, MPI_FLOAT, left, 0, ring_comm_,
+                       MPI_STATUS_IGNORE),
+          "MPI_Sendrecv");
+    const float* own = chunk(r - k - 1);
+    for (std::size_t i = 0; i < n; ++i) in[i] += own[i];
+    out = in;
+  }
 }
 
 void MpiCommunicator::broadcast(void* buf, std::size_t count, DType t, int root) {

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <vector>
 
 #include "peakbound/comm/communicator.h"
 
@@ -52,8 +53,14 @@ class MpiCommunicator final : public Communicator {
 
  private:
   void check_peer(int peer, const char* what) const;
+  // reduce_scatter's own algorithm for f32 sums of at least kRingMinElements a rank (the
+  // FSDP gradients); smaller ones and other types go to MPI_Reduce_scatter_block.
+  void ring_reduce_scatter(const float* send, float* recv, std::size_t n);
+  static constexpr std::size_t kRingMinElements = 4096;
 
   MPI_Comm comm_;
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;  // a duplicate for the ring's messages, made on first use
+  std::vector<float> ring_scratch_;     // one chunk: the partials that do not land in recv
   int rank_ = 0;
   int size_ = 1;
 };
