@@ -14,34 +14,16 @@ namespace {
 // type T of x, weight, out, dout, dx (core/dtype.h); rstd and dweight are fp32 for both.
 constexpr int kLanes = 8;
 
-inline double lane_tree(const double* a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
-
-template <typename T>
-double sum_squares(const T* x, std::int64_t c) {
+// The sum of term(j) (a double) over j in [0, c), in the lane order above.
+template <typename F>
+double lane_sum(std::int64_t c, F term) {
   double lanes[kLanes] = {};
   std::int64_t j = 0;
   for (; j + kLanes <= c; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const double v = widen(x[j + l]);
-      lanes[l] += v * v;
-    }
-  for (; j < c; ++j) {
-    const double v = widen(x[j]);
-    lanes[j % kLanes] += v * v;
-  }
-  return lane_tree(lanes);
-}
-
-// sum_j w_j g_j (x_j r), each term formed in double from the fp32 product x_j r.
-template <typename T>
-double weighted_dot(const T* w, const T* g, const T* x, float r, std::int64_t c) {
-  double lanes[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= c; j += kLanes)
-    for (int l = 0; l < kLanes; ++l)
-      lanes[l] += static_cast<double>(widen(w[j + l])) * widen(g[j + l]) * (widen(x[j + l]) * r);
-  for (; j < c; ++j) lanes[j % kLanes] += static_cast<double>(widen(w[j])) * widen(g[j]) * (widen(x[j]) * r);
-  return lane_tree(lanes);
+    for (int l = 0; l < kLanes; ++l) lanes[l] += term(j + l);
+  for (; j < c; ++j) lanes[j % kLanes] += term(j);
+  const double* a = lanes;
+  return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
 }
 
 template <typename T>
@@ -49,7 +31,10 @@ void rmsnorm_forward_t(T* out, float* rstd, const T* x, const T* weight, std::in
   for (std::int64_t i = 0; i < n; ++i) {
     const T* xi = x + i * c;
     T* oi = out + i * c;  // may be xi: each element is read before it is written
-    const double ss = sum_squares(xi, c);
+    const double ss = lane_sum(c, [xi](std::int64_t j) {
+      const double v = widen(xi[j]);
+      return v * v;
+    });
     float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
     for (std::int64_t j = 0; j < c; ++j) oi[j] = narrow<T>(widen(xi[j]) * r * widen(weight[j]));
     if (rstd) rstd[i] = r;
@@ -66,7 +51,11 @@ void rmsnorm_backward_t(T* dx, float* dweight, const T* dout, const T* x, const 
     const T* gi = dout + i * c;
     T* dxi = dx + i * c;
     const float r = rstd[i];
-    const float mean = static_cast<float>(weighted_dot(weight, gi, xi, r, c) / static_cast<double>(c));
+    // sum_j w_j g_j (x_j r), each term formed in double from the fp32 product x_j r.
+    const double dot = lane_sum(c, [&](std::int64_t j) {
+      return static_cast<double>(widen(weight[j])) * widen(gi[j]) * (widen(xi[j]) * r);
+    });
+    const float mean = static_cast<float>(dot / static_cast<double>(c));
     for (std::int64_t j = 0; j < c; ++j) {
       const float xhat = widen(xi[j]) * r;
       const float g = widen(gi[j]);
