@@ -88,6 +88,25 @@ TEST(Vexp, ArraysEqualTheScalarBitsAndTheLaneSum) {
   }
 }
 
+// Every lane of the vector bodies equals exp_f32 over the whole input range, in steps
+// fine enough to reach every power of two the reduction makes (fx from -126 at
+// ln(FLT_MIN) to 127 at the clamp) and past both clamps.
+TEST(Vexp, VectorLanesEqualTheScalarBitsOverTheRange) {
+  const std::int64_t n = 1 << 20;
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) x[static_cast<std::size_t>(j)] = -90.0f + 180.0f * static_cast<float>(j) / n;
+  std::vector<float> y = x;
+  exp_shift(y.data(), n, 0.0f);
+  std::int64_t mismatches = 0, lowest = 0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float want = exp_f32(x[static_cast<std::size_t>(j)]);
+    mismatches += bits(y[static_cast<std::size_t>(j)]) != bits(want);
+    lowest += want != 0.0f && want < 0x1p-125f;  // 2^fx with fx = -126
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(lowest, 0);  // the sweep reached the smallest power of two
+}
+
 TEST(Vexp, RowMaxSkipsNans) {
   std::vector<float> x = {1.0f, std::nanf(""), 3.0f, -2.0f, 0.5f, 2.0f, 2.5f, -9.0f, 2.9f, 7.0f, -1.0f};
   EXPECT_EQ(row_max(x.data(), static_cast<std::int64_t>(x.size())), 7.0f);

@@ -106,7 +106,8 @@ PB_AVX2 std::int64_t blocks_avx2(float* out, bf16* low, const float* x, std::int
   return j;
 }
 
-// exp8's operations on 16 lanes: lanes 0-7 and 8-15 each give exp8's bits.
+// exp8's operations on 16 lanes (the power of two applied by VSCALEFPS): lanes 0-7 and
+// 8-15 each give exp8's bits.
 PB_AVX512 inline __m512 exp16(__m512 t) {
   const __m512 lo = _mm512_set1_ps(kLo);
   __m512 c = _mm512_max_ps(lo, t);
@@ -120,8 +121,10 @@ PB_AVX512 inline __m512 exp16(__m512 t) {
   for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kP[i]));
   y = _mm512_fmadd_ps(y, z, r);
   y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
-  const __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
-  y = _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+  // y * 2^fx in one VSCALEFPS where exp8 builds 2^fx's bits (convert, add the bias,
+  // shift) and multiplies: fx is an integer in [-126, 127], so 2^fx is a normal float and
+  // both round the same exact product once, and NaN stays NaN.
+  y = _mm512_scalef_ps(y, fx);
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(t, lo, _CMP_NLT_UQ), y);
 }
 
