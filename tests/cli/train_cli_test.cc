@@ -120,7 +120,7 @@ void expect_plan_is_the_runs(const std::string& flags, const nlohmann::json& run
 // measured, and the attention's planned peak grows by the kept bytes.
 TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
   const std::string base = "train --steps 3 --seq-len 32 --eval-every 0 --json";
-  const CliRun plain = run_cli(base, 300);
+  const CliRun plain = run_cli(base + " --keep-attention=false", 300);
   const CliRun kept = run_cli(base + " --keep-attention", 300);
   ASSERT_EQ(plain.code, 0) << plain.err << plain.out;
   ASSERT_EQ(kept.code, 0) << kept.err << kept.out;
@@ -134,6 +134,41 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
             a["peaks"]["attention"]["planned_bytes"].get<std::int64_t>());
   // `plan --keep-attention` for the same run plans the same peak.
   expect_plan_is_the_runs("--keep-attention", b);
+}
+
+// --keep-attention not given is the budget's choice: kept where the plan fits with it (the
+// same plan as --keep-attention), recomputed where only the plan without it fits (the plan
+// made again, and a line says why), and `plan --trainer-defaults` chooses the same at the
+// same budget. At 512 tokens the kept attention raises the step's peak.
+TEST(CliTrain, KeepAttentionByTheBudget) {
+  const std::string base = "train --steps 1 --seq-len 512 --eval-every 0 --json";
+  const auto [plain, kept] = run_both(base + " --keep-attention=false", "--keep-attention");
+  ASSERT_FALSE(plain.is_null());
+  const auto planned = [](const nlohmann::json& j) { return j["peaks"]["total"]["planned_bytes"].get<std::int64_t>(); };
+  ASSERT_GT(planned(kept), planned(plain));
+  const std::string tight = " --device-memory " + std::to_string(planned(plain));
+  const CliRun roomy = run_cli(base, 300), short_of_it = run_cli(base + tight, 300);
+  ASSERT_EQ(roomy.code, 0) << roomy.err << roomy.out;
+  ASSERT_EQ(short_of_it.code, 0) << short_of_it.err << short_of_it.out;
+  const nlohmann::json r = last_json_line(roomy.out), t = last_json_line(short_of_it.out);
+  EXPECT_EQ(r["keep_attention"], true);
+  EXPECT_EQ(planned(r), planned(kept));
+  EXPECT_EQ(t["keep_attention"], false);
+  EXPECT_EQ(planned(t), planned(plain));
+  expect_planned_is_measured(t);
+  EXPECT_NE(short_of_it.out.find("recomputes each layer's attention"), std::string::npos) << short_of_it.out;
+  EXPECT_EQ(r["final_loss"].dump(), t["final_loss"].dump());
+  for (const auto& [budget, want] : {std::pair{std::string(), kept}, std::pair{tight, plain}}) {
+    const CliRun p = run_cli("plan --model tiny-moe --devices 1 --context 512 --trainer-defaults --json" + budget);
+    ASSERT_EQ(p.code, 0) << p.err << p.out;
+    const nlohmann::json j = nlohmann::json::parse(p.out);
+    EXPECT_EQ(j["peak_bytes"]["scheduled"], planned(want)) << budget;
+    EXPECT_EQ(j["knobs"]["keep_attention"], want["keep_attention"]) << budget;
+  }
+  // A group's recomputation runs its attention: no keeping by the budget there.
+  const CliRun grouped = run_cli(base + " --checkpoint-group 2", 300);
+  ASSERT_EQ(grouped.code, 0) << grouped.err << grouped.out;
+  EXPECT_EQ(last_json_line(grouped.out)["keep_attention"], false);
 }
 
 // --checkpoint-group: the same losses bitwise (a group's recomputation gives its layers'

@@ -114,6 +114,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
   in.keep_attention = f.keep_attention;
+  in.keep_attention_by_budget = !f.keep_attention_given;
   DType pd = shard_dtype(f.param_dtype, "--param-dtype"), gd = shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
   in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
@@ -186,7 +187,8 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
   a->add_option("--adam-bucket", f->adam_bucket, "OffloadStreamAdamW bucket size")->capture_default_str();
   a->add_flag("--keep-attention", f->keep_attention,
               "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "
-              "its backward");
+              "its backward. Not given: as train, kept while the plan fits --device-memory with them (and one "
+              "boundary per layer), else recomputed; --keep-attention=false always recomputes");
   a->add_option("--skew", f->skew, "Routing skew at the busiest EP rank: balanced, worst, or a factor >= 1")->capture_default_str();
   a->add_option("--precision", f->precision,
                 "What `train --precision` runs: bf16 (parameters and activations 2 bytes) or f32 (4); gradients "
@@ -208,6 +210,7 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
 
 Plan plan_from_flags(PlanFlags& f, const CLI::App& a) {
   apply_precision(f, a);
+  f.keep_attention_given = a.count("--keep-attention") > 0;
   if (f.trainer_defaults) apply_trainer_defaults(f, a);
   return make_plan(to_inputs(f), f.reach);
 }

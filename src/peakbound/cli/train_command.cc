@@ -146,10 +146,11 @@ void add_train_flags(CLI::App* app, TrainFlags& ff) {
   app->add_flag("--sync-phases", f->run.sync_phases,
                 "Wait for the device at every phase boundary, so that a CUDA run reports the step's split by phase "
                 "too (each phase's own time, no overlap between phases; the step runs slower)");
-  app->add_flag("--keep-attention", f->run.keep_attention,
+  app->add_flag("--keep-attention", f->keep_attention,
                 "Keep every layer's attention output and log-sum-exp from the forward to its backward: the backward "
                 "runs no attention forward, for L x T x (heads x v_dim) activations more on the device (the plan "
-                "counts them)");
+                "counts them). Not given: kept while the plan fits --device-memory with them (and --checkpoint-group "
+                "is 1), else recomputed; --keep-attention=false always recomputes");
   int_flag(app, "--moe-tile", f->run.moe_tile,
            "Rows per tile of every MLP sublayer (norm, router, dispatch, experts, residual), forward and backward, "
            "so its per-token buffers hold one tile: -1 the schedules' choice (1024 under PipelinedLLEP, whole "
@@ -216,6 +217,7 @@ void validate_train_flags(TrainFlags& f, CLI::App* app) {
                             .world = launcher_size()});
   f.run.schedules = ScheduleSet::parse(f.schedules, "--schedules");
   f.run.precision = parse_precision(f.precision, "--precision");
+  if (app->count("--keep-attention") > 0) f.run.keep_attention = f.keep_attention ? 1 : 0;
   f.run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
 }
 

@@ -17,6 +17,8 @@ struct TrainFlags {
   std::string schedules = "all";
   std::string precision = std::string(precision_name(RunSettings{}.precision));  // parsed into run.precision
   bool json = false;
+  // --keep-attention's switch; not given: run.keep_attention stays -1 (the budget's choice).
+  bool keep_attention = false;
 };
 
 // Adds every flag of `peakbound train` to `app` (bound to f, which outlives it).

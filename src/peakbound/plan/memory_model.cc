@@ -339,6 +339,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
     e.host_bytes = add(e.host_bytes, e.host[i]);
     if (e.host[i] > e.host[static_cast<std::size_t>(e.host_binding_component)]) e.host_binding_component = kAllComponents[i];
   }
+  e.keep_attention = in.keep_attention;
   return e;
 }
 

@@ -60,6 +60,9 @@ struct PeakEstimate {
   // otherwise this file's analytic estimate; estimate_reason says why it is one.
   bool trainer_footprint = false;
   std::string estimate_reason;
+  // Whether the estimate keeps every layer's attention output (PlanInputs::keep_attention,
+  // or the policy's choice under keep_attention_by_budget).
+  bool keep_attention = false;
 };
 
 PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc);

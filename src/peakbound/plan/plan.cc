@@ -144,7 +144,14 @@ PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, c
                                    std::optional<std::int64_t>* resident_layers, std::int64_t* prefetch_depth) {
   PlanInputs x = in;
   x.prefetch_depth = in.planned_prefetch_depth();
+  // The attention kept by the budget (train without --keep-attention): at one boundary per
+  // layer, while the device holds it; dropped before the ring.
+  if (in.keep_attention_by_budget) x.keep_attention = in.planned_checkpoint_group() == 1;
   PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
+  if (in.keep_attention_by_budget && x.keep_attention && e.peak > in.device_memory) {
+    x.keep_attention = false;
+    e = estimate_resident_policy(x, pc, s, resident_layers);
+  }
   if (in.prefetch_depth < 0 && s.sco && x.prefetch_depth > 0 && e.peak > in.device_memory) {
     x.prefetch_depth = 0;
     e = estimate_resident_policy(x, pc, s, resident_layers);
@@ -171,7 +178,8 @@ PeakEstimate estimate_from_group(const PlanInputs& in, const ParamCount& pc, con
   // overflows.
   // keep_attention does not combine with groups (check_model_schedules).
   const std::int64_t L = in.model.num_layers;
-  const bool policy = in.checkpoint_group < 1 && s.sco && !in.resident_layers && !in.keep_attention && L >= 2;
+  const bool policy = in.checkpoint_group < 1 && s.sco && !in.resident_layers &&
+                      (in.keep_attention_by_budget || !in.keep_attention) && L >= 2;
   PeakEstimate e;
   if (!policy || first <= 1) {
     e = estimate_depth_policy(x, pc, s, resident_layers, prefetch_depth);
@@ -280,7 +288,9 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   }
   p.inputs = in;
   p.shapes = plan_shapes(in, p.params);
-  p.baseline = estimate_peak(in, p.params, ScheduleSet::none());
+  // The baseline through the policy too (only the attention kept by the budget applies
+  // without SCO).
+  p.baseline = estimate_with_policy(in, p.params, ScheduleSet::none());
   p.scheduled = estimate_with_policy(in, p.params, in.schedules, &p.policy_resident_layers, &p.prefetch_depth,
                                      &p.checkpoint_group);
   p.fits_host_baseline = p.baseline.host_bytes <= in.host_budget();
@@ -324,6 +334,7 @@ nlohmann::json plan_json(const Plan& p) {
   j["knobs"] = {{"dispatch_cap", in.dispatch_cap}, {"llep_alpha", in.llep_alpha}, {"llep_lambda", in.llep_lambda},
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
                 {"prefetch_depth", p.prefetch_depth}, {"checkpoint_group", p.checkpoint_group},
+                {"keep_attention", p.scheduled.keep_attention},
                 {"embedding", in.embedding},
                 {"context_attention", in.context_attention},
                 {"adam_bucket_bytes", in.adam_bucket},
@@ -437,6 +448,9 @@ std::string plan_table(const Plan& p) {
     out += "groups       SCO keeps one boundary per " + std::to_string(p.checkpoint_group) +
            " layers (--checkpoint-group " + std::to_string(p.checkpoint_group) +
            ", their other inputs recomputed in the group's backward): with one per layer the plan does not fit\n";
+  if (in.keep_attention_by_budget && !p.scheduled.keep_attention && p.checkpoint_group == 1)
+    out += "attention    the backward recomputes each layer's attention: keeping it (train's --keep-attention) the "
+           "plan does not fit\n";
   if (in.prefetch_depth < 0 && in.schedules.sco && p.prefetch_depth == 0)
     out += "ring         SCO holds one boundary on the device (prefetch depth 0, its copies waited for): the plan "
            "does not fit with two\n";

@@ -96,6 +96,10 @@ struct PlanInputs {
   // train --keep-attention (ModelSchedules::keep_attention): every layer's attention output
   // and log-sum-exp held from its forward to its backward.
   bool keep_attention = false;
+  // train's default (--keep-attention not given): the policy sets keep_attention, true
+  // while the plan fits device_memory with it at one boundary per layer, else false
+  // (PeakEstimate::keep_attention says which).
+  bool keep_attention_by_budget = false;
 
   // The analytic estimate even for a run the trainer executes (tests of the estimate's
   // own rules, which a trainable bf16 or f32 run would otherwise bypass).

@@ -129,6 +129,7 @@ PeakEstimate trainer_estimate(const PlanInputs& in, const PlanShapes& shapes, co
   e.binding_component = kAllComponents[best];
   for (std::size_t i = 0; i < kNumComponents; ++i)
     if (e.host[i] > e.host[static_cast<std::size_t>(e.host_binding_component)]) e.host_binding_component = kAllComponents[i];
+  e.keep_attention = in.keep_attention;
   return e;
 }
 

@@ -173,7 +173,9 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.config.ulysses_attention = ulysses_context_attention(f.context_attention, spell("context_attention"));
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
-  s.schedules.keep_attention = f.keep_attention;
+  // By the budget: kept where the stack keeps a boundary per layer (a group's
+  // recomputation runs its attention anyway); Run drops it when the plan does not fit.
+  s.schedules.keep_attention = f.keep_attention > 0 || (f.keep_attention < 0 && f.checkpoint_group == 1);
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
   s.schedules.checkpoint.group_layers = f.checkpoint_group;
@@ -183,7 +185,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   if (f.checkpoint_group > s.config.num_layers)
     throw InvalidArgument(spell("checkpoint_group") + " must be at most the model's " +
                           std::to_string(s.config.num_layers) + " layers, got " + std::to_string(f.checkpoint_group));
-  if (f.keep_attention && f.checkpoint_group > 1)
+  if (f.keep_attention > 0 && f.checkpoint_group > 1)
     throw InvalidArgument(spell("keep_attention") + " does not combine with " + spell("checkpoint_group") + " " +
                           std::to_string(f.checkpoint_group) +
                           ": a group's recomputation runs its layers' attention again; choose one");
@@ -208,6 +210,8 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (steps < 1) bad("steps", "must be at least 1, got " + std::to_string(steps));
   if (moe_tile < -1) bad("moe_tile", "must be -1 (the schedules' choice), 0 (whole) or a row count, got " +
                                          std::to_string(moe_tile));
+  if (keep_attention < -1 || keep_attention > 1)
+    bad("keep_attention", "must be -1 (the budget's choice), 0 or 1, got " + std::to_string(keep_attention));
   if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the budget's choice) or a depth >= 0, got " +
                                                      std::to_string(prefetch_depth));
   if (checkpoint_group < 1) bad("checkpoint_group", "must be at least 1, got " + std::to_string(checkpoint_group));
@@ -405,6 +409,24 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   Footprint plan = plan_of(s.shape, s.planned);
   s.budget = f.device_memory == "auto" ? auto_device_budget(static_cast<std::uint64_t>(s.planned[kNumComponents]))
                                        : parse_bytes(f.device_memory, "--device-memory");
+  // The attention kept by the budget (--keep-attention not given): while the plan fits
+  // with it; where it does not, the backward recomputes each layer's attention and the
+  // plan is made again (before the ring below, which is dropped only if that still does
+  // not fit). Every rank decides on the same all-reduced figures.
+  std::string keep_note;
+  if (f.keep_attention < 0 && s.shape.schedules.keep_attention &&
+      static_cast<std::uint64_t>(s.planned[kNumComponents]) > s.budget) {
+    RunShape recompute = s.shape;
+    recompute.schedules.keep_attention = false;
+    std::vector<std::int64_t> planned_recompute;
+    Footprint plan_recompute = plan_of(recompute, planned_recompute);
+    keep_note = format("the backward recomputes each layer's attention (--keep-attention by the budget): keeping "
+                       "it the plan needs %s\n",
+                       format_bytes(double(s.planned[kNumComponents])).c_str());
+    s.shape = std::move(recompute);
+    s.planned = std::move(planned_recompute);
+    plan = std::move(plan_recompute);
+  }
   // SCO's ring by the budget (--prefetch-depth -1): two slots, each
   // copy hidden behind a block's compute, while the plan fits with them; one slot (the
   // blocks in place in it, every copy waited for) when it does not. Every rank decides on
@@ -441,7 +463,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
       row += std::string(row.empty() ? "  " : ", ") + std::string(component_name(kAllComponents[i])) + " " +
              format_bytes(double(s.planned[i]));
   text += row + (c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "") + "\n";
-  text += ring_note;
+  text += keep_note + ring_note;
   if (c.num_mtp_layers > 0)
     text += format("note: the model's %lld multi-token-prediction layer(s) (model.layers.%lld and on in its checkpoint) "
                    "are not trained: transformers does not load them either\n",
@@ -754,7 +776,7 @@ RunSummary Run::finish() {
              {"ranks", s.W},
              {"cp", s.shape.layout.cp},
              {"schedules", f.schedules.str()},
-             {"keep_attention", f.keep_attention},
+             {"keep_attention", s.shape.schedules.keep_attention},
              {"moe_tile", s.shape.schedules.moe_tile},
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},

@@ -88,8 +88,10 @@ struct RunSettings {
   bool measure_gemm_peak = false;
   // Keep every layer's attention output and log-sum-exp from the forward to its backward
   // (ModelSchedules::keep_attention): no attention forward in the backward, for a per-layer
-  // per-token term on the device. The plan of --device-memory auto counts it.
-  bool keep_attention = false;
+  // per-token term on the device. -1: the budget's choice (kept while the plan fits
+  // device_memory with it and the stack keeps a boundary per layer, else recomputed), 0:
+  // recomputed, 1: kept. The plan of --device-memory auto counts it.
+  int keep_attention = -1;
   // The MLP sublayers' row tile (ModelSchedules::moe_tile): -1 the schedules' choice
   // (kMoeTileRows under PipelinedLLEP, whole otherwise), 0 whole, else rows.
   std::int64_t moe_tile = -1;
