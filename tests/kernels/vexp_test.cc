@@ -107,6 +107,31 @@ TEST(Vexp, VectorLanesEqualTheScalarBitsOverTheRange) {
   EXPECT_GT(lowest, 0);  // the sweep reached the smallest power of two
 }
 
+// exp_shifts: a shift per element, each value exp_f32(x[j] - shift[j]) and its bf16
+// rounding, whatever the length's mix of vector blocks and tail; -inf and NaN as one value.
+TEST(Vexp, PerElementShiftsEqualTheScalarBits) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-30.0f, 5.0f);
+  for (std::int64_t n : {0, 1, 7, 8, 15, 16, 17, 31, 33, 128, 200}) {
+    std::vector<float> x(static_cast<std::size_t>(n)), shift(static_cast<std::size_t>(n));
+    for (std::int64_t j = 0; j < n; ++j) {
+      x[static_cast<std::size_t>(j)] = u(rng);
+      shift[static_cast<std::size_t>(j)] = u(rng) + 20.0f;
+    }
+    if (n > 3) x[2] = -std::numeric_limits<float>::infinity();
+    if (n > 10) shift[9] = std::nanf("");
+    std::vector<float> y = x;
+    std::vector<bf16> low(static_cast<std::size_t>(n));
+    exp_shifts(y.data(), low.data(), n, shift.data());
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto i = static_cast<std::size_t>(j);
+      const float e = exp_f32(x[i] - shift[i]);
+      EXPECT_EQ(bits(y[i]), bits(e)) << n << " " << j;
+      EXPECT_EQ(low[i].bits, narrow<bf16>(e).bits) << n << " " << j;
+    }
+  }
+}
+
 TEST(Vexp, RowMaxSkipsNans) {
   std::vector<float> x = {1.0f, std::nanf(""), 3.0f, -2.0f, 0.5f, 2.0f, 2.5f, -9.0f, 2.9f, 7.0f, -1.0f};
   EXPECT_EQ(row_max(x.data(), static_cast<std::int64_t>(x.size())), 7.0f);

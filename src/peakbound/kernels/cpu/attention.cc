@@ -28,6 +28,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Query rows whose softmax rescale factors the forward computes in one vector exp.
 constexpr std::int64_t kRowGroup = 16;
+// The most query rows a block the bf16 backward runs transposed (their lse and D on the
+// stack); larger blocks run row-major.
+constexpr std::int64_t kTransposedRows = 512;
 
 // a . b in a fixed order: eight interleaved partial sums (independent chains the
 // compiler can keep in vector registers without -ffast-math), then a fixed tree.
@@ -50,50 +53,69 @@ inline float dot_f64(const T* a, const T* b, std::int64_t n) {
   return static_cast<float>(acc);
 }
 
-// ds[c] = p[c] * (ds[c] - d) * scale for c in [0, n): dL/dscore (times the score scale)
-// from P and dP; with `low` also low[c] = narrow<bf16>(ds[c]), the rounded operand of the
-// gradient GEMMs. The AVX-512 body does the same two products per element (no FMA), so
-// its bits are the scalar loop's.
-void grad_scores_scalar(float* ds, const float* p, float d, float scale, std::int64_t n, bf16* low) {
+// ds[c] = p[c] * (ds[c] - d[c * d_step]) * scale for c in [0, n): dL/dscore (times the
+// score scale) from P and dP, d one value (d_step 0: a query row's D) or one per element
+// (d_step 1: a key row's queries' D); with `low` also low[c] = narrow<bf16>(ds[c]), the
+// rounded operand of the gradient GEMMs. The AVX-512 body does the same two products per
+// element (no FMA), so its bits are the scalar loop's.
+void grad_scores_scalar(float* ds, const float* p, const float* d, std::int64_t d_step, float scale, std::int64_t n,
+                        bf16* low) {
   for (std::int64_t c = 0; c < n; ++c) {
-    ds[c] = p[c] * (ds[c] - d) * scale;
+    ds[c] = p[c] * (ds[c] - d[c * d_step]) * scale;
     if (low) low[c] = narrow<bf16>(ds[c]);
   }
 }
 
-__attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const float* p, float d, float scale,
-                                                            std::int64_t n, bf16* low) {
-  const __m512 vd = _mm512_set1_ps(d), vs = _mm512_set1_ps(scale);
+__attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const float* p, const float* d,
+                                                            std::int64_t d_step, float scale, std::int64_t n,
+                                                            bf16* low) {
+  const __m512 vs = _mm512_set1_ps(scale);
   std::int64_t c = 0;
   for (; c + 16 <= n; c += 16) {
+    const __m512 vd = d_step ? _mm512_loadu_ps(d + c) : _mm512_set1_ps(*d);
     const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
     _mm512_storeu_ps(ds + c, v);
     if (low) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c), simd::to_bf16x16(v));
   }
-  grad_scores_scalar(ds + c, p + c, d, scale, n - c, low ? low + c : nullptr);
+  grad_scores_scalar(ds + c, p + c, d + c * d_step, d_step, scale, n - c, low ? low + c : nullptr);
 }
 
 // The same with the rounding by VCVTNEPS2BF16 (to_bf16x16's bits), where the CPU has it
 // (a copy for its target, as vexp.cc's blocks_avx512_bf16).
 __attribute__((target("avx512f,avx512dq,avx512bf16"))) void grad_scores_avx512_bf16(float* ds, const float* p,
-                                                                                     float d, float scale,
+                                                                                     const float* d,
+                                                                                     std::int64_t d_step, float scale,
                                                                                      std::int64_t n, bf16* low) {
-  const __m512 vd = _mm512_set1_ps(d), vs = _mm512_set1_ps(scale);
+  const __m512 vs = _mm512_set1_ps(scale);
   std::int64_t c = 0;
   for (; c + 16 <= n; c += 16) {
+    const __m512 vd = d_step ? _mm512_loadu_ps(d + c) : _mm512_set1_ps(*d);
     const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
     _mm512_storeu_ps(ds + c, v);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c), simd::to_bf16x16_native(v));
   }
-  grad_scores_scalar(ds + c, p + c, d, scale, n - c, low + c);
+  grad_scores_scalar(ds + c, p + c, d + c * d_step, d_step, scale, n - c, low + c);
 }
 
-void grad_scores(float* ds, const float* p, float d, float scale, std::int64_t n, bf16* low) {
+void grad_scores(float* ds, const float* p, const float* d, std::int64_t d_step, float scale, std::int64_t n,
+                 bf16* low) {
   static const bool avx512 = best_simd_level() == SimdLevel::avx512;
   static const bool native = avx512 && simd::cpu_has_avx512_bf16();
-  if (native && low) grad_scores_avx512_bf16(ds, p, d, scale, n, low);
-  else if (avx512) grad_scores_avx512(ds, p, d, scale, n, low);
-  else grad_scores_scalar(ds, p, d, scale, n, low);
+  if (native && low) grad_scores_avx512_bf16(ds, p, d, d_step, scale, n, low);
+  else if (avx512) grad_scores_avx512(ds, p, d, d_step, scale, n, low);
+  else grad_scores_scalar(ds, p, d, d_step, scale, n, low);
+}
+
+// The rows [lo, hi) of a query tile (query r at position first + r, `rows` of them) that
+// see key position j: causal (query >= j), and inside the sliding window when there is one
+// (query < j + window): visible_columns turned around, the same (query, key) pairs.
+struct VisibleRows {
+  std::int64_t lo, hi;
+};
+inline VisibleRows visible_rows(std::int64_t j, std::int64_t first, std::int64_t rows, std::int64_t window) {
+  const std::int64_t lo = std::clamp<std::int64_t>(j - first, 0, rows);
+  const std::int64_t hi = window == 0 ? rows : std::clamp<std::int64_t>(j + window - first, lo, rows);
+  return {lo, hi};
 }
 
 // The columns [lo, hi) of a key tile (key c at position first + c, `cols` of them) that
@@ -304,6 +326,44 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
             const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
             const T* q_tile = q + (i0 * Hq + h) * D;
             const T* do_tile = dout + (i0 * Hq + h) * Dv;
+            if constexpr (kLow) {
+              if (path != Bf16GemmPath::convert && rows <= kTransposedRows) {
+                // The block transposed: P^T = exp(scale K Q^T - lse) and dP^T = V dO^T, a
+                // key row at a time, so that dV += P^T dO and dK += dS^T Q read their A
+                // in place and only dQ += dS K transposes it. The tile products multiply
+                // the same pairs in the same order (the amx and native kernels' dot
+                // products are symmetric in their operands), and every element takes the
+                // same operations, so the bits are the row-major form's. (The convert
+                // path's sgemm may sum a transposed product in another order: not there.)
+                float lse_r[kTransposedRows], d_r[kTransposedRows];
+                for (std::int64_t r = 0; r < rows; ++r) {
+                  lse_r[r] = lse[(i0 + r) * Hq + h];
+                  d_r[r] = Di[(i0 + r) * Hq + h];
+                }
+                auto* pt_low = reinterpret_cast<bf16*>(P_low);
+                auto* dst_low = reinterpret_cast<bf16*>(dS_low);
+                tile_gemm(path, false, true, cols, rows, D, scale, k_tile, Hkv * D, q_tile, Hq * D, 0.0f, P, Bq);
+                tile_gemm(path, false, true, cols, rows, Dv, 1.0f, v_tile, Hkv * Dv, do_tile, Hq * Dv, 0.0f, dS, Bq);
+                for (std::int64_t c = 0; c < cols; ++c) {
+                  float* p = P + c * Bq;
+                  bf16* pl = pt_low + c * Bq;
+                  const auto [lo, hi] = visible_rows(ko + j0 + c, qo + i0, rows, W);
+                  std::fill_n(p, lo, 0.0f);
+                  std::fill(p + hi, p + rows, 0.0f);
+                  std::fill_n(pl, lo, bf16{});
+                  std::fill(pl + hi, pl + rows, bf16{});
+                  exp_shifts(p + lo, pl + lo, hi - lo, lse_r + lo);
+                  grad_scores(dS + c * Bq, p, d_r, 1, scale, rows, dst_low + c * Bq);
+                }
+                tile_gemm(path, false, false, cols, Dv, rows, 1.0f, pt_low, Bq, do_tile, Hq * Dv, 1.0f, dv_tile,
+                          Hkv * Dv);
+                tile_gemm(path, false, false, cols, D, rows, 1.0f, dst_low, Bq, q_tile, Hq * D, 1.0f, dk_tile,
+                          Hkv * D);
+                tile_gemm(path, true, false, rows, D, cols, 1.0f, dst_low, Bq, k_tile, Hkv * D, 1.0f,
+                          dq + (i0 * Hq + h) * D, Hq * D);
+                continue;
+              }
+            }
             // P = exp(scale Q K^T - lse) (0 where masked), dP = dO V^T.
             tile_gemm(path, false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
             tile_gemm(path, false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
@@ -321,10 +381,10 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
                 std::fill_n(pl, lo, bf16{});
                 std::fill(pl + hi, pl + cols, bf16{});
                 exp_shift(p + lo, pl + lo, hi - lo, lse_i);
-                grad_scores(ds, p, d_i, scale, cols, reinterpret_cast<bf16*>(dS_low) + r * Bk);
+                grad_scores(ds, p, &d_i, 0, scale, cols, reinterpret_cast<bf16*>(dS_low) + r * Bk);
               } else {
                 exp_shift(p + lo, hi - lo, lse_i);
-                grad_scores(ds, p, d_i, scale, cols, nullptr);
+                grad_scores(ds, p, &d_i, 0, scale, cols, nullptr);
               }
             }
             // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.

@@ -176,6 +176,38 @@ PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, bf16* low, const floa
   return j;
 }
 
+// exp_shifts' vector bodies: full blocks from 0, returning where they end (the caller
+// takes the tail one value at a time).
+PB_AVX512_BF16 std::int64_t shifts_avx512_bf16(float* x, bf16* low, std::int64_t n, const float* shift) {
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(shift + j)));
+    _mm512_storeu_ps(x + j, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16_native(e));
+  }
+  return j;
+}
+
+PB_AVX512 std::int64_t shifts_avx512(float* x, bf16* low, std::int64_t n, const float* shift) {
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(shift + j)));
+    _mm512_storeu_ps(x + j, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16(e));
+  }
+  return j;
+}
+
+PB_AVX2 std::int64_t shifts_avx2(float* x, bf16* low, std::int64_t n, const float* shift) {
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(shift + j)));
+    _mm256_storeu_ps(x + j, e);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low + j), simd::to_bf16x8(e));
+  }
+  return j;
+}
+
 // The largest of x[0, n): sixteen lanes of `x > m ? x : m` (maxps returns its second
 // operand when either is NaN, so NaNs are skipped), then the lanes in order.
 PB_AVX512 float row_max_avx512(const float* x, std::int64_t n) {
@@ -243,6 +275,19 @@ float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift) {
 }
 
 float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, nullptr, x, n, shift, true); }
+
+void exp_shifts(float* x, bf16* low, std::int64_t n, const float* shift) {
+  std::int64_t j = 0;
+  if (level() == SimdLevel::avx512) {
+    j = simd::cpu_has_avx512_bf16() ? shifts_avx512_bf16(x, low, n, shift) : shifts_avx512(x, low, n, shift);
+  } else if (level() == SimdLevel::avx2) {
+    j = shifts_avx2(x, low, n, shift);
+  }
+  for (; j < n; ++j) {
+    x[j] = exp_f32(x[j] - shift[j]);
+    low[j] = narrow<bf16>(x[j]);
+  }
+}
 
 float row_max(const float* x, std::int64_t n) {
   if (level() == SimdLevel::avx512) return row_max_avx512(x, n);

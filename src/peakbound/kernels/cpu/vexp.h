@@ -31,6 +31,10 @@ float exp_shift_sum(float* x, std::int64_t n, float shift);
 // of the unrounded values (exp_shift_sum's bits): flash attention's probabilities go
 // straight to the bf16 operand of O += P V.
 float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift);
+// x[j] = exp(x[j] - shift[j]) and low[j] = narrow<bf16>(the new x[j]) for j in [0, n): a
+// shift per element (the flash backward along a key row, each query's log-sum-exp), each
+// value exp_f32(x[j] - shift[j])'s bits.
+void exp_shifts(float* x, bf16* low, std::int64_t n, const float* shift);
 // The sum of exp(x[j] - shift) over [0, n), x unchanged.
 float sum_exp_shift(const float* x, std::int64_t n, float shift);
 // The largest x[j] over [0, n) (NaNs skipped, as `x[j] > m ? x[j] : m` skips them); -inf for n = 0.
