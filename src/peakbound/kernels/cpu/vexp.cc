@@ -57,11 +57,19 @@ PB_AVX2 float exp_one_fma(float t) { return exp_one(t); }
 
 inline float tree(const float* a) { return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])); }
 
+// What element j has subtracted before its exp: one value for every element (per null:
+// a row's maximum or log-sum-exp), or per[j] (exp_shifts: each query's log-sum-exp).
+struct Shift {
+  float one;
+  const float* per;
+  float at(std::int64_t j) const { return per ? per[j] : one; }
+};
+
 // Elements [from, n) one by one into the lanes (lane = j % 8), optionally stored.
-inline void tail(float* out, bf16* low, const float* x, std::int64_t from, std::int64_t n, float shift,
+inline void tail(float* out, bf16* low, const float* x, std::int64_t from, std::int64_t n, Shift shift,
                  float* lanes) {
   for (std::int64_t j = from; j < n; ++j) {
-    const float e = exp_f32(x[j] - shift);
+    const float e = exp_f32(x[j] - shift.at(j));
     if (out) out[j] = e;
     if (low) low[j] = narrow<bf16>(e);
     if (lanes) lanes[j % 8] += e;
@@ -85,23 +93,30 @@ PB_AVX2 inline __m256 exp8(__m256 t) {
   return _mm256_andnot_ps(_mm256_cmp_ps(t, lo, _CMP_LT_OQ), y);
 }
 
-// One block of 8 at x: exp(x - shift) into out and, rounded to bf16, low (each when set),
-// added into the lanes' running sums.
-PB_AVX2 inline __m256 block8(float* out, bf16* low, const float* x, __m256 shift, __m256 acc) {
-  const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x), shift));
-  if (out) _mm256_storeu_ps(out, e);
-  if (low) _mm_storeu_si128(reinterpret_cast<__m128i*>(low), simd::to_bf16x8(e));
+// The shifts of elements [j, j + 8) and [j, j + 16).
+PB_AVX2 inline __m256 shift8(Shift s, std::int64_t j) {
+  return s.per ? _mm256_loadu_ps(s.per + j) : _mm256_set1_ps(s.one);
+}
+PB_AVX512 inline __m512 shift16(Shift s, std::int64_t j) {
+  return s.per ? _mm512_loadu_ps(s.per + j) : _mm512_set1_ps(s.one);
+}
+
+// One block of 8 at element j: exp(x - shift) into out and, rounded to bf16, low (each
+// when set), added into the lanes' running sums.
+PB_AVX2 inline __m256 block8(float* out, bf16* low, const float* x, Shift shift, std::int64_t j, __m256 acc) {
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), shift8(shift, j)));
+  if (out) _mm256_storeu_ps(out + j, e);
+  if (low) _mm_storeu_si128(reinterpret_cast<__m128i*>(low + j), simd::to_bf16x8(e));
   return _mm256_add_ps(acc, e);
 }
 
 // Full blocks of 8 from 0 (block8 each); the lanes' sums into `lanes` when set; returns
 // where the blocks end.
-PB_AVX2 std::int64_t blocks_avx2(float* out, bf16* low, const float* x, std::int64_t n, float shift,
+PB_AVX2 std::int64_t blocks_avx2(float* out, bf16* low, const float* x, std::int64_t n, Shift shift,
                                  float* lanes) {
-  const __m256 s = _mm256_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8) acc = block8(out ? out + j : nullptr, low ? low + j : nullptr, x + j, s, acc);
+  for (; j + 8 <= n; j += 8) acc = block8(out, low, x, shift, j, acc);
   if (lanes) _mm256_storeu_ps(lanes, acc);
   return j;
 }
@@ -131,20 +146,19 @@ PB_AVX512 inline __m512 exp16(__m512 t) {
 // blocks_avx2 sixteen at a time: each half adds into the 8 lanes in element order (the
 // low half first), so the lanes hold blocks_avx2's sums; a last block of 8 goes through
 // exp8. Returns where the blocks end.
-PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std::int64_t n, float shift,
+PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std::int64_t n, Shift shift,
                                    float* lanes) {
-  const __m512 s = _mm512_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), s));
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
     if (out) _mm512_storeu_ps(out + j, e);
     if (low) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16(e));
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
   }
   if (j + 8 <= n) {
-    acc = block8(out ? out + j : nullptr, low ? low + j : nullptr, x + j, _mm256_set1_ps(shift), acc);
+    acc = block8(out, low, x, shift, j, acc);
     j += 8;
   }
   if (lanes) _mm256_storeu_ps(lanes, acc);
@@ -156,55 +170,22 @@ PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std:
 // kernel's probabilities took. A copy rather than one template over both: the copy's
 // target lets the compiler use AVX512-BF16 and DQ anywhere in it, which a CPU with
 // AVX-512 alone must never run.
-PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, bf16* low, const float* x, std::int64_t n, float shift,
+PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, bf16* low, const float* x, std::int64_t n, Shift shift,
                                              float* lanes) {
-  const __m512 s = _mm512_set1_ps(shift);
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), s));
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
     if (out) _mm512_storeu_ps(out + j, e);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16_native(e));
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
   }
   if (j + 8 <= n) {
-    acc = block8(out ? out + j : nullptr, low + j, x + j, _mm256_set1_ps(shift), acc);
+    acc = block8(out, low, x, shift, j, acc);
     j += 8;
   }
   if (lanes) _mm256_storeu_ps(lanes, acc);
-  return j;
-}
-
-// exp_shifts' vector bodies: full blocks from 0, returning where they end (the caller
-// takes the tail one value at a time).
-PB_AVX512_BF16 std::int64_t shifts_avx512_bf16(float* x, bf16* low, std::int64_t n, const float* shift) {
-  std::int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(shift + j)));
-    _mm512_storeu_ps(x + j, e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16_native(e));
-  }
-  return j;
-}
-
-PB_AVX512 std::int64_t shifts_avx512(float* x, bf16* low, std::int64_t n, const float* shift) {
-  std::int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), _mm512_loadu_ps(shift + j)));
-    _mm512_storeu_ps(x + j, e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16(e));
-  }
-  return j;
-}
-
-PB_AVX2 std::int64_t shifts_avx2(float* x, bf16* low, std::int64_t n, const float* shift) {
-  std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(shift + j)));
-    _mm256_storeu_ps(x + j, e);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(low + j), simd::to_bf16x8(e));
-  }
   return j;
 }
 
@@ -241,8 +222,8 @@ SimdLevel level() {
   return l;
 }
 
-// The one loop behind the three entry points.
-float run(float* out, bf16* low, const float* x, std::int64_t n, float shift, bool want_sum) {
+// The one loop behind the entry points.
+float run(float* out, bf16* low, const float* x, std::int64_t n, Shift shift, bool want_sum) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t j = 0;
   if (level() == SimdLevel::avx512 && low != nullptr && simd::cpu_has_avx512_bf16()) {
@@ -264,30 +245,21 @@ float run(float* out, bf16* low, const float* x, std::int64_t n, float shift, bo
 
 float exp_f32(float t) { return level() != SimdLevel::scalar ? exp_one_fma(t) : exp_one(t); }
 
-void exp_shift(float* x, std::int64_t n, float shift) { run(x, nullptr, x, n, shift, false); }
+void exp_shift(float* x, std::int64_t n, float shift) { run(x, nullptr, x, n, {shift, nullptr}, false); }
 
-void exp_shift(float* x, bf16* low, std::int64_t n, float shift) { run(x, low, x, n, shift, false); }
+void exp_shift(float* x, bf16* low, std::int64_t n, float shift) { run(x, low, x, n, {shift, nullptr}, false); }
 
-float exp_shift_sum(float* x, std::int64_t n, float shift) { return run(x, nullptr, x, n, shift, true); }
+float exp_shift_sum(float* x, std::int64_t n, float shift) { return run(x, nullptr, x, n, {shift, nullptr}, true); }
 
 float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift) {
-  return run(nullptr, low, x, n, shift, true);
+  return run(nullptr, low, x, n, {shift, nullptr}, true);
 }
 
-float sum_exp_shift(const float* x, std::int64_t n, float shift) { return run(nullptr, nullptr, x, n, shift, true); }
-
-void exp_shifts(float* x, bf16* low, std::int64_t n, const float* shift) {
-  std::int64_t j = 0;
-  if (level() == SimdLevel::avx512) {
-    j = simd::cpu_has_avx512_bf16() ? shifts_avx512_bf16(x, low, n, shift) : shifts_avx512(x, low, n, shift);
-  } else if (level() == SimdLevel::avx2) {
-    j = shifts_avx2(x, low, n, shift);
-  }
-  for (; j < n; ++j) {
-    x[j] = exp_f32(x[j] - shift[j]);
-    low[j] = narrow<bf16>(x[j]);
-  }
+float sum_exp_shift(const float* x, std::int64_t n, float shift) {
+  return run(nullptr, nullptr, x, n, {shift, nullptr}, true);
 }
+
+void exp_shifts(float* x, bf16* low, std::int64_t n, const float* shift) { run(x, low, x, n, {0.0f, shift}, false); }
 
 float row_max(const float* x, std::int64_t n) {
   if (level() == SimdLevel::avx512) return row_max_avx512(x, n);
