@@ -409,44 +409,37 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   Footprint plan = plan_of(s.shape, s.planned);
   s.budget = f.device_memory == "auto" ? auto_device_budget(static_cast<std::uint64_t>(s.planned[kNumComponents]))
                                        : parse_bytes(f.device_memory, "--device-memory");
-  // The attention kept by the budget (--keep-attention not given): while the plan fits
-  // with it; where it does not, the backward recomputes each layer's attention and the
-  // plan is made again (before the ring below, which is dropped only if that still does
-  // not fit). Every rank decides on the same all-reduced figures.
-  std::string keep_note;
-  if (f.keep_attention < 0 && s.shape.schedules.keep_attention &&
-      static_cast<std::uint64_t>(s.planned[kNumComponents]) > s.budget) {
-    RunShape recompute = s.shape;
-    recompute.schedules.keep_attention = false;
-    std::vector<std::int64_t> planned_recompute;
-    Footprint plan_recompute = plan_of(recompute, planned_recompute);
-    keep_note = format("the backward recomputes each layer's attention (--keep-attention by the budget): keeping "
-                       "it the plan needs %s\n",
-                       format_bytes(double(s.planned[kNumComponents])).c_str());
-    s.shape = std::move(recompute);
-    s.planned = std::move(planned_recompute);
-    plan = std::move(plan_recompute);
-  }
-  // SCO's ring by the budget (--prefetch-depth -1): two slots, each
-  // copy hidden behind a block's compute, while the plan fits with them; one slot (the
-  // blocks in place in it, every copy waited for) when it does not. Every rank decides on
-  // the same all-reduced figures.
-  std::string ring_note;
+  // The choices the budget makes, each dropped in turn while the plan does not fit it: the
+  // plan is made again without it, and a line says what keeping it needed. Every rank
+  // decides on the same all-reduced figures.
+  const auto over_budget_now = [&] { return static_cast<std::uint64_t>(s.planned[kNumComponents]) > s.budget; };
+  std::string fallback_notes;
+  const auto fall_back = [&](auto change, const std::string& note) {
+    RunShape next = s.shape;
+    change(next.schedules);
+    std::vector<std::int64_t> planned_next;
+    Footprint plan_next = plan_of(next, planned_next);
+    fallback_notes += note + format_bytes(double(s.planned[kNumComponents])) + "\n";
+    s.shape = std::move(next);
+    s.planned = std::move(planned_next);
+    plan = std::move(plan_next);
+  };
+  // The attention kept (--keep-attention not given): while the plan fits with it; where
+  // it does not, the backward recomputes each layer's attention (before the ring below,
+  // which is cut only if that still does not fit).
+  if (f.keep_attention < 0 && s.shape.schedules.keep_attention && over_budget_now())
+    fall_back([](ModelSchedules& m) { m.keep_attention = false; },
+              "the backward recomputes each layer's attention (--keep-attention by the budget): keeping it the plan "
+              "needs ");
+  // SCO's ring (--prefetch-depth -1): two slots, each copy hidden behind a block's
+  // compute, while the plan fits with them; one slot (the blocks in place in it, every
+  // copy waited for) when it does not.
   if (f.prefetch_depth < 0 && s.shape.schedules.checkpoint.schedule == CheckpointSchedule::sco &&
-      s.shape.schedules.checkpoint.prefetch_depth > 0 &&
-      static_cast<std::uint64_t>(s.planned[kNumComponents]) > s.budget) {
-    RunShape one = s.shape;
-    one.schedules.checkpoint.prefetch_depth = 0;
-    std::vector<std::int64_t> planned_one;
-    Footprint plan_one = plan_of(one, planned_one);
-    ring_note = format("SCO's ring holds one boundary (prefetch depth 0, its copies waited for; the slot and the "
-                       "final hidden on the host across the loss, the attention output on it between its readers "
-                       "where the queries go in pieces): with two the plan needs %s\n",
-                       format_bytes(double(s.planned[kNumComponents])).c_str());
-    s.shape = std::move(one);
-    s.planned = std::move(planned_one);
-    plan = std::move(plan_one);
-  }
+      s.shape.schedules.checkpoint.prefetch_depth > 0 && over_budget_now())
+    fall_back([](ModelSchedules& m) { m.checkpoint.prefetch_depth = 0; },
+              "SCO's ring holds one boundary (prefetch depth 0, its copies waited for; the slot and the final hidden "
+              "on the host across the loss, the attention output on it between its readers where the queries go in "
+              "pieces): with two the plan needs ");
   const std::uint64_t planned_total = static_cast<std::uint64_t>(s.planned[kNumComponents]);
   std::string text = format(
       "peakbound train: %s (%s), %lld parameters, %d ranks (cp %lld, ep %lld, vocab group %lld), schedules %s, "
@@ -463,7 +456,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
       row += std::string(row.empty() ? "  " : ", ") + std::string(component_name(kAllComponents[i])) + " " +
              format_bytes(double(s.planned[i]));
   text += row + (c.num_experts > 0 ? " (dispatch: for the routing --plan-skew names, by default the worst)" : "") + "\n";
-  text += keep_note + ring_note;
+  text += fallback_notes;
   if (c.num_mtp_layers > 0)
     text += format("note: the model's %lld multi-token-prediction layer(s) (model.layers.%lld and on in its checkpoint) "
                    "are not trained: transformers does not load them either\n",
