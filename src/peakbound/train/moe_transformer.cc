@@ -632,7 +632,14 @@ void MoeTransformer::load_hf_bf16(const std::string& dir) {
     upload_bf16(dev_, st.params_raw(), master);
     st.set_pending_master(std::move(master));
   }
-  // Every unit's tensors in one pass; this rank keeps the part inside its slice of each.
+  std::vector<float> master = hf_fsdp_shard(dir);
+  upload_bf16(dev_, fsdp_->params_shard_raw(), master);
+  fsdp_->set_pending_master(std::move(master));
+}
+
+// Every unit's tensors in one pass, on the host; this rank keeps the part inside its slice
+// of each, at the unit's shard offset (the params shard's layout, padding zero).
+std::vector<float> MoeTransformer::hf_fsdp_shard(const std::string& dir) const {
   std::vector<ShardSelector> units;
   for (std::size_t u = 0; u < fsdp_->size(); ++u) units.push_back(fsdp_->unit_selector(table_, u));
   const ShardSelector any = [&units](const TensorEntry& e) -> std::optional<RowRange> {
@@ -649,8 +656,7 @@ void MoeTransformer::load_hf_bf16(const std::string& dir) {
     const u64 b = std::max(lo, w->offset), e = std::min(hi, w->offset + n);
     for (u64 i = b; i < e; ++i) master[fsdp_->shard_offset(u) + i - lo] = x[i - w->offset];
   });
-  upload_bf16(dev_, fsdp_->params_shard_raw(), master);
-  fsdp_->set_pending_master(std::move(master));
+  return master;
 }
 
 void MoeTransformer::load_hf(const std::string& dir) {
@@ -671,16 +677,12 @@ void MoeTransformer::load_hf(const std::string& dir) {
   }
   if (schedules_.precision == Precision::bf16) return load_hf_bf16(dir);
   for (ParameterStore* s : stores()) load_hf_weights(dir, *s);
-  // One unit at a time, whole, through a store of the unit's layout; this rank keeps its slice.
-  const u64 r = static_cast<u64>(groups_.world->rank());
-  for (std::size_t u = 0; u < fsdp_->size(); ++u) {
-    ParameterStore unit(dev_, table_, fsdp_->unit_selector(table_, u), fsdp_layout_options(groups_.world->size()));
-    load_hf_weights(dir, unit);
-    const u64 len = fsdp_->shard_len(u);
-    dev_.memcpy_async(fsdp_->params_shard() + fsdp_->shard_offset(u), unit.params_data() + r * len,
-                      len * sizeof(float), CopyKind::device_to_device, dev_.compute_stream());
-    dev_.synchronize();
-  }
+  // The units' slices through the host, as under bf16: no unit is ever whole on the device
+  // (a whole unit's store was a transient the footprint did not hold).
+  const std::vector<float> shard = hf_fsdp_shard(dir);
+  dev_.memcpy_async(fsdp_->params_shard(), shard.data(), shard.size() * sizeof(float), CopyKind::host_to_device,
+                    dev_.copy_stream());
+  dev_.synchronize(dev_.copy_stream());
 }
 
 std::vector<std::pair<std::string, float*>> MoeTransformer::router_buffers() {

@@ -330,6 +330,8 @@ class MoeTransformer {
   BatchSums forward_as(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences, std::int64_t S);
   void init_bf16(std::uint64_t seed);
   void load_hf_bf16(const std::string& dir);
+  // This rank's FSDP shard of a Hugging Face checkpoint, on the host (both precisions' loads).
+  std::vector<float> hf_fsdp_shard(const std::string& dir) const;
   bool same_sequences(const std::int32_t* ids, const std::int32_t* targets, std::int64_t sequences,
                       std::int64_t S) const;
   void finish_aux(Pass& p, float aux_scale, bool want_grad);
