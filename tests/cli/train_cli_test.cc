@@ -99,12 +99,16 @@ void expect_planned_is_measured(const nlohmann::json& run) {
 }
 
 // The last JSON lines of `base` and of `base FLAGS` (each must exit 0; nulls if not).
-std::pair<nlohmann::json, nlohmann::json> run_both(const std::string& base, const std::string& flags) {
-  const CliRun a = run_cli(base, 300), b = run_cli(base + " " + flags, 300);
+std::pair<nlohmann::json, nlohmann::json> run_two(const std::string& first, const std::string& second) {
+  const CliRun a = run_cli(first, 300), b = run_cli(second, 300);
   EXPECT_EQ(a.code, 0) << a.err << a.out;
   EXPECT_EQ(b.code, 0) << b.err << b.out;
   if (a.code != 0 || b.code != 0) return {};
   return {last_json_line(a.out), last_json_line(b.out)};
+}
+
+std::pair<nlohmann::json, nlohmann::json> run_both(const std::string& base, const std::string& flags) {
+  return run_two(base, base + " " + flags);
 }
 
 // `plan --trainer-defaults FLAGS` for the tiny-moe run of 32 tokens on one rank plans the
@@ -136,35 +140,49 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
   expect_plan_is_the_runs("--keep-attention", b);
 }
 
+// A choice the budget makes where its flag is not given (`key`: the run JSON's and the plan's
+// knob): `base` with room takes it (the plan of `with`, the choice forced), and at a budget
+// of `without`'s plan (the choice refused) it does not: that plan made again, planned ==
+// measured, `line` printed, the same `loss` (a JSON key) as with room; `plan
+// --trainer-defaults PLAN_FLAGS` at one rank and 512 tokens plans the same at both budgets.
+void expect_the_budgets_choice(const std::string& base, const nlohmann::json& with, const nlohmann::json& without,
+                               const std::string& key, const std::string& line, const std::string& loss,
+                               const std::string& plan_flags) {
+  const auto planned = [](const nlohmann::json& j) { return j["peaks"]["total"]["planned_bytes"].get<std::int64_t>(); };
+  ASSERT_GT(planned(with), planned(without));
+  const std::string tight = " --device-memory " + std::to_string(planned(without));
+  const CliRun roomy = run_cli(base, 300), short_of_it = run_cli(base + tight, 300);
+  ASSERT_EQ(roomy.code, 0) << roomy.err << roomy.out;
+  ASSERT_EQ(short_of_it.code, 0) << short_of_it.err << short_of_it.out;
+  const nlohmann::json r = last_json_line(roomy.out), t = last_json_line(short_of_it.out);
+  EXPECT_EQ(r[key], with[key]);
+  EXPECT_EQ(planned(r), planned(with));
+  EXPECT_EQ(t[key], without[key]);
+  EXPECT_EQ(planned(t), planned(without));
+  expect_planned_is_measured(t);
+  EXPECT_NE(short_of_it.out.find(line), std::string::npos) << short_of_it.out;
+  EXPECT_EQ(r[loss].dump(), t[loss].dump());
+  for (const auto& [budget, want] : {std::pair{std::string(), with}, std::pair{tight, without}}) {
+    const CliRun p =
+        run_cli("plan --model tiny-moe --devices 1 --context 512 --trainer-defaults --json " + plan_flags + budget);
+    ASSERT_EQ(p.code, 0) << p.err << p.out;
+    const nlohmann::json j = nlohmann::json::parse(p.out);
+    EXPECT_EQ(j["peak_bytes"]["scheduled"], planned(want)) << budget;
+    EXPECT_EQ(j["knobs"][key], want[key]) << budget;
+  }
+}
+
 // --keep-attention not given is the budget's choice: kept where the plan fits with it (the
 // same plan as --keep-attention), recomputed where only the plan without it fits (the plan
 // made again, and a line says why), and `plan --trainer-defaults` chooses the same at the
 // same budget. At 512 tokens the kept attention raises the step's peak.
 TEST(CliTrain, KeepAttentionByTheBudget) {
-  const std::string base = "train --steps 1 --seq-len 512 --eval-every 0 --json";
+  // The embedding fixed (its own choice by the budget comes first: EmbeddingByTheBudget).
+  const std::string base = "train --steps 1 --seq-len 512 --eval-every 0 --embedding fsdp --json";
   const auto [plain, kept] = run_both(base + " --keep-attention=false", "--keep-attention");
   ASSERT_FALSE(plain.is_null());
-  const auto planned = [](const nlohmann::json& j) { return j["peaks"]["total"]["planned_bytes"].get<std::int64_t>(); };
-  ASSERT_GT(planned(kept), planned(plain));
-  const std::string tight = " --device-memory " + std::to_string(planned(plain));
-  const CliRun roomy = run_cli(base, 300), short_of_it = run_cli(base + tight, 300);
-  ASSERT_EQ(roomy.code, 0) << roomy.err << roomy.out;
-  ASSERT_EQ(short_of_it.code, 0) << short_of_it.err << short_of_it.out;
-  const nlohmann::json r = last_json_line(roomy.out), t = last_json_line(short_of_it.out);
-  EXPECT_EQ(r["keep_attention"], true);
-  EXPECT_EQ(planned(r), planned(kept));
-  EXPECT_EQ(t["keep_attention"], false);
-  EXPECT_EQ(planned(t), planned(plain));
-  expect_planned_is_measured(t);
-  EXPECT_NE(short_of_it.out.find("recomputes each layer's attention"), std::string::npos) << short_of_it.out;
-  EXPECT_EQ(r["final_loss"].dump(), t["final_loss"].dump());
-  for (const auto& [budget, want] : {std::pair{std::string(), kept}, std::pair{tight, plain}}) {
-    const CliRun p = run_cli("plan --model tiny-moe --devices 1 --context 512 --trainer-defaults --json" + budget);
-    ASSERT_EQ(p.code, 0) << p.err << p.out;
-    const nlohmann::json j = nlohmann::json::parse(p.out);
-    EXPECT_EQ(j["peak_bytes"]["scheduled"], planned(want)) << budget;
-    EXPECT_EQ(j["knobs"]["keep_attention"], want["keep_attention"]) << budget;
-  }
+  expect_the_budgets_choice(base, kept, plain, "keep_attention", "recomputes each layer's attention", "final_loss",
+                            "--embedding fsdp");
   // A group's recomputation runs its attention: no keeping by the budget there.
   const CliRun grouped = run_cli(base + " --checkpoint-group 2", 300);
   ASSERT_EQ(grouped.code, 0) << grouped.err << grouped.out;
@@ -193,7 +211,8 @@ TEST(CliTrain, CheckpointGroupsSameLossesAndTheirPlanMeasured) {
 // later steps differ by the order of the embedding gradient's sums), planned == measured,
 // and `plan --embedding vocab` plans the run's peak. A bad value is one line.
 TEST(CliTrain, VocabEmbeddingSameFirstLossAndItsPlanMeasured) {
-  const auto [a, b] = run_both("train --steps 2 --seq-len 32 --eval-every 0 --json", "--embedding vocab");
+  const std::string base = "train --steps 2 --seq-len 32 --eval-every 0 --json --embedding ";
+  const auto [a, b] = run_two(base + "fsdp", base + "vocab");
   ASSERT_FALSE(a.is_null());
   EXPECT_EQ(a["embedding"], "fsdp");
   EXPECT_EQ(b["embedding"], "vocab");
@@ -203,6 +222,23 @@ TEST(CliTrain, VocabEmbeddingSameFirstLossAndItsPlanMeasured) {
   expect_plan_is_the_runs("--embedding vocab", b);
   expect_one_line_error(run_cli("train --embedding rows"), "--embedding");
   expect_one_line_error(run_cli("plan --embedding rows"), "embedding");
+}
+
+// --embedding not given (auto) is the budget's choice: the vocabulary-parallel one where the
+// plan fits with it (the plan of --embedding vocab), the FSDP unit where only the plan
+// without it fits (the plan made again, a line says why; the same first loss: the same
+// rows), and `plan --trainer-defaults` chooses the same at the same budget. At 512 tokens
+// on one rank the sharded rows and their exchange buffers raise the step's peak; the
+// baseline (--schedules none) keeps FSDP's embedding.
+TEST(CliTrain, EmbeddingByTheBudget) {
+  const std::string base = "train --steps 1 --seq-len 512 --eval-every 0 --keep-attention=false --json";
+  const auto [fsdp, v] = run_two(base + " --embedding fsdp", base + " --embedding vocab");
+  ASSERT_FALSE(fsdp.is_null());
+  expect_the_budgets_choice(base, v, fsdp, "embedding", "the embedding is an FSDP unit (--embedding auto)",
+                            "first_loss", "--keep-attention=false");
+  const CliRun baseline = run_cli("train --steps 1 --seq-len 32 --eval-every 0 --schedules none --json", 300);
+  ASSERT_EQ(baseline.code, 0) << baseline.err << baseline.out;
+  EXPECT_EQ(last_json_line(baseline.out)["embedding"], "fsdp");
 }
 
 TEST(CliTrain, PrecisionErrorsAreOneLineNamingTheFlag) {

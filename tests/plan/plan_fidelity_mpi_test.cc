@@ -6,7 +6,7 @@
 //
 //   plan --devices W --ep EP --cp CP --vocab-group W --context S --sequences 2
 //        --param-dtype f32 --comm-reserve 0 --workspace-reserve 0 --host-memory 0
-//        --schedules X [--dispatch-cap 128] --skew <the run's routing skew>
+//        --schedules X --embedding fsdp [--dispatch-cap 128] --skew <the run's routing skew>
 //
 // against one real Trainer::step (the Arena's measured peaks, the largest over ranks):
 //  - at the run's skew (DispatchStats::imbalance, the busiest expert rank's load over
@@ -130,6 +130,7 @@ PlanInputs plan_inputs(const ModelConfig& config, int world, const Case& k, doub
   in.comm_reserve = in.workspace_reserve = 0;
   in.host_memory = 0;
   in.schedules = k.set;
+  in.embedding = "fsdp";    // --embedding fsdp: run_step's model has the FSDP embedding
   in.dispatch_cap = k.cap;  // --dispatch-cap
   in.skew = skew;
   in.device_memory = std::uint64_t{80} << 30;

@@ -156,36 +156,47 @@ TEST(Plan, CheckpointGroupsWhereTheHostBinds) {
   EXPECT_THROW(make_plan(in, false), InvalidArgument);
 }
 
-// The embedding by the footprint (embedding "auto"): the smaller scheduled peak of the two
-// forms, each as given explicitly; where the vocabulary is large beside everything else the
-// FSDP embedding's whole gather and gradient bind and the vocabulary-parallel one is taken.
-TEST(Plan, TheEmbeddingIsTheSmallerOfTheTwo) {
-  for (const std::int64_t vocab : {std::int64_t{16384}, std::int64_t{1} << 20}) {
+// The embedding by the budget (embedding "auto", train's default): the vocabulary-parallel
+// one wherever the plan fits with it, the FSDP unit where only that fits, the smaller peak
+// where neither does; each plan as the form given explicitly. On one device the sharded
+// rows (the whole table there) and their exchange buffers raise the peak; at 4 devices with
+// a vocabulary of 2^20 the FSDP embedding's whole gather and gradient bind and the sharded
+// one is smaller. The reach is the larger of the two forms' reaches.
+TEST(Plan, TheEmbeddingIsTheVocabularyParallelOneWhereItFits) {
+  for (const auto [vocab, devices] : {std::pair{std::int64_t{16384}, 1}, std::pair{std::int64_t{1} << 20, 4}}) {
+    SCOPED_TRACE(vocab);
     PlanInputs in;
     in.model = preset_config("tiny-moe");
     in.model.vocab_size = vocab;
     in.context = 256;
-    in.devices = 4;
-    in.ep = 4;
-    in.vocab_group = 4;
+    in.devices = devices;
+    in.ep = devices;
+    in.vocab_group = devices;
     in.device_memory = 1ull << 40;
     in.host_memory = 0;
     in.schedules = ScheduleSet::all();
     PlanInputs f = in, v = in;
     f.embedding = "fsdp";
     v.embedding = "vocab";
-    const Plan pf = make_plan(f, false), pv = make_plan(v, false), pa = make_plan(in, false);
+    const Plan pf = make_plan(f, true), pv = make_plan(v, true), pa = make_plan(in, true);
     ASSERT_TRUE(pa.embedding_peaks.has_value());
     EXPECT_EQ(pa.embedding_peaks->first, pf.scheduled.peak);
     EXPECT_EQ(pa.embedding_peaks->second, pv.scheduled.peak);
-    const bool vocab_smaller = pv.scheduled.peak < pf.scheduled.peak;
-    EXPECT_EQ(pa.inputs.embedding, vocab_smaller ? "vocab" : "fsdp") << vocab;
-    EXPECT_EQ(pa.scheduled.peak, std::min(pf.scheduled.peak, pv.scheduled.peak));
+    EXPECT_EQ(pa.inputs.embedding, "vocab");  // both fit
+    EXPECT_EQ(pa.scheduled.peak, pv.scheduled.peak);
     EXPECT_EQ(pa.baseline.peak, pf.baseline.peak);  // the baseline's embedding is FSDP's
-    EXPECT_EQ(plan_json(pa)["knobs"]["embedding"], pa.inputs.embedding);
-    if (vocab == (std::int64_t{1} << 20)) {
-      EXPECT_TRUE(vocab_smaller) << pf.scheduled.peak << " vs " << pv.scheduled.peak;
-      EXPECT_NE(plan_table(pa).find("--embedding vocab"), std::string::npos) << plan_table(pa);
+    EXPECT_EQ(plan_json(pa)["knobs"]["embedding"], "vocab");
+    EXPECT_NE(plan_table(pa).find("--embedding vocab"), std::string::npos) << plan_table(pa);
+    ASSERT_TRUE(pa.reach && pf.reach && pv.reach);
+    EXPECT_EQ(pa.reach->scheduled, std::max(pf.reach->scheduled, pv.reach->scheduled));
+    const bool vocab_smaller = pv.scheduled.peak < pf.scheduled.peak;
+    EXPECT_EQ(vocab_smaller, vocab == (std::int64_t{1} << 20)) << pf.scheduled.peak << " vs " << pv.scheduled.peak;
+    // A budget only the smaller fits: that one; one neither fits: the smaller.
+    for (const std::uint64_t budget : {std::min(pf.scheduled.peak, pv.scheduled.peak), std::uint64_t{1} << 20}) {
+      PlanInputs t = in;
+      t.device_memory = budget;
+      const Plan pt = make_plan(t, false);
+      EXPECT_EQ(pt.inputs.embedding, vocab_smaller ? "vocab" : "fsdp") << budget;
     }
   }
   PlanInputs bad = preset_inputs("qwen3-30b-a3b", 4096);

@@ -177,7 +177,8 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
            -1, ModelConfig::kMaxLayers);
   a->add_option("--embedding", f->embedding,
                 "The scheduled side's embedding (train's --embedding): fsdp, vocab (sharded over the vocabulary "
-                "group), or auto: whichever gives the smaller peak")
+                "group), or auto (train's default): vocab where the plan fits with it, else fsdp (the smaller peak where "
+                "neither fits; the reach takes the better at each context)")
       ->capture_default_str();
   a->add_option("--context-attention", f->context_attention,
                 "The scheduled side's attention under --cp > 1 (train's --context-attention): ring, ulysses (the "

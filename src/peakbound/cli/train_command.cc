@@ -124,9 +124,10 @@ void add_train_flags(CLI::App* app, TrainFlags& ff) {
             "DeepSeek-V3's sequence-wise balance loss: its alpha (sigmoid routers; the report's 0.0001; 0 = off)", 0.0,
             1.0);
   text_flag(app, "--embedding", f->run.embedding,
-            "The embedding: fsdp (an FSDP unit, gathered whole for its forward, its whole gradient in the backward) "
-            "or vocab (its rows sharded over the vocabulary group; each token's row fetched from its owner in rounds "
-            "of 1024 tokens; CPU device; `peakbound plan` says which is smaller)")
+            "The embedding: fsdp (an FSDP unit, gathered whole for its forward, its whole gradient in the backward), "
+            "vocab (its rows sharded over the vocabulary group; each token's row fetched from its owner in rounds "
+            "of 1024 tokens; CPU device) or auto (vocab on the CPU device under the schedules while the plan fits "
+            "--device-memory with it, else fsdp)")
       ->capture_default_str();
   text_flag(app, "--context-attention", f->run.context_attention,
             "Attention under context parallelism (--cp > 1): ring (K/V travel round the group in pieces) or ulysses "

@@ -253,8 +253,9 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
   in.validate();
   Plan p;
   p.params = count_params(in.model);
-  // The embedding by the footprint: the vocabulary-parallel one where it gives the trainer's
-  // footprint the smaller peak at this context (or fits where FSDP's does not).
+  // The embedding by the budget (train's --embedding auto): the vocabulary-parallel one
+  // wherever the plan fits with it (a row per token to move, not the whole table twice a
+  // step); where neither fits, the smaller peak.
   if (in.embedding == "auto") {
     PlanInputs f = in, v = in;
     f.embedding = "fsdp";
@@ -264,7 +265,7 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
     if (ef.trainer_footprint && in.schedules.any()) {
       const PeakEstimate ev = estimate_with_policy(v, p.params, in.schedules);
       p.embedding_peaks = {ef.peak, ev.peak};
-      if (fits_memory(in, ev) && (!fits_memory(in, ef) || ev.peak < ef.peak)) in.embedding = "vocab";
+      if (fits_memory(in, ev) || (!fits_memory(in, ef) && ev.peak < ef.peak)) in.embedding = "vocab";
     }
   }
   // Under cp > 1 the attention by the footprint: Ulysses where the trainer's footprint with
@@ -301,11 +302,21 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
     Reach r;
     r.baseline = context_reach(in, p.params, ScheduleSet::none());
     r.scheduled = context_reach(in, p.params, in.schedules);
-    if (ulysses_auto) {  // the attention chosen at each context: the larger of the two reaches
+    // The attention and the embedding chosen at each context: the largest of the reaches.
+    std::vector<PlanInputs> ways{in};
+    if (ulysses_auto) {
       PlanInputs other = in;
       other.context_attention = in.context_attention == "ulysses" ? "ring" : "ulysses";
-      r.scheduled = std::max(r.scheduled, context_reach(other, p.params, in.schedules));
+      ways.push_back(other);
     }
+    if (p.embedding_peaks)  // auto, where the trainer's footprint plans both
+      for (std::size_t i = 0, n = ways.size(); i < n; ++i) {
+        PlanInputs other = ways[i];
+        other.embedding = in.embedding == "vocab" ? "fsdp" : "vocab";
+        ways.push_back(other);
+      }
+    for (std::size_t i = 1; i < ways.size(); ++i)
+      r.scheduled = std::max(r.scheduled, context_reach(ways[i], p.params, in.schedules));
     if (r.baseline > 0) r.ratio = static_cast<double>(r.scheduled) / static_cast<double>(r.baseline);
     p.reach = r;
   }

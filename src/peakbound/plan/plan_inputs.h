@@ -73,9 +73,10 @@ struct PlanInputs {
   // fewest layers a group with which it fits. The baseline keeps a boundary per layer.
   std::int64_t checkpoint_group = -1;
   // The scheduled plan's embedding (train's --embedding): "fsdp", "vocab" (sharded over the
-  // vocabulary group), or "auto": whichever gives the trainer's footprint the smaller peak at
-  // the plan's context (make_plan; the estimate's rules, without the trainer's footprint,
-  // take fsdp). The baseline's is fsdp.
+  // vocabulary group), or "auto" (train's default): vocab where the trainer's footprint fits
+  // the device with it at the plan's context, else fsdp, the smaller peak where neither fits
+  // (make_plan; its reach takes the better at each context; the estimate's rules, without
+  // the trainer's footprint, take fsdp). The baseline's is fsdp.
   std::string embedding = "auto";
   // The scheduled plan's attention under cp > 1 (train's --context-attention): "ring",
   // "ulysses" (the heads split over the cp group; ModelConfig::ulysses_attention), or

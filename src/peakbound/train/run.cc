@@ -179,9 +179,12 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
   s.schedules.checkpoint.group_layers = f.checkpoint_group;
-  if (f.embedding != "fsdp" && f.embedding != "vocab")
-    throw InvalidArgument(spell("embedding") + " must be fsdp or vocab, got '" + f.embedding + "'");
-  s.schedules.vocab_parallel_embedding = f.embedding == "vocab";
+  if (f.embedding != "auto" && f.embedding != "fsdp" && f.embedding != "vocab")
+    throw InvalidArgument(spell("embedding") + " must be auto, fsdp or vocab, got '" + f.embedding + "'");
+  // auto: the vocabulary-parallel one where it can run (Run drops it when the plan does
+  // not fit with it).
+  s.schedules.vocab_parallel_embedding =
+      f.embedding == "vocab" || (f.embedding == "auto" && f.device == "cpu" && f.schedules.any());
   if (f.checkpoint_group > s.config.num_layers)
     throw InvalidArgument(spell("checkpoint_group") + " must be at most the model's " +
                           std::to_string(s.config.num_layers) + " layers, got " + std::to_string(f.checkpoint_group));
@@ -424,6 +427,10 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
     s.planned = std::move(planned_next);
     plan = std::move(plan_next);
   };
+  // The vocabulary-parallel embedding (--embedding auto): while the plan fits with it.
+  if (f.embedding == "auto" && s.shape.schedules.vocab_parallel_embedding && over_budget_now())
+    fall_back([](ModelSchedules& m) { m.vocab_parallel_embedding = false; },
+              "the embedding is an FSDP unit (--embedding auto): sharded over the vocabulary group the plan needs ");
   // The attention kept (--keep-attention not given): while the plan fits with it; where
   // it does not, the backward recomputes each layer's attention (before the ring below,
   // which is cut only if that still does not fit).
@@ -773,7 +780,7 @@ RunSummary Run::finish() {
              {"moe_tile", s.shape.schedules.moe_tile},
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},
-             {"embedding", f.embedding},
+             {"embedding", s.shape.schedules.vocab_parallel_embedding ? "vocab" : "fsdp"},
              {"context_attention", f.context_attention},
              {"steps", f.steps},
              {"inputs_per_step", s.W / s.shape.layout.cp * s.B * s.S * s.M},

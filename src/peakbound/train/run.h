@@ -103,9 +103,13 @@ struct RunSettings {
   // boundary per group and recomputes the group's other inputs in its backward (up to G - 1
   // more layer forwards a step, G - 1 more [T, H] on the device there). 1: one per layer.
   std::int64_t checkpoint_group = 1;
-  // The embedding: "fsdp" (an FSDP unit, gathered whole for its forward) or "vocab" (its rows
-  // sharded over the vocabulary group, ModelSchedules::vocab_parallel_embedding).
-  std::string embedding = "fsdp";
+  // The embedding: "fsdp" (an FSDP unit, gathered whole for its forward, its whole [V, H]
+  // gradient reduce-scattered), "vocab" (its rows sharded over the vocabulary group, each
+  // token's row fetched from its owner, ModelSchedules::vocab_parallel_embedding; CPU
+  // device), or "auto": the budget's choice, vocab while the plan fits device_memory with it
+  // on the CPU device under the schedules (less to move: a row per token instead of the
+  // whole table twice a step), else fsdp. The baseline (schedules none) is FSDP's.
+  std::string embedding = "auto";
   // Wait for the device at every phase boundary of a step (core/phase_clock.h), so that
   // an asynchronous device (CUDA) reports phase_seconds too: each phase's own time, with
   // no overlap between phases (a diagnostic; the step runs slower). The CPU device reports
