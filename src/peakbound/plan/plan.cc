@@ -315,8 +315,12 @@ Plan make_plan(const PlanInputs& given, bool with_reach) {
         other.embedding = in.embedding == "vocab" ? "fsdp" : "vocab";
         ways.push_back(other);
       }
+    // Fitting only gets harder with the context, so another way reaches further only if it
+    // fits one token past the best so far: one estimate where it does not, a search where it
+    // does.
     for (std::size_t i = 1; i < ways.size(); ++i)
-      r.scheduled = std::max(r.scheduled, context_reach(ways[i], p.params, in.schedules));
+      if (fits(ways[i], p.params, in.schedules, r.scheduled + 1, 1, nullptr))
+        r.scheduled = context_reach(ways[i], p.params, in.schedules);
     if (r.baseline > 0) r.ratio = static_cast<double>(r.scheduled) / static_cast<double>(r.baseline);
     p.reach = r;
   }
