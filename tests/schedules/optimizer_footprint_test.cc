@@ -26,12 +26,17 @@ struct Measured {
   std::uint64_t host_total = 0;
 };
 
-Measured run(const std::string& name, std::int64_t n, DType pd, DType gd, std::uint64_t bucket_bytes) {
+Measured run(const std::string& name, std::int64_t n, DType pd, DType gd, std::uint64_t bucket_bytes,
+             bool in_place) {
   const auto un = static_cast<std::uint64_t>(n);
   // Exactly the parameters, gradients and the footprint's device bytes: the budget binds.
   CpuDevice dev(arena_reserved(un * dtype_size(pd)) + arena_reserved(un * dtype_size(gd)) +
-                optimizer_footprint(name, OptimizerShape{un, dtype_size(pd), dtype_size(gd), 4, 4, 4},
-                                    [&] { OptimizerOptions o; o.bucket_bytes = bucket_bytes; return o; }())
+                optimizer_footprint(name, OptimizerShape{un, dtype_size(pd), dtype_size(gd), 4, 4, 4}, [&] {
+                  OptimizerOptions o;
+                  o.bucket_bytes = bucket_bytes;
+                  o.in_place = in_place;
+                  return o;
+                }())
                     .device_peak_total());
   HostMemory host;
   ThreadPool pool(2);
@@ -43,6 +48,7 @@ Measured run(const std::string& name, std::int64_t n, DType pd, DType gd, std::u
   dev.arena().reset_peaks();
   OptimizerOptions o;
   o.bucket_bytes = bucket_bytes;
+  o.in_place = in_place;
   {
     auto s = make_optimizer_schedule(name, {dev, host, pool, comm}, {params.data(), pd, grads.data(), gd, n}, o);
     s->load(master.data());
@@ -64,24 +70,30 @@ TEST(OptimizerFootprint, MeasuredPeaksEqualTheFootprintOverAGrid) {
   for (const std::string name : {"device", "offload_serial", "offload_stream"})
     for (std::int64_t n : {1, 7, 333, 1000, 100003})
       for (Dt d : {Dt{DType::bf16, DType::bf16}, Dt{DType::f32, DType::f32}, Dt{DType::bf16, DType::f32}})
-        for (std::uint64_t bucket : {4ull, 1000ull, 4096ull, 1ull << 20}) {
-          if (name != "offload_stream" && bucket != 4) continue;  // only the stream has buckets
-          SCOPED_TRACE(name + " n=" + std::to_string(n) + " " + std::string(dtype_name(d.p)) + "/" +
-                       std::string(dtype_name(d.g)) + " bucket=" + std::to_string(bucket));
-          OptimizerOptions o;
-          o.bucket_bytes = bucket;
-          const OptimizerShape shape{static_cast<std::uint64_t>(n), dtype_size(d.p), dtype_size(d.g), 4, 4, 4};
-          const Footprint f = optimizer_footprint(name, shape, o);
-          const Measured m = run(name, n, d.p, d.g, bucket);
-          EXPECT_EQ(m.device_optimizer, f.device_peak(Component::optimizer));
-          EXPECT_EQ(m.device_total, arena_reserved(shape.n * shape.param_bytes) +
-                                        arena_reserved(shape.n * shape.grad_bytes) + f.device_peak_total());
-          for (Component c : kAllComponents)
-            EXPECT_EQ(m.host[static_cast<std::size_t>(c)], f.host_peak(c)) << component_name(c);
-          EXPECT_EQ(m.host_total, f.host_peak_total());
-          ++cases;
-        }
-  EXPECT_EQ(cases, 2 * 5 * 3 + 5 * 3 * 4);  // device and serial: no bucket axis
+        for (std::uint64_t bucket : {4ull, 1000ull, 4096ull, 1ull << 20})
+          for (bool in_place : {false, true}) {
+            if (name != "offload_stream" && bucket != 4) continue;  // only the stream has buckets
+            if (in_place && (name == "device" || bucket == 1000)) continue;  // only the offload schedules stage
+            SCOPED_TRACE(name + " n=" + std::to_string(n) + " " + std::string(dtype_name(d.p)) + "/" +
+                         std::string(dtype_name(d.g)) + " bucket=" + std::to_string(bucket) +
+                         (in_place ? " in place" : ""));
+            OptimizerOptions o;
+            o.bucket_bytes = bucket;
+            o.in_place = in_place;
+            const OptimizerShape shape{static_cast<std::uint64_t>(n), dtype_size(d.p), dtype_size(d.g), 4, 4, 4};
+            const Footprint f = optimizer_footprint(name, shape, o);
+            if (in_place) EXPECT_EQ(f.host_peak(Component::comm), 0u);
+            const Measured m = run(name, n, d.p, d.g, bucket, in_place);
+            EXPECT_EQ(m.device_optimizer, f.device_peak(Component::optimizer));
+            EXPECT_EQ(m.device_total, arena_reserved(shape.n * shape.param_bytes) +
+                                          arena_reserved(shape.n * shape.grad_bytes) + f.device_peak_total());
+            for (Component c : kAllComponents)
+              EXPECT_EQ(m.host[static_cast<std::size_t>(c)], f.host_peak(c)) << component_name(c);
+            EXPECT_EQ(m.host_total, f.host_peak_total());
+            ++cases;
+          }
+  // device and serial: no bucket axis; serial and stream (three buckets) in place too
+  EXPECT_EQ(cases, 2 * 5 * 3 + 5 * 3 * 4 + 5 * 3 + 5 * 3 * 3);
 }
 
 TEST(OptimizerFootprint, WhereEachScheduleHoldsItsMemory) {

@@ -129,6 +129,13 @@ TEST(OptimizerSchedules, AllThreeAreBitwiseTheReferenceForAnyBucketSize) {
         // A bucket size that is not a whole number of gradients rounds down.
         o.bucket_bytes = 1001 * g + 1;
         EXPECT_TRUE(run("offload_stream", p, o, 4) == want) << what << ", bucket of 1001 elements + 1 byte";
+        // In place on the CPU device: no staging, the same bits, whatever the bucket.
+        o.in_place = true;
+        EXPECT_TRUE(run("offload_serial", p, o, 4) == want) << what << ", in place";
+        for (std::uint64_t elems : {std::uint64_t{7}, std::uint64_t{1} << 20}) {
+          o.bucket_bytes = elems * g;
+          EXPECT_TRUE(run("offload_stream", p, o, 4) == want) << what << ", in place, bucket " << elems;
+        }
       }
 }
 
@@ -227,6 +234,36 @@ TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
   EXPECT_GT(t.h2d_seconds, 0.0);
   EXPECT_GE(t.step_seconds, t.update_seconds);
   EXPECT_GT(t.clip.norm, 0.0);
+}
+
+TEST(OptimizerSchedules, InPlaceStagesNothingAndCopiesNothing) {
+  Problem p(100000, DType::bf16, DType::f32, 6);
+  for (const std::string name : {"offload_serial", "offload_stream"}) {
+    CpuDevice dev(64 * MiB);
+    HostMemory host;
+    ThreadPool pool(2);
+    SingleRankCommunicator comm;
+    Buffer params = dev.allocate(Component::params, p.n * 2);
+    Buffer grads = dev.allocate(Component::grads, p.n * 4);
+    std::memcpy(grads.data(), p.grads.data(), p.grads.size());
+    OptimizerOptions o;
+    o.bucket_bytes = 30000 * 4;
+    o.in_place = true;
+    auto s = make_optimizer_schedule(name, {dev, host, pool, comm},
+                                     {params.data(), DType::bf16, grads.data(), DType::f32, p.n}, o);
+    s->load(p.master0.data());
+    const CopyStats before = dev.copy_stats();
+    OptimizerStepTimes t = s->step(1e-3f);
+    const CopyStats after = dev.copy_stats();
+    EXPECT_GT(t.update_seconds, 0.0) << name;
+    EXPECT_EQ(t.d2h_seconds, 0.0) << name;
+    EXPECT_EQ(t.h2d_seconds, 0.0) << name;
+    EXPECT_EQ(t.buckets, 1) << name;
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(after.bytes[k], before.bytes[k]) << name << ": copied " << k;
+    EXPECT_EQ(host.peak(Component::comm), 0u) << name;
+    EXPECT_EQ(dynamic_cast<OffloadedAdamW*>(s.get())->host_staging_bytes(), 0u) << name;
+    EXPECT_GE(host.peak(Component::optimizer), 12ull * p.n) << name;  // the state stays on the host
+  }
 }
 
 TEST(OptimizerSchedules, UserErrorsAreInvalidArgument) {

@@ -68,6 +68,9 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
     s.checkpoint.group_layers = in.planned_checkpoint_group();
   }
   t.optimizer_options.bucket_bytes = in.adam_bucket;
+  // A plan is for any device: OffloadStreamAdamW staged through host buckets, as across
+  // PCIe (a CPU-device run updates in place and holds the four buckets less host memory).
+  t.optimizer_options.in_place = false;
   t.skew = imbalance;
   return t;
 }

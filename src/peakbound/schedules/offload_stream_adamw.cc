@@ -13,6 +13,7 @@ OffloadStreamAdamW::OffloadStreamAdamW(OptimizerContext ctx, ParamShard shard, O
       bucket_(std::max<std::int64_t>(1, static_cast<std::int64_t>(buffers_.bucket_elements))),
       d2h_(ctx.device.copy_stream()),
       h2d_(ctx.device.create_stream("h2d")) {
+  if (options_.in_place) return;
   staging_ = stage();
   for (int slot = 0; slot < 2; ++slot) {
     grads_slot_[slot] = staging_.part(static_cast<std::size_t>(slot));
@@ -21,6 +22,7 @@ OffloadStreamAdamW::OffloadStreamAdamW(OptimizerContext ctx, ParamShard shard, O
 }
 
 void OffloadStreamAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
+  if (options_.in_place) return apply_in_place(s, times);
   Device& dev = ctx_.device;
   const std::uint64_t gsize = dtype_size(shard_.grad_dtype), psize = dtype_size(shard_.param_dtype);
   const std::int64_t buckets = bucket_count();

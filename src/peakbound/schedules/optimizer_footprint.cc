@@ -34,6 +34,10 @@ OptimizerBuffers optimizer_buffers(std::string_view schedule, const OptimizerSha
 
   b.host_state_parts = {b.master.bytes, b.m.bytes, b.v.bytes};
   b.host_state = block_spec(Component::optimizer, b.host_state_parts);
+  if (options.in_place) {
+    b.host_staging = BufferSpec{Component::comm, 0};  // the update reads and writes the device's shard
+    return b;
+  }
   if (schedule == "offload_serial") {
     b.host_staging_parts = {checked_mul(s.n, s.grad_bytes, "optimizer gradient staging"),
                             checked_mul(s.n, s.param_bytes, "optimizer parameter staging")};

@@ -10,6 +10,8 @@
 //                   staging (Component::comm): every gradient and every parameter
 //   offload_stream  the same host state; host staging: two gradient slots and two
 //                   parameter slots of one bucket each (double buffering)
+// With OptimizerOptions::in_place (a device whose memory the host addresses) the offload
+// schedules hold no staging: the update reads and writes the device's shard itself.
 // Every schedule also stages the parameters on the host (Component::workspace) while
 // load() writes them from the master weights.
 //

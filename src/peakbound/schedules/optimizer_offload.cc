@@ -1,12 +1,20 @@
 #include "peakbound/schedules/optimizer_offload.h"
 
 #include <cstring>
+#include <string>
+
+#include "peakbound/core/error.h"
+#include "peakbound/core/stopwatch.h"
+#include "peakbound/ops/host_adamw.h"
 
 namespace peakbound {
 
 OffloadedAdamW::OffloadedAdamW(std::string_view schedule, OptimizerContext ctx, ParamShard shard,
                                OptimizerOptions options)
     : OptimizerSchedule(schedule, ctx, shard, options) {
+  if (options_.in_place && ctx_.device.backend() != Backend::cpu)
+    throw InvalidArgument("optimizer " + std::string(schedule) + ": in_place needs a device whose memory the host "
+                          "addresses (cpu), not " + std::string(backend_name(ctx_.device.backend())));
   state_ = StaggeredBlock(ctx_.host, buffers_.host_state, buffers_.host_state_parts);
   master_ = state_.as<float>(0);
   m_ = state_.as<float>(1);
@@ -38,6 +46,16 @@ void OffloadedAdamW::read_state(float* master, float* m, float* v) {
   std::memcpy(master, master_, bytes);
   std::memcpy(m, m_, bytes);
   std::memcpy(v, v_, bytes);
+}
+
+void OffloadedAdamW::apply_in_place(const AdamWStepScalars& s, OptimizerStepTimes& times) {
+  ctx_.device.synchronize(ctx_.device.compute_stream());  // the gradients are complete
+  Stopwatch w;
+  // The device's memory is host memory: a host op on the shard itself.
+  ops::host_adamw_update(ctx_.pool, options_.simd, s, host_tensors(0, shard_.n, shard_.grads, shard_.params));
+  times.update_seconds = w.seconds();
+  times.d2h_seconds = times.h2d_seconds = 0;
+  times.buckets = 1;
 }
 
 AdamWTensors OffloadedAdamW::host_tensors(std::int64_t offset, std::int64_t count, const void* grads,

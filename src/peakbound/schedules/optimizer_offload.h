@@ -27,6 +27,9 @@ class OffloadedAdamW : public OptimizerSchedule {
   AdamWTensors host_tensors(std::int64_t offset, std::int64_t count, const void* grads, void* params);
   // The host staging of buffers().host_staging, its parts in host_staging_parts' order.
   StaggeredBlock stage();
+  // OptimizerOptions::in_place: the whole shard's update where it lies, after the work
+  // that wrote the gradients (no staging, no copies).
+  void apply_in_place(const AdamWStepScalars& s, OptimizerStepTimes& times);
 
   // Busy seconds of the device's copy engines in one direction since `before`.
   static double copy_seconds(const CopyStats& now, const CopyStats& before, CopyKind k);

@@ -7,12 +7,14 @@ namespace peakbound {
 
 OffloadSerialAdamW::OffloadSerialAdamW(OptimizerContext ctx, ParamShard shard, OptimizerOptions options)
     : OffloadedAdamW("offload_serial", ctx, shard, options) {
+  if (options_.in_place) return;
   staging_ = stage();
   grads_host_ = staging_.part(0);
   params_host_ = staging_.part(1);
 }
 
 void OffloadSerialAdamW::apply(const AdamWStepScalars& s, OptimizerStepTimes& times) {
+  if (options_.in_place) return apply_in_place(s, times);
   Device& dev = ctx_.device;
   Stream& copy = dev.copy_stream();
   const auto n = static_cast<std::uint64_t>(shard_.n);

@@ -18,8 +18,8 @@ class OffloadSerialAdamW final : public OffloadedAdamW {
 
  private:
   StaggeredBlock staging_;  // every gradient, every parameter
-  void* grads_host_;
-  void* params_host_;
+  void* grads_host_ = nullptr;
+  void* params_host_ = nullptr;
 };
 
 }  // namespace peakbound

@@ -262,6 +262,14 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (!save_dir.empty()) prepare_save_folder(save_dir);
 }
 
+namespace {
+
+// OffloadStreamAdamW on the CPU device updates the shard where it lies: the device's
+// memory is the host's, so staging it through host slots would only copy it twice.
+bool in_place_optimizer(const RunSettings& f) { return f.device == "cpu"; }
+
+}  // namespace
+
 TrainFootprintInputs run_footprint_inputs(const RunSettings& f, const RunShape& s, int world, int rank) {
   TrainFootprintInputs in;
   in.model = s.config;
@@ -272,6 +280,7 @@ TrainFootprintInputs run_footprint_inputs(const RunSettings& f, const RunShape& 
   in.seq_len = f.seq_len;
   in.schedules = s.schedules;
   in.optimizer = std::string(f.schedules.optimizer());
+  in.optimizer_options.in_place = in_place_optimizer(f);
   in.evaluates = f.eval_batches > 0;  // the held-out loss's forward is a moment of the run too
   // The dispatch's memory depends on the routing, which the run decides: the plan
   // reserves for the skew given, by default the worst (every token-copy to one rank).
@@ -482,6 +491,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
                  : copy_task_source(CopyTask{c.vocab_size, f.seq_len, f.symbols, f.seed}, ignore);
   TrainerOptions topt;
   topt.optimizer = std::string(f.schedules.optimizer());
+  topt.optimizer_options.in_place = in_place_optimizer(f);
   topt.optimizer_options.adam.lr = static_cast<float>(f.lr);
   topt.optimizer_options.adam.weight_decay = static_cast<float>(f.weight_decay);
   topt.optimizer_options.adam.max_grad_norm = static_cast<float>(f.max_grad_norm);
