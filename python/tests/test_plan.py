@@ -79,9 +79,11 @@ def test_reach_equals_the_clis():
     assert r.scheduled > r.baseline > 0
     assert peakbound.plan(model="qwen3-30b-a3b", context="128K", devices=64, device_memory="80GiB",
                           reach=True).to_dict() == ref
-    # Where the baseline's fixed state alone is over the budget it fits no context: no ratio.
-    r8 = peakbound.plan(model="qwen3-30b-a3b", context="128K", devices=8, device_memory="80GiB").reach()
-    assert r8.baseline == 0 and r8.ratio is None and r8.scheduled > 0
+    # Where the baseline's fixed state alone is over the budget it fits no context: no ratio
+    # (4 devices: at 8 the baseline fits 16460 tokens since a one-rank store lives in the
+    # optimizer's shard instead of beside it).
+    r4 = peakbound.plan(model="qwen3-30b-a3b", context="128K", devices=4, device_memory="80GiB").reach()
+    assert r4.baseline == 0 and r4.ratio is None and r4.scheduled > 0
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -98,9 +98,14 @@ void expect_planned_is_measured(const nlohmann::json& run) {
   }
 }
 
+// `args` on `ranks` processes (one: the binary itself; more: under mpirun).
+CliRun run_ranks(const std::string& args, int ranks) {
+  return ranks == 1 ? run_cli(args, 300) : peakbound::testing::run_mpi(args, ranks, 300);
+}
+
 // The last JSON lines of `base` and of `base FLAGS` (each must exit 0; nulls if not).
-std::pair<nlohmann::json, nlohmann::json> run_two(const std::string& first, const std::string& second) {
-  const CliRun a = run_cli(first, 300), b = run_cli(second, 300);
+std::pair<nlohmann::json, nlohmann::json> run_two(const std::string& first, const std::string& second, int ranks = 1) {
+  const CliRun a = run_ranks(first, ranks), b = run_ranks(second, ranks);
   EXPECT_EQ(a.code, 0) << a.err << a.out;
   EXPECT_EQ(b.code, 0) << b.err << b.out;
   if (a.code != 0 || b.code != 0) return {};
@@ -144,14 +149,14 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
 // knob): `base` with room takes it (the plan of `with`, the choice forced), and at a budget
 // of `without`'s plan (the choice refused) it does not: that plan made again, planned ==
 // measured, `line` printed, the same `loss` (a JSON key) as with room; `plan
-// --trainer-defaults PLAN_FLAGS` at one rank and 512 tokens plans the same at both budgets.
+// --trainer-defaults PLAN_FLAGS` at `ranks` devices and 512 tokens plans the same at both budgets.
 void expect_the_budgets_choice(const std::string& base, const nlohmann::json& with, const nlohmann::json& without,
                                const std::string& key, const std::string& line, const std::string& loss,
-                               const std::string& plan_flags) {
+                               const std::string& plan_flags, int ranks = 1) {
   const auto planned = [](const nlohmann::json& j) { return j["peaks"]["total"]["planned_bytes"].get<std::int64_t>(); };
   ASSERT_GT(planned(with), planned(without));
   const std::string tight = " --device-memory " + std::to_string(planned(without));
-  const CliRun roomy = run_cli(base, 300), short_of_it = run_cli(base + tight, 300);
+  const CliRun roomy = run_ranks(base, ranks), short_of_it = run_ranks(base + tight, ranks);
   ASSERT_EQ(roomy.code, 0) << roomy.err << roomy.out;
   ASSERT_EQ(short_of_it.code, 0) << short_of_it.err << short_of_it.out;
   const nlohmann::json r = last_json_line(roomy.out), t = last_json_line(short_of_it.out);
@@ -164,7 +169,8 @@ void expect_the_budgets_choice(const std::string& base, const nlohmann::json& wi
   EXPECT_EQ(r[loss].dump(), t[loss].dump());
   for (const auto& [budget, want] : {std::pair{std::string(), with}, std::pair{tight, without}}) {
     const CliRun p =
-        run_cli("plan --model tiny-moe --devices 1 --context 512 --trainer-defaults --json " + plan_flags + budget);
+        run_cli("plan --model tiny-moe --devices " + std::to_string(ranks) + " --context 512 --trainer-defaults --json " +
+                plan_flags + budget);
     ASSERT_EQ(p.code, 0) << p.err << p.out;
     const nlohmann::json j = nlohmann::json::parse(p.out);
     EXPECT_EQ(j["peak_bytes"]["scheduled"], planned(want)) << budget;
@@ -227,15 +233,17 @@ TEST(CliTrain, VocabEmbeddingSameFirstLossAndItsPlanMeasured) {
 // --embedding not given (auto) is the budget's choice: the vocabulary-parallel one where the
 // plan fits with it (the plan of --embedding vocab), the FSDP unit where only the plan
 // without it fits (the plan made again, a line says why; the same first loss: the same
-// rows), and `plan --trainer-defaults` chooses the same at the same budget. At 512 tokens
-// on one rank the sharded rows and their exchange buffers raise the step's peak; the
-// baseline (--schedules none) keeps FSDP's embedding.
+// rows), and `plan --trainer-defaults` chooses the same at the same budget. On 2 ranks with
+// a vocabulary group of one the head's store is replicated (not the optimizer's shard
+// itself), and the embedding's rows in it with their exchange buffers raise the step's
+// peak over the FSDP unit's; the baseline (--schedules none) keeps FSDP's embedding.
 TEST(CliTrain, EmbeddingByTheBudget) {
-  const std::string base = "train --steps 1 --seq-len 512 --eval-every 0 --keep-attention=false --json";
-  const auto [fsdp, v] = run_two(base + " --embedding fsdp", base + " --embedding vocab");
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const std::string base = "train --steps 1 --seq-len 512 --eval-every 0 --keep-attention=false --vocab-group 1 --json";
+  const auto [fsdp, v] = run_two(base + " --embedding fsdp", base + " --embedding vocab", 2);
   ASSERT_FALSE(fsdp.is_null());
   expect_the_budgets_choice(base, v, fsdp, "embedding", "the embedding is an FSDP unit (--embedding auto)",
-                            "first_loss", "--keep-attention=false");
+                            "first_loss", "--keep-attention=false --vocab-group 1", 2);
   const CliRun baseline = run_cli("train --steps 1 --seq-len 32 --eval-every 0 --schedules none --json", 300);
   ASSERT_EQ(baseline.code, 0) << baseline.err << baseline.out;
   EXPECT_EQ(last_json_line(baseline.out)["embedding"], "fsdp");

@@ -163,7 +163,14 @@ TEST(Plan, CheckpointGroupsWhereTheHostBinds) {
 // a vocabulary of 2^20 the FSDP embedding's whole gather and gradient bind and the sharded
 // one is smaller. The reach is the larger of the two forms' reaches.
 TEST(Plan, TheEmbeddingIsTheVocabularyParallelOneWhereItFits) {
-  for (const auto [vocab, devices] : {std::pair{std::int64_t{16384}, 1}, std::pair{std::int64_t{1} << 20, 4}}) {
+  // {vocabulary, devices, vocabulary group}: with a group of 2 ranks over 1-rank vocabulary
+  // groups the head's store is replicated and the FSDP embedding is the smaller; where the
+  // group is every rank the store is the optimizer's shard itself and the sharded one is.
+  struct Case {
+    std::int64_t vocab, devices, vocab_group;
+  };
+  for (const Case k : {Case{16384, 2, 1}, Case{std::int64_t{1} << 20, 4, 4}}) {
+    const auto [vocab, devices, vocab_group] = k;
     SCOPED_TRACE(vocab);
     PlanInputs in;
     in.model = preset_config("tiny-moe");
@@ -171,7 +178,7 @@ TEST(Plan, TheEmbeddingIsTheVocabularyParallelOneWhereItFits) {
     in.context = 256;
     in.devices = devices;
     in.ep = devices;
-    in.vocab_group = devices;
+    in.vocab_group = vocab_group;
     in.device_memory = 1ull << 40;
     in.host_memory = 0;
     in.schedules = ScheduleSet::all();

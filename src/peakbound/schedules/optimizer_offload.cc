@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "peakbound/core/device_access.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/stopwatch.h"
 #include "peakbound/ops/host_adamw.h"
@@ -12,9 +13,10 @@ namespace peakbound {
 OffloadedAdamW::OffloadedAdamW(std::string_view schedule, OptimizerContext ctx, ParamShard shard,
                                OptimizerOptions options)
     : OptimizerSchedule(schedule, ctx, shard, options) {
-  if (options_.in_place && ctx_.device.backend() != Backend::cpu)
+  if (options_.in_place && (ctx_.device.backend() != Backend::cpu || strict_device_memory()))
     throw InvalidArgument("optimizer " + std::string(schedule) + ": in_place needs a device whose memory the host "
-                          "addresses (cpu), not " + std::string(backend_name(ctx_.device.backend())));
+                          "addresses (cpu without PEAKBOUND_STRICT_DEVICE=1), not " + ctx_.device.name() +
+                          (strict_device_memory() ? " under PEAKBOUND_STRICT_DEVICE=1" : ""));
   state_ = StaggeredBlock(ctx_.host, buffers_.host_state, buffers_.host_state_parts);
   master_ = state_.as<float>(0);
   m_ = state_.as<float>(1);

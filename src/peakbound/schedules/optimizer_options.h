@@ -23,9 +23,10 @@ struct OptimizerOptions {
   // The offload schedules on a device whose memory is the host's own (the CPU device):
   // true updates the device shard where it lies, with no host staging and no copies
   // (the same kernel on the same elements: the same bits). A device the host cannot
-  // address (CUDA) refuses it. False stages through host memory as across PCIe:
-  // `peakbound bench optimizer` times that schedule; `peakbound train` on the CPU
-  // device sets true (there each step's staging was ~8% of the main job's step).
+  // address (CUDA, or the CPU device under PEAKBOUND_STRICT_DEVICE=1, which plays a GPU
+  // to host code) refuses it. False stages through host memory as across PCIe:
+  // `peakbound bench optimizer` times that schedule; `peakbound train` on the CPU device
+  // sets true (there each step's staging was ~8% of the main job's step).
   bool in_place = false;
   // The CPU update's SIMD body (the CPU backend's knob; the widest this CPU runs).
   SimdLevel simd = best_simd_level();

@@ -138,13 +138,20 @@ Footprint parameter_store_footprint(const TensorTable& table, const ShardSelecto
 }
 
 ParameterStore::ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select,
-                               const LayoutOptions& options, Precision precision)
+                               const LayoutOptions& options, Precision precision, StoreMemory memory)
     : dev_(&dev), table_(table), precision_(precision), layout_(parameter_layout(table, select, options)) {
   index_.reserve(layout_.views.size());
   for (std::size_t i = 0; i < layout_.views.size(); ++i) index_.emplace(layout_.views[i].name(), i);
   const ParameterStoreBuffers b = parameter_store_buffers(layout_, precision_);
-  params_ = dev.allocate(b.params.component, b.params.bytes);
-  grads_ = dev.allocate(b.grads.component, b.grads.bytes);
+  if ((memory.params == nullptr) != (memory.grads == nullptr))
+    throw InternalError("parameter store: the caller's memory needs both buffers or neither");
+  if (memory.params != nullptr) {  // not owned: a Buffer without an allocator releases nothing
+    params_ = Buffer(nullptr, Allocation{memory.params, 0, b.params.bytes, b.params.component});
+    grads_ = Buffer(nullptr, Allocation{memory.grads, 0, b.grads.bytes, b.grads.component});
+  } else {
+    params_ = dev.allocate(b.params.component, b.params.bytes);
+    grads_ = dev.allocate(b.grads.component, b.grads.bytes);
+  }
   // Zero both whole (the padding stays zero for good), and wait, so a load on the
   // copy stream cannot be overwritten by this fill.
   Stream& s = dev.compute_stream();

@@ -130,12 +130,23 @@ Footprint parameter_store_footprint(const TensorTable& table, const ShardSelecto
 Footprint parameter_store_footprint(const TensorTable& table, const ShardSelector& select, Precision precision,
                                     const LayoutOptions& options = {});
 
+// Where a store's two buffers live. Null (the default): the store allocates them from the
+// device. Otherwise the caller's device memory, layout.elements long each (params in the
+// store's param dtype, grads f32), which must outlive the store: MoeTransformer puts a
+// store whose optimizer group is one rank in the tail of the FSDP shard buffers, which
+// then is the store's own slice (no second copy of it, nothing copied between the two).
+struct StoreMemory {
+  void* params = nullptr;
+  float* grads = nullptr;
+};
+
 class ParameterStore {
  public:
-  // Allocates both buffers from the device (params in param_dtype(precision), grads f32)
-  // and zeroes them (waits for that).
+  // Allocates both buffers from the device (params in param_dtype(precision), grads f32),
+  // or takes `memory`'s (both or neither: InternalError otherwise), and zeroes them
+  // (waits for that).
   ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select = replicate_all(),
-                 const LayoutOptions& options = {}, Precision precision = Precision::f32);
+                 const LayoutOptions& options = {}, Precision precision = Precision::f32, StoreMemory memory = {});
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ParameterStore(ParameterStore&&) = default;
@@ -184,6 +195,9 @@ class ParameterStore {
   float* grads_data() const { return grads_.as<float>(); }
   std::uint64_t elements() const { return layout_.elements; }
   const ParameterLayout& layout() const { return layout_; }
+  // False where the buffers are a StoreMemory the caller gave (a Buffer without an
+  // allocator: it releases nothing).
+  bool owns_memory() const { return !params_.empty(); }
 
   // Zeroes every gradient, asynchronously on s (the compute stream by default).
   void zero_grads(Stream& s);
@@ -207,7 +221,7 @@ class ParameterStore {
   Precision precision_;
   ParameterLayout layout_;
   std::unordered_map<std::string, std::size_t> index_;
-  Buffer params_, grads_;
+  Buffer params_, grads_;  // the caller's StoreMemory: Buffers without an allocator
   std::vector<float> pending_master_;
 };
 

@@ -10,6 +10,7 @@
 
 #include "peakbound/comm/agree.h"
 #include "peakbound/comm/device_communicator.h"
+#include "peakbound/core/device_access.h"
 #include "peakbound/core/error.h"
 #include "peakbound/core/footprint.h"
 #include "peakbound/core/launcher.h"
@@ -265,8 +266,9 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
 namespace {
 
 // OffloadStreamAdamW on the CPU device updates the shard where it lies: the device's
-// memory is the host's, so staging it through host slots would only copy it twice.
-bool in_place_optimizer(const RunSettings& f) { return f.device == "cpu"; }
+// memory is the host's, so staging it through host slots would only copy it twice. Not
+// under PEAKBOUND_STRICT_DEVICE=1, where the CPU device plays a GPU to host code.
+bool in_place_optimizer(const RunSettings& f) { return f.device == "cpu" && !strict_device_memory(); }
 
 }  // namespace
 

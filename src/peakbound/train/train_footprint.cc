@@ -154,15 +154,18 @@ class TrainFootprintBuilder {
     // parameters and of gradients, all held for the model's life.
     const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, g_.world, !sch_.vocab_parallel_embedding);
     // The stores, then the FSDP shard buffers with the stores' slices in their tail (the
-    // optimizer's shard, updated in place: MoeTransformer::optimizer_shard_tail).
+    // optimizer's shard, updated in place: MoeTransformer::optimizer_shard_tail). A store
+    // of a one-rank group is its slice: it lives in the tail, with no buffers of its own.
     u64 tail = 0;
     const StoreSpec* stores[2] = {&specs.experts, &specs.head};
     const int group_size[2] = {g_.ep_replicas, g_.vocab_replicas};
     for (int i = 0; i < 2; ++i) {
       const ParameterLayout store = parameter_layout(lay->entries, stores[i]->select, stores[i]->options);
-      const ParameterStoreBuffers b = parameter_store_buffers(store, p_);
-      resident_dev_.push_back(b.params);
-      resident_dev_.push_back(b.grads);
+      if (group_size[i] > 1) {
+        const ParameterStoreBuffers b = parameter_store_buffers(store, p_);
+        resident_dev_.push_back(b.params);
+        resident_dev_.push_back(b.grads);
+      }
       tail = checked_add(tail, store.elements / static_cast<u64>(group_size[i]), "trainer shard");
     }
     fb_ = fsdp_buffers(lay->fsdp_units, g_.world, p_, tail);

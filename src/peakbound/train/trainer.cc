@@ -47,13 +47,21 @@ Trainer::Trainer(MoeTransformer& model, HostMemory& host, ThreadPool& pool, cons
     slices_.push_back({stores[i], groups[i], stores[i]->elements() / G, shard_elems_});
     shard_elems_ += stores[i]->elements() / G;
   }
-  const Precision prec = model.schedules().precision;
   // The optimizer's shard is the FSDP units' own buffers, the stores' slices in their tail.
   if (model.fsdp().tail_elements() != shard_elems_ - fsdp_len_)
     throw InternalError("trainer: the FSDP shard's tail holds " + std::to_string(model.fsdp().tail_elements()) +
                         " elements, the stores' slices " + std::to_string(shard_elems_ - fsdp_len_));
   param_shard_ = model.fsdp().params_shard_raw();
   grad_shard_ = model.fsdp().grads_shard();
+  const Precision prec = model.schedules().precision;
+  for (Slice& s : slices_) {
+    const bool params_there = s.store->params_raw() == static_cast<std::byte*>(param_shard_) +
+                                                           s.offset * dtype_size(param_dtype(prec));
+    const bool grads_there = s.store->grads_data() == grad_shard_ + s.offset;
+    if (params_there != grads_there || (params_there && s.group->size() != 1))
+      throw InternalError("trainer: a parameter store is in the FSDP shard's tail only in part");
+    s.in_shard = params_there;
+  }
   ParamShard shard{param_shard_, param_dtype(prec), grad_shard_, DType::f32, static_cast<std::int64_t>(shard_elems_)};
   if (prec == Precision::bf16) {
     // The model holds only bf16 copies: the master comes from what init / load left.
@@ -106,7 +114,8 @@ void Trainer::publish() {
   const std::uint64_t es = dtype_size(t);
   dev.synchronize();  // the optimizer's writes are done (the FSDP shard is already the model's)
   for (const Slice& s : slices_)
-    s.group->all_gather(static_cast<std::byte*>(param_shard_) + s.offset * es, s.store->params_raw(), s.len, t);
+    if (!s.in_shard)
+      s.group->all_gather(static_cast<std::byte*>(param_shard_) + s.offset * es, s.store->params_raw(), s.len, t);
 }
 
 StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop) {
@@ -177,7 +186,8 @@ StepStats Trainer::step(std::span<const MicroBatch> micro, const StopCheck& stop
     const PhaseScope phase(StepPhase::fsdp);
     dev.synchronize();
     for (const Slice& s : slices_)
-      s.group->reduce_scatter(s.store->grads_data(), grad_shard_ + s.offset, s.len, DType::f32, ReduceOp::sum);
+      if (!s.in_shard)
+        s.group->reduce_scatter(s.store->grads_data(), grad_shard_ + s.offset, s.len, DType::f32, ReduceOp::sum);
   }
   ++step_;
   const float lr = options_.lr.lr(step_);

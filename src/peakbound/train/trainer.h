@@ -149,6 +149,9 @@ class Trainer {
     Communicator* group;
     std::uint64_t len;     // elements per rank
     std::uint64_t offset;  // in the shard buffers
+    // The store lives in the shard buffers at offset (a one-rank group: MoeTransformer's
+    // StoreMemory): nothing to reduce-scatter into the shard or gather back from it.
+    bool in_shard = false;
   };
   MoeTransformer& model_;
   TrainerOptions options_;
