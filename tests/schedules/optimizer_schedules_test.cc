@@ -212,18 +212,31 @@ TEST(OptimizerSchedules, OffloadFitsWhereTheDeviceBaselineDoesNot) {
   EXPECT_NO_THROW(make_optimizer_schedule("offload_stream", {dev, host, pool, comm}, shard, {}));
 }
 
+// A CPU device holding a problem's parameters and its gradients, and what a schedule
+// needs beside them.
+struct Rig {
+  CpuDevice dev{64 * MiB};
+  HostMemory host;
+  ThreadPool pool{2};
+  SingleRankCommunicator comm;
+  const Problem& p;
+  Buffer params, grads;
+  explicit Rig(const Problem& problem)
+      : p(problem),
+        params(dev.allocate(Component::params, static_cast<std::uint64_t>(p.n) * dtype_size(p.pd))),
+        grads(dev.allocate(Component::grads, static_cast<std::uint64_t>(p.n) * dtype_size(p.gd))) {
+    std::memcpy(grads.data(), p.grads.data(), p.grads.size());
+  }
+  OptimizerContext ctx() { return {dev, host, pool, comm}; }
+  ParamShard shard() const { return {params.data(), p.pd, grads.data(), p.gd, p.n}; }
+};
+
 TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
   Problem p(100000, DType::bf16, DType::bf16, 4);
-  CpuDevice dev(64 * MiB);
-  HostMemory host;
-  ThreadPool pool(2);
-  SingleRankCommunicator comm;
-  Buffer params = dev.allocate(Component::params, p.n * 2);
-  Buffer grads = dev.allocate(Component::grads, p.n * 2);
-  std::memcpy(grads.data(), p.grads.data(), p.grads.size());
+  Rig r(p);
   OptimizerOptions o;
   o.bucket_bytes = 30000 * 2;
-  OffloadStreamAdamW s({dev, host, pool, comm}, {params.data(), DType::bf16, grads.data(), DType::bf16, p.n}, o);
+  OffloadStreamAdamW s(r.ctx(), r.shard(), o);
   EXPECT_EQ(s.bucket_elements(), 30000);
   EXPECT_EQ(s.bucket_count(), 4);
   s.load(p.master0.data());
@@ -239,30 +252,23 @@ TEST(OptimizerSchedules, StreamReportsItsBucketsAndStages) {
 TEST(OptimizerSchedules, InPlaceStagesNothingAndCopiesNothing) {
   Problem p(100000, DType::bf16, DType::f32, 6);
   for (const std::string name : {"offload_serial", "offload_stream"}) {
-    CpuDevice dev(64 * MiB);
-    HostMemory host;
-    ThreadPool pool(2);
-    SingleRankCommunicator comm;
-    Buffer params = dev.allocate(Component::params, p.n * 2);
-    Buffer grads = dev.allocate(Component::grads, p.n * 4);
-    std::memcpy(grads.data(), p.grads.data(), p.grads.size());
+    Rig r(p);
     OptimizerOptions o;
     o.bucket_bytes = 30000 * 4;
     o.in_place = true;
-    auto s = make_optimizer_schedule(name, {dev, host, pool, comm},
-                                     {params.data(), DType::bf16, grads.data(), DType::f32, p.n}, o);
+    auto s = make_optimizer_schedule(name, r.ctx(), r.shard(), o);
     s->load(p.master0.data());
-    const CopyStats before = dev.copy_stats();
+    const CopyStats before = r.dev.copy_stats();
     OptimizerStepTimes t = s->step(1e-3f);
-    const CopyStats after = dev.copy_stats();
+    const CopyStats after = r.dev.copy_stats();
     EXPECT_GT(t.update_seconds, 0.0) << name;
     EXPECT_EQ(t.d2h_seconds, 0.0) << name;
     EXPECT_EQ(t.h2d_seconds, 0.0) << name;
     EXPECT_EQ(t.buckets, 1) << name;
     for (int k = 0; k < 3; ++k) EXPECT_EQ(after.bytes[k], before.bytes[k]) << name << ": copied " << k;
-    EXPECT_EQ(host.peak(Component::comm), 0u) << name;
+    EXPECT_EQ(r.host.peak(Component::comm), 0u) << name;
     EXPECT_EQ(dynamic_cast<OffloadedAdamW*>(s.get())->host_staging_bytes(), 0u) << name;
-    EXPECT_GE(host.peak(Component::optimizer), 12ull * p.n) << name;  // the state stays on the host
+    EXPECT_GE(r.host.peak(Component::optimizer), 12ull * p.n) << name;  // the state stays on the host
   }
 }
 

@@ -34,7 +34,8 @@ void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, st
 // (AVX512-BF16 dot products) or "convert" (blocks widened to f32 for sgemm). Chosen on
 // first use: the environment's PEAKBOUND_BF16_GEMM when set (an unknown name, or a path
 // this CPU cannot run, is a one-line error then), else amx where the CPU has AMX-BF16 and
-// the kernel lets the process use it, else native where the CPU has AVX512-BF16.
+// the kernel lets the process use it, else native where an AMD CPU has AVX512-BF16, else
+// convert (kernels/cpu/gemm_bf16.h says why).
 std::string bf16_gemm_path();
 // Sets it: InvalidArgument for an unknown name, Unavailable for one this CPU cannot run.
 void set_bf16_gemm_path(std::string_view name);

@@ -646,9 +646,11 @@ std::string_view bf16_gemm_path_needs(Bf16GemmPath p) {
   return "nothing";
 }
 
+bool native_beats_convert() { return __builtin_cpu_is("amd"); }
+
 Bf16GemmPath best_bf16_gemm_path() {
-  for (Bf16GemmPath p : {Bf16GemmPath::amx, Bf16GemmPath::native})
-    if (bf16_gemm_path_supported(p)) return p;
+  if (bf16_gemm_path_supported(Bf16GemmPath::amx)) return Bf16GemmPath::amx;
+  if (bf16_gemm_path_supported(Bf16GemmPath::native) && native_beats_convert()) return Bf16GemmPath::native;
   return Bf16GemmPath::convert;
 }
 

@@ -40,10 +40,15 @@
 //            on M, on which rows share a call, or on the thread count (tested bitwise;
 //            the amx path keeps the same property with its own 512-deep blocks: padding
 //            adds only zero products).
-//   convert  elsewhere (AVX2-only CPUs): each block of A and B is widened to f32 in its
-//            stored orientation and multiplied by OpenBLAS's sgemm; the widening costs
-//            O(MK + KN) per block against O(MNK) for the product (0.90-0.95x sgemm's
-//            rate at 2048^3 on Zen 4).
+//   convert  elsewhere (AVX2-only CPUs, and Intel's AVX512-BF16 without AMX): each block
+//            of A and B is widened to f32 in its stored orientation and multiplied by
+//            OpenBLAS's sgemm; the widening costs O(MK + KN) per block against O(MNK) for
+//            the product (0.90-0.95x sgemm's rate at 2048^3 on Zen 4).
+// The default takes native only on AMD: Intel issues VDPBF16PS on one port, so its
+// 32 products an instruction make no more FLOPs a cycle than the f32 FMAs' two ports, and
+// the packing in pairs costs on top. On a 2-core Emerald Rapids Xeon whose AMX the VM
+// hides (`peakbound info`, 2048^3, 2 threads): sgemm 248, convert 220, native 154 GFLOP/s,
+// and the 832-token cp-4 step 1.45-1.48x faster on convert.
 // Debian 12's OpenBLAS (0.3.21) is built without BUILD_BFLOAT16: its header declares
 // cblas_sbgemm but the library does not export it, so the native path is this file's.
 //
@@ -83,7 +88,7 @@ Bf16GemmPath parse_bf16_gemm_path(std::string_view name);
 bool bf16_gemm_path_supported(Bf16GemmPath p);
 // What a path needs, for an error naming it ("AVX512-BF16", ...).
 std::string_view bf16_gemm_path_needs(Bf16GemmPath p);
-// amx where supported, else native where supported, else convert.
+// amx where supported, else native where supported on an AMD CPU, else convert.
 Bf16GemmPath best_bf16_gemm_path();
 
 // Throws Unavailable for a path this CPU cannot run, InternalError for bad dimensions.
