@@ -383,30 +383,30 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
   const Precision prec = schedules_.precision;
   schedules_.vocab.precision = prec;  // the model's precision rules the head's
   // The FSDP shard buffers carry the trainer's slices of the two stores after the units'
-  // shard (optimizer_shard_tail): the optimizer updates them all in place. A store whose
-  // group is one rank is its own slice: it lives in that tail (no second copy of it, and
-  // no copy between the two each step: the trainer neither reduce-scatters nor gathers it).
+  // shard (each store / its group's size, in stores() order: FsdpUnits' tail): the
+  // optimizer updates them all in place. A store whose group is one rank is its own
+  // slice: it lives in that tail (no second copy of it, and no copy between the two each
+  // step: the trainer neither reduce-scatters nor gathers it).
   const StoreSpec* store_spec[2] = {&specs.experts, &specs.head};
   const std::vector<Communicator*> store_group = store_groups();
-  std::uint64_t store_elements[2] = {0, 0}, tail = 0;
-  for (int k = 0; k < 2; ++k) {
-    store_elements[k] = parameter_layout(table_, store_spec[k]->select, store_spec[k]->options).elements;
-    tail += store_elements[k] / static_cast<std::uint64_t>(store_group[static_cast<std::size_t>(k)]->size());
+  ParameterLayout layout[2];
+  std::uint64_t slice[2] = {0, 0};  // this rank's elements of each store in the tail
+  for (std::size_t k = 0; k < 2; ++k) {
+    layout[k] = parameter_layout(table_, store_spec[k]->select, store_spec[k]->options);
+    slice[k] = layout[k].elements / static_cast<std::uint64_t>(store_group[k]->size());
   }
-  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec, tail, schedules_.fsdp_reduce_thread,
-                                      !schedules_.vocab_parallel_embedding);
+  fsdp_ = std::make_unique<FsdpUnits>(dev, table_, *groups_.world, prec, slice[0] + slice[1],
+                                      schedules_.fsdp_reduce_thread, !schedules_.vocab_parallel_embedding);
   std::uint64_t at = fsdp_->shard_elements();
-  for (int k = 0; k < 2; ++k) {
+  for (std::size_t k = 0; k < 2; ++k) {
     StoreMemory in_tail;
-    if (store_group[static_cast<std::size_t>(k)]->size() == 1) {
+    if (store_group[k]->size() == 1) {
       in_tail.params = static_cast<std::byte*>(fsdp_->params_shard_raw()) + at * dtype_size(param_dtype(prec));
       in_tail.grads = fsdp_->grads_shard() + at;
     }
-    (k ? head_ : experts_) = std::make_unique<ParameterStore>(dev, table_, store_spec[k]->select,
-                                                              store_spec[k]->options, prec, in_tail);
-    at += store_elements[k] / static_cast<std::uint64_t>(store_group[static_cast<std::size_t>(k)]->size());
+    (k ? head_ : experts_) = std::make_unique<ParameterStore>(dev, table_, std::move(layout[k]), prec, in_tail);
+    at += slice[k];
   }
-  if (optimizer_shard_tail() != tail) throw InternalError("moe transformer: the stores' slices do not fill the tail");
   const FsdpBuffers& fb = fsdp_->buffers();
   for (int k = 0; k < 2; ++k) {
     param_slots_[k] = dev.allocate(fb.layer_params.component, fb.layer_params.bytes);
@@ -556,14 +556,6 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
 }
 
 MoeTransformer::~MoeTransformer() = default;
-
-std::uint64_t MoeTransformer::optimizer_shard_tail() {
-  std::uint64_t n = 0;
-  const std::vector<ParameterStore*> s = stores();
-  const std::vector<Communicator*> g = store_groups();
-  for (std::size_t i = 0; i < s.size(); ++i) n += s[i]->elements() / static_cast<std::uint64_t>(g[i]->size());
-  return n;
-}
 
 std::vector<const DispatchStats*> MoeTransformer::dispatch_stats() const {
   std::vector<const DispatchStats*> out;

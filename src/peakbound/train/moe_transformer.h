@@ -259,10 +259,6 @@ class MoeTransformer {
   // gradients are summed over (the FSDP units reduce their own, layer by layer).
   std::vector<ParameterStore*> stores() { return {experts_.get(), head_.get()}; }
   std::vector<Communicator*> store_groups() { return {groups_.ep_replicas.get(), groups_.vocab_replicas.get()}; }
-  // The elements of this rank's slices of the stores (each store / its group's size, in
-  // stores() order): the trainer's part of the optimizer shard after the FSDP units'
-  // shard, in the same buffers (FsdpUnits' tail).
-  std::uint64_t optimizer_shard_tail();
 
   // Deterministic initialisation from a seed, independent of the layout: every
   // element's value is a function of (seed, tensor name, index), so any layout holds

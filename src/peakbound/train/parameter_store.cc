@@ -139,7 +139,11 @@ Footprint parameter_store_footprint(const TensorTable& table, const ShardSelecto
 
 ParameterStore::ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select,
                                const LayoutOptions& options, Precision precision, StoreMemory memory)
-    : dev_(&dev), table_(table), precision_(precision), layout_(parameter_layout(table, select, options)) {
+    : ParameterStore(dev, table, parameter_layout(table, select, options), precision, memory) {}
+
+ParameterStore::ParameterStore(Device& dev, const TensorTable& table, ParameterLayout layout, Precision precision,
+                               StoreMemory memory)
+    : dev_(&dev), table_(table), precision_(precision), layout_(std::move(layout)) {
   index_.reserve(layout_.views.size());
   for (std::size_t i = 0; i < layout_.views.size(); ++i) index_.emplace(layout_.views[i].name(), i);
   const ParameterStoreBuffers b = parameter_store_buffers(layout_, precision_);

@@ -147,6 +147,9 @@ class ParameterStore {
   // (waits for that).
   ParameterStore(Device& dev, const TensorTable& table, const ShardSelector& select = replicate_all(),
                  const LayoutOptions& options = {}, Precision precision = Precision::f32, StoreMemory memory = {});
+  // The same with the layout parameter_layout(table, select, options) gave the caller.
+  ParameterStore(Device& dev, const TensorTable& table, ParameterLayout layout, Precision precision,
+                 StoreMemory memory = {});
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
   ParameterStore(ParameterStore&&) = default;
@@ -195,9 +198,6 @@ class ParameterStore {
   float* grads_data() const { return grads_.as<float>(); }
   std::uint64_t elements() const { return layout_.elements; }
   const ParameterLayout& layout() const { return layout_; }
-  // False where the buffers are a StoreMemory the caller gave (a Buffer without an
-  // allocator: it releases nothing).
-  bool owns_memory() const { return !params_.empty(); }
 
   // Zeroes every gradient, asynchronously on s (the compute stream by default).
   void zero_grads(Stream& s);

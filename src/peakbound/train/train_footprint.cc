@@ -154,7 +154,7 @@ class TrainFootprintBuilder {
     // parameters and of gradients, all held for the model's life.
     const std::shared_ptr<const ModelLayouts> lay = model_layouts(c_, g_.world, !sch_.vocab_parallel_embedding);
     // The stores, then the FSDP shard buffers with the stores' slices in their tail (the
-    // optimizer's shard, updated in place: MoeTransformer::optimizer_shard_tail). A store
+    // optimizer's shard, updated in place: MoeTransformer's constructor). A store
     // of a one-rank group is its slice: it lives in the tail, with no buffers of its own.
     u64 tail = 0;
     const StoreSpec* stores[2] = {&specs.experts, &specs.head};

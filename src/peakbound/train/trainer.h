@@ -106,7 +106,7 @@ using StopCheck = std::function<std::int64_t()>;
 class Trainer {
  public:
   // Allocates the optimizer state over the model's FSDP shard buffers (the units' shard,
-  // then this rank's slices of the stores in their tail, MoeTransformer::optimizer_shard_tail:
+  // then this rank's slices of the stores in their tail, FsdpUnits::tail_elements():
   // AdamW updates the FSDP shard in place, no copy to or from a shard of its own) and loads the model's current
   // parameters as the master weights: under f32 read back from the device, under bf16 the
   // pending masters init_parameters / load_hf left (taken; InvalidArgument, one line, when

@@ -646,11 +646,10 @@ std::string_view bf16_gemm_path_needs(Bf16GemmPath p) {
   return "nothing";
 }
 
-bool native_beats_convert() { return __builtin_cpu_is("amd"); }
-
 Bf16GemmPath best_bf16_gemm_path() {
   if (bf16_gemm_path_supported(Bf16GemmPath::amx)) return Bf16GemmPath::amx;
-  if (bf16_gemm_path_supported(Bf16GemmPath::native) && native_beats_convert()) return Bf16GemmPath::native;
+  // native beats convert only where VDPBF16PS outruns the f32 FMAs: AMD (gemm_bf16.h).
+  if (bf16_gemm_path_supported(Bf16GemmPath::native) && __builtin_cpu_is("amd")) return Bf16GemmPath::native;
   return Bf16GemmPath::convert;
 }
 
