@@ -110,32 +110,35 @@ TEST(AdamW, EveryLevelAndThreadCountIsBitwiseTheReference) {
   // Tails of every width, and sizes that take the pool's multi-task path.
   const std::int64_t sizes[] = {1, 7, 8, 9, 15, 16, 17, 33, 1000, kAdamWChunk + 5, 3 * kAdamWChunk + 13};
   int tested_levels = 0;
-  for (SimdLevel level : levels) {
-    if (!simd_level_supported(level)) continue;
-    ++tested_levels;
-    for (DType gd : {DType::f32, DType::bf16})
-      for (DType pd : {DType::f32, DType::bf16})
-        for (std::int64_t n : sizes)
+  for (SimdLevel level : levels) tested_levels += simd_level_supported(level) ? 1 : 0;
+  // The reference's three steps once per input; each level and thread count starts from a
+  // copy of the same input (generating it and stepping the reference again for each of
+  // them took most of this test's time, a minute under the sanitizers).
+  for (DType gd : {DType::f32, DType::bf16})
+    for (DType pd : {DType::f32, DType::bf16})
+      for (std::int64_t n : sizes) {
+        State start(n, gd, pd, 5);
+        // A NaN gradient and huge masters exercise the NaN and overflow paths of bf16 rounding.
+        if (n > 3) {
+          if (gd == DType::f32) reinterpret_cast<float*>(start.grad.data())[2] = std::numeric_limits<float>::quiet_NaN();
+          else reinterpret_cast<bf16*>(start.grad.data())[2] = peakbound::to_bf16(std::numeric_limits<float>::quiet_NaN());
+          start.master[3] = std::numeric_limits<float>::max();
+        }
+        State ref = start;
+        for (std::int64_t t = 1; t <= 3; ++t)
+          adamw_update_reference(adamw_step_scalars(kConfig, t, kConfig.lr, 0.5f), ref.tensors());
+        for (SimdLevel level : levels) {
+          if (!simd_level_supported(level)) continue;
           for (int threads : {1, 2, 3}) {
             ThreadPool pool(threads);
-            State ref(n, gd, pd, 5), got(n, gd, pd, 5);
-            // A NaN gradient and huge masters exercise the NaN and overflow paths of bf16 rounding.
-            if (n > 3) {
-              if (gd == DType::f32) reinterpret_cast<float*>(ref.grad.data())[2] = std::numeric_limits<float>::quiet_NaN();
-              else reinterpret_cast<bf16*>(ref.grad.data())[2] = peakbound::to_bf16(std::numeric_limits<float>::quiet_NaN());
-              ref.master[3] = std::numeric_limits<float>::max();
-              got.grad = ref.grad;
-              got.master = ref.master;
-            }
-            for (std::int64_t t = 1; t <= 3; ++t) {
-              auto sc = adamw_step_scalars(kConfig, t, kConfig.lr, 0.5f);
-              adamw_update_reference(sc, ref.tensors());
-              adamw_update_parallel(pool, level, sc, got.tensors());
-            }
+            State got = start;
+            for (std::int64_t t = 1; t <= 3; ++t)
+              adamw_update_parallel(pool, level, adamw_step_scalars(kConfig, t, kConfig.lr, 0.5f), got.tensors());
             ASSERT_TRUE(same_bits(ref, got)) << simd_level_name(level) << " n=" << n << " threads=" << threads
                                              << " grad " << dtype_name(gd) << " param " << dtype_name(pd);
           }
-  }
+        }
+      }
   EXPECT_GE(tested_levels, 1);
   if (!simd_level_supported(SimdLevel::avx512))
     std::printf("note: this CPU has no AVX-512; the avx512 body was compiled but not run here\n");
@@ -152,11 +155,12 @@ TEST(AdamW, StreamedParametersAreBitwiseTheReference) {
       ASSERT_TRUE(adamw_streams_param(ref.tensors()));
       const auto sc = adamw_step_scalars(kConfig, 1, kConfig.lr, 0.5f);
       adamw_update_reference(sc, ref.tensors());
+      const State start(n, gd, pd, 11);  // copied for each run: generating it is the slow part
       int offset = 0;
       for (SimdLevel level : {SimdLevel::avx2, SimdLevel::avx512}) {
         if (!simd_level_supported(level)) continue;
         for (int threads : {1, 2}) {
-          State got(n, gd, pd, 11);
+          State got = start;
           ThreadPool pool(threads);
           // Elements before `offset` by the reference, the rest by the level under test.
           adamw_update_reference(sc, got.tensors().slice(0, offset));
@@ -174,22 +178,25 @@ TEST(AdamW, StreamedParametersAreBitwiseTheReference) {
 TEST(AdamW, ParameterThatIsTheMasterIsTheSameUpdate) {
   const std::int64_t small = 1000 + 13, large = kAdamWStreamBytes / 16 + 5;
   for (std::int64_t n : {small, large})
-    for (DType gd : {DType::f32, DType::bf16})
+    for (DType gd : {DType::f32, DType::bf16}) {
+      // The input and the reference's two steps once; each level starts from a copy.
+      const State start(n, gd, DType::f32, 13);
+      State ref = start;
+      for (std::int64_t t = 1; t <= 2; ++t)
+        adamw_update_reference(adamw_step_scalars(kConfig, t, kConfig.lr, 1.0f), ref.tensors());
       for (SimdLevel level : {SimdLevel::scalar, SimdLevel::avx2, SimdLevel::avx512}) {
         if (!simd_level_supported(level)) continue;
-        State ref(n, gd, DType::f32, 13), got(n, gd, DType::f32, 13);
+        State got = start;
         ThreadPool pool(2);
         AdamWTensors aliased = got.tensors();
         aliased.param = got.master.data();
-        for (std::int64_t t = 1; t <= 2; ++t) {
-          const auto sc = adamw_step_scalars(kConfig, t, kConfig.lr, 1.0f);
-          adamw_update_reference(sc, ref.tensors());
-          adamw_update_parallel(pool, level, sc, aliased);
-        }
+        for (std::int64_t t = 1; t <= 2; ++t)
+          adamw_update_parallel(pool, level, adamw_step_scalars(kConfig, t, kConfig.lr, 1.0f), aliased);
         got.param = ref.param;  // never written: compare the master with it instead
         ASSERT_TRUE(same_bits(ref, got)) << simd_level_name(level) << " n=" << n;
         ASSERT_EQ(std::memcmp(ref.param.data(), got.master.data(), got.master.size() * 4), 0) << n;
       }
+    }
 }
 
 TEST(AdamW, UnsupportedLevelIsRefusedNotRun) {
