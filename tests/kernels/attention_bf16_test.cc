@@ -326,6 +326,29 @@ TEST(AttentionBf16, DeterministicAcrossThreadCounts) {
   }
 }
 
+// The convert path widens each tile operand once and runs the very sgemm calls its GEMM
+// would (attention.cc, Wide), while tiles or heads over 512 take the generic route (a tile
+// product at a time through gemm_bf16). One tile either way (T below both block sizes, so
+// the tiles have the same shapes): the same bits, forward and backward, with and without
+// a window.
+TEST(AttentionBf16, ConvertWidensEachOperandOnceWithTheSameBits) {
+  std::mt19937 rng(23);
+  for (std::int64_t window : {0, 9}) {
+    AttentionDims a;
+    a.tokens = 45, a.q_heads = 4, a.kv_heads = 2, a.qk_dim = 20, a.v_dim = 12, a.window = window;
+    const Inputs in = make_inputs(a, rng);
+    AttentionDims once = a, generic = a;
+    once.block_q = once.block_k = 64;
+    generic.block_q = generic.block_k = 600;  // past 512: the generic route
+    const Result x = run_bf16(once, in, Bf16GemmPath::convert), y = run_bf16(generic, in, Bf16GemmPath::convert);
+    for (auto [got, want, what] : {std::tuple{&x.out, &y.out, "out"}, std::tuple{&x.lse, &y.lse, "lse"},
+                                   std::tuple{&x.dq, &y.dq, "dq"}, std::tuple{&x.dk, &y.dk, "dk"},
+                                   std::tuple{&x.dv, &y.dv, "dv"}})
+      EXPECT_EQ(0, std::memcmp(got->data(), want->data(), got->size() * sizeof(float))) << what << " window " << window;
+    EXPECT_LT(worst_error(x, run_f32(a, in)), kTol);  // and it is attention
+  }
+}
+
 TEST(AttentionBf16, WorkspaceSizesTakeTheDtype) {
   AttentionDims a;
   a.tokens = 10, a.q_heads = 4, a.kv_heads = 2, a.qk_dim = 8, a.v_dim = 8, a.block_q = 3, a.block_k = 5, a.threads = 2;

@@ -13,11 +13,13 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/adamw_types.h"
 #include "peakbound/kernels/cpu/bf16_lanes.h"
+#include "peakbound/kernels/cpu/elementwise.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/kernels/cpu/vexp.h"
@@ -154,6 +156,35 @@ inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::
   gemm_bf16(path, ta, tb, m, n, k, alpha, x, ldx, y, ldy, beta, c, ldc);
 }
 
+// The convert path's operands widened once (kernels/cpu/gemm_bf16.h: convert widens each
+// block of A and B to f32 and calls sgemm). A tile product there widened both of its
+// operands on every call, so the backward widened Q, K, dO and dS twice a block and the
+// forward Q once for every key block: 10 tile widenings a backward block, 4 a forward one.
+// With head dim 32 the widening was most of what made the bf16 kernel slower than the f32
+// one. Here each operand is widened once, into the dense [rows, cols] layout gemm_convert
+// widens into, and the products run as the very sgemm calls gemm_convert makes (same
+// shapes, transposes and leading dimensions), so the bits are the convert path's. That
+// holds while every dimension is one of gemm_convert's blocks (at most kWideMax): larger
+// tiles or heads take the generic route.
+constexpr std::int64_t kWideMax = 512;
+struct Wide {
+  std::vector<float> q, k, v, d_o, p, ds;  // this thread's widened tiles (fixed size, reused)
+};
+Wide& wide_tiles() {
+  thread_local Wide w;
+  return w;
+}
+// rows x cols of bf16 (row stride ld) into a dense f32 buffer (grown, never shrunk).
+const float* widen_tile(std::vector<float>& buf, const bf16* x, std::int64_t ld, std::int64_t rows,
+                        std::int64_t cols) {
+  if (buf.size() < static_cast<std::size_t>(rows * cols)) buf.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) to_f32(buf.data() + r * cols, x + r * ld, cols);
+  return buf.data();
+}
+bool wide_fits(const AttentionDims& a) {
+  return a.block_q <= kWideMax && a.block_k <= kWideMax && a.qk_dim <= kWideMax && a.v_dim <= kWideMax;
+}
+
 // Floats a slot's bf16 copy of a [Bq, Bk] tile takes (two a float, rounded up; none for
 // f32, whose P and dS are used in place): kernels/attention_dims.cc's sizes.
 template <typename T>
@@ -183,6 +214,8 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
   const std::int64_t q_blocks = (Tq + Bq - 1) / Bq, items = Hq * q_blocks;
   const std::int64_t slot_floats = Bq * Bk + 2 * Bq + low_tile_floats<T>(Bq * Bk);
   constexpr bool kLow = !std::is_same_v<T, float>;  // P rounded into `low` (bf16)
+  // bf16 on the convert path: Q widened once an item, K and V once a key block (Wide).
+  const bool wide = kLow && path == Bf16GemmPath::convert && wide_fits(a);
 
   run_shares(a.threads, pool, [&](std::int64_t slot) {
     float* S = workspace + slot * slot_floats;  // [Bq, Bk] scores, then probabilities
@@ -204,11 +237,28 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
       // Keys the tile sees: [first visible to row i0, last visible to row i1 - 1], on
       // the Bk grid from key row 0; none when the block lies after the tile.
       const auto [k_lo, k_hi] = attention_forward_keys(a, i0, i1);
+      Wide* wt = nullptr;
+      const float* qf = nullptr;
+      if constexpr (kLow) {
+        if (wide && k_lo < k_hi) {
+          wt = &wide_tiles();
+          qf = widen_tile(wt->q, q + (i0 * Hq + h) * D, Hq * D, rows, D);
+        }
+      }
       for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
         const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
-        tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
-                  Hkv * D, 0.0f, S, Bk);
+        const float* vf = nullptr;
+        if constexpr (kLow) {
+          if (wt != nullptr) {
+            const float* kf = widen_tile(wt->k, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
+            vf = widen_tile(wt->v, v + (j0 * Hkv + g) * Dv, Hkv * Dv, cols, Dv);
+            gemm_f32(false, true, rows, cols, D, scale, qf, D, kf, D, 0.0f, S, Bk);
+          }
+        }
+        if (vf == nullptr)
+          tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
+                    Hkv * D, 0.0f, S, Bk);
         // Rows in groups of kRowGroup: the group's maxima first, then its rescale factors
         // alpha = exp(m_old - m_new) in one vector call (exp_f32's bits), then each row's
         // probabilities. Only the visible columns count: the rest of a row becomes 0. Under
@@ -255,8 +305,15 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         }
         // O_tile += P V_tile
         const T* P = kLow ? reinterpret_cast<const T*>(low) : reinterpret_cast<const T*>(S);
-        tile_gemm(path, false, false, rows, Dv, cols, 1.0f, P, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile,
-                  Hq * Dv);
+        if (vf != nullptr) {
+          if constexpr (kLow) {
+            const float* pf = widen_tile(wt->p, P, Bk, rows, cols);
+            gemm_f32(false, false, rows, Dv, cols, 1.0f, pf, cols, vf, Dv, 1.0f, o_tile, Hq * Dv);
+          }
+        } else {
+          tile_gemm(path, false, false, rows, Dv, cols, 1.0f, P, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile,
+                    Hq * Dv);
+        }
       }
       // A row that saw no key at all (l == 0) keeps out 0 and lse -inf.
       for (std::int64_t r = 0; r < rows; ++r) {
@@ -292,6 +349,9 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
   float* tiles = row_dot != nullptr ? workspace : workspace + Tq * Hq;
   const std::int64_t low = low_tile_floats<T>(Bq * Bk);
   constexpr bool kLow = !std::is_same_v<T, float>;  // P and dS rounded into P_low, dS_low (bf16)
+  // bf16 on the convert path: K and V widened once a key block, Q and dO once a tile, P and
+  // dS once each (Wide).
+  const bool wide = kLow && path == Bf16GemmPath::convert && wide_fits(a);
 
   // One share per kv head (strided): it owns dk and dv of that head and dq of its query
   // heads, so no two shares write the same element and no reduction is needed.
@@ -321,6 +381,15 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
         // Query rows that see some key of this tile: from the tile's first key's
         // position to its last key's position + W (exclusive), clipped to [0, T).
         const auto [q_lo, q_hi] = attention_backward_queries(a, j0, cols);
+        Wide* wt = nullptr;
+        const float *kf = nullptr, *vf = nullptr;
+        if constexpr (kLow) {
+          if (wide && q_lo < q_hi) {
+            wt = &wide_tiles();
+            kf = widen_tile(wt->k, k_tile, Hkv * D, cols, D);
+            vf = widen_tile(wt->v, v_tile, Hkv * Dv, cols, Dv);
+          }
+        }
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
             const std::int64_t rows = std::min(i0 + Bq, q_hi) - i0;
@@ -365,8 +434,19 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
               }
             }
             // P = exp(scale Q K^T - lse) (0 where masked), dP = dO V^T.
-            tile_gemm(path, false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
-            tile_gemm(path, false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
+            const float *qf = nullptr, *dof = nullptr;
+            if constexpr (kLow) {
+              if (wt != nullptr) {
+                qf = widen_tile(wt->q, q_tile, Hq * D, rows, D);
+                dof = widen_tile(wt->d_o, do_tile, Hq * Dv, rows, Dv);
+                gemm_f32(false, true, rows, cols, D, scale, qf, D, kf, D, 0.0f, P, Bk);
+                gemm_f32(false, true, rows, cols, Dv, 1.0f, dof, Dv, vf, Dv, 0.0f, dS, Bk);
+              }
+            }
+            if (qf == nullptr) {
+              tile_gemm(path, false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
+              tile_gemm(path, false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
+            }
             for (std::int64_t r = 0; r < rows; ++r) {
               const std::int64_t i = i0 + r;
               const float lse_i = lse[i * Hq + h], d_i = Di[i * Hq + h];
@@ -390,6 +470,16 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
             // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
             const T* Pt = kLow ? reinterpret_cast<const T*>(P_low) : reinterpret_cast<const T*>(P);
             const T* dSt = kLow ? reinterpret_cast<const T*>(dS_low) : reinterpret_cast<const T*>(dS);
+            if constexpr (kLow) {
+              if (qf != nullptr) {  // P and dS widened dense [rows, cols], as gemm_convert does
+                const float* pf = widen_tile(wt->p, Pt, Bk, rows, cols);
+                const float* dsf = widen_tile(wt->ds, dSt, Bk, rows, cols);
+                gemm_f32(true, false, cols, Dv, rows, 1.0f, pf, cols, dof, Dv, 1.0f, dv_tile, Hkv * Dv);
+                gemm_f32(true, false, cols, D, rows, 1.0f, dsf, cols, qf, D, 1.0f, dk_tile, Hkv * D);
+                gemm_f32(false, false, rows, D, cols, 1.0f, dsf, cols, kf, D, 1.0f, dq + (i0 * Hq + h) * D, Hq * D);
+                continue;
+              }
+            }
             tile_gemm(path, true, false, cols, Dv, rows, 1.0f, Pt, Bk, do_tile, Hq * Dv, 1.0f, dv_tile, Hkv * Dv);
             tile_gemm(path, true, false, cols, D, rows, 1.0f, dSt, Bk, q_tile, Hq * D, 1.0f, dk_tile, Hkv * D);
             tile_gemm(path, false, false, rows, D, cols, 1.0f, dSt, Bk, k_tile, Hkv * D, 1.0f, dq + (i0 * Hq + h) * D,
