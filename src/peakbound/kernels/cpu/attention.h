@@ -53,7 +53,7 @@
 // gemm_bf16 would make, so the bits are that path's (tests: ConvertWidensEachOperandOnce-
 // WithTheSameBits); a tile product at a time widened both operands, 10 widenings a backward
 // block. bench attention (T = 4096, 8 heads, 2 kv heads, one thread, 2-core Xeon): forward
-// 0.89-0.93x and backward 0.90-0.97x the time at head dim 32, 0.85-0.90x and 0.83-0.86x at 64.
+// 0.88-0.95x and backward 0.89-0.97x the time at head dim 32, 0.85-0.90x and 0.83-0.86x at 64.
 // The bf16 forms are not bitwise the f32 kernel on widened inputs (P and dS are rounded
 // and the GEMM's sum order differs): tests/kernels/attention_bf16_test.cc bounds them.
 // Speed (T=2048, Hq=8, Hkv=2, D=64, Bq=Bk=64, forward+backward, 2 AMD EPYC cores with
