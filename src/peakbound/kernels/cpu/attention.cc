@@ -19,7 +19,6 @@
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/adamw_types.h"
 #include "peakbound/kernels/cpu/bf16_lanes.h"
-#include "peakbound/kernels/cpu/elementwise.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/kernels/cpu/vexp.h"
@@ -178,7 +177,7 @@ Wide& wide_tiles() {
 const float* widen_tile(std::vector<float>& buf, const bf16* x, std::int64_t ld, std::int64_t rows,
                         std::int64_t cols) {
   if (buf.size() < static_cast<std::size_t>(rows * cols)) buf.resize(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t r = 0; r < rows; ++r) to_f32(buf.data() + r * cols, x + r * ld, cols);
+  widen_bf16_block(x, ld, rows, cols, buf.data());
   return buf.data();
 }
 bool wide_fits(const AttentionDims& a) {

@@ -579,14 +579,6 @@ bool amx_permitted() {
 #endif
 }
 
-// rows x cols of bf16 (row stride ld) widened into a dense f32 [rows, cols], a row at a
-// time by the widest conversion the CPU has (elementwise.h's to_f32: 16 lanes with
-// AVX-512). The loop here compiled to 8-lane SSE2 and held 10% of the 2-rank 4096-token
-// step on an AVX-512 Xeon, most of it in attention's 64 x 64 tiles.
-void widen(const bf16* in, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* out) {
-  for (std::int64_t r = 0; r < rows; ++r) to_f32(out + r * cols, in + r * ld, cols);
-}
-
 void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
                   std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   thread_local std::vector<float> af, bf;
@@ -597,12 +589,12 @@ void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
     for (std::int64_t pc = 0; pc < k; pc += kCvtK) {
       const std::int64_t kc = std::min(kCvtK, k - pc);
       // Each block keeps its stored orientation: B^T stored [N,K] widens to [nc, kc].
-      if (tb) widen(b + jc * ldb + pc, ldb, nc, kc, bf.data());
-      else widen(b + pc * ldb + jc, ldb, kc, nc, bf.data());
+      if (tb) widen_bf16_block(b + jc * ldb + pc, ldb, nc, kc, bf.data());
+      else widen_bf16_block(b + pc * ldb + jc, ldb, kc, nc, bf.data());
       for (std::int64_t ic = 0; ic < m; ic += kCvtM) {
         const std::int64_t mc = std::min(kCvtM, m - ic);
-        if (ta) widen(a + pc * lda + ic, lda, kc, mc, af.data());
-        else widen(a + ic * lda + pc, lda, mc, kc, af.data());
+        if (ta) widen_bf16_block(a + pc * lda + ic, lda, kc, mc, af.data());
+        else widen_bf16_block(a + ic * lda + pc, lda, mc, kc, af.data());
         gemm_f32(ta, tb, mc, nc, kc, alpha, af.data(), ta ? mc : kc, bf.data(), tb ? kc : nc,
                  pc == 0 ? beta : 1.0f, c + ic * ldc + jc, ldc);
       }
@@ -611,6 +603,13 @@ void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
 }
 
 }  // namespace
+
+// A row at a time by the widest conversion the CPU has (elementwise.h's to_f32: 16 lanes
+// with AVX-512). The loop here compiled to 8-lane SSE2 and held 10% of the 2-rank
+// 4096-token step on an AVX-512 Xeon, most of it in attention's tiles.
+void widen_bf16_block(const bf16* in, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* out) {
+  for (std::int64_t r = 0; r < rows; ++r) to_f32(out + r * cols, in + r * ld, cols);
+}
 
 std::string_view bf16_gemm_path_name(Bf16GemmPath p) {
   switch (p) {

@@ -96,4 +96,8 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, std::int64_t m, st
                float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta,
                float* c, std::int64_t ldc);
 
+// rows x cols of bf16 (row stride ld) widened into a dense f32 [rows, cols]: the convert
+// path's blocks (and the attention kernel's tiles on that path, attention.cc).
+void widen_bf16_block(const bf16* in, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* out);
+
 }  // namespace peakbound::cpu
