@@ -88,6 +88,36 @@ TEST(Vexp, ArraysEqualTheScalarBitsAndTheLaneSum) {
   }
 }
 
+// The rounded copy held in fp32 (the convert path's GEMM operand): each value
+// widen(narrow<bf16>(exp_f32(x - shift))), beside x or over it (low == x), with the sum of
+// the unrounded values; exp_shift's form keeps the unrounded ones in x too. NaN stays NaN.
+TEST(Vexp, RoundedCopiesInFp32AreTheWidenedBf16Bits) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-30.0f, 5.0f);
+  for (std::int64_t n : {0, 1, 7, 8, 9, 16, 17, 25, 33, 200}) {
+    std::vector<float> x(static_cast<std::size_t>(n));
+    for (float& v : x) v = u(rng);
+    if (n > 3) x[2] = -std::numeric_limits<float>::infinity();
+    if (n > 10) x[9] = std::nanf("");
+    const float shift = 0.75f;
+    std::vector<bf16> packed(static_cast<std::size_t>(n));
+    const float want = exp_shift_sum(packed.data(), x.data(), n, shift);
+    std::vector<float> beside(static_cast<std::size_t>(n)), over = x, kept = x, kept_low(static_cast<std::size_t>(n));
+    EXPECT_EQ(bits(exp_shift_sum(beside.data(), x.data(), n, shift)), bits(want)) << n;
+    EXPECT_EQ(bits(exp_shift_sum(over.data(), over.data(), n, shift)), bits(want)) << n;
+    exp_shift(kept.data(), kept_low.data(), n, shift);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto i = static_cast<std::size_t>(j);
+      const float e = exp_f32(x[i] - shift), r = widen(narrow<bf16>(e));
+      EXPECT_EQ(bits(widen(packed[i])), bits(r)) << n << " " << j;
+      EXPECT_EQ(bits(beside[i]), bits(r)) << n << " " << j;
+      EXPECT_EQ(bits(over[i]), bits(r)) << n << " " << j;
+      EXPECT_EQ(bits(kept[i]), bits(e)) << n << " " << j;
+      EXPECT_EQ(bits(kept_low[i]), bits(r)) << n << " " << j;
+    }
+  }
+}
+
 // Every lane of the vector bodies equals exp_f32 over the whole input range, in steps
 // fine enough to reach every power of two the reduction makes (fx from -126 at
 // ln(FLT_MIN) to 127 at the clamp) and past both clamps.

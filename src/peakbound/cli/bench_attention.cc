@@ -261,6 +261,16 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   std::optional<ThreadPool> pool;
   if (a.threads > 1) pool.emplace(a.threads);
   ThreadPool* p = pool ? &*pool : nullptr;
+  // The tile GEMMs on one BLAS thread, as the trainer runs the kernel (one rank a core, the
+  // kernel's shares on --threads cores): left to the process's BLAS threads (the machine's
+  // cores in one process), OpenBLAS split the 128 x 128 tile products over them and its
+  // waiting threads' yields cost more than the split gained (2-core Xeon, head dim 32,
+  // bf16: forward 0.23 s against 0.14 s on one BLAS thread).
+  struct BlasThreads {
+    int before = ops::blas_num_threads();
+    BlasThreads() { ops::set_blas_threads(1); }
+    ~BlasThreads() { ops::set_blas_threads(before); }
+  } one_blas_thread;
   const std::string load_before = bench::load_average();
   // The forward's and then the backward's best time under dims d (the backward reads the
   // forward's out and lse).
@@ -301,6 +311,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
                       {"block_q", a.block_q},
                       {"block_k", a.block_k},
                       {"threads", a.threads},
+                      {"kernel_blas_threads", ops::blas_num_threads()},
                       {"window", a.window},
                       {"precision", low ? "bf16" : "f32"},
                       {"bf16_gemm_path", low ? ops::bf16_gemm_path() : std::string("none")},

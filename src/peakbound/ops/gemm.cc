@@ -90,6 +90,8 @@ std::string blas_core_name() { return cpu::blas_core_name(); }
 
 int blas_num_threads() { return cpu::blas_num_threads(); }
 
+void set_blas_threads(int n) { cpu::set_blas_threads(n); }
+
 std::string blas_core_source() { return cpu::blas_core_source(); }
 
 void prefer_blas_kernels(char** argv) { cpu::prefer_blas_kernels(argv); }

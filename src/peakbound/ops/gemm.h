@@ -44,6 +44,8 @@ void set_bf16_gemm_path(std::string_view name);
 // kernels were chosen for ("Haswell", "SkylakeX", ...) and its thread count.
 std::string blas_core_name();
 int blas_num_threads();
+// Sets the thread count (at least 1; gemm_bf16's pool follows it).
+void set_blas_threads(int n);
 // Where the core type came from: "detected" (OpenBLAS's choice) or "OPENBLAS_CORETYPE".
 std::string blas_core_source();
 // First thing in a program's main(): where OpenBLAS fell back to its generic kernels on a

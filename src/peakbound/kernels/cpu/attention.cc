@@ -56,50 +56,55 @@ inline float dot_f64(const T* a, const T* b, std::int64_t n) {
 
 // ds[c] = p[c] * (ds[c] - d[c * d_step]) * scale for c in [0, n): dL/dscore (times the
 // score scale) from P and dP, d one value (d_step 0: a query row's D) or one per element
-// (d_step 1: a key row's queries' D); with `low` also low[c] = narrow<bf16>(ds[c]), the
-// rounded operand of the gradient GEMMs. The AVX-512 body does the same two products per
-// element (no FMA), so its bits are the scalar loop's.
+// (d_step 1: a key row's queries' D); with `low` also low[c] = ds[c] rounded to bf16, the
+// rounded operand of the gradient GEMMs: packed (bf16), or held in fp32 (float, which may
+// be ds itself: the convert path's operand, bf16_lanes.h's store_rounded). The AVX-512 body
+// does the same two products per element (no FMA), so its bits are the scalar loop's.
+template <typename L>
 void grad_scores_scalar(float* ds, const float* p, const float* d, std::int64_t d_step, float scale, std::int64_t n,
-                        bf16* low) {
+                        L* low) {
   for (std::int64_t c = 0; c < n; ++c) {
     ds[c] = p[c] * (ds[c] - d[c * d_step]) * scale;
-    if (low) low[c] = narrow<bf16>(ds[c]);
+    if (low) simd::store_rounded(low + c, ds[c]);
   }
 }
 
+template <typename L>
 __attribute__((target("avx512f"))) void grad_scores_avx512(float* ds, const float* p, const float* d,
                                                             std::int64_t d_step, float scale, std::int64_t n,
-                                                            bf16* low) {
+                                                            L* low) {
   const __m512 vs = _mm512_set1_ps(scale);
   std::int64_t c = 0;
   for (; c + 16 <= n; c += 16) {
     const __m512 vd = d_step ? _mm512_loadu_ps(d + c) : _mm512_set1_ps(*d);
     const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
     _mm512_storeu_ps(ds + c, v);
-    if (low) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c), simd::to_bf16x16(v));
+    if (low) simd::store_rounded16(low + c, v);
   }
   grad_scores_scalar(ds + c, p + c, d + c * d_step, d_step, scale, n - c, low ? low + c : nullptr);
 }
 
 // The same with the rounding by VCVTNEPS2BF16 (to_bf16x16's bits), where the CPU has it
 // (a copy for its target, as vexp.cc's blocks_avx512_bf16).
+template <typename L>
 __attribute__((target("avx512f,avx512dq,avx512bf16"))) void grad_scores_avx512_bf16(float* ds, const float* p,
                                                                                      const float* d,
                                                                                      std::int64_t d_step, float scale,
-                                                                                     std::int64_t n, bf16* low) {
+                                                                                     std::int64_t n, L* low) {
   const __m512 vs = _mm512_set1_ps(scale);
   std::int64_t c = 0;
   for (; c + 16 <= n; c += 16) {
     const __m512 vd = d_step ? _mm512_loadu_ps(d + c) : _mm512_set1_ps(*d);
     const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(p + c), _mm512_sub_ps(_mm512_loadu_ps(ds + c), vd)), vs);
     _mm512_storeu_ps(ds + c, v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + c), simd::to_bf16x16_native(v));
+    simd::store_rounded16_native(low + c, v);
   }
   grad_scores_scalar(ds + c, p + c, d + c * d_step, d_step, scale, n - c, low + c);
 }
 
+template <typename L>
 void grad_scores(float* ds, const float* p, const float* d, std::int64_t d_step, float scale, std::int64_t n,
-                 bf16* low) {
+                 L* low) {
   static const bool avx512 = best_simd_level() == SimdLevel::avx512;
   static const bool native = avx512 && simd::cpu_has_avx512_bf16();
   if (native && low) grad_scores_avx512_bf16(ds, p, d, d_step, scale, n, low);
@@ -160,14 +165,24 @@ inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::
 // operands on every call, so the backward widened Q, K, dO and dS twice a block and the
 // forward Q once for every key block: 10 tile widenings a backward block, 4 a forward one.
 // With head dim 32 the widening was most of what made the bf16 kernel slower than the f32
-// one. Here each operand is widened once, into the dense [rows, cols] layout gemm_convert
-// widens into, and the products run as the very sgemm calls gemm_convert makes (same
-// shapes, transposes and leading dimensions), so the bits are the convert path's. That
-// holds while every dimension is one of gemm_convert's blocks (at most kWideMax): larger
-// tiles or heads take the generic route.
+// one. Here each operand is widened once, into the dense layout gemm_convert widens into,
+// and the products are the sgemm calls gemm_convert makes (same shapes, transposes and
+// leading dimensions), with one change: the score products S = Q K^T and dP = dO V^T take
+// K and V widened transposed ([D, keys]) and run as row-major NN products, not NT.
+// OpenBLAS 0.3.21 sends a row-major NT product of these shapes (column-major TN, M N >
+// 1200) through its packed kernel, with a memset of C for beta 0, and an NN one through
+// its small-matrix kernel: 10.5 -> 6.7 us at 128 x 128 x 32 on one core of an Emerald
+// Rapids Xeon. Both sum each element's products in K order by FMA and then scale by
+// alpha, so the bits are gemm_convert's (tests: ConvertWidensEachOperandOnceWithTheSame-
+// Bits; measured equal on the Cooperlake, SkylakeX, Haswell and Zen kernels at 45 x 45,
+// 100 x 77 and 128 x 128 tiles; OpenBLAS's NT small kernels, which take tiles of M N <=
+// 1200, sum otherwise). That holds while every dimension is one of gemm_convert's blocks
+// (at most kWideMax): larger tiles or heads take the generic route.
 constexpr std::int64_t kWideMax = 512;
 struct Wide {
-  std::vector<float> q, k, v, d_o, p, ds;  // this thread's widened tiles (fixed size, reused)
+  // this thread's widened tiles (fixed size, reused); kt and vt: K and V transposed; p:
+  // the backward's rounded P (the forward's, and dS, are rounded in place in fp32)
+  std::vector<float> q, k, v, kt, vt, d_o, p;
 };
 Wide& wide_tiles() {
   thread_local Wide w;
@@ -179,6 +194,52 @@ const float* widen_tile(std::vector<float>& buf, const bf16* x, std::int64_t ld,
   if (buf.size() < static_cast<std::size_t>(rows * cols)) buf.resize(static_cast<std::size_t>(rows * cols));
   widen_bf16_block(x, ld, rows, cols, buf.data());
   return buf.data();
+}
+
+// 16 x 16 bf16 (row stride ld) widened and transposed into out (row stride ldo): 16 rows
+// widened to 32-bit lanes, then the usual 4-stage transpose (32-bit and 64-bit
+// interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles).
+__attribute__((target("avx512f"))) void widen_transpose16_avx512(const bf16* x, std::int64_t ld, float* out,
+                                                                 std::int64_t ldo) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld))), 16);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // r[4g + m]: column 4l + m of rows 4g..4g+3, in 128-bit lane l.
+  for (int g = 0; g < 4; ++g) {
+    r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i v0 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0x88), w0 = _mm512_shuffle_i32x4(r[m], r[4 + m], 0xDD);
+    const __m512i v1 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0x88),
+                  w1 = _mm512_shuffle_i32x4(r[8 + m], r[12 + m], 0xDD);
+    _mm512_storeu_si512(out + (0 + m) * ldo, _mm512_shuffle_i32x4(v0, v1, 0x88));
+    _mm512_storeu_si512(out + (4 + m) * ldo, _mm512_shuffle_i32x4(w0, w1, 0x88));
+    _mm512_storeu_si512(out + (8 + m) * ldo, _mm512_shuffle_i32x4(v0, v1, 0xDD));
+    _mm512_storeu_si512(out + (12 + m) * ldo, _mm512_shuffle_i32x4(w0, w1, 0xDD));
+  }
+}
+
+// rows x cols of bf16 (row stride ld) widened into a dense f32 [cols, rows]: K or V of a key
+// block as the B of a row-major NN score product. Exact either way (data movement).
+const float* widen_tile_t(std::vector<float>& buf, const bf16* x, std::int64_t ld, std::int64_t rows,
+                          std::int64_t cols) {
+  if (buf.size() < static_cast<std::size_t>(rows * cols)) buf.resize(static_cast<std::size_t>(rows * cols));
+  float* out = buf.data();
+  static const bool avx512 = best_simd_level() == SimdLevel::avx512;
+  const std::int64_t rf = avx512 ? rows / 16 * 16 : 0, cf = avx512 ? cols / 16 * 16 : 0;
+  for (std::int64_t r0 = 0; r0 < rf; r0 += 16)
+    for (std::int64_t c0 = 0; c0 < cf; c0 += 16) widen_transpose16_avx512(x + r0 * ld + c0, ld, out + c0 * rows + r0, rows);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = r < rf ? cf : 0; c < cols; ++c) out[c * rows + r] = widen(x[r * ld + c]);
+  return out;
 }
 bool wide_fits(const AttentionDims& a) {
   return a.block_q <= kWideMax && a.block_k <= kWideMax && a.qk_dim <= kWideMax && a.v_dim <= kWideMax;
@@ -250,9 +311,9 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         const float* vf = nullptr;
         if constexpr (kLow) {
           if (wt != nullptr) {
-            const float* kf = widen_tile(wt->k, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
+            const float* kt = widen_tile_t(wt->kt, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
             vf = widen_tile(wt->v, v + (j0 * Hkv + g) * Dv, Hkv * Dv, cols, Dv);
-            gemm_f32(false, true, rows, cols, D, scale, qf, D, kf, D, 0.0f, S, Bk);
+            gemm_f32(false, false, rows, cols, D, scale, qf, D, kt, cols, 0.0f, S, Bk);
           }
         }
         if (vf == nullptr)
@@ -278,7 +339,8 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
             const std::int64_t r = r0 + x, lo = vis[x].lo, hi = vis[x].hi;
             float* s = S + r * Bk;
             if (most[x] == kNegInf) {  // nothing of this row in this key tile: adds zeros
-              if constexpr (kLow) std::fill_n(reinterpret_cast<T*>(low) + r * Bk, cols, T{});
+              if (wt != nullptr) std::fill_n(s, cols, 0.0f);
+              else if constexpr (kLow) std::fill_n(reinterpret_cast<T*>(low) + r * Bk, cols, T{});
               else std::fill_n(s, cols, 0.0f);
               continue;
             }
@@ -288,7 +350,11 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
               for (std::int64_t d = 0; d < Dv; ++d) oi[d] *= alpha[x];
             }
             float e;
-            if constexpr (kLow) {
+            if (wt != nullptr) {  // rounded in place, in fp32 (the convert path's operand)
+              std::fill_n(s, lo, 0.0f);
+              std::fill(s + hi, s + cols, 0.0f);
+              e = exp_shift_sum(s + lo, s + lo, hi - lo, m_new);
+            } else if constexpr (kLow) {
               T* p = reinterpret_cast<T*>(low) + r * Bk;
               std::fill_n(p, lo, T{});
               std::fill(p + hi, p + cols, T{});
@@ -305,10 +371,7 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         // O_tile += P V_tile
         const T* P = kLow ? reinterpret_cast<const T*>(low) : reinterpret_cast<const T*>(S);
         if (vf != nullptr) {
-          if constexpr (kLow) {
-            const float* pf = widen_tile(wt->p, P, Bk, rows, cols);
-            gemm_f32(false, false, rows, Dv, cols, 1.0f, pf, cols, vf, Dv, 1.0f, o_tile, Hq * Dv);
-          }
+          gemm_f32(false, false, rows, Dv, cols, 1.0f, S, Bk, vf, Dv, 1.0f, o_tile, Hq * Dv);
         } else {
           tile_gemm(path, false, false, rows, Dv, cols, 1.0f, P, Bk, v + (j0 * Hkv + g) * Dv, Hkv * Dv, 1.0f, o_tile,
                     Hq * Dv);
@@ -381,12 +444,14 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
         // position to its last key's position + W (exclusive), clipped to [0, T).
         const auto [q_lo, q_hi] = attention_backward_queries(a, j0, cols);
         Wide* wt = nullptr;
-        const float *kf = nullptr, *vf = nullptr;
+        const float *kf = nullptr, *kt = nullptr, *vt = nullptr;
         if constexpr (kLow) {
           if (wide && q_lo < q_hi) {
             wt = &wide_tiles();
             kf = widen_tile(wt->k, k_tile, Hkv * D, cols, D);
-            vf = widen_tile(wt->v, v_tile, Hkv * Dv, cols, Dv);
+            kt = widen_tile_t(wt->kt, k_tile, Hkv * D, cols, D);
+            vt = widen_tile_t(wt->vt, v_tile, Hkv * Dv, cols, Dv);
+            if (wt->p.size() < static_cast<std::size_t>(Bq * Bk)) wt->p.resize(static_cast<std::size_t>(Bq * Bk));
           }
         }
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
@@ -438,8 +503,8 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
               if (wt != nullptr) {
                 qf = widen_tile(wt->q, q_tile, Hq * D, rows, D);
                 dof = widen_tile(wt->d_o, do_tile, Hq * Dv, rows, Dv);
-                gemm_f32(false, true, rows, cols, D, scale, qf, D, kf, D, 0.0f, P, Bk);
-                gemm_f32(false, true, rows, cols, Dv, 1.0f, dof, Dv, vf, Dv, 0.0f, dS, Bk);
+                gemm_f32(false, false, rows, cols, D, scale, qf, D, kt, cols, 0.0f, P, Bk);
+                gemm_f32(false, false, rows, cols, Dv, 1.0f, dof, Dv, vt, cols, 0.0f, dS, Bk);
               }
             }
             if (qf == nullptr) {
@@ -455,7 +520,13 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
               const auto [lo, hi] = visible_columns(qo + i, ko + j0, cols, W);
               std::fill_n(p, lo, 0.0f);
               std::fill(p + hi, p + cols, 0.0f);
-              if constexpr (kLow) {  // P and dS rounded as they are made
+              if (wt != nullptr) {  // P rounded into wt->p, dS in place, both in fp32
+                float* pl = wt->p.data() + r * Bk;
+                std::fill_n(pl, lo, 0.0f);
+                std::fill(pl + hi, pl + cols, 0.0f);
+                exp_shift(p + lo, pl + lo, hi - lo, lse_i);
+                grad_scores(ds, p, &d_i, 0, scale, cols, ds);
+              } else if constexpr (kLow) {  // P and dS rounded as they are made
                 bf16* pl = reinterpret_cast<bf16*>(P_low) + r * Bk;
                 std::fill_n(pl, lo, bf16{});
                 std::fill(pl + hi, pl + cols, bf16{});
@@ -463,19 +534,18 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
                 grad_scores(ds, p, &d_i, 0, scale, cols, reinterpret_cast<bf16*>(dS_low) + r * Bk);
               } else {
                 exp_shift(p + lo, hi - lo, lse_i);
-                grad_scores(ds, p, &d_i, 0, scale, cols, nullptr);
+                grad_scores<bf16>(ds, p, &d_i, 0, scale, cols, nullptr);
               }
             }
             // dV_tile += P^T dO, dK_tile += dS^T Q, dQ_tile += dS K.
             const T* Pt = kLow ? reinterpret_cast<const T*>(P_low) : reinterpret_cast<const T*>(P);
             const T* dSt = kLow ? reinterpret_cast<const T*>(dS_low) : reinterpret_cast<const T*>(dS);
             if constexpr (kLow) {
-              if (qf != nullptr) {  // P and dS widened dense [rows, cols], as gemm_convert does
-                const float* pf = widen_tile(wt->p, Pt, Bk, rows, cols);
-                const float* dsf = widen_tile(wt->ds, dSt, Bk, rows, cols);
-                gemm_f32(true, false, cols, Dv, rows, 1.0f, pf, cols, dof, Dv, 1.0f, dv_tile, Hkv * Dv);
-                gemm_f32(true, false, cols, D, rows, 1.0f, dsf, cols, qf, D, 1.0f, dk_tile, Hkv * D);
-                gemm_f32(false, false, rows, D, cols, 1.0f, dsf, cols, kf, D, 1.0f, dq + (i0 * Hq + h) * D, Hq * D);
+              if (qf != nullptr) {  // P and dS rounded in fp32, [rows, cols] of row stride Bk
+                const float* pf = wt->p.data();
+                gemm_f32(true, false, cols, Dv, rows, 1.0f, pf, Bk, dof, Dv, 1.0f, dv_tile, Hkv * Dv);
+                gemm_f32(true, false, cols, D, rows, 1.0f, dS, Bk, qf, D, 1.0f, dk_tile, Hkv * D);
+                gemm_f32(false, false, rows, D, cols, 1.0f, dS, Bk, kf, D, 1.0f, dq + (i0 * Hq + h) * D, Hq * D);
                 continue;
               }
             }

@@ -49,11 +49,12 @@
 // Workspace under bf16: the bf16 P / dS tiles need room beside the fp32 ones; size it
 // with the dtype, attention_{forward,backward}_workspace_floats(a, ..., DType::bf16).
 // On the convert path (gemm_bf16.h) each tile operand is widened once (Q and dO once a
-// tile, K and V once a key block, P and dS once each) and the products are the sgemm calls
-// gemm_bf16 would make, so the bits are that path's (tests: ConvertWidensEachOperandOnce-
-// WithTheSameBits); a tile product at a time widened both operands, 10 widenings a backward
-// block. bench attention (T = 4096, 8 heads, 2 kv heads, one thread, 2-core Xeon): forward
-// 0.88-0.95x and backward 0.89-0.97x the time at head dim 32, 0.85-0.90x and 0.83-0.86x at 64.
+// tile, K and V once a key block; K and V also transposed, so that the score products run
+// as NN sgemm calls, which OpenBLAS takes through its small-matrix kernel where an NT one
+// packs), and P and dS are rounded into fp32 as they are made (no widening pass); the
+// products sum as gemm_bf16's would, so the bits are that path's (tests: ConvertWidens-
+// EachOperandOnceWithTheSameBits). A tile product at a time widened both operands, 10
+// widenings a backward block. attention.cc and docs/training.md give the timings.
 // The bf16 forms are not bitwise the f32 kernel on widened inputs (P and dS are rounded
 // and the GEMM's sum order differs): tests/kernels/attention_bf16_test.cc bounds them.
 // Speed (T=2048, Hq=8, Hkv=2, D=64, Bq=Bk=64, forward+backward, 2 AMD EPYC cores with

@@ -11,6 +11,8 @@
 
 #include <immintrin.h>
 
+#include "peakbound/core/dtype.h"
+
 namespace peakbound::cpu::simd {
 
 // u32 lanes holding the bf16 bits in their low halves.
@@ -61,6 +63,30 @@ inline bool cpu_has_avx512_bf16() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
   return yes;
+}
+
+// Stores of x rounded to bf16 at p: packed (bf16*), or as the rounded values held in
+// fp32 (float*: the bits the packed ones widen to, for a convert-path GEMM operand that
+// then needs no widening pass). The _native forms round by to_bf16x16_native.
+inline void store_rounded(bf16* p, float x) { *p = narrow<bf16>(x); }
+inline void store_rounded(float* p, float x) { *p = widen(narrow<bf16>(x)); }
+__attribute__((target("avx2"))) inline void store_rounded8(bf16* p, __m256 x) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16x8(x));
+}
+__attribute__((target("avx2"))) inline void store_rounded8(float* p, __m256 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_slli_epi32(to_bf16_lanes8(_mm256_castps_si256(x)), 16));
+}
+__attribute__((target("avx512f"))) inline void store_rounded16(bf16* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16x16(x));
+}
+__attribute__((target("avx512f"))) inline void store_rounded16(float* p, __m512 x) {
+  _mm512_storeu_si512(p, _mm512_slli_epi32(to_bf16_lanes16(_mm512_castps_si512(x)), 16));
+}
+__attribute__((target("avx512f,avx512dq,avx512bf16"))) inline void store_rounded16_native(bf16* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16x16_native(x));
+}
+__attribute__((target("avx512f,avx512dq,avx512bf16"))) inline void store_rounded16_native(float* p, __m512 x) {
+  _mm512_storeu_si512(p, _mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16x16_native(x)), 16));
 }
 
 }  // namespace peakbound::cpu::simd

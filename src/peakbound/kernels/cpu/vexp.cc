@@ -65,13 +65,14 @@ struct Shift {
   float at(std::int64_t j) const { return per ? per[j] : one; }
 };
 
-// Elements [from, n) one by one into the lanes (lane = j % 8), optionally stored.
-inline void tail(float* out, bf16* low, const float* x, std::int64_t from, std::int64_t n, Shift shift,
-                 float* lanes) {
+// Elements [from, n) one by one into the lanes (lane = j % 8), optionally stored. `low`
+// (bf16, or float holding the rounded value: bf16_lanes.h's store_rounded) may be x.
+template <typename L>
+void tail(float* out, L* low, const float* x, std::int64_t from, std::int64_t n, Shift shift, float* lanes) {
   for (std::int64_t j = from; j < n; ++j) {
     const float e = exp_f32(x[j] - shift.at(j));
     if (out) out[j] = e;
-    if (low) low[j] = narrow<bf16>(e);
+    if (low) simd::store_rounded(low + j, e);
     if (lanes) lanes[j % 8] += e;
   }
 }
@@ -102,17 +103,19 @@ PB_AVX512 inline __m512 shift16(Shift s, std::int64_t j) {
 }
 
 // One block of 8 at element j: exp(x - shift) into out and, rounded to bf16, low (each
-// when set), added into the lanes' running sums.
-PB_AVX2 inline __m256 block8(float* out, bf16* low, const float* x, Shift shift, std::int64_t j, __m256 acc) {
+// when set), added into the lanes' running sums. low may be x (read before written).
+template <typename L>
+PB_AVX2 inline __m256 block8(float* out, L* low, const float* x, Shift shift, std::int64_t j, __m256 acc) {
   const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), shift8(shift, j)));
   if (out) _mm256_storeu_ps(out + j, e);
-  if (low) _mm_storeu_si128(reinterpret_cast<__m128i*>(low + j), simd::to_bf16x8(e));
+  if (low) simd::store_rounded8(low + j, e);
   return _mm256_add_ps(acc, e);
 }
 
 // Full blocks of 8 from 0 (block8 each); the lanes' sums into `lanes` when set; returns
 // where the blocks end.
-PB_AVX2 std::int64_t blocks_avx2(float* out, bf16* low, const float* x, std::int64_t n, Shift shift,
+template <typename L>
+PB_AVX2 std::int64_t blocks_avx2(float* out, L* low, const float* x, std::int64_t n, Shift shift,
                                  float* lanes) {
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
@@ -146,14 +149,15 @@ PB_AVX512 inline __m512 exp16(__m512 t) {
 // blocks_avx2 sixteen at a time: each half adds into the 8 lanes in element order (the
 // low half first), so the lanes hold blocks_avx2's sums; a last block of 8 goes through
 // exp8. Returns where the blocks end.
-PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std::int64_t n, Shift shift,
+template <typename L>
+PB_AVX512 std::int64_t blocks_avx512(float* out, L* low, const float* x, std::int64_t n, Shift shift,
                                    float* lanes) {
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
     if (out) _mm512_storeu_ps(out + j, e);
-    if (low) _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16(e));
+    if (low) simd::store_rounded16(low + j, e);
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
   }
@@ -170,14 +174,15 @@ PB_AVX512 std::int64_t blocks_avx512(float* out, bf16* low, const float* x, std:
 // kernel's probabilities took. A copy rather than one template over both: the copy's
 // target lets the compiler use AVX512-BF16 and DQ anywhere in it, which a CPU with
 // AVX-512 alone must never run.
-PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, bf16* low, const float* x, std::int64_t n, Shift shift,
+template <typename L>
+PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, L* low, const float* x, std::int64_t n, Shift shift,
                                              float* lanes) {
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
     if (out) _mm512_storeu_ps(out + j, e);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + j), simd::to_bf16x16_native(e));
+    simd::store_rounded16_native(low + j, e);
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
   }
@@ -223,7 +228,8 @@ SimdLevel level() {
 }
 
 // The one loop behind the entry points.
-float run(float* out, bf16* low, const float* x, std::int64_t n, Shift shift, bool want_sum) {
+template <typename L>
+float run(float* out, L* low, const float* x, std::int64_t n, Shift shift, bool want_sum) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::int64_t j = 0;
   if (level() == SimdLevel::avx512 && low != nullptr && simd::cpu_has_avx512_bf16()) {
@@ -245,18 +251,26 @@ float run(float* out, bf16* low, const float* x, std::int64_t n, Shift shift, bo
 
 float exp_f32(float t) { return level() != SimdLevel::scalar ? exp_one_fma(t) : exp_one(t); }
 
-void exp_shift(float* x, std::int64_t n, float shift) { run(x, nullptr, x, n, {shift, nullptr}, false); }
+void exp_shift(float* x, std::int64_t n, float shift) { run<bf16>(x, nullptr, x, n, {shift, nullptr}, false); }
 
 void exp_shift(float* x, bf16* low, std::int64_t n, float shift) { run(x, low, x, n, {shift, nullptr}, false); }
 
-float exp_shift_sum(float* x, std::int64_t n, float shift) { return run(x, nullptr, x, n, {shift, nullptr}, true); }
+void exp_shift(float* x, float* low, std::int64_t n, float shift) { run(x, low, x, n, {shift, nullptr}, false); }
+
+float exp_shift_sum(float* x, std::int64_t n, float shift) {
+  return run<bf16>(x, nullptr, x, n, {shift, nullptr}, true);
+}
 
 float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift) {
   return run(nullptr, low, x, n, {shift, nullptr}, true);
 }
 
+float exp_shift_sum(float* low, const float* x, std::int64_t n, float shift) {
+  return run(nullptr, low, x, n, {shift, nullptr}, true);
+}
+
 float sum_exp_shift(const float* x, std::int64_t n, float shift) {
-  return run(nullptr, nullptr, x, n, {shift, nullptr}, true);
+  return run<bf16>(nullptr, nullptr, x, n, {shift, nullptr}, true);
 }
 
 void exp_shifts(float* x, bf16* low, std::int64_t n, const float* shift) { run(x, low, x, n, {0.0f, shift}, false); }

@@ -25,12 +25,18 @@ float exp_f32(float t);
 void exp_shift(float* x, std::int64_t n, float shift);
 // The same, and low[j] = narrow<bf16>(the new x[j]) (the flash backward's P in both forms).
 void exp_shift(float* x, bf16* low, std::int64_t n, float shift);
+// The same with the rounded copy held in fp32: low[j] = widen(narrow<bf16>(the new x[j]))
+// (the bf16 value as the convert path's GEMM would widen it; bits as the form above).
+void exp_shift(float* x, float* low, std::int64_t n, float shift);
 // x[j] = exp(x[j] - shift), returning the sum of the new x[j] (the lane order above).
 float exp_shift_sum(float* x, std::int64_t n, float shift);
 // low[j] = narrow<bf16>(exp(x[j] - shift)) for j in [0, n), x unchanged, returning the sum
 // of the unrounded values (exp_shift_sum's bits): flash attention's probabilities go
 // straight to the bf16 operand of O += P V.
 float exp_shift_sum(bf16* low, const float* x, std::int64_t n, float shift);
+// The same with low[j] = widen(narrow<bf16>(exp(x[j] - shift))) in fp32; low may be x (each
+// block is read before it is written).
+float exp_shift_sum(float* low, const float* x, std::int64_t n, float shift);
 // x[j] = exp(x[j] - shift[j]) and low[j] = narrow<bf16>(the new x[j]) for j in [0, n): a
 // shift per element (the flash backward along a key row, each query's log-sum-exp), each
 // value exp_f32(x[j] - shift[j])'s bits.
