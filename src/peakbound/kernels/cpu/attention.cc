@@ -175,9 +175,13 @@ inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::
 // Rapids Xeon. Both sum each element's products in K order by FMA and then scale by
 // alpha, so the bits are gemm_convert's (tests: ConvertWidensEachOperandOnceWithTheSame-
 // Bits; measured equal on the Cooperlake, SkylakeX, Haswell and Zen kernels at 45 x 45,
-// 100 x 77 and 128 x 128 tiles; OpenBLAS's NT small kernels, which take tiles of M N <=
-// 1200, sum otherwise). That holds while every dimension is one of gemm_convert's blocks
-// (at most kWideMax): larger tiles or heads take the generic route.
+// 100 x 77 and 128 x 128 tiles), except on a tile of M N <= 1200 (a sequence's or a ring
+// block's last few query rows), whose NT call OpenBLAS takes through its NT small kernel,
+// which sums in another order: there the last bit of a score can differ from the generic
+// route's (the main job's 100-step loss did not move; the 832-token cp-4 run's 30-step
+// loss went 4.183793700259665 -> 4.181294008153648). The products hold while every
+// dimension is one of gemm_convert's blocks (at most kWideMax): larger tiles or heads take
+// the generic route.
 constexpr std::int64_t kWideMax = 512;
 struct Wide {
   // this thread's widened tiles (fixed size, reused); kt and vt: K and V transposed; p:
