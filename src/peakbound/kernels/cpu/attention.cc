@@ -1,8 +1,10 @@
 // GCC 12's AVX-512 intrinsics seed their pass-through operand with a deliberately
 // uninitialised _mm512_undefined_*(), which -Wmaybe-uninitialized reports wrongly
-// (GCC bug 105593, fixed in GCC 13); the warning is off for this file only.
+// (GCC bug 105593, fixed in GCC 13), and -Wuninitialized where the vectors sit in an
+// array (the tile transpose); both warnings are off for this file only.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "peakbound/kernels/cpu/attention.h"
 
