@@ -183,7 +183,8 @@ inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::
 // route's (the main job's 100-step loss did not move; the 832-token cp-4 run's 30-step
 // loss went 4.183793700259665 -> 4.181294008153648). The products hold while every
 // dimension is one of gemm_convert's blocks (at most kWideMax): larger tiles or heads take
-// the generic route.
+// the generic route. The f32 kernel takes the same NN score products on K and V transposed
+// into kt and vt (and its other operands in place), with the same bits on the same tiles.
 constexpr std::int64_t kWideMax = 512;
 struct Wide {
   // this thread's widened tiles (fixed size, reused); kt and vt: K and V transposed; p:
@@ -202,15 +203,17 @@ const float* widen_tile(std::vector<float>& buf, const bf16* x, std::int64_t ld,
   return buf.data();
 }
 
-// 16 x 16 bf16 (row stride ld) widened and transposed into out (row stride ldo): 16 rows
-// widened to 32-bit lanes, then the usual 4-stage transpose (32-bit and 64-bit
-// interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles).
-__attribute__((target("avx512f"))) void widen_transpose16_avx512(const bf16* x, std::int64_t ld, float* out,
-                                                                 std::int64_t ldo) {
+// 16 x 16 of x (row stride ld; bf16 widened, or f32) transposed into out (row stride ldo):
+// 16 rows as 32-bit lanes, then the usual 4-stage transpose (32-bit and 64-bit interleaves
+// within 128-bit lanes, then two rounds of 128-bit lane shuffles). Data movement: exact.
+__attribute__((target("avx512f"))) inline __m512i lanes16(const bf16* x) {
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16);
+}
+__attribute__((target("avx512f"))) inline __m512i lanes16(const float* x) { return _mm512_loadu_si512(x); }
+template <typename T>
+__attribute__((target("avx512f"))) void transpose16_avx512(const T* x, std::int64_t ld, float* out, std::int64_t ldo) {
   __m512i r[16], t[16];
-  for (int i = 0; i < 16; ++i)
-    r[i] = _mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * ld))), 16);
+  for (int i = 0; i < 16; ++i) r[i] = lanes16(x + i * ld);
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
@@ -233,16 +236,17 @@ __attribute__((target("avx512f"))) void widen_transpose16_avx512(const bf16* x, 
   }
 }
 
-// rows x cols of bf16 (row stride ld) widened into a dense f32 [cols, rows]: K or V of a key
-// block as the B of a row-major NN score product. Exact either way (data movement).
-const float* widen_tile_t(std::vector<float>& buf, const bf16* x, std::int64_t ld, std::int64_t rows,
+// rows x cols of T (row stride ld) into a dense f32 [cols, rows] (bf16 widened): K or V of a
+// key block as the B of a row-major NN score product.
+template <typename T>
+const float* widen_tile_t(std::vector<float>& buf, const T* x, std::int64_t ld, std::int64_t rows,
                           std::int64_t cols) {
   if (buf.size() < static_cast<std::size_t>(rows * cols)) buf.resize(static_cast<std::size_t>(rows * cols));
   float* out = buf.data();
   static const bool avx512 = best_simd_level() == SimdLevel::avx512;
   const std::int64_t rf = avx512 ? rows / 16 * 16 : 0, cf = avx512 ? cols / 16 * 16 : 0;
   for (std::int64_t r0 = 0; r0 < rf; r0 += 16)
-    for (std::int64_t c0 = 0; c0 < cf; c0 += 16) widen_transpose16_avx512(x + r0 * ld + c0, ld, out + c0 * rows + r0, rows);
+    for (std::int64_t c0 = 0; c0 < cf; c0 += 16) transpose16_avx512(x + r0 * ld + c0, ld, out + c0 * rows + r0, rows);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = r < rf ? cf : 0; c < cols; ++c) out[c * rows + r] = widen(x[r * ld + c]);
   return out;
@@ -282,6 +286,8 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
   constexpr bool kLow = !std::is_same_v<T, float>;  // P rounded into `low` (bf16)
   // bf16 on the convert path: Q widened once an item, K and V once a key block (Wide).
   const bool wide = kLow && path == Bf16GemmPath::convert && wide_fits(a);
+  // f32: S = Q K^T as an NN product on K transposed (Wide's kt), as the convert path's.
+  const bool nn_f32 = !kLow && wide_fits(a);
 
   run_shares(a.threads, pool, [&](std::int64_t slot) {
     float* S = workspace + slot * slot_floats;  // [Bq, Bk] scores, then probabilities
@@ -315,14 +321,20 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
         // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
         const float* vf = nullptr;
+        bool scored = false;
         if constexpr (kLow) {
           if (wt != nullptr) {
             const float* kt = widen_tile_t(wt->kt, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
             vf = widen_tile(wt->v, v + (j0 * Hkv + g) * Dv, Hkv * Dv, cols, Dv);
             gemm_f32(false, false, rows, cols, D, scale, qf, D, kt, cols, 0.0f, S, Bk);
+            scored = true;
           }
+        } else if (nn_f32) {
+          const float* kt = widen_tile_t(wide_tiles().kt, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
+          gemm_f32(false, false, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, kt, cols, 0.0f, S, Bk);
+          scored = true;
         }
-        if (vf == nullptr)
+        if (!scored)
           tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
                     Hkv * D, 0.0f, S, Bk);
         // Rows in groups of kRowGroup: the group's maxima first, then its rescale factors
@@ -420,6 +432,8 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
   // bf16 on the convert path: K and V widened once a key block, Q and dO once a tile, P and
   // dS once each (Wide).
   const bool wide = kLow && path == Bf16GemmPath::convert && wide_fits(a);
+  // f32: P and dP as NN products on K and V transposed once a key block (Wide's kt, vt).
+  const bool nn_f32 = !kLow && wide_fits(a);
 
   // One share per kv head (strided): it owns dk and dv of that head and dq of its query
   // heads, so no two shares write the same element and no reduction is needed.
@@ -459,6 +473,9 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
             vt = widen_tile_t(wt->vt, v_tile, Hkv * Dv, cols, Dv);
             if (wt->p.size() < static_cast<std::size_t>(Bq * Bk)) wt->p.resize(static_cast<std::size_t>(Bq * Bk));
           }
+        } else if (nn_f32 && q_lo < q_hi) {
+          kt = widen_tile_t(wide_tiles().kt, k_tile, Hkv * D, cols, D);
+          vt = widen_tile_t(wide_tiles().vt, v_tile, Hkv * Dv, cols, Dv);
         }
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
@@ -509,11 +526,16 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
               if (wt != nullptr) {
                 qf = widen_tile(wt->q, q_tile, Hq * D, rows, D);
                 dof = widen_tile(wt->d_o, do_tile, Hq * Dv, rows, Dv);
-                gemm_f32(false, false, rows, cols, D, scale, qf, D, kt, cols, 0.0f, P, Bk);
-                gemm_f32(false, false, rows, cols, Dv, 1.0f, dof, Dv, vt, cols, 0.0f, dS, Bk);
               }
+            } else {
+              qf = kt != nullptr ? q_tile : nullptr;
+              dof = do_tile;
             }
-            if (qf == nullptr) {
+            if (qf != nullptr) {
+              const std::int64_t ldq = kLow ? D : Hq * D, ldo = kLow ? Dv : Hq * Dv;
+              gemm_f32(false, false, rows, cols, D, scale, qf, ldq, kt, cols, 0.0f, P, Bk);
+              gemm_f32(false, false, rows, cols, Dv, 1.0f, dof, ldo, vt, cols, 0.0f, dS, Bk);
+            } else {
               tile_gemm(path, false, true, rows, cols, D, scale, q_tile, Hq * D, k_tile, Hkv * D, 0.0f, P, Bk);
               tile_gemm(path, false, true, rows, cols, Dv, 1.0f, do_tile, Hq * Dv, v_tile, Hkv * Dv, 0.0f, dS, Bk);
             }
