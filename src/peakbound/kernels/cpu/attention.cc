@@ -319,7 +319,8 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
       }
       for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
         const std::int64_t cols = std::min(j0 + Bk, k_hi) - j0;
-        // S = scale * Q_tile K_tile^T (GEMM over strided rows: no copies).
+        // S = scale * Q_tile K_tile^T: an NN product on K transposed into a per-thread tile
+        // (Wide; f32 and the convert path), else an NT one over strided rows.
         const float* vf = nullptr;
         bool scored = false;
         if constexpr (kLow) {

@@ -25,7 +25,10 @@
 //
 // The tile products (S = Q K^T, O += P V; backward also dP = dO V^T, dV += P^T dO,
 // dK += dS^T Q, dQ += dS K) are cpu::gemm_f32 calls on strided row blocks (no copies):
-// 2.5x (forward) and 4x (backward) the vectorisable loops they replaced (T=2048).
+// 2.5x (forward) and 4x (backward) the vectorisable loops they replaced (T=2048); but the
+// score products read K and V transposed into a per-thread tile of the key block, as NN
+// products (OpenBLAS packs an NT one: attention.cc, Wide), where D and the tiles are at
+// most 512.
 // D_i = rowsum(dout * out) is accumulated in double, since dP_ij - D_i cancels.
 //
 // Mixed precision (bf16 overloads below, docs/design.md "Mixed precision"): q, k, v,
