@@ -330,9 +330,10 @@ TEST(AttentionBf16, DeterministicAcrossThreadCounts) {
 // the score products as NN on K and V widened transposed (attention.cc, Wide), while tiles
 // or heads over 512 take the generic route (a tile product at a time through gemm_bf16).
 // One tile either way (T below both block sizes, so the tiles have the same shapes): the
-// same bits, forward and backward, with and without a window. The tile is 45 x 45, over
-// the 1200 scores below which OpenBLAS 0.3.21 takes the generic route's NT products
-// through a small kernel that sums in another order (there the bits may differ).
+// same bits, forward and backward, with and without a window. The tile is 45 x 45, a shape
+// at which OpenBLAS 0.3.21's NT and NN kernels sum alike (on some tiles cut short they
+// treat the edges differently and the routes may differ in the last bit: attention.cc,
+// Wide).
 TEST(AttentionBf16, ConvertWidensEachOperandOnceWithTheSameBits) {
   std::mt19937 rng(23);
   for (std::int64_t window : {0, 9}) {

@@ -171,9 +171,9 @@ TEST(Attention, TilingChangesOnlyRounding) {
 
 // The score products S = Q K^T and dP = dO V^T run as NN sgemm calls on K and V transposed
 // into per-thread tiles (attention.cc, Wide), and as NT calls on K and V in place where a tile
-// or head is over 512 (the route before). One 45 x 45 tile either way (over the 1200 scores
-// below which OpenBLAS sums an NT product in another order): the same bits, with and without
-// a window, head dims that are and are not whole 16-wide blocks of the transpose.
+// or head is over 512 (the route before). One 45 x 45 tile either way (a shape at which
+// OpenBLAS's NT and NN kernels sum alike, attention.cc, Wide): the same bits, with and
+// without a window, head dims that are and are not whole 16-wide blocks of the transpose.
 TEST(Attention, ScoreProductsOnTransposedTilesHaveTheSameBits) {
   std::mt19937 rng(29);
   for (std::int64_t window : {0, 9}) {

@@ -171,17 +171,17 @@ inline void tile_gemm(Bf16GemmPath path, bool ta, bool tb, std::int64_t m, std::
 // and the products are the sgemm calls gemm_convert makes (same shapes, transposes and
 // leading dimensions), with one change: the score products S = Q K^T and dP = dO V^T take
 // K and V widened transposed ([D, keys]) and run as row-major NN products, not NT.
-// OpenBLAS 0.3.21 sends a row-major NT product of these shapes (column-major TN, M N >
-// 1200) through its packed kernel, with a memset of C for beta 0, and an NN one through
-// its small-matrix kernel: 10.5 -> 6.7 us at 128 x 128 x 32 on one core of an Emerald
-// Rapids Xeon. Both sum each element's products in K order by FMA and then scale by
-// alpha, so the bits are gemm_convert's (tests: ConvertWidensEachOperandOnceWithTheSame-
-// Bits; measured equal on the Cooperlake, SkylakeX, Haswell and Zen kernels at 45 x 45,
-// 100 x 77 and 128 x 128 tiles), except on a tile of M N <= 1200 (a sequence's or a ring
-// block's last few query rows), whose NT call OpenBLAS takes through its NT small kernel,
-// which sums in another order: there the last bit of a score can differ from the generic
-// route's (the main job's 100-step loss did not move; the 832-token cp-4 run's 30-step
-// loss went 4.183793700259665 -> 4.181294008153648). The products hold while every
+// OpenBLAS 0.3.21 sends a row-major NT product of these shapes (128 x 128 x 32) through
+// its packed kernel, with a memset of C for beta 0, and an NN one through its small-matrix
+// kernel: 10.5 -> 6.7 us at 128 x 128 x 32 on one core of an Emerald Rapids Xeon. Both sum
+// each element's products in K order by FMA and then scale by alpha, so on whole tiles the
+// bits are gemm_convert's (tests: ConvertWidensEachOperandOnceWithTheSameBits; measured
+// equal on the Cooperlake, SkylakeX, Haswell and Zen kernels at 128 x 128, 100 x 77 and
+// 45 x 45). On tiles cut short (by the end of the queries or keys, or the causal edge) the
+// two kernels can treat the edges differently: on the Cooperlake kernels 128 rows against
+// 9, 20, 34-40 or 100 keys, or 2-9 rows against most widths, differ in the last bit of some
+// scores (the main job's and 2 ranks x 4096's losses did not move; the 832-token cp-4 run's
+// 30-step loss went 4.183793700259665 -> 4.181294008153648). The products hold while every
 // dimension is one of gemm_convert's blocks (at most kWideMax): larger tiles or heads take
 // the generic route. The f32 kernel takes the same NN score products on K and V transposed
 // into kt and vt (and its other operands in place), with the same bits on the same tiles.

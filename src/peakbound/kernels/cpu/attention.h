@@ -56,8 +56,8 @@
 // as NN sgemm calls, which OpenBLAS takes through its small-matrix kernel where an NT one
 // packs), and P and dS are rounded into fp32 as they are made (no widening pass); the
 // products sum as gemm_bf16's would, so the bits are that path's (tests: ConvertWidens-
-// EachOperandOnceWithTheSameBits) except on tiles of at most 1200 scores, where OpenBLAS
-// sums an NT product in another order (attention.cc, Wide). A tile product at a time
+// EachOperandOnceWithTheSameBits) on whole tiles; on some tiles cut short OpenBLAS rounds
+// the NT and NN products differently (attention.cc, Wide). A tile product at a time
 // widened both operands, 10 widenings a backward block. docs/training.md gives timings.
 // The bf16 forms are not bitwise the f32 kernel on widened inputs (P and dS are rounded
 // and the GEMM's sum order differs): tests/kernels/attention_bf16_test.cc bounds them.
