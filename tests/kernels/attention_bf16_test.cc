@@ -318,11 +318,7 @@ TEST(AttentionBf16, DeterministicAcrossThreadCounts) {
     AttentionDims b = a;
     b.threads = 3;
     const Result three = run_bf16(b, in, path, &pool);
-    EXPECT_EQ(0, std::memcmp(one.out.data(), three.out.data(), one.out.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(one.lse.data(), three.lse.data(), one.lse.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(one.dq.data(), three.dq.data(), one.dq.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(one.dk.data(), three.dk.data(), one.dk.size() * sizeof(float)));
-    EXPECT_EQ(0, std::memcmp(one.dv.data(), three.dv.data(), one.dv.size() * sizeof(float)));
+    EXPECT_EQ(testing::first_differing_output(one, three), "") << bf16_gemm_path_name(path);
   }
 }
 
@@ -344,10 +340,7 @@ TEST(AttentionBf16, ConvertWidensEachOperandOnceWithTheSameBits) {
     once.block_q = once.block_k = 64;
     generic.block_q = generic.block_k = 600;  // past 512: the generic route
     const Result x = run_bf16(once, in, Bf16GemmPath::convert), y = run_bf16(generic, in, Bf16GemmPath::convert);
-    for (auto [got, want, what] : {std::tuple{&x.out, &y.out, "out"}, std::tuple{&x.lse, &y.lse, "lse"},
-                                   std::tuple{&x.dq, &y.dq, "dq"}, std::tuple{&x.dk, &y.dk, "dk"},
-                                   std::tuple{&x.dv, &y.dv, "dv"}})
-      EXPECT_EQ(0, std::memcmp(got->data(), want->data(), got->size() * sizeof(float))) << what << " window " << window;
+    EXPECT_EQ(testing::first_differing_output(x, y), "") << "window " << window;
     EXPECT_LT(worst_error(x, run_f32(a, in)), kTol);  // and it is attention
   }
 }

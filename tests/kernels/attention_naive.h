@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "peakbound/kernels/attention_dims.h"
@@ -15,6 +17,22 @@ namespace peakbound::testing {
 struct NaiveAttention {
   std::vector<float> out, lse, dq, dk, dv;
 };
+
+// The first of two runs' five outputs (out, lse, dq, dk, dv: fields of R, each a
+// std::vector<float>) whose bits differ, or "" when all five are the same bits: the
+// bitwise checks of attention_test.cc and attention_bf16_test.cc.
+template <class R>
+std::string first_differing_output(const R& x, const R& y) {
+  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<float>*>> fields[] = {
+      {"out", {&x.out, &y.out}}, {"lse", {&x.lse, &y.lse}}, {"dq", {&x.dq, &y.dq}},
+      {"dk", {&x.dk, &y.dk}},    {"dv", {&x.dv, &y.dv}}};
+  for (const auto& [name, pair] : fields) {
+    const std::vector<float>&a = *pair.first, &b = *pair.second;
+    if (a.size() != b.size() || (!a.empty() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) != 0))
+      return name;
+  }
+  return "";
+}
 
 // The textbook attention in double: full score rows with the causal (and window) mask
 // at the global positions (q_offset + i, k_offset + j), a two-pass softmax, then the

@@ -284,10 +284,9 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
   const std::int64_t q_blocks = (Tq + Bq - 1) / Bq, items = Hq * q_blocks;
   const std::int64_t slot_floats = Bq * Bk + 2 * Bq + low_tile_floats<T>(Bq * Bk);
   constexpr bool kLow = !std::is_same_v<T, float>;  // P rounded into `low` (bf16)
-  // bf16 on the convert path: Q widened once an item, K and V once a key block (Wide).
-  const bool wide = kLow && path == Bf16GemmPath::convert && wide_fits(a);
-  // f32: S = Q K^T as an NN product on K transposed (Wide's kt), as the convert path's.
-  const bool nn_f32 = !kLow && wide_fits(a);
+  // S = Q K^T as an NN product on K transposed (Wide's kt): f32 (Q read in place), and bf16
+  // on the convert path (Q widened once an item, V once a key block).
+  const bool nn = wide_fits(a) && (!kLow || path == Bf16GemmPath::convert);
 
   run_shares(a.threads, pool, [&](std::int64_t slot) {
     float* S = workspace + slot * slot_floats;  // [Bq, Bk] scores, then probabilities
@@ -309,12 +308,16 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
       // Keys the tile sees: [first visible to row i0, last visible to row i1 - 1], on
       // the Bk grid from key row 0; none when the block lies after the tile.
       const auto [k_lo, k_hi] = attention_forward_keys(a, i0, i1);
-      Wide* wt = nullptr;
-      const float* qf = nullptr;
-      if constexpr (kLow) {
-        if (wide && k_lo < k_hi) {
+      Wide* wt = nullptr;         // bf16 on the convert path: the widened tiles
+      const float* qf = nullptr;  // the NN route's Q tile, rows of stride ldq
+      std::int64_t ldq = D;
+      if (nn && k_lo < k_hi) {
+        if constexpr (kLow) {
           wt = &wide_tiles();
           qf = widen_tile(wt->q, q + (i0 * Hq + h) * D, Hq * D, rows, D);
+        } else {
+          qf = q + (i0 * Hq + h) * D;
+          ldq = Hq * D;
         }
       }
       for (std::int64_t j0 = k_lo / Bk * Bk; k_lo < k_hi && j0 < k_hi; j0 += Bk) {
@@ -322,22 +325,14 @@ void forward_impl(float* out, float* lse, const T* q, const T* k, const T* v, co
         // S = scale * Q_tile K_tile^T: an NN product on K transposed into a per-thread tile
         // (Wide; f32 and the convert path), else an NT one over strided rows.
         const float* vf = nullptr;
-        bool scored = false;
-        if constexpr (kLow) {
-          if (wt != nullptr) {
-            const float* kt = widen_tile_t(wt->kt, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
-            vf = widen_tile(wt->v, v + (j0 * Hkv + g) * Dv, Hkv * Dv, cols, Dv);
-            gemm_f32(false, false, rows, cols, D, scale, qf, D, kt, cols, 0.0f, S, Bk);
-            scored = true;
-          }
-        } else if (nn_f32) {
+        if (qf != nullptr) {
           const float* kt = widen_tile_t(wide_tiles().kt, k + (j0 * Hkv + g) * D, Hkv * D, cols, D);
-          gemm_f32(false, false, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, kt, cols, 0.0f, S, Bk);
-          scored = true;
-        }
-        if (!scored)
+          if constexpr (kLow) vf = widen_tile(wt->v, v + (j0 * Hkv + g) * Dv, Hkv * Dv, cols, Dv);
+          gemm_f32(false, false, rows, cols, D, scale, qf, ldq, kt, cols, 0.0f, S, Bk);
+        } else {
           tile_gemm(path, false, true, rows, cols, D, scale, q + (i0 * Hq + h) * D, Hq * D, k + (j0 * Hkv + g) * D,
                     Hkv * D, 0.0f, S, Bk);
+        }
         // Rows in groups of kRowGroup: the group's maxima first, then its rescale factors
         // alpha = exp(m_old - m_new) in one vector call (exp_f32's bits), then each row's
         // probabilities. Only the visible columns count: the rest of a row becomes 0. Under
@@ -432,9 +427,10 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
   constexpr bool kLow = !std::is_same_v<T, float>;  // P and dS rounded into P_low, dS_low (bf16)
   // bf16 on the convert path: K and V widened once a key block, Q and dO once a tile, P and
   // dS once each (Wide).
-  const bool wide = kLow && path == Bf16GemmPath::convert && wide_fits(a);
-  // f32: P and dP as NN products on K and V transposed once a key block (Wide's kt, vt).
-  const bool nn_f32 = !kLow && wide_fits(a);
+  // P = Q K^T and dP = dO V^T as NN products on K and V transposed once a key block (Wide's
+  // kt, vt): f32 (Q, dO read in place), and bf16 on the convert path (also K widened once a
+  // key block, Q and dO once a tile, P and dS rounded in fp32).
+  const bool nn = wide_fits(a) && (!kLow || path == Bf16GemmPath::convert);
 
   // One share per kv head (strided): it owns dk and dv of that head and dq of its query
   // heads, so no two shares write the same element and no reduction is needed.
@@ -466,17 +462,14 @@ void backward_impl(float* dq, float* dk, float* dv, const T* dout, const T* q, c
         const auto [q_lo, q_hi] = attention_backward_queries(a, j0, cols);
         Wide* wt = nullptr;
         const float *kf = nullptr, *kt = nullptr, *vt = nullptr;
-        if constexpr (kLow) {
-          if (wide && q_lo < q_hi) {
-            wt = &wide_tiles();
-            kf = widen_tile(wt->k, k_tile, Hkv * D, cols, D);
-            kt = widen_tile_t(wt->kt, k_tile, Hkv * D, cols, D);
-            vt = widen_tile_t(wt->vt, v_tile, Hkv * Dv, cols, Dv);
-            if (wt->p.size() < static_cast<std::size_t>(Bq * Bk)) wt->p.resize(static_cast<std::size_t>(Bq * Bk));
-          }
-        } else if (nn_f32 && q_lo < q_hi) {
+        if (nn && q_lo < q_hi) {
           kt = widen_tile_t(wide_tiles().kt, k_tile, Hkv * D, cols, D);
           vt = widen_tile_t(wide_tiles().vt, v_tile, Hkv * Dv, cols, Dv);
+          if constexpr (kLow) {
+            wt = &wide_tiles();
+            kf = widen_tile(wt->k, k_tile, Hkv * D, cols, D);
+            if (wt->p.size() < static_cast<std::size_t>(Bq * Bk)) wt->p.resize(static_cast<std::size_t>(Bq * Bk));
+          }
         }
         for (std::int64_t h = h_lo; h < h_hi; ++h) {
           for (std::int64_t i0 = q_lo / Bq * Bq; q_lo < q_hi && i0 < q_hi; i0 += Bq) {
