@@ -589,10 +589,17 @@ std::uint64_t fill(const PieceIndex& index, const std::string& name, const Shard
   std::uint64_t filled = 0;
   for (const Piece& p : it->second) {
     if (p.shape != seg.shape) {
-      std::string have, want;
-      for (auto d : p.shape) have += (have.empty() ? "" : "x") + std::to_string(d);
-      for (auto d : seg.shape) want += (want.empty() ? "" : "x") + std::to_string(d);
-      bad_checkpoint("tensor " + seg.name + " is " + have + " in '" + p.file->path() + "', the model's is " + want);
+      // "AxB" (appended, not "x" + ...: GCC 12 warns -Wrestrict on that insert at 0).
+      const auto text = [](const auto& shape) {
+        std::string s;
+        for (auto d : shape) {
+          if (!s.empty()) s += 'x';
+          s += std::to_string(d);
+        }
+        return s;
+      };
+      bad_checkpoint("tensor " + seg.name + " is " + text(p.shape) + " in '" + p.file->path() + "', the model's is " +
+                     text(seg.shape));
     }
     const std::uint64_t a = std::max(p.begin, seg.begin), b = std::min(p.begin + p.count, seg.begin + seg.count);
     if (a >= b) continue;
