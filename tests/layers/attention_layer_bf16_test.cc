@@ -24,6 +24,7 @@
 #include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/layers/attention_layer.h"
+#include "peakbound/ops/gemm.h"
 #include "tests/layers/attention_layer_harness.h"
 #include "tests/layers/layer_checks.h"
 
@@ -260,6 +261,47 @@ TEST(AttentionLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
         ++n;
       }
   EXPECT_EQ(n, 32);
+}
+
+// The kernel's shares on threads (AttentionLayerConfig::threads: ModelSchedules::
+// attention_threads, the rank's cores in a CPU run): the same bits as one share, the
+// Arena's peaks the footprint's with a workspace slot a share (run_layer checks them), and
+// the BLAS's thread count back where it was after the calls (the ops run the kernel on
+// their own pool with the BLAS on one thread meanwhile). GQA whole and in query pieces,
+// gpt-oss's sinks and window, MLA; 130 tokens: two query blocks of 128.
+TEST(AttentionLayerBf16, KernelSharesOnThreadsAreBitwiseTheSame) {
+  const int blas_before = ops::blas_num_threads();
+  ops::set_blas_threads(2);
+  int n = 0;
+  for (Precision p : {Precision::f32, Precision::bf16})
+    for (const Case& c : {Case{37, 0, 24, 6, 1, 8, true}, Case{130, 0, 32, 4, 2, 8, false}})
+      for (int variant = 0; variant < 4; ++variant)
+        for (int threads : {2, 3}) {
+          AttentionLayerConfig cfg = variant_config(c, p, variant);
+          SCOPED_TRACE(c.str() + " variant " + std::to_string(variant) + " " + std::string(precision_name(p)) +
+                       " threads " + std::to_string(threads));
+          std::mt19937 rng(static_cast<std::uint32_t>(c.T * 11 + variant));
+          const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
+          const Vec x = draw(c.T * c.H, rng, 0.0, 1.0), dy = draw(c.T * c.H, rng, 0.0, 1.0);
+          const Result one = attention_test::run_layer(cfg, params, x, dy);
+          const std::uint64_t one_slot = attention_layer_buffers(c.T, cfg).workspace_backward.bytes;
+          cfg.threads = threads;
+          const Result shared = attention_test::run_layer(cfg, params, x, dy);
+          attention_test::expect_same_bits(shared, one);
+          EXPECT_EQ(ops::blas_num_threads(), 2);
+          EXPECT_GT(attention_layer_buffers(c.T, cfg).workspace_backward.bytes, one_slot);
+          ++n;
+        }
+  EXPECT_EQ(n, 32);
+  ops::set_blas_threads(blas_before);
+  AttentionLayerConfig bad = config_of(Case{8, 0, 8, 2, 1, 4, false}, Precision::f32);
+  bad.threads = 0;
+  try {
+    check_attention_layer_config(bad);
+    ADD_FAILURE() << "threads 0 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "attention layer: threads must be >= 1 (got 0)");
+  }
 }
 
 // The output by rows (forward_for_rows, then forward_rows over tiles of output_rows: a

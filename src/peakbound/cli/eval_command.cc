@@ -88,6 +88,7 @@ int run_eval(const EvalFlags& f) {
   // The run's setup (device, groups, model); the forward's math is the same under every schedule.
   ModelSchedules schedules;
   schedules.precision = parse_precision(f.precision, "--precision");
+  if (f.device == "cpu") schedules.attention_threads = cpu_attention_threads(W);  // the rank's cores, as train's
   RunModel run(std::move(world_in), f.device, parse_bytes(f.device_memory, "--device-memory"), f.model, c, layout,
                schedules, f.seed);
   Communicator* world = run.world.get();

@@ -63,6 +63,7 @@ void apply_trainer_defaults(PlanFlags& f, const CLI::App& a) {
   if (a.count("--checkpoint-group") == 0) f.checkpoint_group = RunSettings{}.checkpoint_group;
   if (a.count("--embedding") == 0) f.embedding = RunSettings{}.embedding;
   if (a.count("--context-attention") == 0) f.context_attention = RunSettings{}.context_attention;
+  if (a.count("--attention-threads") == 0) f.attention_threads = cpu_attention_threads(static_cast<int>(f.devices));
 }
 
 ModelConfig load_model(const std::string& spec) {
@@ -114,6 +115,7 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.adam_bucket = parse_bytes(f.adam_bucket, "--adam-bucket");
   in.skew = parse_skew(f.skew);
   in.keep_attention = f.keep_attention;
+  in.attention_threads = f.attention_threads;
   in.keep_attention_by_budget = !f.keep_attention_given;
   DType pd = shard_dtype(f.param_dtype, "--param-dtype"), gd = shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
@@ -190,6 +192,10 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
               "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "
               "its backward. Not given: as train, kept while the plan fits --device-memory with them (and one "
               "boundary per layer), else recomputed; --keep-attention=false always recomputes");
+  int_flag(a, "--attention-threads", f->attention_threads,
+           "The CPU attention kernel's shares a rank runs, a workspace slot each (train on the CPU device: the "
+           "rank's cores, this machine's hardware threads over the ranks on it; --trainer-defaults takes that)",
+           1, 1 << 16);
   a->add_option("--skew", f->skew, "Routing skew at the busiest EP rank: balanced, worst, or a factor >= 1")->capture_default_str();
   a->add_option("--precision", f->precision,
                 "What `train --precision` runs: bf16 (parameters and activations 2 bytes) or f32 (4); gradients "

@@ -37,6 +37,7 @@ struct PlanFlags {
   std::string adam_bucket;
   std::string skew = "balanced";
   bool keep_attention = false;
+  int attention_threads = 1;  // --attention-threads (--trainer-defaults: train's on this machine)
   bool keep_attention_given = false;  // --keep-attention given (else the budget's choice, as train's)
   std::string cp_ring = "latent";  // --cp-ring (train's)
   std::string precision;            // --precision; empty: not given

@@ -76,6 +76,7 @@ AttentionDims dims_of(std::int64_t T, const AttentionLayerConfig& c) {
   d.v_dim = val_dim(c);
   d.scale = c.softmax_scale;  // 0: 1 / sqrt(qk), transformers' self.scaling = head_dim ** -0.5
   d.window = c.window;
+  d.threads = c.threads;
   return d;
 }
 
@@ -119,6 +120,7 @@ void check_attention_layer_config(const AttentionLayerConfig& c) {
   if (c.output_rows < 0)
     bad("output_rows must be >= 0 (0: all rows at once; got " + std::to_string(c.output_rows) + ")");
   if (c.piece_tokens < 0) bad("piece_tokens must be >= 0 (0: whole; got " + std::to_string(c.piece_tokens) + ")");
+  if (c.threads < 1) bad("threads must be >= 1 (got " + std::to_string(c.threads) + ")");
   if (c.cp < 1 || c.cp_rank < 0 || c.cp_rank >= c.cp)
     bad("cp must be >= 1 and cp_rank in [0, cp) (got cp " + std::to_string(c.cp) + ", rank " +
         std::to_string(c.cp_rank) + ")");

@@ -138,6 +138,11 @@ struct AttentionLayerConfig {
   ContextAttention context_attention = ContextAttention::ring;
   int cp_rank = 0;            // this rank's place in the context-parallel group
   Precision precision = Precision::f32;  // the activations' and parameters' dtype
+  // The CPU attention kernel's shares (AttentionDims::threads): its workspace holds one
+  // slot each (the footprint counts them), and on the CPU device the ops run them on a pool
+  // of that many threads, the BLAS on one thread meanwhile (ops/attention.h). The same bits
+  // for every count. ModelSchedules::attention_threads sets it for a run: the rank's cores.
+  int threads = 1;
 };
 
 // The epsilon of MLA's q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm's default;

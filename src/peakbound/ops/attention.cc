@@ -1,5 +1,9 @@
 #include "peakbound/ops/attention.h"
 
+#include <memory>
+#include <mutex>
+
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/attention.h"
 #include "peakbound/kernels/cpu/attention_sinks.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
@@ -9,6 +13,52 @@
 
 namespace peakbound::ops {
 
+namespace {
+
+// The process's pool for the CPU kernel's shares, remade when the count asked changes.
+std::shared_ptr<ThreadPool> kernel_pool(int threads) {
+  static std::mutex mu;
+  static std::shared_ptr<ThreadPool> pool;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!pool || pool->size() != threads) pool = std::make_shared<ThreadPool>(threads);
+  return pool;
+}
+
+// The BLAS on one thread for a scope, then back to its count.
+class OneBlasThread {
+ public:
+  OneBlasThread() : before_(blas_num_threads()) {
+    if (before_ != 1) set_blas_threads(1);
+  }
+  ~OneBlasThread() {
+    if (before_ != 1) set_blas_threads(before_);
+  }
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  int before_;
+};
+
+// Runs the CPU kernel on the pool its dims.threads shares go to: the caller's, or where the
+// caller gave none and the dims ask for more than one share, the process's pool of that
+// many threads, the BLAS on one thread meanwhile (the shares are the rank's cores: a tile
+// product split over BLAS threads too made the kernel wait on its own BLAS threads' spins,
+// `bench attention`'s 0.23 against 0.14 s, docs/training.md). The bits are the same for
+// every share count (kernels/cpu/attention.h, "Determinism").
+template <class Kernel>
+void on_kernel_threads(const AttentionDims& dims, ThreadPool* pool, Kernel&& kernel) {
+  if (pool || dims.threads <= 1) {
+    kernel(pool);
+    return;
+  }
+  const std::shared_ptr<ThreadPool> own = kernel_pool(dims.threads);
+  const OneBlasThread one;
+  kernel(own.get());
+}
+
+}  // namespace
+
 // The dims are checked on the caller's thread (dispatch's check), so bad dims fail at the
 // call and not on a worker stream; the CUDA kernels check them again themselves.
 
@@ -17,7 +67,11 @@ void attention_forward(Device& dev, Stream& s, float* out, float* lse, const flo
   dispatch(dev, s, "attention_forward", {out, lse, q, k, v, workspace, pool},
            [&] { check_attention_dims(dims); },
            [&](void* stream) { cuda::attention_forward(stream, out, lse, q, k, v, dims); },
-           [=] { cpu::attention_forward(out, lse, q, k, v, dims, workspace, pool); });
+           [=] {
+             on_kernel_threads(dims, pool, [&](ThreadPool* p) {
+               cpu::attention_forward(out, lse, q, k, v, dims, workspace, p);
+             });
+           });
 }
 
 void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const float* dout,
@@ -28,7 +82,11 @@ void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv,
            [&](void* stream) {
              cuda::attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, row_dot);
            },
-           [=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, pool, row_dot); });
+           [=] {
+             on_kernel_threads(dims, pool, [&](ThreadPool* p) {
+               cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, p, row_dot);
+             });
+           });
 }
 
 void attention_row_dot(Device& dev, Stream& s, float* row_dot, const float* dout, const float* out,
@@ -55,7 +113,11 @@ void attention_forward(Device& dev, Stream& s, float* out, float* lse, const bf1
   dispatch(dev, s, "attention_forward", {out, lse, q, k, v, workspace, pool},
            [&] { check_attention_dims(dims); },
            [&](void* stream) { cuda::attention_forward(stream, out, lse, q, k, v, dims); },
-           [=] { cpu::attention_forward(out, lse, q, k, v, dims, workspace, path, pool); });
+           [=] {
+             on_kernel_threads(dims, pool, [&](ThreadPool* p) {
+               cpu::attention_forward(out, lse, q, k, v, dims, workspace, path, p);
+             });
+           });
 }
 
 void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const bf16* dout, const bf16* q,
@@ -67,7 +129,11 @@ void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv,
            [&](void* stream) {
              cuda::attention_backward(stream, dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, row_dot);
            },
-           [=] { cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, path, pool, row_dot); });
+           [=] {
+             on_kernel_threads(dims, pool, [&](ThreadPool* p) {
+               cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, dims, workspace, path, p, row_dot);
+             });
+           });
 }
 
 void attention_row_dot(Device& dev, Stream& s, float* row_dot, const bf16* dout, const bf16* out,

@@ -20,7 +20,10 @@ namespace peakbound::ops {
 
 using AttentionDims = ::peakbound::AttentionDims;  // kernels/attention_dims.h
 
-// pool: the CPU backend runs dims.threads shares on it (null: on the stream's thread).
+// pool: the CPU backend runs dims.threads shares on it. Null: with dims.threads > 1 on the
+// process's pool of that many threads (the stream's thread one of them), the BLAS on one
+// thread while the kernel runs (a rank's cores share the kernel, not its tile products);
+// with 1, on the stream's thread. The same bits every way.
 void attention_forward(Device& dev, Stream& s, float* out, float* lse, const float* q, const float* k,
                        const float* v, const AttentionDims& dims, float* workspace, ThreadPool* pool = nullptr);
 void attention_backward(Device& dev, Stream& s, float* dq, float* dk, float* dv, const float* dout,

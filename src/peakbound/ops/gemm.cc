@@ -96,8 +96,10 @@ std::string blas_core_source() { return cpu::blas_core_source(); }
 
 void prefer_blas_kernels(char** argv) { cpu::prefer_blas_kernels(argv); }
 
-void share_host_cores_among_local_ranks() {
-  cpu::set_blas_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / launcher_local_size()));
+int host_cores_per_rank(int local_ranks) {
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
 }
+
+void share_host_cores_among_local_ranks() { cpu::set_blas_threads(host_cores_per_rank(launcher_local_size())); }
 
 }  // namespace peakbound::ops

@@ -56,5 +56,8 @@ void prefer_blas_kernels(char** argv);
 // The host's BLAS threads shared among the ranks the launcher put on this machine
 // (hardware threads / local ranks, at least 1), so co-located ranks do not oversubscribe.
 void share_host_cores_among_local_ranks();
+// That share for `local_ranks` ranks on this machine: hardware threads / local_ranks, at
+// least 1.
+int host_cores_per_rank(int local_ranks);
 
 }  // namespace peakbound::ops

@@ -48,6 +48,7 @@ void PlanInputs::validate() const {
   check_int(context, "context", 1, kMaxContext);
   check_int(sequences, "sequences", 1, kMaxSequences);
   check_int(devices, "devices", 1, kMaxDevices);
+  check_int(attention_threads, "attention_threads", 1, 1 << 16);
   require(ep > 0 && devices % ep == 0,
           "ep " + std::to_string(ep) + " must divide devices " + std::to_string(devices));
   if (model.num_experts > 0)

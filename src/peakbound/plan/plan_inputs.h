@@ -97,6 +97,10 @@ struct PlanInputs {
   // train --keep-attention (ModelSchedules::keep_attention): every layer's attention output
   // and log-sum-exp held from its forward to its backward.
   bool keep_attention = false;
+  // The CPU attention kernel's shares a rank runs (ModelSchedules::attention_threads), each
+  // a workspace slot: a `train` on the CPU device takes the rank's cores (train/run.h,
+  // cpu_attention_threads; `plan --trainer-defaults` too), 1 elsewhere.
+  int attention_threads = 1;
   // train's default (--keep-attention not given): the policy sets keep_attention, true
   // while the plan fits device_memory with it at one boundary per layer, else false
   // (PeakEstimate::keep_attention says which).

@@ -54,6 +54,7 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   run.precision = *in.activation_precision();
   RunShape shape{in.model, ParallelLayout{in.ep, in.vocab_group, in.cp}, model_schedules(schedules, run.precision)};
   shape.config.ulysses_attention = schedules.any() && in.context_attention == "ulysses";  // the baseline's: the ring
+  shape.schedules.attention_threads = in.attention_threads;
   TrainFootprintInputs t = run_footprint_inputs(run, shape, static_cast<int>(in.devices), rank);
   // The planner's knobs over the schedules' defaults; the dispatch at the plan's imbalance.
   ModelSchedules& s = t.schedules;

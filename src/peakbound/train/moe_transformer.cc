@@ -437,6 +437,7 @@ MoeTransformer::MoeTransformer(Device& dev, HostMemory& host, ProcessGroups& gro
     AttentionLayerConfig ac =
         model_attention_config(c, 0, groups_.cp->size(), groups_.cp->rank(), schedules_.attention_piece);
     ac.precision = prec;
+    ac.threads = schedules_.attention_threads;
     ac.window = c.attention_window(l);
     ac.output_rows = schedules_.moe_tile;  // the MLP's row tiles: its backward takes mid by them
     ac.output_on_host = offloads_attention_output(schedules_);

@@ -87,6 +87,10 @@ struct ModelSchedules {
   // pieces and the queries' pieces of the forward and the backward (attention_query_pieces);
   // 0: whole. Tests take small ones.
   std::int64_t attention_piece = kRingPieceTokens;
+  // Every attention sublayer's kernel shares (AttentionLayerConfig::threads): a workspace
+  // slot each, run on that many threads on the CPU device. resolve_run sets the rank's
+  // cores there (cpu_attention_threads, train/run.h); 1 elsewhere.
+  int attention_threads = 1;
   // The vocabulary-parallel embedding (Megatron's VocabParallelEmbedding, for ranks that
   // hold different tokens): the embedding's rows sharded over the vocabulary group as the
   // head's are (in the head's store, reduced over its replicas), not an FSDP unit gathered

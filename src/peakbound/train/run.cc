@@ -154,6 +154,11 @@ ModelSchedules model_schedules(const ScheduleSet& set, Precision precision) {
   return m;
 }
 
+int cpu_attention_threads(int world) {
+  const int local = launcher_local_size() > 1 ? launcher_local_size() : world;
+  return ops::host_cores_per_rank(local);
+}
+
 bool ulysses_context_attention(const std::string& value, const std::string& spelled) {
   if (value != "ring" && value != "ulysses")
     throw InvalidArgument(spelled + " must be ring or ulysses, got '" + value + "'");
@@ -174,6 +179,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.config.ulysses_attention = ulysses_context_attention(f.context_attention, spell("context_attention"));
   check_trainable(s.config);
   s.schedules = model_schedules(f.schedules, f.precision);
+  if (f.device == "cpu") s.schedules.attention_threads = cpu_attention_threads(world);
   // By the budget: kept where the stack keeps a boundary per layer (a group's
   // recomputation runs its attention anyway); Run drops it when the plan does not fit.
   s.schedules.keep_attention = f.keep_attention > 0 || (f.keep_attention < 0 && f.checkpoint_group == 1);

@@ -167,6 +167,14 @@ struct RunShape {
 };
 RunShape resolve_run(const RunSettings& s, int world, SettingSpelling spell = field_spelling);
 
+// The attention kernel's shares a rank of a `world`-rank run on the CPU device takes
+// (ModelSchedules::attention_threads): the rank's cores, this machine's hardware threads over
+// the ranks on it (the launcher's local count; without a launcher, as in `plan`, all
+// `world`), at least 1. resolve_run sets it where the device is the CPU, and the planner
+// for its trainer footprint, so a plan on this machine counts the workspace slots the run
+// allocates (one wherever the ranks are as many as the cores).
+int cpu_attention_threads(int world);
+
 // The trainer's footprint inputs of rank `rank` (the plan the Run checks before step 1;
 // `plan --trainer-defaults` builds its estimate from these, so the two cannot disagree).
 TrainFootprintInputs run_footprint_inputs(const RunSettings& s, const RunShape& shape, int world, int rank);

@@ -102,6 +102,7 @@ class TrainFootprintBuilder {
     // precision; o_proj's row tile is the MLP's; o on the host with the one-slot ring).
     ac_ = model_attention_config(c_, in_.seq_len, cp_, in_.rank % cp_, sch_.attention_piece);
     ac_.precision = p_;
+    ac_.threads = sch_.attention_threads;
     ac_.output_rows = sch_.moe_tile;
     ac_.output_on_host = offloads_attention_output(sch_);
     size_persistent();

@@ -266,7 +266,9 @@ std::shared_ptr<ThreadPool> gemm_pool() {
 }
 
 void run_tasks(std::int64_t tasks, bool parallel, const std::function<void(std::int64_t)>& fn) {
-  if (!parallel || tasks == 1) {
+  // One BLAS thread (a rank a core, or the attention kernel's shares running the tile
+  // products: ops/attention.cc) runs here without touching the pool, which keeps its size.
+  if (!parallel || tasks == 1 || blas_num_threads() <= 1) {
     for (std::int64_t t = 0; t < tasks; ++t) fn(t);
     return;
   }
