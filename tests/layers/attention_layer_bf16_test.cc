@@ -268,31 +268,34 @@ TEST(AttentionLayerBf16, ForwardInPlaceIsBitwiseTheSame) {
 // Arena's peaks the footprint's with a workspace slot a share (run_layer checks them), and
 // the BLAS's thread count back where it was after the calls (the ops run the kernel on
 // their own pool with the BLAS on one thread meanwhile). GQA whole and in query pieces,
-// gpt-oss's sinks and window, MLA; 130 tokens: two query blocks of 128.
+// gpt-oss's sinks and window, MLA, and MLA's latent ring on one rank (pieces of 5 tokens: the
+// ring's kernel calls take the shares too); 130 tokens: two query blocks of 128.
 TEST(AttentionLayerBf16, KernelSharesOnThreadsAreBitwiseTheSame) {
   const int blas_before = ops::blas_num_threads();
   ops::set_blas_threads(2);
   int n = 0;
   for (Precision p : {Precision::f32, Precision::bf16})
     for (const Case& c : {Case{37, 0, 24, 6, 1, 8, true}, Case{130, 0, 32, 4, 2, 8, false}})
-      for (int variant = 0; variant < 4; ++variant)
+      for (int variant = 0; variant < 5; ++variant)
         for (int threads : {2, 3}) {
-          AttentionLayerConfig cfg = variant_config(c, p, variant);
+          AttentionLayerConfig cfg = variant_config(c, p, std::min(variant, 3));
+          if (variant == 4) cfg.piece_tokens = 5;  // MLA's latent ring at cp 1
           SCOPED_TRACE(c.str() + " variant " + std::to_string(variant) + " " + std::string(precision_name(p)) +
                        " threads " + std::to_string(threads));
           std::mt19937 rng(static_cast<std::uint32_t>(c.T * 11 + variant));
           const std::vector<Vec> params = attention_test::draw_params(cfg, rng);
           const Vec x = draw(c.T * c.H, rng, 0.0, 1.0), dy = draw(c.T * c.H, rng, 0.0, 1.0);
           const Result one = attention_test::run_layer(cfg, params, x, dy);
-          const std::uint64_t one_slot = attention_layer_buffers(c.T, cfg).workspace_backward.bytes;
+          const std::uint64_t elem = p == Precision::bf16 ? 2 : 4;
+          const std::uint64_t one_slot = attention_layer_footprint(c.T, cfg, elem).device_peak(Component::attention);
           cfg.threads = threads;
           const Result shared = attention_test::run_layer(cfg, params, x, dy);
           attention_test::expect_same_bits(shared, one);
           EXPECT_EQ(ops::blas_num_threads(), 2);
-          EXPECT_GT(attention_layer_buffers(c.T, cfg).workspace_backward.bytes, one_slot);
+          EXPECT_GT(attention_layer_footprint(c.T, cfg, elem).device_peak(Component::attention), one_slot);
           ++n;
         }
-  EXPECT_EQ(n, 32);
+  EXPECT_EQ(n, 40);
   ops::set_blas_threads(blas_before);
   AttentionLayerConfig bad = config_of(Case{8, 0, 8, 2, 1, 4, false}, Precision::f32);
   bad.threads = 0;
