@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include <random>
@@ -105,6 +106,30 @@ TEST(Gemm, OpenBlasRunsTheKernelsTheCpuAllows) {
     GTEST_SKIP() << "a CPU without AVX2 and FMA, or a generic core asked for";
   EXPECT_FALSE(blas_core_is_generic(blas_core_name()))
       << "OpenBLAS runs its generic " << blas_core_name() << " kernels where " << allowed << " would run";
+}
+
+// Parking OpenBLAS's idle threads (the attention kernel's shares do, ops/attention.cc):
+// threaded products before and after, parked several times in a row, give the same bits
+// and the thread count stays; Debian's OpenBLAS (pthreads) has the function.
+TEST(Gemm, ParkedBlasThreadsStartAgainWithTheSameBits) {
+  const int before = blas_num_threads();
+  set_blas_threads(2);
+  const std::int64_t n = 256;  // 2^24 multiply-adds: OpenBLAS threads it
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(n * n), b(n * n), c0(n * n), c1(n * n);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  gemm_f32(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c0.data(), n);
+  bool parked = false;
+  for (int i = 0; i < 3; ++i) {
+    parked = park_blas_threads();
+    gemm_f32(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c1.data(), n);
+    EXPECT_EQ(c1, c0) << "after park " << i;
+    EXPECT_EQ(blas_num_threads(), 2);
+  }
+  if (!parked) std::printf("this OpenBLAS has no blas_thread_shutdown_: nothing parked\n");
+  set_blas_threads(before);
 }
 
 TEST(Elementwise, RelativeErrorIsTheProjectMetric) {

@@ -6,6 +6,7 @@
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/attention.h"
 #include "peakbound/kernels/cpu/attention_sinks.h"
+#include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/kernels/cuda/attention.h"
 #include "peakbound/ops/backend.h"
@@ -24,11 +25,19 @@ std::shared_ptr<ThreadPool> kernel_pool(int threads) {
   return pool;
 }
 
-// The BLAS on one thread for a scope, then back to its count.
+// The BLAS on one thread for a scope, then back to its count. Its idle worker threads are
+// stopped at the start (cpu::park_blas_threads): they would otherwise poll with sched_yield
+// for ~0.1 s after the last threaded GEMM, on the cores the shares run on (at 1 024 tokens a
+// kernel call fits in that window, and 2 shares ran no faster than 1). Its next threaded
+// call starts them again. The step's thread is the process's one threaded BLAS caller (the
+// shares call it with one thread), so none is running while they stop.
 class OneBlasThread {
  public:
   OneBlasThread() : before_(blas_num_threads()) {
-    if (before_ != 1) set_blas_threads(1);
+    if (before_ != 1) {
+      set_blas_threads(1);
+      cpu::park_blas_threads();
+    }
   }
   ~OneBlasThread() {
     if (before_ != 1) set_blas_threads(before_);

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,5 +101,19 @@ void prefer_blas_kernels(char** argv) {
 int blas_num_threads() { return openblas_get_num_threads(); }
 
 void set_blas_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+
+bool park_blas_threads() {
+  using Shutdown = int (*)();
+  static const Shutdown shutdown = [] {
+    void* f = dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
+    Shutdown s = nullptr;
+    static_assert(sizeof(s) == sizeof(f));
+    std::memcpy(&s, &f, sizeof(s));
+    return s;
+  }();
+  if (shutdown == nullptr) return false;
+  shutdown();
+  return true;
+}
 
 }  // namespace peakbound::cpu

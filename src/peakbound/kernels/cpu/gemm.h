@@ -50,5 +50,10 @@ void prefer_blas_kernels(char** argv);
 // OpenBLAS's thread count, and setting it (several ranks on few cores want 1 each).
 int blas_num_threads();
 void set_blas_threads(int n);
+// OpenBLAS's idle worker threads stopped now, not after their polling timeout (2^28
+// cycles by default, ~0.1 s of sched_yield after every threaded call): its
+// blas_thread_shutdown_, found at run time (what its fork handler calls; its next threaded
+// call starts them again). False, doing nothing, where the library has no such function.
+bool park_blas_threads();
 
 }  // namespace peakbound::cpu
