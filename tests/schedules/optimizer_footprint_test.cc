@@ -82,7 +82,9 @@ TEST(OptimizerFootprint, MeasuredPeaksEqualTheFootprintOverAGrid) {
             o.in_place = in_place;
             const OptimizerShape shape{static_cast<std::uint64_t>(n), dtype_size(d.p), dtype_size(d.g), 4, 4, 4};
             const Footprint f = optimizer_footprint(name, shape, o);
-            if (in_place) EXPECT_EQ(f.host_peak(Component::comm), 0u);
+            if (in_place) {
+              EXPECT_EQ(f.host_peak(Component::comm), 0u);
+            }
             const Measured m = run(name, n, d.p, d.g, bucket, in_place);
             EXPECT_EQ(m.device_optimizer, f.device_peak(Component::optimizer));
             EXPECT_EQ(m.device_total, arena_reserved(shape.n * shape.param_bytes) +
