@@ -266,11 +266,7 @@ nlohmann::json kernel_part(const BenchAttentionFlags& fl, bool run) {
   // cores in one process), OpenBLAS split the 128 x 128 tile products over them and its
   // waiting threads' yields cost more than the split gained (2-core Xeon, head dim 32,
   // bf16: forward 0.23 s against 0.14 s on one BLAS thread).
-  struct BlasThreads {
-    int before = ops::blas_num_threads();
-    BlasThreads() { ops::set_blas_threads(1); }
-    ~BlasThreads() { ops::set_blas_threads(before); }
-  } one_blas_thread;
+  const ops::BlasThreadsScope one_blas_thread(1);
   const std::string load_before = bench::load_average();
   // The forward's and then the backward's best time under dims d (the backward reads the
   // forward's out and lse).

@@ -132,6 +132,12 @@ void ThreadPool::parallel_for(std::int64_t tasks, const std::function<void(std::
   if (f) std::rethrow_exception(f);
 }
 
+std::shared_ptr<ThreadPool> KeptPool::sized(int threads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pool_ || pool_->size() != threads) pool_ = std::make_shared<ThreadPool>(threads, spin_);
+  return pool_;
+}
+
 int default_thread_count() {
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : static_cast<int>(n);

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -65,6 +66,20 @@ class ThreadPool {
   std::atomic<std::int64_t> finished_{0};  // tasks of the current call run (or skipped)
   std::atomic<bool> failed_{false};        // a task threw: the rest are skipped
   std::exception_ptr failure_;
+};
+
+// A pool kept for the process (a function's static), remade when the size asked changes:
+// the bf16 GEMM's (sized by the BLAS's threads) and the attention kernel's shares. Callers
+// hold the returned pointer while they use it (a remake leaves an older one alive).
+class KeptPool {
+ public:
+  explicit KeptPool(std::chrono::microseconds spin = std::chrono::microseconds{0}) : spin_(spin) {}
+  std::shared_ptr<ThreadPool> sized(int threads);
+
+ private:
+  std::chrono::microseconds spin_;
+  std::mutex mu_;
+  std::shared_ptr<ThreadPool> pool_;
 };
 
 // The default thread count: the hardware's (at least 1).

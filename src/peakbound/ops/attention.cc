@@ -1,7 +1,6 @@
 #include "peakbound/ops/attention.h"
 
 #include <memory>
-#include <mutex>
 
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/attention.h"
@@ -16,39 +15,6 @@ namespace peakbound::ops {
 
 namespace {
 
-// The process's pool for the CPU kernel's shares, remade when the count asked changes.
-std::shared_ptr<ThreadPool> kernel_pool(int threads) {
-  static std::mutex mu;
-  static std::shared_ptr<ThreadPool> pool;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!pool || pool->size() != threads) pool = std::make_shared<ThreadPool>(threads);
-  return pool;
-}
-
-// The BLAS on one thread for a scope, then back to its count. Its idle worker threads are
-// stopped at the start (cpu::park_blas_threads): they would otherwise poll with sched_yield
-// for ~0.1 s after the last threaded GEMM, on the cores the shares run on (at 1 024 tokens a
-// kernel call fits in that window, and 2 shares ran no faster than 1). Its next threaded
-// call starts them again. The step's thread is the process's one threaded BLAS caller (the
-// shares call it with one thread), so none is running while they stop.
-class OneBlasThread {
- public:
-  OneBlasThread() : before_(blas_num_threads()) {
-    if (before_ != 1) {
-      set_blas_threads(1);
-      cpu::park_blas_threads();
-    }
-  }
-  ~OneBlasThread() {
-    if (before_ != 1) set_blas_threads(before_);
-  }
-  OneBlasThread(const OneBlasThread&) = delete;
-  OneBlasThread& operator=(const OneBlasThread&) = delete;
-
- private:
-  int before_;
-};
-
 // Runs the CPU kernel on the pool its dims.threads shares go to: the caller's, or where the
 // caller gave none and the dims ask for more than one share, the process's pool of that
 // many threads, the BLAS on one thread meanwhile (the shares are the rank's cores: a tile
@@ -61,8 +27,15 @@ void on_kernel_threads(const AttentionDims& dims, ThreadPool* pool, Kernel&& ker
     kernel(pool);
     return;
   }
-  const std::shared_ptr<ThreadPool> own = kernel_pool(dims.threads);
-  const OneBlasThread one;
+  static KeptPool kept;
+  const std::shared_ptr<ThreadPool> own = kept.sized(dims.threads);
+  const BlasThreadsScope one(1);
+  // OpenBLAS's idle workers stopped too (cpu::park_blas_threads): they would otherwise poll
+  // with sched_yield for ~0.1 s after the last threaded GEMM, on the cores the shares run on
+  // (at 1 024 tokens a kernel call fits in that window, and 2 shares ran no faster than 1).
+  // Its next threaded call starts them again. The step's thread is the process's one
+  // threaded BLAS caller (the shares call it with one thread), so none runs while they stop.
+  if (one.changed()) cpu::park_blas_threads();
   kernel(own.get());
 }
 

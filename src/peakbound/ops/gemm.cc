@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <thread>
 
 #include "peakbound/core/launcher.h"
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/thread_pool.h"
 #include "peakbound/kernels/cpu/gemm.h"
 #include "peakbound/kernels/cpu/gemm_bf16.h"
 #include "peakbound/ops/backend.h"
@@ -92,12 +92,20 @@ int blas_num_threads() { return cpu::blas_num_threads(); }
 
 void set_blas_threads(int n) { cpu::set_blas_threads(n); }
 
+BlasThreadsScope::BlasThreadsScope(int n) : before_(blas_num_threads()), n_(n) {
+  if (changed()) set_blas_threads(n_);
+}
+
+BlasThreadsScope::~BlasThreadsScope() {
+  if (changed()) set_blas_threads(before_);
+}
+
 std::string blas_core_source() { return cpu::blas_core_source(); }
 
 void prefer_blas_kernels(char** argv) { cpu::prefer_blas_kernels(argv); }
 
 int host_cores_per_rank(int local_ranks) {
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
+  return std::max(1, default_thread_count() / std::max(1, local_ranks));
 }
 
 void share_host_cores_among_local_ranks() { cpu::set_blas_threads(host_cores_per_rank(launcher_local_size())); }

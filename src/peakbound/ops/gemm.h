@@ -46,6 +46,19 @@ std::string blas_core_name();
 int blas_num_threads();
 // Sets the thread count (at least 1; gemm_bf16's pool follows it).
 void set_blas_threads(int n);
+// The BLAS on `n` threads for a scope, its count before restored at the end (neither call
+// made where the count is already n).
+class BlasThreadsScope {
+ public:
+  explicit BlasThreadsScope(int n);
+  ~BlasThreadsScope();
+  BlasThreadsScope(const BlasThreadsScope&) = delete;
+  BlasThreadsScope& operator=(const BlasThreadsScope&) = delete;
+  bool changed() const { return before_ != n_; }
+
+ private:
+  int before_, n_;
+};
 // Where the core type came from: "detected" (OpenBLAS's choice) or "OPENBLAS_CORETYPE".
 std::string blas_core_source();
 // First thing in a program's main(): where OpenBLAS fell back to its generic kernels on a

@@ -303,7 +303,7 @@ RunModel::RunModel(std::unique_ptr<Communicator> world_in, const std::string& ki
     : device(agreed_device(*world_in, kind, budget)),
       host(MemoryLedger::kUnlimited, "host", device->host_pages()),
       world(device_communicator(*device, std::move(world_in))),
-      pool(std::max(1, default_thread_count() / std::max(1, launcher_local_size()))),
+      pool(ops::host_cores_per_rank(launcher_local_size())),
       groups(ProcessGroups::split(*world, layout)) {
   // Setup that can fail on one rank and not another (its weights' shard): agreed.
   agree(*world, [&] {

@@ -14,7 +14,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -257,12 +256,8 @@ constexpr std::array<TileFn, kMr> kTiles[2] = {tile_table<false>(std::make_index
 // The pool the native path runs on: ops::blas_num_threads() threads, remade when that
 // count changes; callers hold a reference while they use it.
 std::shared_ptr<ThreadPool> gemm_pool() {
-  static std::mutex mu;
-  static std::shared_ptr<ThreadPool> pool;
-  const int want = std::max(1, blas_num_threads());
-  std::lock_guard<std::mutex> lock(mu);
-  if (!pool || pool->size() != want) pool = std::make_shared<ThreadPool>(want, kPoolSpin);
-  return pool;
+  static KeptPool kept(kPoolSpin);
+  return kept.sized(std::max(1, blas_num_threads()));
 }
 
 void run_tasks(std::int64_t tasks, bool parallel, const std::function<void(std::int64_t)>& fn) {
