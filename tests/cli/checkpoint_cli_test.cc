@@ -190,7 +190,9 @@ TEST(RunCheckpointCli, ANanInTheWeightsIsRefusedAtLoadNamingTheTensor) {
 
 // Finite weights whose forward overflows (a final-norm weight of 3e38) make a non-finite
 // loss at step 1: the run stops naming the step and the first non-finite gradient, or
-// with --on-nonfinite skip skips every step and ends normally.
+// with --on-nonfinite skip skips that step (and each later one whose loss or gradient is
+// not finite: which are depends on the batch, since the head scores only the tokens
+// with a target and the overflow need not reach them) and ends normally.
 TEST(RunCheckpointCli, ANonFiniteLossStopsTheRunNamingTheTensor) {
   const std::string dst = fixture_with_norm_weight("overflow", 3e38f);
   const std::string args = "train --model " + dst + " --seq-len 16 --steps 3 --eval-every 0";
@@ -199,7 +201,8 @@ TEST(RunCheckpointCli, ANonFiniteLossStopsTheRunNamingTheTensor) {
   EXPECT_NE(r.err.find("first non-finite gradient: "), std::string::npos) << r.err;
   CliRun skip = run_cli(args + " --on-nonfinite skip --json", 300);
   EXPECT_EQ(skip.code, 0) << skip.err;
-  EXPECT_NE(skip.out.find("(3 skipped: non-finite)"), std::string::npos) << skip.out;
+  EXPECT_NE(skip.out.find("skipped: step 1: the loss is "), std::string::npos) << skip.out;
+  EXPECT_NE(skip.out.find(" skipped: non-finite)"), std::string::npos) << skip.out;
   fs::remove_all(dst);
 }
 

@@ -110,26 +110,31 @@ double expect_same_gradients(MoeTransformer& a_model, MoeTransformer& b_model) {
   return worst;
 }
 
+// One forward_backward of `run` on the batch (its gradients summed over their groups as
+// the trainer's shard holds them); returns the loss.
+double one_step(ModelRun& run, const std::vector<std::int32_t>& ids, const std::vector<std::int32_t>& tgt) {
+  Communicator& world = testing::world();
+  MoeTransformer& m = *run.model;
+  m.zero_grads();
+  std::int64_t valid = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t != -100; });
+  world.all_reduce(&valid, 1, DType::i64, ReduceOp::sum);
+  const BatchSums s = m.forward_backward(ids.data(), tgt.data(), 2, 24, 1.0f / float(valid), 1.0f);
+  double ce = s.ce;
+  world.all_reduce(&ce, 1, DType::f64, ReduceOp::sum);
+  std::vector<ParameterStore*> st = m.stores();
+  std::vector<Communicator*> g = m.store_groups();
+  for (std::size_t i = 0; i < st.size(); ++i)
+    g[i]->all_reduce(st[i]->grads_data(), st[i]->elements(), DType::f32, ReduceOp::sum);
+  return ce / double(valid) + s.aux;
+}
+
 TEST(SchedulesExact, OneStepLossAndEveryGradient) {
   Communicator& world = testing::world();
   std::vector<std::int32_t> ids, tgt;
   batch(0, ids, tgt);
   std::unique_ptr<ModelRun> runs[2] = {make_run(false), make_run(true)};
   double loss[2];
-  for (int k = 0; k < 2; ++k) {
-    MoeTransformer& m = *runs[k]->model;
-    m.zero_grads();
-    std::int64_t valid = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t != -100; });
-    world.all_reduce(&valid, 1, DType::i64, ReduceOp::sum);
-    const BatchSums s = m.forward_backward(ids.data(), tgt.data(), 2, 24, 1.0f / float(valid), 1.0f);
-    double ce = s.ce;
-    world.all_reduce(&ce, 1, DType::f64, ReduceOp::sum);
-    loss[k] = ce / double(valid) + s.aux;
-    std::vector<ParameterStore*> st = m.stores();
-    std::vector<Communicator*> g = m.store_groups();
-    for (std::size_t i = 0; i < st.size(); ++i)
-      g[i]->all_reduce(st[i]->grads_data(), st[i]->elements(), DType::f32, ReduceOp::sum);
-  }
+  for (int k = 0; k < 2; ++k) loss[k] = one_step(*runs[k], ids, tgt);
   EXPECT_LT(std::abs(loss[1] - loss[0]) / std::abs(loss[0]), 1e-5) << loss[0] << " vs " << loss[1];
   // An evaluation forward leaves nothing of the vocabulary loss held (no backward follows).
   for (int k = 0; k < 2; ++k) {
@@ -140,6 +145,56 @@ TEST(SchedulesExact, OneStepLossAndEveryGradient) {
   if (world.rank() == 0)
     std::printf("all vs none, one step at %d ranks: loss %.8f vs %.8f, worst gradient rel err %.3g\n", world.size(),
                 loss[0], loss[1], worst);
+}
+
+// Tokens without a target (ignore_index) never enter Ring-DTP: the model moves the
+// scored rows of the normed hidden together, runs the loss over them and puts their
+// gradient rows back, zeros in the others. Against every schedule off (materialized
+// logits over every row): the same loss and every gradient, for masks that leave a
+// prompt unscored, score isolated tokens between unscored ones, leave a gap inside a
+// sequence, score nothing on a rank, or score everything. The loss's memory does not
+// depend on the mask: Ring-DTP's buffers are sized for the step's tokens, so its
+// measured vocabulary peak equals the all-scored step's.
+TEST(SchedulesExact, TokensWithoutATargetLeaveTheLossAndGradientsExact) {
+  Communicator& world = testing::world();
+  const int W = world.size(), r = world.rank();
+  std::vector<std::int32_t> ids, all_scored;
+  batch(0, ids, all_scored);
+  std::uint64_t scored_peak = 0;
+  {
+    std::unique_ptr<ModelRun> run = make_run(true);
+    (void)one_step(*run, ids, all_scored);
+    scored_peak = run->dev->arena().peak(Component::vocab);
+  }
+  const auto ignored = [](int pattern, std::int64_t t) {
+    const std::int64_t b = t / 24, i = t % 24;
+    switch (pattern) {
+      case 0: return i < 11;                            // a prompt unscored
+      case 1: return i % 3 != 1 || (b == 1 && i >= 19);  // isolated tokens, a suffix off
+      case 2: return true;                              // nothing scored on this rank
+      case 3: return i == 0 || (b == 1 && i >= 6 && i < 20);  // a gap inside a sequence
+      default: return false;                            // everything scored
+    }
+  };
+  for (int variant = 0; variant < 5; ++variant) {
+    const int pattern = (r + variant) % 5;
+    std::vector<std::int32_t> tgt = all_scored;
+    for (std::int64_t t = 0; t < std::int64_t(tgt.size()); ++t)
+      if (ignored(pattern, t)) tgt[std::size_t(t)] = -100;
+    std::int64_t valid = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t != -100; });
+    world.all_reduce(&valid, 1, DType::i64, ReduceOp::sum);
+    if (valid == 0) continue;  // one rank, nothing scored: no loss to compare
+    SCOPED_TRACE("variant " + std::to_string(variant) + " at " + std::to_string(W) + " ranks");
+    std::unique_ptr<ModelRun> runs[2] = {make_run(false), make_run(true)};
+    double loss[2];
+    for (int k = 0; k < 2; ++k) loss[k] = one_step(*runs[k], ids, tgt);
+    EXPECT_LT(std::abs(loss[1] - loss[0]) / std::abs(loss[0]), 1e-5) << loss[0] << " vs " << loss[1];
+    const double worst = expect_same_gradients(*runs[0]->model, *runs[1]->model);
+    EXPECT_EQ(runs[1]->dev->arena().peak(Component::vocab), scored_peak);
+    if (r == 0)
+      std::printf("scored rows only, variant %d at %d ranks: loss %.8f vs %.8f, worst gradient rel err %.3g\n",
+                  variant, W, loss[0], loss[1], worst);
+  }
 }
 
 TEST(SchedulesExact, TwentyStepsSameLossCurve) {

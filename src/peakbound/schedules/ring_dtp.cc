@@ -82,10 +82,20 @@ class RingDtp final : public VocabLoss {
     targets_ = targets;
     T_ = tokens;
     weight_ = weight;
-    shape_.tokens = comm([&] { return gather_token_counts(g_, tokens); });
+    // Every rank's tokens and the tokens its buffers are sized for (reserve_tokens), in
+    // one exchange: the work is the first's, the buffers (and the mode) the second's.
+    const std::int64_t mine[2] = {tokens, std::max(tokens, reserved_)};
+    std::vector<std::int64_t> both(Z(2 * P_));
+    comm([&] { g_.all_gather(mine, both.data(), 2, DType::i64); });
+    shape_.tokens.assign(Z(P_), 0);
     shape_.dims = d_;
     shape_.rank = r_;
-    b_ = ring_dtp_buffers(shape_, o_, o_.precision);
+    VocabLossShape sized = shape_;
+    for (int i = 0; i < P_; ++i) {
+      shape_.tokens[Z(i)] = both[Z(2 * i)];
+      sized.tokens[Z(i)] = both[Z(2 * i + 1)];
+    }
+    b_ = ring_dtp_buffers(sized, o_, o_.precision);
     lse_ = alloc(b_.lse);
     if (o_.precision == Precision::bf16)
       return b_.mode == RingMode::weights ? forward_weights<bf16>() : forward_activations<bf16>();
@@ -116,7 +126,7 @@ class RingDtp final : public VocabLoss {
     comm([&] { check_targets(dev_, g_, targets, tokens, d_.vocab, o_); });
     discard();
     fused_ = true;
-    shape_.tokens = {tokens};
+    shape_.tokens = {std::max(tokens, reserved_)};  // the buffers' size (reserve_tokens)
     shape_.dims = d_;
     shape_.rank = r_;
     b_ = ring_dtp_buffers(shape_, o_, o_.precision);

@@ -115,6 +115,12 @@ class VocabLoss {
   // Frees what the last forward keeps for its backward (an evaluation forward has no
   // backward: without this its buffers would stay held through whatever runs next).
   virtual void discard() = 0;
+  // The tokens the next calls' buffers are sized for on this rank where more than a call
+  // passes (0: each call's own). A caller that passes only the tokens with a target (the
+  // model under Ring-DTP) reserves the step's, so the loss's memory, like its plan, does
+  // not depend on which targets are ignored; the work and the ring's messages are the
+  // passed tokens'. Ring-DTP takes it; the materialized loss sizes by the call.
+  void reserve_tokens(std::int64_t tokens) { reserved_ = tokens; }
   // The mode Ring-DTP chose for the last step ("activations"/"weights", "fused" for a
   // fused forward_backward); "" otherwise.
   virtual std::string mode_used() const { return ""; }
@@ -153,6 +159,11 @@ class VocabLoss {
  private:
   void expect(Precision p) const;
   VocabLossStats stats_;
+
+ protected:
+  std::int64_t reserved_ = 0;
+
+ private:
   Precision precision_;
 };
 

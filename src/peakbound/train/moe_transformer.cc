@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numbers>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/memory_timeline.h"
@@ -27,6 +30,78 @@ namespace peakbound {
 namespace {
 
 using u64 = std::uint64_t;
+
+// The tokens Ring-DTP scores (ModelSchedules::ring_dtp): a token whose target is
+// ignore_index has a zero loss gradient, so its logits feed nothing. Its row of the normed
+// hidden is left out of the vocabulary projection: the scored rows move to the front in
+// order (with their targets), the loss runs over them alone, and their gradient rows go
+// back to their positions after it, zeros in the others. Every row's logits, loss and dX
+// are what they were; the head's gradient sums over the same tokens in blocks of scored
+// tokens (another grouping of its fp32 sums). The rows move in place on the device, a run
+// of consecutive rows at a time, in pieces no longer than the distance it moves (so no
+// copy overlaps itself): compacting, a run goes to positions at or before its own and
+// after the runs already moved; expanding, the runs in reverse, each goes back above
+// every packed run not yet moved.
+struct ScoredRuns {
+  std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // (first token, tokens), in order
+  std::int64_t count = 0;                                   // scored tokens
+  std::vector<std::int32_t> targets;                        // theirs, packed
+};
+
+ScoredRuns scored_runs(const std::int32_t* targets, std::int64_t tokens, std::int32_t ignore_index) {
+  ScoredRuns r;
+  for (std::int64_t t = 0; t < tokens;) {
+    if (targets[t] == ignore_index) {
+      ++t;
+      continue;
+    }
+    const std::int64_t first = t;
+    while (t < tokens && targets[t] != ignore_index) r.targets.push_back(targets[t++]);
+    r.runs.emplace_back(first, t - first);
+    r.count += t - first;
+  }
+  return r;
+}
+
+// Rows [from, from + n) to [to, to + n) of one buffer, in pieces that do not overlap.
+void move_rows(Device& dev, Stream& s, unsigned char* base, std::size_t row_bytes, std::int64_t from, std::int64_t to,
+               std::int64_t n) {
+  if (from == to || n == 0) return;
+  const std::int64_t step = std::abs(from - to);
+  const auto piece = [&](std::int64_t i, std::int64_t m) {
+    dev.memcpy_async(base + static_cast<std::size_t>(to + i) * row_bytes,
+                     base + static_cast<std::size_t>(from + i) * row_bytes, static_cast<std::size_t>(m) * row_bytes,
+                     CopyKind::device_to_device, s);
+  };
+  if (to < from)
+    for (std::int64_t i = 0; i < n; i += step) piece(i, std::min(step, n - i));
+  else
+    for (std::int64_t i = n; i > 0; i -= step) piece(std::max<std::int64_t>(i - step, 0), std::min(step, i));
+}
+
+void compact_scored(Device& dev, Stream& s, void* rows, std::size_t row_bytes, const ScoredRuns& r) {
+  std::int64_t to = 0;
+  for (const auto& [first, n] : r.runs) {
+    move_rows(dev, s, static_cast<unsigned char*>(rows), row_bytes, first, to, n);
+    to += n;
+  }
+}
+
+template <class A>
+void expand_scored(Device& dev, Stream& s, A* rows, std::int64_t width, std::int64_t tokens, const ScoredRuns& r) {
+  const std::size_t row_bytes = static_cast<std::size_t>(width) * sizeof(A);
+  std::int64_t from = r.count;
+  for (auto it = r.runs.rbegin(); it != r.runs.rend(); ++it) {
+    from -= it->second;
+    move_rows(dev, s, reinterpret_cast<unsigned char*>(rows), row_bytes, from, it->first, it->second);
+  }
+  std::int64_t next = 0;  // the unscored rows' gradient is zero
+  for (const auto& [first, n] : r.runs) {
+    if (first > next) ops::fill(dev, s, rows + next * width, (first - next) * width, 0.0f);
+    next = first + n;
+  }
+  if (tokens > next) ops::fill(dev, s, rows + next * width, (tokens - next) * width, 0.0f);
+}
 
 void unsupported(const ModelConfig& c, const std::string& what) {
   throw InvalidArgument("model '" + c.name + "': " + what + " is not implemented by the trainer yet");
@@ -278,6 +353,7 @@ struct MoeTransformer::Pass {
   std::int64_t T = 0, S = 0, world_tokens = 0;
   std::int64_t sequences = 0, world_sequences = 0;  // this rank's; the world's distinct ones
   Buffer ids, targets, seq_counts, seq_psum, x;
+  ScoredRuns scored;  // the tokens the loss scores (Ring-DTP), from prepare
 };
 
 Tensor MoeTransformer::view(ParameterStore& s, const std::string& name, bool grad) const {
@@ -787,6 +863,7 @@ void MoeTransformer::prepare(Pass& p, const std::int32_t* ids, const std::int32_
     ops::fill(dev_, dev_.compute_stream(), p.seq_counts.as<float>(), sf, 0.0f);
     ops::fill(dev_, dev_.compute_stream(), p.seq_psum.as<float>(), sf, 0.0f);
   }
+  if (schedules_.ring_dtp) p.scored = scored_runs(targets, p.T, schedules_.vocab.ignore_index);
   Stream& cs = dev_.copy_stream();
   if (p.T > 0) {
     dev_.memcpy_async(p.ids.data(), ids, tb, CopyKind::host_to_device, cs);
@@ -1042,15 +1119,28 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   // vocabulary group takes Ring-DTP's fused form (no recompute, one logits block).
   LossSum ls;
   Buffer d_hn;
+  // Ring-DTP on the CPU device scores only the rows with a target (scored_runs above):
+  // hn's rows and the targets compact in place (hn's last reader is the loss), d_hn's
+  // expand after it.
+  const ScoredRuns& scored = p.scored;
+  const std::int64_t Tv = schedules_.ring_dtp ? scored.count : T;
+  if (Tv < T) {
+    compact_scored(dev_, s, hn.data(), static_cast<std::size_t>(H) * sizeof(A), scored);
+    dev_.memcpy_async(p.targets.data(), scored.targets.data(), static_cast<std::size_t>(Tv) * sizeof(std::int32_t),
+                      CopyKind::host_to_device, s);
+  }
+  if (schedules_.ring_dtp) vocab_loss_->reserve_tokens(T);  // its buffers as planned, whatever the targets
   if (schedules_.ring_dtp && groups_.vocab->size() == 1) {
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
-    ls = vocab_loss_->forward_backward(hn.as<A>(), p.targets.as<std::int32_t>(), T, w_head, ce_scale,
+    ls = vocab_loss_->forward_backward(hn.as<A>(), p.targets.as<std::int32_t>(), Tv, w_head, ce_scale,
                                        d_hn.as<A>(), d_head);
   } else {
-    ls = vocab_loss_->forward(hn.as<A>(), p.targets.as<std::int32_t>(), T, w_head);
+    ls = vocab_loss_->forward(hn.as<A>(), p.targets.as<std::int32_t>(), Tv, w_head);
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
     vocab_loss_->backward(ce_scale, d_hn.as<A>(), d_head);
   }
+  vocab_loss_->reserve_tokens(0);
+  if (Tv < T) expand_scored(dev_, s, d_hn.as<A>(), H, T, scored);
   // The layers' backward runs in place (every block's backward_in_place, the stack's one
   // gradient buffer): the final norm's gradient goes into x's buffer (the normed hidden's
   // last reader was the loss), and the layers turn it into dx there. parks_final_hidden:
