@@ -38,10 +38,15 @@ TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
   EXPECT_EQ(j["schedules"], "all");
   EXPECT_GT(j["tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["peaks"]["total"]["measured_bytes"].get<double>(), 0);
-  // The model's FLOPs a token (model/model_flops.h: tiny-moe at 32 tokens) times the rate;
+  // The model's FLOPs a token (model/model_flops.h: tiny-moe at 32 tokens, the head's for
+  // the scored share of them: the copy task scores its second segment) times the rate;
   // no MFU without --gemm-peak.
   const peakbound::ModelConfig tiny = peakbound::preset_config("tiny-moe");
-  EXPECT_DOUBLE_EQ(j["model_flops_per_token"].get<double>(), peakbound::model_flops_per_token(tiny, 32).per_token());
+  const double scored = j["scored_fraction"].get<double>();
+  EXPECT_GT(scored, 0.0);
+  EXPECT_LT(scored, 1.0);
+  EXPECT_DOUBLE_EQ(j["model_flops_per_token"].get<double>(),
+                   peakbound::model_flops_per_token(tiny, 32).per_token(scored));
   EXPECT_NEAR(j["achieved_flops_per_second"].get<double>(),
               j["model_flops_per_token"].get<double>() * j["tokens_per_second"].get<double>(),
               1e-9 * j["achieved_flops_per_second"].get<double>());
@@ -50,12 +55,15 @@ TEST(CliTrain, ShortRunPrintsPlanProgressAndThePeakTable) {
   std::ifstream m(metrics);
   std::string line;
   int lines = 0;
+  double scored_tokens = 0;
   while (std::getline(m, line)) {
     const nlohmann::json row = nlohmann::json::parse(line);
     EXPECT_EQ(row["step"], ++lines);
     EXPECT_TRUE(row.contains("loss"));
+    scored_tokens += row["scored_tokens"].get<double>();
   }
   EXPECT_EQ(lines, 3);
+  EXPECT_DOUBLE_EQ(scored, scored_tokens / (3.0 * j["inputs_per_step"].get<double>()));
   std::remove(metrics.c_str());
 }
 

@@ -31,6 +31,11 @@ TEST(ModelFlops, TinyMoeIsSixNPlusTheCausalAttentionTerm) {
   EXPECT_DOUBLE_EQ(f.attention, static_cast<double>(c.num_layers) * pair * 64.5);
   EXPECT_DOUBLE_EQ(f.per_token(), f.dense + f.attention);
   EXPECT_GT(f.dense, 6.0 * static_cast<double>(n.active_non_embedding - n.lm_head));  // the head counts
+  // ... for the scored tokens: a step that scores half its tokens counts half the head.
+  EXPECT_DOUBLE_EQ(f.head, 6.0 * static_cast<double>(n.lm_head));
+  EXPECT_DOUBLE_EQ(f.per_token(1.0), f.per_token());
+  EXPECT_DOUBLE_EQ(f.per_token(0.5), f.per_token() - f.head / 2);
+  EXPECT_DOUBLE_EQ(f.per_token(0.0), f.dense - f.head + f.attention);
 }
 
 // gpt-oss-120b: the sliding layers (window 128) see at most 128 keys; DeepSeek-V3's MLA

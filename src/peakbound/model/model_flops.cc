@@ -21,6 +21,7 @@ ModelFlops model_flops_per_token(const ModelConfig& c, std::int64_t seq_len) {
   const ParamCount n = count_params(c);
   ModelFlops f;
   f.dense = 6.0 * static_cast<double>(n.active_non_embedding);
+  f.head = 6.0 * static_cast<double>(n.lm_head);
   const double per_pair = 6.0 * static_cast<double>(c.num_heads) * static_cast<double>(c.qk_head_dim() + c.value_head_dim());
   for (std::int64_t l = 0; l < c.num_layers; ++l) f.attention += per_pair * mean_visible_keys(seq_len, c.attention_window(l));
   return f;

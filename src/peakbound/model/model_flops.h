@@ -9,7 +9,11 @@
 //              x the mean number of keys a query sees: (S + 1) / 2 causal, and under a
 //              window W the mean of min(i + 1, W) over the S positions.
 // Recomputation (activation checkpointing, the attention backward's recomputed
-// probabilities) is not counted: MFU counts the model's work, not the hardware's.
+// probabilities) is not counted: MFU counts the model's work, not the hardware's. Nor is
+// the output head's work on a token without a target (ignore_index): its logits feed no
+// loss and its gradient is zero, so the head's 6 V H counts for the scored tokens only
+// (per_token(scored_fraction)); Ring-DTP does not compute it, the materialized loss
+// does, uncounted like a recomputation.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +25,10 @@ namespace peakbound {
 struct ModelFlops {
   double dense = 0;      // 6 N per token
   double attention = 0;  // the attention pairs' term per token, summed over the layers
+  double head = 0;       // the output head's part of dense: 6 V H (0 when tied, as N counts it)
   double per_token() const { return dense + attention; }
+  // Per input token of a step whose tokens are `scored_fraction` scored (in [0, 1]).
+  double per_token(double scored_fraction) const { return dense - head * (1.0 - scored_fraction) + attention; }
 };
 
 // Throws InvalidArgument for an invalid config or seq_len < 1.

@@ -337,7 +337,7 @@ struct Run::State {
   std::vector<std::vector<std::int32_t>> ids, tgt;
   std::unique_ptr<MetricsWriter> metrics;
   Stopwatch clock, save_clock;
-  double first_loss = 0, last_loss = 0, tokens_seen = 0, train_seconds = 0, blind = 0;
+  double first_loss = 0, last_loss = 0, tokens_seen = 0, scored_seen = 0, train_seconds = 0, blind = 0;
   std::vector<double> step_seconds;
   std::uint64_t ring_bytes = 0;  // this rank's context-parallel ring attention sends in the steps taken
   PhaseSeconds phases{};         // this rank's step time by phase, summed over the steps taken
@@ -604,6 +604,7 @@ RunStep Run::step() {
   if (step == s.s0 + 1) s.first_loss = st.ce;  // the cross-entropy, as last_loss (the progress line adds the aux term)
   s.last_loss = st.ce;
   s.tokens_seen += static_cast<double>(st.inputs);
+  s.scored_seen += static_cast<double>(st.tokens);
   s.train_seconds += st.seconds;
   for (std::size_t i = 0; i < kNumStepPhases; ++i) s.phases[i] += st.phases[i];
   s.communication += st.communication_seconds;
@@ -755,7 +756,9 @@ RunSummary Run::finish() {
   sum.eval_loss = s.last_eval;
   sum.blind_loss = s.blind;
   sum.tokens_per_second = s.train_seconds > 0 ? s.tokens_seen / s.train_seconds : 0;
-  sum.model_flops_per_token = model_flops_per_token(s.shape.config, s.S).per_token();
+  // The head's FLOPs for the scored tokens only (model/model_flops.h).
+  sum.scored_fraction = s.tokens_seen > 0 ? std::min(1.0, s.scored_seen / s.tokens_seen) : 1.0;
+  sum.model_flops_per_token = model_flops_per_token(s.shape.config, s.S).per_token(sum.scored_fraction);
   sum.achieved_flops_per_second = sum.model_flops_per_token * sum.tokens_per_second;
   sum.gemm_peak = f.gemm_peak;
   if (f.measure_gemm_peak) {
@@ -823,6 +826,7 @@ std::string RunSummary::text() const {
   if (skipped > 0) t += format(" (%lld skipped: non-finite)", static_cast<long long>(skipped));
   t += format("\nmodel %.3g FLOP/token x %.0f tokens/s = %.3g FLOP/s", model_flops_per_token, tokens_per_second,
               achieved_flops_per_second);
+  if (scored_fraction < 1.0) t += format(" (the head's for the %.0f%% of tokens scored)", 100.0 * scored_fraction);
   if (mfu) t += format(", MFU %.1f%% of the GEMM peak %.3g FLOP/s", 100.0 * *mfu, gemm_peak);
   if (phase_seconds) {
     double total = 0;
@@ -870,6 +874,7 @@ nlohmann::json RunSummary::json() const {
   if (eval_loss) j["eval_loss"] = *eval_loss;
   if (!std::isnan(blind_loss)) j["blind_loss"] = blind_loss;
   j["model_flops_per_token"] = model_flops_per_token;
+  j["scored_fraction"] = scored_fraction;
   j["achieved_flops_per_second"] = achieved_flops_per_second;
   if (mfu) j["mfu"] = *mfu;
   if (gemm_peak > 0) j["gemm_peak_flops_per_second"] = gemm_peak;

@@ -225,9 +225,10 @@ struct RunSummary {
   std::vector<std::int64_t> planned, measured, at_peak;  // per component, then the total (at_peak: none)
   std::uint64_t budget = 0;
   double first_loss = 0, last_loss = 0, tokens_per_second = 0, blind_loss = 0;  // blind: NaN if unknown
-  // model_flops_per_token (model/model_flops.h) x tokens_per_second, and its share of the
+  // model_flops_per_token (model/model_flops.h, the head's part for the scored tokens:
+  // scored_fraction of the inputs had a target) x tokens_per_second, and its share of the
   // given GEMM peak (RunSettings::gemm_peak; absent when not given).
-  double model_flops_per_token = 0, achieved_flops_per_second = 0;
+  double model_flops_per_token = 0, achieved_flops_per_second = 0, scored_fraction = 1;
   std::optional<double> mfu;
   double gemm_peak = 0;  // the peak the MFU is against (given or measured); 0: none
   // The steps' wall time split by phase (core/phase_clock.h), summed over the steps, the
