@@ -37,6 +37,7 @@
 #include "peakbound/model/hf_config.h"
 #include "peakbound/train/trainer.h"
 #include "tests/comm/world.h"
+#include "tests/train/model_step.h"
 #include "tests/train/test_models.h"
 
 namespace peakbound {
@@ -105,23 +106,12 @@ void batch(std::int64_t step, std::vector<std::int32_t>& ids, std::vector<std::i
   }
 }
 
-// One forward_backward of batch 0 (gradients zeroed first); the world's mean loss. The
-// stores' gradients are summed over their groups afterwards (as the trainer's shard holds them).
+// One forward_backward of batch 0 (testing::world_step): the world's mean loss, the
+// stores' gradients summed over their groups.
 double one_step(MoeTransformer& m) {
-  Communicator& world = testing::world();
   std::vector<std::int32_t> ids, tgt;
   batch(0, ids, tgt);
-  m.zero_grads();
-  std::int64_t valid = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t != -100; });
-  world.all_reduce(&valid, 1, DType::i64, ReduceOp::sum);
-  const BatchSums s = m.forward_backward(ids.data(), tgt.data(), 2, 24, 1.0f / float(valid), 1.0f);
-  double ce = s.ce;
-  world.all_reduce(&ce, 1, DType::f64, ReduceOp::sum);
-  std::vector<ParameterStore*> st = m.stores();
-  std::vector<Communicator*> g = m.store_groups();
-  for (std::size_t i = 0; i < st.size(); ++i)
-    g[i]->all_reduce(st[i]->grads_data(), st[i]->elements(), DType::f32, ReduceOp::sum);
-  return ce / double(valid) + s.aux;
+  return testing::world_step(m, ids, tgt, 2, 24);
 }
 
 // This rank's piece of tensor e's gradient in model m: [ptr, ptr + n), or n = 0.

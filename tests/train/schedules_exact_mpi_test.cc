@@ -20,6 +20,7 @@
 #include "peakbound/train/trainer.h"
 #include "peakbound/verify/relative_error.h"
 #include "tests/comm/world.h"
+#include "tests/train/model_step.h"
 #include "tests/train/test_models.h"
 
 namespace peakbound {
@@ -110,22 +111,8 @@ double expect_same_gradients(MoeTransformer& a_model, MoeTransformer& b_model) {
   return worst;
 }
 
-// One forward_backward of `run` on the batch (its gradients summed over their groups as
-// the trainer's shard holds them); returns the loss.
 double one_step(ModelRun& run, const std::vector<std::int32_t>& ids, const std::vector<std::int32_t>& tgt) {
-  Communicator& world = testing::world();
-  MoeTransformer& m = *run.model;
-  m.zero_grads();
-  std::int64_t valid = std::count_if(tgt.begin(), tgt.end(), [](std::int32_t t) { return t != -100; });
-  world.all_reduce(&valid, 1, DType::i64, ReduceOp::sum);
-  const BatchSums s = m.forward_backward(ids.data(), tgt.data(), 2, 24, 1.0f / float(valid), 1.0f);
-  double ce = s.ce;
-  world.all_reduce(&ce, 1, DType::f64, ReduceOp::sum);
-  std::vector<ParameterStore*> st = m.stores();
-  std::vector<Communicator*> g = m.store_groups();
-  for (std::size_t i = 0; i < st.size(); ++i)
-    g[i]->all_reduce(st[i]->grads_data(), st[i]->elements(), DType::f32, ReduceOp::sum);
-  return ce / double(valid) + s.aux;
+  return testing::world_step(*run.model, ids, tgt, 2, 24);
 }
 
 TEST(SchedulesExact, OneStepLossAndEveryGradient) {
