@@ -51,7 +51,7 @@ TEST(RunSettings, ErrorsNameTheSettingAsTheCallerSpellsIt) {
   EXPECT_NE(error_of(s).find("task kv and data tokens.bin"), std::string::npos) << error_of(s);
   s = RunSettings{};
   s.task = "sort";
-  EXPECT_EQ(error_of(s), "task must be copy or kv, got 'sort'");
+  EXPECT_EQ(error_of(s), "task must be copy, kv or random, got 'sort'");
   s = RunSettings{};
   s.save_every = 5;
   EXPECT_EQ(error_of(s, flag_spelling), "--save-every needs --save-dir");

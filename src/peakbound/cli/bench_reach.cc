@@ -127,7 +127,10 @@ class Runner {
 
   // One job of `steps` steps at `context` under `schedules`; a refusal by the arena is
   // "does not fit", any other failure ends the benchmark with the job's error.
-  // `batch` sequences per data-parallel group (the search's jobs train one).
+  // `batch` sequences per data-parallel group (the search's jobs train one). The data is
+  // random ids with every token scored (`--task random`), as PyTorch's peer trains: the
+  // copy task scores half its tokens, and Ring-DTP leaves the others out where the
+  // baseline and torch do not, so its throughput ratios would not compare equal work.
   Trial run(const std::string& schedules, std::int64_t context, int steps, const std::string& timeline = "",
             bool keep_attention = false, std::int64_t batch = 1) {
     std::vector<std::string> argv = bench::mpirun_argv(f_.mpirun, f_.ranks);
@@ -136,7 +139,7 @@ class Runner {
                              "--steps", std::to_string(steps), "--cp", std::to_string(cp()), "--ep",
                              std::to_string(f_.ep), "--vocab-group", std::to_string(f_.vocab_group), "--schedules",
                              schedules, "--device-memory", std::to_string(budget_), "--no-plan-check",
-                             "--eval-batches", "0", "--warmup", "0", "--json"});
+                             "--eval-batches", "0", "--warmup", "0", "--task", "random", "--json"});
     argv.insert(argv.end(), {"--device", f_.device, "--precision", f_.precision});
     if (!timeline.empty()) argv.insert(argv.end(), {"--memory-timeline", timeline});
     if (keep_attention) argv.push_back("--keep-attention");

@@ -104,7 +104,8 @@ void add_train_flags(CLI::App* app, TrainFlags& ff) {
       ->capture_default_str();
   text_flag(app, "--data", f->run.data, "A token file (llm.c / nanoGPT format); default: the built-in task");
   text_flag(app, "--task", f->run.task,
-            "The built-in task: copy (a random segment, then itself; the default) or kv (key-value retrieval)");
+            "The built-in task: copy (a random segment, then itself; the default), kv (key-value retrieval) or random "
+            "(uniform random ids, every token scored: the data of the speed comparisons)");
   real_flag(app, "--eval-fraction", f->run.eval_fraction, "Held-out fraction of a token file", 1e-6, 0.5);
   int_flag(app, "--symbols", f->run.symbols, "Built-in task: distinct symbols (copy) or keys and values (kv); 0 = the whole vocabulary", 0,
            std::int64_t{1} << 30);

@@ -254,7 +254,7 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
   if (data.empty()) {
     if (task_name() == "kv") KvRetrievalTask::standard(s.config.vocab_size, seq_len, seed, symbols).validate();
     else if (task_name() == "copy") CopyTask{s.config.vocab_size, seq_len, symbols, seed}.validate();
-    else bad("task", "must be copy or kv, got '" + task + "'");
+    else if (task_name() != "random") bad("task", "must be copy, kv or random, got '" + task + "'");
   } else {
     // Every rank reads the same file: a bad one is one line from rank 0, not one per rank.
     (void)token_file_source(data, seq_len, eval_fraction, s.config.vocab_size);
@@ -494,6 +494,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
                                    f.seed);
   const std::int32_t ignore = s.shape.schedules.vocab.ignore_index;
   s.source = !f.data.empty() ? token_file_source(f.data, f.seq_len, f.eval_fraction, c.vocab_size)
+             : f.task_name() == "random" ? random_ids_source(c.vocab_size, f.seq_len, f.seed)
              : f.task_name() == "kv"
                  ? kv_retrieval_source(KvRetrievalTask::standard(c.vocab_size, f.seq_len, f.seed, f.symbols), ignore)
                  : copy_task_source(CopyTask{c.vocab_size, f.seq_len, f.symbols, f.seed}, ignore);

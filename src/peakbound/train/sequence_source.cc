@@ -40,6 +40,42 @@ class TaskSource final : public SequenceSource {
   std::string description_;
 };
 
+// Uniform random ids: token t of sequence n is a hash of (seed, n, t) modulo the
+// vocabulary; sequence n's inputs are tokens 0..S-1 and its targets tokens 1..S.
+class RandomIdsSource final : public SequenceSource {
+ public:
+  RandomIdsSource(std::int64_t vocab, std::int64_t S, std::uint64_t seed) : vocab_(vocab), seed_(seed) {
+    if (vocab < 1 || S < 1) throw InvalidArgument("random ids: need a vocabulary and a sequence length of at least 1");
+    seq_len_ = S;
+  }
+  std::string describe() const override {
+    return "random ids (uniform over the " + std::to_string(vocab_) + "-token vocabulary, every token scored)";
+  }
+  void train(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(n, in, tg); }
+  void eval(std::int64_t n, std::int32_t* in, std::int32_t* tg) const override { fill(kEvalBase + n, in, tg); }
+  std::int64_t eval_sequences() const override { return std::numeric_limits<std::int64_t>::max() / 4; }
+  double blind_loss() const override { return std::log(static_cast<double>(vocab_)); }
+
+ private:
+  std::int32_t id(std::int64_t n, std::int64_t t) const {
+    // splitmix64's finalizer over the three, then the remainder (a bias below 2^-40).
+    std::uint64_t z = seed_ ^ (static_cast<std::uint64_t>(n) * 0x9E3779B97F4A7C15ull) ^
+                      (static_cast<std::uint64_t>(t) * 0xD1B54A32D192ED03ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return static_cast<std::int32_t>(z % static_cast<std::uint64_t>(vocab_));
+  }
+  void fill(std::int64_t n, std::int32_t* in, std::int32_t* tg) const {
+    for (std::int64_t t = 0; t < seq_len_; ++t) {
+      in[t] = id(n, t);
+      tg[t] = id(n, t + 1);
+    }
+  }
+  std::int64_t vocab_;
+  std::uint64_t seed_;
+};
+
 class FileSource final : public SequenceSource {
  public:
   FileSource(const std::string& path, std::int64_t S, double fraction, std::int64_t vocab)
@@ -92,6 +128,10 @@ std::unique_ptr<SequenceSource> kv_retrieval_source(const KvRetrievalTask& task,
       task, ignore_index,
       "kv retrieval task (" + std::to_string(task.pairs) + " pairs, " + std::to_string(task.queries) +
           " scored queries per sequence, " + std::to_string(task.values()) + " values)");
+}
+
+std::unique_ptr<SequenceSource> random_ids_source(std::int64_t vocab, std::int64_t seq_len, std::uint64_t seed) {
+  return std::make_unique<RandomIdsSource>(vocab, seq_len, seed);
 }
 
 std::unique_ptr<SequenceSource> token_file_source(const std::string& path, std::int64_t seq_len,

@@ -3,6 +3,10 @@
 //   copy task     the built-in copy task (train/copy_task.h), the same way
 //   kv retrieval  the built-in task (train/kv_retrieval_task.h); evaluation sequences
 //                 come from a disjoint range of sequence numbers
+//   random ids    uniform random token ids over the whole vocabulary, the next id the
+//                 target: every token scored, nothing to learn (the blind bound log V).
+//                 The data of the speed comparisons (bench reach, PyTorch FSDP2's peer):
+//                 every token does the same work
 //   token file    a tokenized corpus (io/token_file.h), llm.c windows: training windows
 //                 from the first part, evaluation windows from the held-out split
 //                 (the last eval_fraction of the tokens); training wraps around the
@@ -39,6 +43,7 @@ class SequenceSource {
 
 std::unique_ptr<SequenceSource> copy_task_source(const CopyTask& task, std::int32_t ignore_index);
 std::unique_ptr<SequenceSource> kv_retrieval_source(const KvRetrievalTask& task, std::int32_t ignore_index);
+std::unique_ptr<SequenceSource> random_ids_source(std::int64_t vocab, std::int64_t seq_len, std::uint64_t seed);
 // Throws InvalidArgument naming the file when it has too few tokens for one training
 // and one evaluation window, or a token id >= vocab (checked over the whole file).
 std::unique_ptr<SequenceSource> token_file_source(const std::string& path, std::int64_t seq_len,
