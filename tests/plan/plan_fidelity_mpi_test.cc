@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "peakbound/core/host_memory.h"
+#include "peakbound/core/splitmix.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/plan/plan.h"
@@ -43,7 +44,6 @@ namespace peakbound {
 namespace {
 namespace PB_TEST_FILE {  // this file's own, also in a unity build (tests/CMakeLists.txt)
 
-using train_footprint_check::mix;
 using train_footprint_check::tiny_model;
 
 constexpr std::int64_t kSequences = 2;
@@ -90,7 +90,7 @@ Measured run_step(Communicator& world, const ModelConfig& config, const Case& k)
   const std::int64_t T = kSequences * k.seq_len;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {
-    const std::uint64_t h = mix(static_cast<std::uint64_t>(r / k.cp) * 1000003u + static_cast<std::uint64_t>(t));
+    const std::uint64_t h = splitmix64(static_cast<std::uint64_t>(r / k.cp) * 1000003u + static_cast<std::uint64_t>(t));
     ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(h % static_cast<std::uint64_t>(config.vocab_size));
     targets[static_cast<std::size_t>(t)] =
         t % 11 == 5 ? -100 : static_cast<std::int32_t>((h >> 20) % static_cast<std::uint64_t>(config.vocab_size));

@@ -13,6 +13,7 @@
 
 #include "peakbound/core/host_memory.h"
 #include "peakbound/core/precision.h"
+#include "peakbound/core/splitmix.h"
 #include "peakbound/core/thread_pool.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/schedules/moe_dispatch.h"
@@ -75,13 +76,6 @@ inline const Variant kAllVocabEmbedding{"all, vocabulary-parallel embedding", Di
 inline const Variant kAllKept{"all, attention kept", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
                               "offload_stream", true};
 
-inline std::uint64_t mix(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 struct Measured {
   ComponentBytes device{}, host{};
   std::uint64_t device_total = 0, host_total = 0;
@@ -131,7 +125,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   const std::int64_t T = sequences * seq_len;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) {
-    const std::uint64_t k = mix(static_cast<std::uint64_t>(r / cp) * 1000003u + static_cast<std::uint64_t>(t));
+    const std::uint64_t k = splitmix64(static_cast<std::uint64_t>(r / cp) * 1000003u + static_cast<std::uint64_t>(t));
     ids[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(k % static_cast<std::uint64_t>(config.vocab_size));
     targets[static_cast<std::size_t>(t)] =
         t % 11 == 5 ? -100 : static_cast<std::int32_t>((k >> 20) % static_cast<std::uint64_t>(config.vocab_size));

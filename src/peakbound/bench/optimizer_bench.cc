@@ -7,6 +7,7 @@
 #include "peakbound/bench/harness.h"
 #include "peakbound/comm/single_rank.h"
 #include "peakbound/core/error.h"
+#include "peakbound/core/splitmix.h"
 #include "peakbound/bench/optimizer_bandwidth.h"
 #include "peakbound/schedules/optimizer_offload.h"
 #include "peakbound/schedules/optimizer_footprint.h"
@@ -20,10 +21,7 @@ using nlohmann::json;
 // A cheap, reproducible pseudo-random value in [-1, 1) for element i (splitmix64):
 // tens of millions of inputs in well under a second, filled in parallel.
 float noise(std::uint64_t seed, std::uint64_t i) {
-  std::uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 1;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
+  const std::uint64_t z = mix64(seed * kSplitmixGamma + i + 1);
   return static_cast<float>(static_cast<double>(z >> 40) / static_cast<double>(1ull << 23) - 1.0);
 }
 

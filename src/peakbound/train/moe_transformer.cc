@@ -11,6 +11,7 @@
 
 #include "peakbound/core/error.h"
 #include "peakbound/core/memory_timeline.h"
+#include "peakbound/core/splitmix.h"
 #include "peakbound/layers/attention_layer.h"
 #include "peakbound/layers/decoder_layer.h"
 #include "peakbound/layers/moe_layer.h"
@@ -107,14 +108,6 @@ void unsupported(const ModelConfig& c, const std::string& what) {
   throw InvalidArgument("model '" + c.name + "': " + what + " is not implemented by the trainer yet");
 }
 
-// splitmix64: a counter-based generator, so element i of a tensor needs no state.
-u64 mix(u64 x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 u64 fnv1a(const std::string& s) {
   u64 h = 0xcbf29ce484222325ull;
   for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
@@ -123,8 +116,8 @@ u64 fnv1a(const std::string& s) {
 
 // Element i of a N(0, 1) stream keyed by k (Box-Muller on two 53-bit uniforms in (0, 1]).
 double normal_at(u64 k, u64 i) {
-  const double u1 = (static_cast<double>(mix(k + 2 * i) >> 11) + 1.0) * 0x1.0p-53;
-  const double u2 = static_cast<double>(mix(k + 2 * i + 1) >> 11) * 0x1.0p-53;
+  const double u1 = (static_cast<double>(splitmix64(k + 2 * i) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(splitmix64(k + 2 * i + 1) >> 11) * 0x1.0p-53;
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
@@ -147,7 +140,7 @@ bool is_bias(const TensorEntry& e) {
 float init_value(u64 seed, double sd, const ParameterView& v, u64 i) {
   if (is_norm_weight(v.entry)) return 1.0f;
   if (is_bias(v.entry)) return 0.0f;
-  return static_cast<float>(sd * normal_at(mix(seed ^ mix(fnv1a(v.name()))), i));
+  return static_cast<float>(sd * normal_at(splitmix64(seed ^ splitmix64(fnv1a(v.name()))), i));
 }
 
 // dst (device, bf16) [n] = to_bf16(src) (host fp32 [n]); waits for the copy.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "peakbound/core/error.h"
+#include "peakbound/core/splitmix.h"
 
 namespace peakbound {
 
@@ -59,11 +60,8 @@ class RandomIdsSource final : public SequenceSource {
  private:
   std::int32_t id(std::int64_t n, std::int64_t t) const {
     // splitmix64's finalizer over the three, then the remainder (a bias below 2^-40).
-    std::uint64_t z = seed_ ^ (static_cast<std::uint64_t>(n) * 0x9E3779B97F4A7C15ull) ^
-                      (static_cast<std::uint64_t>(t) * 0xD1B54A32D192ED03ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const std::uint64_t z = mix64(seed_ ^ (static_cast<std::uint64_t>(n) * kSplitmixGamma) ^
+                                  (static_cast<std::uint64_t>(t) * 0xD1B54A32D192ED03ull));
     return static_cast<std::int32_t>(z % static_cast<std::uint64_t>(vocab_));
   }
   void fill(std::int64_t n, std::int32_t* in, std::int32_t* tg) const {
