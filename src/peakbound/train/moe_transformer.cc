@@ -45,8 +45,8 @@ using u64 = std::uint64_t;
 // every packed run not yet moved.
 struct ScoredRuns {
   std::vector<std::pair<std::int64_t, std::int64_t>> runs;  // (first token, tokens), in order
-  std::int64_t count = 0;                                   // scored tokens
   std::vector<std::int32_t> targets;                        // theirs, packed
+  std::int64_t count() const { return static_cast<std::int64_t>(targets.size()); }  // scored tokens
 };
 
 ScoredRuns scored_runs(const std::int32_t* targets, std::int64_t tokens, std::int32_t ignore_index) {
@@ -59,7 +59,6 @@ ScoredRuns scored_runs(const std::int32_t* targets, std::int64_t tokens, std::in
     const std::int64_t first = t;
     while (t < tokens && targets[t] != ignore_index) r.targets.push_back(targets[t++]);
     r.runs.emplace_back(first, t - first);
-    r.count += t - first;
   }
   return r;
 }
@@ -91,7 +90,7 @@ void compact_scored(Device& dev, Stream& s, void* rows, std::size_t row_bytes, c
 template <class A>
 void expand_scored(Device& dev, Stream& s, A* rows, std::int64_t width, std::int64_t tokens, const ScoredRuns& r) {
   const std::size_t row_bytes = static_cast<std::size_t>(width) * sizeof(A);
-  std::int64_t from = r.count;
+  std::int64_t from = r.count();
   for (auto it = r.runs.rbegin(); it != r.runs.rend(); ++it) {
     from -= it->second;
     move_rows(dev, s, reinterpret_cast<unsigned char*>(rows), row_bytes, from, it->first, it->second);
@@ -1112,11 +1111,10 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   // vocabulary group takes Ring-DTP's fused form (no recompute, one logits block).
   LossSum ls;
   Buffer d_hn;
-  // Ring-DTP on the CPU device scores only the rows with a target (scored_runs above):
-  // hn's rows and the targets compact in place (hn's last reader is the loss), d_hn's
-  // expand after it.
+  // Ring-DTP scores only the rows with a target (scored_runs above): hn's rows and the
+  // targets compact in place (hn's last reader is the loss), d_hn's expand after it.
   const ScoredRuns& scored = p.scored;
-  const std::int64_t Tv = schedules_.ring_dtp ? scored.count : T;
+  const std::int64_t Tv = schedules_.ring_dtp ? scored.count() : T;
   if (Tv < T) {
     compact_scored(dev_, s, hn.data(), static_cast<std::size_t>(H) * sizeof(A), scored);
     dev_.memcpy_async(p.targets.data(), scored.targets.data(), static_cast<std::size_t>(Tv) * sizeof(std::int32_t),
