@@ -203,6 +203,29 @@ TEST(CliTrain, KeepAttentionByTheBudget) {
   EXPECT_EQ(last_json_line(grouped.out)["keep_attention"], false);
 }
 
+// --keep-logits (2 ranks: a vocabulary group of 2, Ring-DTP's ring, not the one-rank fused
+// form): the same losses bitwise (the backward turns the forward's logits blocks into their
+// gradients instead of computing them again), the JSON says so, the vocabulary's planned
+// peak grows by the kept blocks and planned == measured. Not given, it is the budget's
+// choice: kept where the plan fits with them, computed again where only the plan without
+// them fits (the plan made again, a line says why), and `plan --trainer-defaults` chooses
+// the same at the same budget.
+TEST(CliTrain, KeepLogitsSameLossesAndByTheBudget) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const std::string base = "train --steps 2 --seq-len 512 --eval-every 0 --keep-attention=false --embedding fsdp --json";
+  const auto [plain, kept] = run_two(base + " --keep-logits=false", base + " --keep-logits", 2);
+  ASSERT_FALSE(plain.is_null());
+  EXPECT_EQ(plain["keep_logits"], false);
+  EXPECT_EQ(kept["keep_logits"], true);
+  EXPECT_EQ(plain["first_loss"].dump(), kept["first_loss"].dump());
+  EXPECT_EQ(plain["final_loss"].dump(), kept["final_loss"].dump());
+  expect_planned_is_measured(kept);
+  EXPECT_GT(kept["peaks"]["vocab"]["planned_bytes"].get<std::int64_t>(),
+            plain["peaks"]["vocab"]["planned_bytes"].get<std::int64_t>());
+  expect_the_budgets_choice(base, kept, plain, "keep_logits", "computes its logits again in the backward",
+                            "final_loss", "--keep-attention=false --embedding fsdp", 2);
+}
+
 // --checkpoint-group: the same losses bitwise (a group's recomputation gives its layers'
 // inputs bit for bit), the JSON says so, the plan equals what the run measured, the host
 // holds fewer boundaries, and `plan --checkpoint-group` plans the same peak. Refused: 0,

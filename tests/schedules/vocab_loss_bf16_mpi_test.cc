@@ -319,6 +319,89 @@ TEST(VocabLossBf16, MeasuredEqualsFootprint) {
   check_footprints({[](int r, int) { return 260 + r; }, 8, 1001, 7, 0.0, 0.0f, -1});
 }
 
+// ---- keep_logits: the forward's blocks in the backward, the same bits ------------------
+
+// Ring-DTP with keep_logits against itself without: the backward turns the kept blocks into
+// their gradients instead of computing them again, so the loss, d_hidden and dW are the
+// same bits (f32 and bf16, both ring modes, forward + backward and forward_backward), a
+// block's logits GEMM fewer in the backward (3 of 4 at P > 1), and the measured peaks equal
+// the kept footprint's phases. At P = 1 forward_backward takes the fused form (nothing
+// kept) and forward + backward keep nothing either (the footprint's kept term is 0).
+template <class A>
+void check_kept(const Case& c) {
+  Communicator& g = world();
+  const int P = g.size();
+  VocabLossOptions o;
+  o.precision = std::is_same_v<A, bf16> ? Precision::bf16 : Precision::f32;
+  o.chunk = c.chunk;
+  o.z_loss = c.z;
+  const VocabProblem p = problem(c, P, 23 + static_cast<std::uint64_t>(c.vocab), o.ignore_index);
+  VocabLossShape shape;
+  shape.tokens = p.spec.tokens;
+  shape.dims = {c.vocab, c.hidden};
+  shape.rank = g.rank();
+  for (RingMode mode : {RingMode::activations, RingMode::weights}) {
+    for (bool step : {false, true}) {
+      o.mode = mode;
+      SCOPED_TRACE(std::string(precision_name(o.precision)) + " " + std::string(ring_mode_name(mode)) +
+                   (step ? " forward_backward" : " forward + backward") + " P=" + std::to_string(P) + " rank=" +
+                   std::to_string(g.rank()) + " V=" + std::to_string(c.vocab) + " chunk=" + std::to_string(c.chunk));
+      CpuDevice dev(64ull << 20);
+      o.keep_logits = false;
+      auto again = make_ring_dtp_vocab_loss(dev, g, shape.dims, o);
+      const Result ref = run<A>(*again, g, p, 0.37f, step);
+      o.keep_logits = true;
+      const Footprint fp = ring_dtp_footprint(shape, o, o.precision);
+      auto kept = make_ring_dtp_vocab_loss(dev, g, shape.dims, o);
+      Arena& a = dev.arena();
+      a.reset_peaks();
+      std::uint64_t fwd = 0, saved = 0;
+      const Result got = run<A>(*kept, g, p, 0.37f, step, [&] {
+        fwd = a.peak(Component::vocab);
+        saved = a.live(Component::vocab);
+        a.reset_peaks();
+      });
+      EXPECT_EQ(got.loss, ref.loss);
+      EXPECT_EQ(got.count, ref.count);
+      EXPECT_EQ(got.dh, ref.dh);
+      EXPECT_EQ(got.dw, ref.dw);
+      EXPECT_EQ(a.live(Component::vocab), 0u) << "the kept blocks are released by the backward";
+      if (step && P == 1) {
+        EXPECT_EQ(kept->mode_used(), "fused");
+        continue;
+      }
+      if (step) {  // forward then backward inside: the whole step's peak
+        EXPECT_EQ(a.peak(Component::vocab), fp.device_peak(Component::vocab));
+      } else {
+        EXPECT_EQ(fwd, vocab_bytes(fp, "forward"));
+        EXPECT_EQ(saved, vocab_bytes(fp, "saved"));
+        EXPECT_EQ(a.peak(Component::vocab), vocab_bytes(fp, "backward"));
+      }
+      const VocabLossStats& k = kept->stats();
+      const VocabLossStats& r = again->stats();
+      if (P > 1) {
+        // Each block: logits once (not twice) and the two gradient products.
+        EXPECT_EQ(4 * k.gemm_calls, 3 * r.gemm_calls) << k.gemm_calls << " against " << r.gemm_calls;
+      } else {
+        EXPECT_EQ(k.gemm_calls, r.gemm_calls) << "one rank keeps nothing";
+      }
+    }
+  }
+}
+
+TEST(VocabLossBf16, KeptLogitsAreTheRecomputedOnesBitForBit) {
+  const Case cases[] = {
+      {uneven, 12, 97, 8, 0.1, 1e-3f, -1},
+      {[](int r, int P) { return r == P - 1 ? 0 : 19 + 2 * r; }, 8, 61, 5, 0.2, 0.0f, -1},  // a rank without tokens
+      {[](int r, int) { return 9 + r; }, 8, 3, 4, 0.0, 0.0f, 0},  // V < P at 4 ranks; rank 0 scores nothing
+      {[](int r, int) { return 37 + r; }, 16, 1001, 1000, 0.0, 0.0f, -1},  // one chunk a block
+  };
+  for (const Case& c : cases) {
+    check_kept<float>(c);
+    check_kept<bf16>(c);
+  }
+}
+
 }  // namespace PB_TEST_FILE
 }  // namespace
 }  // namespace peakbound

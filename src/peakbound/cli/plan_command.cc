@@ -117,6 +117,8 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.keep_attention = f.keep_attention;
   in.attention_threads = f.attention_threads;
   in.keep_attention_by_budget = !f.keep_attention_given;
+  in.keep_logits = f.keep_logits;
+  in.keep_logits_by_budget = !f.keep_logits_given;
   DType pd = shard_dtype(f.param_dtype, "--param-dtype"), gd = shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
   in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
@@ -192,6 +194,10 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
               "train's --keep-attention: every layer's attention output and log-sum-exp held from its forward to "
               "its backward. Not given: as train, kept while the plan fits --device-memory with them (and one "
               "boundary per layer), else recomputed; --keep-attention=false always recomputes");
+  a->add_flag("--keep-logits", f->keep_logits,
+              "train's --keep-logits: Ring-DTP's logits blocks held from the loss's forward to its backward (a "
+              "vocabulary group of several devices). Not given: as train, kept while the plan fits --device-memory "
+              "with them, else computed again; --keep-logits=false always computes them again");
   int_flag(a, "--attention-threads", f->attention_threads,
            "The CPU attention kernel's shares a rank runs, a workspace slot each (train on the CPU device: the "
            "rank's cores, this machine's hardware threads over the ranks on it; --trainer-defaults takes that)",
@@ -218,6 +224,7 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
 Plan plan_from_flags(PlanFlags& f, const CLI::App& a) {
   apply_precision(f, a);
   f.keep_attention_given = a.count("--keep-attention") > 0;
+  f.keep_logits_given = a.count("--keep-logits") > 0;
   if (f.trainer_defaults) apply_trainer_defaults(f, a);
   return make_plan(to_inputs(f), f.reach);
 }

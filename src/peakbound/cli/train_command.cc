@@ -153,6 +153,11 @@ void add_train_flags(CLI::App* app, TrainFlags& ff) {
                 "runs no attention forward, for L x T x (heads x v_dim) activations more on the device (the plan "
                 "counts them). Not given: kept while the plan fits --device-memory with them (and --checkpoint-group "
                 "is 1), else recomputed; --keep-attention=false always recomputes");
+  app->add_flag("--keep-logits", f->keep_logits,
+                "Keep the vocabulary loss's logits blocks (Ring-DTP, a vocabulary group of several ranks) from its "
+                "forward to its backward: one GEMM of four fewer there, for [the group's tokens, vocab / group] fp32 "
+                "more on the device (the plan counts them). Not given: kept while the plan fits --device-memory with "
+                "them, else recomputed; --keep-logits=false always recomputes");
   int_flag(app, "--moe-tile", f->run.moe_tile,
            "Rows per tile of every MLP sublayer (norm, router, dispatch, experts, residual), forward and backward, "
            "so its per-token buffers hold one tile: -1 the schedules' choice (1024 under PipelinedLLEP, whole "
@@ -220,6 +225,7 @@ void validate_train_flags(TrainFlags& f, CLI::App* app) {
   f.run.schedules = ScheduleSet::parse(f.schedules, "--schedules");
   f.run.precision = parse_precision(f.precision, "--precision");
   if (app->count("--keep-attention") > 0) f.run.keep_attention = f.keep_attention ? 1 : 0;
+  if (app->count("--keep-logits") > 0) f.run.keep_logits = f.keep_logits ? 1 : 0;
   f.run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
 }
 

@@ -19,6 +19,7 @@ struct TrainFlags {
   bool json = false;
   // --keep-attention's switch; not given: run.keep_attention stays -1 (the budget's choice).
   bool keep_attention = false;
+  bool keep_logits = false;  // --keep-logits's switch, the same way
 };
 
 // Adds every flag of `peakbound train` to `app` (bound to f, which outlives it).

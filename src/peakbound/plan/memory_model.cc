@@ -164,6 +164,7 @@ Footprint vocab_term(const PlanInputs& in, const PlanShapes& s, bool ring_dtp) {
                                                        static_cast<int>(in.vocab_group));
   VocabLossOptions o;
   o.chunk = in.vocab_chunk;
+  o.keep_logits = in.keep_logits;
   const u64 a = U(in.activation_bytes);
   // Ring-DTP as the trainer runs it: the fused forward_backward in a one-rank group.
   return ring_dtp ? ring_dtp_step_footprint(shape, o, a) : materialized_vocab_footprint(shape, o, a);
@@ -340,6 +341,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
     if (e.host[i] > e.host[static_cast<std::size_t>(e.host_binding_component)]) e.host_binding_component = kAllComponents[i];
   }
   e.keep_attention = in.keep_attention;
+  e.keep_logits = in.keep_logits;
   return e;
 }
 

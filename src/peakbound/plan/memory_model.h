@@ -63,6 +63,9 @@ struct PeakEstimate {
   // Whether the estimate keeps every layer's attention output (PlanInputs::keep_attention,
   // or the policy's choice under keep_attention_by_budget).
   bool keep_attention = false;
+  // Whether it keeps Ring-DTP's logits blocks (PlanInputs::keep_logits, or the policy's
+  // choice under keep_logits_by_budget).
+  bool keep_logits = false;
 };
 
 PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc);

@@ -147,7 +147,13 @@ PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, c
   // The attention kept by the budget (train without --keep-attention): at one boundary per
   // layer, while the device holds it; dropped before the ring.
   if (in.keep_attention_by_budget) x.keep_attention = in.planned_checkpoint_group() == 1;
+  // The logits kept by the budget (train without --keep-logits): dropped first, as train does.
+  if (in.keep_logits_by_budget) x.keep_logits = true;
   PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
+  if (in.keep_logits_by_budget && x.keep_logits && e.peak > in.device_memory) {
+    x.keep_logits = false;
+    e = estimate_resident_policy(x, pc, s, resident_layers);
+  }
   if (in.keep_attention_by_budget && x.keep_attention && e.peak > in.device_memory) {
     x.keep_attention = false;
     e = estimate_resident_policy(x, pc, s, resident_layers);
@@ -350,6 +356,7 @@ nlohmann::json plan_json(const Plan& p) {
                 {"llep_min_spill", in.llep_min_spill}, {"vocab_chunk", in.vocab_chunk},
                 {"prefetch_depth", p.prefetch_depth}, {"checkpoint_group", p.checkpoint_group},
                 {"keep_attention", p.scheduled.keep_attention},
+                {"keep_logits", p.scheduled.keep_logits},
                 {"embedding", in.embedding},
                 {"context_attention", in.context_attention},
                 {"adam_bucket_bytes", in.adam_bucket},
@@ -466,6 +473,9 @@ std::string plan_table(const Plan& p) {
   if (in.keep_attention_by_budget && !p.scheduled.keep_attention && p.checkpoint_group == 1)
     out += "attention    the backward recomputes each layer's attention: keeping it (train's --keep-attention) the "
            "plan does not fit\n";
+  if (in.keep_logits_by_budget && !p.scheduled.keep_logits && in.schedules.dtp && in.vocab_group > 1)
+    out += "vocabulary   the loss computes its logits again in the backward: keeping them (train's --keep-logits) "
+           "the plan does not fit\n";
   if (in.prefetch_depth < 0 && in.schedules.sco && p.prefetch_depth == 0)
     out += "ring         SCO holds one boundary on the device (prefetch depth 0, its copies waited for): the plan "
            "does not fit with two\n";

@@ -105,6 +105,13 @@ struct PlanInputs {
   // while the plan fits device_memory with it at one boundary per layer, else false
   // (PeakEstimate::keep_attention says which).
   bool keep_attention_by_budget = false;
+  // train --keep-logits (VocabLossOptions::keep_logits): Ring-DTP's logits blocks held from
+  // the loss's forward to its backward (a vocabulary group of several devices).
+  bool keep_logits = false;
+  // train's default (--keep-logits not given): the policy sets keep_logits, true while the
+  // plan fits device_memory with them (dropped first, before the attention), else false
+  // (PeakEstimate::keep_logits says which).
+  bool keep_logits_by_budget = false;
 
   // The analytic estimate even for a run the trainer executes (tests of the estimate's
   // own rules, which a trainable bf16 or f32 run would otherwise bypass).

@@ -2,7 +2,9 @@
 // the total tokens. Either the weight shards or the token blocks circulate around the
 // vocabulary group (whichever is smaller); at each hop a rank computes [chunk, V/P]
 // logits blocks and folds them into an online log-sum-exp. Backward recomputes the
-// blocks from the saved log-sum-exp: in weights mode dW accumulators travel with the
+// blocks from the saved log-sum-exp (or, with keep_logits, takes the forward's blocks,
+// kept for it: the same products on the same operands, so the same bits, one GEMM of
+// four fewer for [the group's tokens, V/P] fp32 held from forward to backward): in weights mode dW accumulators travel with the
 // shards (a ring reduce-scatter) and dX stays; in activations mode dX travels with the
 // tokens and dW stays at the shard's owner. The movement is RingExchange's: the next
 // hop's transfer is posted before the current hop's compute and progressed between
@@ -97,6 +99,7 @@ class RingDtp final : public VocabLoss {
     }
     b_ = ring_dtp_buffers(sized, o_, o_.precision);
     lse_ = alloc(b_.lse);
+    kept_ = alloc(b_.kept);
     if (o_.precision == Precision::bf16)
       return b_.mode == RingMode::weights ? forward_weights<bf16>() : forward_activations<bf16>();
     return b_.mode == RingMode::weights ? forward_weights<float>() : forward_activations<float>();
@@ -116,6 +119,7 @@ class RingDtp final : public VocabLoss {
         backward_activations(scale, static_cast<float*>(d_hidden), d_weight);
     }
     lse_.reset();
+    kept_.reset();
   }
 
  private:
@@ -162,7 +166,10 @@ class RingDtp final : public VocabLoss {
   Buffer alloc(const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); }
 
  public:
-  void discard() override { lse_.reset(); }
+  void discard() override {
+    lse_.reset();
+    kept_.reset();
+  }
 
  private:
   // A lane's two buffers, allocated from its spec.
@@ -184,6 +191,21 @@ class RingDtp final : public VocabLoss {
   template <class A>
   void logits(const A* h, std::int64_t n, const A* w, std::int64_t rows, float* block) {
     gemm(dev_, s_, false, true, n, rows, d_.hidden, 1.0f, h, d_.hidden, w, d_.hidden, 0.0f, block, rows);
+  }
+  bool keeping() const { return kept_.data() != nullptr; }
+  // keep_logits: where the logits block of token rows [c0, c0 + n) of the hop's set goes,
+  // row stride `rows`; every (token, shard) pair has its own place (weights mode: our
+  // tokens against shard `sh`, by the shard's offset; activations mode: the block of rank
+  // `origin`'s tokens against our shard, by the tokens of the ranks before it). Null
+  // without keep_logits: the block buffer then.
+  float* kept_weights(const VocabShard& sh, std::int64_t c0) {
+    return keeping() ? kept_.as<float>() + T_ * sh.offset + c0 * sh.rows : nullptr;
+  }
+  float* kept_activations(int origin, std::int64_t c0) {
+    if (!keeping()) return nullptr;
+    std::int64_t before = 0;
+    for (int i = 0; i < origin; ++i) before += shape_.tokens[Z(i)];
+    return kept_.as<float>() + (before + c0) * shard_.rows;
   }
 
   // ---- weights mode: shards travel, tokens stay ------------------------------------
@@ -211,9 +233,10 @@ class RingDtp final : public VocabLoss {
       const A* cur = static_cast<const A*>(ring.carried(RingDtpBuffers::kWeight));
       for (std::int64_t c0 = 0; c0 < T_ && sh.rows > 0; c0 += chunk) {
         std::int64_t n = std::min(chunk, T_ - c0);
-        logits(hidden + c0 * H, n, cur, sh.rows, block.as<float>());
-        ops::lse_update(dev_, s_, block.as<float>(), n, sh.rows, sh.rows, mx + c0, sm + c0);
-        ops::gather_target_logit(dev_, s_, block.as<float>(), n, sh.rows, sh.rows, targets_ + c0, sh.offset, tl + c0);
+        float* L = keeping() ? kept_weights(sh, c0) : block.as<float>();
+        logits(hidden + c0 * H, n, cur, sh.rows, L);
+        ops::lse_update(dev_, s_, L, n, sh.rows, sh.rows, mx + c0, sm + c0);
+        ops::gather_target_logit(dev_, s_, L, n, sh.rows, sh.rows, targets_ + c0, sh.offset, tl + c0);
         comm([&] { ring.progress(); });
       }
       comm([&] { ring.end(hop); });
@@ -280,8 +303,9 @@ class RingDtp final : public VocabLoss {
       if (sh.rows > 0 && T_ == 0 && P_ > 1) ops::fill(dev_, s_, dw, n_sh, 0.0f);
       for (std::int64_t c0 = 0; c0 < T_ && sh.rows > 0; c0 += chunk) {
         std::int64_t n = std::min(chunk, T_ - c0);
-        float* G = block.as<float>();
-        logits(hidden + c0 * H, n, cur, sh.rows, G);
+        // The forward's block where it kept it (turned into its gradient in place), else again.
+        float* G = keeping() ? kept_weights(sh, c0) : block.as<float>();
+        if (!keeping()) logits(hidden + c0 * H, n, cur, sh.rows, G);
         ops::cross_entropy_grad(dev_, s_, G, n, sh.rows, sh.rows, lse_.as<float>() + c0, targets_ + c0, sh.offset,
                                 o_.ignore_index, o_.z_loss, scale);
         float* dx = dx_all ? dx_all + c0 * H : tile.as<float>();
@@ -343,9 +367,10 @@ class RingDtp final : public VocabLoss {
       ops::fill(dev_, s_, tl, n, 0.0f);
       for (std::int64_t c0 = 0; c0 < n && rows > 0; c0 += chunk) {
         std::int64_t m = std::min(chunk, n - c0);
-        logits(h + c0 * H, m, weight, rows, block.as<float>());
-        ops::lse_update(dev_, s_, block.as<float>(), m, rows, rows, mx + c0, sm + c0);
-        ops::gather_target_logit(dev_, s_, block.as<float>(), m, rows, rows, t + c0, shard_.offset, tl + c0);
+        float* L = keeping() ? kept_activations(ring.origin(hop), c0) : block.as<float>();
+        logits(h + c0 * H, m, weight, rows, L);
+        ops::lse_update(dev_, s_, L, m, rows, rows, mx + c0, sm + c0);
+        ops::gather_target_logit(dev_, s_, L, m, rows, rows, t + c0, shard_.offset, tl + c0);
         comm([&] { ring.progress(); });
       }
       if (P_ == 1) {
@@ -411,8 +436,8 @@ class RingDtp final : public VocabLoss {
       if (dx) ops::fill(dev_, s_, dx, n * H, 0.0f);
       for (std::int64_t c0 = 0; c0 < n && rows > 0; c0 += chunk) {
         std::int64_t m = std::min(chunk, n - c0);
-        float* G = block.as<float>();
-        logits(h + c0 * H, m, weight, rows, G);
+        float* G = keeping() ? kept_activations(ring.origin(hop), c0) : block.as<float>();
+        if (!keeping()) logits(h + c0 * H, m, weight, rows, G);
         ops::cross_entropy_grad(dev_, s_, G, m, rows, rows, lse + c0, t + c0, shard_.offset, o_.ignore_index,
                                 o_.z_loss, scale);
         float* dxc = dx ? dx + c0 * H : tile.as<float>();
@@ -456,6 +481,7 @@ class RingDtp final : public VocabLoss {
   const void* weight_ = nullptr;
   std::int64_t T_ = 0;
   Buffer lse_;
+  Buffer kept_;  // keep_logits (P > 1): the forward's logits blocks for the backward
   bool fused_ = false;  // the last step took the fused form
 };
 

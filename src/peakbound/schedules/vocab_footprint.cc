@@ -168,15 +168,22 @@ RingDtpBuffers ring_dtp(const VocabLossShape& s, const VocabLossOptions& o, Elem
       b.bwd_partial = grad;
     }
   }
+  b.kept = vocab(0, kStatBytes);
+  if (o.keep_logits && P > 1) {
+    b.kept = b.mode == RingMode::weights ? vocab(mul(T, U(s.dims.vocab)), kStatBytes)
+                                         : vocab(mul(U(s.total_tokens()), rows), kStatBytes);
+    b.fwd_block = b.bwd_block = vocab(0, kStatBytes);
+  }
   return b;
 }
 
 Footprint ring_footprint(const RingDtpBuffers& b) {
   Footprint f("ring_dtp/" + std::string(ring_mode_name(b.mode)));
-  f.device("forward", b.lse).device("forward", b.fwd_block).device("forward", b.fwd_stats);
+  f.device("forward", b.lse).device("forward", b.kept).device("forward", b.fwd_block).device("forward", b.fwd_stats);
   for (const BufferSpec& l : b.fwd_lanes) f.device("forward", l, 2);
-  f.device("saved", b.lse);
-  f.device("backward", b.lse).device("backward", b.bwd_block).device("backward", b.bwd_partial);
+  f.device("saved", b.lse).device("saved", b.kept);
+  f.device("backward", b.lse).device("backward", b.kept).device("backward", b.bwd_block);
+  f.device("backward", b.bwd_partial);
   for (const BufferSpec& l : b.bwd_lanes) f.device("backward", l, 2);
   f.device("backward", b.g16).device("backward", b.dx_tile).device("backward", b.d_hidden32);
   return f;

@@ -79,6 +79,10 @@ RingMode ring_dtp_mode(const VocabLossShape& s, const VocabLossOptions& o);
 struct RingDtpBuffers {
   RingMode mode = RingMode::weights;  // resolved, never automatic
   BufferSpec lse;                     // [T] fp32, forward -> backward
+  // keep_logits at P > 1: every logits block of the forward, forward -> backward (fp32):
+  // [the group's tokens, rows] (activations) or [T, V] (weights); 0 bytes otherwise. With
+  // it the blocks are made in place there and fwd_block and bwd_block are 0 bytes.
+  BufferSpec kept;
   // Forward.
   BufferSpec fwd_block;  // [min(chunk, T), rows_max] (weights) or [min(chunk, Tmax), rows] (activations) fp32
   BufferSpec fwd_stats;  // running max/sum/target logit: [3T] (weights) or [3 Tmax] (activations) fp32

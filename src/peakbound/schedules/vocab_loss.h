@@ -61,6 +61,13 @@ struct VocabLossOptions {
   std::int32_t ignore_index = -100;  // targets equal to it contribute nothing
   RingMode mode = RingMode::automatic;  // Ring-DTP: what circulates
   Precision precision = Precision::f32;  // bf16: hidden, d_hidden, W and the carried lanes bf16
+  // Ring-DTP at P > 1: the forward keeps every logits block it computes ([the group's
+  // tokens, V/P] in activations mode, [T, V] in weights mode, fp32) for the backward, which
+  // then turns each into its gradient in place instead of computing it again: 3 GEMMs a
+  // block instead of 4, the same bits, for that much more memory from the forward to the
+  // backward (the materialized baseline's logits term, split over the group). The trainer
+  // keeps them while its plan fits the device budget (train --keep-logits).
+  bool keep_logits = false;
 };
 
 // InvalidArgument naming the option ("vocab loss chunk must be positive") when a knob

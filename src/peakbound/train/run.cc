@@ -183,6 +183,8 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   // By the budget: kept where the stack keeps a boundary per layer (a group's
   // recomputation runs its attention anyway); Run drops it when the plan does not fit.
   s.schedules.keep_attention = f.keep_attention > 0 || (f.keep_attention < 0 && f.checkpoint_group == 1);
+  // By the budget too: Run drops them when the plan does not fit.
+  s.schedules.vocab.keep_logits = f.keep_logits != 0;
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
   s.schedules.checkpoint.group_layers = f.checkpoint_group;
@@ -222,6 +224,8 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
                                          std::to_string(moe_tile));
   if (keep_attention < -1 || keep_attention > 1)
     bad("keep_attention", "must be -1 (the budget's choice), 0 or 1, got " + std::to_string(keep_attention));
+  if (keep_logits < -1 || keep_logits > 1)
+    bad("keep_logits", "must be -1 (the budget's choice), 0 or 1, got " + std::to_string(keep_logits));
   if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the budget's choice) or a depth >= 0, got " +
                                                      std::to_string(prefetch_depth));
   if (checkpoint_group < 1) bad("checkpoint_group", "must be at least 1, got " + std::to_string(checkpoint_group));
@@ -448,6 +452,12 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   if (f.embedding == "auto" && s.shape.schedules.vocab_parallel_embedding && over_budget_now())
     fall_back([](ModelSchedules& m) { m.vocab_parallel_embedding = false; },
               "the embedding is an FSDP unit (--embedding auto): sharded over the vocabulary group the plan needs ");
+  // The logits kept (--keep-logits not given): while the plan fits with them, the first
+  // dropped (the largest per-token term a budget's choice adds, and the smaller gain).
+  if (f.keep_logits < 0 && s.shape.schedules.vocab.keep_logits && over_budget_now())
+    fall_back([](ModelSchedules& m) { m.vocab.keep_logits = false; },
+              "the vocabulary loss computes its logits again in the backward (--keep-logits by the budget): keeping "
+              "them the plan needs ");
   // The attention kept (--keep-attention not given): while the plan fits with it; where
   // it does not, the backward recomputes each layer's attention (before the ring below,
   // which is cut only if that still does not fit).
@@ -799,6 +809,7 @@ RunSummary Run::finish() {
              {"cp", s.shape.layout.cp},
              {"schedules", f.schedules.str()},
              {"keep_attention", s.shape.schedules.keep_attention},
+             {"keep_logits", s.shape.schedules.vocab.keep_logits},
              {"moe_tile", s.shape.schedules.moe_tile},
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},
@@ -858,6 +869,7 @@ nlohmann::json RunSummary::json() const {
                       {"cp", run["cp"]},
                       {"schedules", run["schedules"]},
                       {"keep_attention", run["keep_attention"]},
+                      {"keep_logits", run["keep_logits"]},
                       {"moe_tile", run["moe_tile"]},
                       {"prefetch_depth", run["prefetch_depth"]},
                       {"checkpoint_group", run["checkpoint_group"]},

@@ -92,6 +92,13 @@ struct RunSettings {
   // device_memory with it and the stack keeps a boundary per layer, else recomputed), 0:
   // recomputed, 1: kept. The plan of --device-memory auto counts it.
   int keep_attention = -1;
+  // Ring-DTP keeps the forward's logits blocks for the backward (VocabLossOptions::
+  // keep_logits): one GEMM of four fewer in the vocabulary projection, for [the vocabulary
+  // group's tokens, V/P] fp32 more from the loss's forward to its backward (the plan counts
+  // it). -1: the budget's choice (kept while the plan fits device_memory with them), 0:
+  // recomputed, 1: kept. Only a vocabulary group of several ranks has them (one rank takes
+  // the fused form, which computes each block once already).
+  int keep_logits = -1;
   // The MLP sublayers' row tile (ModelSchedules::moe_tile): -1 the schedules' choice
   // (kMoeTileRows under PipelinedLLEP, whole otherwise), 0 whole, else rows.
   std::int64_t moe_tile = -1;
