@@ -158,13 +158,14 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
 // of `without`'s plan (the choice refused) it does not: that plan made again, planned ==
 // measured, `line` printed, the same `loss` (a JSON key) as with room; `plan
 // --trainer-defaults PLAN_FLAGS` at `ranks` devices and 512 tokens plans the same at both budgets.
+// `room`: the flags of the roomy run (none: --device-memory auto).
 void expect_the_budgets_choice(const std::string& base, const nlohmann::json& with, const nlohmann::json& without,
                                const std::string& key, const std::string& line, const std::string& loss,
-                               const std::string& plan_flags, int ranks = 1) {
+                               const std::string& plan_flags, int ranks = 1, const std::string& room = "") {
   const auto planned = [](const nlohmann::json& j) { return j["peaks"]["total"]["planned_bytes"].get<std::int64_t>(); };
   ASSERT_GT(planned(with), planned(without));
   const std::string tight = " --device-memory " + std::to_string(planned(without));
-  const CliRun roomy = run_ranks(base, ranks), short_of_it = run_ranks(base + tight, ranks);
+  const CliRun roomy = run_ranks(base + room, ranks), short_of_it = run_ranks(base + tight, ranks);
   ASSERT_EQ(roomy.code, 0) << roomy.err << roomy.out;
   ASSERT_EQ(short_of_it.code, 0) << short_of_it.err << short_of_it.out;
   const nlohmann::json r = last_json_line(roomy.out), t = last_json_line(short_of_it.out);
@@ -209,7 +210,8 @@ TEST(CliTrain, KeepAttentionByTheBudget) {
 // peak grows by the kept blocks and planned == measured. Not given, it is the budget's
 // choice: kept where the plan fits with them, computed again where only the plan without
 // them fits (the plan made again, a line says why), and `plan --trainer-defaults` chooses
-// the same at the same budget.
+// the same at the same budget. --device-memory auto names no memory to spend: there they are
+// kept only where they leave the plan's peak where it is (not here: the peak rises).
 TEST(CliTrain, KeepLogitsSameLossesAndByTheBudget) {
   if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
   const std::string base = "train --steps 2 --seq-len 512 --eval-every 0 --keep-attention=false --embedding fsdp --json";
@@ -223,7 +225,13 @@ TEST(CliTrain, KeepLogitsSameLossesAndByTheBudget) {
   EXPECT_GT(kept["peaks"]["vocab"]["planned_bytes"].get<std::int64_t>(),
             plain["peaks"]["vocab"]["planned_bytes"].get<std::int64_t>());
   expect_the_budgets_choice(base, kept, plain, "keep_logits", "computes its logits again in the backward",
-                            "final_loss", "--keep-attention=false --embedding fsdp", 2);
+                            "final_loss", "--keep-attention=false --embedding fsdp", 2, " --device-memory 1GiB");
+  const CliRun automatic = run_ranks(base, 2);
+  ASSERT_EQ(automatic.code, 0) << automatic.err << automatic.out;
+  const nlohmann::json a = last_json_line(automatic.out);
+  EXPECT_EQ(a["keep_logits"], false);
+  EXPECT_EQ(a["peaks"]["total"]["planned_bytes"], plain["peaks"]["total"]["planned_bytes"]);
+  EXPECT_EQ(a["final_loss"].dump(), plain["final_loss"].dump());
 }
 
 // --checkpoint-group: the same losses bitwise (a group's recomputation gives its layers'

@@ -157,7 +157,8 @@ void add_train_flags(CLI::App* app, TrainFlags& ff) {
                 "Keep the vocabulary loss's logits blocks (Ring-DTP, a vocabulary group of several ranks) from its "
                 "forward to its backward: one GEMM of four fewer there, for [the group's tokens, vocab / group] fp32 "
                 "more on the device (the plan counts them). Not given: kept while the plan fits --device-memory with "
-                "them, else recomputed; --keep-logits=false always recomputes");
+                "them (with --device-memory auto: only where they do not raise the plan's peak), else recomputed; "
+                "--keep-logits=false always recomputes");
   int_flag(app, "--moe-tile", f->run.moe_tile,
            "Rows per tile of every MLP sublayer (norm, router, dispatch, experts, residual), forward and backward, "
            "so its per-token buffers hold one tile: -1 the schedules' choice (1024 under PipelinedLLEP, whole "
