@@ -1120,7 +1120,13 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     dev_.memcpy_async(p.targets.data(), scored.targets.data(), static_cast<std::size_t>(Tv) * sizeof(std::int32_t),
                       CopyKind::host_to_device, s);
   }
-  if (schedules_.ring_dtp) vocab_loss_->reserve_tokens(T);  // its buffers as planned, whatever the targets
+  // Its buffers as planned, whatever the targets; the reservation ends with this step's
+  // loss, also where the loss throws (a bad target), so no later forward is sized by it.
+  struct Reservation {
+    VocabLoss& loss;
+    ~Reservation() { loss.reserve_tokens(0); }
+  } reservation{*vocab_loss_};
+  if (schedules_.ring_dtp) vocab_loss_->reserve_tokens(T);
   if (schedules_.ring_dtp && groups_.vocab->size() == 1) {
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
     ls = vocab_loss_->forward_backward(hn.as<A>(), p.targets.as<std::int32_t>(), Tv, w_head, ce_scale,
@@ -1130,7 +1136,6 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     d_hn = dev_.allocate(bb.d_hn.component, bb.d_hn.bytes);
     vocab_loss_->backward(ce_scale, d_hn.as<A>(), d_head);
   }
-  vocab_loss_->reserve_tokens(0);
   if (Tv < T) expand_scored(dev_, s, d_hn.as<A>(), H, T, scored);
   // The layers' backward runs in place (every block's backward_in_place, the stack's one
   // gradient buffer): the final norm's gradient goes into x's buffer (the normed hidden's
