@@ -147,7 +147,7 @@ PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, c
   // The attention kept by the budget (train without --keep-attention): at one boundary per
   // layer, while the device holds it; dropped before the ring.
   if (in.keep_attention_by_budget) x.keep_attention = in.planned_checkpoint_group() == 1;
-  // The logits kept by the budget (train without --keep-logits): dropped first, as train does.
+  // The logits kept by the budget (train without --keep-logits): dropped before the attention, as train does.
   if (in.keep_logits_by_budget) x.keep_logits = true;
   PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
   if (in.keep_logits_by_budget && x.keep_logits && e.peak > in.device_memory) {

@@ -109,7 +109,7 @@ struct PlanInputs {
   // the loss's forward to its backward (a vocabulary group of several devices).
   bool keep_logits = false;
   // train's default (--keep-logits not given): the policy sets keep_logits, true while the
-  // plan fits device_memory with them (dropped first, before the attention), else false
+  // plan fits device_memory with them (dropped before the attention), else false
   // (PeakEstimate::keep_logits says which).
   bool keep_logits_by_budget = false;
 

@@ -466,8 +466,9 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   if (f.embedding == "auto" && s.shape.schedules.vocab_parallel_embedding && over_budget_now())
     fall_back([](ModelSchedules& m) { m.vocab_parallel_embedding = false; },
               "the embedding is an FSDP unit (--embedding auto): sharded over the vocabulary group the plan needs ");
-  // The logits kept (--keep-logits not given): while the plan fits with them, the first
-  // dropped (the largest per-token term a budget's choice adds, and the smaller gain).
+  // The logits kept (--keep-logits not given): while the plan fits with them, dropped
+  // before the attention (the largest per-token term a budget's choice adds, for the
+  // smaller gain).
   if (f.keep_logits < 0 && s.shape.schedules.vocab.keep_logits && over_budget_now())
     fall_back([](ModelSchedules& m) { m.vocab.keep_logits = false; },
               "the vocabulary loss computes its logits again in the backward (--keep-logits by the budget): keeping "
