@@ -132,23 +132,28 @@ void expect_plan_is_the_runs(const std::string& flags, const nlohmann::json& run
   EXPECT_EQ(nlohmann::json::parse(p.out)["peak_bytes"]["scheduled"], run["peaks"]["total"]["planned_bytes"]);
 }
 
+// Something kept for the backward instead of computed again (`key`: the JSON's switch):
+// `plain` without it and `kept` with it say so, the same losses bitwise, the kept run's
+// plan equals what it measured, and `component`'s planned peak grows by the kept bytes.
+void expect_kept_changes_no_bit(const nlohmann::json& plain, const nlohmann::json& kept, const std::string& key,
+                                const std::string& component) {
+  EXPECT_EQ(plain[key], false);
+  EXPECT_EQ(kept[key], true);
+  EXPECT_EQ(plain["first_loss"].dump(), kept["first_loss"].dump());
+  EXPECT_EQ(plain["final_loss"].dump(), kept["final_loss"].dump());
+  expect_planned_is_measured(kept);
+  EXPECT_GT(kept["peaks"][component]["planned_bytes"].get<std::int64_t>(),
+            plain["peaks"][component]["planned_bytes"].get<std::int64_t>());
+}
+
 // --keep-attention: the same losses bitwise (the backward takes the forward's attention
 // output instead of recomputing it), the JSON says so, the plan still equals what the run
 // measured, and the attention's planned peak grows by the kept bytes.
 TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
   const std::string base = "train --steps 3 --seq-len 32 --eval-every 0 --json";
-  const CliRun plain = run_cli(base + " --keep-attention=false", 300);
-  const CliRun kept = run_cli(base + " --keep-attention", 300);
-  ASSERT_EQ(plain.code, 0) << plain.err << plain.out;
-  ASSERT_EQ(kept.code, 0) << kept.err << kept.out;
-  const nlohmann::json a = last_json_line(plain.out), b = last_json_line(kept.out);
-  EXPECT_EQ(a["keep_attention"], false);
-  EXPECT_EQ(b["keep_attention"], true);
-  EXPECT_EQ(a["first_loss"].dump(), b["first_loss"].dump());
-  EXPECT_EQ(a["final_loss"].dump(), b["final_loss"].dump());
-  expect_planned_is_measured(b);
-  EXPECT_GT(b["peaks"]["attention"]["planned_bytes"].get<std::int64_t>(),
-            a["peaks"]["attention"]["planned_bytes"].get<std::int64_t>());
+  const auto [a, b] = run_two(base + " --keep-attention=false", base + " --keep-attention");
+  ASSERT_FALSE(a.is_null());
+  expect_kept_changes_no_bit(a, b, "keep_attention", "attention");
   // `plan --keep-attention` for the same run plans the same peak.
   expect_plan_is_the_runs("--keep-attention", b);
 }
@@ -217,13 +222,7 @@ TEST(CliTrain, KeepLogitsSameLossesAndByTheBudget) {
   const std::string base = "train --steps 2 --seq-len 512 --eval-every 0 --keep-attention=false --embedding fsdp --json";
   const auto [plain, kept] = run_two(base + " --keep-logits=false", base + " --keep-logits", 2);
   ASSERT_FALSE(plain.is_null());
-  EXPECT_EQ(plain["keep_logits"], false);
-  EXPECT_EQ(kept["keep_logits"], true);
-  EXPECT_EQ(plain["first_loss"].dump(), kept["first_loss"].dump());
-  EXPECT_EQ(plain["final_loss"].dump(), kept["final_loss"].dump());
-  expect_planned_is_measured(kept);
-  EXPECT_GT(kept["peaks"]["vocab"]["planned_bytes"].get<std::int64_t>(),
-            plain["peaks"]["vocab"]["planned_bytes"].get<std::int64_t>());
+  expect_kept_changes_no_bit(plain, kept, "keep_logits", "vocab");
   expect_the_budgets_choice(base, kept, plain, "keep_logits", "computes its logits again in the backward",
                             "final_loss", "--keep-attention=false --embedding fsdp", 2, " --device-memory 1GiB");
   const CliRun automatic = run_ranks(base, 2);

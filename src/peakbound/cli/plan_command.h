@@ -38,9 +38,9 @@ struct PlanFlags {
   std::string skew = "balanced";
   bool keep_attention = false;
   int attention_threads = 1;  // --attention-threads (--trainer-defaults: train's on this machine)
-  bool keep_attention_given = false;
+  bool keep_attention_given = false;  // --keep-attention given (else the budget's choice, as train's)
   bool keep_logits = false;
-  bool keep_logits_given = false;  // --keep-logits given (else the budget's choice, as train's)  // --keep-attention given (else the budget's choice, as train's)
+  bool keep_logits_given = false;  // --keep-logits given (else the budget's choice, as train's)
   std::string cp_ring = "latent";  // --cp-ring (train's)
   std::string precision;            // --precision; empty: not given
   std::string param_dtype = "bf16";  // --param-dtype, the older spelling of --precision's parameter dtype

@@ -4,8 +4,8 @@
 // logits blocks and folds them into an online log-sum-exp. Backward recomputes the
 // blocks from the saved log-sum-exp (or, with keep_logits, takes the forward's blocks,
 // kept for it: the same products on the same operands, so the same bits, one GEMM of
-// four fewer for [the group's tokens, V/P] fp32 held from forward to backward): in weights mode dW accumulators travel with the
-// shards (a ring reduce-scatter) and dX stays; in activations mode dX travels with the
+// four fewer for [the group's tokens, V/P] fp32 held from forward to backward): in
+// weights mode dW accumulators travel with the shards (a ring reduce-scatter) and dX stays; in activations mode dX travels with the
 // tokens and dW stays at the shard's owner. The movement is RingExchange's: the next
 // hop's transfer is posted before the current hop's compute and progressed between
 // chunks, so it overlaps. Every buffer comes from ring_dtp_buffers (vocab_footprint.h).
@@ -193,16 +193,16 @@ class RingDtp final : public VocabLoss {
     gemm(dev_, s_, false, true, n, rows, d_.hidden, 1.0f, h, d_.hidden, w, d_.hidden, 0.0f, block, rows);
   }
   bool keeping() const { return kept_.data() != nullptr; }
-  // keep_logits: where the logits block of token rows [c0, c0 + n) of the hop's set goes,
-  // row stride `rows`; every (token, shard) pair has its own place (weights mode: our
-  // tokens against shard `sh`, by the shard's offset; activations mode: the block of rank
-  // `origin`'s tokens against our shard, by the tokens of the ranks before it). Null
-  // without keep_logits: the block buffer then.
-  float* kept_weights(const VocabShard& sh, std::int64_t c0) {
-    return keeping() ? kept_.as<float>() + T_ * sh.offset + c0 * sh.rows : nullptr;
+  // Where the logits block of token rows [c0, c0 + n) of the hop's set goes, row stride
+  // `rows`: `block` (the one block buffer) without keep_logits; with it its own place of
+  // the kept buffer, every (token, shard) pair having one (weights mode: our tokens against
+  // shard `sh`, by the shard's offset; activations mode: the block of rank `origin`'s
+  // tokens against our shard, by the tokens of the ranks before it).
+  float* weights_block(float* block, const VocabShard& sh, std::int64_t c0) {
+    return keeping() ? kept_.as<float>() + T_ * sh.offset + c0 * sh.rows : block;
   }
-  float* kept_activations(int origin, std::int64_t c0) {
-    if (!keeping()) return nullptr;
+  float* activations_block(float* block, int origin, std::int64_t c0) {
+    if (!keeping()) return block;
     std::int64_t before = 0;
     for (int i = 0; i < origin; ++i) before += shape_.tokens[Z(i)];
     return kept_.as<float>() + (before + c0) * shard_.rows;
@@ -233,7 +233,7 @@ class RingDtp final : public VocabLoss {
       const A* cur = static_cast<const A*>(ring.carried(RingDtpBuffers::kWeight));
       for (std::int64_t c0 = 0; c0 < T_ && sh.rows > 0; c0 += chunk) {
         std::int64_t n = std::min(chunk, T_ - c0);
-        float* L = keeping() ? kept_weights(sh, c0) : block.as<float>();
+        float* L = weights_block(block.as<float>(), sh, c0);
         logits(hidden + c0 * H, n, cur, sh.rows, L);
         ops::lse_update(dev_, s_, L, n, sh.rows, sh.rows, mx + c0, sm + c0);
         ops::gather_target_logit(dev_, s_, L, n, sh.rows, sh.rows, targets_ + c0, sh.offset, tl + c0);
@@ -304,7 +304,7 @@ class RingDtp final : public VocabLoss {
       for (std::int64_t c0 = 0; c0 < T_ && sh.rows > 0; c0 += chunk) {
         std::int64_t n = std::min(chunk, T_ - c0);
         // The forward's block where it kept it (turned into its gradient in place), else again.
-        float* G = keeping() ? kept_weights(sh, c0) : block.as<float>();
+        float* G = weights_block(block.as<float>(), sh, c0);
         if (!keeping()) logits(hidden + c0 * H, n, cur, sh.rows, G);
         ops::cross_entropy_grad(dev_, s_, G, n, sh.rows, sh.rows, lse_.as<float>() + c0, targets_ + c0, sh.offset,
                                 o_.ignore_index, o_.z_loss, scale);
@@ -367,7 +367,7 @@ class RingDtp final : public VocabLoss {
       ops::fill(dev_, s_, tl, n, 0.0f);
       for (std::int64_t c0 = 0; c0 < n && rows > 0; c0 += chunk) {
         std::int64_t m = std::min(chunk, n - c0);
-        float* L = keeping() ? kept_activations(ring.origin(hop), c0) : block.as<float>();
+        float* L = activations_block(block.as<float>(), ring.origin(hop), c0);
         logits(h + c0 * H, m, weight, rows, L);
         ops::lse_update(dev_, s_, L, m, rows, rows, mx + c0, sm + c0);
         ops::gather_target_logit(dev_, s_, L, m, rows, rows, t + c0, shard_.offset, tl + c0);
@@ -436,7 +436,7 @@ class RingDtp final : public VocabLoss {
       if (dx) ops::fill(dev_, s_, dx, n * H, 0.0f);
       for (std::int64_t c0 = 0; c0 < n && rows > 0; c0 += chunk) {
         std::int64_t m = std::min(chunk, n - c0);
-        float* G = keeping() ? kept_activations(ring.origin(hop), c0) : block.as<float>();
+        float* G = activations_block(block.as<float>(), ring.origin(hop), c0);
         if (!keeping()) logits(h + c0 * H, m, weight, rows, G);
         ops::cross_entropy_grad(dev_, s_, G, m, rows, rows, lse + c0, t + c0, shard_.offset, o_.ignore_index,
                                 o_.z_loss, scale);

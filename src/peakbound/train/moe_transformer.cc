@@ -1120,8 +1120,8 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
     dev_.memcpy_async(p.targets.data(), scored.targets.data(), static_cast<std::size_t>(Tv) * sizeof(std::int32_t),
                       CopyKind::host_to_device, s);
   }
-  // Its buffers as planned, whatever the targets; the reservation ends with this step's
-  // loss, also where the loss throws (a bad target), so no later forward is sized by it.
+  // Its buffers as planned, whatever the targets; the reservation ends when this step
+  // returns or throws (a bad target), so no later forward is sized by it.
   struct Reservation {
     VocabLoss& loss;
     ~Reservation() { loss.reserve_tokens(0); }

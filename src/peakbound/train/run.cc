@@ -431,20 +431,26 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
     return fp;
   };
   Footprint plan = plan_of(s.shape, s.planned);
+  // The plan made again with `change` to the schedules, and taken where `take` (given the
+  // new plan's figures) says so.
+  const auto plan_again = [&](auto change, auto take) {
+    RunShape next = s.shape;
+    change(next.schedules);
+    std::vector<std::int64_t> planned_next;
+    Footprint plan_next = plan_of(next, planned_next);
+    if (!take(planned_next)) return;
+    s.shape = std::move(next);
+    s.planned = std::move(planned_next);
+    plan = std::move(plan_next);
+  };
+  const auto drop_logits = [](ModelSchedules& m) { m.vocab.keep_logits = false; };
   // --device-memory auto names no memory to spend on speed: there the logits are kept (by
   // the budget) only where they leave the plan's peak where it is. Kept, they are
   // [the group's tokens, V/P] fp32, at 2 ranks x 4096 tokens of tiny-moe 120 -> 380 MB.
-  if (f.device_memory == "auto" && f.keep_logits < 0 && s.shape.schedules.vocab.keep_logits) {
-    RunShape lean = s.shape;
-    lean.schedules.vocab.keep_logits = false;
-    std::vector<std::int64_t> planned_lean;
-    Footprint plan_lean = plan_of(lean, planned_lean);
-    if (planned_lean[kNumComponents] < s.planned[kNumComponents]) {
-      s.shape = std::move(lean);
-      s.planned = std::move(planned_lean);
-      plan = std::move(plan_lean);
-    }
-  }
+  if (f.device_memory == "auto" && f.keep_logits < 0 && s.shape.schedules.vocab.keep_logits)
+    plan_again(drop_logits, [&](const std::vector<std::int64_t>& lean) {
+      return lean[kNumComponents] < s.planned[kNumComponents];
+    });
   s.budget = f.device_memory == "auto" ? auto_device_budget(static_cast<std::uint64_t>(s.planned[kNumComponents]))
                                        : parse_bytes(f.device_memory, "--device-memory");
   // The choices the budget makes, each dropped in turn while the plan does not fit it: the
@@ -453,14 +459,8 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   const auto over_budget_now = [&] { return static_cast<std::uint64_t>(s.planned[kNumComponents]) > s.budget; };
   std::string fallback_notes;
   const auto fall_back = [&](auto change, const std::string& note) {
-    RunShape next = s.shape;
-    change(next.schedules);
-    std::vector<std::int64_t> planned_next;
-    Footprint plan_next = plan_of(next, planned_next);
     fallback_notes += note + format_bytes(double(s.planned[kNumComponents])) + "\n";
-    s.shape = std::move(next);
-    s.planned = std::move(planned_next);
-    plan = std::move(plan_next);
+    plan_again(change, [](const std::vector<std::int64_t>&) { return true; });
   };
   // The vocabulary-parallel embedding (--embedding auto): while the plan fits with it.
   if (f.embedding == "auto" && s.shape.schedules.vocab_parallel_embedding && over_budget_now())
@@ -470,7 +470,7 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   // before the attention (the largest per-token term a budget's choice adds, for the
   // smaller gain).
   if (f.keep_logits < 0 && s.shape.schedules.vocab.keep_logits && over_budget_now())
-    fall_back([](ModelSchedules& m) { m.vocab.keep_logits = false; },
+    fall_back(drop_logits,
               "the vocabulary loss computes its logits again in the backward (--keep-logits by the budget): keeping "
               "them the plan needs ");
   // The attention kept (--keep-attention not given): while the plan fits with it; where

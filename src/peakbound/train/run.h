@@ -96,8 +96,9 @@ struct RunSettings {
   // keep_logits): one GEMM of four fewer in the vocabulary projection, for [the vocabulary
   // group's tokens, V/P] fp32 more from the loss's forward to its backward (the plan counts
   // it). -1: the budget's choice (kept while the plan fits device_memory with them; with
-  // device_memory auto, only where they do not raise the plan's peak), 0: recomputed, 1: kept. Only a vocabulary group of several ranks has them (one rank takes
-  // the fused form, which computes each block once already).
+  // device_memory auto, only where they do not raise the plan's peak), 0: recomputed, 1:
+  // kept. Only a vocabulary group of several ranks has them (one rank takes the fused
+  // form, which computes each block once already).
   int keep_logits = -1;
   // The MLP sublayers' row tile (ModelSchedules::moe_tile): -1 the schedules' choice
   // (kMoeTileRows under PipelinedLLEP, whole otherwise), 0 whole, else rows.
