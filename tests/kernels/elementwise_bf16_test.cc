@@ -86,6 +86,27 @@ TEST(Bf16Convert, EveryBodyIsBitwiseTheScalarOnEveryPattern) {
   EXPECT_EQ(bits_of(out), want);
 }
 
+// round_bf16 in place holds to_f32(to_bf16(x)) for every pattern (ties, NaNs, denormals,
+// overflow), on every body and at odd lengths (the scalar tail after the vectors).
+TEST(Bf16Convert, RoundingInPlaceIsNarrowingThenWidening) {
+  const std::vector<float> in = structured_floats();
+  std::vector<std::uint32_t> want(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) want[i] = float_bits(peakbound::to_f32(peakbound::to_bf16(in[i])));
+  for (SimdLevel l : levels()) {
+    std::vector<float> x = in;
+    round_bf16(l, x.data(), static_cast<std::int64_t>(x.size()));
+    EXPECT_EQ(bits_of(x), want) << simd_level_name(l);
+    for (const std::int64_t n : {1, 7, 15, 17, 33}) {  // only the first n change
+      std::vector<float> y(in.begin() + 5, in.begin() + 5 + 40);
+      round_bf16(l, y.data(), n);
+      for (std::int64_t i = 0; i < 40; ++i)
+        ASSERT_EQ(float_bits(y[static_cast<std::size_t>(i)]),
+                  i < n ? want[static_cast<std::size_t>(i + 5)] : float_bits(in[static_cast<std::size_t>(i + 5)]))
+            << simd_level_name(l) << " n " << n << " at " << i;
+    }
+  }
+}
+
 TEST(Bf16Convert, WideningIsExactForEveryBf16) {
   std::vector<bf16> in(65536);
   for (std::uint32_t i = 0; i < 65536; ++i) in[i].bits = static_cast<std::uint16_t>(i);

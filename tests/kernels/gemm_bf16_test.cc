@@ -201,6 +201,37 @@ TEST(GemmBf16, AmxReadsARowMajorAInPlaceWithTheSameBits) {
       }
 }
 
+// The convert path's product with A given widened (gemm_convert_wide_a) is bitwise the
+// convert path on A narrowed: every transpose, the block edges (M past 1024, N past 2048,
+// K past 512), A's row stride wider than its rows, written and added into. A mutation
+// (A read at another offset, or one K block's beta) fails it.
+TEST(GemmBf16, ConvertWithAWidenedIsTheSameBits) {
+  std::mt19937 rng(41);
+  const Case cases[] = {
+      {false, false, 208, 256, 4096, 3, 1.0f, 0.0f},  // Ring-DTP's dX = G W: 8 K blocks
+      {true, false, 4096, 256, 208, 0, 1.0f, 1.0f},   // dW += G^T X: 4 M blocks
+      {false, true, 33, 2050, 7, 1, 0.5f, 1.0f},      {true, true, 1030, 5, 513, 2, -1.0f, 0.0f},
+      {false, false, 1, 1, 1, 0, 1.0f, 0.0f},         {true, false, 17, 9, 1100, 5, 2.0f, 0.5f},
+  };
+  for (const Case& c : cases) {
+    const std::int64_t ar = c.ta ? c.k : c.m, ac = (c.ta ? c.m : c.k) + c.pad;
+    const std::int64_t br = c.tb ? c.n : c.k, bc = (c.tb ? c.k : c.n) + c.pad;
+    const auto a = random_bf16(static_cast<std::size_t>(ar * ac), rng);
+    const auto b = random_bf16(static_cast<std::size_t>(br * bc), rng);
+    std::vector<float> a_wide(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) a_wide[i] = to_f32(a[i]);
+    std::vector<float> want(static_cast<std::size_t>(c.m * c.n));
+    std::normal_distribution<float> d;
+    for (float& x : want) x = d(rng);
+    std::vector<float> got = want;
+    gemm_bf16(Bf16GemmPath::convert, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), ac, b.data(), bc, c.beta,
+              want.data(), c.n);
+    gemm_convert_wide_a(c.ta, c.tb, c.m, c.n, c.k, c.alpha, a_wide.data(), ac, b.data(), bc, c.beta, got.data(), c.n);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "m " << c.m << " n " << c.n << " k " << c.k << " ta " << c.ta << " tb " << c.tb;
+  }
+}
+
 TEST(GemmBf16, BetaZeroIgnoresGarbageAndKZeroScales) {
   for (Bf16GemmPath path : runnable_paths()) {
     std::vector<bf16> a(6, peakbound::to_bf16(1.0f)), b(6, peakbound::to_bf16(1.0f));

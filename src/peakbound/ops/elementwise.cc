@@ -111,6 +111,10 @@ void add_column_sums(Device& dev, Stream& s, float* acc, const bf16* x, std::int
   add_column_sums_as(dev, s, acc, x, rows, cols);
 }
 
+void round_bf16(Device& dev, Stream& s, float* x, std::int64_t n) {
+  dispatch(dev, s, "round_bf16", {x}, [&](void*) { no_kernel(dev, "round_bf16"); }, [=] { cpu::round_bf16(x, n); });
+}
+
 void convert(Device& dev, Stream& s, bf16* out, const float* in, std::int64_t n) {
   dispatch(dev, s, "convert", {out, in},
            [&](void* stream) { cuda::convert(stream, out, in, n); },

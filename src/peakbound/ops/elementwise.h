@@ -38,6 +38,10 @@ template <class D, class S>
 void copy_columns(Device& dev, Stream& s, D* dst, std::int64_t ldd, const S* src, std::int64_t lds, std::int64_t rows,
                   std::int64_t cols, ColumnOrder order = ColumnOrder::same, bool accumulate = false);
 
+// x[i] = to_f32(to_bf16(x[i])) in place (kernels/cpu/elementwise.h): the operand
+// gemm_bf16_wide_a (ops/gemm.h) reads. CPU only: the convert path it serves is the CPU's.
+void round_bf16(Device& dev, Stream& s, float* x, std::int64_t n);
+
 // out [n] = to_bf16(in) / to_f32(in); out must not overlap in.
 void convert(Device& dev, Stream& s, bf16* out, const float* in, std::int64_t n);
 void convert(Device& dev, Stream& s, float* out, const bf16* in, std::int64_t n);

@@ -80,6 +80,20 @@ void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, st
   gemm_bf16(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+bool gemm_bf16_takes_wide_a(const Device& dev) {
+  return dev.backend() == Backend::cpu && current_bf16_path() == cpu::Bf16GemmPath::convert;
+}
+
+void gemm_bf16_wide_a(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                      std::int64_t k, float alpha, const float* a, std::int64_t lda, const bf16* b, std::int64_t ldb,
+                      float beta, float* c, std::int64_t ldc) {
+  if (!gemm_bf16_takes_wide_a(dev))
+    throw Unavailable("gemm_bf16_wide_a runs on the CPU's convert path only (device " + dev.name() + ", bf16 path " +
+                      bf16_gemm_path() + "): narrow A to bf16 and call gemm_bf16");
+  dispatch(dev, s, "gemm_bf16_wide_a", {a, b, c}, [&](void*) { no_kernel(dev, "gemm_bf16_wide_a"); },
+           [=] { cpu::gemm_convert_wide_a(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+}
+
 std::string bf16_gemm_path() { return std::string(cpu::bf16_gemm_path_name(current_bf16_path())); }
 
 void set_bf16_gemm_path(std::string_view name) {

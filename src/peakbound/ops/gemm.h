@@ -30,6 +30,16 @@ void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, st
           float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc);
 
+// gemm_bf16 with A given widened: `a` holds fp32 values each exactly a bf16 (round_bf16,
+// ops/elementwise.h, leaves them so). Runs where gemm_bf16_takes_wide_a: the CPU device on
+// the convert path, where it is the same product bit for bit as gemm_bf16 on A narrowed,
+// without the narrowed copy and its widening (kernels/cpu/gemm_bf16.h's
+// gemm_convert_wide_a); elsewhere Unavailable: narrow A and call gemm_bf16 there.
+bool gemm_bf16_takes_wide_a(const Device& dev);
+void gemm_bf16_wide_a(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+                      std::int64_t k, float alpha, const float* a, std::int64_t lda, const bf16* b, std::int64_t ldb,
+                      float beta, float* c, std::int64_t ldc);
+
 // The CPU path of gemm_bf16 for this process: "amx" (AMX tile products), "native"
 // (AVX512-BF16 dot products) or "convert" (blocks widened to f32 for sgemm). Chosen on
 // first use: the environment's PEAKBOUND_BF16_GEMM when set (an unknown name, or a path

@@ -20,7 +20,9 @@
 // bf16 (A = bf16): the hidden states, W and the carried lanes (W shard, token rows) are
 // bf16; the logits blocks are fp32 sums of exact products (ops::gemm_bf16), the stats,
 // lse, dW and the dW/dX accumulators stay fp32. Backward narrows each gradient block G
-// into g16 once, then dW += G16^T X and dX = G16 W in fp32: into d_hidden32 across the
+// into g16 once (on the CPU's convert path G is rounded in place instead, and both
+// products read it as it is: ops::gemm_bf16_wide_a, the same bits without the copy and
+// its two widenings), then dW += G16^T X and dX = G16 W in fp32: into d_hidden32 across the
 // hops (weights mode, P > 1; narrowed at the end), into the travelling fp32 dX
 // (activations mode; the finished sum is narrowed into d_hidden), or into dx_tile and
 // narrowed chunk by chunk (P = 1 and the fused form). A = float makes exactly the f32
@@ -150,10 +152,8 @@ class RingDtp final : public VocabLoss {
         continue;
       }
       if constexpr (kBf16<A>) {
-        ops::convert(dev_, s_, g16.as<bf16>(), G, n * V);
-        gemm(dev_, s_, false, false, n, H, V, 1.0f, g16.as<bf16>(), V, weight, H, 0.0f, tile.as<float>(), H);
+        grad_products(G, n, V, hidden + c0 * H, weight, 1.0f, d_weight, 0.0f, tile.as<float>(), g16.as<bf16>());
         ops::convert(dev_, s_, d_hidden + c0 * H, tile.as<float>(), n * H);
-        gemm(dev_, s_, true, false, V, H, n, 1.0f, g16.as<bf16>(), V, hidden + c0 * H, H, 1.0f, d_weight, H);
       } else {
         gemm(dev_, s_, false, false, n, H, V, 1.0f, G, V, weight, H, 0.0f, d_hidden + c0 * H, H);
         gemm(dev_, s_, true, false, V, H, n, 1.0f, G, V, hidden + c0 * H, H, 1.0f, d_weight, H);
@@ -255,6 +255,12 @@ class RingDtp final : public VocabLoss {
                      float beta_x, float* dx, bf16* g16) {
     const std::int64_t H = d_.hidden;
     if constexpr (kBf16<A>) {
+      if (ops::gemm_bf16_takes_wide_a(dev_)) {  // G rounded in place: the same operand, no copy to widen
+        ops::round_bf16(dev_, s_, G, n * rows);
+        gemm(dev_, s_, true, false, rows, H, n, 1.0f, static_cast<const float*>(G), rows, x, H, beta_w, dw, H);
+        gemm(dev_, s_, false, false, n, H, rows, 1.0f, static_cast<const float*>(G), rows, w, H, beta_x, dx, H);
+        return;
+      }
       ops::convert(dev_, s_, g16, G, n * rows);
       gemm(dev_, s_, true, false, rows, H, n, 1.0f, g16, rows, x, H, beta_w, dw, H);
       gemm(dev_, s_, false, false, n, H, rows, 1.0f, g16, rows, w, H, beta_x, dx, H);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "peakbound/core/error.h"
@@ -101,12 +102,15 @@ LossSum VocabLoss::forward_backward_any(const void* hidden, const std::int32_t* 
   return out;
 }
 
-template <class A>
+template <class A, class B>
 void VocabLoss::gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                     std::int64_t k, float alpha, const A* a, std::int64_t lda, const A* b, std::int64_t ldb,
+                     std::int64_t k, float alpha, const A* a, std::int64_t lda, const B* b, std::int64_t ldb,
                      float beta, float* c, std::int64_t ldc) {
   const auto t0 = std::chrono::steady_clock::now();
-  ops::gemm(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if constexpr (std::is_same_v<A, B>)
+    ops::gemm(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    ops::gemm_bf16_wide_a(dev, s, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   stats_.gemm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   stats_.gemm_flops += 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   ++stats_.gemm_calls;
@@ -116,6 +120,9 @@ template void VocabLoss::gemm<float>(Device&, Stream&, bool, bool, std::int64_t,
                                      std::int64_t);
 template void VocabLoss::gemm<bf16>(Device&, Stream&, bool, bool, std::int64_t, std::int64_t, std::int64_t, float,
                                     const bf16*, std::int64_t, const bf16*, std::int64_t, float, float*, std::int64_t);
+template void VocabLoss::gemm<float, bf16>(Device&, Stream&, bool, bool, std::int64_t, std::int64_t, std::int64_t,
+                                           float, const float*, std::int64_t, const bf16*, std::int64_t, float, float*,
+                                           std::int64_t);
 
 std::vector<std::int64_t> gather_token_counts(Communicator& group, std::int64_t tokens) {
   std::vector<std::int64_t> counts(static_cast<std::size_t>(group.size()));

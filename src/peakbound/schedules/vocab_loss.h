@@ -147,10 +147,11 @@ class VocabLoss {
   virtual LossSum forward_backward_any(const void* hidden, const std::int32_t* targets, std::int64_t tokens,
                                        const void* weight, float scale, void* d_hidden, float* d_weight);
   // ops::gemm (same arguments; A = float | bf16 operands, fp32 C: bf16 accumulates in
-  // fp32), counted and timed into stats().
-  template <class A>
+  // fp32), counted and timed into stats(). A float a with a bf16 b is ops::gemm_bf16_wide_a
+  // (a holds bf16 values in fp32; only where ops::gemm_bf16_takes_wide_a).
+  template <class A, class B = A>
   void gemm(Device& dev, Stream& s, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-            float alpha, const A* a, std::int64_t lda, const A* b, std::int64_t ldb, float beta, float* c,
+            float alpha, const A* a, std::int64_t lda, const B* b, std::int64_t ldb, float beta, float* c,
             std::int64_t ldc);
   // Runs f (a communication call), its seconds counted in stats().comm_seconds.
   template <typename F>

@@ -159,6 +159,22 @@ PB_AVX512 void to_bf16_avx512(bf16* out, const float* in, std::int64_t n, bool s
   to_bf16_scalar(out + i, in + i, n - i);
 }
 
+// x[i] = to_f32(to_bf16(x[i])) in place: the rounded values kept in fp32 (bf16_lanes.h's
+// store_rounded), 8 or 16 lanes at a time, the tail by the scalar form.
+void round_bf16_scalar(float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) simd::store_rounded(x + i, x[i]);
+}
+PB_AVX2 void round_bf16_avx2(float* x, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) simd::store_rounded8(x + i, _mm256_loadu_ps(x + i));
+  round_bf16_scalar(x + i, n - i);
+}
+PB_AVX512 void round_bf16_avx512(float* x, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) simd::store_rounded16(x + i, _mm512_loadu_ps(x + i));
+  round_bf16_scalar(x + i, n - i);
+}
+
 PB_AVX512 void to_f32_avx512(float* out, const bf16* in, std::int64_t n, bool stream) {
   const std::int64_t head = stream ? head_before(out, 64, n) : -1;
   std::int64_t i = head > 0 ? head : 0;
@@ -249,6 +265,15 @@ void to_f32(SimdLevel level, float* out, const bf16* in, std::int64_t n) {
   }
 }
 
+void round_bf16(SimdLevel level, float* x, std::int64_t n) {
+  check_level(level, "round_bf16");
+  switch (level) {
+    case SimdLevel::scalar: round_bf16_scalar(x, n); break;
+    case SimdLevel::avx2: round_bf16_avx2(x, n); break;
+    case SimdLevel::avx512: round_bf16_avx512(x, n); break;
+  }
+}
+void round_bf16(float* x, std::int64_t n) { round_bf16(convert_level(), x, n); }
 void to_bf16(bf16* out, const float* in, std::int64_t n) { to_bf16(convert_level(), out, in, n); }
 void to_f32(float* out, const bf16* in, std::int64_t n) { to_f32(convert_level(), out, in, n); }
 

@@ -60,6 +60,13 @@ void to_f32(float* out, const bf16* in, std::int64_t n);
 void to_bf16(SimdLevel level, bf16* out, const float* in, std::int64_t n);
 void to_f32(SimdLevel level, float* out, const bf16* in, std::int64_t n);
 
+// x[i] = to_f32(to_bf16(x[i])) in place: each value rounded to bf16 and held in fp32, bit
+// for bit what to_bf16 then to_f32 make (a convert-path GEMM operand that needs neither the
+// narrowed copy nor its widening: gemm_bf16.h's gemm_convert_wide_a). The chosen-level form
+// as above.
+void round_bf16(float* x, std::int64_t n);
+void round_bf16(SimdLevel level, float* x, std::int64_t n);
+
 // A conversion of n elements that moves at least kConvertStreamBytes (6n bytes read and
 // written) writes out with non-temporal stores in the vector bodies: out is write-only
 // and larger than a cache, so skipping the read for ownership saves a third of the

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -576,10 +577,17 @@ bool amx_permitted() {
 #endif
 }
 
-void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
-                  std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+// The blocks of A and B widened to f32 and multiplied by sgemm. TA = float: A already holds
+// the widened values (each exactly a bf16), so its block is read in place, row stride lda,
+// where TA = bf16 widens it into the dense block first: the same sgemm calls on the same
+// values (OpenBLAS picks its kernel by shape, never by the leading dimension), so the bits
+// are the same.
+template <class TA>
+void convert_blocks(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const TA* a,
+                    std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  constexpr bool kWideA = std::is_same_v<TA, float>;
   thread_local std::vector<float> af, bf;
-  af.resize(static_cast<std::size_t>(kCvtM * kCvtK));
+  if constexpr (!kWideA) af.resize(static_cast<std::size_t>(kCvtM * kCvtK));
   bf.resize(static_cast<std::size_t>(kCvtK * kCvtN));
   for (std::int64_t jc = 0; jc < n; jc += kCvtN) {
     const std::int64_t nc = std::min(kCvtN, n - jc);
@@ -590,13 +598,27 @@ void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
       else widen_bf16_block(b + pc * ldb + jc, ldb, kc, nc, bf.data());
       for (std::int64_t ic = 0; ic < m; ic += kCvtM) {
         const std::int64_t mc = std::min(kCvtM, m - ic);
-        if (ta) widen_bf16_block(a + pc * lda + ic, lda, kc, mc, af.data());
-        else widen_bf16_block(a + ic * lda + pc, lda, mc, kc, af.data());
-        gemm_f32(ta, tb, mc, nc, kc, alpha, af.data(), ta ? mc : kc, bf.data(), tb ? kc : nc,
-                 pc == 0 ? beta : 1.0f, c + ic * ldc + jc, ldc);
+        const TA* at = ta ? a + pc * lda + ic : a + ic * lda + pc;
+        const float* ab = nullptr;
+        std::int64_t ldab = lda;
+        if constexpr (kWideA) {
+          ab = at;
+        } else {
+          if (ta) widen_bf16_block(at, lda, kc, mc, af.data());
+          else widen_bf16_block(at, lda, mc, kc, af.data());
+          ab = af.data();
+          ldab = ta ? mc : kc;
+        }
+        gemm_f32(ta, tb, mc, nc, kc, alpha, ab, ldab, bf.data(), tb ? kc : nc, pc == 0 ? beta : 1.0f,
+                 c + ic * ldc + jc, ldc);
       }
     }
   }
+}
+
+void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bf16* a,
+                  std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  convert_blocks(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace
@@ -606,6 +628,18 @@ void gemm_convert(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t
 // 4096-token step on an AVX-512 Xeon, most of it in attention's tiles.
 void widen_bf16_block(const bf16* in, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* out) {
   for (std::int64_t r = 0; r < rows; ++r) to_f32(out + r * cols, in + r * ld, cols);
+}
+
+void gemm_convert_wide_a(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                         const float* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+                         std::int64_t ldc) {
+  PB_CHECK(m >= 0 && n >= 0 && k >= 0);
+  if (m == 0 || n == 0) return;
+  PB_CHECK_MSG(ldc >= n, "ldc < n");
+  if (k == 0) return gemm_f32(trans_a, trans_b, m, n, 0, alpha, nullptr, 1, nullptr, 1, beta, c, ldc);
+  PB_CHECK_MSG(lda >= (trans_a ? m : k), "lda too small");
+  PB_CHECK_MSG(ldb >= (trans_b ? k : n), "ldb too small");
+  convert_blocks(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 std::string_view bf16_gemm_path_name(Bf16GemmPath p) {

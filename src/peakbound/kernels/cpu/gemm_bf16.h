@@ -96,6 +96,15 @@ void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, std::int64_t m, st
                float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta,
                float* c, std::int64_t ldc);
 
+// The convert path's product with A given widened: `a` holds fp32 values each exactly a
+// bf16 (elementwise.h's round_bf16 leaves them so), B is bf16. The same sgemm calls on the
+// same values as gemm_bf16(convert, ...) on A narrowed to bf16, so the same bits, without
+// the narrowed copy of A and its widening in every product that reads it (Ring-DTP's
+// logits gradient feeds two: schedules/ring_dtp.cc).
+void gemm_convert_wide_a(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                         const float* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
+                         std::int64_t ldc);
+
 // rows x cols of bf16 (row stride ld) widened into a dense f32 [rows, cols]: the convert
 // path's blocks (and the attention kernel's tiles on that path, attention.cc).
 void widen_bf16_block(const bf16* in, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* out);
