@@ -7,6 +7,10 @@
 // the recomputing 4-GEMM backward at P > 1), the baseline through forward + backward.
 // Each run also reports its GEMMs' FLOPs and seconds (VocabLoss::stats over the
 // timed reps) beside its total seconds, so a gap is explained by numbers.
+// --precision bf16 runs both in bf16 (hidden, W and d_hidden bf16 on the device, the
+// trainer's form; errors against the bf16 baseline). --keep-logits adds a third run,
+// Ring-DTP keeping the forward's logits blocks for the backward (3 GEMMs a block at
+// P > 1), in the same alternation, with its own peak beside the recomputing one's.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,8 +31,10 @@
 #include "peakbound/core/units.h"
 #include "peakbound/comm/device_communicator.h"
 #include "peakbound/core/footprint.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/ops/elementwise.h"
+#include "peakbound/ops/gemm.h"
 #include "peakbound/verify/vocab_reference.h"
 
 namespace peakbound::cli {
@@ -38,6 +44,16 @@ namespace {
 struct BenchVocabFlags : VocabFlags {
   int reps = 3;
   bool sweep = false;
+  std::string precision = "f32";
+  bool keep_logits = false;
+  Precision prec() const { return parse_precision(precision, "--precision"); }
+  // The options of a run: the shape flags', this precision, keeping the logits or not.
+  VocabLossOptions run_options(bool keep) const {
+    VocabLossOptions o = options();
+    o.precision = prec();
+    o.keep_logits = keep;
+    return o;
+  }
 };
 
 struct RunResult {
@@ -88,26 +104,73 @@ double group_sum(Communicator& g, double v) {
   return s;
 }
 
-// One implementation on its own device, stepped by measure(): the two take turns rep
-// by rep, so a change of load on a shared machine falls on both alike.
+// This rank's inputs and gradients on a run's device, as a model holds them: hidden, W
+// and d_hidden in the run's precision (bf16: rounded once from the host's floats), the
+// targets i32, d_weight fp32.
+struct RankOnDevice {
+  RankOnDevice(Device& dev, const RankData& d, std::int64_t tokens, std::int64_t H, Precision p)
+      : elem(p == Precision::bf16 ? 2 : 4) {
+    auto put = [&](Component c, const std::vector<float>& v) {
+      Buffer b = dev.allocate(c, v.size() * elem);
+      if (elem == 4) {
+        copy_to_device(dev, b.data(), v.data(), v.size() * 4);
+      } else {
+        std::vector<bf16> low(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) low[i] = to_bf16(v[i]);
+        copy_to_device(dev, b.data(), low.data(), low.size() * 2);
+      }
+      return b;
+    };
+    hidden = put(Component::layer, d.hidden);
+    targets = dev.allocate(Component::layer, d.targets.size() * 4);
+    copy_to_device(dev, targets.data(), d.targets.data(), d.targets.size() * 4);
+    weight = put(Component::params, d.weight);
+    d_hidden = dev.allocate(Component::layer, static_cast<std::uint64_t>(tokens * H) * elem);
+    d_weight = dev.allocate(Component::grads, d.weight.size() * 4);
+  }
+  // The device bytes it allocates (each buffer as the Arena reserves it).
+  static std::uint64_t bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows, Precision p) {
+    const std::uint64_t e = p == Precision::bf16 ? 2 : 4;
+    const auto n = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+    return 2 * arena_reserved(n(tokens * H) * e) + arena_reserved(n(tokens) * 4) + arena_reserved(n(rows * H) * e) +
+           arena_reserved(n(rows * H) * 4);
+  }
+  // d_hidden on the host as floats (bf16 widened).
+  std::vector<float> d_hidden_host(Device& dev, std::size_t n) const {
+    std::vector<float> out(n);
+    if (elem == 4) {
+      copy_to_host(dev, out.data(), d_hidden.data(), n * 4);
+    } else {
+      std::vector<bf16> low(n);
+      copy_to_host(dev, low.data(), d_hidden.data(), n * 2);
+      for (std::size_t i = 0; i < n; ++i) out[i] = to_f32(low[i]);
+    }
+    return out;
+  }
+
+  std::uint64_t elem;
+  Buffer hidden, targets, weight, d_hidden, d_weight;
+};
+
+// One implementation on its own device, stepped by measure(): the runs take turns rep
+// by rep, so a change of load on a shared machine falls on all alike.
 class Runner {
  public:
-  Runner(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring)
-      : g_(g), tokens_(tokens), ring_(ring), fp_(footprint(f, g, tokens, ring)) {
+  Runner(const BenchVocabFlags& f, Communicator& g, const RankData& d, std::int64_t tokens, bool ring, bool keep)
+      : g_(g), tokens_(tokens), ring_(ring), prec_(f.prec()), fp_(footprint(f, g, tokens, ring, keep)) {
     // The loss's own buffers (the budget from its footprint) plus this rank's inputs and
     // gradients, which live on the device as in a model.
     const std::int64_t H = f.hidden, rows = vocab_shard(f.vocab, g.size(), g.rank()).rows;
-    const std::uint64_t io = VocabRankOnDevice::bytes(tokens, H, rows);
+    const std::uint64_t io = RankOnDevice::bytes(tokens, H, rows, prec_);
     dev_ = make_device(f.device, f.device_budget({fp_}, io),
-                       std::string("cpu:") + (ring ? "ring" : "materialized"));
+                       std::string("cpu:") + (ring ? (keep ? "ring-kept" : "ring") : "materialized"));
     gpu_group_ = device_group_for(*dev_, g);
     Communicator& group = gpu_group_ ? *gpu_group_ : g;
-    impl_ = ring ? make_ring_dtp_vocab_loss(*dev_, group, f.dims(), f.options())
-                 : make_materialized_vocab_loss(*dev_, group, f.dims(), f.options());
-    on_ = std::make_unique<VocabRankOnDevice>(*dev_, d.hidden.data(), d.targets.data(), tokens, H, d.weight.data(),
-                                              rows);
+    impl_ = ring ? make_ring_dtp_vocab_loss(*dev_, group, f.dims(), f.run_options(keep))
+                 : make_materialized_vocab_loss(*dev_, group, f.dims(), f.run_options(false));
+    on_ = std::make_unique<RankOnDevice>(*dev_, d, tokens, H, prec_);
     dw_floats_ = static_cast<std::int64_t>(d.weight.size());
-    r_.name = impl_->name();
+    r_.name = impl_->name() + (keep ? " (kept logits)" : "");
     r_.dh.assign(d.hidden.size(), 0.0f);
     r_.dw.assign(d.weight.size(), 0.0f);
     r_.seconds = std::numeric_limits<double>::infinity();
@@ -139,7 +202,7 @@ class Runner {
     r_.gemm_seconds = st[1] / g_.size();
     r_.comm_seconds = st[2] / g_.size();
     r_.split_timed = dev_->backend() == Backend::cpu;
-    copy_to_host(*dev_, r_.dh.data(), on_->d_hidden.data(), r_.dh.size() * 4);
+    r_.dh = on_->d_hidden_host(*dev_, r_.dh.size());
     copy_to_host(*dev_, r_.dw.data(), on_->d_weight.data(), r_.dw.size() * 4);
     std::int64_t peak = static_cast<std::int64_t>(dev_->arena().peak(Component::vocab));
     g_.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
@@ -155,40 +218,45 @@ class Runner {
  private:
   // Ring-DTP runs through forward_backward (fused at P = 1), the baseline through
   // forward + backward. The device holds only the loss's own buffers.
-  static Footprint footprint(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens, bool ring) {
+  static Footprint footprint(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens, bool ring, bool keep) {
     VocabLossShape shape;
     shape.tokens = gather_token_counts(g, tokens);
     shape.dims = f.dims();
     shape.rank = g.rank();
-    return ring ? ring_dtp_step_footprint(shape, f.options(), sizeof(float))
-                : materialized_vocab_footprint(shape, f.options(), sizeof(float));
+    return ring ? ring_dtp_step_footprint(shape, f.run_options(keep), f.prec())
+                : materialized_vocab_footprint(shape, f.run_options(false), f.prec());
   }
 
   void step() {
-    float* dh = on_->d_hidden.as<float>();
     float* dw = on_->d_weight.as<float>();
     if (dw_floats_) ops::fill(*dev_, dev_->compute_stream(), dw, dw_floats_, 0.0f);
-    const float* h = on_->hidden.as<float>();
+    if (prec_ == Precision::bf16)
+      step_as(on_->hidden.as<bf16>(), on_->weight.as<bf16>(), on_->d_hidden.as<bf16>(), dw);
+    else
+      step_as(on_->hidden.as<float>(), on_->weight.as<float>(), on_->d_hidden.as<float>(), dw);
+    dev_->synchronize();
+    ++steps_;
+  }
+  template <class A>
+  void step_as(const A* h, const A* w, A* dh, float* dw) {
     const std::int32_t* t = on_->targets.as<std::int32_t>();
-    const float* w = on_->weight.as<float>();
     if (ring_) {
       ls_ = impl_->forward_backward(h, t, tokens_, w, 1.0f, dh, dw);
     } else {
       ls_ = impl_->forward(h, t, tokens_, w);
       impl_->backward(1.0f, dh, dw);
     }
-    dev_->synchronize();
-    ++steps_;
   }
 
   Communicator& g_;
   std::int64_t tokens_;
   bool ring_;
+  Precision prec_;
   Footprint fp_;
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Communicator> gpu_group_;  // NCCL over a duplicate of g_ on a GPU
   std::unique_ptr<VocabLoss> impl_;
-  std::unique_ptr<VocabRankOnDevice> on_;  // this rank's inputs and gradients
+  std::unique_ptr<RankOnDevice> on_;  // this rank's inputs and gradients
   std::int64_t dw_floats_ = 0;
   RunResult r_;
   LossSum ls_;
@@ -198,18 +266,25 @@ class Runner {
 
 nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t tokens) {
   RankData d = make_rank_data(f, g, tokens, VocabLossOptions{}.ignore_index);
-  Runner base_run(f, g, d, tokens, false), ring_run(f, g, d, tokens, true);
+  Runner base_run(f, g, d, tokens, false, false), ring_run(f, g, d, tokens, true, false);
+  std::unique_ptr<Runner> kept_run;
+  if (f.keep_logits) kept_run = std::make_unique<Runner>(f, g, d, tokens, true, true);
   base_run.warm_up();
   ring_run.warm_up();
-  for (int i = 0; i < f.reps; ++i) {  // alternating, so both see the same load
+  if (kept_run) kept_run->warm_up();
+  for (int i = 0; i < f.reps; ++i) {  // alternating, so all see the same load
     base_run.timed_rep();
     ring_run.timed_rep();
+    if (kept_run) kept_run->timed_rep();
   }
   const RunResult base = base_run.finish();
   const RunResult ring = ring_run.finish();
+  const RunResult kept = kept_run ? kept_run->finish() : RunResult{};
   const double total_tokens = static_cast<double>(tokens) * g.size();
   nlohmann::json runs = nlohmann::json::array();
-  for (const RunResult* r : {&base, &ring}) {
+  std::vector<const RunResult*> all{&base, &ring};
+  if (kept_run) all.push_back(&kept);
+  for (const RunResult* r : all) {
     runs.push_back({{"name", r->name}, {"mode", r->mode}, {"vocab_peak_bytes", r->vocab_peak},
                     {"footprint_vocab_peak_bytes", r->footprint_peak},
                     {"seconds", r->seconds}, {"mean_seconds", r->mean_seconds},
@@ -246,6 +321,20 @@ nlohmann::json measure(const BenchVocabFlags& f, Communicator& g, std::int64_t t
   j["max_rel_err_loss"] = std::fabs(ring.loss - base.loss) / std::max(std::fabs(base.loss), 1e-30);
   j["max_rel_err_dhidden"] = bench::group_relative_error(g, ring.dh, base.dh);
   j["max_rel_err_dweight"] = bench::group_relative_error(g, ring.dw, base.dw);
+  if (kept_run) {
+    // The kept form against the recomputing one: the same products on the same operands,
+    // so the same bits (0 differences expected), at a peak that holds the logits.
+    nlohmann::json k;
+    k["throughput_ratio_vs_recompute"] = ring.seconds / kept.seconds;
+    k["throughput_ratio_mean_vs_recompute"] = ring.mean_seconds / kept.mean_seconds;
+    k["throughput_ratio_vs_baseline"] = base.seconds / kept.seconds;
+    k["peak_reduction_vs_baseline"] = 1.0 - static_cast<double>(kept.vocab_peak) / static_cast<double>(base.vocab_peak);
+    k["gemm_flops_ratio_vs_recompute"] = kept.gemm_flops / std::max(ring.gemm_flops, 1.0);
+    k["same_loss_bits"] = kept.loss == ring.loss;
+    k["max_rel_err_dhidden_vs_recompute"] = bench::group_relative_error(g, kept.dh, ring.dh);
+    k["max_rel_err_dweight_vs_recompute"] = bench::group_relative_error(g, kept.dw, ring.dw);
+    j["kept_logits"] = k;
+  }
   return j;
 }
 
@@ -257,15 +346,23 @@ Command add_bench_vocab(CLI::App& parent) {
   f->add_to(*c.app);
   int_flag(c.app, "--reps", f->reps, "Timed repetitions after one warm-up (best is kept)", 1, 100);
   c.app->add_flag("--sweep", f->sweep, "Also measure at 1/4, 1/2, 2 and 4x the tokens");
+  text_flag(c.app, "--precision", f->precision,
+            "f32 or bf16: both losses' precision (bf16: hidden, W and d_hidden bf16, as the trainer runs)")
+      ->capture_default_str();
+  c.app->add_flag("--keep-logits", f->keep_logits,
+                  "Also run Ring-DTP keeping the forward's logits blocks for the backward (3 GEMMs a block at P > 1), "
+                  "alternating with the other two");
   // Everything a rank can check alone, with the launcher's group size: every rank agrees,
   // so a bad input is one line from rank 0 and a non-zero exit everywhere.
   c.validate = [f] {
-    const VocabLossOptions o = f->options();
     const int P = launcher_size();
     for (double m : f->sweep ? std::vector<double>{0.25, 0.5, 1.0, 2.0, 4.0} : std::vector<double>{1.0})
       for (int r = 0; r < P; ++r) {
         const auto shape = VocabLossShape::uniform(static_cast<std::int64_t>(static_cast<double>(f->tokens) * m), f->dims(), P, r);
-        f->check_budget({materialized_vocab_footprint(shape, o, sizeof(float)), ring_dtp_step_footprint(shape, o, sizeof(float))}, r);
+        f->check_budget({materialized_vocab_footprint(shape, f->run_options(false), f->prec()),
+                         ring_dtp_step_footprint(shape, f->run_options(false), f->prec()),
+                         ring_dtp_step_footprint(shape, f->run_options(f->keep_logits), f->prec())},
+                        r);
       }
   };
   c.run = [f] {
@@ -295,6 +392,8 @@ Command add_bench_vocab(CLI::App& parent) {
                             {"chunk", f->chunk},
                             {"mode_requested", f->mode},
                             {"z_loss", f->z_loss},
+                            {"precision", f->precision},
+                            {"bf16_gemm_path", ops::bf16_gemm_path()},
                             {"backward", g.size() == 1 ? "fused (3 GEMMs per token block, forward_backward)"
                                                        : "recompute (4 GEMMs per token block)"},
                             {"load_average", bench::load_average()},
