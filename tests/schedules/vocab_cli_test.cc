@@ -61,5 +61,28 @@ TEST(VocabCli, DeviceMemoryCanBeSetAndBinds) {
   expect_one_line_error(run("bench vocab --device-memory 12parsecs"), "--device-memory");
 }
 
+// bf16 over a vocabulary group of 3 with the kept logits beside: three runs, each peak its
+// footprint's, the kept form the recomputing one's bits at 3 GEMMs for 4 and a larger
+// peak, bf16 within bf16's rounding of the baseline; a bad precision is one line.
+TEST(VocabCli, Bf16AndTheKeptLogitsSideBySide) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  CliRun b = peakbound::testing::run_mpi(
+      "bench vocab --tokens 37 --vocab 301 --hidden 24 --chunk 16 --reps 1 --precision bf16 --keep-logits --json", 3);
+  ASSERT_EQ(b.code, 0) << b.out << b.err;
+  const auto j = nlohmann::json::parse(b.out);  // rank 0's object, the only output
+  EXPECT_EQ(j["precision"], "bf16");
+  ASSERT_EQ(j["runs"].size(), 3u) << j.dump();
+  for (const auto& run : j["runs"]) EXPECT_EQ(run["vocab_peak_bytes"], run["footprint_vocab_peak_bytes"]) << run.dump();
+  EXPECT_GT(j["runs"][2]["vocab_peak_bytes"].get<double>(), j["runs"][1]["vocab_peak_bytes"].get<double>());
+  const auto& k = j["kept_logits"];
+  EXPECT_TRUE(k["same_loss_bits"].get<bool>()) << k.dump();
+  EXPECT_EQ(k["max_rel_err_dhidden_vs_recompute"].get<double>(), 0.0) << k.dump();
+  EXPECT_EQ(k["max_rel_err_dweight_vs_recompute"].get<double>(), 0.0) << k.dump();
+  EXPECT_DOUBLE_EQ(k["gemm_flops_ratio_vs_recompute"].get<double>(), 0.75) << k.dump();
+  EXPECT_LT(j["max_rel_err_loss"].get<double>(), 1e-3) << j.dump();
+  EXPECT_LT(j["max_rel_err_dhidden"].get<double>(), 2e-2) << j.dump();
+  expect_one_line_error(run("bench vocab --precision fp8"), "--precision");
+}
+
 }  // namespace PB_TEST_FILE
 }  // namespace
