@@ -630,15 +630,30 @@ void widen_bf16_block(const bf16* in, std::int64_t ld, std::int64_t rows, std::i
   for (std::int64_t r = 0; r < rows; ++r) to_f32(out + r * cols, in + r * ld, cols);
 }
 
+namespace {
+
+// The checks every entry point makes; false when the call is already done (an empty C, or
+// K = 0: C only scaled by beta).
+bool product_needed(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                    std::int64_t lda, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  PB_CHECK(m >= 0 && n >= 0 && k >= 0);
+  if (m == 0 || n == 0) return false;
+  PB_CHECK_MSG(ldc >= n, "ldc < n");
+  if (k == 0) {
+    gemm_f32(trans_a, trans_b, m, n, 0, alpha, nullptr, 1, nullptr, 1, beta, c, ldc);
+    return false;
+  }
+  PB_CHECK_MSG(lda >= (trans_a ? m : k), "lda too small");
+  PB_CHECK_MSG(ldb >= (trans_b ? k : n), "ldb too small");
+  return true;
+}
+
+}  // namespace
+
 void gemm_convert_wide_a(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                          const float* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta, float* c,
                          std::int64_t ldc) {
-  PB_CHECK(m >= 0 && n >= 0 && k >= 0);
-  if (m == 0 || n == 0) return;
-  PB_CHECK_MSG(ldc >= n, "ldc < n");
-  if (k == 0) return gemm_f32(trans_a, trans_b, m, n, 0, alpha, nullptr, 1, nullptr, 1, beta, c, ldc);
-  PB_CHECK_MSG(lda >= (trans_a ? m : k), "lda too small");
-  PB_CHECK_MSG(ldb >= (trans_b ? k : n), "ldb too small");
+  if (!product_needed(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, c, ldc)) return;
   convert_blocks(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -683,12 +698,7 @@ Bf16GemmPath best_bf16_gemm_path() {
 void gemm_bf16(Bf16GemmPath path, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                float alpha, const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, float beta,
                float* c, std::int64_t ldc) {
-  PB_CHECK(m >= 0 && n >= 0 && k >= 0);
-  if (m == 0 || n == 0) return;
-  PB_CHECK_MSG(ldc >= n, "ldc < n");
-  if (k == 0) return gemm_f32(trans_a, trans_b, m, n, 0, alpha, nullptr, 1, nullptr, 1, beta, c, ldc);
-  PB_CHECK_MSG(lda >= (trans_a ? m : k), "lda too small");
-  PB_CHECK_MSG(ldb >= (trans_b ? k : n), "ldb too small");
+  if (!product_needed(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, c, ldc)) return;
   if (!bf16_gemm_path_supported(path))
     throw Unavailable("bf16 GEMM path '" + std::string(bf16_gemm_path_name(path)) + "' needs " +
                       std::string(bf16_gemm_path_needs(path)) + ", which this CPU lacks (use 'convert')");
