@@ -82,6 +82,7 @@ TEST(VocabCli, Bf16AndTheKeptLogitsSideBySide) {
   EXPECT_LT(j["max_rel_err_loss"].get<double>(), 1e-3) << j.dump();
   EXPECT_LT(j["max_rel_err_dhidden"].get<double>(), 2e-2) << j.dump();
   expect_one_line_error(run("bench vocab --precision fp8"), "--precision");
+  expect_one_line_error(run("bench vocab --keep-logits"), "--keep-logits: one rank");  // the fused form keeps nothing
 }
 
 }  // namespace PB_TEST_FILE

@@ -356,6 +356,10 @@ Command add_bench_vocab(CLI::App& parent) {
   // so a bad input is one line from rank 0 and a non-zero exit everywhere.
   c.validate = [f] {
     const int P = launcher_size();
+    if (f->keep_logits && P == 1)
+      throw InvalidArgument(
+          "--keep-logits: one rank takes Ring-DTP's fused form, which makes each gradient block in the forward and "
+          "keeps nothing; run the group under mpirun (2 or more ranks)");
     for (double m : f->sweep ? std::vector<double>{0.25, 0.5, 1.0, 2.0, 4.0} : std::vector<double>{1.0})
       for (int r = 0; r < P; ++r) {
         const auto shape = VocabLossShape::uniform(static_cast<std::int64_t>(static_cast<double>(f->tokens) * m), f->dims(), P, r);
