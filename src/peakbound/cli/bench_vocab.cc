@@ -104,54 +104,6 @@ double group_sum(Communicator& g, double v) {
   return s;
 }
 
-// This rank's inputs and gradients on a run's device, as a model holds them: hidden, W
-// and d_hidden in the run's precision (bf16: rounded once from the host's floats), the
-// targets i32, d_weight fp32.
-struct RankOnDevice {
-  RankOnDevice(Device& dev, const RankData& d, std::int64_t tokens, std::int64_t H, Precision p)
-      : elem(p == Precision::bf16 ? 2 : 4) {
-    auto put = [&](Component c, const std::vector<float>& v) {
-      Buffer b = dev.allocate(c, v.size() * elem);
-      if (elem == 4) {
-        copy_to_device(dev, b.data(), v.data(), v.size() * 4);
-      } else {
-        std::vector<bf16> low(v.size());
-        for (std::size_t i = 0; i < v.size(); ++i) low[i] = to_bf16(v[i]);
-        copy_to_device(dev, b.data(), low.data(), low.size() * 2);
-      }
-      return b;
-    };
-    hidden = put(Component::layer, d.hidden);
-    targets = dev.allocate(Component::layer, d.targets.size() * 4);
-    copy_to_device(dev, targets.data(), d.targets.data(), d.targets.size() * 4);
-    weight = put(Component::params, d.weight);
-    d_hidden = dev.allocate(Component::layer, static_cast<std::uint64_t>(tokens * H) * elem);
-    d_weight = dev.allocate(Component::grads, d.weight.size() * 4);
-  }
-  // The device bytes it allocates (each buffer as the Arena reserves it).
-  static std::uint64_t bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows, Precision p) {
-    const std::uint64_t e = p == Precision::bf16 ? 2 : 4;
-    const auto n = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-    return 2 * arena_reserved(n(tokens * H) * e) + arena_reserved(n(tokens) * 4) + arena_reserved(n(rows * H) * e) +
-           arena_reserved(n(rows * H) * 4);
-  }
-  // d_hidden on the host as floats (bf16 widened).
-  std::vector<float> d_hidden_host(Device& dev, std::size_t n) const {
-    std::vector<float> out(n);
-    if (elem == 4) {
-      copy_to_host(dev, out.data(), d_hidden.data(), n * 4);
-    } else {
-      std::vector<bf16> low(n);
-      copy_to_host(dev, low.data(), d_hidden.data(), n * 2);
-      for (std::size_t i = 0; i < n; ++i) out[i] = to_f32(low[i]);
-    }
-    return out;
-  }
-
-  std::uint64_t elem;
-  Buffer hidden, targets, weight, d_hidden, d_weight;
-};
-
 // One implementation on its own device, stepped by measure(): the runs take turns rep
 // by rep, so a change of load on a shared machine falls on all alike.
 class Runner {
@@ -161,14 +113,15 @@ class Runner {
     // The loss's own buffers (the budget from its footprint) plus this rank's inputs and
     // gradients, which live on the device as in a model.
     const std::int64_t H = f.hidden, rows = vocab_shard(f.vocab, g.size(), g.rank()).rows;
-    const std::uint64_t io = RankOnDevice::bytes(tokens, H, rows, prec_);
+    const std::uint64_t io = VocabRankOnDevice::bytes(tokens, H, rows, prec_);
     dev_ = make_device(f.device, f.device_budget({fp_}, io),
                        std::string("cpu:") + (ring ? (keep ? "ring-kept" : "ring") : "materialized"));
     gpu_group_ = device_group_for(*dev_, g);
     Communicator& group = gpu_group_ ? *gpu_group_ : g;
     impl_ = ring ? make_ring_dtp_vocab_loss(*dev_, group, f.dims(), f.run_options(keep))
                  : make_materialized_vocab_loss(*dev_, group, f.dims(), f.run_options(false));
-    on_ = std::make_unique<RankOnDevice>(*dev_, d, tokens, H, prec_);
+    on_ = std::make_unique<VocabRankOnDevice>(*dev_, d.hidden.data(), d.targets.data(), tokens, H, d.weight.data(),
+                                              rows, prec_);
     dw_floats_ = static_cast<std::int64_t>(d.weight.size());
     r_.name = impl_->name() + (keep ? " (kept logits)" : "");
     r_.dh.assign(d.hidden.size(), 0.0f);
@@ -202,7 +155,7 @@ class Runner {
     r_.gemm_seconds = st[1] / g_.size();
     r_.comm_seconds = st[2] / g_.size();
     r_.split_timed = dev_->backend() == Backend::cpu;
-    r_.dh = on_->d_hidden_host(*dev_, r_.dh.size());
+    r_.dh = on_->d_hidden_floats(*dev_, static_cast<std::int64_t>(r_.dh.size()));
     copy_to_host(*dev_, r_.dw.data(), on_->d_weight.data(), r_.dw.size() * 4);
     std::int64_t peak = static_cast<std::int64_t>(dev_->arena().peak(Component::vocab));
     g_.all_reduce(&peak, 1, DType::i64, ReduceOp::max);
@@ -256,7 +209,7 @@ class Runner {
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Communicator> gpu_group_;  // NCCL over a duplicate of g_ on a GPU
   std::unique_ptr<VocabLoss> impl_;
-  std::unique_ptr<RankOnDevice> on_;  // this rank's inputs and gradients
+  std::unique_ptr<VocabRankOnDevice> on_;  // this rank's inputs and gradients
   std::int64_t dw_floats_ = 0;
   RunResult r_;
   LossSum ls_;

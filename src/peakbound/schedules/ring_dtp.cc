@@ -151,13 +151,11 @@ class RingDtp final : public VocabLoss {
         ops::fill(dev_, s_, d_hidden + c0 * H, n * H, 0.0f);
         continue;
       }
-      if constexpr (kBf16<A>) {
-        grad_products(G, n, V, hidden + c0 * H, weight, 1.0f, d_weight, 0.0f, tile.as<float>(), g16.as<bf16>());
-        ops::convert(dev_, s_, d_hidden + c0 * H, tile.as<float>(), n * H);
-      } else {
-        gemm(dev_, s_, false, false, n, H, V, 1.0f, G, V, weight, H, 0.0f, d_hidden + c0 * H, H);
-        gemm(dev_, s_, true, false, V, H, n, 1.0f, G, V, hidden + c0 * H, H, 1.0f, d_weight, H);
-      }
+      // dX straight into d_hidden (f32), or through the fp32 tile and narrowed (bf16).
+      float* dx = tile.as<float>();
+      if constexpr (!kBf16<A>) dx = d_hidden + c0 * H;
+      grad_products(G, n, V, hidden + c0 * H, weight, 1.0f, d_weight, 0.0f, dx, g16.as<bf16>());
+      if constexpr (kBf16<A>) ops::convert(dev_, s_, d_hidden + c0 * H, dx, n * H);
     }
     return out;
   }

@@ -85,26 +85,52 @@ VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptio
 
 namespace {
 std::uint64_t float_bytes(std::int64_t n) { return static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1)) * 4; }
+// At least one element of the precision's activation type (bf16 or f32).
+std::uint64_t act_bytes(std::int64_t n, Precision p) {
+  return static_cast<std::uint64_t>(std::max<std::int64_t>(n, 1)) * dtype_size(activation_dtype(p));
+}
 }  // namespace
 
 VocabRankOnDevice::VocabRankOnDevice(Device& dev, const float* h, const std::int32_t* t, std::int64_t tokens,
-                                     std::int64_t H, const float* w, std::int64_t rows) {
-  auto put = [&](Component c, const void* src, std::int64_t n) {
-    Buffer b = dev.allocate(c, float_bytes(n));
+                                     std::int64_t H, const float* w, std::int64_t rows, Precision p)
+    : precision(p) {
+  auto put = [&](Component c, const void* src, std::uint64_t bytes, std::int64_t n) {
+    Buffer b = dev.allocate(c, bytes);
     copy_to_device(dev, b.data(), src, static_cast<std::uint64_t>(n) * 4);
     return b;
   };
+  // hidden and weight in the activation type: copied as they are, or rounded once.
+  auto put_act = [&](Component c, const float* src, std::int64_t n) {
+    if (p == Precision::f32) return put(c, src, act_bytes(n, p), n);
+    std::vector<bf16> low(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < low.size(); ++i) low[i] = to_bf16(src[i]);
+    Buffer b = dev.allocate(c, act_bytes(n, p));
+    copy_to_device(dev, b.data(), low.data(), low.size() * sizeof(bf16));
+    return b;
+  };
   static_assert(sizeof(std::int32_t) == sizeof(float));
-  hidden = put(Component::layer, h, tokens * H);
-  targets = put(Component::layer, t, tokens);
-  weight = put(Component::params, w, rows * H);
-  d_hidden = dev.allocate(Component::layer, float_bytes(tokens * H));
+  hidden = put_act(Component::layer, h, tokens * H);
+  targets = put(Component::layer, t, float_bytes(tokens), tokens);
+  weight = put_act(Component::params, w, rows * H);
+  d_hidden = dev.allocate(Component::layer, act_bytes(tokens * H, p));
   d_weight = dev.allocate(Component::grads, float_bytes(rows * H));
 }
 
-std::uint64_t VocabRankOnDevice::bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows) {
-  return 2 * arena_reserved(float_bytes(tokens * H)) + arena_reserved(float_bytes(tokens)) +
-         2 * arena_reserved(float_bytes(rows * H));
+std::uint64_t VocabRankOnDevice::bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows, Precision p) {
+  return 2 * arena_reserved(act_bytes(tokens * H, p)) + arena_reserved(float_bytes(tokens)) +
+         arena_reserved(act_bytes(rows * H, p)) + arena_reserved(float_bytes(rows * H));
+}
+
+std::vector<float> VocabRankOnDevice::d_hidden_floats(Device& dev, std::int64_t n) const {
+  std::vector<float> out(static_cast<std::size_t>(n));
+  if (precision == Precision::f32) {
+    copy_to_host(dev, out.data(), d_hidden.data(), out.size() * 4);
+    return out;
+  }
+  std::vector<bf16> low(out.size());
+  copy_to_host(dev, low.data(), d_hidden.data(), low.size() * sizeof(bf16));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = to_f32(low[i]);
+  return out;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "peakbound/core/buffer.h"
+#include "peakbound/core/precision.h"
 #include "peakbound/device/device.h"
 #include "peakbound/schedules/vocab_loss.h"
 
@@ -44,13 +45,19 @@ VocabReference naive_vocab_reference(const VocabProblem& p, const VocabLossOptio
 // One rank's vocabulary-loss inputs and gradients in device memory, as a model holds
 // them: hidden [T, H] and targets [T] (Component::layer), its weight shard [rows, H]
 // (params), d_hidden [T, H] (layer, uninitialised) and d_weight [rows, H] (grads,
-// uninitialised). Every buffer holds at least one element, so no pointer is null.
+// uninitialised). Every buffer holds at least one element, so no pointer is null. Under
+// bf16 hidden, weight and d_hidden are bf16 (hidden and weight rounded once from the
+// given floats), as the loss's bf16 entry points take them; targets and d_weight stay
+// 4-byte.
 struct VocabRankOnDevice {
   VocabRankOnDevice(Device& dev, const float* hidden, const std::int32_t* targets, std::int64_t tokens,
-                    std::int64_t H, const float* weight, std::int64_t rows);
+                    std::int64_t H, const float* weight, std::int64_t rows, Precision p = Precision::f32);
   // The device bytes it allocates (each buffer as the Arena reserves it).
-  static std::uint64_t bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows);
+  static std::uint64_t bytes(std::int64_t tokens, std::int64_t H, std::int64_t rows, Precision p = Precision::f32);
+  // The first n elements of d_hidden on the host, as floats (bf16 widened).
+  std::vector<float> d_hidden_floats(Device& dev, std::int64_t n) const;
 
+  Precision precision;
   Buffer hidden, targets, weight, d_hidden, d_weight;
 };
 
