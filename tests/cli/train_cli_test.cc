@@ -163,7 +163,8 @@ TEST(CliTrain, KeepAttentionSameLossesAndItsPlanMeasured) {
 // of `without`'s plan (the choice refused) it does not: that plan made again, planned ==
 // measured, `line` printed, the same `loss` (a JSON key) as with room; `plan
 // --trainer-defaults PLAN_FLAGS` at `ranks` devices and 512 tokens plans the same at both budgets.
-// `room`: the flags of the roomy run (none: --device-memory auto).
+// `room`: the flags of the roomy run and its plan (none: --device-memory auto, and the plan
+// at train's auto).
 void expect_the_budgets_choice(const std::string& base, const nlohmann::json& with, const nlohmann::json& without,
                                const std::string& key, const std::string& line, const std::string& loss,
                                const std::string& plan_flags, int ranks = 1, const std::string& room = "") {
@@ -181,7 +182,7 @@ void expect_the_budgets_choice(const std::string& base, const nlohmann::json& wi
   expect_planned_is_measured(t);
   EXPECT_NE(short_of_it.out.find(line), std::string::npos) << short_of_it.out;
   EXPECT_EQ(r[loss].dump(), t[loss].dump());
-  for (const auto& [budget, want] : {std::pair{std::string(), with}, std::pair{tight, without}}) {
+  for (const auto& [budget, want] : {std::pair{room, with}, std::pair{tight, without}}) {
     const CliRun p =
         run_cli("plan --model tiny-moe --devices " + std::to_string(ranks) + " --context 512 --trainer-defaults --json " +
                 plan_flags + budget);
@@ -209,28 +210,43 @@ TEST(CliTrain, KeepAttentionByTheBudget) {
   EXPECT_EQ(last_json_line(grouped.out)["keep_attention"], false);
 }
 
-// --keep-logits (2 ranks: a vocabulary group of 2, Ring-DTP's ring, not the one-rank fused
-// form): the same losses bitwise (the backward turns the forward's logits blocks into their
-// gradients instead of computing them again), the JSON says so, the vocabulary's planned
-// peak grows by the kept blocks and planned == measured. Not given, it is the budget's
-// choice: kept where the plan fits with them, computed again where only the plan without
-// them fits (the plan made again, a line says why), and `plan --trainer-defaults` chooses
-// the same at the same budget. --device-memory auto names no memory to spend: there they are
-// kept only where they leave the plan's peak where it is (not here: the peak rises).
-TEST(CliTrain, KeepLogitsSameLossesAndByTheBudget) {
-  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
-  const std::string base = "train --steps 2 --seq-len 512 --eval-every 0 --keep-attention=false --embedding fsdp --json";
-  const auto [plain, kept] = run_two(base + " --keep-logits=false", base + " --keep-logits", 2);
+// Something the budget keeps for the backward on 2 ranks at 512 tokens (`flag` train's
+// switch, `key` the JSON's, `component` where it lives; `fixed` pins the other choices):
+// --flag changes no loss bit and grows the component's planned peak, planned == measured;
+// not given, the budget's choice (expect_the_budgets_choice, with 1 GiB as the room);
+// with --device-memory auto, which names no memory to spend, kept only where it leaves the
+// plan's peak where it is (not here: the peak rises), so the plan without it and its loss.
+void expect_kept_by_the_budget(const std::string& fixed, const std::string& flag, const std::string& key,
+                               const std::string& component, const std::string& line) {
+  const std::string base = "train --steps 2 --seq-len 512 --eval-every 0 --json " + fixed;
+  const auto [plain, kept] = run_two(base + " " + flag + "=false", base + " " + flag, 2);
   ASSERT_FALSE(plain.is_null());
-  expect_kept_changes_no_bit(plain, kept, "keep_logits", "vocab");
-  expect_the_budgets_choice(base, kept, plain, "keep_logits", "computes its logits again in the backward",
-                            "final_loss", "--keep-attention=false --embedding fsdp", 2, " --device-memory 1GiB");
+  expect_kept_changes_no_bit(plain, kept, key, component);
+  expect_the_budgets_choice(base, kept, plain, key, line, "final_loss", fixed, 2, " --device-memory 1GiB");
   const CliRun automatic = run_ranks(base, 2);
   ASSERT_EQ(automatic.code, 0) << automatic.err << automatic.out;
   const nlohmann::json a = last_json_line(automatic.out);
-  EXPECT_EQ(a["keep_logits"], false);
+  EXPECT_EQ(a[key], false);
   EXPECT_EQ(a["peaks"]["total"]["planned_bytes"], plain["peaks"]["total"]["planned_bytes"]);
   EXPECT_EQ(a["final_loss"].dump(), plain["final_loss"].dump());
+}
+
+// --keep-logits (2 ranks: a vocabulary group of 2, Ring-DTP's ring, not the one-rank fused
+// form): Ring-DTP's logits blocks kept from the loss's forward for the backward (which
+// turns them into their gradients instead of computing them again), by the budget as above. The experts are pinned too (with room the budget keeps them, and drops them first).
+TEST(CliTrain, KeepLogitsSameLossesAndByTheBudget) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  expect_kept_by_the_budget("--keep-attention=false --keep-experts=false --embedding fsdp", "--keep-logits",
+                            "keep_logits", "vocab", "computes its logits again in the backward");
+}
+
+// --keep-experts: every MoE layer's experts' gate, up, act and out kept from its forward
+// for its backward (which then runs no expert forward), the dispatch's planned peak grown
+// by the kept rows, by the budget as above (dropped first where the plan does not fit).
+TEST(CliTrain, KeepExpertsSameLossesAndByTheBudget) {
+  if (!peakbound::testing::have_mpirun()) GTEST_SKIP() << "no mpirun";
+  expect_kept_by_the_budget("--keep-attention=false --keep-logits=false --embedding fsdp", "--keep-experts",
+                            "keep_experts", "dispatch", "the experts compute their forward again in the backward");
 }
 
 // --checkpoint-group: the same losses bitwise (a group's recomputation gives its layers'

@@ -181,6 +181,35 @@ TEST(MemoryModel, KeepAttentionAddsTheKeptBytesPerPhase) {
   EXPECT_GT(kept.peak, plain.peak);
 }
 
+// --keep-experts: each MoE layer's experts' gate, up, act [rows, 32] and out [rows, 64]
+// bf16 for the rows the busiest device computes (balanced: its 512 tokens x top-2 = 1024
+// copies, one row tile), 1024 x 160 x 2 = 327680 bytes a layer under Component::dispatch,
+// held from the layer's forward to the end of its backward: all 4 layers' in the MLP
+// phases and the loss, 3 in the attention phases (the last layer's not yet kept in its
+// forward and freed before its attention's backward).
+TEST(MemoryModel, KeepExpertsAddsTheKeptRowsPerPhase) {
+  PlanInputs in = hand_inputs();
+  const ParamCount pc = count_params(in.model);
+  const PeakEstimate plain = estimate_peak(in, pc, ScheduleSet::all());
+  in.keep_experts = true;
+  const PeakEstimate kept = estimate_peak(in, pc, ScheduleSet::all());
+  EXPECT_TRUE(kept.keep_experts);
+  const std::uint64_t layer = 1024u * 160u * 2u;
+  const auto grew = [&](Phase p) { return at(kept, p, Component::dispatch) - at(plain, p, Component::dispatch); };
+  EXPECT_EQ(grew(Phase::loss), 4 * layer);
+  EXPECT_EQ(grew(Phase::forward_mlp), 4 * layer);
+  EXPECT_EQ(grew(Phase::backward_mlp), 4 * layer);
+  EXPECT_EQ(grew(Phase::forward_attention), 3 * layer);
+  EXPECT_EQ(grew(Phase::backward_attention), 3 * layer);
+  EXPECT_EQ(grew(Phase::optimizer), 0u);
+  for (Component c : kAllComponents) {
+    if (c != Component::dispatch) {
+      EXPECT_EQ(at(kept, Phase::loss, c), at(plain, Phase::loss, c));
+    }
+  }
+  EXPECT_GT(kept.peak, plain.peak);
+}
+
 TEST(MemoryModel, EveryPhaseIsTheSumOfItsTerms) {
   PlanInputs in = hand_inputs();
   ParamCount pc = count_params(in.model);

@@ -2,10 +2,13 @@
 // on one dispatch, a problem's forward and backward after another problem's passes (other
 // tokens, routing and rounds) are bitwise those of a fresh dispatch, with the same stats and
 // no dispatch memory left live. Every kind, at the launched group size, hot skew so LLEP lends.
+// And a forward that keeps its experts' intermediates (MoeDispatch's `kept`) gives a
+// backward that runs no expert forward the same bits as one that does.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
+#include "peakbound/core/error.h"
 #include "peakbound/device/cpu/cpu_device.h"
 #include "peakbound/verify/moe_reference.h"
 #include "tests/comm/world.h"
@@ -84,6 +87,63 @@ TEST(MoeDispatchPass, PassesKeepNoStateBetweenThem) {
     EXPECT_TRUE(same_bits(want.dparams, got.dparams));
     expect_same_stats(want.forward, got.forward);
     expect_same_stats(want.backward, got.backward);
+  }
+}
+
+// The kept experts (MoeDispatch's `kept`): the forward's y and the backward's dx, routing
+// weight and expert gradients bitwise those of the passes that compute the experts'
+// forward again, for every kind (several pipelined rounds, LLEP lending under hot skew),
+// a rank without tokens (source skew), every copy to one expert and a single token
+// (most experts empty); the store is dispatch_kept_buffer of the rows the rank computed,
+// the only dispatch memory live between the passes, and the backward leaves none.
+TEST(MoeDispatchPass, KeptExpertsAreTheRecomputedOnesBitForBit) {
+  DispatchOptions o;
+  o.min_spill = 4;
+  o.cap = 7;
+  struct Case {
+    std::int64_t tokens;
+    Skew skew;
+  };
+  for (const Case c : {Case{45, Skew::hot}, Case{23, Skew::source}, Case{19, Skew::one_expert}, Case{1, Skew::zipf}}) {
+    const MoeProblem p = problem(c.tokens, c.skew, 9);
+    for (DispatchKind kind : {DispatchKind::standard_ep, DispatchKind::llep, DispatchKind::pipelined_llep}) {
+      SCOPED_TRACE(std::string(dispatch_kind_name(kind)) + " skew " + std::string(skew_name(c.skew)) + " tokens " +
+                   std::to_string(c.tokens) + " EP=" + std::to_string(world().size()));
+      CpuDevice dev_a(64ull << 20), dev_b(64ull << 20);
+      MoeDispatch a(dev_a, world(), p.spec.shape, kind, o), b(dev_b, world(), p.spec.shape, kind, o);
+      const Outputs want = passes(a, p);
+      MoeRankOnDevice on(dev_b, p, world().rank(), world().size());
+      Buffer kept;
+      on.forward(b, &kept);
+      const DispatchStats st = b.stats();
+      EXPECT_EQ(kept.bytes(), dispatch_kept_buffer(p.spec.shape, st.sizes.computed, Precision::f32).reserved());
+      EXPECT_EQ(dev_b.arena().live(Component::dispatch), kept.bytes());
+      EXPECT_EQ(st.sizes.computed, want.forward.sizes.computed);
+      on.backward(b, &kept);
+      kept.reset();
+      EXPECT_EQ(dev_b.arena().live(Component::dispatch), 0u);
+      EXPECT_TRUE(same_bits(want.y, on.y()));
+      EXPECT_TRUE(same_bits(want.dx, on.dx()));
+      EXPECT_TRUE(same_bits(want.dw, on.dw()));
+      EXPECT_TRUE(same_bits(want.dparams, on.dparams()));
+    }
+  }
+  // The group computes every copy once: the ranks' computed rows sum to the copies.
+  const MoeProblem p = problem(31, Skew::hot, 4);
+  CpuDevice dev(64ull << 20);
+  MoeDispatch d(dev, world(), p.spec.shape, DispatchKind::llep, o);
+  const Outputs out = passes(d, p);
+  std::int64_t rows = out.forward.sizes.computed, copies = 0;
+  for (int r = 0; r < world().size(); ++r) copies += p.tokens[static_cast<std::size_t>(r)] * p.spec.shape.top_k;
+  world().all_reduce(&rows, 1, DType::i64, ReduceOp::sum);
+  EXPECT_EQ(rows, copies);
+  // A store that is not this routing's (one rank: no other rank waits in a collective).
+  if (world().size() == 1) {
+    const MoeProblem q = problem(12, Skew::uniform, 8);
+    MoeRankOnDevice on(dev, p, 0, 1), other(dev, q, 0, 1);
+    Buffer kept;
+    other.forward(d, &kept);
+    EXPECT_THROW(on.backward(d, &kept), InternalError);
   }
 }
 

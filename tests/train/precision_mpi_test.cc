@@ -291,12 +291,33 @@ TEST(Precision, FsdpReduceThreadChangesNoBit) {
   }
 }
 
+// Two runs whose schedules differ only in something kept for the backward instead of
+// computed again: the same losses, the same evaluation loss between the steps (an
+// evaluation keeps nothing), every FSDP and store gradient bitwise after the second step.
+void expect_kept_changes_no_bit(const ModelSchedules& base, const ModelSchedules& keep, const std::string& what) {
+  std::unique_ptr<ModelRun> a = make_run(base, 5);
+  std::unique_ptr<ModelRun> b = make_run(keep, 5);
+  EXPECT_EQ(one_step(*a->model), one_step(*b->model)) << what;
+  std::vector<std::int32_t> ids, tgt;
+  batch(1, ids, tgt);
+  EXPECT_EQ(a->model->forward(ids.data(), tgt.data(), 2, 24).ce, b->model->forward(ids.data(), tgt.data(), 2, 24).ce)
+      << what;
+  EXPECT_EQ(one_step(*a->model), one_step(*b->model)) << what;
+  const FsdpUnits& fa = a->model->fsdp();
+  const FsdpUnits& fb = b->model->fsdp();
+  ASSERT_EQ(fa.shard_elements(), fb.shard_elements());
+  for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
+    ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << what << " " << i;
+  const std::vector<ParameterStore*> sa = a->model->stores(), sb = b->model->stores();
+  for (std::size_t k = 0; k < sa.size(); ++k)
+    for (std::uint64_t i = 0; i < sa[k]->elements(); ++i)
+      ASSERT_EQ(float_bits(sa[k]->grads_data()[i]), float_bits(sb[k]->grads_data()[i])) << what << " store " << k;
+}
+
 // Keeping every layer's attention output and log-sum-exp from the forward to its backward
 // (ModelSchedules::keep_attention: the backward's recomputation skips the attention kernel)
 // changes no bit: f32 and bf16, the stack's boundaries resident or offloaded (SCO, where the
-// backward reads a boundary from another buffer than its forward did), two steps with an
-// evaluation forward between (which keeps nothing): the same losses, the same evaluation
-// loss, every FSDP gradient and every store gradient bitwise.
+// backward reads a boundary from another buffer than its forward did).
 TEST(Precision, KeepAttentionChangesNoBit) {
   for (const Precision p : {Precision::f32, Precision::bf16})
     for (const bool offload : {false, true}) {
@@ -304,24 +325,22 @@ TEST(Precision, KeepAttentionChangesNoBit) {
       if (offload) base.checkpoint.resident_layers = 0;
       ModelSchedules keep = base;
       keep.keep_attention = true;
-      std::unique_ptr<ModelRun> a = make_run(base, 5);
-      std::unique_ptr<ModelRun> b = make_run(keep, 5);
-      const std::string what = std::string(precision_name(p)) + (offload ? ", offloaded" : ", resident");
-      EXPECT_EQ(one_step(*a->model), one_step(*b->model)) << what;
-      std::vector<std::int32_t> ids, tgt;
-      batch(1, ids, tgt);
-      EXPECT_EQ(a->model->forward(ids.data(), tgt.data(), 2, 24).ce, b->model->forward(ids.data(), tgt.data(), 2, 24).ce)
-          << what;
-      EXPECT_EQ(one_step(*a->model), one_step(*b->model)) << what;
-      const FsdpUnits& fa = a->model->fsdp();
-      const FsdpUnits& fb = b->model->fsdp();
-      ASSERT_EQ(fa.shard_elements(), fb.shard_elements());
-      for (std::uint64_t i = 0; i < fa.shard_elements(); ++i)
-        ASSERT_EQ(float_bits(fa.grads_shard()[i]), float_bits(fb.grads_shard()[i])) << what << " " << i;
-      const std::vector<ParameterStore*> sa = a->model->stores(), sb = b->model->stores();
-      for (std::size_t k = 0; k < sa.size(); ++k)
-        for (std::uint64_t i = 0; i < sa[k]->elements(); ++i)
-          ASSERT_EQ(float_bits(sa[k]->grads_data()[i]), float_bits(sb[k]->grads_data()[i])) << what << " store " << k;
+      expect_kept_changes_no_bit(base, keep, std::string(precision_name(p)) + (offload ? ", offloaded" : ", resident"));
+    }
+}
+
+// Keeping the routed experts' forward for their backward (ModelSchedules::keep_experts:
+// the backward runs no expert forward) changes no bit, the same way: f32 and bf16,
+// resident and offloaded boundaries, the offloaded ones with the attention kept too.
+TEST(Precision, KeepExpertsChangesNoBit) {
+  for (const Precision p : {Precision::f32, Precision::bf16})
+    for (const bool offload : {false, true}) {
+      ModelSchedules base = schedules(true, p);
+      if (offload) base.checkpoint.resident_layers = 0;
+      base.keep_attention = offload;
+      ModelSchedules keep = base;
+      keep.keep_experts = true;
+      expect_kept_changes_no_bit(base, keep, std::string(precision_name(p)) + (offload ? ", offloaded" : ", resident"));
     }
 }
 

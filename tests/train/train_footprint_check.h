@@ -56,6 +56,7 @@ struct Variant {
   std::int64_t attention_piece = kRingPieceTokens;  // ModelSchedules::attention_piece
   bool vocab_parallel_embedding = false;            // ModelSchedules::vocab_parallel_embedding
   std::int64_t embedding_rows = kEmbeddingRoundRows;
+  bool keep_experts = false;  // ModelSchedules::keep_experts
 };
 inline const Variant kNone{"none", DispatchKind::standard_ep, false, CheckpointSchedule::resident, "device"};
 inline const Variant kAll{"all", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco, "offload_stream"};
@@ -75,6 +76,14 @@ inline const Variant kAllVocabEmbedding{"all, vocabulary-parallel embedding", Di
                                         CheckpointSchedule::sco, "offload_stream", false, 7, 5, true, 7};
 inline const Variant kAllKept{"all, attention kept", DispatchKind::pipelined_llep, true, CheckpointSchedule::sco,
                               "offload_stream", true};
+// The experts' forward kept for their backward (ModelSchedules::keep_experts): standard EP
+// whole, and all four in row tiles of 7 (a store per tile) with the attention kept too.
+inline const Variant kNoneKeptExperts{"none, experts kept", DispatchKind::standard_ep, false,
+                                      CheckpointSchedule::resident, "device", false, 0, kRingPieceTokens, false,
+                                      kEmbeddingRoundRows, true};
+inline const Variant kAllKeptExperts{"all, row tiles of 7, attention and experts kept", DispatchKind::pipelined_llep,
+                                     true, CheckpointSchedule::sco, "offload_stream", true, 7, kRingPieceTokens, false,
+                                     kEmbeddingRoundRows, true};
 
 struct Measured {
   ComponentBytes device{}, host{};
@@ -112,6 +121,7 @@ inline Measured run_step(Communicator& world, const Variant& v, const ModelConfi
   sched.checkpoint.schedule = v.checkpoint;
   sched.precision = precision;
   sched.keep_attention = v.keep_attention;
+  sched.keep_experts = v.keep_experts;
   sched.moe_tile = v.moe_tile;
   sched.attention_piece = v.attention_piece;
   sched.vocab_parallel_embedding = v.vocab_parallel_embedding;

@@ -84,6 +84,20 @@ TEST(TrainFootprintMpi, MeasuredEqualsFootprintAttentionKept) {
   if (world.size() >= 2 && world.size() % 2 == 0) check(world, kAllKept, tiny_model(), nullptr, {}, 2);
 }
 
+// keep_experts over ranks: each rank keeps the rows its experts compute (LLEP's helpers
+// the lent experts' too), ranks without tokens included (their experts compute the
+// group's rows), and under context parallelism.
+TEST(TrainFootprintMpi, MeasuredEqualsFootprintExpertsKept) {
+  Communicator& world = testing::world();
+  check(world, kNoneKeptExperts, tiny_model());
+  check(world, kAllKeptExperts, tiny_model());
+  std::vector<std::int64_t> seqs;
+  for (int r = 0; r < world.size(); ++r) seqs.push_back(r % 2 == 0 ? 2 : 0);
+  if (world.size() == 1) seqs[0] = 2;
+  check(world, kAllKeptExperts, tiny_model(), nullptr, seqs);
+  if (world.size() >= 2 && world.size() % 2 == 0) check(world, kAllKeptExperts, tiny_model(), nullptr, {}, 2);
+}
+
 // Odd ranks hold no sequences (at one rank: 2): those build no stack but still run
 // every dispatch; the vocabulary loss sizes its buffers by its group's uneven counts.
 TEST(TrainFootprintMpi, MeasuredEqualsFootprintRanksWithoutTokens) {

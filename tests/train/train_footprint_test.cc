@@ -58,6 +58,28 @@ TEST(TrainFootprint, MeasuredEqualsFootprintAttentionKept) {
             plain.device[static_cast<std::size_t>(Component::attention)]);
 }
 
+// keep_experts: every MoE layer's experts' gate, up, act and out held from its forward to
+// the end of its backward (one store per row tile); measured == footprint resident and
+// offloaded, f32 and bf16, in checkpoint groups (whose recomputation keeps nothing new),
+// and the kept rows add to the dispatch's peak.
+TEST(TrainFootprint, MeasuredEqualsFootprintExpertsKept) {
+  SingleRankCommunicator world;
+  check(world, kNoneKeptExperts, tiny_model());
+  check(world, kAllKeptExperts, tiny_model());
+  CheckpointOptions o;
+  o.resident_layers = 1;
+  check(world, kAllKeptExperts, tiny_model(6), &o, {}, 1, 24, Precision::bf16);
+  CheckpointOptions g;
+  g.group_layers = 2;
+  Variant grouped = kNoneKeptExperts;
+  grouped.name = "none, experts kept, groups of 2";
+  check(world, grouped, tiny_model(6), &g);
+  const Measured plain = run_step(world, kNone, tiny_model(6), 2, 24);
+  const Measured kept = run_step(world, kNoneKeptExperts, tiny_model(6), 2, 24);
+  EXPECT_GT(kept.device[static_cast<std::size_t>(Component::dispatch)],
+            plain.device[static_cast<std::size_t>(Component::dispatch)]);
+}
+
 // Checkpoint groups (CheckpointOptions::group_layers): one boundary per group of G layers,
 // the group's other inputs recomputed in its backward into buffers held beside the
 // boundaries until their layer's backward is done (the recomputation's attention and MLP

@@ -119,6 +119,9 @@ PlanInputs to_inputs(const PlanFlags& f) {
   in.keep_attention_by_budget = !f.keep_attention_given;
   in.keep_logits = f.keep_logits;
   in.keep_logits_by_budget = !f.keep_logits_given;
+  in.keep_experts = f.keep_experts;
+  in.keep_experts_by_budget = !f.keep_experts_given;
+  in.device_memory_auto = f.trainer_defaults && !f.device_memory_given;
   DType pd = shard_dtype(f.param_dtype, "--param-dtype"), gd = shard_dtype(f.grad_dtype, "--grad-dtype");
   in.param_bytes = in.activation_bytes = static_cast<std::int64_t>(dtype_size(pd));
   in.grad_bytes = static_cast<std::int64_t>(dtype_size(gd));
@@ -198,6 +201,12 @@ void add_plan_flags(CLI::App* a, PlanFlags& ff) {
               "train's --keep-logits: Ring-DTP's logits blocks held from the loss's forward to its backward (a "
               "vocabulary group of several devices). Not given: as train, kept while the plan fits --device-memory "
               "with them, else computed again; --keep-logits=false always computes them again");
+  a->add_flag("--keep-experts", f->keep_experts,
+              "train's --keep-experts: every MoE layer's routed experts' forward (gate, up, act, out of each row a "
+              "device computes) held for its backward. Not given: as train, kept while the plan fits "
+              "--device-memory with them (dropped first), else computed again (with --trainer-defaults and no "
+              "--device-memory, as train's --device-memory auto: only where they do not raise the peak); "
+              "--keep-experts=false always computes it again");
   int_flag(a, "--attention-threads", f->attention_threads,
            "The CPU attention kernel's shares a rank runs, a workspace slot each (train on the CPU device: the "
            "rank's cores, this machine's hardware threads over the ranks on it; --trainer-defaults takes that)",
@@ -225,6 +234,8 @@ Plan plan_from_flags(PlanFlags& f, const CLI::App& a) {
   apply_precision(f, a);
   f.keep_attention_given = a.count("--keep-attention") > 0;
   f.keep_logits_given = a.count("--keep-logits") > 0;
+  f.keep_experts_given = a.count("--keep-experts") > 0;
+  f.device_memory_given = a.count("--device-memory") > 0;
   if (f.trainer_defaults) apply_trainer_defaults(f, a);
   return make_plan(to_inputs(f), f.reach);
 }

@@ -41,6 +41,9 @@ struct PlanFlags {
   bool keep_attention_given = false;  // --keep-attention given (else the budget's choice, as train's)
   bool keep_logits = false;
   bool keep_logits_given = false;  // --keep-logits given (else the budget's choice, as train's)
+  bool keep_experts = false;
+  bool keep_experts_given = false;  // --keep-experts given (else the budget's choice, as train's)
+  bool device_memory_given = false;  // --device-memory given (else, with --trainer-defaults, train's auto)
   std::string cp_ring = "latent";  // --cp-ring (train's)
   std::string precision;            // --precision; empty: not given
   std::string param_dtype = "bf16";  // --param-dtype, the older spelling of --precision's parameter dtype

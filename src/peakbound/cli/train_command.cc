@@ -159,6 +159,12 @@ void add_train_flags(CLI::App* app, TrainFlags& ff) {
                 "more on the device (the plan counts them). Not given: kept while the plan fits --device-memory with "
                 "them (with --device-memory auto: only where they do not raise the plan's peak), else recomputed; "
                 "--keep-logits=false always recomputes");
+  app->add_flag("--keep-experts", f->keep_experts,
+                "Keep every MoE layer's routed experts' forward (gate, up, act and out of each row this rank "
+                "computes) for its backward: the backward runs no expert forward, for about tokens x top-k x "
+                "(3 x moe_ffn + hidden) activations a MoE layer more on the device (the plan counts them). Not "
+                "given: kept while the plan fits --device-memory with them (with --device-memory auto: only where "
+                "they do not raise the plan's peak), else recomputed; --keep-experts=false always recomputes");
   int_flag(app, "--moe-tile", f->run.moe_tile,
            "Rows per tile of every MLP sublayer (norm, router, dispatch, experts, residual), forward and backward, "
            "so its per-token buffers hold one tile: -1 the schedules' choice (1024 under PipelinedLLEP, whole "
@@ -227,6 +233,7 @@ void validate_train_flags(TrainFlags& f, CLI::App* app) {
   f.run.precision = parse_precision(f.precision, "--precision");
   if (app->count("--keep-attention") > 0) f.run.keep_attention = f.keep_attention ? 1 : 0;
   if (app->count("--keep-logits") > 0) f.run.keep_logits = f.keep_logits ? 1 : 0;
+  if (app->count("--keep-experts") > 0) f.run.keep_experts = f.keep_experts ? 1 : 0;
   f.run.validate(launcher_size(), flag_spelling);  // errors name the flags (train/run.h)
 }
 

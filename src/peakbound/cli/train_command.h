@@ -20,6 +20,7 @@ struct TrainFlags {
   // --keep-attention's switch; not given: run.keep_attention stays -1 (the budget's choice).
   bool keep_attention = false;
   bool keep_logits = false;  // --keep-logits's switch, the same way
+  bool keep_experts = false;  // --keep-experts's
 };
 
 // Adds every flag of `peakbound train` to `app` (bound to f, which outlives it).

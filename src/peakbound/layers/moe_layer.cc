@@ -366,8 +366,12 @@ std::int64_t MoeLayer::tile_rows(std::int64_t T, std::int64_t i) const {
 
 void MoeLayer::note_dispatch(std::int64_t tile, std::int64_t tiles) {
   const DispatchStats& st = dispatch_->stats();
+  // The call's kept stores, one a tile, each whole Arena granules (dispatch_kept_rows).
+  computed_ = (tile == 0 ? 0 : computed_) +
+              dispatch_kept_rows(moe_layer_dispatch_shape(cfg_), st.sizes.computed, cfg_.precision);
   if (tiles == 1) {  // the call's only dispatch: nothing to compare
     stats_ = st;
+    stats_.sizes.computed = computed_;
     return;
   }
   const std::uint64_t bytes =
@@ -376,6 +380,12 @@ void MoeLayer::note_dispatch(std::int64_t tile, std::int64_t tiles) {
     stats_ = st;
     stats_bytes_ = bytes;
   }
+  stats_.sizes.computed = computed_;
+}
+
+void MoeLayer::set_keep_experts(bool on) {
+  keep_experts_ = on && !cfg_.dense();
+  if (!keep_experts_) kept_experts_.clear();  // nothing kept outlives the mode
 }
 
 template <class A>
@@ -428,6 +438,11 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
   // in place, x's rows are set aside first (allocated either way: the footprint's).
   const Buffer x_in = allocate(dev_, moe_layer_buffers(R, cfg_).x_in);
   const A* h = in.h.as<A>();
+  // A step's forward (not a group's recomputation, which leaves what the forward kept)
+  // keeps every tile's experts for the backward, or drops what an earlier one kept.
+  const bool keeping = keep_experts_ && records_;
+  if (records_) kept_experts_.clear();
+  if (keeping) kept_experts_.resize(static_cast<std::size_t>(tiles));
   for (std::int64_t i = 0; i < tiles; ++i) {
     const std::int64_t r0 = tile_first(i), rows = tile_rows(T, i);
     const A* xp = rows > 0 ? x.data<A>() + r0 * H : nullptr;
@@ -447,7 +462,8 @@ void MoeLayer::forward_as(const Tensor& x, const Tensor& y) {
       xp = x_in.as<A>();
     }
     // routed (written into y; a collective: every rank calls it, rows = 0 included), + x, + shared.
-    dispatch_->forward(h, rows, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp);
+    dispatch_->forward(h, rows, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), yp,
+                       keeping ? &kept_experts_[static_cast<std::size_t>(i)] : nullptr);
     note_dispatch(i, tiles);
     if (rows == 0) continue;
     ops::axpy(dev_, s, yp, xp, rows * H, 1.0f);
@@ -516,6 +532,9 @@ void MoeLayer::backward_as(const Tensor* x, const RowSource* src, const Tensor& 
   Buffer d_logits16 = allocate(dev_, b.router.d_logits16);  // bf16 only (else null)
   in.gate_dz = allocate(dev_, b.gate_dz);                    // bf16 only (else null)
   const std::int64_t H = cfg_.hidden;
+  // What this layer's last forward kept (one store per tile), spent tile by tile and
+  // freed as the backward returns (so the footprint's backward holds all of them).
+  const bool kept = keep_experts_ && static_cast<std::int64_t>(kept_experts_.size()) == tiles;
   for (std::int64_t i = 0; i < tiles; ++i) {
     const std::int64_t r0 = tile_first(i), rows = tile_rows(T, i);
     const A* xp = nullptr;
@@ -529,8 +548,9 @@ void MoeLayer::backward_as(const Tensor* x, const RowSource* src, const Tensor& 
     A* dxp = rows > 0 ? dx.data<A>() + r0 * H : nullptr;
     recompute<A>(in, xp, rows, r0, /*for_backward=*/true);
     backward_tile<A>(in, xp, dyp, dxp, rows, r0, d_weights.as<float>(), dh_buf.as<A>(), d_logits16.as<bf16>(), i,
-                     tiles);
+                     tiles, kept ? &kept_experts_[static_cast<std::size_t>(i)] : nullptr);
   }
+  kept_experts_.clear();
 }
 
 // One tile's backward (rows tokens from global row first): the routed experts (collective,
@@ -538,7 +558,7 @@ void MoeLayer::backward_as(const Tensor* x, const RowSource* src, const Tensor& 
 template <class A>
 void MoeLayer::backward_tile(Internals& in, const A* xp, const A* dyp, A* dxp, std::int64_t T, std::int64_t first,
                              float* d_weights, A* dh, bf16* d_logits16, std::int64_t tile_index,
-                             std::int64_t tiles) {
+                             std::int64_t tiles, Buffer* kept) {
   Stream& s = dev_.compute_stream();
   const std::int64_t H = cfg_.hidden, Fs = cfg_.side_ffn(), E = cfg_.experts, K = cfg_.top_k;
   A* h = in.h.as<A>();
@@ -548,7 +568,7 @@ void MoeLayer::backward_tile(Internals& in, const A* xp, const A* dyp, A* dxp, s
     // Routed experts (collective, T = 0 included): dh written, d_weights written,
     // this rank's expert gradients added.
     dispatch_->backward(h, T, in.ids.as<std::int32_t>(), in.weights.as<float>(), p_.experts.data<A>(), dyp, dh,
-                        d_weights, g_.experts.data<float>());
+                        d_weights, g_.experts.data<float>(), kept);
     note_dispatch(tile_index, tiles);
     if (T == 0) return;
     // Router: dlogits (with the aux term) into probs, dW_gate added, dh added.

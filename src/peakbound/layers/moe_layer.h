@@ -280,9 +280,18 @@ class MoeLayer final : public Block {
   void zero_grad() override;
 
   const MoeLayerConfig& config() const { return cfg_; }
+  // Keep-through for the routed experts (ModelSchedules::keep_experts): a forward (not a
+  // forward_recompute) keeps every tile's experts' gate, up, act and out on the device
+  // (MoeDispatch's `kept`, dispatch_kept_buffer of the rows this rank computes, under
+  // Component::dispatch) until this layer's backward, which then runs no expert forward
+  // and frees them as it returns: the same bits, 3 of an expert row's 12 GEMMs a step
+  // fewer. Off (the default) drops anything kept; a dense layer keeps nothing.
+  void set_keep_experts(bool on);
   // The last call's dispatch statistics (MoE only): over row tiles (seq_tile), the tile
   // whose dispatch held the most device memory (dispatch_footprint of its sizes), so a
-  // footprint from them is the call's peak.
+  // footprint from them is the call's peak; sizes.computed is the sum over the call's
+  // tiles of dispatch_kept_rows (the rows the call's kept experts hold, each tile's store
+  // whole Arena granules).
   const DispatchStats* dispatch_stats() const { return dispatch_ ? &stats_ : nullptr; }
 
  private:
@@ -314,7 +323,8 @@ class MoeLayer final : public Block {
   void backward_as(const Tensor* x, const RowSource* rows, const Tensor& dy, const Tensor& dx);
   template <class A>
   void backward_tile(Internals& in, const A* x, const A* dy, A* dx, std::int64_t rows, std::int64_t first,
-                     float* d_weights, A* dh, bf16* d_logits16, std::int64_t tile_index, std::int64_t tiles);
+                     float* d_weights, A* dh, bf16* d_logits16, std::int64_t tile_index, std::int64_t tiles,
+                     Buffer* kept);
   template <class A>
   void gated_backward(Internals& in, std::int64_t T, const A* dy, A* dh, bool dh_written);
   std::int64_t check_shape(const Tensor& t, const char* what) const;
@@ -329,6 +339,9 @@ class MoeLayer final : public Block {
   std::unique_ptr<MoeDispatch> dispatch_;
   DispatchStats stats_;
   std::uint64_t stats_bytes_ = 0;
+  std::int64_t computed_ = 0;  // rows computed over the call's tiles so far
+  bool keep_experts_ = false;
+  std::vector<Buffer> kept_experts_;  // one per tile of the last keeping forward
 };
 
 }  // namespace peakbound

@@ -292,28 +292,51 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
     return b;
   };
   const std::int64_t L = m.num_layers;
+  // keep_experts: every MoE layer's kept experts (the rows the busiest device computes,
+  // each row tile's store), held from its forward to the end of its backward; the last
+  // layer's are not yet kept in its attention's forward and freed before its attention's
+  // backward (the dense layers come first).
+  ComponentBytes experts_kept{};
+  if (in.keep_experts && has_moe) {
+    const MoeShape shape{m.hidden_size, m.moe_intermediate_size, m.num_experts, m.top_k};
+    const std::int64_t tile = moe_tile_rows(s.tokens_per_device, ms.tile);
+    const std::int64_t tiles = tile > 0 ? (s.tokens_per_device + tile - 1) / tile : 1;
+    const DispatchSizes one = dispatch_sizes_estimate(sched.dispatch(), shape, static_cast<int>(in.ep), tile,
+                                                      s.imbalance, in.dispatch_options());
+    experts_kept[C(Component::dispatch)] =
+        mul(dispatch_kept_buffer(shape, one.computed, U(in.activation_bytes)).reserved(), U(tiles));
+  }
+  const auto kept_experts = [&](std::int64_t moe_layers) {
+    ComponentBytes b{};
+    b[C(Component::dispatch)] = mul(experts_kept[C(Component::dispatch)], U(std::max<std::int64_t>(moe_layers, 0)));
+    return b;
+  };
+  const std::int64_t n_moe = pc.num_moe_layers;
   PhaseBytes fa = with(base(Phase::forward_attention),
                        {ckpt_dev, worst_of(attn, kAttentionForwardPhases), device_of(mlp, "residual_forward"),
-                        kept_layers(L - 1)});
+                        kept_layers(L - 1), kept_experts(n_moe - 1)});
   fa.bytes[C(Component::params)] = add(fa.bytes[C(Component::params)], gathered);
 
-  PhaseBytes fm = with(base(Phase::forward_mlp), {ckpt_dev, device_of(mlp, "forward"), disp_fwd, kept_layers(L)});
+  PhaseBytes fm = with(base(Phase::forward_mlp),
+                       {ckpt_dev, device_of(mlp, "forward"), disp_fwd, kept_layers(L), kept_experts(n_moe)});
   fm.bytes[C(Component::params)] = add(fm.bytes[C(Component::params)], gathered);
 
-  PhaseBytes lo = with(base(Phase::loss), {ckpt_dev, device_of(mlp, "residual"), worst_phase(vocab), kept_layers(L)});
+  PhaseBytes lo = with(base(Phase::loss),
+                       {ckpt_dev, device_of(mlp, "residual"), worst_phase(vocab), kept_layers(L), kept_experts(n_moe)});
   lo.bytes[C(Component::params)] = add(lo.bytes[C(Component::params)], mul(head_params, pb));
   lo.bytes[C(Component::grads)] = add(lo.bytes[C(Component::grads)], mul(head_params, gb));
 
   PhaseBytes ba = with(base(Phase::backward_attention),
                        {ckpt_dev, worst_of(attn, kAttentionTrainerBackwardPhases),
-                        device_of(mlp, "residual_backward"), kept_layers(L - 1)});
+                        device_of(mlp, "residual_backward"), kept_layers(L - 1), kept_experts(n_moe - 1)});
   ba.bytes[C(Component::params)] = add(ba.bytes[C(Component::params)], gathered);
   ba.bytes[C(Component::grads)] = add(ba.bytes[C(Component::grads)], layer_grads);
 
   // The MLP's backward runs beside its attention sublayer's kept internals (the trainer's
   // forward_for_backward) where the attention term is the trainer's own footprint.
   PhaseBytes bm =
-      with(base(Phase::backward_mlp), {ckpt_dev, device_of(mlp, "backward"), disp_bwd, attn_kept, kept_layers(L - 1)});
+      with(base(Phase::backward_mlp),
+           {ckpt_dev, device_of(mlp, "backward"), disp_bwd, attn_kept, kept_layers(L - 1), kept_experts(n_moe)});
   bm.bytes[C(Component::params)] = add(bm.bytes[C(Component::params)], gathered);
   bm.bytes[C(Component::grads)] = add(bm.bytes[C(Component::grads)], layer_grads);
 
@@ -342,6 +365,7 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   }
   e.keep_attention = in.keep_attention;
   e.keep_logits = in.keep_logits;
+  e.keep_experts = in.keep_experts;
   return e;
 }
 

@@ -66,6 +66,9 @@ struct PeakEstimate {
   // Whether it keeps Ring-DTP's logits blocks (PlanInputs::keep_logits, or the policy's
   // choice under keep_logits_by_budget).
   bool keep_logits = false;
+  // Whether it keeps the routed experts' forward (PlanInputs::keep_experts, or the
+  // policy's choice under keep_experts_by_budget).
+  bool keep_experts = false;
 };
 
 PlanShapes plan_shapes(const PlanInputs& in, const ParamCount& pc);

@@ -149,7 +149,26 @@ PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, c
   if (in.keep_attention_by_budget) x.keep_attention = in.planned_checkpoint_group() == 1;
   // The logits kept by the budget (train without --keep-logits): dropped before the attention, as train does.
   if (in.keep_logits_by_budget) x.keep_logits = true;
+  // The experts kept by the budget (train without --keep-experts): dropped first, as train does.
+  if (in.keep_experts_by_budget) x.keep_experts = true;
+  // Train's --device-memory auto: the experts, then the logits, kept only where they leave
+  // the peak where it is (each compared with the plan without it, as train decides).
+  if (in.device_memory_auto) {
+    const auto lower_without = [&](auto drop) {
+      PlanInputs y = x;
+      drop(y);
+      return estimate_resident_policy(y, pc, s, nullptr).peak < estimate_resident_policy(x, pc, s, nullptr).peak;
+    };
+    if (in.keep_experts_by_budget && lower_without([](PlanInputs& y) { y.keep_experts = false; }))
+      x.keep_experts = false;
+    if (in.keep_logits_by_budget && lower_without([](PlanInputs& y) { y.keep_logits = false; }))
+      x.keep_logits = false;
+  }
   PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
+  if (in.keep_experts_by_budget && x.keep_experts && e.peak > in.device_memory) {
+    x.keep_experts = false;
+    e = estimate_resident_policy(x, pc, s, resident_layers);
+  }
   if (in.keep_logits_by_budget && x.keep_logits && e.peak > in.device_memory) {
     x.keep_logits = false;
     e = estimate_resident_policy(x, pc, s, resident_layers);
@@ -357,6 +376,7 @@ nlohmann::json plan_json(const Plan& p) {
                 {"prefetch_depth", p.prefetch_depth}, {"checkpoint_group", p.checkpoint_group},
                 {"keep_attention", p.scheduled.keep_attention},
                 {"keep_logits", p.scheduled.keep_logits},
+                {"keep_experts", p.scheduled.keep_experts},
                 {"embedding", in.embedding},
                 {"context_attention", in.context_attention},
                 {"adam_bucket_bytes", in.adam_bucket},
@@ -472,6 +492,9 @@ std::string plan_table(const Plan& p) {
            ", their other inputs recomputed in the group's backward): with one per layer the plan does not fit\n";
   if (in.keep_attention_by_budget && !p.scheduled.keep_attention && p.checkpoint_group == 1)
     out += "attention    the backward recomputes each layer's attention: keeping it (train's --keep-attention) the "
+           "plan does not fit\n";
+  if (in.keep_experts_by_budget && !p.scheduled.keep_experts && in.model.num_experts > 0)
+    out += "experts      the backward computes the experts' forward again: keeping it (train's --keep-experts) the "
            "plan does not fit\n";
   if (in.keep_logits_by_budget && !p.scheduled.keep_logits && in.schedules.dtp && in.vocab_group > 1)
     out += "vocabulary   the loss computes its logits again in the backward: keeping them (train's --keep-logits) "

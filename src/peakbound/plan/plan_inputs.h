@@ -112,6 +112,17 @@ struct PlanInputs {
   // plan fits device_memory with them (dropped before the attention), else false
   // (PeakEstimate::keep_logits says which).
   bool keep_logits_by_budget = false;
+  // train --keep-experts (ModelSchedules::keep_experts): every MoE layer's routed experts'
+  // forward (gate, up, act, out of each row a device computes) held for its backward.
+  bool keep_experts = false;
+  // train's default (--keep-experts not given): the policy sets keep_experts, true while
+  // the plan fits device_memory with them (dropped first), else false
+  // (PeakEstimate::keep_experts says which).
+  bool keep_experts_by_budget = false;
+  // What train's default --device-memory auto decides (plan --trainer-defaults without
+  // --device-memory): it names no memory to spend on speed, so the experts and the logits
+  // kept by the budget are kept only where they leave the plan's peak where it is.
+  bool device_memory_auto = false;
 
   // The analytic estimate even for a run the trainer executes (tests of the estimate's
   // own rules, which a trainable bf16 or f32 run would otherwise bypass).

@@ -63,6 +63,7 @@ TrainFootprintInputs trainer_footprint_inputs(const PlanInputs& in, const Schedu
   s.checkpoint.prefetch_depth = in.planned_prefetch_depth();
   s.keep_attention = in.keep_attention;
   s.vocab.keep_logits = in.keep_logits;
+  s.keep_experts = in.keep_experts;
   // The scheduled side's embedding (make_plan resolved auto); the baseline's is FSDP's.
   if (schedules.any()) s.vocab_parallel_embedding = in.embedding == "vocab";
   if (schedules.sco) {
@@ -136,6 +137,7 @@ PeakEstimate trainer_estimate(const PlanInputs& in, const PlanShapes& shapes, co
     if (e.host[i] > e.host[static_cast<std::size_t>(e.host_binding_component)]) e.host_binding_component = kAllComponents[i];
   e.keep_attention = in.keep_attention;
   e.keep_logits = in.keep_logits;
+  e.keep_experts = in.keep_experts;
   return e;
 }
 

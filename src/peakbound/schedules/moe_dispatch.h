@@ -7,7 +7,9 @@
 //   backward: dx, d w[t,k] (the router-score gradient) and d expert weights (added);
 //             helpers' weight gradients go back to the owners once and are summed there.
 // Backward is run round by round from x (the layer is recomputed under activation
-// checkpointing anyway), so no round's dispatched rows are kept between passes. All
+// checkpointing anyway), so no round's dispatched rows are kept between passes, and the
+// experts compute their forward again from the rows, unless the forward kept it (`kept`
+// below: gate, up, act and out of every row this rank computed). All
 // dispatch memory comes from the Arena under Component::dispatch, allocated from
 // dispatch_buffers (moe_footprint.h) and nothing else; compute runs through ops:: on the
 // device's compute stream, the exchanges of pipelined rounds on a communication stream
@@ -60,18 +62,26 @@ class MoeDispatch {
   std::string name() const { return std::string(dispatch_kind_name(kind_)); }
   Precision precision() const { return precision_; }
   // x [T, H], expert ids [T, K], weights [T, K], own experts [E/EP, 3FH] -> y [T, H] (written).
+  // kept (optional): forward allocates into *kept dispatch_kept_buffer(shape, the rows
+  // this rank's experts compute over the pass) and writes their gate, up, act and out there
+  // (the same values it computes either way); a backward given it takes them instead of
+  // running the experts' forward again (the same routing gives the same rounds and row
+  // order: the same bits) and uses them as the FFN backward's scratch, so *kept is spent
+  // (the caller frees it). A backward's kept of another size than its plan's rows: InternalError.
   void forward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
-               const float* expert_params, float* y);
+               const float* expert_params, float* y, Buffer* kept = nullptr);
   // Same inputs as forward plus dy [T, H]: writes dx [T, H] and d_weights [T, K], adds
   // into d_expert_params [E/EP, 3FH].
   void backward(const float* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
-                const float* expert_params, const float* dy, float* dx, float* d_weights, float* d_expert_params);
+                const float* expert_params, const float* dy, float* dx, float* d_weights, float* d_expert_params,
+                Buffer* kept = nullptr);
   // bf16 forms: x, expert_params, y, dy, dx bf16; weights, d_weights (written) and
   // d_expert_params (added into) fp32.
   void forward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
-               const bf16* expert_params, bf16* y);
+               const bf16* expert_params, bf16* y, Buffer* kept = nullptr);
   void backward(const bf16* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
-                const bf16* expert_params, const bf16* dy, bf16* dx, float* d_weights, float* d_expert_params);
+                const bf16* expert_params, const bf16* dy, bf16* dx, float* d_weights, float* d_expert_params,
+                Buffer* kept = nullptr);
   const DispatchStats& stats() const { return stats_; }
   Device& device() const { return dev_; }
 
@@ -91,6 +101,7 @@ class MoeDispatch {
     A* dx = nullptr;
     float* dw = nullptr;
     float* dparams = nullptr;
+    Buffer* kept = nullptr;  // forward: allocated and written; backward: read (see forward)
   };
   // The pass as an object with named stages: plan, lend, rounds (stage, exchange,
   // compute, combine), return (moe_dispatch_pass.cc).
@@ -102,10 +113,11 @@ class MoeDispatch {
   // (one-line InvalidArgument), then run.
   template <class A>
   void run_forward(const A* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
-                   const A* expert_params, A* y);
+                   const A* expert_params, A* y, Buffer* kept);
   template <class A>
   void run_backward(const A* x, std::int64_t tokens, const std::int32_t* expert_ids, const float* weights,
-                    const A* expert_params, const A* dy, A* dx, float* d_weights, float* d_expert_params);
+                    const A* expert_params, const A* dy, A* dx, float* d_weights, float* d_expert_params,
+                    Buffer* kept);
 
   Device& dev_;
   Communicator& g_;

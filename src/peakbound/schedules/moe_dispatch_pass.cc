@@ -3,6 +3,8 @@
 //   plan     the routing every rank derives from the gathered counts: this rank's copies
 //            per destination and the copies it receives from every source;
 //   lend     the weights of the experts this rank helps with, sent once by their owners;
+//   keep     forward: the store of the experts' intermediates when the caller keeps them
+//            (Io::kept); backward: the store the forward filled, checked against the plan;
 //   rounds   the round buffers; then per round: stage (pack this rank's rows), exchange
 //            (all-to-all), compute (this rank's experts on the received rows), exchange
 //            back, combine (at the source, token by token). Serial, or pipelined with the
@@ -91,6 +93,7 @@ class MoeDispatch::Pass {
 
   void run() {
     plan();
+    keep();
     lend();
     allocate_rounds();
     // Every round's combine adds into the output: a token's copies may come home in different rounds.
@@ -184,6 +187,28 @@ class MoeDispatch::Pass {
   }
 
   Buffer alloc(const BufferSpec& b) { return dev_.allocate(b.component, b.bytes); }
+
+  // ---- keep: the experts' gate, up, act and out of every row this rank computes ----
+  // Four planes of the pass's rows (round by round, each round's rows grouped by slot as
+  // compute() groups them): gate, up, act [N, F], out [N, H]. The backward's plan is the
+  // forward's (the same routing), so its rounds and their rows are the same.
+  void keep() {
+    round_first_.assign(at(plan_.rounds) + 1, 0);
+    for (int i = 0; i < plan_.rounds; ++i) round_first_[at(i) + 1] = round_first_[at(i)] + plan_.received(r_, i);
+    if (io_.kept == nullptr) return;
+    const BufferSpec spec = dispatch_kept_buffer(s_, sizes_.computed, kPrecision);
+    PB_CHECK(round_first_.back() == sizes_.computed);
+    if (backward_) {
+      if (io_.kept->bytes() != spec.reserved())
+        throw InternalError("moe dispatch: the kept experts hold " + std::to_string(io_.kept->bytes()) +
+                            " bytes where this backward's plan computes " + std::to_string(sizes_.computed) +
+                            " rows (" + std::to_string(spec.reserved()) + " bytes): not the forward's routing");
+    } else {
+      *io_.kept = alloc(spec);
+    }
+    kept_ = io_.kept->bytes() > 0 ? io_.kept->template as<A>() : nullptr;
+    kept_rows_ = dispatch_kept_rows(s_, sizes_.computed, kPrecision);  // the planes' stride
+  }
 
   // ---- lend: weights of the experts this rank helps with, sent once by their owners ----
   // (in the weights' dtype A; their gradients stay fp32 and go back as f32)
@@ -423,18 +448,27 @@ class MoeDispatch::Pass {
     const std::int64_t* dperm = stage_indices(b, at_perm_, n);
     ops::moe_group_rows(dev_, cs_, xg_.as<A>(), backward_ ? dyg_.as<A>() : nullptr, wg_, recv_[b].as<A>(), win_,
                         dperm, n, H_);
+    const std::int64_t first = round_first_[at(i)];
     for (std::size_t sl = 0; sl + 1 < slot_rows_.size(); ++sl) {
       const std::int64_t a = slot_rows_[sl], m = slot_rows_[sl + 1] - a;
-      if (m > 0) expert(static_cast<std::int64_t>(sl), a, m);
+      if (m > 0) expert(static_cast<std::int64_t>(sl), a, m, first);
     }
-    ops::moe_ungroup_rows(dev_, cs_, out_[b].as<A>(), wout_, outg_.as<A>(), dwg_, dperm, n, H_);
+    // The forward's out is in the kept store when it keeps (the backward's dx is in out_grouped).
+    const A* results = kept_ != nullptr && !backward_ ? kept_plane(3) + first * H_ : outg_.as<A>();
+    ops::moe_ungroup_rows(dev_, cs_, out_[b].as<A>(), wout_, results, dwg_, dperm, n, H_);
   }
 
-  // Expert `slot` on grouped rows [a, a + m): its output into out_grouped; backward also
-  // dw = dy . out, dout = w dy (in place over dy), the FFN's backward with dx into
-  // out_grouped and the weight gradients added into the slot's (fp32; bf16: the FFN's
-  // products through its fp32 tile, each stored activation rounded once).
-  void expert(std::int64_t slot, std::int64_t a, std::int64_t m) {
+  // Plane p of the kept store (0 gate, 1 up, 2 act [N, F]; 3 out [N, H]).
+  A* kept_plane(int p) const { return kept_ + static_cast<std::int64_t>(p) * kept_rows_ * F_; }
+
+  // Expert `slot` on grouped rows [a, a + m) of the round whose rows start at `first` of
+  // the pass's: its output into out_grouped (keeping: gate, up, act and out into the
+  // kept store's rows first + a...); backward also dw = dy . out, dout = w dy (in place
+  // over dy), the FFN's backward with dx into out_grouped and the weight gradients added
+  // into the slot's (fp32; bf16: the FFN's products through its fp32 tile, each stored
+  // activation rounded once). The backward of a kept pass runs no forward: it reads the
+  // kept gate, up, act and out (and spends them as the FFN backward's scratch).
+  void expert(std::int64_t slot, std::int64_t a, std::int64_t m, std::int64_t first) {
     const PhaseScope phase(StepPhase::experts);
     const A* W = weights_of(slot);
     // [W_gate | W_up | W_down] (+ [b_gate | b_up | b_down]: gpt-oss)
@@ -449,10 +483,17 @@ class MoeDispatch::Pass {
     const A* X = xg_.as<A>() + a * H_;
     A *G = gate_.as<A>() + a * F_, *U = up_.as<A>() + a * F_, *Act = act_.as<A>() + a * F_;
     A* O = outg_.as<A>() + a * H_;
-    if constexpr (kBf16)
-      swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, Act, O, false, tile_.as<float>());
-    else
-      swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, Act, O, false);
+    if (kept_ != nullptr) {
+      const std::int64_t row = first + a;
+      G = kept_plane(0) + row * F_, U = kept_plane(1) + row * F_, Act = kept_plane(2) + row * F_;
+      O = kept_plane(3) + row * H_;
+    }
+    if (kept_ == nullptr || !backward_) {
+      if constexpr (kBf16)
+        swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, Act, O, false, tile_.as<float>());
+      else
+        swiglu_ffn_forward(dev_, cs_, m, H_, F_, X, w, G, U, Act, O, false);
+    }
     if (!backward_) return;
     A* DY = dyg_.as<A>() + a * H_;
     ops::moe_dot_scale_rows(dev_, cs_, dwg_ + a, DY, O, wg_ + a, m, H_);
@@ -464,10 +505,11 @@ class MoeDispatch::Pass {
       dw.b_up = dB + F_;
       dw.b_down = dB + 2 * F_;
     }
+    A* DX = outg_.as<A>() + a * H_;  // over O when O is the round's (read above)
     if constexpr (kBf16)
-      swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, O, false, tile_.as<float>());
+      swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, DX, false, tile_.as<float>());
     else
-      swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, O, false);
+      swiglu_ffn_backward(dev_, cs_, m, H_, F_, X, w, DY, G, U, Act, dw, DX, false);
   }
 
   // Combine at the source, token by token (the rows of one token in arrival order):
@@ -522,6 +564,12 @@ class MoeDispatch::Pass {
   std::vector<std::int64_t> from_;
   DispatchSizes sizes_;
   DispatchBuffers bufs_;
+
+  // keep: where each round's rows start in the pass's [rounds + 1]; the kept store
+  // (Io::kept) and its rows, null / 0 when the pass keeps nothing.
+  std::vector<std::int64_t> round_first_;
+  A* kept_ = nullptr;
+  std::int64_t kept_rows_ = 0;
 
   // lend: foreign_ the experts this rank helps with (ascending); lent_ the local slots of
   // the experts it lends, grouped by helper ascending; their weight counts per rank.

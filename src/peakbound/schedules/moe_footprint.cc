@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "peakbound/core/error.h"
@@ -87,6 +88,7 @@ DispatchSizes estimate(DispatchKind kind, const MoeShape& shape, int ep, std::in
   const std::int64_t load =
       spilled ? std::max(std::min(ceil_d(busiest), capacity + o.min_spill), std::min(ceil_d(busiest), unspilled))
               : ceil_d(busiest);
+  s.computed = load;
   if (spilled && C > 0) {
     // A helper takes pieces of at least min_spill copies, except the last piece of each
     // expert, which can be a single copy: only its load (at most capacity + min_spill
@@ -233,6 +235,31 @@ DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& siz
 DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
                                  Precision precision) {
   return buffers(shape, sizes, pass, layout_of(precision));
+}
+
+namespace {
+
+std::int64_t kept_rows(const MoeShape& shape, std::int64_t rows, const Layout& l) {
+  PB_CHECK(rows >= 0);
+  const std::uint64_t row = static_cast<std::uint64_t>(3 * shape.ffn + shape.hidden) * l.act;
+  const std::int64_t granule = static_cast<std::int64_t>(arena_reserved(1) / std::gcd(arena_reserved(1), row));
+  return (rows + granule - 1) / granule * granule;
+}
+
+BufferSpec kept_buffer(const MoeShape& shape, std::int64_t rows, const Layout& l) {
+  return peakbound::rows(kept_rows(shape, rows, l), 3 * shape.ffn + shape.hidden, l.act);
+}
+
+}  // namespace
+
+std::int64_t dispatch_kept_rows(const MoeShape& shape, std::int64_t rows, Precision precision) {
+  return kept_rows(shape, rows, layout_of(precision));
+}
+BufferSpec dispatch_kept_buffer(const MoeShape& shape, std::int64_t rows, Precision precision) {
+  return kept_buffer(shape, rows, layout_of(precision));
+}
+BufferSpec dispatch_kept_buffer(const MoeShape& shape, std::int64_t rows, std::uint64_t elem_bytes) {
+  return kept_buffer(shape, rows, layout_of(elem_bytes));
 }
 
 std::uint64_t dispatch_peak_bytes(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes) {

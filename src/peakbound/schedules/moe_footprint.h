@@ -104,6 +104,18 @@ DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& siz
 DispatchBuffers dispatch_buffers(const MoeShape& shape, const DispatchSizes& sizes, DispatchPass pass,
                                  Precision precision);
 
+// Keeping the experts' intermediates (MoeDispatch's `kept`, ModelSchedules::keep_experts):
+// what the forward computes for `rows` rows (DispatchSizes::computed) and the backward
+// would otherwise compute again, as four planes [gate | up | act] [R, F] and out [R, H]
+// in the activation dtype, Component::dispatch, R = dispatch_kept_rows(rows): rows
+// rounded up so that the store is whole Arena granules (its bytes are what the Arena
+// reserves, so several stores, one per row tile, add up to the store of their rows'
+// sum). Held from a pass's forward to its backward, beside every pass's own buffers.
+std::int64_t dispatch_kept_rows(const MoeShape& shape, std::int64_t rows, Precision precision);
+BufferSpec dispatch_kept_buffer(const MoeShape& shape, std::int64_t rows, Precision precision);
+// The planner's form: every element elem_bytes wide.
+BufferSpec dispatch_kept_buffer(const MoeShape& shape, std::int64_t rows, std::uint64_t elem_bytes);
+
 // Phases "forward" and "backward", Component::dispatch on the device, each the larger
 // of the pass's two live sets (lend exchange, rounds).
 Footprint dispatch_footprint(const MoeShape& shape, const DispatchSizes& sizes, std::uint64_t elem_bytes);

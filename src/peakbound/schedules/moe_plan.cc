@@ -81,6 +81,7 @@ DispatchSizes MoePlan::sizes(int r, std::int64_t tokens) const {
   s.foreign = static_cast<std::int64_t>(foreign_experts(r).size());
   for (const Spill& sp : spills) s.lent += sp.owner == r;
   s.tokens = tokens;
+  for (int i = 0; i < rounds; ++i) s.computed += received(r, i);
   return s;
 }
 

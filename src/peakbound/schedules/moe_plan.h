@@ -53,6 +53,10 @@ struct DispatchSizes {
   std::int64_t foreign = 0;       // lent experts whose weights this rank holds
   std::int64_t lent = 0;          // (expert, helper) lendings by this rank: weight copies sent
   std::int64_t tokens = 0;        // this rank's tokens (host scratch only)
+  // Rows this rank's experts compute over the whole pass (every round): what keeping the
+  // experts' intermediates from the forward to the backward holds (dispatch_kept_buffer).
+  // The planner's estimate: the busiest rank's load.
+  std::int64_t computed = 0;
 };
 
 // The device bytes one rank's dispatch holds at its peak with these sizes (both passes);

@@ -1050,6 +1050,8 @@ BatchSums MoeTransformer::forward_backward_as(const std::int32_t* ids, const std
   // keep_attention: each layer's attention keeps o and lse from this forward to its
   // backward (AttentionLayer::set_keep_through), so the backward runs no attention forward.
   for (auto& l : layers_) l->attention->set_keep_through(schedules_.keep_attention);
+  // keep_experts: each MoE layer's dispatch keeps its experts' forward for its backward.
+  for (auto& l : layers_) l->mlp->set_keep_experts(schedules_.keep_experts);
   const bool park = !empty && parks_final_hidden(schedules_);
   if (!empty && (!stack_ || stack_tokens_ != T)) {
     stack_.reset();
@@ -1234,7 +1236,10 @@ BatchSums MoeTransformer::forward_as(const std::int32_t* ids, const std::int32_t
   } no_loads{*aux_state_};
   aux_state_->count_loads = false;
   mark_phase(dev_.arena(), "eval");
-  for (auto& l : layers_) l->attention->set_keep_through(false);  // no backward follows: keep nothing
+  for (auto& l : layers_) {  // no backward follows: keep nothing
+    l->attention->set_keep_through(false);
+    l->mlp->set_keep_experts(false);
+  }
   prepare(p, ids, targets, sequences, S);
   const std::int64_t T = p.T, H = config_.hidden_size;
   const ModelBatchBuffers bb = model_batch_buffers(T, H, schedules_.precision);

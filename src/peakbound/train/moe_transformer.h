@@ -78,6 +78,14 @@ struct ModelSchedules {
   // per-token term the checkpointed stack otherwise does not have; saves one attention
   // forward per layer per step (docs/training.md). The same bits either way. Off by default.
   bool keep_attention = false;
+  // The routed experts' forward kept for their backward (MoeLayer::set_keep_experts):
+  // every MoE layer's dispatch keeps gate, up, act and out of every row its rank's
+  // experts compute, from the layer's forward to its backward, which then runs no expert
+  // forward (3 of an expert row's 12 GEMMs a step). Costs every MoE layer's
+  // dispatch_kept_buffer at once (~ T x top_k x (3F + H) activations a layer on a
+  // balanced rank: a per-token term); the same bits either way. Off by default (train
+  // keeps them while the plan fits its budget).
+  bool keep_experts = false;
   // Every MoE and dense MLP sublayer over row tiles of at most this many tokens
   // (MoeLayerConfig::seq_tile): its per-token buffers hold one tile; 0: whole.
   // model_schedules sets kMoeTileRows under PipelinedLLEP (the schedule that bounds the

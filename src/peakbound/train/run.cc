@@ -185,6 +185,7 @@ RunShape resolve_run(const RunSettings& f, int world, SettingSpelling spell) {
   s.schedules.keep_attention = f.keep_attention > 0 || (f.keep_attention < 0 && f.checkpoint_group == 1);
   // By the budget too: Run drops them when the plan does not fit.
   s.schedules.vocab.keep_logits = f.keep_logits != 0;
+  s.schedules.keep_experts = f.keep_experts != 0;
   if (f.moe_tile >= 0) s.schedules.moe_tile = f.moe_tile;
   if (f.prefetch_depth >= 0) s.schedules.checkpoint.prefetch_depth = f.prefetch_depth;
   s.schedules.checkpoint.group_layers = f.checkpoint_group;
@@ -226,6 +227,8 @@ void RunSettings::validate(int world, SettingSpelling spell) const {
     bad("keep_attention", "must be -1 (the budget's choice), 0 or 1, got " + std::to_string(keep_attention));
   if (keep_logits < -1 || keep_logits > 1)
     bad("keep_logits", "must be -1 (the budget's choice), 0 or 1, got " + std::to_string(keep_logits));
+  if (keep_experts < -1 || keep_experts > 1)
+    bad("keep_experts", "must be -1 (the budget's choice), 0 or 1, got " + std::to_string(keep_experts));
   if (prefetch_depth < -1) bad("prefetch_depth", "must be -1 (the budget's choice) or a depth >= 0, got " +
                                                      std::to_string(prefetch_depth));
   if (checkpoint_group < 1) bad("checkpoint_group", "must be at least 1, got " + std::to_string(checkpoint_group));
@@ -444,13 +447,19 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
     plan = std::move(plan_next);
   };
   const auto drop_logits = [](ModelSchedules& m) { m.vocab.keep_logits = false; };
+  const auto drop_experts = [](ModelSchedules& m) { m.keep_experts = false; };
+  const auto lower_peak = [&](const std::vector<std::int64_t>& lean) {
+    return lean[kNumComponents] < s.planned[kNumComponents];
+  };
+  // The same rule for the kept experts: every MoE layer's at once, ~ T x top_k x (3F + H)
+  // activations a layer.
+  if (f.device_memory == "auto" && f.keep_experts < 0 && s.shape.schedules.keep_experts)
+    plan_again(drop_experts, lower_peak);
   // --device-memory auto names no memory to spend on speed: there the logits are kept (by
   // the budget) only where they leave the plan's peak where it is. Kept, they are
   // [the group's tokens, V/P] fp32, at 2 ranks x 4096 tokens of tiny-moe 120 -> 380 MB.
   if (f.device_memory == "auto" && f.keep_logits < 0 && s.shape.schedules.vocab.keep_logits)
-    plan_again(drop_logits, [&](const std::vector<std::int64_t>& lean) {
-      return lean[kNumComponents] < s.planned[kNumComponents];
-    });
+    plan_again(drop_logits, lower_peak);
   s.budget = f.device_memory == "auto" ? auto_device_budget(static_cast<std::uint64_t>(s.planned[kNumComponents]))
                                        : parse_bytes(f.device_memory, "--device-memory");
   // The choices the budget makes, each dropped in turn while the plan does not fit it: the
@@ -466,6 +475,12 @@ Run::Run(const RunSettings& settings, RunPrinter print, StopCheck stop) : s_(std
   if (f.embedding == "auto" && s.shape.schedules.vocab_parallel_embedding && over_budget_now())
     fall_back([](ModelSchedules& m) { m.vocab_parallel_embedding = false; },
               "the embedding is an FSDP unit (--embedding auto): sharded over the vocabulary group the plan needs ");
+  // The experts kept (--keep-experts not given): while the plan fits with them, dropped
+  // first (every MoE layer's rows at once: the largest per-token term a choice adds).
+  if (f.keep_experts < 0 && s.shape.schedules.keep_experts && over_budget_now())
+    fall_back(drop_experts,
+              "the experts compute their forward again in the backward (--keep-experts by the budget): keeping it "
+              "the plan needs ");
   // The logits kept (--keep-logits not given): while the plan fits with them, dropped
   // before the attention (the largest per-token term a budget's choice adds, for the
   // smaller gain).
@@ -825,6 +840,7 @@ RunSummary Run::finish() {
              {"schedules", f.schedules.str()},
              {"keep_attention", s.shape.schedules.keep_attention},
              {"keep_logits", s.shape.schedules.vocab.keep_logits},
+             {"keep_experts", s.shape.schedules.keep_experts},
              {"moe_tile", s.shape.schedules.moe_tile},
              {"prefetch_depth", s.shape.schedules.checkpoint.prefetch_depth},
              {"checkpoint_group", s.shape.schedules.checkpoint.group_layers},
@@ -885,6 +901,7 @@ nlohmann::json RunSummary::json() const {
                       {"schedules", run["schedules"]},
                       {"keep_attention", run["keep_attention"]},
                       {"keep_logits", run["keep_logits"]},
+                      {"keep_experts", run["keep_experts"]},
                       {"moe_tile", run["moe_tile"]},
                       {"prefetch_depth", run["prefetch_depth"]},
                       {"checkpoint_group", run["checkpoint_group"]},

@@ -100,6 +100,13 @@ struct RunSettings {
   // kept. Only a vocabulary group of several ranks has them (one rank takes the fused
   // form, which computes each block once already).
   int keep_logits = -1;
+  // Every MoE layer keeps its routed experts' forward (gate, up, act, out of every row its
+  // rank computes) for its backward (ModelSchedules::keep_experts): no expert forward in
+  // the backward, 3 of an expert row's 12 GEMMs a step, for every MoE layer's
+  // dispatch_kept_buffer on the device at once (the plan counts it). -1: the budget's
+  // choice (kept while the plan fits device_memory with them, dropped first; with
+  // device_memory auto, only where they do not raise the plan's peak), 0: recomputed, 1: kept.
+  int keep_experts = -1;
   // The MLP sublayers' row tile (ModelSchedules::moe_tile): -1 the schedules' choice
   // (kMoeTileRows under PipelinedLLEP, whole otherwise), 0 whole, else rows.
   std::int64_t moe_tile = -1;

@@ -78,6 +78,7 @@ DispatchSizes dispatch_sizes_max(const std::vector<DispatchSizes>& sizes) {
     m.foreign = std::max(m.foreign, s.foreign);
     m.lent = std::max(m.lent, s.lent);
     m.tokens = std::max(m.tokens, s.tokens);
+    m.computed = std::max(m.computed, s.computed);
   }
   return m;
 }
@@ -110,6 +111,7 @@ class TrainFootprintBuilder {
     optimizer_load();
     embedding_forward();
     att_ = attention_layer_footprint(T_, ac_);
+    size_kept_experts();
     forward_attention();
     plan_mlps();
     mlp_forwards();
@@ -231,6 +233,50 @@ class TrainFootprintBuilder {
     if (!sch_.keep_attention || !stacked_) return;
     for (std::int64_t l = 0; l < layers; ++l) add_phase(f_, phase, att_.phase("kept"));
   }
+  // keep_experts: what the MoE layers among the first `layers` kept of their experts'
+  // forward (MoeLayer::set_keep_experts), held from each one's forward to the end of its
+  // backward; nothing without it. A rank without tokens keeps too: its experts compute
+  // the group's rows.
+  void kept_experts(const std::string& phase, std::int64_t layers) {
+    if (!sch_.keep_experts) return;
+    for (std::int64_t l = 0; l < std::min(layers, L_); ++l)
+      if (kept_experts_[static_cast<std::size_t>(l)].bytes > 0) f_.device(phase, kept_experts_[static_cast<std::size_t>(l)]);
+  }
+  // Each layer's kept experts (0 bytes for a dense layer): dispatch_kept_buffer of the
+  // rows its dispatch computes over the call's tiles: measured (dispatch_layers, or
+  // dispatch for every layer) or the estimate's busiest load for each tile.
+  void size_kept_experts() {
+    kept_experts_.assign(static_cast<std::size_t>(L_), BufferSpec{Component::dispatch, 0});
+    if (!sch_.keep_experts) return;
+    for (std::int64_t l = 0, i = 0; l < L_; ++l) {
+      if (!c_.is_moe_layer(l)) continue;
+      const MoeLayerConfig mc = layer_mlp_config(l);
+      const MoeShape shape = moe_layer_dispatch_shape(mc);
+      std::int64_t rows = 0;
+      if (!in_.dispatch_layers.empty()) {
+        rows = in_.dispatch_layers.at(static_cast<std::size_t>(i)).computed;
+      } else if (in_.dispatch) {
+        rows = in_.dispatch->computed;
+      } else {
+        const std::int64_t most = ep_tokens();
+        const std::int64_t tile = moe_tile_rows(most, mc.seq_tile);
+        const std::int64_t tiles = mc.seq_tile > 0 ? std::max<std::int64_t>(1, (most + mc.seq_tile - 1) / mc.seq_tile) : 1;
+        const DispatchSizes ds = dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep, tile, dispatch_skew(),
+                                                         sch_.dispatch_options, p_);
+        rows = static_cast<std::int64_t>(checked_mul(static_cast<u64>(dispatch_kept_rows(shape, ds.computed, p_)),
+                                                     static_cast<u64>(tiles), "kept experts rows"));
+      }
+      kept_experts_[static_cast<std::size_t>(l)] = dispatch_kept_buffer(shape, rows, p_);
+      ++i;
+    }
+  }
+  // The MLP sublayer config of layer l as MoeTransformer builds it.
+  MoeLayerConfig layer_mlp_config(std::int64_t l) const {
+    MoeLayerConfig mc = moe_layer_config(c_, l, static_cast<float>(c_.rms_norm_eps), sch_.dispatch, sch_.dispatch_options);
+    mc.precision = p_;  // as MoeTransformer sets it (its dispatch's too)
+    mc.seq_tile = sch_.moe_tile;
+    return mc;
+  }
   void batch(const std::string& phase, std::initializer_list<BufferSpec> live) {
     f_.device(phase, bb_.ids);
     f_.device(phase, bb_.targets);
@@ -286,6 +332,7 @@ class TrainFootprintBuilder {
       residents(ph, groups_);  // the last layer's: every boundary live
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);  // the earlier layers'
+      kept_experts(ph, L_ - 1);
     }
   }
 
@@ -344,9 +391,7 @@ class TrainFootprintBuilder {
   Mlp mlp_at(std::int64_t l, std::int64_t i, const std::string& suffix) const {
     const bool moe = i >= 0;
     const bool every = moe && !in_.dispatch_layers.empty();
-    MoeLayerConfig mc = moe_layer_config(c_, l, static_cast<float>(c_.rms_norm_eps), sch_.dispatch, sch_.dispatch_options);
-    mc.precision = p_;  // as MoeTransformer sets it (its dispatch's too)
-    mc.seq_tile = sch_.moe_tile;
+    const MoeLayerConfig mc = layer_mlp_config(l);
     Mlp m;
     m.layer = l;
     const std::string kind = moe ? "mlp" : "dense mlp";
@@ -391,6 +436,7 @@ class TrainFootprintBuilder {
       batch(m.fwd, {bb_.y});
       residents(m.fwd, group_of(m.layer) + 1);
       kept(m.fwd, m.layer + 1);  // this layer's and the earlier ones'
+      kept_experts(m.fwd, m.layer + 1);
       add_phase(f_, m.fwd, m.layer_fp.phase("forward"));
       if (m.dispatch) add_phase(f_, m.fwd, m.dispatch_fp.phase("forward"));
     }
@@ -422,6 +468,7 @@ class TrainFootprintBuilder {
       batch(ph, {bb_.x, bb_.y, bb_.rstd, fb_.norm_params});
       residents(ph, groups_);
       kept(ph, L_);
+      kept_experts(ph, L_);
     }
     {
       const std::string ph = "loss forward";
@@ -432,6 +479,7 @@ class TrainFootprintBuilder {
         batch(ph, {bb_.x, y_dev, bb_.rstd, fb_.norm_params});
       residents(ph, groups_);
       kept(ph, L_);
+      kept_experts(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "forward"));
     }
     {
@@ -440,6 +488,7 @@ class TrainFootprintBuilder {
       batch(ph, {bb_.x, y_dev, bb_.rstd, bb_.d_hn, fb_.norm_params});
       residents(ph, groups_);
       kept(ph, L_);
+      kept_experts(ph, L_);
       add_phase(f_, ph, voc.phase(fused ? "forward_backward" : "backward"));
     }
     // The held-out loss (Trainer::evaluate -> MoeTransformer::forward): after the layers'
@@ -462,6 +511,7 @@ class TrainFootprintBuilder {
         batch(ph, {bb_.x, bb_.y, bb_.rstd, bb_.d_hn, fb_.norm_params, fb_.norm_grads});  // dy into x's buffer
       residents(ph, groups_);
       kept(ph, L_);
+      kept_experts(ph, L_);
     }
   }
 
@@ -489,22 +539,26 @@ class TrainFootprintBuilder {
       if (m.dispatch) add_phase(f_, m.bwd, m.dispatch_fp.phase("backward"));
       add_phase(f_, m.bwd, att_.phase(kAttentionRowsPhase));
       kept(m.bwd, m.layer);  // keep_attention: the earlier layers' too
+      kept_experts(m.bwd, m.layer + 1);  // this layer's spent in its backward, freed as it returns
     }
     // The last layer's: forward_for_rows' recomputation (keep_attention: it reuses the kept
     // o and lse and runs no kernel; the earlier layers' are held beside; o on the host: its
     // o_tile taken beside k and v, "... output"), then the attention's backward taking what
     // that kept: the phases each call reaches (attention_call_phases), named by the call.
-    const auto add = [&](const std::string& ph, std::string_view part) {
+    // The recomputation runs before the last layer's MLP backward (its experts still
+    // kept), the attention's backward after it.
+    const auto add = [&](const std::string& ph, std::string_view part, bool before_mlp) {
       backward_common(ph, L_ - 1);
       add_phase(f_, ph, att_.phase(part));
       kept(ph, L_ - 1);
+      kept_experts(ph, before_mlp ? L_ : L_ - 1);
     };
     const AttentionCall recompute =
         sch_.keep_attention ? AttentionCall::forward_reusing_kept : AttentionCall::forward_for_rows;
     for (const std::string_view part : attention_call_phases(T_, ac_, recompute))
-      add("backward attention recompute" + std::string(forward_suffix(part)), part);
+      add("backward attention recompute" + std::string(forward_suffix(part)), part, true);
     for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::backward_taking_kept))
-      add("backward attention" + std::string(backward_suffix(part)), part);
+      add("backward attention" + std::string(backward_suffix(part)), part, false);
   }
   // A checkpoint group's recomputation (CheckpointOptions::group_layers > 1), in the
   // stack's backward: its blocks but the last forward again (Block::forward_recompute),
@@ -514,16 +568,24 @@ class TrainFootprintBuilder {
   void recomputations() {
     if (G_ <= 1 || L_ <= 1) return;
     const std::int64_t at = most_boundaries(std::nullopt, true);
+    // keep_experts: a group's recomputation keeps nothing new; its layers' and the
+    // earlier groups' kept experts are held through it.
+    const auto through_group = [&](std::int64_t l) {
+      const CheckpointGroup g = checkpoint_group(L_, G_, group_of(l));
+      return g.first + g.count;
+    };
     for (const std::string_view part : attention_call_phases(T_, ac_, AttentionCall::forward)) {
       const std::string ph = "recompute attention" + std::string(forward_suffix(part));
       backward_common(ph, at, true);
       add_phase(f_, ph, att_.phase(part));
+      kept_experts(ph, through_group(at));
     }
     for (const std::int64_t l : recompute_mlps_) {
       const Mlp& m = mlps_.at(l);
       backward_common(m.rec, m.layer, true);
       add_phase(f_, m.rec, m.layer_fp.phase("forward"));
       if (m.dispatch) add_phase(f_, m.rec, m.dispatch_fp.phase("forward"));
+      kept_experts(m.rec, through_group(m.layer));
     }
   }
   // The train footprint's name for an attention phase after the call's own ("forward
@@ -572,6 +634,7 @@ class TrainFootprintBuilder {
   AttentionLayerConfig ac_;
   Footprint att_{"attention"};
   std::map<std::int64_t, Mlp> mlps_;  // by layer: the MLP sublayers whose moments are phases
+  std::vector<BufferSpec> kept_experts_;  // by layer: its kept experts (size_kept_experts)
   // Their layers in the forward, the backward and a group's recomputation (plan_mlps).
   std::vector<std::int64_t> forward_mlps_, backward_mlps_, recompute_mlps_;
 };

@@ -267,14 +267,14 @@ MoeRankOnDevice::MoeRankOnDevice(Device& dev, const MoeProblem& p, int rank, int
   dparams_ = dev_.allocate(Component::grads, floats(expert_floats_));
 }
 
-void MoeRankOnDevice::forward(MoeDispatch& d) {
-  d.forward(x_.as<float>(), T_, ids_.as<std::int32_t>(), w_.as<float>(), params_.as<float>(), y_.as<float>());
+void MoeRankOnDevice::forward(MoeDispatch& d, Buffer* kept) {
+  d.forward(x_.as<float>(), T_, ids_.as<std::int32_t>(), w_.as<float>(), params_.as<float>(), y_.as<float>(), kept);
 }
 
-void MoeRankOnDevice::backward(MoeDispatch& d) {
+void MoeRankOnDevice::backward(MoeDispatch& d, Buffer* kept) {
   if (expert_floats_ > 0) ops::fill(dev_, dev_.compute_stream(), dparams_.as<float>(), expert_floats_, 0.0f);
   d.backward(x_.as<float>(), T_, ids_.as<std::int32_t>(), w_.as<float>(), params_.as<float>(), dy_.as<float>(),
-             dx_.as<float>(), dw_.as<float>(), dparams_.as<float>());
+             dx_.as<float>(), dw_.as<float>(), dparams_.as<float>(), kept);
 }
 
 std::vector<float> MoeRankOnDevice::read(const Buffer& b, std::int64_t n) const {

@@ -60,8 +60,9 @@ class MoeRankOnDevice {
   // The device bytes it allocates (each buffer as the Arena reserves it).
   static std::uint64_t bytes(const MoeProblem& p, int rank, int ranks);
 
-  void forward(MoeDispatch& d);
-  void backward(MoeDispatch& d);
+  // kept: MoeDispatch's (the forward keeps its experts' intermediates there, the backward takes them).
+  void forward(MoeDispatch& d, Buffer* kept = nullptr);
+  void backward(MoeDispatch& d, Buffer* kept = nullptr);
   std::vector<float> y() const { return read(y_, T_ * H_); }
   std::vector<float> dx() const { return read(dx_, T_ * H_); }
   std::vector<float> dw() const { return read(dw_, T_ * K_); }
