@@ -356,7 +356,7 @@ std::int64_t MoeLayer::tile_count(std::int64_t T) {
   // The dispatch is collective: every rank of the group runs as many tiles as the rank
   // with the most tokens.
   if (!cfg_.dense() && ep_size_ > 1) ep_group_->all_reduce(&most, 1, DType::i64, ReduceOp::max);
-  return std::max<std::int64_t>(1, (most + cfg_.seq_tile - 1) / cfg_.seq_tile);
+  return moe_tile_count(most, cfg_.seq_tile);
 }
 
 std::int64_t MoeLayer::tile_rows(std::int64_t T, std::int64_t i) const {

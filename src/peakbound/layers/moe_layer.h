@@ -35,6 +35,7 @@
 // times in the same order, also with T = 0 tokens.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -74,6 +75,11 @@ inline std::int64_t default_moe_tile(DispatchKind k) {
 
 // The rows a rank's sublayer tile holds on T tokens: min(T, tile), T when tile is 0.
 inline std::int64_t moe_tile_rows(std::int64_t tokens, std::int64_t tile) { return side_ffn_tile_rows(tokens, tile); }
+// The row tiles a sublayer runs on T tokens: ceil(T / tile), at least 1; 1 when tile is 0.
+// (An MoE layer's group runs as many as its rank with the most tokens: MoeLayer::tile_count.)
+inline std::int64_t moe_tile_count(std::int64_t tokens, std::int64_t tile) {
+  return tile > 0 ? std::max<std::int64_t>(1, (tokens + tile - 1) / tile) : 1;
+}
 
 // The sublayer's sizes (HF config: hidden_size, moe_intermediate_size, num_experts,
 // num_experts_per_tok, norm_topk_prob, n_shared_experts / shared_expert_intermediate_size,

@@ -299,12 +299,11 @@ PeakEstimate estimate_peak(const PlanInputs& in, const ParamCount& pc, const Sch
   ComponentBytes experts_kept{};
   if (in.keep_experts && has_moe) {
     const MoeShape shape{m.hidden_size, m.moe_intermediate_size, m.num_experts, m.top_k};
-    const std::int64_t tile = moe_tile_rows(s.tokens_per_device, ms.tile);
-    const std::int64_t tiles = tile > 0 ? (s.tokens_per_device + tile - 1) / tile : 1;
-    const DispatchSizes one = dispatch_sizes_estimate(sched.dispatch(), shape, static_cast<int>(in.ep), tile,
-                                                      s.imbalance, in.dispatch_options());
-    experts_kept[C(Component::dispatch)] =
-        mul(dispatch_kept_buffer(shape, one.computed, U(in.activation_bytes)).reserved(), U(tiles));
+    const DispatchSizes one =
+        dispatch_sizes_estimate(sched.dispatch(), shape, static_cast<int>(in.ep),
+                                moe_tile_rows(s.tokens_per_device, ms.tile), s.imbalance, in.dispatch_options());
+    experts_kept[C(Component::dispatch)] = mul(dispatch_kept_buffer(shape, one.computed, U(in.activation_bytes)).reserved(),
+                                               U(moe_tile_count(s.tokens_per_device, ms.tile)));
   }
   const auto kept_experts = [&](std::int64_t moe_layers) {
     ComponentBytes b{};

@@ -154,15 +154,15 @@ PeakEstimate estimate_depth_policy(const PlanInputs& in, const ParamCount& pc, c
   // Train's --device-memory auto: the experts, then the logits, kept only where they leave
   // the peak where it is (each compared with the plan without it, as train decides).
   if (in.device_memory_auto) {
-    const auto lower_without = [&](auto drop) {
+    std::uint64_t peak = estimate_resident_policy(x, pc, s, nullptr).peak;  // x's, as it stands
+    const auto drop_if_lower = [&](auto drop) {
       PlanInputs y = x;
       drop(y);
-      return estimate_resident_policy(y, pc, s, nullptr).peak < estimate_resident_policy(x, pc, s, nullptr).peak;
+      const std::uint64_t lean = estimate_resident_policy(y, pc, s, nullptr).peak;
+      if (lean < peak) x = y, peak = lean;
     };
-    if (in.keep_experts_by_budget && lower_without([](PlanInputs& y) { y.keep_experts = false; }))
-      x.keep_experts = false;
-    if (in.keep_logits_by_budget && lower_without([](PlanInputs& y) { y.keep_logits = false; }))
-      x.keep_logits = false;
+    if (in.keep_experts_by_budget) drop_if_lower([](PlanInputs& y) { y.keep_experts = false; });
+    if (in.keep_logits_by_budget) drop_if_lower([](PlanInputs& y) { y.keep_logits = false; });
   }
   PeakEstimate e = estimate_resident_policy(x, pc, s, resident_layers);
   if (in.keep_experts_by_budget && x.keep_experts && e.peak > in.device_memory) {

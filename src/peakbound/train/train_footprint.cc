@@ -258,17 +258,22 @@ class TrainFootprintBuilder {
       } else if (in_.dispatch) {
         rows = in_.dispatch->computed;
       } else {
-        const std::int64_t most = ep_tokens();
-        const std::int64_t tile = moe_tile_rows(most, mc.seq_tile);
-        const std::int64_t tiles = mc.seq_tile > 0 ? std::max<std::int64_t>(1, (most + mc.seq_tile - 1) / mc.seq_tile) : 1;
-        const DispatchSizes ds = dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep, tile, dispatch_skew(),
-                                                         sch_.dispatch_options, p_);
-        rows = static_cast<std::int64_t>(checked_mul(static_cast<u64>(dispatch_kept_rows(shape, ds.computed, p_)),
-                                                     static_cast<u64>(tiles), "kept experts rows"));
+        // Each tile's store sized for the group's largest tile, as many as the group runs.
+        const std::int64_t tiles = moe_tile_count(ep_tokens(), mc.seq_tile);
+        rows = static_cast<std::int64_t>(
+            checked_mul(static_cast<u64>(dispatch_kept_rows(shape, dispatch_estimate(mc).computed, p_)),
+                        static_cast<u64>(tiles), "kept experts rows"));
       }
       kept_experts_[static_cast<std::size_t>(l)] = dispatch_kept_buffer(shape, rows, p_);
       ++i;
     }
+  }
+  // The dispatch sizes the planner reserves for one tile of the layer `mc` configures: the
+  // expert group's largest tile, at the skew the layout allows.
+  DispatchSizes dispatch_estimate(const MoeLayerConfig& mc) const {
+    return dispatch_sizes_estimate(sch_.dispatch, moe_layer_dispatch_shape(mc), g_.ep,
+                                   moe_tile_rows(ep_tokens(), mc.seq_tile), dispatch_skew(), sch_.dispatch_options,
+                                   p_);
   }
   // The MLP sublayer config of layer l as MoeTransformer builds it.
   MoeLayerConfig layer_mlp_config(std::int64_t l) const {
@@ -403,9 +408,7 @@ class TrainFootprintBuilder {
       const MoeShape shape = moe_layer_dispatch_shape(mc);
       DispatchSizes ds = every          ? in_.dispatch_layers[static_cast<std::size_t>(i)]
                          : in_.dispatch ? *in_.dispatch
-                                        : dispatch_sizes_estimate(sch_.dispatch, shape, g_.ep,
-                                                                  moe_tile_rows(ep_tokens(), mc.seq_tile),
-                                                                  dispatch_skew(), sch_.dispatch_options, p_);
+                                        : dispatch_estimate(mc);
       // Its host scratch is this rank's own tile's.
       if (!every && !in_.dispatch) ds.tokens = moe_tile_rows(T_, mc.seq_tile);
       m.dispatch_fp = dispatch_footprint(shape, ds, p_);
