@@ -162,6 +162,40 @@ TEST(GemmBf16, TiledRowsDoNotDependOnMOrThreads) {
   }
 }
 
+// The native path packs a transposed operand (two depths interleaved; a 12-row A strip
+// four pairs at a time) into the very words it reads from a row-major one, so the product
+// of A^T stored is bitwise the product of A stored, and the same for B: rows around the
+// 12-row tile and the 96-row block, columns around the 32-column strip, depths around the
+// four-pair step (1-9, 15-17), the odd last pair and the 384-deep K block, every
+// transpose against the row-major product. A word misplaced by the packing fails it.
+TEST(GemmBf16, NativeTransposedOperandsAreTheRowMajorProductBitForBit) {
+  if (!bf16_gemm_path_supported(Bf16GemmPath::native)) GTEST_SKIP() << "this CPU lacks AVX512-BF16";
+  std::mt19937 rng(31);
+  for (const std::int64_t m : {1, 11, 12, 13, 97, 128, 600})
+    for (const std::int64_t k : {1, 2, 3, 7, 8, 9, 15, 16, 17, 32, 33, 385})
+      for (const std::int64_t n : {5, 45}) {
+        const auto a = random_bf16(static_cast<std::size_t>(m * k), rng);  // [m, k]
+        const auto b = random_bf16(static_cast<std::size_t>(k * n), rng);  // [k, n]
+        std::vector<bf16> at(a.size()), bt(b.size());
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t p = 0; p < k; ++p) at[static_cast<std::size_t>(p * m + i)] = a[static_cast<std::size_t>(i * k + p)];
+        for (std::int64_t p = 0; p < k; ++p)
+          for (std::int64_t j = 0; j < n; ++j) bt[static_cast<std::size_t>(j * k + p)] = b[static_cast<std::size_t>(p * n + j)];
+        std::vector<float> want(static_cast<std::size_t>(m * n));
+        gemm_bf16(Bf16GemmPath::native, false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
+        for (int t = 1; t < 4; ++t) {
+          const bool ta = t / 2 == 1, tb = t % 2 == 1;
+          std::vector<float> got(want.size(), -1.0f);
+          gemm_bf16(Bf16GemmPath::native, ta, tb, m, n, k, 1.0f, ta ? at.data() : a.data(), ta ? m : k,
+                    tb ? bt.data() : b.data(), tb ? k : n, 0.0f, got.data(), n);
+          for (std::size_t i = 0; i < want.size(); ++i)
+            ASSERT_EQ(std::memcmp(&want[i], &got[i], sizeof(float)), 0)
+                << "m " << m << " n " << n << " k " << k << " ta " << ta << " tb " << tb << " at " << i << ": "
+                << got[i] << " vs " << want[i];
+        }
+      }
+}
+
 // The amx path reads a row-major A in place (its tiles load rows lda apart) where a K
 // block is whole 16-pair steps, for whole 16-row tiles, and packs the rest: a row must
 // come out the same either way. A strided A (lda > K, as the flash kernel's Q and dS

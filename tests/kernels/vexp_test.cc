@@ -47,15 +47,15 @@ TEST(Vexp, EdgesGiveZeroNanAndTheClamp) {
   EXPECT_GT(exp_f32(-87.3f), 0.0f);
 }
 
-// The vector bodies (16 lanes where the CPU has AVX-512, then a block of 8; 8 lanes with
-// AVX2 alone) give exp_f32's bits in every lane, the sums add lane j % 8 in order then the
-// fixed tree, and lengths that are not a multiple of 8 take the scalar tail (lengths below
-// cover each mix of 16-, 8- and 1-blocks). NaN and -inf pass through as one value would.
+// The vector bodies (16 lanes where the CPU has AVX-512, two blocks of 16 at a time, then
+// one, then a block of 8; 8 lanes with AVX2 alone) give exp_f32's bits in every lane, the
+// sums add lane j % 8 in order then the fixed tree, and lengths that are not a multiple of
+// 8 take the scalar tail (lengths below cover each mix of 32-, 16-, 8- and 1-blocks). NaN and -inf pass through as one value would.
 // The bf16 form rounds each value as narrow<bf16> does and sums the unrounded ones.
 TEST(Vexp, ArraysEqualTheScalarBitsAndTheLaneSum) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-30.0f, 5.0f);
-  for (std::int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 63, 200}) {
+  for (std::int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 56, 63, 200}) {
     std::vector<float> x(static_cast<std::size_t>(n));
     for (float& v : x) v = u(rng);
     if (n > 3) x[2] = -std::numeric_limits<float>::infinity();

@@ -110,21 +110,84 @@ PB_AVX512_BF16 void pack_rows16(const bf16* rows, std::int64_t ld, std::int64_t 
   }
 }
 
+// Index vectors for VPERMT2W, built at compile time (static storage, no guard on the
+// packing's hot path). kInterleave[h]: lanes 2i, 2i + 1 of the result take lane 16h + i of
+// the first operand (the low depth) and of the second (the high depth): pairs 16h..16h+15
+// of two 32-wide depth rows.
+using Idx32 = std::array<std::uint16_t, 32>;
+constexpr Idx32 interleave_index(int h) {
+  Idx32 idx{};
+  for (int i = 0; i < 16; ++i) {
+    idx[static_cast<std::size_t>(2 * i)] = static_cast<std::uint16_t>(16 * h + i);
+    idx[static_cast<std::size_t>(2 * i + 1)] = static_cast<std::uint16_t>(32 + 16 * h + i);
+  }
+  return idx;
+}
+alignas(64) constexpr Idx32 kInterleave[2] = {interleave_index(0), interleave_index(1)};
+
+// A transposed view's 12-row strip four pairs at a time (pack_strip12_transposed): Z[q]
+// holds pair q's depths, 2q in lanes 0-15 and 2q + 1 in lanes 16-31 (rows 0-11 of each).
+// Output register o holds words 16o .. 16o + 15 of the 48 (word c: pair c / 12, row
+// c % 12; bf16 lane 2i its low depth, 2i + 1 its high), which lie in pairs o and o + 1:
+// kStrip12[o] indexes the registers (Z[o], Z[o + 1]).
+constexpr Idx32 strip12_index(int o) {
+  Idx32 idx{};
+  for (int lane = 0; lane < 32; ++lane) {
+    const int word = (32 * o + lane) / 2, q = word / 12, row = word % 12, high = lane % 2;
+    const int operand = q - o;  // Z[o] or Z[o + 1]
+    idx[static_cast<std::size_t>(lane)] = static_cast<std::uint16_t>(32 * operand + 16 * high + row);
+  }
+  return idx;
+}
+alignas(64) constexpr Idx32 kStrip12[3] = {strip12_index(0), strip12_index(1), strip12_index(2)};
+
+PB_AVX512_BF16 inline __m512i load_index(const Idx32& idx) { return _mm512_load_si512(idx.data()); }
+
 // W u32 (W <= 32) of pairs (lo[i], hi[i]) for i < w, zero for i >= w; hi null: zero high halves.
-PB_AVX512_BF16 void interleave_pairs(const bf16* lo, const bf16* hi, std::int64_t w, std::int64_t W,
-                                     std::uint32_t* out) {
-  static const __m512i idx0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
-                                               38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  static const __m512i idx1 = _mm512_add_epi16(idx0, _mm512_set1_epi16(16));
+PB_AVX512_BF16 inline void interleave_pairs(const bf16* lo, const bf16* hi, std::int64_t w, std::int64_t W,
+                                            std::uint32_t* out) {
   const __mmask32 m = w >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << w) - 1);
   const __m512i l = _mm512_maskz_loadu_epi16(m, lo);
   const __m512i h = hi ? _mm512_maskz_loadu_epi16(m, hi) : _mm512_setzero_si512();
-  const __m512i v0 = _mm512_permutex2var_epi16(l, idx0, h);
+  const __m512i v0 = _mm512_permutex2var_epi16(l, load_index(kInterleave[0]), h);
   if (W == 32) {
     _mm512_storeu_si512(out, v0);
-    _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(l, idx1, h));
+    _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(l, load_index(kInterleave[1]), h));
   } else {
     _mm512_mask_storeu_epi32(out, static_cast<__mmask16>((1u << W) - 1), v0);
+  }
+}
+
+// Depth rows d (lanes 0-15) and d + ld (lanes 16-31), each its first elements under m
+// (w <= 16 lanes); the second row loads at lanes 16-31 of a 32-lane masked load, whose
+// masked-off lanes (before the row) are not read.
+PB_AVX512_BF16 inline __m512i two_depths(const bf16* d, std::int64_t ld, __mmask32 m) {
+  return _mm512_or_si512(_mm512_maskz_loadu_epi16(m, d), _mm512_maskz_loadu_epi16(m << 16, d + ld - 16));
+}
+
+// A transposed view's 12-row strip (depth k holds the rows contiguously), four pairs at a
+// time: eight depth rows of w <= 12 elements (zero past w) into two registers per two
+// pairs, three permutes and three whole stores of the 48 u32; the pairs past the last
+// multiple of four go one at a time. The words are interleave_pairs's.
+PB_AVX512_BF16 void pack_strip12_transposed(const Operand& op, std::int64_t i0, std::int64_t w, std::int64_t k0,
+                                            std::int64_t kc, std::uint32_t* out) {
+  const std::int64_t pairs = (kc + 1) / 2, whole4 = kc / 8 * 4;
+  const __mmask32 m = static_cast<__mmask32>((1u << w) - 1);
+  const bf16* base = op.p + k0 * op.ld + i0;
+  const __m512i i0v = load_index(kStrip12[0]), i1v = load_index(kStrip12[1]), i2v = load_index(kStrip12[2]);
+  std::int64_t p = 0;
+  for (; p < whole4; p += 4) {
+    const bf16* d = base + 2 * p * op.ld;
+    const __m512i z0 = two_depths(d, op.ld, m), z1 = two_depths(d + 2 * op.ld, op.ld, m),
+                  z2 = two_depths(d + 4 * op.ld, op.ld, m), z3 = two_depths(d + 6 * op.ld, op.ld, m);
+    std::uint32_t* o = out + p * kMr;
+    _mm512_storeu_si512(o, _mm512_permutex2var_epi16(z0, i0v, z1));
+    _mm512_storeu_si512(o + 16, _mm512_permutex2var_epi16(z1, i1v, z2));
+    _mm512_storeu_si512(o + 32, _mm512_permutex2var_epi16(z2, i2v, z3));
+  }
+  for (; p < pairs; ++p) {
+    const bf16* lo = base + 2 * p * op.ld;
+    interleave_pairs(lo, 2 * p + 1 < kc ? lo + op.ld : nullptr, w, kMr, out + p * kMr);
   }
 }
 
@@ -138,6 +201,7 @@ PB_AVX512_BF16 void pack_strip(const Operand& op, std::int64_t i0, std::int64_t 
                                std::int64_t kc, std::uint32_t* out) {
   const std::int64_t pairs = (kc + 1) / 2, whole = kc / 2, w = std::min(W, rows);
   if (op.trans) {  // depth k holds rows i contiguously: two depths make the pairs
+    if constexpr (W == kMr) return pack_strip12_transposed(op, i0, w, k0, kc, out);
     for (std::int64_t p = 0; p < pairs; ++p) {
       const bf16* lo = op.p + (k0 + 2 * p) * op.ld + i0;
       interleave_pairs(lo, 2 * p + 1 < kc ? lo + op.ld : nullptr, w, W, out + p * W);

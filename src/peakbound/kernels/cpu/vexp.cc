@@ -154,6 +154,18 @@ PB_AVX512 std::int64_t blocks_avx512(float* out, L* low, const float* x, std::in
                                    float* lanes) {
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {  // two blocks in flight (exp16 is a chain of dependent operations)
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j + 16), shift16(shift, j + 16)));
+    if (out) _mm512_storeu_ps(out + j, e0);
+    if (out) _mm512_storeu_ps(out + j + 16, e1);
+    if (low) simd::store_rounded16(low + j, e0);
+    if (low) simd::store_rounded16(low + j + 16, e1);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e0));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e0), 1)));
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e1));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e1), 1)));
+  }
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
     if (out) _mm512_storeu_ps(out + j, e);
@@ -179,6 +191,18 @@ PB_AVX512_BF16 std::int64_t blocks_avx512_bf16(float* out, L* low, const float* 
                                              float* lanes) {
   __m256 acc = _mm256_setzero_ps();
   std::int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {  // two blocks in flight, as blocks_avx512
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j + 16), shift16(shift, j + 16)));
+    if (out) _mm512_storeu_ps(out + j, e0);
+    if (out) _mm512_storeu_ps(out + j + 16, e1);
+    simd::store_rounded16_native(low + j, e0);
+    simd::store_rounded16_native(low + j + 16, e1);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e0));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e0), 1)));
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e1));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e1), 1)));
+  }
   for (; j + 16 <= n; j += 16) {
     const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), shift16(shift, j)));
     if (out) _mm512_storeu_ps(out + j, e);
