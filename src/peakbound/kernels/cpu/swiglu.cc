@@ -1,9 +1,21 @@
+// GCC 12's AVX-512 intrinsics seed their pass-through operand with a deliberately
+// uninitialised _mm512_undefined_*(), which -Wmaybe-uninitialized reports wrongly
+// (GCC bug 105593, fixed in GCC 13); the warning is off for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "peakbound/kernels/cpu/swiglu.h"
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "peakbound/kernels/adamw_types.h"
+#include "peakbound/kernels/cpu/bf16_lanes.h"
 #include "peakbound/kernels/cpu/vexp.h"
+
+#define PB_AVX512 __attribute__((target("avx512f")))
 
 namespace peakbound::cpu {
 
@@ -18,14 +30,57 @@ constexpr std::int64_t kChunk = 512;
 // FLT_MIN, so such a sigmoid is 0, as 1 / (1 + inf) was with libm's overflowing exp.
 constexpr float kExpCap = 88.0f;
 
+// Whether the AVX-512 bodies below run here, asked once.
+bool avx512() {
+  static const bool yes = best_simd_level() == SimdLevel::avx512;
+  return yes;
+}
+
+// Sixteen elements as fp32 (a bf16 widened exactly), and stored back as T (bf16 rounded as
+// narrow<bf16> rounds: bf16_lanes.h).
+PB_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+PB_AVX512 inline __m512 load16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+PB_AVX512 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+PB_AVX512 inline void store16(bf16* p, __m512 v) { simd::store_rounded16(p, v); }
+
+// -(scale * x) and 1 / (1 + e) (0 where t >= kExpCap), sixteen lanes at a time: the scalar
+// loops' operations (a negation flips the sign bit; a NaN t compares false), so their bits.
+template <typename T>
+PB_AVX512 std::int64_t negated_scaled_avx512(float* t, float* s, const T* x, std::int64_t n, float scale) {
+  const __m512 vs = _mm512_set1_ps(scale);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 v = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(vs, load16(x + j))), sign));
+    _mm512_storeu_ps(t + j, v);
+    _mm512_storeu_ps(s + j, v);
+  }
+  return j;
+}
+PB_AVX512 std::int64_t sigmoid_of_exp_avx512(float* s, const float* t, std::int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), cap = _mm512_set1_ps(kExpCap);
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, _mm512_loadu_ps(s + j)));
+    const __mmask16 capped = _mm512_cmp_ps_mask(_mm512_loadu_ps(t + j), cap, _CMP_GE_OQ);
+    _mm512_storeu_ps(s + j, _mm512_maskz_mov_ps(static_cast<__mmask16>(~capped), r));
+  }
+  return j;
+}
+
 // s[j] = sigmoid(scale * x[j]) = 1 / (1 + e^-(scale x[j])) for j < n (n <= kChunk).
 template <typename T>
 void sigmoid_chunk(float* s, const T* x, std::int64_t n, float scale) {
   float t[kChunk];
-  for (std::int64_t j = 0; j < n; ++j) t[j] = -(scale * widen(x[j]));
-  for (std::int64_t j = 0; j < n; ++j) s[j] = t[j];
+  const std::int64_t v = avx512() ? negated_scaled_avx512(t, s, x, n, scale) : 0;
+  for (std::int64_t j = v; j < n; ++j) t[j] = -(scale * widen(x[j]));
+  for (std::int64_t j = v; j < n; ++j) s[j] = t[j];
   exp_shift(s, n, 0.0f);
-  for (std::int64_t j = 0; j < n; ++j) s[j] = t[j] >= kExpCap ? 0.0f : 1.0f / (1.0f + s[j]);
+  const std::int64_t w = avx512() ? sigmoid_of_exp_avx512(s, t, n) : 0;
+  for (std::int64_t j = w; j < n; ++j) s[j] = t[j] >= kExpCap ? 0.0f : 1.0f / (1.0f + s[j]);
 }
 
 // The gpt-oss form's gate: min(gate, limit), so its sigmoid is of alpha * that.
@@ -49,23 +104,67 @@ void by_chunks(const T* gate, std::int64_t n, bool clamped, ClampedSwiglu c, con
   }
 }
 
+// The plain SwiGLU's element formulas sixteen at a time over a chunk's sigmoids s (the
+// scalar bodies' products in their order, no FMA), returning where they stop; the scalar
+// bodies take the rest.
+template <typename T>
+PB_AVX512 std::int64_t forward_avx512(T* out, const T* gate, const T* up, const float* s, std::int64_t m) {
+  std::int64_t j = 0;
+  for (; j + 16 <= m; j += 16)
+    store16(out + j, _mm512_mul_ps(_mm512_mul_ps(load16(gate + j), _mm512_loadu_ps(s + j)), load16(up + j)));
+  return j;
+}
+// The value of v, opaque to the optimiser: a product passed through it is rounded before
+// the add that follows, as the scalar body (compiled without FMA) rounds it; GCC would
+// otherwise contract the two into one FMA in a function that may use it.
+PB_AVX512 inline __m512 unfused(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+template <typename T>
+PB_AVX512 std::int64_t backward_avx512(T* dgate, T* dup, const T* dout, const T* gate, const T* up, const float* s,
+                                       std::int64_t m) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  std::int64_t j = 0;
+  for (; j + 16 <= m; j += 16) {
+    const __m512 g = load16(gate + j), u = load16(up + j), d = load16(dout + j), sv = _mm512_loadu_ps(s + j);
+    const __m512 slope = _mm512_add_ps(one, unfused(_mm512_mul_ps(g, _mm512_sub_ps(one, sv))));
+    store16(dgate + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(d, u), sv), slope));
+    store16(dup + j, _mm512_mul_ps(_mm512_mul_ps(d, g), sv));
+  }
+  return j;
+}
+
 template <typename T>
 void swiglu_forward_t(T* out, const T* gate, const T* up, std::int64_t n) {
-  by_chunks(gate, n, false, {}, [&](std::int64_t i, float s) {
-    const float g = widen(gate[i]);
-    out[i] = narrow<T>(g * s * widen(up[i]));
-  });
+  float s[kChunk];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const std::int64_t m = std::min(kChunk, n - i0);
+    sigmoid_chunk(s, gate + i0, m, 1.0f);
+    const std::int64_t v = avx512() ? forward_avx512(out + i0, gate + i0, up + i0, s, m) : 0;
+    for (std::int64_t j = v; j < m; ++j) {
+      const std::int64_t i = i0 + j;
+      out[i] = narrow<T>(widen(gate[i]) * s[j] * widen(up[i]));
+    }
+  }
 }
 
 // d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g). Each element's inputs are read
 // before its outputs are written (dgate may alias gate, dup up).
 template <typename T>
 void swiglu_backward_t(T* dgate, T* dup, const T* dout, const T* gate, const T* up, std::int64_t n) {
-  by_chunks(gate, n, false, {}, [&](std::int64_t i, float s) {
-    const float g = widen(gate[i]), u = widen(up[i]), d = widen(dout[i]);
-    dgate[i] = narrow<T>(d * u * s * (1.0f + g * (1.0f - s)));
-    dup[i] = narrow<T>(d * g * s);
-  });
+  float s[kChunk];
+  for (std::int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const std::int64_t m = std::min(kChunk, n - i0);
+    sigmoid_chunk(s, gate + i0, m, 1.0f);
+    const std::int64_t v = avx512() ? backward_avx512(dgate + i0, dup + i0, dout + i0, gate + i0, up + i0, s, m) : 0;
+    for (std::int64_t j = v; j < m; ++j) {
+      const std::int64_t i = i0 + j;
+      const float g = widen(gate[i]), u = widen(up[i]), d = widen(dout[i]), sj = s[j];
+      dgate[i] = narrow<T>(d * u * sj * (1.0f + g * (1.0f - sj)));
+      dup[i] = narrow<T>(d * g * sj);
+    }
+  }
 }
 
 template <typename T>
