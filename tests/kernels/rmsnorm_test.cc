@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -142,6 +143,61 @@ TEST(RmsNorm, BackwardAddsIntoDxAndDweight) {
 
 // bf16 x, weight, dout, dx; fp32 rstd and dweight, both bitwise the f32 kernel's; dx and
 // dweight start non-zero (added into); zero rows, one row, odd widths.
+// The kernel's operations are fixed (its vector bodies, where the CPU has them, do the
+// scalar loops' operations in their order, none fused): the f32 kernel is bitwise the
+// scalar formula written out here, rstd, out, dx added into and dweight, on widths around
+// the 8-lane and 16-lane blocks. An FMA in the vector bodies fails it.
+TEST(RmsNorm, EveryElementIsTheScalarFormulaBitForBit) {
+  std::mt19937 rng(15);
+  const float eps = static_cast<float>(kEps);
+  const auto fb = [](float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  };
+  for (int c : {1, 7, 8, 9, 15, 16, 17, 31, 33, 256, 1000}) {
+    const int n = 3;
+    const auto nc = static_cast<std::size_t>(n * c);
+    const auto x = random_vec(nc, rng, -3.0f, 3.0f), w = random_vec(static_cast<std::size_t>(c), rng, 0.5f, 1.5f);
+    const auto dout = random_vec(nc, rng, -1.0f, 1.0f), dx0 = random_vec(nc, rng, -1.0f, 1.0f);
+    const auto dw0 = random_vec(static_cast<std::size_t>(c), rng, -1.0f, 1.0f);
+    std::vector<float> out(nc), rstd(static_cast<std::size_t>(n)), dx = dx0, dw = dw0;
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, eps);
+    rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), n, c);
+    std::vector<float> want_dw = dw0;
+    for (int i = 0; i < n; ++i) {
+      const auto row = [&](int j) { return static_cast<std::size_t>(i * c + j); };
+      double lanes[8] = {};
+      for (int j = 0; j < c; ++j) lanes[j % 8] += static_cast<double>(x[row(j)]) * static_cast<double>(x[row(j)]);
+      const double ss = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+      const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
+      ASSERT_EQ(fb(rstd[static_cast<std::size_t>(i)]), fb(r)) << c;
+      double dl[8] = {};
+      for (int j = 0; j < c; ++j) {
+        const float xr = x[row(j)] * r;
+        dl[j % 8] += static_cast<double>(w[static_cast<std::size_t>(j)]) * static_cast<double>(dout[row(j)]) *
+                     static_cast<double>(xr);
+      }
+      const double dot = ((dl[0] + dl[4]) + (dl[1] + dl[5])) + ((dl[2] + dl[6]) + (dl[3] + dl[7]));
+      const float mean = static_cast<float>(dot / static_cast<double>(c));
+      for (int j = 0; j < c; ++j) {
+        const float wj = w[static_cast<std::size_t>(j)], g = dout[row(j)];
+        const float o = x[row(j)] * r * wj;
+        const float xhat = x[row(j)] * r;
+        const float wg = wj * g, xm = xhat * mean;
+        const float diff = wg - xm;
+        const float step = r * diff;
+        const float d = dx0[row(j)] + step;
+        const float gx = g * xhat;
+        want_dw[static_cast<std::size_t>(j)] += gx;
+        ASSERT_EQ(fb(out[row(j)]), fb(o)) << c << " " << i << "," << j;
+        ASSERT_EQ(fb(dx[row(j)]), fb(d)) << c << " " << i << "," << j;
+      }
+    }
+    EXPECT_EQ(bits_of(dw), bits_of(want_dw)) << c;
+  }
+}
+
 TEST(RmsNorm, Bf16IsTheF32KernelRoundedOnce) {
   std::mt19937 rng(14);
   for (auto [n, c] : {std::pair{0, 5}, std::pair{1, 1}, std::pair{3, 7}, std::pair{17, 256}, std::pair{5, 1000},
