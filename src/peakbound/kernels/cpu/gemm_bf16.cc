@@ -159,10 +159,10 @@ PB_AVX512_BF16 inline void interleave_pairs(const bf16* lo, const bf16* hi, std:
 }
 
 // Depth rows d (lanes 0-15) and d + ld (lanes 16-31), each its first elements under m
-// (w <= 16 lanes); the second row loads at lanes 16-31 of a 32-lane masked load, whose
-// masked-off lanes (before the row) are not read.
+// (w <= 16 lanes, so each row's load fills lanes 0-15 at most).
 PB_AVX512_BF16 inline __m512i two_depths(const bf16* d, std::int64_t ld, __mmask32 m) {
-  return _mm512_or_si512(_mm512_maskz_loadu_epi16(m, d), _mm512_maskz_loadu_epi16(m << 16, d + ld - 16));
+  const __m512i hi = _mm512_maskz_loadu_epi16(m, d + ld);
+  return _mm512_inserti64x4(_mm512_maskz_loadu_epi16(m, d), _mm512_castsi512_si256(hi), 1);
 }
 
 // A transposed view's 12-row strip (depth k holds the rows contiguously), four pairs at a
@@ -250,13 +250,13 @@ struct ASrc {
 };
 
 // C[R, cols] (cols <= kNr, row stride ldc) updated with alpha * (R rows of A via `a`) x
-// (the packed B strip) over `pairs` K pairs, and with `odd` one more pair whose A high
+// (the packed B strip) over `pairs` K pairs, and with Odd one more pair whose A high
 // half is taken as zero (A's odd last K read in place; B's packed high half is zero there
 // too). Every element is the same fp32 arithmetic whatever R, cols and where A lives, so
 // a row of C does not depend on M or on which rows share the tile. C's rows are
 // prefetched while the products run.
-template <int R, bool Packed>
-PB_AVX512_BF16 void tile_native(std::int64_t pairs, bool odd, ASrc a, const std::uint32_t* bp, std::int64_t cols,
+template <int R, bool Packed, bool Odd>
+PB_AVX512_BF16 void tile_native(std::int64_t pairs, ASrc a, const std::uint32_t* bp, std::int64_t cols,
                                 float* c, std::int64_t ldc, float alpha, float beta, Update update) {
   __m512 acc[R][2];
 #pragma GCC unroll 12
@@ -282,7 +282,7 @@ PB_AVX512_BF16 void tile_native(std::int64_t pairs, bool odd, ASrc a, const std:
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
     }
   }
-  if (odd) {
+  if constexpr (Odd) {  // a template argument: the odd pair's code costs the even tiles nothing
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp);
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + 16);
     for (int r = 0; r < R; ++r) {
@@ -293,30 +293,50 @@ PB_AVX512_BF16 void tile_native(std::int64_t pairs, bool odd, ASrc a, const std:
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
     }
   }
+  // The update's three forms each unrolled over the rows with the accumulators named, so
+  // they stay in registers: one loop over both halves with the update chosen inside it made
+  // GCC spill all 24 to the stack and read them back (about a quarter of a 16-pair tile's
+  // time: the flash kernel's score products, K = head dim 32).
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const __mmask16 mask[2] = {static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1),
-                             static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0)};
+  const __mmask16 m0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const __mmask16 m1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols > 16 ? (1u << (cols - 16)) - 1 : 0);
+  if (update == Update::write) {
 #pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) {
-    float* row = c + r * ldc;
-    for (int h = 0; h < 2; ++h) {
-      __m512 v = _mm512_mul_ps(va, acc[r][h]);
-      if (update == Update::scale_add) v = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[h], row + 16 * h), v);
-      if (update == Update::add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[h], row + 16 * h), v);
-      _mm512_mask_storeu_ps(row + 16 * h, mask[h], v);
+    for (int r = 0; r < R; ++r) {
+      float* row = c + r * ldc;
+      _mm512_mask_storeu_ps(row, m0, _mm512_mul_ps(va, acc[r][0]));
+      _mm512_mask_storeu_ps(row + 16, m1, _mm512_mul_ps(va, acc[r][1]));
+    }
+  } else if (update == Update::add) {
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      float* row = c + r * ldc;
+      _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), _mm512_mul_ps(va, acc[r][0])));
+      _mm512_mask_storeu_ps(row + 16, m1,
+                            _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_mul_ps(va, acc[r][1])));
+    }
+  } else {
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      float* row = c + r * ldc;
+      _mm512_mask_storeu_ps(row, m0, _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, row), _mm512_mul_ps(va, acc[r][0])));
+      _mm512_mask_storeu_ps(row + 16, m1,
+                            _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, row + 16), _mm512_mul_ps(va, acc[r][1])));
     }
   }
 }
 
-using TileFn = void (*)(std::int64_t, bool, ASrc, const std::uint32_t*, std::int64_t, float*, std::int64_t, float,
+using TileFn = void (*)(std::int64_t, ASrc, const std::uint32_t*, std::int64_t, float*, std::int64_t, float,
                         float, Update);
-template <bool Packed, std::size_t... I>
+template <bool Packed, bool Odd, std::size_t... I>
 constexpr std::array<TileFn, sizeof...(I)> tile_table(std::index_sequence<I...>) {
-  return {&tile_native<static_cast<int>(I) + 1, Packed>...};
+  return {&tile_native<static_cast<int>(I) + 1, Packed, Odd>...};
 }
-// kTiles[packed][r - 1] computes r rows, reading A packed (rs 4, ps 4 kMr) or in place.
-constexpr std::array<TileFn, kMr> kTiles[2] = {tile_table<false>(std::make_index_sequence<kMr>{}),
-                                               tile_table<true>(std::make_index_sequence<kMr>{})};
+// kTiles[form][r - 1] computes r rows: form 0 reads A in place over whole pairs, 1 a packed
+// A (rs 4, ps 4 kMr; its odd last pair padded with zero), 2 A in place with an odd last K.
+constexpr std::array<TileFn, kMr> kTiles[3] = {tile_table<false, false>(std::make_index_sequence<kMr>{}),
+                                               tile_table<true, false>(std::make_index_sequence<kMr>{}),
+                                               tile_table<false, true>(std::make_index_sequence<kMr>{})};
 
 // The pool the native path runs on: ops::blas_num_threads() threads, remade when that
 // count changes; callers hold a reference while they use it.
@@ -360,10 +380,10 @@ void run_rows(const Block& k, std::int64_t i0, std::int64_t rows, const std::uin
     float* ct = k.c + (i0 + s) * k.ldc + j;
     if (abuf) {
       const ASrc src{reinterpret_cast<const unsigned char*>(abuf + s * pairs), 4, 4 * kMr};
-      kTiles[1][r - 1](pairs, false, src, bp, cols, ct, k.ldc, k.alpha, k.beta, k.update);
+      kTiles[1][r - 1](pairs, src, bp, cols, ct, k.ldc, k.alpha, k.beta, k.update);
     } else {
       const ASrc src{reinterpret_cast<const unsigned char*>(k.a.p + (i0 + s) * k.a.ld + k.pc), 2 * k.a.ld, 4};
-      kTiles[0][r - 1](k.kc / 2, k.kc % 2 == 1, src, bp, cols, ct, k.ldc, k.alpha, k.beta, k.update);
+      kTiles[k.kc % 2 == 1 ? 2 : 0][r - 1](k.kc / 2, src, bp, cols, ct, k.ldc, k.alpha, k.beta, k.update);
     }
   }
 }
