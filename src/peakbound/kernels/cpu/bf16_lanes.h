@@ -89,4 +89,28 @@ __attribute__((target("avx512f,avx512dq,avx512bf16"))) inline void store_rounded
   _mm512_storeu_si512(p, _mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16x16_native(x)), 16));
 }
 
+// Sixteen elements of T as fp32 (a bf16 widened exactly), and sixteen fp32 stored back as T
+// (bf16 rounded as narrow<bf16>): the element kernels' AVX-512 bodies (swiglu.cc, rmsnorm.cc).
+__attribute__((target("avx512f"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f"))) inline __m512 load16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx512f"))) inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+__attribute__((target("avx512f"))) inline void store16(bf16* p, __m512 v) { store_rounded16(p, v); }
+
+// The value of v, opaque to the optimiser: a product passed through it is rounded before the
+// add that follows. GCC contracts an intrinsic multiply and a following add into one FMA in
+// a function whose target has FMA (its default -ffp-contract=fast), where the scalar loops,
+// compiled for baseline x86-64, round the product first: a vector body meant to give their
+// bits keeps each such product apart with this.
+__attribute__((target("avx512f"))) inline __m512 unfused(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+__attribute__((target("avx512f"))) inline __m512d unfused(__m512d v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+
 }  // namespace peakbound::cpu::simd

@@ -48,28 +48,16 @@ bool avx512() {
   return yes;
 }
 
-PB_AVX512 inline __m512 unfused(__m512 v) {
-  __asm__("" : "+v"(v));
-  return v;
-}
-PB_AVX512 inline __m512d unfused(__m512d v) {
-  __asm__("" : "+v"(v));
-  return v;
-}
-
-// Eight or sixteen elements of T as fp32, and sixteen stored back as T.
+// Eight elements of T as fp32 (a bf16 widened exactly).
 PB_AVX512 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 PB_AVX512 inline __m256 load8(const bf16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-PB_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-PB_AVX512 inline __m512 load16(const bf16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-PB_AVX512 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-PB_AVX512 inline void store16(bf16* p, __m512 v) { simd::store_rounded16(p, v); }
+
+using simd::load16;
+using simd::store16;
+using simd::unfused;
 
 // lanes[l] += x_j * x_j (in double) for the whole blocks of 8 from 0.
 template <typename T>

@@ -36,15 +36,9 @@ bool avx512() {
   return yes;
 }
 
-// Sixteen elements as fp32 (a bf16 widened exactly), and stored back as T (bf16 rounded as
-// narrow<bf16> rounds: bf16_lanes.h).
-PB_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-PB_AVX512 inline __m512 load16(const bf16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-PB_AVX512 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-PB_AVX512 inline void store16(bf16* p, __m512 v) { simd::store_rounded16(p, v); }
+using simd::load16;
+using simd::store16;
+using simd::unfused;
 
 // -(scale * x) and 1 / (1 + e) (0 where t >= kExpCap), sixteen lanes at a time: the scalar
 // loops' operations (a negation flips the sign bit; a NaN t compares false), so their bits.
@@ -113,13 +107,6 @@ PB_AVX512 std::int64_t forward_avx512(T* out, const T* gate, const T* up, const 
   for (; j + 16 <= m; j += 16)
     store16(out + j, _mm512_mul_ps(_mm512_mul_ps(load16(gate + j), _mm512_loadu_ps(s + j)), load16(up + j)));
   return j;
-}
-// The value of v, opaque to the optimiser: a product passed through it is rounded before
-// the add that follows, as the scalar body (compiled without FMA) rounds it; GCC would
-// otherwise contract the two into one FMA in a function that may use it.
-PB_AVX512 inline __m512 unfused(__m512 v) {
-  __asm__("" : "+v"(v));
-  return v;
 }
 template <typename T>
 PB_AVX512 std::int64_t backward_avx512(T* dgate, T* dup, const T* dout, const T* gate, const T* up, const float* s,
