@@ -22,18 +22,7 @@ namespace peakbound::cpu::simd {
 
 namespace {
 
-PB_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-
-PB_AVX512 inline __m512 load16(const bf16* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-PB_AVX512 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-
-PB_AVX512 inline void store16(bf16* p, __m512 x) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16x16(x));
-}
+// load16 and store16 (fp32 or bf16 as fp32, bf16 rounded as narrow<bf16>): bf16_lanes.h.
 
 // Non-temporal: p aligned to the store's width (64 bytes f32, 32 bytes bf16).
 PB_AVX512 inline void stream16(float* p, __m512 x) { _mm512_stream_ps(p, x); }

@@ -27,16 +27,25 @@ namespace {
 // type T of x, weight, out, dout, dx (core/dtype.h); rstd and dweight are fp32 for both.
 constexpr int kLanes = 8;
 
-// The sum of term(j) (a double) over j in [0, c), in the lane order above.
-template <typename F>
-double lane_sum(std::int64_t c, F term) {
+// The sum of term(j) (a double) over j in [0, c), in the lane order above: the whole blocks
+// of 8 from 0 by `blocks` (which fills the lanes and returns where it stopped), the rest
+// one by one. Without `blocks`, the blocks are term's, lane by lane.
+template <typename F, typename B>
+double lane_sum(std::int64_t c, F term, B blocks) {
   double lanes[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= c; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += term(j + l);
+  std::int64_t j = blocks(lanes);
   for (; j < c; ++j) lanes[j % kLanes] += term(j);
   const double* a = lanes;
   return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+template <typename F>
+double lane_sum(std::int64_t c, F term) {
+  return lane_sum(c, term, [&](double* lanes) {
+    std::int64_t j = 0;
+    for (; j + kLanes <= c; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) lanes[l] += term(j + l);
+    return j;
+  });
 }
 
 // The AVX-512 bodies, where the CPU has them: the scalar loops' operations in their order,
@@ -112,17 +121,6 @@ PB_AVX512 std::int64_t backward_row_avx512(T* dx, float* dweight, const T* g, co
   return j;
 }
 
-// lane_sum with the whole blocks of 8 summed by `blocks` (which fills the lanes and
-// returns where it stopped), the rest one by one as lane_sum adds them.
-template <typename F, typename B>
-double lane_sum_with(std::int64_t c, F term, B blocks) {
-  double lanes[kLanes] = {};
-  std::int64_t j = blocks(lanes);
-  for (; j < c; ++j) lanes[j % kLanes] += term(j);
-  const double* a = lanes;
-  return ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-}
-
 template <typename T>
 void rmsnorm_forward_t(T* out, float* rstd, const T* x, const T* weight, std::int64_t n, std::int64_t c, float eps) {
   for (std::int64_t i = 0; i < n; ++i) {
@@ -132,7 +130,7 @@ void rmsnorm_forward_t(T* out, float* rstd, const T* x, const T* weight, std::in
       const double v = widen(xi[j]);
       return v * v;
     };
-    const double ss = avx512() ? lane_sum_with(c, square, [&](double* lanes) { return squares_avx512(xi, c, lanes); })
+    const double ss = avx512() ? lane_sum(c, square, [&](double* lanes) { return squares_avx512(xi, c, lanes); })
                                : lane_sum(c, square);
     float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
     const std::int64_t v = avx512() ? scaled_avx512(oi, xi, weight, r, c) : 0;
@@ -156,7 +154,7 @@ void rmsnorm_backward_t(T* dx, float* dweight, const T* dout, const T* x, const 
       return static_cast<double>(widen(weight[j])) * widen(gi[j]) * (widen(xi[j]) * r);
     };
     const double dot =
-        avx512() ? lane_sum_with(c, term, [&](double* lanes) { return weighted_dot_avx512(weight, gi, xi, r, c, lanes); })
+        avx512() ? lane_sum(c, term, [&](double* lanes) { return weighted_dot_avx512(weight, gi, xi, r, c, lanes); })
                  : lane_sum(c, term);
     const float mean = static_cast<float>(dot / static_cast<double>(c));
     const std::int64_t v = avx512() ? backward_row_avx512(dxi, dweight, gi, xi, weight, r, mean, c) : 0;
